@@ -1,0 +1,79 @@
+"""The inbox: one model of pending human work (DESIGN.md §4)."""
+
+from django.conf import settings
+from django.db import models
+from django_fsm import FSMField, ConcurrentTransitionMixin, transition
+
+
+class InterruptKind(models.TextChoices):
+    APPROVAL = "approval"
+    INPUT = "input"
+    RECONCILIATION = "reconciliation"
+
+
+class InterruptStatus(models.TextChoices):
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class Decision(models.TextChoices):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    ANSWERED = "answered"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class Interrupt(ConcurrentTransitionMixin, models.Model):
+    """An inbox item: a run is waiting for a person.
+
+    ``required_permission`` is the Django permission (``app_label.codename``)
+    a user needs to resolve it; ``allow_requester`` says whether the run's
+    own requester may resolve it. ``edited_arguments`` holds arguments an
+    approver changed before approving. Only ``approvals.services`` changes
+    ``status``; text produced by the model never does.
+    """
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="interrupts")
+    tool_call = models.ForeignKey(
+        "tools.ToolCall", null=True, blank=True, on_delete=models.CASCADE, related_name="interrupts"
+    )
+    kind = models.CharField(max_length=32, choices=InterruptKind.choices)
+    status = FSMField(default=InterruptStatus.PENDING, choices=InterruptStatus.choices, protected=True, db_index=True)
+    title = models.CharField(max_length=300)
+    required_permission = models.CharField(max_length=200, default="approvals.decide_interrupt")
+    allow_requester = models.BooleanField(default=True)
+    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
+    comment = models.TextField(blank=True)
+    edited_arguments = models.JSONField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="resolved_interrupts"
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
+
+    def __str__(self):
+        return f"{self.kind} #{self.pk} ({self.status})"
+
+    @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.RESOLVED)
+    def resolve(self, *, decision: str, user, comment: str, edited_arguments, now):
+        self.decision = decision
+        self.resolved_by = user
+        self.comment = comment
+        self.edited_arguments = edited_arguments
+        self.resolved_at = now
+
+    @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.EXPIRED)
+    def expire(self, *, now):
+        self.resolved_at = now
+
+    @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.CANCELLED)
+    def cancel(self, *, now):
+        self.resolved_at = now

@@ -1,0 +1,44 @@
+"""REST API error mapping shared by every app.
+
+* ``TransitionNotAllowed`` / ``ConcurrentTransition`` -> 409 with the
+  object's current status;
+* ``django.core.exceptions.PermissionDenied`` -> 403;
+* ``django.core.exceptions.ValidationError`` and ``ValueError`` raised by
+  services -> 400;
+* ``runs.services.SessionBusy`` -> 409 naming the active run.
+"""
+
+from django.core.exceptions import ValidationError
+from django_fsm import ConcurrentTransition, TransitionNotAllowed
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from runs.services import SessionBusy
+
+
+def _current_status(exc) -> str | None:
+    obj = getattr(exc, "object", None)
+    if obj is None:
+        return None
+    obj.refresh_from_db()
+    return obj.status
+
+
+def exception_handler(exc, context):
+    """DRF exception handler: service exceptions to HTTP answers (see module doc)."""
+    if isinstance(exc, (TransitionNotAllowed, ConcurrentTransition)):
+        body = {"detail": f"Illegal transition: {exc}", "code": "illegal_transition"}
+        current = _current_status(exc)
+        if current is not None:
+            body["status"] = current
+        return Response(body, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, SessionBusy):
+        return Response({"detail": str(exc), "code": "session_busy", "active_run": exc.active_run.pk},
+                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ValidationError):
+        detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
+        return Response(detail, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ValueError):
+        return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+    return drf_exception_handler(exc, context)

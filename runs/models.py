@@ -1,0 +1,286 @@
+"""Sessions, runs, steps, messages and the run event log.
+
+Every legal change of ``Run.status`` is a django-fsm transition below, with
+its guard next to it (DESIGN.md §2). The transition methods only change the
+fields of the instance; ``runs.services`` saves them and appends the
+``RunEvent`` in the same database transaction.
+"""
+
+from django.conf import settings
+from django.db import models
+from django_fsm import FSMField, ConcurrentTransitionMixin, transition
+
+
+class Agent(models.Model):
+    """An agent definition: instructions, model provider, tools and budgets.
+
+    ``model`` is the provider config, e.g. ``{"provider": "scripted",
+    "turns": [...]}`` (see ``runs.providers``). ``tools`` lists registered
+    tool names (empty list: every registered tool). ``approval_policy``
+    maps a tool name to ``"always"``, ``"never"`` or a condition such as
+    ``"amount > 100"`` and overrides the tool's own policy.
+    ``completion_check`` names a check in ``runs.completion``.
+    """
+
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=200)
+    instructions = models.TextField(blank=True)
+    model = models.JSONField(default=dict)
+    tools = models.JSONField(default=list, blank=True)
+    approval_policy = models.JSONField(default=dict, blank=True)
+    completion_check = models.CharField(max_length=100, default="default")
+    max_turns = models.PositiveIntegerField(default=20)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.slug
+
+
+class Session(models.Model):
+    """A long-lived conversation thread; it outlives each of its runs."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions")
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="sessions")
+    title = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"session {self.pk} ({self.agent.slug})"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = [RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING]
+TERMINAL_STATUSES = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
+
+
+class Phase(models.TextChoices):
+    TRIAGING = "triaging"
+    PREPARING_CONTEXT = "preparing_context"
+    CALLING_MODEL = "calling_model"
+    EXECUTING_TOOLS = "executing_tools"
+    FINALIZING = "finalizing"
+
+
+class WaitingReason(models.TextChoices):
+    APPROVAL = "approval"
+    INPUT = "input"
+    RECONCILIATION = "reconciliation"
+    RETRY_BACKOFF = "retry_backoff"
+    SCHEDULED = "scheduled"
+    EXTERNAL_EVENT = "external_event"
+
+
+class FailureType(models.TextChoices):
+    MODEL_ERROR = "model_error"
+    INVALID_MODEL_OUTPUT = "invalid_model_output"
+    TOOL_ERROR = "tool_error"
+    PERMISSION_DENIED = "permission_denied"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    APPROVAL_EXPIRED = "approval_expired"
+    INCOMPLETE = "incomplete"
+    INTERNAL_ERROR = "internal_error"
+
+
+class Outcome(models.TextChoices):
+    ACHIEVED = "achieved"
+    NOT_ACHIEVED = "not_achieved"
+
+
+class Run(ConcurrentTransitionMixin, models.Model):
+    """One task of a session, from the user's input to a terminal status.
+
+    ``status`` is protected: only the transition methods change it, and
+    ``runs.services`` is the only caller. ``model_calls`` counts model steps
+    that were not discarded; the scripted provider also uses it as the index
+    of the next turn. ``repair_turns`` and ``incomplete_nudges`` count the
+    turns spent on invalid output and on "not complete yet" feedback.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_runs")
+    input = models.TextField()
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+
+    status = FSMField(default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True, db_index=True)
+    phase = models.CharField(max_length=32, choices=Phase.choices, blank=True)
+    waiting_reason = models.CharField(max_length=32, choices=WaitingReason.choices, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    failure_type = models.CharField(max_length=32, choices=FailureType.choices, blank=True)
+    outcome = models.CharField(max_length=32, choices=Outcome.choices, blank=True)
+    error = models.TextField(blank=True)
+    final_output = models.TextField(blank=True)
+
+    model_calls = models.PositiveIntegerField(default=0)
+    repair_turns = models.PositiveIntegerField(default=0)
+    incomplete_nudges = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    last_event_seq = models.PositiveIntegerField(default=0)
+
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=models.Q(status__in=ACTIVE_STATUSES),
+                name="one_active_run_per_session",
+            ),
+            models.UniqueConstraint(
+                fields=["requested_by", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="run_idempotency_key_per_user",
+            ),
+        ]
+
+    def __str__(self):
+        return f"run {self.pk} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    # --- transitions (DESIGN.md §2) -------------------------------------
+
+    @transition(field=status, source=RunStatus.QUEUED, target=RunStatus.RUNNING)
+    def start(self):
+        self.phase = Phase.PREPARING_CONTEXT
+
+    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING)
+    def wait(self, waiting_reason: str, wake_at=None):
+        self.waiting_reason = waiting_reason
+        self.wake_at = wake_at
+        self.phase = ""
+
+    @transition(field=status, source=RunStatus.WAITING, target=RunStatus.RUNNING)
+    def resume(self):
+        self.waiting_reason = ""
+        self.wake_at = None
+        self.phase = Phase.PREPARING_CONTEXT
+
+    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.COMPLETED)
+    def complete(self, outcome: str, final_output: str):
+        self.outcome = outcome
+        self.final_output = final_output
+        self.phase = ""
+
+    @transition(field=status, source=ACTIVE_STATUSES, target=RunStatus.FAILED)
+    def fail(self, failure_type: str, error: str):
+        self.failure_type = failure_type
+        self.error = error
+        self.phase = ""
+        self.waiting_reason = ""
+        self.wake_at = None
+
+    @transition(field=status, source=ACTIVE_STATUSES, target=RunStatus.CANCELLED)
+    def cancel(self):
+        self.phase = ""
+        self.waiting_reason = ""
+        self.wake_at = None
+
+
+class Step(models.Model):
+    """One model call of a run: what was asked, what came back, the usage.
+
+    ``status``: ``started`` while the call is in flight, then ``succeeded``
+    or ``failed``; ``discarded`` marks a half-received response that a
+    recovering worker threw away.
+    """
+
+    class Status(models.TextChoices):
+        STARTED = "started"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        DISCARDED = "discarded"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.STARTED)
+    request = models.JSONField(default=dict)
+    response = models.JSONField(default=dict)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="step_index_per_run")]
+
+    def __str__(self):
+        return f"step {self.index} of run {self.run_id}"
+
+
+class Message(models.Model):
+    """One entry of a session's conversation, in provider-neutral form.
+
+    Append-only: context building may trim or summarise what it sends to the
+    model, never these rows. ``role`` is ``user``, ``assistant``, ``tool``
+    or ``system`` (runtime feedback such as "not complete yet").
+    ``tool_calls`` (assistant) is ``[{"id", "name", "arguments"}]`` with
+    ``arguments`` as the raw string the model produced; ``tool_call_id``
+    (tool) names the call it answers.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16)
+    content = models.TextField(blank=True)
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.role} message {self.pk}"
+
+
+class RunEvent(models.Model):
+    """Append-only audit log of a run; ``seq`` grows by one per run.
+
+    ``type`` is e.g. ``transition``, ``model_call``, ``tool_call``,
+    ``interrupt``, ``error``. For transitions ``from_status``/``to_status``
+    are set. ``actor`` is ``system``, ``worker`` or ``user:<username>``.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=32)
+    from_status = models.CharField(max_length=16, blank=True)
+    to_status = models.CharField(max_length=16, blank=True)
+    actor = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="event_seq_per_run")]
+
+    def __str__(self):
+        return f"event {self.seq} of run {self.run_id}: {self.type}"

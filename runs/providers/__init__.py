@@ -1,0 +1,8 @@
+"""Model providers: turn a context into a final answer or tool calls.
+
+``get_client(config)`` picks the provider named by ``config["provider"]``.
+"""
+
+from runs.providers.base import ModelClient, ModelError, ModelRequest, ModelResponse, get_client
+
+__all__ = ["ModelClient", "ModelError", "ModelRequest", "ModelResponse", "get_client"]

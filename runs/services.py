@@ -1,0 +1,198 @@
+"""Every write to a run goes through here: start, transitions, events, cancel.
+
+Callers: API views, inbox views, admin actions, the worker loop and the
+approvals services. Each public function runs in (or joins) a database
+transaction; work that must only happen after commit (waking a worker,
+pushing to browsers) is deferred with ``transaction.on_commit``.
+"""
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, RunStatus, Session
+
+
+# Fields a transition may change; saving only these never overwrites a
+# concurrent writer's other fields (e.g. cancel_requested_at).
+TRANSITION_FIELDS = [
+    "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome",
+    "error", "final_output", "started_at", "finished_at", "updated_at",
+]
+
+
+class SessionBusy(Exception):
+    """The session already has an active run (HTTP 409)."""
+
+    def __init__(self, active_run: Run):
+        super().__init__(f"Session {active_run.session_id} already has an active run ({active_run.pk}).")
+        self.active_run = active_run
+
+
+def actor_for(user) -> str:
+    """The ``RunEvent.actor`` string for a Django user: ``user:<username>``."""
+    return f"user:{user.get_username()}"
+
+
+def append_event(
+    run: Run,
+    *,
+    type: str,
+    actor: str,
+    reason: str = "",
+    payload: dict | None = None,
+    from_status: str = "",
+    to_status: str = "",
+) -> RunEvent:
+    """Append one event to ``run``'s log with the next ``seq``.
+
+    The counter lives on the run row and is bumped with one UPDATE, which
+    also serialises concurrent writers of the same run's log.
+    Must be called inside ``transaction.atomic``.
+    """
+    Run.objects.filter(pk=run.pk).update(last_event_seq=F("last_event_seq") + 1)
+    seq = Run.objects.values_list("last_event_seq", flat=True).get(pk=run.pk)
+    run.last_event_seq = seq
+    return RunEvent.objects.create(
+        run=run,
+        seq=seq,
+        type=type,
+        actor=actor,
+        reason=reason,
+        payload=payload or {},
+        from_status=from_status,
+        to_status=to_status,
+    )
+
+
+def transition_run(run: Run, name: str, *, actor: str, reason: str = "", **kwargs) -> Run:
+    """Apply the FSM transition ``name`` (e.g. ``"wait"``) to ``run`` and record it.
+
+    ``kwargs`` go to the transition method. Raises
+    ``django_fsm.TransitionNotAllowed`` for an illegal transition and
+    ``django_fsm.ConcurrentTransition`` when another writer changed the
+    status since ``run`` was loaded; nothing is written in either case.
+    """
+    from runs.live import publish_run_update
+
+    with transaction.atomic():
+        from_status = run.status
+        getattr(run, name)(**kwargs)
+        if run.is_terminal:
+            run.finished_at = timezone.now()
+        elif run.status == RunStatus.RUNNING and run.started_at is None:
+            run.started_at = timezone.now()
+        run.save(update_fields=TRANSITION_FIELDS)
+        payload = {k: v for k, v in kwargs.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        if run.waiting_reason:
+            payload["waiting_reason"] = run.waiting_reason
+        append_event(
+            run,
+            type="transition",
+            actor=actor,
+            reason=reason or name,
+            payload=payload,
+            from_status=from_status,
+            to_status=run.status,
+        )
+        transaction.on_commit(lambda: publish_run_update(run.pk))
+    return run
+
+
+def set_phase(run: Run, phase: str) -> None:
+    """Record a new ``phase`` of a running run (no event: phases are detail)."""
+    from runs.live import publish_run_update
+
+    run.phase = phase
+    Run.objects.filter(pk=run.pk).update(phase=phase, updated_at=timezone.now())
+    transaction.on_commit(lambda: publish_run_update(run.pk))
+
+
+def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, tool_call_id: str = "") -> Message:
+    """Append one message to the session history of ``run`` (never edited later)."""
+    return Message.objects.create(
+        session_id=run.session_id,
+        run=run,
+        role=role,
+        content=content,
+        tool_calls=tool_calls or [],
+        tool_call_id=tool_call_id,
+    )
+
+
+def enqueue_advance(run_id: int) -> None:
+    """Wake a worker for ``run_id`` once the current transaction commits."""
+    from runs.actors import advance_run
+
+    transaction.on_commit(lambda: advance_run.send(run_id))
+
+
+def start_run(*, agent: Agent, user, input: str, session: Session | None = None, idempotency_key: str | None = None) -> Run:
+    """Create a queued run for ``user``'s ``input`` and wake a worker.
+
+    A new session is opened when ``session`` is None. With an
+    ``idempotency_key`` already used by this user, the earlier run is
+    returned instead of a new one. Raises ``ValidationError`` for empty or
+    oversized input or a session of another user or agent, and
+    ``SessionBusy`` when the session already has an active run.
+    """
+    input = (input or "").strip()
+    limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
+    if not input:
+        raise ValidationError({"input": "Input must not be empty."})
+    if len(input) > limit:
+        raise ValidationError({"input": f"Input is {len(input)} characters; the limit is {limit}."})
+    if idempotency_key:
+        earlier = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).first()
+        if earlier:
+            return earlier
+    if session is not None and (session.owner_id != user.pk or session.agent_id != agent.pk):
+        raise ValidationError({"session": "That session belongs to another user or agent."})
+
+    try:
+        with transaction.atomic():
+            if session is None:
+                session = Session.objects.create(owner=user, agent=agent, title=input[:200])
+            else:
+                active = Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).first()
+                if active:
+                    raise SessionBusy(active)
+            run = Run.objects.create(
+                session=session, agent=agent, requested_by=user, input=input, idempotency_key=idempotency_key
+            )
+            append_message(run, role="user", content=input)
+            append_event(run, type="transition", actor=actor_for(user), reason="created", to_status=run.status)
+            enqueue_advance(run.pk)
+    except IntegrityError:
+        if idempotency_key:
+            return Run.objects.get(requested_by=user, idempotency_key=idempotency_key)
+        raise SessionBusy(Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).first())
+    return run
+
+
+def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run:
+    """Cancel ``run``: queued or waiting runs at once, running ones at the next safe point.
+
+    Pending inbox items and not-yet-run tool calls of a run cancelled now
+    are cancelled with it. Effects that already happened stay (they are
+    listed in the events). Raises ``TransitionNotAllowed`` for a terminal
+    run.
+    """
+    from approvals.services import cancel_pending_interrupts
+    from tools.services import cancel_pending_tool_calls
+
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.is_terminal:
+            run.cancel()  # raises TransitionNotAllowed
+        if run.cancel_requested_at is None:
+            run.cancel_requested_at = timezone.now()
+            Run.objects.filter(pk=run.pk).update(cancel_requested_at=run.cancel_requested_at)
+        if run.status == RunStatus.RUNNING:
+            append_event(run, type="cancel_requested", actor=actor, reason=reason)
+            return run
+        cancel_pending_interrupts(run=run, actor=actor)
+        cancel_pending_tool_calls(run=run, actor=actor)
+        return transition_run(run, "cancel", actor=actor, reason=reason)

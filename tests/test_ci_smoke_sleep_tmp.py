@@ -1,0 +1,3 @@
+import time
+def test_sleep():
+    time.sleep(60)

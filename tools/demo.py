@@ -1,0 +1,228 @@
+"""The demo shop: its tools and completion checks.
+
+Tools: ``query_order`` (read-only), ``cancel_order`` (side effect, always
+approved by a person, only the requester's own unshipped orders),
+``refund`` (side effect through the payment gateway, approval when
+``amount > 50``), ``legal_check`` (read-only) and ``send_email`` (side
+effect, always approved, only after a passed legal check in the same run).
+"""
+
+from decimal import Decimal
+
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.db.models import F
+
+from runs.completion import Verdict, achieved, incomplete, not_achieved, register_check
+from tools import gateway
+from tools.models import Order, ToolCall, ToolCallStatus
+from tools.registry import Tool, ToolContext, ToolError, register
+
+S = ToolCallStatus
+ORDER_ID = {"type": "integer", "minimum": 1, "description": "The order number."}
+BLOCKED_PHRASES = ("guarantee", "no liability", "unlimited")
+
+
+def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
+    return Order.objects.filter(number=order_id, owner=ctx.user).first()
+
+
+def _order_view(order: Order) -> dict:
+    return {
+        "order_id": order.number,
+        "total": str(order.total),
+        "status": order.status,
+        "shipped": order.shipped,
+        "refunded": str(order.refunded),
+        "refundable_amount": str(order.refundable_amount),
+    }
+
+
+# --- query_order -------------------------------------------------------------
+
+def _query_order_precondition(ctx: ToolContext, args: dict) -> str | None:
+    if _own_order(ctx, args["order_id"]) is None:
+        return f"Order {args['order_id']} does not exist or does not belong to the requester."
+    return None
+
+
+def _query_order(ctx: ToolContext, args: dict) -> dict:
+    order = _own_order(ctx, args["order_id"])
+    if order is None:
+        raise ToolError(f"Order {args['order_id']} not found.")
+    return _order_view(order)
+
+
+register(Tool(
+    name="query_order",
+    description="Look up one of the requester's orders: total, shipping state, amount still refundable.",
+    parameters={"type": "object", "properties": {"order_id": ORDER_ID},
+                "required": ["order_id"], "additionalProperties": False},
+    handler=_query_order,
+    precondition=_query_order_precondition,
+))
+
+
+# --- cancel_order ------------------------------------------------------------
+
+def _cancel_precondition(ctx: ToolContext, args: dict) -> str | None:
+    order = _own_order(ctx, args["order_id"])
+    if order is None:
+        return f"Order {args['order_id']} does not exist or does not belong to the requester."
+    if order.shipped:
+        return f"Order {order.number} has already shipped and cannot be cancelled."
+    if order.status == Order.Status.CANCELLED:
+        return f"Order {order.number} is already cancelled."
+    return None
+
+
+def _cancel_order(ctx: ToolContext, args: dict) -> dict:
+    with transaction.atomic():
+        updated = Order.objects.filter(
+            number=args["order_id"], owner=ctx.user, shipped=False, status=Order.Status.OPEN
+        ).update(status=Order.Status.CANCELLED)
+    if not updated:
+        raise ToolError(f"Order {args['order_id']} can no longer be cancelled.")
+    return {"order_id": args["order_id"], "status": Order.Status.CANCELLED}
+
+
+register(Tool(
+    name="cancel_order",
+    description="Cancel one of the requester's orders that has not shipped yet.",
+    parameters={"type": "object",
+                "properties": {"order_id": ORDER_ID, "reason": {"type": "string", "maxLength": 500}},
+                "required": ["order_id"], "additionalProperties": False},
+    handler=_cancel_order,
+    side_effect=True,
+    approval="always",
+    precondition=_cancel_precondition,
+))
+
+
+# --- refund ------------------------------------------------------------------
+
+def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
+    order = _own_order(ctx, args["order_id"])
+    if order is None:
+        return f"Order {args['order_id']} does not exist or does not belong to the requester."
+    if Decimal(str(args["amount"])) > order.refundable_amount:
+        return (f"Order {order.number} is not refundable for {args['amount']}: "
+                f"at most {order.refundable_amount} can be refunded.")
+    return None
+
+
+def _refund(ctx: ToolContext, args: dict) -> dict:
+    amount = Decimal(str(args["amount"])).quantize(Decimal("0.01"))
+    order = _own_order(ctx, args["order_id"])
+    if order is None or amount > order.refundable_amount:
+        raise ToolError(f"Order {args['order_id']} is not refundable for {amount}.")
+    receipt, created = gateway.refund(order_number=order.number, amount=amount, idempotency_key=ctx.idempotency_key)
+    if created:
+        Order.objects.filter(pk=order.pk).update(refunded=F("refunded") + amount)
+    return receipt
+
+
+register(Tool(
+    name="refund",
+    description="Refund an amount on one of the requester's orders through the payment gateway.",
+    parameters={"type": "object",
+                "properties": {"order_id": ORDER_ID,
+                               "amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 100000}},
+                "required": ["order_id", "amount"], "additionalProperties": False},
+    handler=_refund,
+    side_effect=True,
+    approval="amount > 50",
+    precondition=_refund_precondition,
+))
+
+
+# --- legal_check -------------------------------------------------------------
+
+def _legal_check(ctx: ToolContext, args: dict) -> dict:
+    found = [phrase for phrase in BLOCKED_PHRASES if phrase in args["text"].lower()]
+    return {"approved": not found, "issues": [f"contains '{phrase}'" for phrase in found]}
+
+
+register(Tool(
+    name="legal_check",
+    description="Check a text (e.g. a contract email) for wording legal does not allow.",
+    parameters={"type": "object", "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 20000}},
+                "required": ["text"], "additionalProperties": False},
+    handler=_legal_check,
+))
+
+
+# --- send_email --------------------------------------------------------------
+
+def _passed_legal_check(run) -> bool:
+    return any(
+        (call.result or {}).get("approved") is True
+        for call in ToolCall.objects.filter(run=run, name="legal_check", status=S.SUCCEEDED)
+    )
+
+
+def _send_email_precondition(ctx: ToolContext, args: dict) -> str | None:
+    if not _passed_legal_check(ctx.run):
+        return "send_email needs a legal_check in this run that succeeded and approved the text."
+    return None
+
+
+def _send_email(ctx: ToolContext, args: dict) -> dict:
+    message = EmailMessage(subject=args["subject"], body=args["body"], to=[args["to"]],
+                           headers={"X-Idempotency-Key": ctx.idempotency_key})
+    message.send(fail_silently=False)
+    return {"sent_to": args["to"], "subject": args["subject"]}
+
+
+register(Tool(
+    name="send_email",
+    description="Send an email. Needs a passed legal_check of its text in the same run.",
+    parameters={"type": "object",
+                "properties": {"to": {"type": "string", "pattern": r"^[^@\s]+@[^@\s]+\.[^@\s]+$"},
+                               "subject": {"type": "string", "minLength": 1, "maxLength": 300},
+                               "body": {"type": "string", "minLength": 1, "maxLength": 20000}},
+                "required": ["to", "subject", "body"], "additionalProperties": False},
+    handler=_send_email,
+    side_effect=True,
+    approval="always",
+    precondition=_send_email_precondition,
+))
+
+
+# --- completion checks -------------------------------------------------------
+
+def _calls(run, name: str, *statuses) -> list[ToolCall]:
+    return list(run.tool_calls.filter(name=name, status__in=statuses))
+
+
+@register_check("refund")
+def refund_done(run) -> Verdict:
+    """Achieved if a refund succeeded; not achieved if one was rejected or refused."""
+    if _calls(run, "refund", S.SUCCEEDED):
+        return achieved()
+    if _calls(run, "refund", S.REJECTED, S.DENIED, S.EXPIRED):
+        return not_achieved("The refund was rejected or the order is not refundable.")
+    return incomplete("No refund has been issued: call the refund tool, or explain why the order is not refundable.")
+
+
+@register_check("cancel_order")
+def cancel_done(run) -> Verdict:
+    """Achieved if the order was cancelled; not achieved if that was rejected or refused."""
+    if _calls(run, "cancel_order", S.SUCCEEDED):
+        return achieved()
+    if _calls(run, "cancel_order", S.REJECTED, S.DENIED, S.EXPIRED):
+        return not_achieved("The cancellation was rejected or the order cannot be cancelled.")
+    return incomplete("The order has not been cancelled: no cancel_order call succeeded.")
+
+
+@register_check("send_email")
+def email_done(run) -> Verdict:
+    """Achieved if send_email succeeded; not achieved if rejected or the legal check failed."""
+    if _calls(run, "send_email", S.SUCCEEDED):
+        return achieved()
+    if _calls(run, "send_email", S.REJECTED, S.EXPIRED):
+        return not_achieved("Sending the email was rejected.")
+    failed_legal = [c for c in _calls(run, "legal_check", S.SUCCEEDED) if (c.result or {}).get("approved") is False]
+    if failed_legal:
+        return not_achieved("The legal check did not approve the text.")
+    return incomplete("The email has not been sent: no send_email call succeeded.")

@@ -1,0 +1,93 @@
+"""Demo data: users, the shop's orders and three scripted demo agents.
+
+``load_demo()`` is idempotent: running it again resets the demo rows to
+their initial values and changes nothing else.
+"""
+
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.db import transaction
+
+from runs.models import Agent
+from tools.models import Order
+
+USERS = {
+    # username: (password, role)
+    "requester": ("requester-demo", "starts runs; owns orders 100-130"),
+    "approver": ("approver-demo", "decides every demo tool's approvals"),
+    "admin": ("admin-demo", "superuser"),
+}
+APPROVERS_GROUP = "approvers"
+
+CONTRACT_TEXT = "Dear customer, please find attached the service contract we discussed."
+
+DEMO_AGENTS = [
+    {
+        "slug": "refund-order",
+        "name": "Refund order",
+        "instructions": "Help the customer get a refund. Check the order first.",
+        "completion_check": "refund",
+        "tools": ["query_order", "refund"],
+        "model": {"provider": "scripted", "turns": [
+            {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]},
+            {"tool_calls": [{"name": "refund", "arguments": "{\"order_id\": 123, \"amount\": 80}"}]},
+            {"content": "A refund of 80.00 for order 123 has been issued."},
+        ]},
+    },
+    {
+        "slug": "cancel-order",
+        "name": "Cancel order",
+        "instructions": "Cancel the customer's order if it has not shipped.",
+        "completion_check": "cancel_order",
+        "tools": ["query_order", "cancel_order"],
+        "model": {"provider": "scripted", "turns": [
+            {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 124}}]},
+            {"tool_calls": [{"name": "cancel_order", "arguments": {"order_id": 124, "reason": "customer request"}}]},
+            {"content": "I'm sorry: order 124 has already shipped, so it can no longer be cancelled."},
+        ]},
+    },
+    {
+        "slug": "send-contract-email",
+        "name": "Send contract email",
+        "instructions": "Send the contract email after legal has checked it.",
+        "completion_check": "send_email",
+        "tools": ["legal_check", "send_email"],
+        "model": {"provider": "scripted", "turns": [
+            {"tool_calls": [{"name": "legal_check", "arguments": {"text": CONTRACT_TEXT}}]},
+            {"tool_calls": [{"name": "send_email", "arguments": {
+                "to": "customer@example.com", "subject": "Your contract", "body": CONTRACT_TEXT}}]},
+            {"content": "The contract email has been sent."},
+        ]},
+    },
+]
+
+
+@transaction.atomic
+def load_demo() -> dict:
+    """Create or reset the demo users, orders and agents; return ``{username: password}``."""
+    User = get_user_model()
+    approvers, _ = Group.objects.get_or_create(name=APPROVERS_GROUP)
+    approvers.permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    users = {}
+    for username, (password, _role) in USERS.items():
+        user, _ = User.objects.get_or_create(username=username)
+        user.set_password(password)
+        user.email = f"{username}@example.com"
+        user.is_staff = user.is_superuser = username == "admin"
+        user.save()
+        users[username] = user
+    users["approver"].groups.add(approvers)
+
+    for number in range(100, 131):
+        Order.objects.update_or_create(number=number, defaults={
+            "owner": users["requester"],
+            "total": Decimal("120.00") if number == 123 else Decimal(20 + number % 7 * 15),
+            "shipped": number == 124 or number % 2 == 0 and number != 123,
+            "status": Order.Status.OPEN,
+            "refunded": Decimal("0"),
+        })
+    for spec in DEMO_AGENTS:
+        Agent.objects.update_or_create(slug=spec["slug"], defaults={k: v for k, v in spec.items() if k != "slug"})
+    return {username: password for username, (password, _role) in USERS.items()}

@@ -1,0 +1,116 @@
+"""The ToolCall model and its state machine (DESIGN.md §3)."""
+
+from django.db import models
+from django_fsm import FSMField, ConcurrentTransitionMixin, transition
+
+
+class ToolCallStatus(models.TextChoices):
+    PROPOSED = "proposed"
+    INVALID = "invalid"
+    DENIED = "denied"
+    AWAITING_APPROVAL = "awaiting_approval"
+    READY = "ready"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+S = ToolCallStatus
+
+# A call in one of these still owes the model a result.
+PENDING_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.UNKNOWN]
+
+
+class ToolCall(ConcurrentTransitionMixin, models.Model):
+    """One tool call the model proposed, from parsing to its outcome.
+
+    ``raw_arguments`` keeps the model's text verbatim; ``arguments`` is the
+    parsed object (``None`` when it did not parse) and, after an approver
+    edited them, the edited arguments. ``idempotency_key`` is set by the
+    ``ready -> running`` transition, before the call leaves the process,
+    and derived from the run and the logical action (tool + arguments).
+    ``result`` is what the tool returned (JSON); ``error`` why it did not.
+    """
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="tool_calls")
+    step = models.ForeignKey("runs.Step", on_delete=models.CASCADE, related_name="tool_calls")
+    index = models.PositiveIntegerField(help_text="Position within the model turn.")
+    provider_call_id = models.CharField(max_length=100)
+    name = models.CharField(max_length=100)
+    raw_arguments = models.TextField(blank=True)
+    arguments = models.JSONField(null=True, blank=True)
+    status = FSMField(default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
+    side_effect = models.BooleanField(default=False)
+    idempotency_key = models.CharField(max_length=80, blank=True, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+
+    def __str__(self):
+        return f"{self.name} ({self.status})"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status in PENDING_STATUSES
+
+    # --- transitions (DESIGN.md §3) -------------------------------------
+
+    @transition(field=status, source=S.PROPOSED, target=S.INVALID)
+    def invalidate(self, error: str):
+        self.error = error
+
+    @transition(field=status, source=S.PROPOSED, target=S.DENIED)
+    def deny(self, error: str):
+        self.error = error
+
+    @transition(field=status, source=S.PROPOSED, target=S.AWAITING_APPROVAL)
+    def request_approval(self):
+        pass
+
+    @transition(field=status, source=[S.PROPOSED, S.AWAITING_APPROVAL], target=S.READY)
+    def make_ready(self, arguments=None):
+        if arguments is not None:
+            self.arguments = arguments
+
+    @transition(field=status, source=S.AWAITING_APPROVAL, target=S.REJECTED)
+    def reject(self, error: str):
+        self.error = error
+
+    @transition(field=status, source=S.AWAITING_APPROVAL, target=S.EXPIRED)
+    def expire(self):
+        self.error = "The approval request expired."
+
+    @transition(field=status, source=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY], target=S.CANCELLED)
+    def cancel(self):
+        self.error = "Cancelled before it ran."
+
+    @transition(field=status, source=S.READY, target=S.RUNNING)
+    def begin(self, idempotency_key: str, now):
+        self.idempotency_key = idempotency_key
+        self.attempts += 1
+        self.started_at = now
+
+    @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.SUCCEEDED)
+    def succeed(self, result, now):
+        self.result = result
+        self.error = ""
+        self.finished_at = now
+
+    @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.FAILED)
+    def fail(self, error: str, now):
+        self.error = error
+        self.finished_at = now
+
+    @transition(field=status, source=S.RUNNING, target=S.UNKNOWN)
+    def mark_unknown(self, error: str):
+        self.error = error

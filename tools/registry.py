@@ -1,0 +1,101 @@
+"""The tool registry: what a model may call, with schema and policy.
+
+A tool is declared once, in code, with a JSON Schema for its arguments,
+whether it has side effects, when it needs a human's approval and what
+must hold before it may run. Agents choose tools by name.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from jsonschema import Draft202012Validator
+
+
+class ToolError(Exception):
+    """Raised by a tool handler when the action failed; the message goes to the model."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler or precondition may know: the run, its requester, the key.
+
+    ``idempotency_key`` is empty for preconditions (no call exists yet).
+    """
+
+    run: Any
+    user: Any
+    idempotency_key: str = ""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One registered tool.
+
+    * ``parameters``: JSON Schema (draft 2020-12) of the arguments object.
+    * ``handler(ctx, arguments) -> JSON-serialisable result``; raises
+      ``ToolError`` for a failure the model should see.
+    * ``side_effect``: True when running it changes the world (its call
+      gets an idempotency key and is never retried blindly).
+    * ``approval``: ``"never"``, ``"always"`` or a condition on the
+      arguments such as ``"amount > 50"`` (see ``tools.policy``).
+    * ``precondition(ctx, arguments) -> str | None``: a reason to deny
+      the call, or None; checked by code before any approval is asked.
+    * ``permission``: the Django permission an approver needs.
+    * ``allow_requester_approval``: whether the run's requester may approve.
+    * ``timeout_s``: seconds a call may take.
+    """
+
+    name: str
+    description: str
+    parameters: dict
+    handler: Callable[[ToolContext, dict], Any]
+    side_effect: bool = False
+    approval: str = "never"
+    precondition: Callable[[ToolContext, dict], str | None] | None = None
+    permission: str = "approvals.decide_interrupt"
+    allow_requester_approval: bool = True
+    timeout_s: float = 30.0
+    validator: Draft202012Validator = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        Draft202012Validator.check_schema(self.parameters)
+        object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
+
+    def schema_errors(self, arguments: Any) -> list[str]:
+        """Messages for every way ``arguments`` breaks the schema (empty: valid)."""
+        return [
+            f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+            for error in sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        ]
+
+    def definition(self) -> dict:
+        """The provider-neutral definition sent to a model: name, description, parameters."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+_TOOLS: dict[str, Tool] = {}
+
+
+def register(tool: Tool) -> Tool:
+    """Add ``tool`` to the registry. Raises ``ValueError`` if the name is taken."""
+    if tool.name in _TOOLS and _TOOLS[tool.name] is not tool:
+        raise ValueError(f"A tool named {tool.name!r} is already registered.")
+    _TOOLS[tool.name] = tool
+    return tool
+
+
+def get_tool(name: str) -> Tool | None:
+    """The registered tool called ``name``, or None."""
+    return _TOOLS.get(name)
+
+
+def all_tools() -> list[Tool]:
+    """Every registered tool, sorted by name."""
+    return [_TOOLS[name] for name in sorted(_TOOLS)]
+
+
+def tools_for_agent(agent) -> list[Tool]:
+    """The tools ``agent`` may call: its ``tools`` list, or all when it is empty."""
+    if not agent.tools:
+        return all_tools()
+    return [_TOOLS[name] for name in agent.tools if name in _TOOLS]

@@ -1,0 +1,197 @@
+"""Tool calls: validate, apply policy, execute, and report the result.
+
+Every ``ToolCall`` state change happens here and is recorded as a run event
+of type ``tool_call``. The model's text has no say: validity is the JSON
+Schema, permission is the precondition and the approval rule, and a call
+that needs approval runs only after ``approvals.services`` says so.
+"""
+
+import hashlib
+import json
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.services import append_event
+from tools.models import ToolCall, ToolCallStatus
+from tools.policy import approval_required
+from tools.registry import ToolContext, ToolError, get_tool, tools_for_agent
+
+log = logging.getLogger(__name__)
+S = ToolCallStatus
+
+
+def _transition(tool_call: ToolCall, name: str, *, actor: str, reason: str = "", **kwargs) -> ToolCall:
+    """Apply the FSM transition ``name`` to ``tool_call``, save it and log an event.
+
+    Raises ``TransitionNotAllowed`` / ``ConcurrentTransition`` (nothing saved).
+    """
+    with transaction.atomic():
+        from_status = tool_call.status
+        getattr(tool_call, name)(**kwargs)
+        tool_call.save()
+        payload = {"tool_call": tool_call.pk, "name": tool_call.name}
+        if tool_call.error:
+            payload["error"] = tool_call.error
+        append_event(
+            tool_call.run,
+            type="tool_call",
+            actor=actor,
+            reason=reason or name,
+            payload=payload,
+            from_status=from_status,
+            to_status=tool_call.status,
+        )
+    return tool_call
+
+
+def derive_idempotency_key(run_id: int, name: str, arguments: dict) -> str:
+    """A stable key for one logical action of a run: sha256 of run, tool and arguments.
+
+    Arguments are canonicalised (sorted keys, no spaces), so a model that
+    re-proposes the same action, under any ``tool_call_id``, gets the same
+    key. Returns ``"<tool>-<run>-<first 32 hex digits>"``.
+    """
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.sha256(f"{run_id}\n{name}\n{canonical}".encode()).hexdigest()
+    return f"{name}-{run_id}-{digest[:32]}"
+
+
+def _parse_arguments(raw) -> tuple[dict | None, str]:
+    """(arguments, error): parse a raw arguments string or accept an object."""
+    if isinstance(raw, dict):
+        return raw, ""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}, ""
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        return None, f"Arguments are not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, "Arguments must be a JSON object."
+    return value, ""
+
+
+def propose_tool_calls(*, run, step, calls: list[dict], truncated: bool, actor: str = "worker") -> list[ToolCall]:
+    """Record the tool calls of one model turn and decide what happens to each.
+
+    ``calls`` is ``[{"id": str, "name": str, "arguments": str | dict}]``
+    as the provider returned them; ``truncated`` is True when the output
+    was cut off (``finish_reason=length``). Each call ends this function
+    ``invalid`` (unknown tool, unparsable or schema-breaking or truncated
+    arguments), ``denied`` (precondition failed), ``awaiting_approval``
+    (with an inbox item) or ``ready``.
+    """
+    from approvals.services import request_approval
+
+    allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
+    created = []
+    with transaction.atomic():
+        for index, call in enumerate(calls):
+            raw = call.get("arguments")
+            tool_call = ToolCall.objects.create(
+                run=run,
+                step=step,
+                index=index,
+                provider_call_id=call.get("id") or f"call_{step.pk}_{index}",
+                name=str(call.get("name") or "")[:100],
+                raw_arguments=raw if isinstance(raw, str) else json.dumps(raw),
+            )
+            append_event(run, type="tool_call", actor=actor, reason="proposed",
+                         payload={"tool_call": tool_call.pk, "name": tool_call.name}, to_status=S.PROPOSED)
+            tool = allowed.get(tool_call.name)
+            arguments, error = _parse_arguments(raw)
+            if truncated:
+                error = "The output was cut off (finish_reason=length); the arguments are incomplete."
+            elif tool is None:
+                error = f"Unknown tool {tool_call.name!r}. Available tools: {', '.join(sorted(allowed))}."
+            elif arguments is not None:
+                problems = tool.schema_errors(arguments)
+                if problems:
+                    error = "Arguments do not match the schema: " + "; ".join(problems)
+            if arguments is not None and not truncated:
+                tool_call.arguments = arguments
+            if error:
+                created.append(_transition(tool_call, "invalidate", actor=actor, error=error))
+                continue
+            tool_call.side_effect = tool.side_effect
+            denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
+            if denial:
+                created.append(_transition(tool_call, "deny", actor=actor, error=denial))
+                continue
+            rule = run.agent.approval_policy.get(tool.name, tool.approval)
+            if approval_required(rule, arguments):
+                _transition(tool_call, "request_approval", actor=actor, reason=f"approval rule: {rule}")
+                request_approval(tool_call=tool_call, tool=tool)
+            else:
+                _transition(tool_call, "make_ready", actor=actor, reason=f"approval rule: {rule}")
+            created.append(tool_call)
+    return created
+
+
+def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str) -> ToolCall:
+    """Approved by a person: ``awaiting_approval -> ready``, with edited arguments if given.
+
+    Raises ``ValueError`` when edited arguments break the tool's schema.
+    """
+    if arguments is not None:
+        problems = get_tool(tool_call.name).schema_errors(arguments)
+        if problems:
+            raise ValueError("Edited arguments do not match the schema: " + "; ".join(problems))
+    return _transition(tool_call, "make_ready", actor=actor, reason="approved", arguments=arguments)
+
+
+def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str) -> ToolCall:
+    """Rejected by a person: ``awaiting_approval -> rejected``; the model hears why."""
+    error = "A person rejected this call." + (f" Comment: {comment}" if comment else "")
+    return _transition(tool_call, "reject", actor=actor, error=error)
+
+
+def cancel_pending_tool_calls(*, run, actor: str) -> None:
+    """Cancel every call of ``run`` that has not started (proposed, awaiting approval, ready)."""
+    for tool_call in run.tool_calls.filter(status__in=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY]):
+        _transition(tool_call, "cancel", actor=actor)
+
+
+def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall:
+    """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the result.
+
+    A result already stored for the same key in this run is reused, not
+    executed again. ``ToolError`` from the handler makes the call
+    ``failed`` with its message; any other exception too, with its type
+    and message logged.
+    """
+    tool = get_tool(tool_call.name)
+    key = derive_idempotency_key(tool_call.run_id, tool_call.name, tool_call.arguments)
+    _transition(tool_call, "begin", actor=actor, idempotency_key=key, now=timezone.now())
+    earlier = (
+        ToolCall.objects.filter(run_id=tool_call.run_id, idempotency_key=key, status=S.SUCCEEDED)
+        .exclude(pk=tool_call.pk)
+        .first()
+    )
+    if earlier is not None:
+        return _transition(tool_call, "succeed", actor=actor, reason=f"reused result of call {earlier.pk}",
+                           result=earlier.result, now=timezone.now())
+    context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key)
+    try:
+        result = tool.handler(context, tool_call.arguments)
+    except ToolError as exc:
+        return _transition(tool_call, "fail", actor=actor, error=str(exc), now=timezone.now())
+    except Exception as exc:
+        log.exception("tool %s raised", tool_call.name)
+        return _transition(tool_call, "fail", actor=actor, error=f"{type(exc).__name__}: {exc}", now=timezone.now())
+    return _transition(tool_call, "succeed", actor=actor, result=result, now=timezone.now())
+
+
+def tool_result_content(tool_call: ToolCall) -> str:
+    """The tool-result text the model receives for a finished call (JSON).
+
+    ``{"status": "succeeded", "result": ...}`` or
+    ``{"status": <invalid|denied|rejected|...>, "error": "..."}``.
+    """
+    if tool_call.status == S.SUCCEEDED:
+        body = {"status": tool_call.status, "result": tool_call.result}
+    else:
+        body = {"status": tool_call.status, "error": tool_call.error}
+    return json.dumps(body, default=str)
