@@ -1,3 +1,0 @@
-import time
-def test_sleep():
-    time.sleep(60)
