@@ -6,6 +6,7 @@ Production shape: set ``DATABASE_URL`` (PostgreSQL) and ``REDIS_URL``
 (Dramatiq broker and channel layer).
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -71,9 +72,12 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The in-process worker writes from another thread: wait for the lock
     # instead of failing, and keep the test database in a file that every
-    # thread can open.
+    # thread (and a server subprocess, through the inherited environment)
+    # can open; one file per test process, so parallel runs do not collide.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+    DATABASES["default"]["TEST"] = {
+        "NAME": os.environ.setdefault("TOLLGATE_SQLITE_TEST_DB", f"/tmp/tollgate-test-{os.getpid()}.sqlite3")
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -16,6 +16,13 @@ from runs.actors import advance_run
 from tools.demo_data import load_demo
 
 
+def pytest_configure(config):
+    from django.conf import settings
+
+    # Demo users are created in many tests; PBKDF2 would dominate the runtime.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 class RunWorker:
     """A started Dramatiq worker; ``drain()`` waits until every queued message is processed."""
 

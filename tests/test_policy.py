@@ -1,0 +1,43 @@
+"""Approval rules and idempotency keys: pure functions, decided by code."""
+
+import pytest
+
+from tools.policy import InvalidRule, approval_required, check_rule
+from tools.services import derive_idempotency_key
+
+
+@pytest.mark.parametrize(
+    ("rule", "arguments", "expected"),
+    [
+        ("always", {}, True),
+        ("never", {"amount": 10_000}, False),
+        ("amount > 50", {"amount": 50}, False),
+        ("amount > 50", {"amount": 50.01}, True),
+        ("amount >= 50", {"amount": 50}, True),
+        ("amount <= 5", {"amount": "4"}, True),
+        ("amount == 3", {"amount": 3.0}, True),
+        ("amount != 3", {"amount": 3}, False),
+    ],
+)
+def test_approval_rule_decides_from_arguments(rule, arguments, expected):
+    assert approval_required(rule, arguments) is expected
+
+
+@pytest.mark.parametrize("arguments", [{}, {"amount": "lots"}, {"amount": None}])
+def test_condition_on_missing_or_non_numeric_argument_asks_a_person(arguments):
+    assert approval_required("amount > 50", arguments) is True
+
+
+@pytest.mark.parametrize("rule", ["sometimes", "amount >> 5", "__import__('os') > 1", "amount > fifty", ""])
+def test_malformed_rules_are_refused(rule):
+    with pytest.raises(InvalidRule):
+        check_rule(rule)
+
+
+def test_idempotency_key_names_the_logical_action_not_the_call():
+    first = derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 80})
+    reordered = derive_idempotency_key(7, "refund", {"amount": 80, "order_id": 123})
+    assert first == reordered
+    assert first.startswith("refund-7-")
+    assert derive_idempotency_key(8, "refund", {"order_id": 123, "amount": 80}) != first
+    assert derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 81}) != first
