@@ -1,0 +1,77 @@
+"""Django admin for the inbox (DESIGN.md §7).
+
+Inbox items are view-only; "Approve" and "Reject" are admin actions that call
+``approvals.services.decide_interrupt``, which checks the item's permission
+and the requester rule, resolves the tool call and resumes the run.
+"""
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django_fsm import ConcurrentTransition, TransitionNotAllowed
+
+from approvals.models import Decision, Interrupt, InterruptKind
+from approvals.services import decide_interrupt
+from runs.admin import ReadOnlyAdminMixin
+
+
+@admin.register(Interrupt)
+class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Inbox items, view-only; approve or reject them with the actions.
+
+    The actions are offered to everyone who may see the list: whether a
+    user may decide a given item is ``decide_interrupt``'s call (its
+    ``required_permission`` and ``allow_requester``), and a refusal is
+    reported per item.
+    """
+
+    list_display = (
+        "id", "kind", "status", "title", "run", "tool_call", "requested_by", "decision", "resolved_by",
+        "created_at", "expires_at",
+    )
+    list_filter = ("kind", "status", "decision", "required_permission", "run__agent")
+    search_fields = ("=id", "=run__id", "title", "comment", "required_permission", "run__requested_by__username")
+    list_select_related = ("run__requested_by", "tool_call", "resolved_by")
+    date_hierarchy = "created_at"
+    actions = ["approve_selected", "reject_selected"]
+
+    @admin.display(description="requested by", ordering="run__requested_by__username")
+    def requested_by(self, interrupt: Interrupt):
+        return interrupt.run.requested_by
+
+    @admin.action(description="Approve selected items")
+    def approve_selected(self, request, queryset):
+        """Approve each selected approval item via ``decide_interrupt``."""
+        self._decide(request, queryset, Decision.APPROVED)
+
+    @admin.action(description="Reject selected items")
+    def reject_selected(self, request, queryset):
+        """Reject each selected approval item via ``decide_interrupt``."""
+        self._decide(request, queryset, Decision.REJECTED)
+
+    def _decide(self, request, queryset, decision: str) -> None:
+        done = 0
+        for interrupt in queryset.select_related("run", "tool_call").order_by("pk"):
+            if interrupt.kind != InterruptKind.APPROVAL:
+                self.message_user(
+                    request,
+                    f"Item {interrupt.pk} is a {interrupt.kind} item; only approval items can be {decision} here.",
+                    level=messages.WARNING,
+                )
+                continue
+            try:
+                decide_interrupt(interrupt=interrupt, user=request.user, decision=decision, comment="via admin")
+            except (TransitionNotAllowed, ConcurrentTransition):
+                status = Interrupt.objects.values_list("status", flat=True).get(pk=interrupt.pk)
+                self.message_user(
+                    request, f"Item {interrupt.pk} was not {decision}: it is {status}.", level=messages.WARNING
+                )
+            except PermissionDenied:
+                self.message_user(
+                    request, f"Item {interrupt.pk} was not {decision}: you may not decide it.", level=messages.ERROR
+                )
+            except ValueError as exc:
+                self.message_user(request, f"Item {interrupt.pk} was not {decision}: {exc}", level=messages.ERROR)
+            else:
+                done += 1
+        if done:
+            self.message_user(request, f"{decision.capitalize()} {done} item(s).", level=messages.SUCCESS)

@@ -1,0 +1,39 @@
+"""Django admin for tool calls and the demo shop's data (DESIGN.md §7).
+
+``ToolCall`` is an audit record written only by ``tools.services``: view-only.
+``Order`` is demo data and editable; refunds live in the payment gateway's
+own ledger (a separate service), not here.
+"""
+
+from django.contrib import admin
+
+from runs.admin import ReadOnlyAdminMixin, truncated
+from tools.models import Order, ToolCall
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Tool calls the models proposed and what became of them; append-only."""
+
+    list_display = (
+        "id", "run", "name", "status", "side_effect", "arguments_summary", "attempts", "created_at", "finished_at",
+    )
+    list_filter = ("name", "status", "side_effect", "run__agent")
+    search_fields = ("=id", "=run__id", "name", "provider_call_id", "idempotency_key", "raw_arguments", "error")
+    list_select_related = ("run",)
+    date_hierarchy = "created_at"
+
+    @admin.display(description="arguments")
+    def arguments_summary(self, tool_call: ToolCall) -> str:
+        return truncated(tool_call.raw_arguments if tool_call.arguments is None else str(tool_call.arguments), 60)
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    """The demo shop's orders (what the demo tools query, refund and cancel)."""
+
+    list_display = ("number", "owner", "total", "shipped", "status")
+    list_filter = ("status", "shipped")
+    search_fields = ("=number", "owner__username")
+    list_select_related = ("owner",)
+    raw_id_fields = ("owner",)
