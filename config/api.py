@@ -5,10 +5,12 @@
 * ``django.core.exceptions.PermissionDenied`` -> 403;
 * ``django.core.exceptions.ValidationError`` and ``ValueError`` raised by
   services -> 400;
-* ``runs.services.SessionBusy`` -> 409 naming the active run.
+* ``runs.services.SessionBusy`` -> 409 naming the active run;
+* ``RequestDataTooBig`` (body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``) -> 413.
 """
 
-from django.core.exceptions import ValidationError
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, ValidationError
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from rest_framework import status
 from rest_framework.response import Response
@@ -36,6 +38,10 @@ def exception_handler(exc, context):
     if isinstance(exc, SessionBusy):
         return Response({"detail": str(exc), "code": "session_busy", "active_run": exc.active_run.pk},
                         status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response({"detail": f"Request body too large: the limit is {limit} bytes.", "code": "too_large"},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, ValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
         return Response(detail, status=status.HTTP_400_BAD_REQUEST)

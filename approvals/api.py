@@ -1,0 +1,87 @@
+"""REST API for the inbox: list items, approve or reject them.
+
+Decisions go through ``approvals.services.decide_interrupt``, which checks
+the permission (403) and that the item is still pending (409).
+"""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
+from approvals.serializers import ApproveSerializer, InterruptSerializer, RejectSerializer
+from approvals.services import decide_interrupt
+from runs.selectors import user_sees_all_runs
+
+DECISION_RESPONSES = {
+    200: InterruptSerializer,
+    400: OpenApiResponse(description="Edited arguments do not match the tool's schema."),
+    403: OpenApiResponse(description="You may not decide this item."),
+    409: OpenApiResponse(description="The item is no longer pending; the body names its current `status`."),
+}
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List inbox items visible to you", parameters=[
+        OpenApiParameter("status", OpenApiTypes.STR, enum=InterruptStatus.values, description="e.g. pending"),
+        OpenApiParameter("kind", OpenApiTypes.STR, enum=InterruptKind.values),
+        OpenApiParameter("run", OpenApiTypes.INT, description="Only items of this run."),
+    ]),
+    retrieve=extend_schema(summary="One inbox item"),
+)
+class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Inbox items, with the same visibility as their runs."""
+
+    serializer_class = InterruptSerializer
+
+    queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by")
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
+            return self.queryset.none()
+        if user_sees_all_runs(user=self.request.user):
+            return self.queryset.all()
+        return self.queryset.filter(run__requested_by=self.request.user)
+
+    def filter_queryset(self, queryset):
+        params = self.request.query_params
+        for name, choices in (("status", InterruptStatus.values), ("kind", InterruptKind.values)):
+            if name in params:
+                if params[name] not in choices:
+                    raise ValidationError({name: f"Must be one of: {', '.join(choices)}."})
+                queryset = queryset.filter(**{name: params[name]})
+        if "run" in params:
+            if not params["run"].isdigit():
+                raise ValidationError({"run": "Must be a run id."})
+            queryset = queryset.filter(run_id=int(params["run"]))
+        return queryset
+
+    def _decide(self, request, pk, decision: str, body_class):
+        body = body_class(data=request.data)
+        body.is_valid(raise_exception=True)
+        interrupt = decide_interrupt(
+            interrupt=get_object_or_404(Interrupt.objects.select_related("run"), pk=pk),
+            user=request.user,
+            decision=decision,
+            comment=body.validated_data["comment"],
+            edited_arguments=body.validated_data.get("arguments"),
+        )
+        return Response(self.get_serializer(interrupt).data)
+
+    @extend_schema(summary="Approve, optionally with edited arguments", request=ApproveSerializer,
+                   responses=DECISION_RESPONSES)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        """Approve the item; the tool call runs (with edited arguments if given) and the run resumes."""
+        return self._decide(request, pk, Decision.APPROVED, ApproveSerializer)
+
+    @extend_schema(summary="Reject, with an optional comment", request=RejectSerializer,
+                   responses=DECISION_RESPONSES)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        """Reject the item; the tool call never runs and the model is told why."""
+        return self._decide(request, pk, Decision.REJECTED, RejectSerializer)

@@ -1,0 +1,48 @@
+"""REST representations of inbox items and the bodies of decisions."""
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from approvals.models import Interrupt
+from approvals.services import can_decide
+from tools.models import ToolCall
+
+
+class InterruptToolCallSerializer(serializers.ModelSerializer):
+    """The tool call an approval item is about: what the model asked for."""
+
+    class Meta:
+        model = ToolCall
+        fields = ["id", "name", "arguments", "raw_arguments"]
+        read_only_fields = fields
+
+
+class InterruptSerializer(serializers.ModelSerializer):
+    """An inbox item; ``can_decide`` says whether the requesting user may resolve it."""
+
+    tool_call = InterruptToolCallSerializer(read_only=True)
+    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    can_decide = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Interrupt
+        fields = ["id", "kind", "status", "title", "run", "tool_call", "decision", "comment", "edited_arguments",
+                  "required_permission", "resolved_by", "resolved_at", "expires_at", "created_at", "can_decide"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_can_decide(self, interrupt: Interrupt) -> bool:
+        return can_decide(self.context["request"].user, interrupt)
+
+
+class RejectSerializer(serializers.Serializer):
+    """Body of a rejection: an optional comment, which the model will read."""
+
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+
+
+class ApproveSerializer(RejectSerializer):
+    """Body of an approval: an optional comment and optionally edited tool arguments."""
+
+    arguments = serializers.DictField(required=False, allow_null=True, default=None,
+                                      help_text="Edited arguments to run the tool with instead of the model's.")

@@ -1,0 +1,122 @@
+"""Agent definitions: create an agent after checking every part of its config.
+
+The REST API and any other surface that defines agents call
+``create_agent``; it raises Django's ``ValidationError`` (a dict keyed by
+field) for anything a run would later trip over: an unknown tool, provider
+or completion check, or a malformed approval rule.
+"""
+
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+from django.db import IntegrityError, transaction
+
+from runs import completion
+from runs.models import Agent
+from runs.providers.base import ConfigError
+from runs.providers.scripted import ScriptedClient
+from tools.policy import InvalidRule, check_rule
+from tools.registry import get_tool
+
+# Providers an agent's ``model`` config may name. A scripted config is
+# checked in full here; an HTTP provider's only for its model name, since
+# its API key may be set on the worker machines alone.
+MODEL_PROVIDERS = ("scripted", "openai", "anthropic")
+MAX_TURNS_LIMIT = 1000
+
+
+def _model_errors(model) -> list[str]:
+    if not isinstance(model, dict):
+        return ["The model config must be an object with a 'provider'."]
+    provider = model.get("provider")
+    if provider not in MODEL_PROVIDERS:
+        return [f"Unknown model provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}."]
+    if provider != "scripted":
+        if not isinstance(model.get("model"), str) or not model["model"]:
+            return [f"The {provider} model config needs a 'model' name."]
+        return []
+    try:
+        ScriptedClient(model)
+    except ConfigError as exc:
+        return [str(exc)]
+    errors = []
+    for number, turn in enumerate(model["turns"], start=1):
+        if not isinstance(turn, dict):
+            errors.append(f"Turn {number} must be an object.")
+        elif not isinstance(turn.get("content", ""), str):
+            errors.append(f"Turn {number}: 'content' must be a string.")
+        elif not isinstance(turn.get("tool_calls", []), list) or not all(
+            isinstance(call, dict) for call in turn.get("tool_calls", [])
+        ):
+            errors.append(f"Turn {number}: 'tool_calls' must be a list of objects.")
+    return errors
+
+
+def _policy_errors(approval_policy) -> list[str]:
+    if not isinstance(approval_policy, dict):
+        return ["The approval policy must be an object mapping tool names to rules."]
+    errors = []
+    for tool_name, rule in approval_policy.items():
+        if get_tool(tool_name) is None:
+            errors.append(f"Unknown tool {tool_name!r}.")
+            continue
+        try:
+            check_rule(rule if isinstance(rule, str) else "")
+        except InvalidRule as exc:
+            errors.append(f"{tool_name}: {exc}")
+    return errors
+
+
+def create_agent(
+    *,
+    slug: str,
+    name: str,
+    instructions: str = "",
+    model: dict,
+    tools: list[str] | None = None,
+    max_turns: int | None = None,
+    completion_check: str | None = None,
+    approval_policy: dict | None = None,
+) -> Agent:
+    """Validate an agent definition and save it.
+
+    ``tools`` None or empty means every registered tool (stored as ``[]``);
+    ``max_turns``, ``completion_check`` and ``approval_policy`` fall back to
+    the model defaults. Raises ``ValidationError`` naming each bad field.
+    """
+    tools = list(tools or [])
+    approval_policy = approval_policy or {}
+    completion_check = completion_check or "default"
+    max_turns = Agent._meta.get_field("max_turns").default if max_turns is None else max_turns
+
+    errors: dict[str, list[str]] = {}
+    try:
+        validate_slug(slug)
+    except ValidationError as exc:
+        errors["slug"] = exc.messages
+    if not errors.get("slug") and Agent.objects.filter(slug=slug).exists():
+        errors["slug"] = [f"An agent with slug {slug!r} already exists."]
+    if not (name or "").strip():
+        errors["name"] = ["The name must not be empty."]
+    unknown = [tool for tool in tools if get_tool(tool) is None]
+    if unknown:
+        errors["tools"] = [f"Unknown tool {tool!r}." for tool in unknown]
+    if not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS_LIMIT:
+        errors["max_turns"] = [f"max_turns must be an integer from 1 to {MAX_TURNS_LIMIT}."]
+    if completion_check not in completion.check_names():
+        errors["completion_check"] = [
+            f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
+        ]
+    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy))):
+        if messages:
+            errors[field] = messages
+    if errors:
+        raise ValidationError(errors)
+
+    try:
+        with transaction.atomic():
+            return Agent.objects.create(
+                slug=slug, name=name.strip(), instructions=instructions or "", model=model, tools=tools,
+                max_turns=max_turns, completion_check=completion_check, approval_policy=approval_policy,
+            )
+    except IntegrityError:
+        raise ValidationError({"slug": [f"An agent with slug {slug!r} already exists."]}) from None

@@ -1,0 +1,59 @@
+"""Helpers shared by the REST API tests: define scripted agents, start runs, read them back."""
+
+from runs.models import Run
+from tools import gateway
+
+REFUND_CALL = {"name": "refund", "arguments": "{\"order_id\": 123, \"amount\": 80}"}
+QUERY_CALL = {"name": "query_order", "arguments": {"order_id": 123}}
+
+
+def create_agent(admin_api, slug: str, turns: list[dict], **extra) -> dict:
+    """POST a scripted agent as staff; ``extra`` overrides tools, completion_check, ..."""
+    body = {"slug": slug, "name": slug.replace("-", " ").title(), "instructions": "Test agent.",
+            "model": {"provider": "scripted", "turns": turns},
+            "tools": ["query_order", "refund"], "completion_check": "refund", **extra}
+    response = admin_api.post("/api/agents/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def start_run(client, agent: str, text: str = "Please refund order 123.", **headers) -> dict:
+    """POST a run and return its JSON (asserting 201)."""
+    response = client.post("/api/runs/", {"agent": agent, "input": text}, format="json", headers=headers)
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def get_run(client, run_id: int) -> dict:
+    response = client.get(f"/api/runs/{run_id}/")
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def tool_calls(client, run_id: int) -> list[dict]:
+    response = client.get(f"/api/runs/{run_id}/tool-calls/")
+    assert response.status_code == 200, response.json()
+    return response.json()["results"]
+
+
+def events(client, run_id: int) -> list[dict]:
+    response = client.get(f"/api/runs/{run_id}/events/")
+    assert response.status_code == 200, response.json()
+    return response.json()["results"]
+
+
+def pending_interrupts(client, run_id: int) -> list[dict]:
+    response = client.get("/api/interrupts/", {"status": "pending", "run": run_id})
+    assert response.status_code == 200, response.json()
+    return response.json()["results"]
+
+
+def tool_messages(run_id: int) -> list[str]:
+    """Contents of the tool-result messages the model received in this run."""
+    messages = Run.objects.get(pk=run_id).messages.filter(role="tool").order_by("id")
+    return list(messages.values_list("content", flat=True))
+
+
+def gateway_refunds() -> list[dict]:
+    """Every refund the payment gateway made: ``[{"refund_id", "idempotency_key", "order_id", "amount"}]``."""
+    return gateway.ledger()["refunds"]

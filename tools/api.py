@@ -1,0 +1,27 @@
+"""REST API for the tool registry: what agents may call, and under which policy."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, serializers
+
+from tools.registry import all_tools
+
+
+class ToolSerializer(serializers.Serializer):
+    """A registered tool: its JSON Schema, whether it has side effects, its approval rule."""
+
+    name = serializers.CharField()
+    description = serializers.CharField()
+    parameters = serializers.JSONField(help_text="JSON Schema (draft 2020-12) of the arguments object.")
+    side_effect = serializers.BooleanField()
+    approval = serializers.CharField(help_text='"always", "never" or a condition such as "amount > 50".')
+    timeout_s = serializers.FloatField()
+
+
+@extend_schema(summary="List registered tools")
+class ToolListView(generics.ListAPIView):
+    """Every registered tool, by name."""
+
+    serializer_class = ToolSerializer
+
+    def get_queryset(self):
+        return all_tools()
