@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Run Tollgate's whole test suite, twice:
+#   1. "production shape": a private PostgreSQL + Redis started just for
+#      this run (DATABASE_URL / REDIS_URL set), all tests incl. browser ones;
+#   2. "embedded default": nothing set (SQLite + Dramatiq StubBroker),
+#      everything except the browser tests.
+# Extra arguments are passed to both pytest runs, e.g.
+#   bash tests/run.sh -k refund -x
+# Meant for a fresh Debian 12 machine, run as root: missing system packages
+# are installed with apt-get.  Nothing is left running afterwards.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf 'tests/run.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+if [[ $EUID -eq 0 ]]; then SUDO=(); elif command -v sudo >/dev/null; then SUDO=(sudo); else SUDO=(); fi
+
+# --- System packages -------------------------------------------------------
+
+find_pg_bin() {
+    local d
+    # Highest installed major version first, then whatever is on PATH.
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        [[ -x $d/initdb && -x $d/pg_ctl && -x $d/postgres ]] && { echo "$d"; return; }
+    done
+    if command -v initdb >/dev/null; then
+        d=$(dirname "$(readlink -f "$(command -v initdb)")")
+        [[ -x $d/pg_ctl && -x $d/postgres ]] && { echo "$d"; return; }
+    fi
+    return 0
+}
+
+missing=()
+[[ -n $(find_pg_bin) ]] || missing+=(postgresql)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+if [[ ! -x .venv/bin/python ]]; then
+    command -v python3 >/dev/null || missing+=(python3)
+    python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+fi
+
+if ((${#missing[@]})); then
+    log "installing missing system packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    no_main_cluster=/etc/postgresql-common/createcluster.d/tollgate-tests-no-main-cluster.conf
+    if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+        # Debian's postgresql package creates (and may start) a "main"
+        # cluster on port 5432; the tests don't want it.
+        "${SUDO[@]}" mkdir -p "$(dirname "$no_main_cluster")"
+        echo 'create_main_cluster = false' | "${SUDO[@]}" tee "$no_main_cluster" >/dev/null
+    fi
+    "${SUDO[@]}" apt-get update -q
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" </dev/null
+    "${SUDO[@]}" rm -f "$no_main_cluster"
+fi
+
+PG_BIN=$(find_pg_bin)
+[[ -n $PG_BIN ]] || die "no PostgreSQL server binaries (initdb, pg_ctl, postgres) found"
+[[ -x /usr/bin/chromium ]] || die "/usr/bin/chromium missing"
+
+# --- Python environment ----------------------------------------------------
+
+if [[ ! -x .venv/bin/python ]]; then
+    log "creating .venv"
+    rm -rf .venv
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q -e '.[test]'
+
+# --- Private PostgreSQL and Redis ------------------------------------------
+
+# PostgreSQL refuses to run as root: use the postgres system user (created
+# by the postgresql package; created here if only the binaries exist).
+if [[ $EUID -eq 0 ]]; then
+    PG_OS_USER=postgres
+    if ! id -u "$PG_OS_USER" >/dev/null 2>&1; then
+        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$PG_OS_USER"
+    fi
+    as_pg() { (cd / && runuser -u "$PG_OS_USER" -- "$@"); }
+else
+    PG_OS_USER=$(id -un)
+    as_pg() { (cd / && "$@"); }
+fi
+
+TMP=$(mktemp -d /tmp/tollgate-tests.XXXXXX)
+REDIS_PID=
+PG_STARTED=
+PYTEST_PID=
+cleanup() {
+    local rc=$?
+    set +e
+    trap - INT TERM HUP
+    if [[ -n $PYTEST_PID ]]; then
+        # Interrupted mid-run: let pytest tear down (browser, worker), then
+        # make sure it is gone before its database disappears.
+        [[ -n $FORWARD_INT ]] && kill -INT "$PYTEST_PID" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$PYTEST_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$PYTEST_PID" 2>/dev/null
+        wait "$PYTEST_PID" 2>/dev/null
+    fi
+    if [[ -n $PG_STARTED ]]; then
+        as_pg "$PG_BIN/pg_ctl" -D "$TMP/pgdata" -m immediate -w stop >/dev/null 2>&1
+    fi
+    if [[ -n $REDIS_PID ]]; then
+        kill "$REDIS_PID" 2>/dev/null
+        wait "$REDIS_PID" 2>/dev/null
+    fi
+    rm -rf "$TMP"
+    exit "$rc"
+}
+FORWARD_INT=
+trap cleanup EXIT
+# Ctrl-C already reached pytest (same process group); TERM/HUP may have
+# been sent to this script alone (e.g. `timeout`), so pass it on as INT.
+trap 'exit 130' INT
+trap 'FORWARD_INT=1; exit 143' TERM HUP
+
+# Two distinct free loopback ports (both held open while picking).
+read -r PG_PORT REDIS_PORT < <(.venv/bin/python -c '
+import socket
+a, b = socket.socket(), socket.socket()
+a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
+print(a.getsockname()[1], b.getsockname()[1])')
+
+t0=$(now)
+PG_ROLE=tollgate
+mkdir -p "$TMP/pgdata" "$TMP/pgsock" "$TMP/redis"
+chmod 700 "$TMP/pgdata"
+if [[ $EUID -eq 0 ]]; then
+    chown -R "$PG_OS_USER" "$TMP"
+    chmod 755 "$TMP"
+fi
+
+# Bootstrap superuser "tollgate", trust auth (loopback only, see below).
+as_pg "$PG_BIN/initdb" -D "$TMP/pgdata" -U "$PG_ROLE" --auth=trust \
+    --encoding=UTF8 --no-locale --no-sync >"$TMP/initdb.log" 2>&1 \
+    || { cat "$TMP/initdb.log" >&2; die "initdb failed"; }
+cat >>"$TMP/pgdata/postgresql.conf" <<EOF
+
+# tests/run.sh: private, throwaway, fast
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$TMP/pgsock'
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+max_parallel_workers_per_gather = 0
+EOF
+if ! as_pg "$PG_BIN/pg_ctl" -D "$TMP/pgdata" -l "$TMP/postgres.log" -w -t 60 start >/dev/null; then
+    cat "$TMP/postgres.log" >&2 || true
+    die "PostgreSQL did not start"
+fi
+PG_STARTED=1
+for _ in $(seq 100); do
+    "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" && break
+    sleep 0.1
+done
+"$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" || die "PostgreSQL not accepting connections"
+"$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U "$PG_ROLE" -O "$PG_ROLE" tollgate
+
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
+    --daemonize no --dir "$TMP/redis" --logfile "$TMP/redis.log" </dev/null &
+REDIS_PID=$!
+for _ in $(seq 100); do
+    [[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && break
+    kill -0 "$REDIS_PID" 2>/dev/null || { cat "$TMP/redis.log" >&2; die "redis-server exited"; }
+    sleep 0.1
+done
+[[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] || die "redis-server not answering"
+log "PostgreSQL on 127.0.0.1:$PG_PORT and Redis on 127.0.0.1:$REDIS_PORT ready in $(elapsed "$t0")s"
+
+# --- Tests -----------------------------------------------------------------
+
+export TOLLGATE_CHROMIUM=/usr/bin/chromium
+
+# pytest runs in the background so that signals reach the traps above at
+# once instead of after pytest finishes.  (Background commands start with
+# SIGINT ignored; the subshell undoes that so Ctrl-C still stops pytest.)
+run_pytest() {
+    local rc=0
+    (trap - INT QUIT; exec "$@") </dev/null &
+    PYTEST_PID=$!
+    wait "$PYTEST_PID" || rc=$?
+    PYTEST_PID=
+    return "$rc"
+}
+
+result() { case $1 in 0) echo OK ;; 5) echo "FAILED (no tests collected)" ;; *) echo "FAILED (exit $1)" ;; esac; }
+
+echo
+echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all tests ================"
+pg_rc=0
+run_pytest env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
+    .venv/bin/python -m pytest "$@" || pg_rc=$?
+
+if [[ -f .env ]] && grep -Eq '^[[:space:]]*(export[[:space:]]+)?(DATABASE_URL|REDIS_URL)=' .env; then
+    log "warning: .env sets DATABASE_URL/REDIS_URL; settings read it, so the embedded run below is not embedded"
+fi
+echo
+echo "================ tests/run.sh: embedded default (SQLite + stub broker), not browser ================"
+sqlite_rc=0
+run_pytest env -u DATABASE_URL -u REDIS_URL \
+    .venv/bin/python -m pytest -m "not browser" "$@" || sqlite_rc=$?
+
+echo
+echo "tests/run.sh: postgres+redis: $(result $pg_rc), sqlite: $(result $sqlite_rc)"
+[[ $pg_rc -eq 0 && $sqlite_rc -eq 0 ]]
