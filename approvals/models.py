@@ -2,7 +2,9 @@
 
 from django.conf import settings
 from django.db import models
-from django_fsm import FSMField, ConcurrentTransitionMixin, transition
+from django_fsm import FSMField, transition
+
+from runs.fsm import FSMModel
 
 
 class InterruptKind(models.TextChoices):
@@ -26,7 +28,7 @@ class Decision(models.TextChoices):
     FAILED = "failed"
 
 
-class Interrupt(ConcurrentTransitionMixin, models.Model):
+class Interrupt(FSMModel):
     """An inbox item: a run is waiting for a person.
 
     ``required_permission`` is the Django permission (``app_label.codename``)

@@ -13,8 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
-from runs.models import Run, RunStatus, WaitingReason
+from runs.models import FailureType, Run, RunStatus, WaitingReason
 from runs.services import actor_for, append_event, enqueue_advance, transition_run
+from tools.registry import get_tool
 
 
 def _log(interrupt: Interrupt, *, actor: str, reason: str, from_status: str = "") -> None:
@@ -50,6 +51,84 @@ def request_approval(*, tool_call, tool) -> Interrupt:
     return interrupt
 
 
+def request_reconciliation(*, tool_call) -> Interrupt:
+    """Open a pending reconciliation item for an ``unknown`` call (no hook could settle it).
+
+    Returns the existing pending item if there is one. It does not expire:
+    only a person who checked the external system can settle it.
+    """
+    existing = tool_call.interrupts.filter(kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING).first()
+    if existing:
+        return existing
+    interrupt = Interrupt.objects.create(
+        run=tool_call.run,
+        tool_call=tool_call,
+        kind=InterruptKind.RECONCILIATION,
+        title=f"Did {tool_call.name} happen? Its outcome is unknown.",
+        required_permission=get_tool(tool_call.name).permission,
+    )
+    _log(interrupt, actor="worker", reason="reconciliation requested")
+    return interrupt
+
+
+def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence: str, result=None) -> Interrupt:
+    """A person settles an unknown outcome: the call ``succeeded`` (with ``result``) or failed.
+
+    ``evidence`` (required) says what the person checked. The run resumes
+    from the same point. Raises ``PermissionDenied``, ``TransitionNotAllowed``
+    (item not pending) and ``ValueError`` (no evidence, wrong kind).
+    """
+    from tools.services import settle_unknown_call
+
+    if interrupt.kind != InterruptKind.RECONCILIATION:
+        raise ValueError("Only reconciliation items can be reconciled.")
+    if not (evidence or "").strip():
+        raise ValueError("Say what you checked: evidence is required.")
+    if not can_decide(user, interrupt):
+        raise PermissionDenied("You may not reconcile this item.")
+    actor = actor_for(user)
+    decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
+    with transaction.atomic():
+        Run.objects.select_for_update().get(pk=interrupt.run_id)
+        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+        from_status = interrupt.status
+        interrupt.resolve(decision=decision, user=user, comment=evidence, edited_arguments=None, now=timezone.now())
+        interrupt.save()
+        settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
+                            evidence=evidence, actor=actor)
+        _log(interrupt, actor=actor, reason=f"reconciled: {decision}", from_status=from_status)
+        _resume_if_unblocked(interrupt.run, actor=actor)
+    return interrupt
+
+
+def expire_overdue_interrupts(*, now) -> int:
+    """Expire pending approval items past ``expires_at``; fail their runs (``approval_expired``).
+
+    Returns how many items expired. Used by the sweeper.
+    """
+    from tools.services import expire_tool_call
+
+    count = 0
+    for interrupt in Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=interrupt.run_id)
+            interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+            if interrupt.status != InterruptStatus.PENDING:
+                continue
+            interrupt.expire(now=now)
+            interrupt.save()
+            _log(interrupt, actor="sweeper", reason="expired", from_status=InterruptStatus.PENDING)
+            if interrupt.tool_call is not None:
+                expire_tool_call(tool_call=interrupt.tool_call, actor="sweeper")
+            if not run.is_terminal:
+                cancel_pending_interrupts(run=run, actor="sweeper")
+                transition_run(run, "fail", actor="sweeper", reason="approval expired",
+                               failure_type=FailureType.APPROVAL_EXPIRED,
+                               error=f"Inbox item {interrupt.pk} expired before anyone decided.")
+            count += 1
+    return count
+
+
 def can_decide(user, interrupt: Interrupt) -> bool:
     """Whether ``user`` may resolve ``interrupt``: permission, and the requester rule."""
     if not user.is_authenticated or not user.has_perm(interrupt.required_permission):
@@ -72,6 +151,8 @@ def decide_interrupt(
 
     if decision not in (Decision.APPROVED, Decision.REJECTED):
         raise ValueError(f"Unknown decision {decision!r}.")
+    if interrupt.kind != InterruptKind.APPROVAL:
+        raise ValueError(f"A {interrupt.kind} item is not approved or rejected.")
     if not can_decide(user, interrupt):
         raise PermissionDenied("You may not decide this item.")
     actor = actor_for(user)
@@ -97,7 +178,7 @@ def _resume_if_unblocked(run, *, actor: str) -> None:
     run.refresh_from_db()
     if run.interrupts.filter(status=InterruptStatus.PENDING).exists():
         return
-    if run.status == RunStatus.WAITING and run.waiting_reason == WaitingReason.APPROVAL:
+    if run.status == RunStatus.WAITING and run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION):
         transition_run(run, "resume", actor=actor, reason="resumed after decision")
         enqueue_advance(run.pk)
 

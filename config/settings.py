@@ -150,6 +150,23 @@ DRAMATIQ_AUTODISCOVER_MODULES = ["actors"]
 
 # --- Runtime ---------------------------------------------------------------
 TOLLGATE = {
+    # Crash-test failpoints (runs/failpoints.py); empty in normal operation.
+    "FAILPOINTS": env.list("TOLLGATE_FAILPOINTS", default=[]),
+    # Seconds a worker's lease on a run lasts without a heartbeat; the
+    # heartbeat renews it every third of that.
+    "LEASE_TTL_S": env.float("TOLLGATE_LEASE_TTL_S", default=30.0),
+    # Seconds between two passes of the sweeper (recover_runs --loop, serve).
+    "SWEEP_INTERVAL_S": env.float("TOLLGATE_SWEEP_INTERVAL_S", default=10.0),
+    # A queued run with no lease older than this is re-enqueued (its
+    # broker message may have been lost).
+    "QUEUED_GRACE_S": env.float("TOLLGATE_QUEUED_GRACE_S", default=30.0),
+    # Retry backoffs up to this many seconds are slept in the worker;
+    # longer ones put the run in waiting/retry_backoff with wake_at.
+    "INLINE_BACKOFF_MAX_S": env.float("TOLLGATE_INLINE_BACKOFF_MAX_S", default=2.0),
+    # Automatic reconciliation: first delay (seconds), doubling, and the
+    # number of tries before a person is asked.
+    "RECONCILE_BACKOFF_S": env.float("TOLLGATE_RECONCILE_BACKOFF_S", default=1.0),
+    "RECONCILE_MAX_TRIES": env.int("TOLLGATE_RECONCILE_MAX_TRIES", default=5),
     # Model turns whose tool calls were all invalid before the run fails
     # with failure_type=invalid_model_output.
     "MAX_REPAIR_TURNS": env.int("TOLLGATE_MAX_REPAIR_TURNS", default=2),
@@ -159,7 +176,35 @@ TOLLGATE = {
     "APPROVAL_TTL_HOURS": env.int("TOLLGATE_APPROVAL_TTL_HOURS", default=72),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
+    # --- Model providers (runs.providers.http_config) ---
+    # Seconds one HTTP attempt to a model may take.
+    "MODEL_TIMEOUT_S": env.float("TOLLGATE_MODEL_TIMEOUT_S", default=120.0),
+    # SDK retries of 408/409/429/5xx/connection errors (Retry-After honoured).
+    "MODEL_MAX_RETRIES": env.int("TOLLGATE_MODEL_MAX_RETRIES", default=3),
+    # Output tokens asked for when an agent sets no max_output_tokens
+    # (the Anthropic API requires a value).
+    "DEFAULT_MAX_OUTPUT_TOKENS": env.int("TOLLGATE_DEFAULT_MAX_OUTPUT_TOKENS", default=4096),
+    # Context window (tokens, estimated as characters / 4) when the agent's
+    # model config has no "context_window" (runs.context).
+    "CONTEXT_MAX_TOKENS": env.int("TOLLGATE_CONTEXT_MAX_TOKENS", default=100_000),
+    # US dollars per million tokens, by the config's "model" name; used for
+    # Run.cost_usd / Step.cost_usd and the max_cost_usd budget. A model
+    # missing here costs 0, and an agent with max_cost_usd cannot use it.
+    "MODEL_PRICES": {
+        "gpt-4o": {"input_per_mtok": 2.50, "output_per_mtok": 10.00},
+        "gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.60},
+        "gpt-4.1": {"input_per_mtok": 2.00, "output_per_mtok": 8.00},
+        "gpt-4.1-mini": {"input_per_mtok": 0.40, "output_per_mtok": 1.60},
+        "claude-sonnet-4-5": {"input_per_mtok": 3.00, "output_per_mtok": 15.00},
+        "claude-haiku-4-5": {"input_per_mtok": 1.00, "output_per_mtok": 5.00},
+        "claude-opus-4-1": {"input_per_mtok": 15.00, "output_per_mtok": 75.00},
+    },
 }
+
+# The demo payment gateway (a separate HTTP service, tools/gateway_server.py).
+GATEWAY_URL = env.str("GATEWAY_URL", default="http://127.0.0.1:8765")
+# Seconds the refund tool waits for the gateway before the call is unknown.
+GATEWAY_TIMEOUT_S = env.float("GATEWAY_TIMEOUT_S", default=5.0)
 
 LOGGING = {
     "version": 1,

@@ -1,10 +1,11 @@
-"""Dramatiq actors: thin wrappers that load, call the loop, and return."""
+"""Dramatiq actors: thin wrappers that load, call the runtime, and return."""
 
 import logging
 
 import dramatiq
 from django_fsm import ConcurrentTransition
 
+from runs.lease import LeaseLost
 from runs.models import FailureType, Run
 from runs.services import transition_run
 
@@ -15,9 +16,10 @@ log = logging.getLogger(__name__)
 def advance_run(run_id: int) -> None:
     """Advance run ``run_id`` (see ``runs.loop.advance``).
 
-    A ``ConcurrentTransition`` means another writer moved the run first;
-    this worker stops and leaves the run to it. Any other exception fails
-    the run with ``internal_error`` rather than leaving it stuck.
+    ``LeaseLost`` or ``ConcurrentTransition`` mean another worker or a
+    person moved the run first: this worker stops and leaves it. Any other
+    exception fails the run with ``internal_error`` rather than leaving it
+    stuck.
     """
     from runs.loop import advance
 
@@ -26,11 +28,19 @@ def advance_run(run_id: int) -> None:
         return
     try:
         advance(run_id)
-    except ConcurrentTransition:
-        log.info("run %s changed under this worker; leaving it", run_id)
+    except (LeaseLost, ConcurrentTransition) as exc:
+        log.info("run %s changed under this worker (%s); leaving it", run_id, exc)
     except Exception as exc:
         log.exception("advancing run %s failed", run_id)
         run = Run.objects.get(pk=run_id)
         if not run.is_terminal:
             transition_run(run, "fail", actor="worker", reason="internal error",
                            failure_type=FailureType.INTERNAL_ERROR, error=f"{type(exc).__name__}: {exc}")
+
+
+@dramatiq.actor(max_retries=0)
+def sweep_runs() -> None:
+    """One pass of the sweeper (see ``runs.recovery.sweep``)."""
+    from runs.recovery import sweep
+
+    sweep()

@@ -16,43 +16,73 @@ continues from the same point.
 """
 
 import logging
+import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from runs import completion
+from runs import completion, lease
+from runs.failpoints import failpoint
 from runs.models import FailureType, Message, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
+from runs.recovery import recover_after_takeover
 from runs.services import append_event, append_message, cancel_run, set_phase, transition_run
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import tools_for_agent
-from tools.services import execute_tool_call, propose_tool_calls, tool_result_content
+from tools.registry import get_tool, tools_for_agent
+from tools.services import (
+    execute_tool_call,
+    propose_tool_calls,
+    reconcile_delay,
+    reconcile_unknown_call,
+    retry_delay,
+    tool_result_content,
+)
 
 log = logging.getLogger(__name__)
 ACTOR = "worker"
 S = ToolCallStatus
+# Steps one actor invocation takes before handing the run back to the queue.
+SLICE_STEPS = 50
 
 
-def advance(run_id: int) -> Run:
+def advance(run_id: int) -> Run | None:
     """Advance run ``run_id`` as far as it can go without a person.
 
-    Returns the run as it was left (waiting, terminal, or — if another
-    writer changed it — whatever the database says now).
+    Takes the run's lease first; returns None when another worker holds
+    it. Otherwise returns the run as it was left (waiting, terminal, or
+    handed back to the queue after ``SLICE_STEPS`` steps). Raises
+    ``LeaseLost`` if the lease was taken over meanwhile (nothing this
+    worker tried to write after that point was saved).
     """
-    run = Run.objects.select_related("agent", "session").get(pk=run_id)
-    if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
-        transition_run(run, "start", actor=ACTOR, reason="picked up by worker")
-    while True:
-        run.refresh_from_db()
-        if run.status != RunStatus.RUNNING:
-            return run
-        if run.cancel_requested_at is not None:
-            return cancel_run(run=run, actor=ACTOR, reason="cancelled at a safe point")
-        if not _step(run):
-            return run
+    held = lease.acquire(run_id)
+    if held is None:
+        return None
+    with lease.holding(held):
+        run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
+        recover_after_takeover(run, actor=ACTOR)
+        if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
+            transition_run(run, "start", actor=ACTOR, reason="picked up by worker")
+        for _ in range(SLICE_STEPS):
+            run.refresh_from_db()
+            if run.status != RunStatus.RUNNING:
+                return run
+            if run.cancel_requested_at is not None:
+                return cancel_run(run=run, actor=ACTOR, reason="cancelled at a safe point")
+            if not _step(run):
+                return run
+    enqueue_advance_now(run_id)
+    return run
+
+
+def enqueue_advance_now(run_id: int) -> None:
+    """Hand the run back to the queue so other runs get a turn (end of a slice)."""
+    from runs.actors import advance_run
+
+    advance_run.send(run_id)
 
 
 def _step(run: Run) -> bool:
@@ -61,12 +91,46 @@ def _step(run: Run) -> bool:
     ready = [c for c in calls if c.status == S.READY]
     if ready:
         set_phase(run, Phase.EXECUTING_TOOLS)
-        execute_tool_call(ready[0], actor=ACTOR)
-        return True
+        return _execute(run, ready[0])
+    if any(c.status == S.UNKNOWN for c in calls):
+        return _reconcile(run, [c for c in calls if c.status == S.UNKNOWN])
     if any(c.status == S.AWAITING_APPROVAL for c in calls):
         return not _wait_for_approval(run)
     _deliver_tool_results(run, calls)
     return _model_turn(run)
+
+
+def _execute(run: Run, call: ToolCall) -> bool:
+    """Execute one ready call; after a retryable failure, back off (inline or by waiting)."""
+    failpoint("tool_call_ready", call.name)
+    call = execute_tool_call(call, actor=ACTOR)
+    if call.status != S.READY:
+        return True
+    delay = retry_delay(call)
+    if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
+        time.sleep(delay)
+        return True
+    transition_run(run, "wait", actor=ACTOR, reason=f"retrying {call.name} in {delay:.1f}s",
+                   waiting_reason=WaitingReason.RETRY_BACKOFF, wake_at=timezone.now() + timedelta(seconds=delay))
+    return False
+
+
+def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
+    """Settle unknown outcomes: the tool's hook first, else a person; the run waits meanwhile."""
+    from approvals.services import request_reconciliation
+
+    pending = [call for call in unknown if not reconcile_unknown_call(call, actor=ACTOR)]
+    if not pending:
+        return True
+    hooked = [call for call in pending if get_tool(call.name).reconcile is not None]
+    with transaction.atomic():
+        for call in pending:
+            if call not in hooked:
+                request_reconciliation(tool_call=call)
+        wake_at = timezone.now() + timedelta(seconds=min(reconcile_delay(c) for c in hooked)) if hooked else None
+        transition_run(run, "wait", actor=ACTOR, reason="a tool call's outcome is unknown",
+                       waiting_reason=WaitingReason.RECONCILIATION, wake_at=wake_at)
+    return False
 
 
 def _wait_for_approval(run: Run) -> bool:
@@ -101,40 +165,40 @@ def _fail(run: Run, failure_type: str, error: str) -> bool:
 def _model_turn(run: Run) -> bool:
     """Call the model once and act on its answer; False when the run stopped running."""
     agent = run.agent
-    if run.model_calls >= agent.max_turns:
-        return _fail(run, FailureType.BUDGET_EXHAUSTED, f"Budget max_turns ({agent.max_turns}) exhausted.")
+    exhausted = _exhausted_budget(run)
+    if exhausted:
+        return _fail(run, *exhausted)
     set_phase(run, Phase.PREPARING_CONTEXT)
-    request = ModelRequest(
-        instructions=agent.instructions,
-        messages=[_as_model_message(m) for m in Message.objects.filter(session_id=run.session_id)],
-        tools=[tool.definition() for tool in tools_for_agent(agent)],
-        turn_index=run.model_calls,
-        run_id=run.pk,
-    )
-    step = Step.objects.create(run=run, index=run.steps.count(),
-                               request={"turn_index": request.turn_index, "messages": len(request.messages)})
+    request, summary = _model_request(run)
+    step = Step.objects.create(run=run, index=run.steps.count(), request=summary)
     set_phase(run, Phase.CALLING_MODEL)
+    failpoint("model_call_started")
     try:
         response = get_client(agent.model).complete(request)
+    except _MalformedResponse as exc:
+        return _malformed_response(run, step, exc)
     except (ModelError, ConfigError) as exc:
         Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=str(exc), finished_at=timezone.now())
         with transaction.atomic():
             append_event(run, type="model_call", actor=ACTOR, reason="failed", payload={"step": step.pk, "error": str(exc)})
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
+    cost = _call_cost(agent, response)
     with transaction.atomic():
         Step.objects.filter(pk=step.pk).update(
             status=Step.Status.SUCCEEDED, response=response.as_dict(), finished_at=timezone.now(),
-            input_tokens=response.input_tokens, output_tokens=response.output_tokens,
+            input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost,
         )
         Run.objects.filter(pk=run.pk).update(
             model_calls=F("model_calls") + 1,
             input_tokens=F("input_tokens") + response.input_tokens,
             output_tokens=F("output_tokens") + response.output_tokens,
+            cost_usd=F("cost_usd") + cost,
         )
         append_event(run, type="model_call", actor=ACTOR, reason=response.finish_reason,
                      payload={"step": step.pk, "tool_calls": len(response.tool_calls),
-                              "input_tokens": response.input_tokens, "output_tokens": response.output_tokens})
+                              "input_tokens": response.input_tokens, "output_tokens": response.output_tokens,
+                              "cost_usd": str(cost)})
         append_message(run, role="assistant", content=response.content, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])
@@ -190,3 +254,50 @@ def _as_model_message(message: Message) -> dict:
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
     return out
+
+
+# --- model calls: budgets, context, usage (issue 4) ---------------------------
+
+from runs.budgets import cost_usd as _cost_usd, exhausted_budget as _exhausted_budget  # noqa: E402
+from runs.providers.base import MalformedResponse as _MalformedResponse  # noqa: E402
+
+
+def _model_request(run: Run) -> tuple[ModelRequest, dict]:
+    """The request for ``run``'s next model call and its summary for ``Step.request``.
+
+    Streaming deltas go to the run's Channels group (``runs.live``).
+    """
+    from runs.context import build_context
+    from runs.live import publish_delta
+
+    context = build_context(run)
+    request = ModelRequest(
+        instructions=context.instructions,
+        messages=context.messages,
+        tools=context.tools,
+        turn_index=run.model_calls,
+        run_id=run.pk,
+        on_delta=lambda kind, data: publish_delta(run.pk, kind=kind, data=data),
+    )
+    summary = {"turn_index": request.turn_index, "messages": len(context.messages),
+               "omitted_messages": context.omitted, "estimated_tokens": context.estimated_tokens}
+    return request, summary
+
+
+def _call_cost(agent, response):
+    """US dollars of one call (``Decimal``), by ``TOLLGATE["MODEL_PRICES"]``."""
+    return _cost_usd(agent.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens)
+
+
+def _malformed_response(run: Run, step: Step, exc: Exception) -> bool:
+    """A response that could not be understood: discard it and spend a repair turn.
+
+    The step is ``failed`` (it counts toward ``max_model_calls`` but not
+    ``max_turns``); once ``MAX_REPAIR_TURNS`` are spent the run fails with
+    ``invalid_model_output``.
+    """
+    Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=str(exc), finished_at=timezone.now())
+    with transaction.atomic():
+        append_event(run, type="model_call", actor=ACTOR, reason="malformed response",
+                     payload={"step": step.pk, "error": str(exc)})
+    return _repair_turn(run, f"malformed response ({exc})")

@@ -8,7 +8,9 @@ fields of the instance; ``runs.services`` saves them and appends the
 
 from django.conf import settings
 from django.db import models
-from django_fsm import FSMField, ConcurrentTransitionMixin, transition
+from django_fsm import FSMField, transition
+
+from runs.fsm import FSMModel
 
 
 class Agent(models.Model):
@@ -30,6 +32,16 @@ class Agent(models.Model):
     approval_policy = models.JSONField(default=dict, blank=True)
     completion_check = models.CharField(max_length=100, default="default")
     max_turns = models.PositiveIntegerField(default=20)
+    # Budgets checked before every model call (runs.budgets); null: no limit.
+    max_model_calls = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Model calls per run, counting failed and discarded ones.")
+    max_total_tokens = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Input plus output tokens per run.")
+    max_cost_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True,
+        help_text="US dollars per run, priced by TOLLGATE['MODEL_PRICES'].")
+    deadline_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds of wall-clock time from the run's start.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -101,7 +113,7 @@ class Outcome(models.TextChoices):
     NOT_ACHIEVED = "not_achieved"
 
 
-class Run(ConcurrentTransitionMixin, models.Model):
+class Run(FSMModel):
     """One task of a session, from the user's input to a terminal status.
 
     ``status`` is protected: only the transition methods change it, and
@@ -132,7 +144,12 @@ class Run(ConcurrentTransitionMixin, models.Model):
     incomplete_nudges = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     last_event_seq = models.PositiveIntegerField(default=0)
+
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_token = models.PositiveBigIntegerField(default=0, help_text="Fencing token; grows with every acquisition.")
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -222,6 +239,7 @@ class Step(models.Model):
     response = models.JSONField(default=dict)
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     error = models.TextField(blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -271,8 +289,8 @@ class RunEvent(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=32)
-    from_status = models.CharField(max_length=16, blank=True)
-    to_status = models.CharField(max_length=16, blank=True)
+    from_status = models.CharField(max_length=32, blank=True)
+    to_status = models.CharField(max_length=32, blank=True)
     actor = models.CharField(max_length=200)
     reason = models.TextField(blank=True)
     payload = models.JSONField(default=dict, blank=True)

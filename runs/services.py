@@ -12,6 +12,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from runs import lease
+from runs.lease import LeaseLost, fenced
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, RunStatus, Session
 
 
@@ -49,10 +51,13 @@ def append_event(
     """Append one event to ``run``'s log with the next ``seq``.
 
     The counter lives on the run row and is bumped with one UPDATE, which
-    also serialises concurrent writers of the same run's log.
+    also serialises concurrent writers of the same run's log. In a worker
+    holding the run's lease the UPDATE is fenced: raises ``LeaseLost``
+    (rolling back the caller's transaction) if the lease was taken over.
     Must be called inside ``transaction.atomic``.
     """
-    Run.objects.filter(pk=run.pk).update(last_event_seq=F("last_event_seq") + 1)
+    if fenced(Run.objects.filter(pk=run.pk), run.pk).update(last_event_seq=F("last_event_seq") + 1) != 1:
+        raise LeaseLost(f"run {run.pk}: lease lost; event {type!r} refused")
     seq = Run.objects.values_list("last_event_seq", flat=True).get(pk=run.pk)
     run.last_event_seq = seq
     return RunEvent.objects.create(
@@ -106,12 +111,17 @@ def set_phase(run: Run, phase: str) -> None:
     from runs.live import publish_run_update
 
     run.phase = phase
-    Run.objects.filter(pk=run.pk).update(phase=phase, updated_at=timezone.now())
+    if fenced(Run.objects.filter(pk=run.pk), run.pk).update(phase=phase, updated_at=timezone.now()) != 1:
+        raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
     transaction.on_commit(lambda: publish_run_update(run.pk))
 
 
 def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, tool_call_id: str = "") -> Message:
-    """Append one message to the session history of ``run`` (never edited later)."""
+    """Append one message to the session history of ``run`` (never edited later).
+
+    Raises ``LeaseLost`` in a worker whose lease on the run was taken over.
+    """
+    lease.check(run.pk)
     return Message.objects.create(
         session_id=run.session_id,
         run=run,

@@ -6,13 +6,20 @@ embedded pass. The worker is a real ``dramatiq.Worker`` consuming the
 configured broker in this process.
 """
 
+import socket
+import subprocess
+import sys
+import time
+
 import dramatiq
+import httpx
 import pytest
 from dramatiq import Worker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from runs.actors import advance_run
+from tools import gateway
 from tools.demo_data import load_demo
 
 
@@ -36,14 +43,21 @@ class RunWorker:
 
 
 @pytest.fixture
-def worker(transactional_db):
+def idle_worker(transactional_db):
+    """A worker that is not consuming yet: call ``.worker.start()`` when the test is ready."""
     broker = dramatiq.get_broker()
     broker.flush_all()
     run_worker = RunWorker(broker)
-    run_worker.worker.start()
     yield run_worker
     run_worker.worker.stop()
     broker.flush_all()
+
+
+@pytest.fixture
+def worker(idle_worker):
+    """A started worker consuming the configured broker in this process."""
+    idle_worker.worker.start()
+    return idle_worker
 
 
 @pytest.fixture
@@ -66,3 +80,111 @@ def api():
         return client
 
     return client_for
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class GatewayProcess:
+    """The demo payment gateway running as its own process on loopback."""
+
+    def __init__(self, tmp_dir):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ledger_path = str(tmp_dir / "gateway-ledger.sqlite3")
+        self.process = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tools.gateway_server", "--port", str(self.port), "--ledger", self.ledger_path],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/health", timeout=0.5)
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("payment gateway did not start")
+
+    def ensure_running(self) -> None:
+        """Restart the gateway if a test crashed it on purpose."""
+        if self.process.poll() is not None:
+            self.start()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+    def faults(self, **faults) -> None:
+        """Set fault injection (see ``tools/gateway_server.py``)."""
+        httpx.post(f"{self.url}/faults", json=faults, timeout=5).raise_for_status()
+
+    def ledger(self) -> dict:
+        return gateway.ledger()
+
+
+@pytest.fixture(scope="session")
+def gateway_process(tmp_path_factory):
+    process = GatewayProcess(tmp_path_factory.mktemp("gateway"))
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(autouse=True)
+def payment_gateway(gateway_process, settings):
+    """Every test talks to a fresh ledger of the real gateway process, with no faults."""
+    gateway_process.ensure_running()
+    settings.GATEWAY_URL = gateway_process.url
+    httpx.post(f"{gateway_process.url}/reset", timeout=5).raise_for_status()
+    return gateway_process
+
+
+def database_url_for_subprocess() -> str:
+    """A ``DATABASE_URL`` naming the database this test process is using (the test database)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture
+def short_lease(settings):
+    """Leases of one second, so a dead worker's lease expires quickly."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 1.0}
+    return 1.0
+
+
+@pytest.fixture
+def worker_process(payment_gateway, short_lease, settings):
+    """``worker_process(run_id, failpoint=None) -> exit code``: advance a run in a separate process.
+
+    The process runs the real ``advance_run`` actor against this test's
+    database and gateway; with a failpoint it SIGKILLs itself there
+    (exit code -9).
+    """
+    import os
+
+    def run(run_id: int, failpoint: str | None = None, kill_when=None) -> int:
+        env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
+               "TOLLGATE_LEASE_TTL_S": str(short_lease), "TOLLGATE_FAILPOINTS": failpoint or "",
+               "DJANGO_SETTINGS_MODULE": "config.settings"}
+        code = f"import django; django.setup(); from runs.actors import advance_run; advance_run({run_id})"
+        process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
+        if kill_when is not None:
+            deadline = time.monotonic() + 30
+            while not kill_when() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            process.kill()
+        return process.wait(timeout=60)
+
+    return run

@@ -9,9 +9,9 @@ effect, always approved, only after a passed legal check in the same run).
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db import transaction
-from django.db.models import F
 
 from runs.completion import Verdict, achieved, incomplete, not_achieved, register_check
 from tools import gateway
@@ -27,14 +27,25 @@ def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
     return Order.objects.filter(number=order_id, owner=ctx.user).first()
 
 
+def _refundable(order: Order) -> Decimal:
+    """What may still be refunded: total less what the gateway already refunded (0 if cancelled).
+
+    Raises ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
+    """
+    if order.status == Order.Status.CANCELLED:
+        return Decimal("0")
+    return order.total - gateway.refunded_total(order.number)
+
+
 def _order_view(order: Order) -> dict:
+    refundable = _refundable(order)
     return {
         "order_id": order.number,
         "total": str(order.total),
         "status": order.status,
         "shipped": order.shipped,
-        "refunded": str(order.refunded),
-        "refundable_amount": str(order.refundable_amount),
+        "refunded": str(order.total - refundable) if order.status == Order.Status.OPEN else None,
+        "refundable_amount": str(refundable),
     }
 
 
@@ -105,21 +116,23 @@ def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
     order = _own_order(ctx, args["order_id"])
     if order is None:
         return f"Order {args['order_id']} does not exist or does not belong to the requester."
-    if Decimal(str(args["amount"])) > order.refundable_amount:
+    try:
+        refundable = _refundable(order)
+    except ToolError as exc:
+        return f"Cannot check what is refundable on order {order.number}: {exc}"
+    if Decimal(str(args["amount"])) > refundable:
         return (f"Order {order.number} is not refundable for {args['amount']}: "
-                f"at most {order.refundable_amount} can be refunded.")
+                f"at most {refundable} can be refunded.")
     return None
 
 
 def _refund(ctx: ToolContext, args: dict) -> dict:
     amount = Decimal(str(args["amount"])).quantize(Decimal("0.01"))
     order = _own_order(ctx, args["order_id"])
-    if order is None or amount > order.refundable_amount:
-        raise ToolError(f"Order {args['order_id']} is not refundable for {amount}.")
-    receipt, created = gateway.refund(order_number=order.number, amount=amount, idempotency_key=ctx.idempotency_key)
-    if created:
-        Order.objects.filter(pk=order.pk).update(refunded=F("refunded") + amount)
-    return receipt
+    if order is None or order.status != Order.Status.OPEN:
+        raise ToolError(f"Order {args['order_id']} is not refundable.")
+    return gateway.refund(order_number=order.number, amount=amount, idempotency_key=ctx.idempotency_key,
+                          timeout_s=ctx.timeout_s)
 
 
 register(Tool(
@@ -133,6 +146,9 @@ register(Tool(
     side_effect=True,
     approval="amount > 50",
     precondition=_refund_precondition,
+    timeout_s=settings.GATEWAY_TIMEOUT_S,
+    idempotent=True,
+    reconcile=gateway.lookup,
 ))
 
 

@@ -86,7 +86,6 @@ def load_demo() -> dict:
             "total": Decimal("120.00") if number == 123 else Decimal(20 + number % 7 * 15),
             "shipped": number == 124 or number % 2 == 0 and number != 123,
             "status": Order.Status.OPEN,
-            "refunded": Decimal("0"),
         })
     for spec in DEMO_AGENTS:
         Agent.objects.update_or_create(slug=spec["slug"], defaults={k: v for k, v in spec.items() if k != "slug"})

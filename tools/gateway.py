@@ -1,31 +1,67 @@
-"""Client of the demo payment gateway, which deduplicates by idempotency key.
+"""HTTP client of the demo payment gateway (``tools/gateway_server.py``).
 
-The gateway's ledger is ``tools.models.GatewayRefund``: a repeated request
-with a key it has seen returns the first refund instead of paying twice,
-as real payment APIs do with an ``Idempotency-Key`` header.
+Every refund carries our idempotency key in the ``Idempotency-Key``
+header; the gateway answers a repeated key with the first refund instead of
+paying twice, and ``GET /refunds/<key>`` tells what became of a request
+whose answer never arrived (reconciliation).
 """
 
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+import httpx
+from django.conf import settings
 
-from tools.models import GatewayRefund
+from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
 
-def refund(*, order_number: int, amount: Decimal, idempotency_key: str) -> tuple[dict, bool]:
+def _url(path: str) -> str:
+    return settings.GATEWAY_URL.rstrip("/") + path
+
+
+def _call(method: str, path: str, *, timeout_s: float, **kwargs) -> httpx.Response:
+    try:
+        response = httpx.request(method, _url(path), timeout=timeout_s, **kwargs)
+    except httpx.TimeoutException as exc:
+        raise ToolTimeout(f"payment gateway did not answer within {timeout_s}s") from exc
+    except httpx.TransportError as exc:
+        raise ToolUnavailable(f"payment gateway unreachable: {exc}") from exc
+    if response.status_code >= 500:
+        raise ToolUnavailable(f"payment gateway error {response.status_code}: {response.text[:200]}")
+    return response
+
+
+def refund(*, order_number: int, amount: Decimal, idempotency_key: str, timeout_s: float) -> dict:
     """Refund ``amount`` on ``order_number`` once per ``idempotency_key``.
 
-    Returns ``(receipt, created)``: the receipt ``{"refund_id", "order_id",
-    "amount", "idempotency_key"}`` and whether this request made the refund
-    (False: an earlier one with the same key did).
+    Returns the refund ``{"refund_id", "idempotency_key", "order_id",
+    "amount"}``. Raises ``ToolTimeout`` (no answer in ``timeout_s``),
+    ``ToolUnavailable`` (unreachable or 5xx) or ``ToolError`` (refused).
     """
-    try:
-        with transaction.atomic():
-            row, created = GatewayRefund.objects.get_or_create(
-                idempotency_key=idempotency_key, defaults={"order_number": order_number, "amount": amount}
-            )
-    except IntegrityError:
-        row, created = GatewayRefund.objects.get(idempotency_key=idempotency_key), False
-    receipt = {"refund_id": row.pk, "order_id": row.order_number, "amount": str(row.amount),
-               "idempotency_key": row.idempotency_key}
-    return receipt, created
+    response = _call("POST", "/refunds", timeout_s=timeout_s, headers={"Idempotency-Key": idempotency_key},
+                     json={"order_id": order_number, "amount": str(amount)})
+    if response.status_code not in (200, 201):
+        raise ToolError(f"payment gateway refused the refund: {response.text[:200]}")
+    return response.json()
+
+
+def lookup(idempotency_key: str, *, timeout_s: float = 5.0) -> Reconciliation:
+    """What the gateway knows of ``idempotency_key``: ``succeeded`` with the refund, or ``not_found``."""
+    response = _call("GET", f"/refunds/{idempotency_key}", timeout_s=timeout_s)
+    if response.status_code == 404:
+        return Reconciliation("not_found")
+    response.raise_for_status()
+    return Reconciliation("succeeded", result=response.json())
+
+
+def refunded_total(order_number: int, *, timeout_s: float = 5.0) -> Decimal:
+    """The sum of every refund the gateway made on ``order_number``."""
+    response = _call("GET", "/refunds", timeout_s=timeout_s, params={"order_id": order_number})
+    response.raise_for_status()
+    return Decimal(response.json()["total"])
+
+
+def ledger(*, timeout_s: float = 5.0) -> dict:
+    """The gateway's whole ledger: ``{"refunds": [...], "requests_per_key": {key: n}}``."""
+    response = _call("GET", "/ledger", timeout_s=timeout_s)
+    response.raise_for_status()
+    return response.json()

@@ -15,6 +15,31 @@ class ToolError(Exception):
     """Raised by a tool handler when the action failed; the message goes to the model."""
 
 
+class ToolTimeout(ToolError):
+    """The call did not answer within the tool's ``timeout_s``: whether it took effect is unknown."""
+
+
+class ToolUnavailable(ToolError):
+    """A transient failure (connection refused, 5xx): retryable for read-only tools.
+
+    For a side-effecting tool it is treated like a timeout: the effect may
+    or may not have happened, so the call becomes ``unknown``.
+    """
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """What a tool's ``reconcile(idempotency_key)`` hook learned from the external system.
+
+    ``status``: ``succeeded`` (with ``result``), ``failed`` (with
+    ``error``), or ``not_found`` (no trace of it yet: ask again later).
+    """
+
+    status: str
+    result: Any = None
+    error: str = ""
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """What a handler or precondition may know: the run, its requester, the key.
@@ -25,6 +50,7 @@ class ToolContext:
     run: Any
     user: Any
     idempotency_key: str = ""
+    timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -42,7 +68,14 @@ class Tool:
       the call, or None; checked by code before any approval is asked.
     * ``permission``: the Django permission an approver needs.
     * ``allow_requester_approval``: whether the run's requester may approve.
-    * ``timeout_s``: seconds a call may take.
+    * ``timeout_s``: seconds a call may take; the handler must honour it
+      (it is in ``ToolContext.timeout_s``) and raise ``ToolTimeout``.
+    * ``idempotent``: the external system deduplicates by our idempotency
+      key, so a call interrupted by a crash may be sent again.
+    * ``reconcile(idempotency_key) -> Reconciliation``: asks the external
+      system what became of a call whose outcome is unknown.
+    * ``max_attempts`` / ``backoff_s``: retry policy for read-only tools
+      (exponential backoff from ``backoff_s`` with full jitter).
     """
 
     name: str
@@ -55,6 +88,10 @@ class Tool:
     permission: str = "approvals.decide_interrupt"
     allow_requester_approval: bool = True
     timeout_s: float = 30.0
+    idempotent: bool = False
+    reconcile: Callable[[str], Reconciliation] | None = None
+    max_attempts: int = 3
+    backoff_s: float = 0.5
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

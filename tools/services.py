@@ -9,14 +9,26 @@ that needs approval runs only after ``approvals.services`` says so.
 import hashlib
 import json
 import logging
+import random
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
+from runs.failpoints import failpoint
 from runs.services import append_event
 from tools.models import ToolCall, ToolCallStatus
 from tools.policy import approval_required
-from tools.registry import ToolContext, ToolError, get_tool, tools_for_agent
+from tools.registry import (
+    Reconciliation,
+    ToolContext,
+    ToolError,
+    ToolTimeout,
+    ToolUnavailable,
+    get_tool,
+    tools_for_agent,
+)
 
 log = logging.getLogger(__name__)
 S = ToolCallStatus
@@ -148,6 +160,11 @@ def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str) -> ToolCa
     return _transition(tool_call, "reject", actor=actor, error=error)
 
 
+def expire_tool_call(*, tool_call: ToolCall, actor: str) -> ToolCall:
+    """Nobody decided in time: ``awaiting_approval -> expired``."""
+    return _transition(tool_call, "expire", actor=actor)
+
+
 def cancel_pending_tool_calls(*, run, actor: str) -> None:
     """Cancel every call of ``run`` that has not started (proposed, awaiting approval, ready)."""
     for tool_call in run.tool_calls.filter(status__in=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY]):
@@ -155,12 +172,15 @@ def cancel_pending_tool_calls(*, run, actor: str) -> None:
 
 
 def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall:
-    """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the result.
+    """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
-    A result already stored for the same key in this run is reused, not
-    executed again. ``ToolError`` from the handler makes the call
-    ``failed`` with its message; any other exception too, with its type
-    and message logged.
+    Outcomes: ``succeeded`` (result stored; a result already stored for
+    the same key in this run is reused, not executed again); ``failed``
+    (``ToolError``; for read-only tools also after ``max_attempts``
+    transient failures); ``ready`` again (a read-only tool's transient
+    failure with attempts left: the caller waits ``retry_delay`` first);
+    ``unknown`` (a side-effecting call that timed out, hit a transient
+    error or raised something unexpected: never retried blindly).
     """
     tool = get_tool(tool_call.name)
     key = derive_idempotency_key(tool_call.run_id, tool_call.name, tool_call.arguments)
@@ -173,15 +193,96 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     if earlier is not None:
         return _transition(tool_call, "succeed", actor=actor, reason=f"reused result of call {earlier.pk}",
                            result=earlier.result, now=timezone.now())
-    context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key)
+    context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
+                          timeout_s=tool.timeout_s)
+    failpoint("tool_call_started", tool_call.name)
     try:
         result = tool.handler(context, tool_call.arguments)
+        failpoint("tool_call_returned", tool_call.name)
+    except (ToolTimeout, ToolUnavailable) as exc:
+        if tool.side_effect:
+            return _transition(tool_call, "mark_unknown", actor=actor, error=f"{type(exc).__name__}: {exc}")
+        if tool_call.attempts < tool.max_attempts:
+            return _transition(tool_call, "requeue", actor=actor, reason="retrying", error=str(exc))
+        return _transition(tool_call, "fail", actor=actor, now=timezone.now(),
+                           error=f"Gave up after {tool_call.attempts} attempts: {exc}")
     except ToolError as exc:
         return _transition(tool_call, "fail", actor=actor, error=str(exc), now=timezone.now())
     except Exception as exc:
         log.exception("tool %s raised", tool_call.name)
-        return _transition(tool_call, "fail", actor=actor, error=f"{type(exc).__name__}: {exc}", now=timezone.now())
+        error = f"{type(exc).__name__}: {exc}"
+        if tool.side_effect:
+            return _transition(tool_call, "mark_unknown", actor=actor, error=error)
+        return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
     return _transition(tool_call, "succeed", actor=actor, result=result, now=timezone.now())
+
+
+def retry_delay(tool_call: ToolCall) -> float:
+    """Seconds to wait before the next attempt: full jitter on ``backoff_s * 2**(attempts-1)``.
+
+    Source: "Exponential Backoff And Jitter", AWS Architecture Blog (2015).
+    """
+    tool = get_tool(tool_call.name)
+    return random.uniform(0, tool.backoff_s * 2 ** max(tool_call.attempts - 1, 0))
+
+
+def recover_orphaned_call(tool_call: ToolCall, *, actor: str) -> ToolCall:
+    """A call found ``running`` by a worker that just took the run's lease (its caller died).
+
+    Read-only and idempotent tools are sent again (``ready``, same key);
+    any other call becomes ``unknown`` and goes to reconciliation.
+    """
+    tool = get_tool(tool_call.name)
+    if not tool.side_effect or tool.idempotent:
+        return _transition(tool_call, "requeue", actor=actor, reason="retrying after a worker crash",
+                           error="The worker running this call stopped; sending it again.")
+    return _transition(tool_call, "mark_unknown", actor=actor, reason="worker crashed during the call",
+                       error="The worker stopped during this call; its outcome is unknown.")
+
+
+def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> bool:
+    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; True if it is settled now.
+
+    ``succeeded`` / ``failed`` settle the call. ``not_found`` leaves it
+    ``unknown`` until ``TOLLGATE["RECONCILE_MAX_TRIES"]`` tries are spent,
+    then settles it ``failed`` (the external system, which deduplicates by
+    our key, never saw it). Returns False without asking when the tool has
+    no hook: a person must reconcile it.
+    """
+    tool = get_tool(tool_call.name)
+    if tool.reconcile is None:
+        return False
+    ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_attempts=F("reconcile_attempts") + 1)
+    tool_call.refresh_from_db()
+    try:
+        found = tool.reconcile(tool_call.idempotency_key)
+    except ToolError as exc:
+        found = Reconciliation("not_found", error=str(exc))
+    if found.status == "succeeded":
+        return bool(_transition(tool_call, "succeed", actor=actor, reason="reconciled automatically",
+                                result=found.result, now=timezone.now()))
+    if found.status == "failed" or tool_call.reconcile_attempts >= settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
+        error = found.error or f"No trace of the call after {tool_call.reconcile_attempts} reconciliation tries."
+        return bool(_transition(tool_call, "fail", actor=actor, reason="reconciled automatically",
+                                error=error, now=timezone.now()))
+    with transaction.atomic():
+        append_event(tool_call.run, type="reconciliation", actor=actor, reason="not found yet",
+                     payload={"tool_call": tool_call.pk, "try": tool_call.reconcile_attempts})
+    return False
+
+
+def reconcile_delay(tool_call: ToolCall) -> float:
+    """Seconds before the next automatic reconciliation try (doubling from RECONCILE_BACKOFF_S)."""
+    return settings.TOLLGATE["RECONCILE_BACKOFF_S"] * 2 ** max(tool_call.reconcile_attempts - 1, 0)
+
+
+def settle_unknown_call(*, tool_call: ToolCall, succeeded: bool, result, evidence: str, actor: str) -> ToolCall:
+    """A person reconciled an ``unknown`` call: ``succeeded`` with ``result``, or ``failed``; evidence kept."""
+    if succeeded:
+        return _transition(tool_call, "succeed", actor=actor, reason=f"reconciled by a person: {evidence}",
+                           result=result, now=timezone.now())
+    return _transition(tool_call, "fail", actor=actor, reason=f"reconciled by a person: {evidence}",
+                       error=f"Reconciled as failed: {evidence}", now=timezone.now())
 
 
 def tool_result_content(tool_call: ToolCall) -> str:

@@ -1,11 +1,21 @@
 """The provider-neutral request and response of one model call."""
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 class ModelError(Exception):
     """The provider could not produce a response (the run fails with model_error)."""
+
+
+class MalformedResponse(ModelError):
+    """The provider answered, but the body or stream could not be understood.
+
+    Examples: a JSON body that does not parse, a stream that ends without
+    its final event. The loop treats it as invalid model output (a repair
+    turn that re-asks the model) rather than a provider failure, so the
+    run ends ``invalid_model_output`` once the repair turns are spent.
+    """
 
 
 class ConfigError(ValueError):
@@ -19,7 +29,11 @@ class ModelRequest:
     ``messages``: ``[{"role", "content", "tool_calls"?, "tool_call_id"?}]``
     in the order of ``runs.models.Message``; ``tools``: tool definitions
     (``{"name", "description", "parameters"}``); ``turn_index``: the
-    number of model calls this run has already made.
+    number of model calls this run has already made; ``on_delta(kind,
+    data)``: called while a response streams in, with ``kind``
+    ``text_delta`` (``{"text"}``) or ``tool_call_delta`` (``{"index",
+    "id", "name", "arguments"}`` — ``arguments`` is the new fragment);
+    it must not raise and never affects the result.
     """
 
     instructions: str
@@ -27,6 +41,12 @@ class ModelRequest:
     tools: list[dict]
     turn_index: int
     run_id: int
+    on_delta: Callable[[str, dict], None] | None = None
+
+    def emit(self, kind: str, data: dict) -> None:
+        """Pass one streaming event to ``on_delta`` if there is one."""
+        if self.on_delta is not None:
+            self.on_delta(kind, data)
 
 
 @dataclass
@@ -60,9 +80,11 @@ class ModelClient(Protocol):
 
 def get_client(config: dict) -> ModelClient:
     """The client for an agent's ``model`` config. Raises ``ConfigError``."""
+    from runs.providers.anthropic_provider import AnthropicClient
+    from runs.providers.openai_provider import OpenAIClient
     from runs.providers.scripted import ScriptedClient
 
-    providers = {"scripted": ScriptedClient}
+    providers = {"scripted": ScriptedClient, "openai": OpenAIClient, "anthropic": AnthropicClient}
     name = (config or {}).get("provider", "scripted")
     if name not in providers:
         raise ConfigError(f"Unknown model provider {name!r}; known: {', '.join(sorted(providers))}.")

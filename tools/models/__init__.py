@@ -1,4 +1,4 @@
-from tools.models.shop import GatewayRefund, Order
+from tools.models.shop import Order
 from tools.models.tool_call import ToolCall, ToolCallStatus
 
-__all__ = ["GatewayRefund", "Order", "ToolCall", "ToolCallStatus"]
+__all__ = ["Order", "ToolCall", "ToolCallStatus"]

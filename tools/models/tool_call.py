@@ -1,7 +1,9 @@
 """The ToolCall model and its state machine (DESIGN.md §3)."""
 
 from django.db import models
-from django_fsm import FSMField, ConcurrentTransitionMixin, transition
+from django_fsm import FSMField, transition
+
+from runs.fsm import FSMModel
 
 
 class ToolCallStatus(models.TextChoices):
@@ -25,7 +27,7 @@ S = ToolCallStatus
 PENDING_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.UNKNOWN]
 
 
-class ToolCall(ConcurrentTransitionMixin, models.Model):
+class ToolCall(FSMModel):
     """One tool call the model proposed, from parsing to its outcome.
 
     ``raw_arguments`` keeps the model's text verbatim; ``arguments`` is the
@@ -47,6 +49,7 @@ class ToolCall(ConcurrentTransitionMixin, models.Model):
     side_effect = models.BooleanField(default=False)
     idempotency_key = models.CharField(max_length=80, blank=True, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
+    reconcile_attempts = models.PositiveIntegerField(default=0)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -99,6 +102,11 @@ class ToolCall(ConcurrentTransitionMixin, models.Model):
         self.idempotency_key = idempotency_key
         self.attempts += 1
         self.started_at = now
+
+    @transition(field=status, source=S.RUNNING, target=S.READY)
+    def requeue(self, error: str):
+        """Send again: only for read-only or idempotent tools (retry, crash recovery)."""
+        self.error = error
 
     @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.SUCCEEDED)
     def succeed(self, result, now):

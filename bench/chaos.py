@@ -1,0 +1,281 @@
+"""Chaos run: refunds under worker SIGKILLs and a faulty payment gateway.
+
+Production shape only (PostgreSQL + Redis): set ``DATABASE_URL`` and
+``REDIS_URL``. The harness migrates that database, creates one order and
+one scripted refund agent per run (refund 60.00: needs approval), starts
+the payment gateway with injected timeouts-after-commit and 5xx, starts
+``--workers`` ``manage.py rundramatiq`` process groups and one sweeper
+(``manage.py recover_runs --loop``), creates ``--runs`` runs, approves
+every approval item as the ``approver`` user, and SIGKILLs a random worker
+group at random intervals (restarting it) until ``--kills`` kills are done.
+Then it waits for every run to settle and prints the figures. Exit code 0
+only if no run was lost and no refund was charged twice.
+
+Short (CI): ``python bench/chaos.py --runs 20 --kills 3``.
+Long:       ``python bench/chaos.py --runs 500 --kills 20``.
+"""
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="worker process groups")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker")
+    parser.add_argument("--kill-every", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN_S", "MAX_S"))
+    parser.add_argument("--p-timeout", type=float, default=0.05, help="gateway timeout-after-commit probability")
+    parser.add_argument("--p-5xx", type=float, default=0.05, help="gateway 503-before-commit probability")
+    parser.add_argument("--settle-timeout", type=float, default=300.0, help="seconds to wait after the last kill")
+    parser.add_argument("--seed", type=int, default=None)
+    return parser.parse_args()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Cluster:
+    """The processes under test: gateway, worker groups, sweeper."""
+
+    def __init__(self, env: dict, workers: int, threads: int, log_dir: Path):
+        self.env = env
+        self.threads = threads
+        self.log_dir = log_dir
+        self.workers: list[subprocess.Popen | None] = [None] * workers
+        self.others: list[subprocess.Popen] = []
+
+    def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env, stdout=log, stderr=log,
+                                start_new_session=True)
+
+    def start_gateway(self, port: int) -> None:
+        self.others.append(self._spawn(["-m", "tools.gateway_server", "--port", str(port),
+                                        "--ledger", str(self.log_dir / "ledger.sqlite3")], "gateway"))
+
+    def start_sweeper(self) -> None:
+        self.others.append(self._spawn(["manage.py", "recover_runs", "--loop"], "sweeper"))
+
+    def start_worker(self, index: int) -> None:
+        self.workers[index] = self._spawn(["manage.py", "rundramatiq", "--processes", "1", "--threads",
+                                           str(self.threads), "--skip-logging"], f"worker-{index}")
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL the whole process group of worker ``index`` (as a machine crash would)."""
+        process = self.workers[index]
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+    def stop(self) -> None:
+        for process in [p for p in self.workers if p] + self.others:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+def main() -> int:
+    args = parse_args()
+    if not (os.environ.get("DATABASE_URL", "").startswith("postgres") and os.environ.get("REDIS_URL")):
+        print("chaos: set DATABASE_URL (PostgreSQL) and REDIS_URL", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    gateway_port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "GATEWAY_URL": f"http://127.0.0.1:{gateway_port}",
+        "GATEWAY_TIMEOUT_S": "1.0",
+        "TOLLGATE_LEASE_TTL_S": "3",
+        "TOLLGATE_SWEEP_INTERVAL_S": "1",
+        "TOLLGATE_QUEUED_GRACE_S": "5",
+        "TOLLGATE_RECONCILE_BACKOFF_S": "0.5",
+        "TOLLGATE_RECONCILE_MAX_TRIES": "8",
+    }
+    os.environ.update(env)
+
+    import django
+
+    django.setup()
+    import httpx
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    call_command("demo", stdout=open(os.devnull, "w"))
+
+    log_dir = Path(tempfile.mkdtemp(prefix="tollgate-chaos-"))
+    cluster = Cluster(env, args.workers, args.threads, log_dir)
+    try:
+        cluster.start_gateway(gateway_port)
+        _wait_for(lambda: _healthy(httpx, env["GATEWAY_URL"]), 10, "gateway")
+        httpx.post(f"{env['GATEWAY_URL']}/faults", json={
+            "p_timeout_after_commit": args.p_timeout, "p_error_before_commit": args.p_5xx, "hang_s": 2.0,
+        }).raise_for_status()
+        for index in range(args.workers):
+            cluster.start_worker(index)
+        cluster.start_sweeper()
+        run_ids = create_runs(args.runs)
+        figures = drive(cluster, run_ids, args, rng)
+        figures.update(audit(run_ids, env["GATEWAY_URL"]))
+    finally:
+        cluster.stop()
+    print_figures(figures, log_dir)
+    return 0 if figures["lost_runs"] == 0 and figures["refunds_charged_twice"] == 0 \
+        and figures["max_charges_per_key"] <= 1 else 1
+
+
+def _healthy(httpx, url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up")
+        time.sleep(0.1)
+
+
+def create_runs(count: int) -> list[int]:
+    """One order (total 100.00) and one agent refunding 60.00 of it per run; start the runs."""
+    from django.contrib.auth import get_user_model
+
+    from runs.models import Agent
+    from runs.services import start_run
+    from tools.models import Order
+
+    requester = get_user_model().objects.get(username="requester")
+    stamp = int(time.time()) % 100_000 * 10_000
+    run_ids = []
+    for i in range(count):
+        number = 1_000_000_000 + stamp + i
+        Order.objects.create(number=number, owner=requester, total=Decimal("100.00"))
+        agent = Agent.objects.create(
+            slug=f"chaos-{number}", name=f"chaos {number}", tools=["query_order", "refund"], completion_check="refund",
+            model={"provider": "scripted", "turns": [
+                {"tool_calls": [{"name": "query_order", "arguments": {"order_id": number}}]},
+                {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
+                {"content": f"Refunded 60.00 on order {number}."},
+            ]},
+        )
+        run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
+    return run_ids
+
+
+def approve_pending(approver, run_ids: list[int]) -> int:
+    """Approve every pending approval item of these runs, as a person would; returns how many."""
+    from django_fsm import TransitionNotAllowed
+
+    from approvals.models import Interrupt
+    from approvals.services import decide_interrupt
+
+    approved = 0
+    for item in Interrupt.objects.filter(run_id__in=run_ids, status="pending", kind="approval"):
+        try:
+            decide_interrupt(interrupt=item, user=approver, decision="approved", comment="chaos approver")
+            approved += 1
+        except TransitionNotAllowed:
+            pass
+    return approved
+
+
+def unsettled(run_ids: list[int]) -> int:
+    """Runs not yet terminal and not waiting for approval (which the approver will give)."""
+    from runs.models import Run
+
+    return Run.objects.filter(pk__in=run_ids, status__in=["queued", "running", "waiting"]).count()
+
+
+def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random) -> dict:
+    """Approve, kill and restart workers until the kills are done; then wait for the runs to settle."""
+    from django.contrib.auth import get_user_model
+
+    approver = get_user_model().objects.get(username="approver")
+    kills = 0
+    next_kill = time.monotonic() + rng.uniform(*args.kill_every)
+    started = time.monotonic()
+    last_kill = started
+    while kills < args.kills:
+        approve_pending(approver, run_ids)
+        if time.monotonic() >= next_kill:
+            victim = rng.randrange(args.workers)
+            cluster.kill_worker(victim)
+            kills += 1
+            last_kill = time.monotonic()
+            time.sleep(0.3)
+            cluster.start_worker(victim)
+            next_kill = time.monotonic() + rng.uniform(*args.kill_every)
+        time.sleep(0.1)
+    deadline = time.monotonic() + args.settle_timeout
+    while unsettled(run_ids) and time.monotonic() < deadline:
+        approve_pending(approver, run_ids)
+        time.sleep(0.2)
+    settled_at = time.monotonic()
+    return {"kills": kills, "seconds_total": round(settled_at - started, 1),
+            "seconds_last_kill_to_settled": round(settled_at - last_kill, 1)}
+
+
+def audit(run_ids: list[int], gateway_url: str) -> dict:
+    """Compare the database with the gateway's ledger."""
+    import httpx
+
+    from runs.models import Run
+    from tools.models import ToolCall
+
+    runs = Run.objects.filter(pk__in=run_ids)
+    ledger = httpx.get(f"{gateway_url}/ledger", timeout=10).json()
+    charges_per_key = Counter(r["idempotency_key"] for r in ledger["refunds"])
+    charges_per_order = Counter(r["order_id"] for r in ledger["refunds"])
+    refund_calls = ToolCall.objects.filter(run_id__in=run_ids, name="refund")
+    succeeded_keys = set(refund_calls.filter(status="succeeded").values_list("idempotency_key", flat=True))
+    return {
+        "runs_created": len(run_ids),
+        "runs_terminal": dict(Counter(f"{r.status}/{r.outcome or r.failure_type}"
+                                      for r in runs.filter(status__in=["completed", "failed", "cancelled"]))),
+        "runs_waiting": dict(Counter(runs.filter(status="waiting").values_list("waiting_reason", flat=True))),
+        "lost_runs": runs.filter(status__in=["queued", "running"]).count() + (len(run_ids) - runs.count()),
+        "gateway_charges": len(ledger["refunds"]),
+        "max_charges_per_key": max(charges_per_key.values(), default=0),
+        "refunds_charged_twice": sum(1 for n in charges_per_order.values() if n > 1),
+        "charges_without_succeeded_call": len(set(charges_per_key) - succeeded_keys),
+        "requests_resent_and_deduplicated": sum(n - 1 for n in ledger["requests_per_key"].values() if n > 1),
+        "refund_calls_by_status": dict(Counter(refund_calls.values_list("status", flat=True))),
+        "crash_recoveries": refund_calls.filter(attempts__gt=1).count(),
+    }
+
+
+def print_figures(figures: dict, log_dir: Path) -> None:
+    print("chaos figures")
+    for key, value in figures.items():
+        print(f"  {key}: {value}")
+    print(f"  logs: {log_dir}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

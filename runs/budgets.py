@@ -1,0 +1,74 @@
+"""Run budgets and the price of model usage.
+
+Checked by the loop before every model call (DESIGN.md §5.3). The limits
+live on the agent; ``None`` means no limit:
+
+* ``max_turns`` — model turns that counted (``Run.model_calls``);
+* ``max_model_calls`` — every model call, including failed and discarded
+  ones (the run's ``Step`` rows);
+* ``max_total_tokens`` — ``Run.input_tokens + Run.output_tokens``;
+* ``max_cost_usd`` — ``Run.cost_usd`` (US dollars, priced per call by
+  ``TOLLGATE["MODEL_PRICES"]``);
+* ``deadline_s`` — seconds since ``Run.started_at`` (wall clock).
+
+A budget is exhausted when the usage so far has reached the limit, so one
+call may overshoot a token or cost limit; the next one is refused.
+"""
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.utils import timezone
+
+from runs.models import FailureType, Run
+
+MILLION = Decimal(1_000_000)
+
+
+def model_price(model_config: dict) -> dict | None:
+    """``{"input_per_mtok", "output_per_mtok"}`` (USD) for an agent's model, or None if unpriced."""
+    return settings.TOLLGATE.get("MODEL_PRICES", {}).get((model_config or {}).get("model", ""))
+
+
+def cost_usd(model_config: dict, *, input_tokens: int, output_tokens: int) -> Decimal:
+    """The price of one call in US dollars (6 decimal places); 0 for an unpriced model."""
+    price = model_price(model_config)
+    if price is None:
+        return Decimal(0)
+    cost = (Decimal(str(price["input_per_mtok"])) * input_tokens
+            + Decimal(str(price["output_per_mtok"])) * output_tokens) / MILLION
+    return cost.quantize(Decimal("0.000001"))
+
+
+def exhausted_budget(run: Run) -> tuple[str, str] | None:
+    """``(failure_type, message)`` for the first exhausted budget of ``run``, else None.
+
+    ``failure_type`` is ``budget_exhausted`` (the message names the
+    budget, its limit and the usage) or ``deadline_exceeded``.
+    """
+    agent = run.agent
+    used_tokens = run.input_tokens + run.output_tokens
+    checks = [
+        ("max_turns", agent.max_turns, run.model_calls, "model turns"),
+        ("max_model_calls", agent.max_model_calls, run.steps.count(), "model calls"),
+        ("max_total_tokens", agent.max_total_tokens, used_tokens, "tokens"),
+    ]
+    for name, limit, used, unit in checks:
+        if limit is not None and used >= limit:
+            return FailureType.BUDGET_EXHAUSTED, f"Budget {name} ({limit}) exhausted: {used} {unit} used."
+    if agent.max_cost_usd is not None:
+        if model_price(agent.model) is None:
+            return FailureType.BUDGET_EXHAUSTED, (
+                f"Budget max_cost_usd ({agent.max_cost_usd}) cannot be enforced: no price for model "
+                f"{agent.model.get('model')!r} in TOLLGATE['MODEL_PRICES'].")
+        if run.cost_usd >= agent.max_cost_usd:
+            return FailureType.BUDGET_EXHAUSTED, (
+                f"Budget max_cost_usd ({agent.max_cost_usd}) exhausted: {run.cost_usd} USD used.")
+    if agent.deadline_s is not None and run.started_at is not None:
+        deadline = run.started_at + timedelta(seconds=agent.deadline_s)
+        if timezone.now() >= deadline:
+            return FailureType.DEADLINE_EXCEEDED, (
+                f"Deadline deadline_s ({agent.deadline_s}s) exceeded: the run started at "
+                f"{run.started_at.isoformat()}.")
+    return None

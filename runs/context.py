@@ -1,0 +1,153 @@
+"""Build what one model call sees: instructions, tools and a trimmed history.
+
+The stored ``Message`` rows are only read, never changed (DESIGN.md §6).
+
+Trimming strategy, when the history does not fit:
+
+1. Tokens are estimated as ``ceil(characters / 4) + 4`` per message
+   (tool calls count their name and raw arguments); the window is the
+   agent's ``model["context_window"]`` or ``TOLLGATE["CONTEXT_MAX_TOKENS"]``,
+   minus the instructions, the tool definitions and the output reserve
+   (``model["max_output_tokens"]`` or ``TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"]``,
+   at most a quarter of the window).
+2. The history is cut into *units* that are kept or dropped whole: an
+   assistant message with tool calls together with the tool results that
+   answer it; every other message alone.
+3. Kept: the unit holding the current run's first user message (the task)
+   and the longest run of most recent units that fits in what is left. The
+   newest unit is kept even if it alone is too big (the provider will then
+   refuse, which is an honest model_error).
+4. Each gap of dropped units becomes one ``system`` note: "N earlier
+   messages were omitted".
+5. Repair, in the context only: a tool call without a result (e.g. its run
+   was cancelled while it awaited approval) gets a synthetic
+   ``{"status": "missing"}`` result; a tool result without its call is
+   dropped. So a provider never sees a dangling ``tool_call_id``.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from runs.models import Message, Run
+from tools.registry import tools_for_agent
+
+PER_MESSAGE_TOKENS = 4
+MISSING_RESULT = json.dumps({"status": "missing", "error": "No result was recorded for this call; it did not run."})
+
+
+@dataclass
+class Context:
+    """``messages``: neutral dicts for ``ModelRequest.messages``; ``omitted``:
+    stored messages left out; ``estimated_tokens``: of the whole request."""
+
+    instructions: str
+    tools: list[dict]
+    messages: list[dict]
+    omitted: int
+    estimated_tokens: int
+
+
+def estimate_tokens(message: dict) -> int:
+    """Rough token count of one neutral message (characters / 4, plus overhead)."""
+    chars = len(message.get("content") or "")
+    for call in message.get("tool_calls") or []:
+        chars += len(call.get("name") or "") + len(call.get("arguments") or "")
+    return math.ceil(chars / 4) + PER_MESSAGE_TOKENS
+
+
+def as_model_message(message: Message) -> dict:
+    """A stored message as a neutral dict ``{"role", "content", "tool_calls"?, "tool_call_id"?}``."""
+    out = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [dict(call) for call in message.tool_calls]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _units(messages: list[dict]) -> list[list[dict]]:
+    """Group messages into keep-or-drop-together units, repairing call/result pairs."""
+    units: list[list[dict]] = []
+    open_calls: dict[str, list[dict]] = {}  # call id -> the unit that made the call
+    for message in messages:
+        if message["role"] == "tool":
+            unit = open_calls.pop(message.get("tool_call_id", ""), None)
+            if unit is not None:  # a result without its call is dropped
+                unit.append(message)
+            continue
+        unit = [message]
+        units.append(unit)
+        for call in message.get("tool_calls") or []:
+            open_calls[call["id"]] = unit
+    for call_id, unit in open_calls.items():
+        unit.append({"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT, "synthetic": True})
+    return units
+
+
+def _note(count: int) -> dict:
+    noun = "message was" if count == 1 else "messages were"
+    return {"role": "system", "content": f"{count} earlier {noun} omitted to fit the context window."}
+
+
+def trim_history(messages: list[dict], *, budget_tokens: int, pinned_index: int | None = None) -> tuple[list[dict], int]:
+    """Fit ``messages`` into ``budget_tokens`` (see the module docstring).
+
+    ``pinned_index``: the position in ``messages`` of the message that must
+    stay (the current run's task). Returns ``(messages, omitted_count)``;
+    the input list and its dicts are not modified.
+    """
+    pinned = messages[pinned_index] if pinned_index is not None else None
+    units = _units(messages)
+    sizes = [sum(estimate_tokens(m) for m in unit) for unit in units]
+    keep = [False] * len(units)
+    remaining = budget_tokens
+    for i, unit in enumerate(units):
+        if any(m is pinned for m in unit):
+            keep[i] = True
+            remaining -= sizes[i]
+    for i in range(len(units) - 1, -1, -1):
+        if keep[i]:
+            continue
+        if sizes[i] > remaining and i != len(units) - 1:
+            break
+        keep[i] = True
+        remaining -= sizes[i]
+    out, gap, omitted = [], 0, 0
+    for unit, kept in zip(units, keep):
+        if not kept:
+            gap += sum(1 for m in unit if not m.get("synthetic"))
+            continue
+        if gap:
+            out.append(_note(gap))
+            omitted += gap
+            gap = 0
+        out.extend({k: v for k, v in m.items() if k != "synthetic"} if m.get("synthetic") else m for m in unit)
+    if gap:  # cannot happen: the newest unit is always kept
+        out.append(_note(gap))
+        omitted += gap
+    return out, omitted
+
+
+def window_tokens(model_config: dict) -> int:
+    """The context window for an agent's model config (tokens)."""
+    return int((model_config or {}).get("context_window") or settings.TOLLGATE["CONTEXT_MAX_TOKENS"])
+
+
+def build_context(run: Run) -> Context:
+    """The context for ``run``'s next model call (reads the session history)."""
+    agent = run.agent
+    tools = [tool.definition() for tool in tools_for_agent(agent)]
+    stored = list(Message.objects.filter(session_id=run.session_id).order_by("id"))
+    messages = [as_model_message(m) for m in stored]
+    pinned_index = next((i for i, m in enumerate(stored) if m.run_id == run.pk and m.role == "user"), None)
+    window = window_tokens(agent.model)
+    reserve = min((agent.model or {}).get("max_output_tokens") or settings.TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"],
+                  window // 4)
+    fixed = math.ceil((len(agent.instructions) + len(json.dumps(tools))) / 4)
+    trimmed, omitted = trim_history(messages, budget_tokens=window - reserve - fixed, pinned_index=pinned_index)
+    estimated = fixed + sum(estimate_tokens(m) for m in trimmed)
+    return Context(instructions=agent.instructions, tools=tools, messages=trimmed,
+                   omitted=omitted, estimated_tokens=estimated)

@@ -1,0 +1,249 @@
+"""The ``anthropic`` provider: the Messages API with tools, through the ``anthropic`` SDK.
+
+Config keys: see ``runs.providers.http_config`` (``max_output_tokens`` is
+required by the API; it defaults to ``TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"]``).
+
+Wire mapping of the provider-neutral messages:
+
+* instructions -> the top-level ``system`` parameter;
+* ``user`` -> a ``user`` text block; ``system`` (runtime feedback) -> a
+  ``user`` text block prefixed ``[runtime]`` (Messages has no system role
+  inside the conversation);
+* ``assistant`` -> a text block (if any text) and one ``tool_use`` block
+  per call; raw arguments that are not a JSON object are sent as
+  ``input: {}`` (the tool result already tells the model they were bad);
+* ``tool`` -> a ``tool_result`` block in a ``user`` message,
+  ``is_error`` when the result's status is not ``succeeded``;
+* consecutive messages of the same role are merged into one (the API
+  requires alternation), with ``tool_result`` blocks first; empty text
+  blocks are dropped; a conversation must start with ``user``.
+
+Finish reasons: ``end_turn``/``stop_sequence``/``pause_turn``/``refusal``
+-> ``stop``, ``tool_use`` -> ``tool_calls``, ``max_tokens`` -> ``length``.
+Usage: input = ``input_tokens`` + cache creation + cache read tokens.
+Errors as in ``runs.providers.openai_provider``.
+"""
+
+import json
+import logging
+import re
+import threading
+
+import anthropic
+from django.conf import settings
+
+from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse
+from runs.providers.http_config import parse_config, status_error_message
+
+log = logging.getLogger(__name__)
+RUNTIME_PREFIX = "[runtime] "
+STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "refusal": "stop",
+                "tool_use": "tool_calls", "max_tokens": "length", "model_context_window_exceeded": "length"}
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def _input_object(raw) -> dict:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _blocks(message: dict) -> tuple[str, list[dict]]:
+    """(wire role, content blocks) of one neutral message."""
+    role, content = message["role"], message.get("content") or ""
+    if role == "assistant":
+        blocks = [{"type": "text", "text": content}] if content.strip() else []
+        for call in message.get("tool_calls") or []:
+            name = call["name"] if NAME_PATTERN.match(call.get("name") or "") else "invalid_tool_name"
+            blocks.append({"type": "tool_use", "id": call["id"], "name": name,
+                           "input": _input_object(call.get("arguments"))})
+        return "assistant", blocks
+    if role == "tool":
+        try:
+            failed = json.loads(content).get("status") != "succeeded"
+        except (ValueError, AttributeError):
+            failed = False
+        block = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content}
+        if failed:
+            block["is_error"] = True
+        return "user", [block]
+    text = RUNTIME_PREFIX + content if role == "system" else content
+    return "user", [{"type": "text", "text": text}] if text.strip() else []
+
+
+def to_anthropic_messages(messages: list[dict]) -> list[dict]:
+    """The Messages ``messages`` for a neutral history (see the module docstring)."""
+    out: list[dict] = []
+    for message in messages:
+        role, blocks = _blocks(message)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    for message in out:
+        if message["role"] == "user":
+            message["content"].sort(key=lambda b: b["type"] != "tool_result")  # stable: results first
+    if not out or out[0]["role"] != "user":
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": RUNTIME_PREFIX + "(conversation start)"}]})
+    return out
+
+
+def to_anthropic_tools(tools: list[dict]) -> list[dict]:
+    """``[{"name", "description", "input_schema"}]``."""
+    return [{"name": t["name"], "description": t.get("description", ""), "input_schema": t["parameters"]}
+            for t in tools]
+
+
+class AnthropicClient:
+    """One agent's Anthropic Messages endpoint."""
+
+    name = "anthropic"
+
+    def __init__(self, config: dict):
+        self.config = parse_config(config, default_key_env="ANTHROPIC_API_KEY")
+        self.client = _sdk_client(self.config)
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """One Messages call. Raises ``ModelError`` / ``MalformedResponse``."""
+        cfg = self.config
+        params = {
+            "model": cfg.model,
+            "messages": to_anthropic_messages(request.messages),
+            "max_tokens": cfg.max_output_tokens or settings.TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"],
+        }
+        if request.instructions:
+            params["system"] = request.instructions
+        if request.tools:
+            params["tools"] = to_anthropic_tools(request.tools)
+        if cfg.temperature is not None:
+            params["temperature"] = cfg.temperature
+        try:
+            if cfg.stream:
+                return _read_stream(self.client.messages.create(**params, stream=True), request)
+            return _read_message(self.client.messages.create(**params))
+        except anthropic.APIStatusError as exc:
+            raise ModelError(status_error_message("Anthropic", exc.status_code, exc.body, exc.message,
+                                                  cfg.max_retries)) from exc
+        except anthropic.APITimeoutError as exc:
+            raise ModelError(f"Anthropic API timed out after {cfg.timeout_s}s "
+                             f"(gave up after {cfg.max_retries} retries).") from exc
+        except anthropic.APIConnectionError as exc:
+            raise ModelError(f"Anthropic API unreachable at {self.client.base_url}: {exc} "
+                             f"(gave up after {cfg.max_retries} retries).") from exc
+        except (anthropic.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("malformed Anthropic response", exc_info=True)
+            raise MalformedResponse(f"Malformed Anthropic response: {type(exc).__name__}: {exc}") from exc
+
+
+def _input_tokens(usage) -> int:
+    return sum(getattr(usage, name, None) or 0
+               for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+
+
+def _read_message(message) -> ModelResponse:
+    """A non-streamed ``message`` -> ``ModelResponse``."""
+    if isinstance(message, str) or getattr(message, "content", None) is None:
+        raise MalformedResponse("Malformed Anthropic response: no content in the body.")
+    text, calls = [], []
+    for block in message.content:
+        if block.type == "text":
+            text.append(block.text)
+        elif block.type == "tool_use":
+            calls.append({"id": block.id, "name": block.name, "arguments": json.dumps(block.input)})
+    return ModelResponse(
+        content="".join(text),
+        tool_calls=calls,
+        finish_reason=_finish_reason(message.stop_reason, calls),
+        input_tokens=_input_tokens(message.usage),
+        output_tokens=message.usage.output_tokens or 0,
+    )
+
+
+def _read_stream(stream, request: ModelRequest) -> ModelResponse:
+    """Accumulate Messages stream events, reporting deltas as they arrive.
+
+    ``message_start`` carries input usage; ``content_block_start`` opens a
+    text or ``tool_use`` block (id, name); ``content_block_delta`` adds
+    ``text_delta`` text or ``input_json_delta`` argument fragments;
+    ``message_delta`` carries ``stop_reason`` and the cumulative output
+    usage. A stream without ``message_stop`` was half-received:
+    ``MalformedResponse``.
+    """
+    text, blocks, stop_reason, stopped = [], {}, None, False
+    input_tokens = output_tokens = 0
+    with stream:
+        for event in stream:
+            if event.type == "message_start":
+                input_tokens = _input_tokens(event.message.usage)
+                output_tokens = event.message.usage.output_tokens or 0
+            elif event.type == "content_block_start" and event.content_block.type == "tool_use":
+                block = event.content_block
+                blocks[event.index] = {"id": block.id, "name": block.name, "arguments": ""}
+                request.emit("tool_call_delta", {"index": event.index, "id": block.id, "name": block.name,
+                                                 "arguments": ""})
+            elif event.type == "content_block_delta":
+                delta = event.delta
+                if delta.type == "text_delta":
+                    text.append(delta.text)
+                    request.emit("text_delta", {"text": delta.text})
+                elif delta.type == "input_json_delta" and event.index in blocks:
+                    call = blocks[event.index]
+                    call["arguments"] += delta.partial_json
+                    request.emit("tool_call_delta", {"index": event.index, "id": call["id"], "name": call["name"],
+                                                     "arguments": delta.partial_json})
+            elif event.type == "message_delta":
+                stop_reason = event.delta.stop_reason or stop_reason
+                output_tokens = max(output_tokens, event.usage.output_tokens or 0)
+                if event.usage.input_tokens is not None:
+                    input_tokens = max(input_tokens, _input_tokens(event.usage))
+            elif event.type == "message_stop":
+                stopped = True
+    if not stopped:
+        raise MalformedResponse("Malformed Anthropic stream: it ended without message_stop.")
+    calls = [blocks[i] for i in sorted(blocks)]
+    for call in calls:
+        call["arguments"] = call["arguments"] or "{}"
+    return ModelResponse(
+        content="".join(text),
+        tool_calls=calls,
+        finish_reason=_finish_reason(stop_reason, calls),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+    )
+
+
+def _finish_reason(stop_reason: str | None, calls: list[dict]) -> str:
+    normalised = STOP_REASONS.get(stop_reason or "", "stop")
+    if normalised == "stop" and calls:
+        return "tool_calls"
+    return normalised
+
+
+
+
+_CLIENTS: dict[tuple, anthropic.Anthropic] = {}
+_CLIENTS_LOCK = threading.Lock()
+MAX_CLIENTS = 16
+
+
+def _sdk_client(cfg) -> anthropic.Anthropic:
+    """An SDK client per (key, base URL, timeout, retries), reused: it pools connections.
+
+    At most ``MAX_CLIENTS`` are cached; an evicted one is closed by the
+    garbage collector once no call uses it any more.
+    """
+    key = (cfg.api_key, cfg.base_url, cfg.timeout_s, cfg.max_retries)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = anthropic.Anthropic(
+                api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+            while len(_CLIENTS) > MAX_CLIENTS:
+                del _CLIENTS[next(iter(_CLIENTS))]
+        return client

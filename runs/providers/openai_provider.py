@@ -1,0 +1,198 @@
+"""The ``openai`` provider: Chat Completions with tools, through the ``openai`` SDK.
+
+Works with any OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM)
+via ``base_url``. Config keys: see ``runs.providers.http_config``.
+
+Wire mapping of the provider-neutral messages (``ModelRequest.messages``):
+
+* instructions -> a leading ``system`` message;
+* ``user`` -> ``user``; ``assistant`` -> ``assistant`` with ``tool_calls``
+  ``[{"id", "type": "function", "function": {"name", "arguments"}}]``
+  (``arguments`` is the raw string the model produced, sent back verbatim);
+* ``tool`` -> ``tool`` with ``tool_call_id``;
+* ``system`` (runtime feedback in the history) -> ``user`` text prefixed
+  ``[runtime]``: several compatible servers reject a system message that
+  is not the first one.
+
+Errors: the SDK retries 408/409/429/5xx and connection errors
+``max_retries`` times with exponential backoff, honouring ``Retry-After``
+(and ``retry-after-ms``); what is left, and any other 4xx at once, raises
+``ModelError`` with the status and the provider's message. A body or
+stream that cannot be understood raises ``MalformedResponse``.
+"""
+
+import logging
+import threading
+
+import openai
+
+from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse
+from runs.providers.http_config import parse_config, status_error_message
+
+log = logging.getLogger(__name__)
+RUNTIME_PREFIX = "[runtime] "
+FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
+                  "length": "length", "content_filter": "stop"}
+
+
+def to_openai_messages(instructions: str, messages: list[dict]) -> list[dict]:
+    """The Chat Completions ``messages`` for a neutral history."""
+    out = [{"role": "system", "content": instructions}] if instructions else []
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "assistant":
+            wire = {"role": "assistant", "content": content or None}
+            if message.get("tool_calls"):
+                wire["tool_calls"] = [
+                    {"id": c["id"], "type": "function",
+                     "function": {"name": c["name"], "arguments": c.get("arguments") or ""}}
+                    for c in message["tool_calls"]
+                ]
+            out.append(wire)
+        elif role == "tool":
+            out.append({"role": "tool", "tool_call_id": message["tool_call_id"], "content": content})
+        elif role == "system":
+            out.append({"role": "user", "content": RUNTIME_PREFIX + content})
+        else:
+            out.append({"role": "user", "content": content})
+    return out
+
+
+def to_openai_tools(tools: list[dict]) -> list[dict]:
+    """``[{"type": "function", "function": {"name", "description", "parameters"}}]``."""
+    return [{"type": "function", "function": dict(tool)} for tool in tools]
+
+
+class OpenAIClient:
+    """One agent's OpenAI-compatible endpoint."""
+
+    name = "openai"
+
+    def __init__(self, config: dict):
+        self.config = parse_config(config, default_key_env="OPENAI_API_KEY")
+        self.client = _sdk_client(self.config)
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """One Chat Completions call. Raises ``ModelError`` / ``MalformedResponse``."""
+        cfg = self.config
+        params = {"model": cfg.model, "messages": to_openai_messages(request.instructions, request.messages)}
+        if request.tools:
+            params["tools"] = to_openai_tools(request.tools)
+        if cfg.temperature is not None:
+            params["temperature"] = cfg.temperature
+        if cfg.max_output_tokens is not None:
+            params["max_completion_tokens"] = cfg.max_output_tokens
+        try:
+            if cfg.stream:
+                stream = self.client.chat.completions.create(
+                    **params, stream=True, stream_options={"include_usage": True})
+                return _read_stream(stream, request)
+            return _read_completion(self.client.chat.completions.create(**params))
+        except openai.APIStatusError as exc:
+            raise ModelError(status_error_message("OpenAI", exc.status_code, exc.body, exc.message,
+                                                  cfg.max_retries)) from exc
+        except openai.APITimeoutError as exc:
+            raise ModelError(f"OpenAI API timed out after {cfg.timeout_s}s "
+                             f"(gave up after {cfg.max_retries} retries).") from exc
+        except openai.APIConnectionError as exc:
+            raise ModelError(f"OpenAI API unreachable at {self.client.base_url}: {exc} "
+                             f"(gave up after {cfg.max_retries} retries).") from exc
+        except (openai.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("malformed OpenAI response", exc_info=True)
+            raise MalformedResponse(f"Malformed OpenAI response: {type(exc).__name__}: {exc}") from exc
+
+
+def _read_completion(completion) -> ModelResponse:
+    """A non-streamed ``chat.completion`` -> ``ModelResponse``."""
+    if isinstance(completion, str) or not getattr(completion, "choices", None):
+        raise MalformedResponse("Malformed OpenAI response: no choices in the body.")
+    choice = completion.choices[0]
+    message = choice.message
+    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments or ""}
+             for c in (message.tool_calls or [])]
+    usage = completion.usage
+    return ModelResponse(
+        content=message.content or "",
+        tool_calls=calls,
+        finish_reason=_finish_reason(choice.finish_reason, calls),
+        input_tokens=usage.prompt_tokens if usage else 0,
+        output_tokens=usage.completion_tokens if usage else 0,
+    )
+
+
+def _read_stream(stream, request: ModelRequest) -> ModelResponse:
+    """Accumulate ``chat.completion.chunk`` events, reporting deltas as they arrive.
+
+    Tool calls arrive as fragments keyed by ``index``: the first carries
+    ``id`` and ``function.name``, later ones ``function.arguments`` pieces.
+    A stream that ends before any ``finish_reason`` was half-received:
+    ``MalformedResponse``.
+    """
+    text, calls, finish, usage = [], {}, None, None
+    with stream:
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices or []:
+                delta = choice.delta
+                if delta is not None and delta.content:
+                    text.append(delta.content)
+                    request.emit("text_delta", {"text": delta.content})
+                for part in (delta.tool_calls or []) if delta is not None else []:
+                    call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                    fn = part.function
+                    call["id"] = part.id or call["id"]
+                    if fn is not None and fn.name and not call["name"]:
+                        call["name"] = fn.name
+                    fragment = (fn.arguments or "") if fn else ""
+                    call["arguments"] += fragment
+                    request.emit("tool_call_delta", {"index": part.index, "id": call["id"],
+                                                     "name": call["name"], "arguments": fragment})
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+    if finish is None:
+        raise MalformedResponse("Malformed OpenAI stream: it ended without a finish_reason.")
+    tool_calls = [calls[i] for i in sorted(calls)]
+    return ModelResponse(
+        content="".join(text),
+        tool_calls=tool_calls,
+        finish_reason=_finish_reason(finish, tool_calls),
+        input_tokens=usage.prompt_tokens if usage else 0,
+        output_tokens=usage.completion_tokens if usage else 0,
+    )
+
+
+def _finish_reason(reason: str | None, calls: list[dict]) -> str:
+    """Normalise to ``stop`` | ``tool_calls`` | ``length``.
+
+    Some compatible servers answer ``stop`` although they returned tool
+    calls; the calls decide then.
+    """
+    normalised = FINISH_REASONS.get(reason or "", "stop")
+    if normalised == "stop" and calls:
+        return "tool_calls"
+    return normalised
+
+
+
+
+_CLIENTS: dict[tuple, openai.OpenAI] = {}
+_CLIENTS_LOCK = threading.Lock()
+MAX_CLIENTS = 16
+
+
+def _sdk_client(cfg) -> openai.OpenAI:
+    """An SDK client per (key, base URL, timeout, retries), reused: it pools connections.
+
+    At most ``MAX_CLIENTS`` are cached; an evicted one is closed by the
+    garbage collector once no call uses it any more.
+    """
+    key = (cfg.api_key, cfg.base_url, cfg.timeout_s, cfg.max_retries)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            client = _CLIENTS[key] = openai.OpenAI(
+                api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+            while len(_CLIENTS) > MAX_CLIENTS:
+                del _CLIENTS[next(iter(_CLIENTS))]
+        return client

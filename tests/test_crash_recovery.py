@@ -1,0 +1,135 @@
+"""kill -9 of a worker in each phase: after the sweeper, the run ends as the rules say.
+
+Each test advances a run in a separate worker process that SIGKILLs itself
+at a failpoint (or is killed from outside), lets its lease expire, runs the
+sweeper, and lets a fresh worker finish the run. The payment gateway is a
+real separate process; its ledger shows whether anything happened twice.
+"""
+
+import pytest
+
+from approvals.models import Interrupt, InterruptKind, InterruptStatus
+from approvals.services import decide_interrupt, reconcile_interrupt
+from runs.models import Agent, RunStatus, Step, WaitingReason
+from runs.recovery import sweep
+from runs.services import start_run
+from tests.durability import make_agent, refund_turns, wait_for_lease_expiry
+from tools.models import ToolCall, ToolCallStatus
+
+KILLED = -9
+
+
+def _start(demo, agent):
+    return start_run(agent=agent, user=demo["requester"], input="please refund order 123")
+
+
+def _recover(run, worker):
+    wait_for_lease_expiry(run.pk)
+    assert sweep()["reenqueued"] >= 1
+    worker.drain()
+    run.refresh_from_db()
+    return run
+
+
+def _charges(gateway, order_id=123):
+    return [r for r in gateway.ledger()["refunds"] if r["order_id"] == order_id]
+
+
+@pytest.mark.parametrize(
+    "point", ["model_call_started", "tool_call_ready:refund", "tool_call_started:refund", "tool_call_returned:refund"]
+)
+def test_refund_killed_at_each_failpoint_completes_with_one_charge(
+    point, demo, idle_worker, worker_process, payment_gateway
+):
+    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    run = _start(demo, agent)
+    assert worker_process(run.pk, failpoint=point) == KILLED
+    idle_worker.worker.start()
+    run = _recover(run, idle_worker)
+
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    charges = _charges(payment_gateway)
+    assert len(charges) == 1
+    refund_call = ToolCall.objects.get(run=run, name="refund")
+    assert charges[0]["idempotency_key"] == refund_call.idempotency_key
+    assert refund_call.status == ToolCallStatus.SUCCEEDED
+    if point == "model_call_started":
+        assert run.steps.filter(status=Step.Status.DISCARDED).count() == 1
+        assert run.events.filter(type="model_call", reason__startswith="discarded").exists()
+    if point in ("tool_call_started:refund", "tool_call_returned:refund"):
+        assert refund_call.attempts == 2
+        assert run.events.filter(type="tool_call", reason="retrying after a worker crash").exists()
+    if point == "tool_call_returned:refund":
+        assert payment_gateway.ledger()["requests_per_key"][refund_call.idempotency_key] == 2
+
+
+def test_worker_killed_while_the_gateway_is_charging_ends_with_one_charge(
+    demo, idle_worker, worker_process, payment_gateway
+):
+    """kill -9 from outside while the refund request is in flight (the gateway is slow)."""
+    payment_gateway.faults(latency_s=1.0)
+    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    run = _start(demo, agent)
+
+    def refund_in_flight():
+        return ToolCall.objects.filter(run=run, name="refund", status=ToolCallStatus.RUNNING).exists()
+
+    assert worker_process(run.pk, kill_when=refund_in_flight) == KILLED
+    idle_worker.worker.start()
+    run = _recover(run, idle_worker)
+
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    refund_call = ToolCall.objects.get(run=run, name="refund")
+    assert [c["idempotency_key"] for c in _charges(payment_gateway)] == [refund_call.idempotency_key]
+
+
+def _email_agent():
+    text = "Contract attached."
+    return make_agent("email-default", [
+        {"tool_calls": [{"name": "legal_check", "arguments": {"text": text}}]},
+        {"tool_calls": [{"name": "send_email", "arguments": {"to": "c@example.com", "subject": "Contract",
+                                                               "body": text}}]},
+        {"content": "Sent."},
+    ], tools=["legal_check", "send_email"], check="send_email")
+
+
+@pytest.mark.parametrize("point", ["tool_call_started:send_email", "tool_call_returned:send_email"])
+def test_side_effect_without_hook_killed_mid_call_goes_to_a_person(point, demo, idle_worker, worker_process):
+    run = _start(demo, _email_agent())
+    assert worker_process(run.pk) == 0
+    run.refresh_from_db()
+    assert run.waiting_reason == WaitingReason.APPROVAL
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+
+    assert worker_process(run.pk, failpoint=point) == KILLED
+    idle_worker.worker.start()
+    run = _recover(run, idle_worker)
+
+    send_call = ToolCall.objects.get(run=run, name="send_email")
+    assert send_call.status == ToolCallStatus.UNKNOWN
+    assert send_call.attempts == 1  # never sent again blindly
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
+    item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING)
+
+    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True,
+                        result={"sent_to": "c@example.com"}, evidence="mail server log shows delivery at 10:02")
+    idle_worker.drain()
+    run.refresh_from_db()
+    send_call.refresh_from_db()
+    assert send_call.status == ToolCallStatus.SUCCEEDED
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    resolved = run.events.get(type="interrupt", to_status=InterruptStatus.RESOLVED, payload__kind="reconciliation")
+    assert resolved.actor == "user:approver"
+    assert "mail server log" in resolved.payload["comment"]
+
+
+def test_waiting_run_keeps_waiting_through_a_sweep(demo, worker):
+    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund")
+    worker.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+    counts = sweep()
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.APPROVAL)
+    assert counts == {"reenqueued": 0, "woken": 0, "expired": 0}

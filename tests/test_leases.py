@@ -1,0 +1,85 @@
+"""Leases and fencing tokens: one worker advances a run; a stale one changes nothing."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from runs import lease
+from runs.lease import LeaseLost
+from runs.models import Agent, Run, RunStatus
+from runs.services import append_event, start_run, transition_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def run(demo):
+    return start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+
+
+def _expire(run_id: int) -> None:
+    Run.objects.filter(pk=run_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_only_one_of_two_racing_workers_gets_the_lease(run):
+    first = lease.acquire(run.pk, owner="worker-a")
+    second = lease.acquire(run.pk, owner="worker-b")
+    assert first is not None and second is None
+    assert Run.objects.get(pk=run.pk).lease_owner == "worker-a"
+
+
+def test_token_grows_with_every_acquisition(run):
+    first = lease.acquire(run.pk, owner="worker-a")
+    _expire(run.pk)
+    second = lease.acquire(run.pk, owner="worker-b")
+    assert second.token == first.token + 1
+
+
+def test_worker_that_lost_its_lease_can_change_nothing(run):
+    stale = lease.acquire(run.pk, owner="worker-a")
+    _expire(run.pk)  # worker-a is paused past its lease...
+    fresh = lease.acquire(run.pk, owner="worker-b")  # ...and worker-b takes over
+    events_before = Run.objects.get(pk=run.pk).last_event_seq
+
+    with lease.holding(stale):
+        with pytest.raises(LeaseLost):
+            transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-a")
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert run.last_event_seq == events_before
+    assert run.lease_token == fresh.token
+
+    with lease.holding(fresh):
+        transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-b")
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+    assert run.events.last().actor == "worker-b"
+
+
+def test_releasing_a_lease_lets_the_next_worker_in_at_once(run):
+    held = lease.acquire(run.pk, owner="worker-a")
+    with lease.holding(held):
+        assert lease.acquire(run.pk, owner="worker-b") is None
+    assert lease.acquire(run.pk, owner="worker-b") is not None
+
+
+def test_writes_outside_any_lease_are_not_fenced(run):
+    """People (approvals, cancel) act without a lease; their writes are guarded by the FSM instead."""
+    lease.acquire(run.pk, owner="worker-a")
+    from django.db import transaction
+
+    with transaction.atomic():
+        append_event(run, type="note", actor="user:approver")
+    assert run.events.filter(type="note").count() == 1
+
+
+def test_heartbeat_keeps_a_long_call_leased(run, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 0.3}
+    held = lease.acquire(run.pk, owner="worker-a")
+    import time
+
+    with lease.holding(held):
+        time.sleep(0.9)  # three TTLs: only the heartbeat keeps the lease alive
+        assert Run.objects.get(pk=run.pk).lease_expires_at > timezone.now()
+        assert lease.acquire(run.pk, owner="worker-b") is None
