@@ -63,3 +63,18 @@ def test_send_email_before_legal_check_is_denied_and_sends_nothing(worker, demo,
     assert second_send["status"] == "awaiting_approval"
     assert get_run(requester, run["id"])["waiting_reason"] == "approval"
     assert mail.outbox == []
+
+
+def test_legal_check_of_one_text_does_not_clear_sending_another(worker, demo, api):
+    other_body = {**SEND_EMAIL["arguments"], "body": "We guarantee unlimited refunds forever."}
+    agent = create_agent(api(demo["admin"]), "email-switch",
+                         [{"tool_calls": [LEGAL_CHECK]}, {"tool_calls": [{"name": "send_email", "arguments": other_body}]},
+                          {"content": "Done."}], **EMAIL_AGENT)
+    requester = api(demo["requester"])
+    run = start_run(requester, agent["slug"], "Send the contract.")
+    worker.drain()
+
+    legal, send = tool_calls(requester, run["id"])
+    assert (legal["status"], send["status"]) == ("succeeded", "denied")
+    assert mail.outbox == []
+

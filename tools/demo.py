@@ -170,16 +170,17 @@ register(Tool(
 
 # --- send_email --------------------------------------------------------------
 
-def _passed_legal_check(run) -> bool:
+def _passed_legal_check(run, text: str) -> bool:
+    """Whether a legal_check of exactly ``text`` succeeded and approved it in ``run``."""
     return any(
-        (call.result or {}).get("approved") is True
+        (call.result or {}).get("approved") is True and (call.arguments or {}).get("text") == text
         for call in ToolCall.objects.filter(run=run, name="legal_check", status=S.SUCCEEDED)
     )
 
 
 def _send_email_precondition(ctx: ToolContext, args: dict) -> str | None:
-    if not _passed_legal_check(ctx.run):
-        return "send_email needs a legal_check in this run that succeeded and approved the text."
+    if not _passed_legal_check(ctx.run, args["body"]):
+        return "send_email needs a legal_check in this run that succeeded and approved this exact body."
     return None
 
 

@@ -145,12 +145,19 @@ def propose_tool_calls(*, run, step, calls: list[dict], truncated: bool, actor: 
 def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str) -> ToolCall:
     """Approved by a person: ``awaiting_approval -> ready``, with edited arguments if given.
 
-    Raises ``ValueError`` when edited arguments break the tool's schema.
+    Raises ``ValueError`` when edited arguments break the tool's schema or
+    its precondition (checked again: the approver must not get around it).
     """
     if arguments is not None:
-        problems = get_tool(tool_call.name).schema_errors(arguments)
+        tool = get_tool(tool_call.name)
+        problems = tool.schema_errors(arguments)
         if problems:
             raise ValueError("Edited arguments do not match the schema: " + "; ".join(problems))
+        denial = tool.precondition and tool.precondition(
+            ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments
+        )
+        if denial:
+            raise ValueError(f"Edited arguments are not allowed: {denial}")
     return _transition(tool_call, "make_ready", actor=actor, reason="approved", arguments=arguments)
 
 

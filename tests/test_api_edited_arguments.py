@@ -1,0 +1,16 @@
+"""An approver may edit arguments, but not past the tool's schema or precondition."""
+
+from tests.api_helpers import pending_interrupts, start_run
+
+
+def test_approver_cannot_edit_arguments_past_the_precondition(worker, demo, api):
+    requester, approver = api(demo["requester"]), api(demo["approver"])
+    run = start_run(requester, "refund-order")
+    worker.drain()
+    interrupt, = pending_interrupts(approver, run["id"])
+
+    response = approver.post(f"/api/interrupts/{interrupt['id']}/approve/",
+                             {"arguments": {"order_id": 123, "amount": 500}}, format="json")
+    assert response.status_code == 400
+    assert "not refundable" in response.json()["detail"]
+    assert pending_interrupts(approver, run["id"])[0]["status"] == "pending"
