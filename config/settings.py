@@ -143,7 +143,8 @@ if REDIS_URL:
     }
 else:
     DRAMATIQ_BROKER = {"BROKER": "dramatiq.brokers.stub.StubBroker", "OPTIONS": {}, "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE}
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # In-memory, but safe to publish to from the in-process worker's threads.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "runs.channel_layers.LoopSafeInMemoryChannelLayer"}}
 
 DRAMATIQ_TASKS_DATABASE = "default"
 DRAMATIQ_AUTODISCOVER_MODULES = ["actors"]

@@ -1,0 +1,60 @@
+"""Forms of the inbox pages."""
+
+import json
+
+from django import forms
+
+
+class DecisionForm(forms.Form):
+    """Approve or reject an approval item, with a comment.
+
+    ``edited_arguments`` is optional JSON (an object) used only when
+    approving; left empty or unchanged, the model's arguments stand.
+    """
+
+    decision = forms.ChoiceField(choices=[("approved", "Approve"), ("rejected", "Reject")])
+    comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
+    edited_arguments = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}))
+
+    def __init__(self, *args, original_arguments=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.original_arguments = original_arguments
+
+    def clean(self):
+        cleaned = super().clean()
+        raw = (cleaned.get("edited_arguments") or "").strip()
+        cleaned["parsed_arguments"] = None
+        if cleaned.get("decision") != "approved" or not raw:
+            return cleaned
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            self.add_error("edited_arguments", f"Not valid JSON: {exc}")
+            return cleaned
+        if not isinstance(parsed, dict):
+            self.add_error("edited_arguments", "The arguments must be a JSON object.")
+            return cleaned
+        if parsed != self.original_arguments:
+            cleaned["parsed_arguments"] = parsed
+        return cleaned
+
+
+class ReconcileForm(forms.Form):
+    """Settle an unknown outcome: did the call happen? ``evidence`` says what was checked.
+
+    ``result`` is optional JSON: what the external system reports, used as
+    the call's result when it succeeded.
+    """
+
+    outcome = forms.ChoiceField(choices=[("succeeded", "It happened"), ("failed", "It did not happen")])
+    evidence = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
+    result = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}))
+
+    def clean_result(self):
+        raw = (self.cleaned_data.get("result") or "").strip()
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}")

@@ -1,0 +1,10 @@
+"""Browser URLs of the inbox."""
+
+from django.urls import path
+
+from approvals import views
+
+urlpatterns = [
+    path("inbox/", views.inbox, name="inbox"),
+    path("inbox/<int:interrupt_id>/", views.interrupt_detail, name="inbox-item"),
+]

@@ -1,0 +1,94 @@
+"""Inbox pages: the list of pending items and one item with its decision form.
+
+Views are thin: load through ``approvals.selectors``, call
+``approvals.services.decide_interrupt`` (which checks the permission),
+render. ``PermissionDenied`` becomes the 403 page; deciding an item that is
+no longer pending renders the 409 page.
+"""
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+from django_fsm import ConcurrentTransition, TransitionNotAllowed
+
+from approvals import selectors
+from approvals.forms import DecisionForm, ReconcileForm
+from approvals.models import InterruptKind, InterruptStatus
+from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
+from runs.selectors import run_tool_calls, session_messages
+from runs.views import conflict
+from tools.registry import get_tool
+
+
+@login_required
+@require_GET
+def inbox(request):
+    """Pending items the user may decide, newest first."""
+    return render(request, "approvals/inbox.html", {"items": selectors.inbox_items(user=request.user)})
+
+
+@login_required
+def interrupt_detail(request, interrupt_id: int):
+    """One item: tool, arguments, the run's conversation and tool results; POST decides it.
+
+    Approval items take approve / reject (``decide_interrupt``),
+    reconciliation items succeeded / failed with evidence
+    (``reconcile_interrupt``).
+    """
+    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
+    if item is None:
+        raise Http404("No such inbox item.")
+    tool_call = item.tool_call
+    data = request.POST if request.method == "POST" else None
+    if item.kind == InterruptKind.RECONCILIATION:
+        form = ReconcileForm(data)
+    else:
+        original = tool_call.arguments if tool_call else None
+        initial = {"edited_arguments": json.dumps(original, indent=2, ensure_ascii=False)} if original is not None else {}
+        form = DecisionForm(data, initial=initial, original_arguments=original)
+    status = 200
+    if request.method == "POST":
+        if item.kind not in (InterruptKind.APPROVAL, InterruptKind.RECONCILIATION):
+            return conflict(request, title="Not decidable here",
+                            message=f"{item.kind} items are answered through the API.",
+                            back_url=reverse("inbox-item", args=[item.pk]))
+        if form.is_valid():
+            try:
+                _decide(item, request.user, form)
+            except (TransitionNotAllowed, ConcurrentTransition):
+                item.refresh_from_db()
+                return conflict(request, title="Already decided",
+                                message=f"This item is already {item.status}"
+                                        + (f" ({item.decision} by {item.resolved_by})" if item.resolved_by else "")
+                                        + "; nothing was changed.",
+                                back_url=reverse("run-detail", args=[item.run_id]))
+            except ValueError as exc:
+                form.add_error("edited_arguments" if "edited_arguments" in form.fields else None, str(exc))
+            else:
+                return redirect("run-detail", run_id=item.run_id)
+        status = 400
+    tool = get_tool(tool_call.name) if tool_call else None
+    return render(request, "approvals/interrupt_detail.html", {
+        "item": item,
+        "tool_call": tool_call,
+        "tool": tool,
+        "form": form,
+        "can_decide": item.status == InterruptStatus.PENDING
+        and item.kind in (InterruptKind.APPROVAL, InterruptKind.RECONCILIATION) and can_decide(request.user, item),
+        "messages_": session_messages(session_id=item.run.session_id),
+        "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
+    }, status=status)
+
+
+def _decide(item, user, form) -> None:
+    """Call the service that resolves ``item`` with the validated ``form``."""
+    if item.kind == InterruptKind.RECONCILIATION:
+        reconcile_interrupt(interrupt=item, user=user, succeeded=form.cleaned_data["outcome"] == "succeeded",
+                            evidence=form.cleaned_data["evidence"], result=form.cleaned_data["result"])
+    else:
+        decide_interrupt(interrupt=item, user=user, decision=form.cleaned_data["decision"],
+                         comment=form.cleaned_data["comment"], edited_arguments=form.cleaned_data["parsed_arguments"])

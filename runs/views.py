@@ -1,0 +1,98 @@
+"""Run pages: list, detail (timeline), start, cancel, and a status JSON for polling.
+
+Views are thin: load through ``runs.selectors``, check visibility, call
+``runs.services``, render.
+"""
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django_fsm import ConcurrentTransition, TransitionNotAllowed
+
+from approvals.selectors import run_pending_interrupts
+from runs import selectors
+from runs.forms import StartRunForm
+from runs.live import run_snapshot
+from runs.services import SessionBusy, actor_for, cancel_run, start_run
+
+
+def _visible_run_or_404(request, run_id: int):
+    run = selectors.run_get_visible(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    return run
+
+
+def conflict(request, *, title: str, message: str, back_url: str):
+    """Render the 409 page: the request clashed with the object's current state."""
+    return render(request, "conflict.html", {"title": title, "message": message, "back_url": back_url}, status=409)
+
+
+@login_required
+@require_GET
+def run_list(request):
+    """Runs the user may see, newest first."""
+    return render(request, "runs/run_list.html", {
+        "runs": selectors.run_list(user=request.user),
+        "sees_all": selectors.user_sees_all_runs(user=request.user),
+    })
+
+
+@login_required
+@require_GET
+def run_detail(request, run_id: int):
+    """One run: status fields, timeline, tool calls, pending inbox items, cancel."""
+    run = _visible_run_or_404(request, run_id)
+    return render(request, "runs/run_detail.html", {
+        "run": run,
+        "events": selectors.run_events(run=run),
+        "tool_calls": selectors.run_tool_calls(run=run),
+        "pending_items": run_pending_interrupts(run=run),
+        "messages_": selectors.session_messages(session_id=run.session_id),
+        "can_cancel": selectors.run_can_cancel(user=request.user, run=run) and not run.is_terminal,
+    })
+
+
+@login_required
+@require_GET
+def run_status(request, run_id: int):
+    """The run's live snapshot as JSON (the page polls it when the WebSocket is quiet)."""
+    return JsonResponse({"run": run_snapshot(_visible_run_or_404(request, run_id))})
+
+
+@login_required
+@require_POST
+def run_cancel(request, run_id: int):
+    """Ask to cancel the run; 409 page when it already ended."""
+    run = _visible_run_or_404(request, run_id)
+    if not selectors.run_can_cancel(user=request.user, run=run):
+        raise PermissionDenied("Only the requester or staff may cancel this run.")
+    try:
+        cancel_run(run=run, actor=actor_for(request.user), reason="cancelled in the browser")
+    except (TransitionNotAllowed, ConcurrentTransition):
+        run.refresh_from_db()
+        return conflict(request, title="Run already finished",
+                        message=f"Run {run.pk} is {run.status}; it can no longer be cancelled.",
+                        back_url=reverse("run-detail", args=[run.pk]))
+    return redirect("run-detail", run_id=run.pk)
+
+
+@login_required
+def run_start(request):
+    """Form to start a run of an agent; on success go to the new run's page."""
+    form = StartRunForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            run = start_run(agent=form.cleaned_data["agent"], user=request.user, input=form.cleaned_data["input"])
+        except ValidationError as exc:
+            for field, messages in getattr(exc, "message_dict", {"__all__": exc.messages}).items():
+                form.add_error(field if field in form.fields else None, messages)
+        except SessionBusy as exc:
+            form.add_error(None, str(exc))
+        else:
+            return redirect("run-detail", run_id=run.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "runs/run_start.html", {"form": form}, status=status)

@@ -1,0 +1,117 @@
+/* Run page: live status over the run's WebSocket, with a polling fallback.
+ *
+ * The WebSocket (/ws/runs/<id>/) sends the run's snapshot on connect and on
+ * every change. Phase and waiting reason are updated in place; when the
+ * status changes, the page's #run section is re-fetched and swapped in, so
+ * the timeline and tool calls catch up. If the socket is down (or a message
+ * was lost), /runs/<id>/status/ is polled: every 2 s without a socket,
+ * every 10 s with one, not at all once the run has ended.
+ */
+(function () {
+  "use strict";
+  var TERMINAL = ["completed", "failed", "cancelled"];
+  var root = document.getElementById("run");
+  if (!root) { return; }
+  var runId = root.dataset.runId;
+  var shown = root.dataset.status;      // status the rendered page shows
+  var socket = null;
+  var socketOpen = false;
+  var refreshing = false;
+  var refreshAgain = false;
+  var retryDelay = 1000;
+  var pollTimer = null;
+
+  function el(id) { return document.getElementById(id); }
+
+  function setText(id, value) {
+    var node = el(id);
+    if (node) { node.textContent = value || "\u2014"; }
+  }
+
+  function setLive(on) {
+    var node = el("live-indicator");
+    if (node) { node.classList.toggle("on", on); node.title = on ? "live" : "polling"; }
+  }
+
+  function refreshSection() {
+    if (refreshing) { refreshAgain = true; return; }
+    refreshing = true;
+    fetch(window.location.href, { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) {
+        if (!response.ok) { throw new Error("HTTP " + response.status); }
+        return response.text();
+      })
+      .then(function (html) {
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var fresh = doc.getElementById("run");
+        if (fresh) {
+          root.innerHTML = fresh.innerHTML;
+          root.dataset.status = fresh.dataset.status;
+          shown = fresh.dataset.status;
+          setLive(socketOpen);
+        }
+      })
+      .catch(function () { window.location.reload(); })
+      .then(function () {
+        refreshing = false;
+        if (refreshAgain) { refreshAgain = false; refreshSection(); }
+      });
+  }
+
+  function apply(run) {
+    if (!run || String(run.id) !== String(runId)) { return; }
+    setText("run-phase", run.phase);
+    setText("run-waiting-reason", run.waiting_reason);
+    if (run.status !== shown) {
+      var badge = el("run-status");
+      if (badge) {
+        badge.textContent = run.status;
+        badge.dataset.status = run.status;
+        badge.className = "badge status-" + run.status;
+      }
+      shown = run.status;
+      refreshSection();
+    }
+    if (TERMINAL.indexOf(run.status) >= 0) { schedulePoll(); }
+  }
+
+  function poll() {
+    fetch(root.dataset.statusUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (body) { if (body) { apply(body.run); } })
+      .catch(function () { /* offline: try again later */ })
+      .then(schedulePoll);
+  }
+
+  function schedulePoll() {
+    if (pollTimer) { clearTimeout(pollTimer); pollTimer = null; }
+    if (TERMINAL.indexOf(shown) >= 0 && socketOpen) { return; }
+    pollTimer = setTimeout(poll, socketOpen ? 10000 : 2000);
+  }
+
+  function connect() {
+    var scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
+    try {
+      socket = new WebSocket(scheme + window.location.host + root.dataset.wsUrl);
+    } catch (e) {
+      schedulePoll();
+      return;
+    }
+    socket.onopen = function () { socketOpen = true; retryDelay = 1000; setLive(true); schedulePoll(); };
+    socket.onmessage = function (event) {
+      var message;
+      try { message = JSON.parse(event.data); } catch (e) { return; }
+      if (message.type === "run.update") { apply(message.run); }
+    };
+    socket.onclose = function () {
+      socketOpen = false;
+      setLive(false);
+      schedulePoll();
+      setTimeout(connect, retryDelay);
+      retryDelay = Math.min(retryDelay * 2, 30000);
+    };
+  }
+
+  connect();
+  schedulePoll();
+})();

@@ -1,0 +1,149 @@
+"""Real-browser test: headless Chromium against a real ``manage.py serve``.
+
+The app is served the way users run it: ``manage.py serve`` in a
+subprocess (Daphne: HTTP, WebSockets, static files) pointed at the test
+database (``DATABASE_URL`` rewritten to the test database's name; the same
+``REDIS_URL``). In the embedded shape that process runs its own in-process
+worker; with Redis the ``worker`` fixture of this process consumes the
+shared queue and publishes live updates through the shared Redis channel
+layer. Either way the browser sees the run move live.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import database_url_for_subprocess, free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOT = Path(os.environ.get("TOLLGATE_SCREENSHOT", "/tmp/tollgate-run.png"))
+TIMEOUT_MS = 30_000
+
+
+def _use_server_password_hashes(usernames) -> None:
+    """Store the demo passwords with PBKDF2: the tests' MD5-only hasher setting is not the server's."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    hasher = PBKDF2PasswordHasher()
+    for user in get_user_model().objects.filter(username__in=usernames):
+        user.password = hasher.encode(f"{user.username}-demo", hasher.salt(), iterations=1000)
+        user.save(update_fields=["password"])
+
+
+@pytest.fixture
+def served(demo, payment_gateway, tmp_path):
+    """Base URL of ``manage.py serve`` running against the test database and the test gateway."""
+    _use_server_password_hashes(demo)
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
+           "PYTHONUNBUFFERED": "1"}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"],
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(base + "/accounts/login/", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("manage.py serve did not come up:\n" + log_path.read_text())
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if os.environ.get("TOLLGATE_SHOW_SERVE_LOG"):
+            print(log_path.read_text())
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=os.environ.get("TOLLGATE_CHROMIUM", "/usr/bin/chromium"),
+                                    args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _log_in(browser, base: str, username: str, password: str):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    page.goto(base + "/")
+    assert "/accounts/login/" in page.url  # every page needs a login
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("#login")
+    page.wait_for_url(base + "/inbox/")
+    return page
+
+
+def test_requester_starts_refund_approver_approves_in_inbox_run_completes_live(demo, worker, served, browser):
+    # The requester starts a refund through the form and watches the run page.
+    requester = _log_in(browser, served, "requester", "requester-demo")
+    requester.click("#nav-start")
+    requester.select_option("#id_agent", "refund-order")
+    requester.fill("#id_input", "Please refund 80.00 on order 123, it arrived damaged.")
+    requester.click("#start")
+    requester.wait_for_url("**/runs/*/")
+    run_id = requester.get_attribute("#run", "data-run-id")
+    worker.drain()  # Redis shape: this process's worker; embedded: the server's own worker
+    requester.wait_for_selector("#run-status[data-status=waiting]")
+    requester.wait_for_selector("#live-indicator.on")  # the WebSocket is connected
+    assert requester.text_content("#run-waiting-reason").strip() == "approval"
+
+    # The approver finds it in the inbox, reads the arguments, approves.
+    approver = _log_in(browser, served, "approver", "approver-demo")
+    row = approver.locator(".inbox-item", has_text=f"run {run_id}")
+    assert row.count() == 1
+    assert "refund" in row.text_content()
+    approver_item_id = row.get_attribute("data-interrupt-id")
+    row.locator("a.open-item").click()
+    approver.wait_for_selector("#tool-arguments")
+    assert approver.text_content("#tool-name") == "refund"
+    arguments = approver.text_content("#tool-arguments")
+    assert '"order_id": 123' in arguments and '"amount": 80' in arguments
+    assert "query_order" in approver.text_content("#prior-tool-results")
+    approver.fill("#id_comment", "Damaged on arrival, OK.")
+    approver.screenshot(path=str(SCREENSHOT.with_name("tollgate-item.png")), full_page=True)
+    approver.click("#approve")
+    approver.wait_for_url(f"{served}/runs/{run_id}/")
+    worker.drain()
+
+    approver.wait_for_selector("#run-status[data-status=completed]")
+    # The requester's page got there by itself (WebSocket, or the polling fallback).
+    requester.wait_for_selector("#run-status[data-status=completed]")
+    requester.wait_for_selector("#run-final-output")
+    assert "80.00" in requester.text_content("#run-final-output")
+    assert "completed" in requester.text_content("#timeline")
+    approver.reload()
+    assert approver.text_content("#run-outcome").strip() == "achieved"
+    approver.screenshot(path=str(SCREENSHOT), full_page=True)
+
+    # The item is resolved: no decision buttons any more, and who decided is shown.
+    item_url = f"{served}/inbox/{approver_item_id}/"
+    approver.goto(item_url)
+    assert approver.get_attribute("#item-status", "data-status") == "resolved"
+    assert approver.query_selector("#approve") is None
+    assert "approved by approver" in approver.text_content("#item-resolution")

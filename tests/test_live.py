@@ -1,0 +1,118 @@
+"""Live updates: the run WebSocket consumers and the loop-safe in-memory layer."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import InMemoryChannelLayer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
+
+from runs.channel_layers import LoopSafeInMemoryChannelLayer
+from runs.live import publish_run_update
+from runs.models import Agent
+from runs.routing import websocket_urlpatterns
+from runs.services import start_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _communicator(path: str, user) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+    communicator.scope["user"] = user
+    return communicator
+
+
+@pytest.fixture
+def run(demo):
+    return start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund 80 on 123")
+
+
+def test_run_socket_sends_snapshot_then_updates_to_the_requester(run, demo):
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(f"/ws/runs/{run.pk}/", demo["requester"])
+        connected, _ = await communicator.connect()
+        assert connected
+        first = await communicator.receive_json_from(timeout=5)
+        assert first == {"type": "run.update", "run": {**first["run"], "id": run.pk, "status": "queued"}}
+        from channels.db import database_sync_to_async
+
+        await database_sync_to_async(publish_run_update)(run.pk)
+        update = await communicator.receive_json_from(timeout=5)
+        assert update["type"] == "run.update" and update["run"]["id"] == run.pk
+        await communicator.disconnect()
+
+    scenario()
+
+
+def test_run_socket_refuses_anonymous_and_other_users(run, demo):
+    stranger = get_user_model().objects.create_user("stranger", password="x")
+
+    @async_to_sync
+    async def scenario():
+        for user in [AnonymousUser(), stranger]:
+            communicator = _communicator(f"/ws/runs/{run.pk}/", user)
+            connected, _ = await communicator.connect()
+            assert not connected
+        approver = _communicator(f"/ws/runs/{run.pk}/", demo["approver"])  # deciders see every run
+        connected, _ = await approver.connect()
+        assert connected
+        await approver.disconnect()
+
+    scenario()
+
+
+def test_run_list_socket_forwards_only_visible_runs(run, demo):
+    stranger = get_user_model().objects.create_user("stranger", password="x")
+
+    @async_to_sync
+    async def scenario():
+        from channels.db import database_sync_to_async
+
+        theirs = _communicator("/ws/runs/", stranger)
+        deciders = _communicator("/ws/runs/", demo["approver"])
+        assert (await theirs.connect())[0] and (await deciders.connect())[0]
+        await database_sync_to_async(publish_run_update)(run.pk)
+        assert (await deciders.receive_json_from(timeout=5))["run"]["id"] == run.pk
+        assert await theirs.receive_nothing(timeout=0.3)
+        await theirs.disconnect()
+        await deciders.disconnect()
+
+    scenario()
+
+
+def _cross_thread_latency(layer) -> float | None:
+    """Seconds from a publish in this thread to its receipt in another thread's loop (None: not within 2 s)."""
+    received = {}
+    ready = threading.Event()
+
+    async def receiver():
+        channel = await layer.new_channel()
+        await layer.group_add("g", channel)
+        ready.set()
+        try:
+            await asyncio.wait_for(layer.receive(channel), 2)
+            received["at"] = time.monotonic()
+        except asyncio.TimeoutError:
+            pass
+
+    thread = threading.Thread(target=lambda: asyncio.run(receiver()))
+    thread.start()
+    ready.wait(5)
+    time.sleep(0.1)
+    sent_at = time.monotonic()
+    async_to_sync(layer.group_send)("g", {"type": "run.update"})
+    thread.join()
+    return received["at"] - sent_at if "at" in received and received["at"] - sent_at < 1.9 else None
+
+
+def test_loop_safe_layer_delivers_a_publish_from_a_worker_thread_at_once():
+    # The stock layer's receiver only notices a message from another
+    # thread's loop when its own loop wakes up for another reason.
+    assert _cross_thread_latency(LoopSafeInMemoryChannelLayer()) < 0.5
+    assert isinstance(LoopSafeInMemoryChannelLayer(), InMemoryChannelLayer)
