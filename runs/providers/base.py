@@ -1,5 +1,6 @@
 """The provider-neutral request and response of one model call."""
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -78,14 +79,19 @@ class ModelClient(Protocol):
     def complete(self, request: ModelRequest) -> ModelResponse: ...
 
 
+# provider name -> "module:class"; imported on first use, so a scripted run
+# never pays for loading the vendor SDKs.
+PROVIDERS = {
+    "scripted": "runs.providers.scripted:ScriptedClient",
+    "openai": "runs.providers.openai_provider:OpenAIClient",
+    "anthropic": "runs.providers.anthropic_provider:AnthropicClient",
+}
+
+
 def get_client(config: dict) -> ModelClient:
     """The client for an agent's ``model`` config. Raises ``ConfigError``."""
-    from runs.providers.anthropic_provider import AnthropicClient
-    from runs.providers.openai_provider import OpenAIClient
-    from runs.providers.scripted import ScriptedClient
-
-    providers = {"scripted": ScriptedClient, "openai": OpenAIClient, "anthropic": AnthropicClient}
     name = (config or {}).get("provider", "scripted")
-    if name not in providers:
-        raise ConfigError(f"Unknown model provider {name!r}; known: {', '.join(sorted(providers))}.")
-    return providers[name](config)
+    if name not in PROVIDERS:
+        raise ConfigError(f"Unknown model provider {name!r}; known: {', '.join(sorted(PROVIDERS))}.")
+    module, cls = PROVIDERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)(config)
