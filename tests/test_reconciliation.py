@@ -1,0 +1,105 @@
+"""Unknown outcomes are reconciled — by the tool's hook or by a person — never blindly retried."""
+
+import dataclasses
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.utils import timezone
+
+from approvals.models import Interrupt, InterruptKind, InterruptStatus
+from approvals.services import reconcile_interrupt
+from runs.models import RunStatus, WaitingReason
+from runs.recovery import sweep
+from runs.services import start_run
+from tests.durability import make_agent, refund_turns
+from tools import registry
+from tools.models import ToolCall, ToolCallStatus
+from tools.registry import Tool, ToolTimeout
+
+
+@pytest.fixture
+def fast_refund(monkeypatch):
+    """The refund tool with a 0.5 s gateway timeout."""
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(registry.get_tool("refund"), timeout_s=0.5))
+
+
+def _refund_run(demo):
+    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    return start_run(agent=agent, user=demo["requester"], input="refund order 123")
+
+
+def test_gateway_timeout_after_commit_is_reconciled_to_succeeded_with_one_charge(
+    demo, worker, payment_gateway, fast_refund
+):
+    payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
+    run = _refund_run(demo)
+    worker.drain()
+    run.refresh_from_db()
+
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert call.status == ToolCallStatus.SUCCEEDED and call.attempts == 1
+    statuses = list(run.events.filter(type="tool_call", payload__tool_call=call.pk).values_list("to_status", flat=True))
+    assert statuses == ["proposed", "ready", "running", "unknown", "succeeded"]
+    assert run.events.filter(type="tool_call", reason="reconciled automatically").exists()
+    ledger = payment_gateway.ledger()
+    assert [r["idempotency_key"] for r in ledger["refunds"]] == [call.idempotency_key]
+    assert ledger["requests_per_key"] == {call.idempotency_key: 1}
+
+
+def test_5xx_before_commit_is_reconciled_to_failed_after_the_tries(demo, worker, payment_gateway, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 2}
+    payment_gateway.faults(script=["error_before_commit"])
+    run = _refund_run(demo)
+    worker.drain()
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert call.status == ToolCallStatus.UNKNOWN
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
+    assert run.wake_at is not None  # the hook will be asked again, no process sleeping meanwhile
+
+    assert sweep(now=run.wake_at + timedelta(seconds=1))["woken"] == 1
+    worker.drain()
+    call.refresh_from_db()
+    assert call.status == ToolCallStatus.FAILED
+    assert "No trace" in call.error
+    assert payment_gateway.ledger()["refunds"] == []
+
+
+@pytest.fixture
+def wire_transfer(monkeypatch):
+    """A side-effecting tool with no reconcile hook whose call always times out."""
+
+    def handler(ctx, args):
+        raise ToolTimeout("bank did not answer")
+
+    tool = Tool(name="wire_transfer", description="Send money.", handler=handler, side_effect=True,
+                parameters={"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]})
+    monkeypatch.setitem(registry._TOOLS, "wire_transfer", tool)
+    return tool
+
+
+def test_unknown_outcome_without_hook_waits_for_a_person_then_resumes(demo, worker, wire_transfer):
+    agent = make_agent("wire", [{"tool_calls": [{"name": "wire_transfer", "arguments": {"amount": 10}}]},
+                                {"content": "Transferred."}], tools=["wire_transfer"])
+    run = start_run(agent=agent, user=demo["requester"], input="pay the supplier")
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.waiting_reason, run.wake_at) == (RunStatus.WAITING, WaitingReason.RECONCILIATION, None)
+    item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION)
+    assert item.status == InterruptStatus.PENDING
+    assert sweep(now=timezone.now() + timedelta(days=30))["woken"] == 0  # no timer: a person must look
+
+    with pytest.raises(PermissionDenied):
+        reconcile_interrupt(interrupt=item, user=demo["requester"], succeeded=True, evidence="trust me")
+    with pytest.raises(ValueError):
+        reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True, evidence="  ")
+    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True, result={"transfer": "T-1"},
+                        evidence="bank statement, line 42")
+    worker.drain()
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.result, call.attempts) == (ToolCallStatus.SUCCEEDED, {"transfer": "T-1"}, 1)
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert run.events.filter(actor="user:approver", reason__contains="bank statement").exists()
