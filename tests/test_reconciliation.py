@@ -48,14 +48,31 @@ def test_gateway_timeout_after_commit_is_reconciled_to_succeeded_with_one_charge
     assert ledger["requests_per_key"] == {call.idempotency_key: 1}
 
 
-def test_5xx_before_commit_is_reconciled_to_failed_after_the_tries(demo, worker, payment_gateway, settings):
-    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 2}
+def test_5xx_from_the_gateway_is_sent_again_with_the_same_key(demo, worker, payment_gateway):
     payment_gateway.faults(script=["error_before_commit"])
     run = _refund_run(demo)
     worker.drain()
     run.refresh_from_db()
+
     call = ToolCall.objects.get(run=run, name="refund")
-    assert call.status == ToolCallStatus.UNKNOWN
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert (call.status, call.attempts) == (ToolCallStatus.SUCCEEDED, 2)
+    assert run.events.filter(type="tool_call", reason="retrying", payload__tool_call=call.pk).count() == 1
+    ledger = payment_gateway.ledger()
+    assert [r["idempotency_key"] for r in ledger["refunds"]] == [call.idempotency_key]
+    assert ledger["requests_per_key"] == {call.idempotency_key: 2}
+
+
+def test_gateway_failing_for_good_ends_failed_after_reconciliation_finds_nothing(
+    demo, worker, payment_gateway, settings
+):
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 2}
+    payment_gateway.faults(p_error_before_commit=1.0)
+    run = _refund_run(demo)
+    worker.drain()
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert (call.status, call.attempts) == (ToolCallStatus.UNKNOWN, registry.get_tool("refund").max_attempts)
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
     assert run.wake_at is not None  # the hook will be asked again, no process sleeping meanwhile
 

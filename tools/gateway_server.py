@@ -60,13 +60,17 @@ class Ledger:
     def charge(self, key: str, order_id: int, amount: Decimal) -> tuple[dict, bool]:
         """Record the refund for ``key`` unless one exists; returns (refund, created)."""
         with self.lock:
-            self.db.execute("INSERT INTO requests VALUES (?, ?)", (key, time.time()))
             existing = self.find(key)
             if existing:
                 return existing, False
             self.db.execute("INSERT INTO refunds (idempotency_key, order_id, amount, created_at) VALUES (?, ?, ?, ?)",
                             (key, order_id, str(amount), time.time()))
             return self.find(key), True
+
+    def note_request(self, key: str) -> None:
+        """Count one refund request for ``key``, whatever became of it."""
+        with self.lock:
+            self.db.execute("INSERT INTO requests VALUES (?, ?)", (key, time.time()))
 
     def find(self, key: str) -> dict | None:
         row = self.db.execute("SELECT id, idempotency_key, order_id, amount FROM refunds WHERE idempotency_key = ?",
@@ -169,6 +173,7 @@ class GatewayHandler(BaseHTTPRequestHandler):
             order_id, amount = int(body["order_id"]), Decimal(str(body["amount"]))
         except (KeyError, ValueError, ArithmeticError):
             return self._send(400, {"error": "order_id and amount are required"})
+        self.ledger.note_request(key)
         fault = self._next_fault()
         time.sleep(self.faults["latency_s"])
         if fault == "error_before_commit":

@@ -184,10 +184,11 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     Outcomes: ``succeeded`` (result stored; a result already stored for
     the same key in this run is reused, not executed again); ``failed``
     (``ToolError``; for read-only tools also after ``max_attempts``
-    transient failures); ``ready`` again (a read-only tool's transient
-    failure with attempts left: the caller waits ``retry_delay`` first);
-    ``unknown`` (a side-effecting call that timed out, hit a transient
-    error or raised something unexpected: never retried blindly).
+    transient failures); ``ready`` again (a transient failure with
+    attempts left, of a read-only tool, or ``ToolUnavailable`` from an
+    idempotent one: the caller waits ``retry_delay`` first); ``unknown``
+    (any other side-effecting call that timed out, hit a transient error
+    or raised something unexpected: never retried blindly).
     """
     tool = get_tool(tool_call.name)
     key = derive_idempotency_key(tool_call.run_id, tool_call.name, tool_call.arguments)
@@ -207,10 +208,13 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         result = tool.handler(context, tool_call.arguments)
         failpoint("tool_call_returned", tool_call.name)
     except (ToolTimeout, ToolUnavailable) as exc:
+        # Sending again is safe for read-only tools, and after an explicit
+        # error answer for tools whose external system deduplicates by key.
+        may_retry = not tool.side_effect or (tool.idempotent and isinstance(exc, ToolUnavailable))
+        if may_retry and tool_call.attempts < tool.max_attempts:
+            return _transition(tool_call, "requeue", actor=actor, reason="retrying", error=str(exc))
         if tool.side_effect:
             return _transition(tool_call, "mark_unknown", actor=actor, error=f"{type(exc).__name__}: {exc}")
-        if tool_call.attempts < tool.max_attempts:
-            return _transition(tool_call, "requeue", actor=actor, reason="retrying", error=str(exc))
         return _transition(tool_call, "fail", actor=actor, now=timezone.now(),
                            error=f"Gave up after {tool_call.attempts} attempts: {exc}")
     except ToolError as exc:
