@@ -81,10 +81,17 @@ def _units(messages: list[dict]) -> list[list[dict]]:
         unit = [message]
         units.append(unit)
         for call in message.get("tool_calls") or []:
+            earlier = open_calls.pop(call["id"], None)
+            if earlier is not None:  # an id reused before its result came: close the earlier call
+                earlier.append(_missing(call["id"]))
             open_calls[call["id"]] = unit
     for call_id, unit in open_calls.items():
-        unit.append({"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT, "synthetic": True})
+        unit.append(_missing(call_id))
     return units
+
+
+def _missing(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT, "synthetic": True}
 
 
 def _note(count: int) -> dict:

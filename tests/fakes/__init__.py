@@ -1,0 +1,1 @@
+"""Test doubles that speak real wire protocols over loopback sockets."""

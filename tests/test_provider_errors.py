@@ -1,0 +1,81 @@
+"""Provider HTTP errors: the SDK retries what is retryable, then the run fails with model_error.
+
+The 500 answers carry ``retry-after-ms`` so the SDK's real retry path runs
+without its multi-second backoff; the 429 carries ``Retry-After: 0`` as in
+the issue (the SDK then falls back to its short exponential backoff).
+"""
+
+import pytest
+
+from tests.provider_helpers import REFUND_30, events, llm, run_to_rest  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PROVIDERS = ["openai", "anthropic"]
+NAMES = {"openai": "OpenAI", "anthropic": "Anthropic"}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_rate_limited_then_answered_completes(worker, demo, llm, provider):
+    server, agent = llm(provider, [
+        {"status": 429, "message": "Rate limit reached, slow down.", "headers": {"Retry-After": "0"}},
+        {"tool_calls": [REFUND_30]},
+        {"content": "Refunded 30."},
+    ])
+    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    assert (run.status, run.outcome) == ("completed", "achieved")
+    assert len(server.requests) == 3
+    assert server.bodies()[0] == server.bodies()[1], "the retry re-sends the same request"
+    assert run.steps.count() == 2 and run.model_calls == 2
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_server_error_five_times_fails_with_model_error(worker, demo, llm, provider):
+    error = {"status": 500, "message": "The server had an error while processing your request.",
+             "headers": {"retry-after-ms": "10"}}
+    server, agent = llm(provider, [error] * 5, max_retries=4)
+    run = run_to_rest(worker, agent, demo["requester"])
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert len(server.requests) == 5
+    expected = f"{NAMES[provider]} API error 500: api_error: The server had an error while processing your request."
+    assert run.error == expected + " (gave up after 4 retries)"
+    failed, = [e for e in events(run, "model_call") if e.reason == "failed"]
+    assert failed.payload["error"] == run.error
+    last = events(run, "transition")[-1]
+    assert (last.to_status, last.reason, last.payload["failure_type"]) == ("failed", run.error, "model_error")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_unauthorised_fails_at_once_with_the_providers_message(worker, demo, llm, provider):
+    server, agent = llm(provider, [{"status": 401, "message": "Incorrect API key provided."}, {"content": "never"}])
+    run = run_to_rest(worker, agent, demo["requester"])
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert len(server.requests) == 1
+    assert run.error == f"{NAMES[provider]} API error 401: authentication_error: Incorrect API key provided."
+    headers = {k.lower(): v for k, v in server.requests[0]["headers"].items()}
+    assert "x" in (headers.get("x-api-key"), headers.get("authorization", "").removeprefix("Bearer "))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_bad_request_fails_at_once(worker, demo, llm, provider):
+    server, agent = llm(provider, [{"status": 400, "message": "messages: tool_result without tool_use"}])
+    run = run_to_rest(worker, agent, demo["requester"])
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert len(server.requests) == 1
+    assert "400" in run.error and "tool_result without tool_use" in run.error
+
+
+def test_missing_api_key_fails_before_any_request(worker, demo, llm, monkeypatch):
+    server, agent = llm("openai", [{"content": "never"}])
+    monkeypatch.delenv("TEST_KEY")
+    run = run_to_rest(worker, agent, demo["requester"])
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert run.error == "The environment variable TEST_KEY (api_key_env) is not set."
+    assert server.requests == []
+
+
+def test_unreachable_server_fails_with_model_error(worker, demo, llm):
+    server, agent = llm("openai", [], max_retries=0, timeout_s=2)
+    server.stop()
+    run = run_to_rest(worker, agent, demo["requester"])
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert "unreachable" in run.error
