@@ -65,6 +65,12 @@ def exhausted_budget(run: Run) -> tuple[str, str] | None:
         if run.cost_usd >= agent.max_cost_usd:
             return FailureType.BUDGET_EXHAUSTED, (
                 f"Budget max_cost_usd ({agent.max_cost_usd}) exhausted: {run.cost_usd} USD used.")
+    return deadline_passed(run)
+
+
+def deadline_passed(run: Run) -> tuple[str, str] | None:
+    """``("deadline_exceeded", message)`` once ``agent.deadline_s`` seconds have passed since the start."""
+    agent = run.agent
     if agent.deadline_s is not None and run.started_at is not None:
         deadline = run.started_at + timedelta(seconds=agent.deadline_s)
         if timezone.now() >= deadline:

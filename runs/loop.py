@@ -25,15 +25,20 @@ from django.db.models import F
 from django.utils import timezone
 
 from runs import completion, lease
+from runs.budgets import cost_usd as _cost_usd
+from runs.budgets import deadline_passed
+from runs.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
-from runs.models import FailureType, Message, Phase, Run, RunStatus, Step, WaitingReason
+from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
+from runs.providers.base import MalformedResponse as _MalformedResponse
 from runs.recovery import recover_after_takeover
 from runs.services import append_event, append_message, cancel_run, set_phase, transition_run
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import get_tool, tools_for_agent
+from tools.registry import get_tool
 from tools.services import (
+    cancel_pending_tool_calls,
     execute_tool_call,
     propose_tool_calls,
     reconcile_delay,
@@ -72,6 +77,10 @@ def advance(run_id: int) -> Run | None:
                 return run
             if run.cancel_requested_at is not None:
                 return cancel_run(run=run, actor=ACTOR, reason="cancelled at a safe point")
+            passed = deadline_passed(run)
+            if passed:
+                _fail(run, *passed)
+                return run
             if not _step(run):
                 return run
     enqueue_advance_now(run_id)
@@ -158,7 +167,13 @@ def _deliver_tool_results(run: Run, calls: list[ToolCall]) -> None:
 
 
 def _fail(run: Run, failure_type: str, error: str) -> bool:
-    transition_run(run, "fail", actor=ACTOR, reason=error, failure_type=failure_type, error=error)
+    """Fail the run; calls that never started and open inbox items are cancelled with it."""
+    from approvals.services import cancel_pending_interrupts
+
+    with transaction.atomic():
+        cancel_pending_interrupts(run=run, actor=ACTOR)
+        cancel_pending_tool_calls(run=run, actor=ACTOR)
+        transition_run(run, "fail", actor=ACTOR, reason=error, failure_type=failure_type, error=error)
     return False
 
 
@@ -245,21 +260,6 @@ def _finish(run: Run, content: str) -> bool:
                      payload={"nudge": run.incomplete_nudges})
         append_message(run, role="system", content=f"The task is not complete: {verdict.reason}")
     return True
-
-
-def _as_model_message(message: Message) -> dict:
-    out = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = message.tool_calls
-    if message.tool_call_id:
-        out["tool_call_id"] = message.tool_call_id
-    return out
-
-
-# --- model calls: budgets, context, usage (issue 4) ---------------------------
-
-from runs.budgets import cost_usd as _cost_usd, exhausted_budget as _exhausted_budget  # noqa: E402
-from runs.providers.base import MalformedResponse as _MalformedResponse  # noqa: E402
 
 
 def _model_request(run: Run) -> tuple[ModelRequest, dict]:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Run Tollgate's whole test suite, twice:
+# Run Tollgate's whole test suite, twice, then the README quickstart:
 #   1. "production shape": a private PostgreSQL + Redis started just for
-#      this run (DATABASE_URL / REDIS_URL set), all tests incl. browser ones;
+#      this run (DATABASE_URL / REDIS_URL set), all tests incl. browser ones
+#      and the short chaos run;
 #   2. "embedded default": nothing set (SQLite + Dramatiq StubBroker),
-#      everything except the browser tests.
+#      everything except the browser tests;
+#   3. README's first command on a clean clone answers /inbox/ after login.
 # Extra arguments are passed to both pytest runs, e.g.
 #   bash tests/run.sh -k refund -x
 # Meant for a fresh Debian 12 machine, run as root: missing system packages
@@ -38,6 +40,8 @@ missing=()
 [[ -n $(find_pg_bin) ]] || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v curl >/dev/null || missing+=(curl)
+command -v git >/dev/null || missing+=(git)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if [[ ! -x .venv/bin/python ]]; then
@@ -210,5 +214,10 @@ run_pytest env -u DATABASE_URL -u REDIS_URL \
     .venv/bin/python -m pytest -m "not browser" "$@" || sqlite_rc=$?
 
 echo
-echo "tests/run.sh: postgres+redis: $(result $pg_rc), sqlite: $(result $sqlite_rc)"
-[[ $pg_rc -eq 0 && $sqlite_rc -eq 0 ]]
+echo "================ tests/run.sh: README quickstart on a clean clone ================"
+quickstart_rc=0
+bash tests/readme_quickstart.sh || quickstart_rc=$?
+
+echo
+echo "tests/run.sh: postgres+redis: $(result $pg_rc), sqlite: $(result $sqlite_rc), quickstart: $(result $quickstart_rc)"
+[[ $pg_rc -eq 0 && $sqlite_rc -eq 0 && $quickstart_rc -eq 0 ]]
