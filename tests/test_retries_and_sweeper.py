@@ -1,0 +1,108 @@
+"""Read-only retries with backoff, long backoffs as timers, and the sweeper's other duties."""
+
+from datetime import timedelta
+
+import dramatiq
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from approvals.models import Interrupt, InterruptStatus
+from runs.models import Agent, RunStatus, WaitingReason
+from runs.recovery import sweep
+from runs.services import start_run
+from tests.durability import make_agent
+from tools import registry
+from tools.models import ToolCall, ToolCallStatus
+from tools.registry import Tool, ToolUnavailable
+
+
+@pytest.fixture
+def flaky_lookup(monkeypatch):
+    """A read-only tool that fails ``failures[0]`` times with a transient error, then answers."""
+    failures = [0]
+
+    def handler(ctx, args):
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise ToolUnavailable("inventory service answered 503")
+        return {"in_stock": 3}
+
+    tool = Tool(name="stock_lookup", description="Look up stock.", handler=handler, max_attempts=3, backoff_s=0.01,
+                parameters={"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]})
+    monkeypatch.setitem(registry._TOOLS, "stock_lookup", tool)
+    return failures
+
+
+def _lookup_run(demo):
+    agent = make_agent("stock", [{"tool_calls": [{"name": "stock_lookup", "arguments": {"sku": "A-1"}}]},
+                                 {"content": "3 in stock."}], tools=["stock_lookup"])
+    return start_run(agent=agent, user=demo["requester"], input="how many A-1?")
+
+
+def test_read_only_call_is_retried_and_each_attempt_is_an_event(demo, worker, flaky_lookup):
+    flaky_lookup[0] = 2
+    run = _lookup_run(demo)
+    worker.drain()
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.attempts, call.result) == (ToolCallStatus.SUCCEEDED, 3, {"in_stock": 3})
+    assert run.events.filter(type="tool_call", reason="retrying").count() == 2
+    assert run.status == RunStatus.COMPLETED
+
+
+def test_read_only_call_fails_after_its_attempts_and_the_model_hears_it(demo, worker, flaky_lookup):
+    flaky_lookup[0] = 99
+    run = _lookup_run(demo)
+    worker.drain()
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.attempts) == (ToolCallStatus.FAILED, 3)
+    assert "Gave up after 3 attempts" in call.error
+    assert run.messages.filter(role="tool", content__contains="Gave up").exists()
+
+
+def test_long_backoff_waits_on_a_timer_instead_of_a_sleeping_worker(demo, worker, flaky_lookup, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "INLINE_BACKOFF_MAX_S": 0.0}
+    flaky_lookup[0] = 1
+    run = _lookup_run(demo)
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RETRY_BACKOFF)
+    assert run.wake_at is not None and run.lease_owner == ""
+
+    assert sweep(now=run.wake_at + timedelta(seconds=1))["woken"] == 1
+    worker.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert ToolCall.objects.get(run=run).attempts == 2
+
+
+def test_sweeper_re_enqueues_a_queued_run_whose_message_was_lost(demo, idle_worker, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 0.0}
+    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    dramatiq.get_broker().flush_all()  # the broker lost the wake-up
+    idle_worker.worker.start()
+    idle_worker.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+
+    call_command("recover_runs", stdout=open("/dev/null", "w"))
+    idle_worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "not_achieved")
+
+
+def test_expired_approval_fails_the_run_and_runs_nothing(demo, worker, payment_gateway):
+    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+    worker.drain()
+    item = Interrupt.objects.get(run=run)
+    assert sweep(now=item.expires_at - timedelta(seconds=1))["expired"] == 0
+
+    assert sweep(now=item.expires_at + timedelta(seconds=1))["expired"] == 1
+    run.refresh_from_db()
+    item.refresh_from_db()
+    assert (run.status, run.failure_type) == (RunStatus.FAILED, "approval_expired")
+    assert item.status == InterruptStatus.EXPIRED
+    assert ToolCall.objects.get(run=run, name="refund").status == ToolCallStatus.EXPIRED
+    assert payment_gateway.ledger()["refunds"] == []
+    assert timezone.now() < item.expires_at  # decided by the sweeper's clock, not by waiting
