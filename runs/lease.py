@@ -29,7 +29,7 @@ from django.db import close_old_connections, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
-from runs.models import ACTIVE_STATUSES, Run
+from runs.models import Run, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,14 @@ def ttl() -> timedelta:
 
 
 def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
-    """Take the lease of an active run whose lease is free or expired; None if taken."""
+    """Take the lease of a queued or running run whose lease is free or expired.
+
+    Returns None when another worker holds it or the run is waiting or
+    finished (a waiting run needs a person or a timer, not a worker).
+    """
     now = timezone.now()
     free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-    updated = Run.objects.filter(free, pk=run_id, status__in=ACTIVE_STATUSES).update(
+    updated = Run.objects.filter(free, pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(
         lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=now + ttl()
     )
     if updated != 1:
