@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from runs.models import FailureType, Run, RunStatus, WaitingReason
-from runs.services import actor_for, append_event, enqueue_advance, transition_run
+from runs.services import actor_for, append_event, end_run, enqueue_advance, transition_run
 from tools.registry import get_tool
 
 
@@ -121,10 +121,9 @@ def expire_overdue_interrupts(*, now) -> int:
             if interrupt.tool_call is not None:
                 expire_tool_call(tool_call=interrupt.tool_call, actor="sweeper")
             if not run.is_terminal:
-                cancel_pending_interrupts(run=run, actor="sweeper")
-                transition_run(run, "fail", actor="sweeper", reason="approval expired",
-                               failure_type=FailureType.APPROVAL_EXPIRED,
-                               error=f"Inbox item {interrupt.pk} expired before anyone decided.")
+                end_run(run, "fail", actor="sweeper", reason="approval expired",
+                        failure_type=FailureType.APPROVAL_EXPIRED,
+                        error=f"Inbox item {interrupt.pk} expired before anyone decided.")
             count += 1
     return count
 
@@ -184,8 +183,13 @@ def _resume_if_unblocked(run, *, actor: str) -> None:
 
 
 def cancel_pending_interrupts(*, run, actor: str) -> None:
-    """Cancel every pending item of ``run`` (the run is being cancelled)."""
-    for interrupt in run.interrupts.select_for_update().filter(status=InterruptStatus.PENDING):
+    """Cancel the pending approval and input items of ``run`` (the run is ending).
+
+    Reconciliation items stay pending: the effect they ask about may have
+    happened, whatever becomes of the run.
+    """
+    pending = run.interrupts.select_for_update().filter(status=InterruptStatus.PENDING)
+    for interrupt in pending.exclude(kind=InterruptKind.RECONCILIATION):
         from_status = interrupt.status
         interrupt.cancel(now=timezone.now())
         interrupt.save()

@@ -3,11 +3,13 @@
 import logging
 
 import dramatiq
+from django.db import DatabaseError
+from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs.lease import LeaseLost
 from runs.models import FailureType, Run
-from runs.services import transition_run
+from runs.services import end_run
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +32,17 @@ def advance_run(run_id: int) -> None:
         advance(run_id)
     except (LeaseLost, ConcurrentTransition) as exc:
         log.info("run %s changed under this worker (%s); leaving it", run_id, exc)
+    except DatabaseError:
+        log.exception("database error advancing run %s; the sweeper will retry it", run_id)
     except Exception as exc:
         log.exception("advancing run %s failed", run_id)
-        run = Run.objects.get(pk=run_id)
-        if not run.is_terminal:
-            transition_run(run, "fail", actor="worker", reason="internal error",
-                           failure_type=FailureType.INTERNAL_ERROR, error=f"{type(exc).__name__}: {exc}")
+        _fail_unless_taken_over(run_id, exc)
 
 
-@dramatiq.actor(max_retries=0)
-def sweep_runs() -> None:
-    """One pass of the sweeper (see ``runs.recovery.sweep``)."""
-    from runs.recovery import sweep
-
-    sweep()
+def _fail_unless_taken_over(run_id: int, exc: Exception) -> None:
+    """Fail the run with ``internal_error``, unless another worker holds its lease by now."""
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal or (run.lease_expires_at is not None and run.lease_expires_at > timezone.now()):
+        return
+    end_run(run, "fail", actor="worker", reason="internal error",
+            failure_type=FailureType.INTERNAL_ERROR, error=f"{type(exc).__name__}: {exc}")

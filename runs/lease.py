@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -122,9 +122,13 @@ def holding(lease: Lease):
     def heartbeat():
         try:
             while not stop.wait(interval):
-                if not renew(lease):
-                    log.warning("run %s: lease %s lost", lease.run_id, lease.token)
-                    return
+                try:
+                    if not renew(lease):
+                        log.warning("run %s: lease %s lost", lease.run_id, lease.token)
+                        return
+                except DatabaseError:  # a blip: try again at the next beat, the TTL has slack
+                    log.warning("run %s: heartbeat failed", lease.run_id, exc_info=True)
+                    connection.close()
         finally:
             connection.close()
 

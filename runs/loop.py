@@ -34,11 +34,9 @@ from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
 from runs.providers.base import MalformedResponse as _MalformedResponse
 from runs.recovery import recover_after_takeover
-from runs.services import append_event, append_message, cancel_run, set_phase, transition_run
+from runs.services import append_event, append_message, end_run, set_phase, transition_run
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import get_tool
 from tools.services import (
-    cancel_pending_tool_calls,
     execute_tool_call,
     propose_tool_calls,
     reconcile_delay,
@@ -67,24 +65,34 @@ def advance(run_id: int) -> Run | None:
     if held is None:
         return None
     with lease.holding(held):
-        run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
-        recover_after_takeover(run, actor=ACTOR)
-        if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
-            transition_run(run, "start", actor=ACTOR, reason="picked up by worker")
-        for _ in range(SLICE_STEPS):
-            run.refresh_from_db()
-            if run.status != RunStatus.RUNNING:
-                return run
-            if run.cancel_requested_at is not None:
-                return cancel_run(run=run, actor=ACTOR, reason="cancelled at a safe point")
-            passed = deadline_passed(run)
-            if passed:
-                _fail(run, *passed)
-                return run
-            if not _step(run):
-                return run
-    enqueue_advance_now(run_id)
+        run, more = _advance_slice(run_id)
+    # A decision or timer that resumed the run while this worker still held
+    # the lease had its wake-up refused; the run must not be left running
+    # with nobody on it.
+    if more or Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists():
+        enqueue_advance_now(run_id)
     return run
+
+
+def _advance_slice(run_id: int) -> tuple[Run, bool]:
+    """Up to ``SLICE_STEPS`` steps under the lease; returns (run, whether it has more to do)."""
+    run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
+    recover_after_takeover(run, actor=ACTOR)
+    if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
+        transition_run(run, "start", actor=ACTOR, reason="picked up by worker")
+    for _ in range(SLICE_STEPS):
+        run.refresh_from_db()
+        if run.status != RunStatus.RUNNING:
+            return run, False
+        if run.cancel_requested_at is not None:
+            return end_run(run, "cancel", actor=ACTOR, reason="cancelled at a safe point"), False
+        passed = deadline_passed(run)
+        if passed:
+            _fail(run, *passed)
+            return run, False
+        if not _step(run):
+            return run, False
+    return run, True
 
 
 def enqueue_advance_now(run_id: int) -> None:
@@ -128,15 +136,15 @@ def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
     """Settle unknown outcomes: the tool's hook first, else a person; the run waits meanwhile."""
     from approvals.services import request_reconciliation
 
-    pending = [call for call in unknown if not reconcile_unknown_call(call, actor=ACTOR)]
-    if not pending:
+    verdicts = {call.pk: reconcile_unknown_call(call, actor=ACTOR) for call in unknown}
+    later = [call for call in unknown if verdicts[call.pk] == "later"]
+    people = [call for call in unknown if verdicts[call.pk] == "person"]
+    if not later and not people:
         return True
-    hooked = [call for call in pending if get_tool(call.name).reconcile is not None]
     with transaction.atomic():
-        for call in pending:
-            if call not in hooked:
-                request_reconciliation(tool_call=call)
-        wake_at = timezone.now() + timedelta(seconds=min(reconcile_delay(c) for c in hooked)) if hooked else None
+        for call in people:
+            request_reconciliation(tool_call=call)
+        wake_at = timezone.now() + timedelta(seconds=min(reconcile_delay(c) for c in later)) if later else None
         transition_run(run, "wait", actor=ACTOR, reason="a tool call's outcome is unknown",
                        waiting_reason=WaitingReason.RECONCILIATION, wake_at=wake_at)
     return False
@@ -167,13 +175,7 @@ def _deliver_tool_results(run: Run, calls: list[ToolCall]) -> None:
 
 
 def _fail(run: Run, failure_type: str, error: str) -> bool:
-    """Fail the run; calls that never started and open inbox items are cancelled with it."""
-    from approvals.services import cancel_pending_interrupts
-
-    with transaction.atomic():
-        cancel_pending_interrupts(run=run, actor=ACTOR)
-        cancel_pending_tool_calls(run=run, actor=ACTOR)
-        transition_run(run, "fail", actor=ACTOR, reason=error, failure_type=failure_type, error=error)
+    end_run(run, "fail", actor=ACTOR, reason=error, failure_type=failure_type, error=error)
     return False
 
 
@@ -214,6 +216,7 @@ def _model_turn(run: Run) -> bool:
                      payload={"step": step.pk, "tool_calls": len(response.tool_calls),
                               "input_tokens": response.input_tokens, "output_tokens": response.output_tokens,
                               "cost_usd": str(cost)})
+        _unique_call_ids(run, step, response.tool_calls)
         append_message(run, role="assistant", content=response.content, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])
@@ -226,6 +229,21 @@ def _model_turn(run: Run) -> bool:
     if not response.content.strip():
         return _repair_turn(run, "the model returned neither text nor tool calls")
     return _finish(run, response.content)
+
+
+def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
+    """Give every call of the turn an id unique in the run, in place, before anything stores it.
+
+    Some servers omit ids or reuse ``call_0`` on every turn; the stored
+    message, the ToolCall and the tool result must all name the same call.
+    """
+    used = set(run.tool_calls.values_list("provider_call_id", flat=True))
+    for index, call in enumerate(calls):
+        call_id = call.get("id") or f"call_{step.pk}_{index}"
+        if call_id in used:
+            call_id = f"{call_id}_{step.pk}_{index}"
+        used.add(call_id)
+        call["id"] = call_id
 
 
 def _repair_turn(run: Run, why: str) -> bool:

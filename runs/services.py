@@ -182,17 +182,30 @@ def start_run(*, agent: Agent, user, input: str, session: Session | None = None,
     return run
 
 
-def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run:
-    """Cancel ``run``: queued or waiting runs at once, running ones at the next safe point.
+def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:
+    """End ``run`` with the transition ``name`` (``"cancel"`` or ``"fail"``) and tidy up.
 
-    Pending inbox items and not-yet-run tool calls of a run cancelled now
-    are cancelled with it. Effects that already happened stay (they are
-    listed in the events). Raises ``TransitionNotAllowed`` for a terminal
-    run.
+    Calls that never started are cancelled and pending approval or input
+    items with them; reconciliation items stay open, since an effect whose
+    outcome is unknown must still be settled after the run has ended.
+    ``kwargs`` go to the transition (``failure_type``, ``error``).
+    Raises ``TransitionNotAllowed`` for a terminal run.
     """
     from approvals.services import cancel_pending_interrupts
     from tools.services import cancel_pending_tool_calls
 
+    with transaction.atomic():
+        cancel_pending_interrupts(run=run, actor=actor)
+        cancel_pending_tool_calls(run=run, actor=actor)
+        return transition_run(run, name, actor=actor, reason=reason, **kwargs)
+
+
+def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run:
+    """Ask for ``run`` to be cancelled: queued or waiting runs stop at once, running ones at the next safe point.
+
+    Effects that already happened stay (they are listed in the events).
+    Raises ``TransitionNotAllowed`` for a terminal run.
+    """
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
         if run.is_terminal:
@@ -203,6 +216,4 @@ def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run
         if run.status == RunStatus.RUNNING:
             append_event(run, type="cancel_requested", actor=actor, reason=reason)
             return run
-        cancel_pending_interrupts(run=run, actor=actor)
-        cancel_pending_tool_calls(run=run, actor=actor)
-        return transition_run(run, "cancel", actor=actor, reason=reason)
+        return end_run(run, "cancel", actor=actor, reason=reason)

@@ -63,9 +63,7 @@ def test_5xx_from_the_gateway_is_sent_again_with_the_same_key(demo, worker, paym
     assert ledger["requests_per_key"] == {call.idempotency_key: 2}
 
 
-def test_gateway_failing_for_good_ends_failed_after_reconciliation_finds_nothing(
-    demo, worker, payment_gateway, settings
-):
+def test_hook_that_keeps_finding_nothing_hands_the_call_to_a_person(demo, worker, payment_gateway, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 2}
     payment_gateway.faults(p_error_before_commit=1.0)
     run = _refund_run(demo)
@@ -78,9 +76,18 @@ def test_gateway_failing_for_good_ends_failed_after_reconciliation_finds_nothing
 
     assert sweep(now=run.wake_at + timedelta(seconds=1))["woken"] == 1
     worker.drain()
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert call.status == ToolCallStatus.UNKNOWN, "no trace is not proof: nothing is guessed"
+    assert (run.waiting_reason, run.wake_at) == (WaitingReason.RECONCILIATION, None)
+    item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING)
+
+    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=False,
+                        evidence="gateway dashboard: no refund for order 123")
+    worker.drain()
     call.refresh_from_db()
     assert call.status == ToolCallStatus.FAILED
-    assert "No trace" in call.error
+    assert "gateway dashboard" in call.error
     assert payment_gateway.ledger()["refunds"] == []
 
 

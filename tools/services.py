@@ -181,7 +181,8 @@ def cancel_pending_tool_calls(*, run, actor: str) -> None:
 def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
-    Outcomes: ``succeeded`` (result stored; a result already stored for
+    The tool's precondition is checked again before the first attempt
+    (``denied`` if it no longer holds). Outcomes: ``succeeded`` (result stored; a result already stored for
     the same key in this run is reused, not executed again); ``failed``
     (``ToolError``; for read-only tools also after ``max_attempts``
     transient failures); ``ready`` again (a transient failure with
@@ -191,14 +192,23 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     or raised something unexpected: never retried blindly).
     """
     tool = get_tool(tool_call.name)
+    # The world may have changed since the proposal (or the approval). A
+    # call sent again after a crash or an error is the same action under
+    # the same key, not a new one: its own earlier effect must not deny it.
+    if tool.precondition and tool_call.attempts == 0:
+        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by),
+                                   tool_call.arguments)
+        if denial:
+            return _transition(tool_call, "deny", actor=actor, reason="precondition checked before running",
+                               error=denial)
     key = derive_idempotency_key(tool_call.run_id, tool_call.name, tool_call.arguments)
     _transition(tool_call, "begin", actor=actor, idempotency_key=key, now=timezone.now())
-    earlier = (
+    earlier = (  # an effect already done is reused; reads are always done afresh
         ToolCall.objects.filter(run_id=tool_call.run_id, idempotency_key=key, status=S.SUCCEEDED)
         .exclude(pk=tool_call.pk)
         .first()
     )
-    if earlier is not None:
+    if earlier is not None and tool.side_effect:
         return _transition(tool_call, "succeed", actor=actor, reason=f"reused result of call {earlier.pk}",
                            result=earlier.result, now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
@@ -251,35 +261,40 @@ def recover_orphaned_call(tool_call: ToolCall, *, actor: str) -> ToolCall:
                        error="The worker stopped during this call; its outcome is unknown.")
 
 
-def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> bool:
-    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; True if it is settled now.
+def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> str:
+    """Ask the tool's ``reconcile`` hook about an ``unknown`` call.
 
-    ``succeeded`` / ``failed`` settle the call. ``not_found`` leaves it
-    ``unknown`` until ``TOLLGATE["RECONCILE_MAX_TRIES"]`` tries are spent,
-    then settles it ``failed`` (the external system, which deduplicates by
-    our key, never saw it). Returns False without asking when the tool has
-    no hook: a person must reconcile it.
+    Returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
+    call is now too), ``"later"`` (no trace yet, or the external system
+    could not be asked: try again after ``reconcile_delay``) or
+    ``"person"`` (the tool has no hook, or ``RECONCILE_MAX_TRIES`` tries
+    found nothing: only a person can settle it). A hook that raises counts
+    as a try that learned nothing; nothing is ever guessed.
     """
     tool = get_tool(tool_call.name)
-    if tool.reconcile is None:
-        return False
+    if tool is None or tool.reconcile is None:
+        return "person"
     ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_attempts=F("reconcile_attempts") + 1)
     tool_call.refresh_from_db()
     try:
         found = tool.reconcile(tool_call.idempotency_key)
-    except ToolError as exc:
-        found = Reconciliation("not_found", error=str(exc))
+    except Exception as exc:
+        log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
+        found = Reconciliation("not_found", error=f"{type(exc).__name__}: {exc}")
     if found.status == "succeeded":
-        return bool(_transition(tool_call, "succeed", actor=actor, reason="reconciled automatically",
-                                result=found.result, now=timezone.now()))
-    if found.status == "failed" or tool_call.reconcile_attempts >= settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
-        error = found.error or f"No trace of the call after {tool_call.reconcile_attempts} reconciliation tries."
-        return bool(_transition(tool_call, "fail", actor=actor, reason="reconciled automatically",
-                                error=error, now=timezone.now()))
+        _transition(tool_call, "succeed", actor=actor, reason="reconciled automatically",
+                    result=found.result, now=timezone.now())
+        return "settled"
+    if found.status == "failed":
+        _transition(tool_call, "fail", actor=actor, reason="reconciled automatically",
+                    error=found.error or "The external system reports that the call failed.", now=timezone.now())
+        return "settled"
     with transaction.atomic():
-        append_event(tool_call.run, type="reconciliation", actor=actor, reason="not found yet",
+        append_event(tool_call.run, type="reconciliation", actor=actor, reason=found.error or "not found yet",
                      payload={"tool_call": tool_call.pk, "try": tool_call.reconcile_attempts})
-    return False
+    if tool_call.reconcile_attempts >= settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
+        return "person"
+    return "later"
 
 
 def reconcile_delay(tool_call: ToolCall) -> float:

@@ -72,8 +72,9 @@ class ToolCall(FSMModel):
     def invalidate(self, error: str):
         self.error = error
 
-    @transition(field=status, source=S.PROPOSED, target=S.DENIED)
+    @transition(field=status, source=[S.PROPOSED, S.READY], target=S.DENIED)
     def deny(self, error: str):
+        """The policy refused: when proposed, or when checked again just before running."""
         self.error = error
 
     @transition(field=status, source=S.PROPOSED, target=S.AWAITING_APPROVAL)
