@@ -6,7 +6,9 @@ one scripted refund agent per run (refund 60.00: needs approval), starts
 the payment gateway with injected timeouts-after-commit and 5xx, starts
 ``--workers`` ``manage.py rundramatiq`` process groups and one sweeper
 (``manage.py recover_runs --loop``), creates ``--runs`` runs, approves
-every approval item as the ``approver`` user, and SIGKILLs a random worker
+every approval item as the ``approver`` user (and settles any
+reconciliation item by looking the key up in the gateway's ledger, as a
+person would), and SIGKILLs a random worker
 group at random intervals (restarting it) until ``--kills`` kills are done.
 Then it waits for every run to settle and prints the figures. Exit code 0
 only if no run was lost and no refund was charged twice.
@@ -138,7 +140,7 @@ def main() -> int:
             cluster.start_worker(index)
         cluster.start_sweeper()
         run_ids = create_runs(args.runs)
-        figures = drive(cluster, run_ids, args, rng)
+        figures = drive(cluster, run_ids, args, rng, env["GATEWAY_URL"])
         figures.update(audit(run_ids, env["GATEWAY_URL"]))
     finally:
         cluster.stop()
@@ -205,6 +207,28 @@ def approve_pending(approver, run_ids: list[int]) -> int:
     return approved
 
 
+def reconcile_pending(approver, run_ids: list[int], gateway_url: str) -> int:
+    """Settle reconciliation items as a person would: look the key up in the gateway's ledger."""
+    import httpx
+    from django_fsm import TransitionNotAllowed
+
+    from approvals.models import Interrupt
+    from approvals.services import reconcile_interrupt
+
+    settled = 0
+    for item in Interrupt.objects.filter(run_id__in=run_ids, status="pending", kind="reconciliation"):
+        key = item.tool_call.idempotency_key
+        found = httpx.get(f"{gateway_url}/refunds/{key}", timeout=5)
+        try:
+            reconcile_interrupt(interrupt=item, user=approver, succeeded=found.status_code == 200,
+                                result=found.json() if found.status_code == 200 else None,
+                                evidence=f"gateway ledger lookup of {key}: HTTP {found.status_code}")
+            settled += 1
+        except TransitionNotAllowed:
+            pass
+    return settled
+
+
 def unsettled(run_ids: list[int]) -> int:
     """Runs not yet terminal and not waiting for approval (which the approver will give)."""
     from runs.models import Run
@@ -212,7 +236,7 @@ def unsettled(run_ids: list[int]) -> int:
     return Run.objects.filter(pk__in=run_ids, status__in=["queued", "running", "waiting"]).count()
 
 
-def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random) -> dict:
+def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gateway_url: str) -> dict:
     """Approve, kill and restart workers until the kills are done; then wait for the runs to settle."""
     from django.contrib.auth import get_user_model
 
@@ -223,6 +247,7 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random) -> dic
     last_kill = started
     while kills < args.kills:
         approve_pending(approver, run_ids)
+        reconcile_pending(approver, run_ids, gateway_url)
         if time.monotonic() >= next_kill:
             victim = rng.randrange(args.workers)
             cluster.kill_worker(victim)
@@ -235,6 +260,7 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random) -> dic
     deadline = time.monotonic() + args.settle_timeout
     while unsettled(run_ids) and time.monotonic() < deadline:
         approve_pending(approver, run_ids)
+        reconcile_pending(approver, run_ids, gateway_url)
         time.sleep(0.2)
     settled_at = time.monotonic()
     return {"kills": kills, "seconds_total": round(settled_at - started, 1),
@@ -262,7 +288,10 @@ def audit(run_ids: list[int], gateway_url: str) -> dict:
         "lost_runs": runs.filter(status__in=["queued", "running"]).count() + (len(run_ids) - runs.count()),
         "gateway_charges": len(ledger["refunds"]),
         "max_charges_per_key": max(charges_per_key.values(), default=0),
+        # Each run makes one logical refund on its own order: a second charge
+        # on an order (under any key) is a tool call executed twice.
         "refunds_charged_twice": sum(1 for n in charges_per_order.values() if n > 1),
+        "tool_calls_executed_twice": sum(n - 1 for n in charges_per_order.values() if n > 1),
         "charges_without_succeeded_call": len(set(charges_per_key) - succeeded_keys),
         "requests_resent_and_deduplicated": sum(n - 1 for n in ledger["requests_per_key"].values() if n > 1),
         "refund_calls_by_status": dict(Counter(refund_calls.values_list("status", flat=True))),

@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 from runs.agents import create_agent
 from runs.models import Agent, Run
-from runs.selectors import DECIDE_PERMISSION, run_can_cancel, user_sees_all_runs
+from runs.selectors import run_can_cancel, user_sees_all_runs
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
@@ -141,7 +141,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         """
         run = get_object_or_404(Run, pk=pk)
         user = request.user
-        if not (run_can_cancel(user=user, run=run) or user.has_perm(DECIDE_PERMISSION)):
+        if not run_can_cancel(user=user, run=run):
             raise PermissionDenied("You may not cancel this run.")
         run = cancel_run(run=run, actor=actor_for(user))
         return Response(self.get_serializer(run).data)

@@ -25,8 +25,10 @@ def run_is_visible(*, user, run: Run) -> bool:
 
 
 def run_can_cancel(*, user, run: Run) -> bool:
-    """Whether ``user`` may ask to cancel ``run``: its requester or staff."""
-    return user.is_authenticated and (run.requested_by_id == user.pk or user.is_staff)
+    """Whether ``user`` may ask to cancel ``run``: its requester, staff, or an approver."""
+    return user.is_authenticated and (
+        run.requested_by_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)
+    )
 
 
 def run_list(*, user, limit: int = 200) -> QuerySet[Run]:
