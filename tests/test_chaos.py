@@ -35,5 +35,6 @@ def test_short_chaos_run_loses_nothing_and_charges_nothing_twice():
     assert figures["lost_runs"] == "0"
     assert figures["max_charges_per_key"] == "1"
     assert figures["refunds_charged_twice"] == "0"
+    assert figures["tool_calls_executed_twice"] == "0"
     assert figures["charges_without_succeeded_call"] == "0"
     assert result.returncode == 0
