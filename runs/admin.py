@@ -13,11 +13,13 @@ The admin reads everything and writes through services only:
 and ``approvals.admin``.
 """
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Model
 from django.utils.text import Truncator
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
+from runs.agents import config_errors
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
 from runs.services import cancel_run
 from tools.models import ToolCall
@@ -67,10 +69,28 @@ class ReadOnlyAdminMixin:
 # --- Agent and Session ---------------------------------------------------
 
 
+class AgentAdminForm(forms.ModelForm):
+    """Checks an edited agent the way the API does (``runs.agents.config_errors``)."""
+
+    class Meta:
+        model = Agent
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        errors = config_errors(model=data.get("model"), tools=data.get("tools") or [],
+                               approval_policy=data.get("approval_policy") or {},
+                               completion_check=data.get("completion_check") or "")
+        for field, messages in errors.items():
+            self.add_error(field if field in self.fields else None, messages)
+        return data
+
+
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
     """Agent definitions: instructions, provider config, tools, approval policy, budgets."""
 
+    form = AgentAdminForm
     list_display = ("slug", "name", "completion_check", "max_turns", "created_at")
     search_fields = ("slug", "name", "instructions")
     list_filter = ("completion_check",)

@@ -66,6 +66,22 @@ def _policy_errors(approval_policy) -> list[str]:
     return errors
 
 
+def config_errors(*, model, tools: list, approval_policy, completion_check: str) -> dict[str, list[str]]:
+    """Problems with an agent's model config, tools, approval policy and completion check, by field."""
+    errors: dict[str, list[str]] = {}
+    unknown = [tool for tool in tools if get_tool(tool) is None]
+    if unknown:
+        errors["tools"] = [f"Unknown tool {tool!r}." for tool in unknown]
+    if completion_check not in completion.check_names():
+        errors["completion_check"] = [
+            f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
+        ]
+    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy))):
+        if messages:
+            errors[field] = messages
+    return errors
+
+
 def create_agent(
     *,
     slug: str,
@@ -97,18 +113,10 @@ def create_agent(
         errors["slug"] = [f"An agent with slug {slug!r} already exists."]
     if not (name or "").strip():
         errors["name"] = ["The name must not be empty."]
-    unknown = [tool for tool in tools if get_tool(tool) is None]
-    if unknown:
-        errors["tools"] = [f"Unknown tool {tool!r}." for tool in unknown]
     if not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS_LIMIT:
         errors["max_turns"] = [f"max_turns must be an integer from 1 to {MAX_TURNS_LIMIT}."]
-    if completion_check not in completion.check_names():
-        errors["completion_check"] = [
-            f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
-        ]
-    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy))):
-        if messages:
-            errors[field] = messages
+    errors.update(config_errors(model=model, tools=tools, approval_policy=approval_policy,
+                                completion_check=completion_check))
     if errors:
         raise ValidationError(errors)
 

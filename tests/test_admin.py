@@ -1,5 +1,7 @@
 """The Django admin: every page renders, nothing is written but through services."""
 
+import json
+
 import pytest
 from django.contrib import admin
 from django.contrib.messages import WARNING
@@ -214,3 +216,17 @@ def test_agent_is_editable(admin_web, demo):
     agent.refresh_from_db()
     assert (agent.name, agent.max_turns) == ("Refund order v2", 5)
     assert agent.model["provider"] == "scripted"
+
+
+def test_agent_admin_refuses_a_config_a_run_would_trip_over(demo, admin_client):
+    agent = Agent.objects.get(slug="refund-order")
+    url = reverse("admin:runs_agent_change", args=[agent.pk])
+    form = {"slug": agent.slug, "name": agent.name, "instructions": "", "model": json.dumps(agent.model),
+            "tools": json.dumps(["query_order", "teleport"]), "approval_policy": json.dumps({"refund": "sometimes"}),
+            "completion_check": "refund", "max_turns": 5}
+    response = admin_client.post(url, form)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Unknown tool &#x27;teleport&#x27;" in page and "sometimes" in page
+    agent.refresh_from_db()
+    assert agent.tools == ["query_order", "refund"]
