@@ -81,8 +81,8 @@ class AgentAdminForm(forms.ModelForm):
         errors = config_errors(model=data.get("model"), tools=data.get("tools") or [],
                                approval_policy=data.get("approval_policy") or {},
                                completion_check=data.get("completion_check") or "")
-        for field, messages in errors.items():
-            self.add_error(field if field in self.fields else None, messages)
+        for field, problems in errors.items():
+            self.add_error(field if field in self.fields else None, problems)
         return data
 
 

@@ -20,6 +20,7 @@ sent. Anything else wrong raises ``ConfigError`` (the run fails with
 ``model_error`` before any request leaves).
 """
 
+import threading
 import os
 from dataclasses import dataclass
 
@@ -103,3 +104,41 @@ def status_error_message(provider: str, status: int, body, fallback: str, retrie
     retried = status == 429 or status >= 500 or status in (408, 409)
     suffix = f" (gave up after {retries} retries)" if retried and retries else ""
     return f"{provider} API error {status}: {detail}{suffix}"
+
+
+def normalise_finish_reason(raw: str | None, table: dict[str, str], calls: list[dict]) -> str:
+    """Map a provider's finish/stop reason through ``table`` to ``stop`` | ``tool_calls`` | ``length``.
+
+    Some compatible servers answer ``stop`` although they returned tool
+    calls; the calls decide then. Unknown reasons count as ``stop``.
+    """
+    normalised = table.get(raw or "", "stop")
+    if normalised == "stop" and calls:
+        return "tool_calls"
+    return normalised
+
+
+class SDKClientCache:
+    """SDK clients per (key, base URL, timeout, retries), reused: each pools its connections.
+
+    At most ``max_clients`` are kept; an evicted one is closed by the
+    garbage collector once no call uses it any more. Thread-safe.
+    """
+
+    def __init__(self, factory, max_clients: int = 16):
+        self.factory = factory
+        self.max_clients = max_clients
+        self._clients: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    def get(self, cfg: HttpModelConfig):
+        """The client for ``cfg``, made with ``factory(api_key=, base_url=, timeout=, max_retries=)``."""
+        key = (cfg.api_key, cfg.base_url, cfg.timeout_s, cfg.max_retries)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._clients[key] = self.factory(
+                    api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+                while len(self._clients) > self.max_clients:
+                    del self._clients[next(iter(self._clients))]
+            return client

@@ -22,12 +22,11 @@ stream that cannot be understood raises ``MalformedResponse``.
 """
 
 import logging
-import threading
 
 import openai
 
 from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse
-from runs.providers.http_config import parse_config, status_error_message
+from runs.providers.http_config import SDKClientCache, normalise_finish_reason, parse_config, status_error_message
 
 log = logging.getLogger(__name__)
 RUNTIME_PREFIX = "[runtime] "
@@ -163,36 +162,11 @@ def _read_stream(stream, request: ModelRequest) -> ModelResponse:
 
 
 def _finish_reason(reason: str | None, calls: list[dict]) -> str:
-    """Normalise to ``stop`` | ``tool_calls`` | ``length``.
-
-    Some compatible servers answer ``stop`` although they returned tool
-    calls; the calls decide then.
-    """
-    normalised = FINISH_REASONS.get(reason or "", "stop")
-    if normalised == "stop" and calls:
-        return "tool_calls"
-    return normalised
+    return normalise_finish_reason(reason, FINISH_REASONS, calls)
 
 
+_CLIENTS = SDKClientCache(openai.OpenAI)
 
 
-_CLIENTS: dict[tuple, openai.OpenAI] = {}
-_CLIENTS_LOCK = threading.Lock()
-MAX_CLIENTS = 16
-
-
-def _sdk_client(cfg) -> openai.OpenAI:
-    """An SDK client per (key, base URL, timeout, retries), reused: it pools connections.
-
-    At most ``MAX_CLIENTS`` are cached; an evicted one is closed by the
-    garbage collector once no call uses it any more.
-    """
-    key = (cfg.api_key, cfg.base_url, cfg.timeout_s, cfg.max_retries)
-    with _CLIENTS_LOCK:
-        client = _CLIENTS.get(key)
-        if client is None:
-            client = _CLIENTS[key] = openai.OpenAI(
-                api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.max_retries)
-            while len(_CLIENTS) > MAX_CLIENTS:
-                del _CLIENTS[next(iter(_CLIENTS))]
-        return client
+def _sdk_client(cfg):
+    return _CLIENTS.get(cfg)
