@@ -227,7 +227,8 @@ def _model_turn(run: Run) -> bool:
                 return _repair_turn(run, "every tool call of the turn was invalid")
             return True
     if not response.content.strip():
-        return _repair_turn(run, "the model returned neither text nor tool calls")
+        return _repair_turn(run, "the model returned neither text nor tool calls",
+                            tell="Your last reply was empty. Answer or call a tool.")
     return _finish(run, response.content)
 
 
@@ -246,18 +247,29 @@ def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
         call["id"] = call_id
 
 
-def _repair_turn(run: Run, why: str) -> bool:
-    """Count a turn of invalid output; fail the run once the repair budget is spent."""
-    Run.objects.filter(pk=run.pk).update(repair_turns=F("repair_turns") + 1)
-    run.refresh_from_db(fields=["repair_turns"])
-    limit = settings.TOLLGATE["MAX_REPAIR_TURNS"]
-    if run.repair_turns > limit:
-        return _fail(run, FailureType.INVALID_MODEL_OUTPUT, f"Invalid model output after {limit} repair turns: {why}.")
+def _strike(run: Run, *, counter: str, limit: int, event: str, reason: str, tell: str = "") -> bool:
+    """Count one more ``counter`` (a Run field) for ``run``; False once it passes ``limit``.
+
+    Within the limit the strike is logged as event ``event`` and, with
+    ``tell``, the model is told through a runtime message.
+    """
     with transaction.atomic():
-        append_event(run, type="repair", actor=ACTOR, reason=why, payload={"repair_turn": run.repair_turns})
-        if "neither" in why:
-            append_message(run, role="system", content="Your last reply was empty. Answer or call a tool.")
+        Run.objects.filter(pk=run.pk).update(**{counter: F(counter) + 1})
+        count = Run.objects.values_list(counter, flat=True).get(pk=run.pk)
+        if count > limit:
+            return False
+        append_event(run, type=event, actor=ACTOR, reason=reason, payload={counter: count})
+        if tell:
+            append_message(run, role="system", content=tell)
     return True
+
+
+def _repair_turn(run: Run, why: str, tell: str = "") -> bool:
+    """Count a turn of invalid output; fail the run once the repair budget is spent."""
+    limit = settings.TOLLGATE["MAX_REPAIR_TURNS"]
+    if _strike(run, counter="repair_turns", limit=limit, event="repair", reason=why, tell=tell):
+        return True
+    return _fail(run, FailureType.INVALID_MODEL_OUTPUT, f"Invalid model output after {limit} repair turns: {why}.")
 
 
 def _finish(run: Run, content: str) -> bool:
@@ -268,16 +280,11 @@ def _finish(run: Run, content: str) -> bool:
         transition_run(run, "complete", actor=ACTOR, reason=verdict.reason or "completion check passed",
                        outcome=verdict.outcome, final_output=content)
         return False
-    Run.objects.filter(pk=run.pk).update(incomplete_nudges=F("incomplete_nudges") + 1)
-    run.refresh_from_db(fields=["incomplete_nudges"])
     limit = settings.TOLLGATE["MAX_INCOMPLETE_NUDGES"]
-    if run.incomplete_nudges > limit:
-        return _fail(run, FailureType.INCOMPLETE, f"Not complete after {limit} reminders: {verdict.reason}")
-    with transaction.atomic():
-        append_event(run, type="incomplete", actor=ACTOR, reason=verdict.reason,
-                     payload={"nudge": run.incomplete_nudges})
-        append_message(run, role="system", content=f"The task is not complete: {verdict.reason}")
-    return True
+    if _strike(run, counter="incomplete_nudges", limit=limit, event="incomplete", reason=verdict.reason,
+               tell=f"The task is not complete: {verdict.reason}"):
+        return True
+    return _fail(run, FailureType.INCOMPLETE, f"Not complete after {limit} reminders: {verdict.reason}")
 
 
 def _model_request(run: Run) -> tuple[ModelRequest, dict]:
