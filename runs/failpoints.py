@@ -7,7 +7,8 @@ use. Unset (the default) they do nothing. The idea is FreeBSD's and
 TiKV's failpoints.
 
 Names: ``model_call_started`` (a step is recorded, the model not yet
-answered), ``tool_call_ready`` (a call is ready to run, not yet started),
+answered), ``model_call_returned`` (the answer is stored, not yet acted on;
+detail: the finish reason, e.g. ``model_call_returned:stop``), ``tool_call_ready`` (a call is ready to run, not yet started),
 ``tool_call_started`` (``running`` and the key committed, the external
 call not yet sent), ``tool_call_returned`` (the external call answered,
 the result not yet stored).

@@ -7,7 +7,8 @@ next thing, committing before the next pass:
 2. tool calls ``ready`` -> execute them;
 3. tool calls awaiting approval -> ``waiting/approval``;
 4. finished tool calls without a result message -> deliver their results;
-5. budgets -> call the model -> record the step -> propose its tool calls,
+5. a final answer stored but not yet judged -> the completion check;
+6. budgets -> call the model -> record the step -> propose its tool calls,
    or, for a final answer, ask the completion check.
 
 Because every decision is re-derived from stored state, a worker that
@@ -114,6 +115,11 @@ def _step(run: Run) -> bool:
     if any(c.status == S.AWAITING_APPROVAL for c in calls):
         return not _wait_for_approval(run)
     _deliver_tool_results(run, calls)
+    last = run.messages.order_by("-id").first()
+    if last is not None and last.role == "assistant" and not last.tool_calls and last.content.strip():
+        # A final answer is stored but was never judged (its worker died):
+        # judge it now rather than asking the model again.
+        return _finish(run, last.content)
     return _model_turn(run)
 
 
@@ -226,6 +232,7 @@ def _model_turn(run: Run) -> bool:
             if all(c.status == S.INVALID for c in created):
                 return _repair_turn(run, "every tool call of the turn was invalid")
             return True
+    failpoint("model_call_returned", response.finish_reason)
     if not response.content.strip():
         return _repair_turn(run, "the model returned neither text nor tool calls",
                             tell="Your last reply was empty. Answer or call a tool.")

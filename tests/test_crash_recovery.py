@@ -36,7 +36,8 @@ def _charges(gateway, order_id=123):
 
 
 @pytest.mark.parametrize(
-    "point", ["model_call_started", "tool_call_ready:refund", "tool_call_started:refund", "tool_call_returned:refund"]
+    "point", ["model_call_started", "tool_call_ready:refund", "tool_call_started:refund", "tool_call_returned:refund",
+              "model_call_returned:stop"]
 )
 def test_refund_killed_at_each_failpoint_completes_with_one_charge(
     point, demo, idle_worker, worker_process, payment_gateway
@@ -53,6 +54,8 @@ def test_refund_killed_at_each_failpoint_completes_with_one_charge(
     refund_call = ToolCall.objects.get(run=run, name="refund")
     assert charges[0]["idempotency_key"] == refund_call.idempotency_key
     assert refund_call.status == ToolCallStatus.SUCCEEDED
+    if point == "model_call_returned:stop":  # the stored final answer is judged, not asked for again
+        assert run.steps.count() == 3 and run.model_calls == 3
     if point == "model_call_started":
         assert run.steps.filter(status=Step.Status.DISCARDED).count() == 1
         assert run.events.filter(type="model_call", reason__startswith="discarded").exists()
