@@ -130,6 +130,8 @@ def main() -> int:
 
     log_dir = Path(tempfile.mkdtemp(prefix="tollgate-chaos-"))
     cluster = Cluster(env, args.workers, args.threads, log_dir)
+    # Stopped from outside (timeout, Ctrl-C): still tear the cluster down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         cluster.start_gateway(gateway_port)
         _wait_for(lambda: _healthy(httpx, env["GATEWAY_URL"]), 10, "gateway")
