@@ -102,7 +102,7 @@ def transition_run(run: Run, name: str, *, actor: str, reason: str = "", **kwarg
             from_status=from_status,
             to_status=run.status,
         )
-        transaction.on_commit(lambda: publish_run_update(run.pk))
+        transaction.on_commit(lambda: publish_run_update(run.pk), robust=True)
     return run
 
 
@@ -113,7 +113,7 @@ def set_phase(run: Run, phase: str) -> None:
     run.phase = phase
     if fenced(Run.objects.filter(pk=run.pk), run.pk).update(phase=phase, updated_at=timezone.now()) != 1:
         raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
-    transaction.on_commit(lambda: publish_run_update(run.pk))
+    transaction.on_commit(lambda: publish_run_update(run.pk), robust=True)
 
 
 def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, tool_call_id: str = "") -> Message:
@@ -136,7 +136,9 @@ def enqueue_advance(run_id: int) -> None:
     """Wake a worker for ``run_id`` once the current transaction commits."""
     from runs.actors import advance_run
 
-    transaction.on_commit(lambda: advance_run.send(run_id))
+    # robust: a broker that is down must not fail the request; the sweeper
+    # re-enqueues runs whose wake-up was lost.
+    transaction.on_commit(lambda: advance_run.send(run_id), robust=True)
 
 
 def start_run(*, agent: Agent, user, input: str, session: Session | None = None, idempotency_key: str | None = None) -> Run:
