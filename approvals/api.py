@@ -1,7 +1,8 @@
-"""REST API for the inbox: list items, approve or reject them.
+"""REST API for the inbox: list items, approve, reject or reconcile them.
 
-Decisions go through ``approvals.services.decide_interrupt``, which checks
-the permission (403) and that the item is still pending (409).
+Decisions go through ``approvals.services`` (``decide_interrupt``,
+``reconcile_interrupt``), which check the permission (403) and that the
+item is still pending (409).
 """
 
 from django.shortcuts import get_object_or_404
@@ -13,8 +14,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
-from approvals.serializers import ApproveSerializer, InterruptSerializer, RejectSerializer
-from approvals.services import decide_interrupt
+from approvals.serializers import ApproveSerializer, InterruptSerializer, ReconcileSerializer, RejectSerializer
+from approvals.services import decide_interrupt, reconcile_interrupt
 from runs.selectors import user_sees_all_runs
 
 DECISION_RESPONSES = {
@@ -85,3 +86,19 @@ class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     def reject(self, request, pk=None):
         """Reject the item; the tool call never runs and the model is told why."""
         return self._decide(request, pk, Decision.REJECTED, RejectSerializer)
+
+    @extend_schema(summary="Settle an unknown outcome: it happened (with the result) or not, with evidence",
+                   request=ReconcileSerializer, responses=DECISION_RESPONSES)
+    @action(detail=True, methods=["post"])
+    def reconcile(self, request, pk=None):
+        """Settle a reconciliation item; the tool call becomes succeeded or failed and the run resumes."""
+        body = ReconcileSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        interrupt = reconcile_interrupt(
+            interrupt=get_object_or_404(Interrupt.objects.select_related("run"), pk=pk),
+            user=request.user,
+            succeeded=body.validated_data["succeeded"],
+            evidence=body.validated_data["evidence"],
+            result=body.validated_data["result"],
+        )
+        return Response(self.get_serializer(interrupt).data)

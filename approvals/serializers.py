@@ -46,3 +46,12 @@ class ApproveSerializer(RejectSerializer):
 
     arguments = serializers.DictField(required=False, allow_null=True, default=None,
                                       help_text="Edited arguments to run the tool with instead of the model's.")
+
+
+class ReconcileSerializer(serializers.Serializer):
+    """Body of a reconciliation: did the effect happen, what was checked, and what it returned."""
+
+    succeeded = serializers.BooleanField(help_text="True if the external system shows the effect happened.")
+    evidence = serializers.CharField(max_length=10_000, help_text="What you checked (kept in the audit log).")
+    result = serializers.JSONField(required=False, allow_null=True, default=None,
+                                   help_text="The observed result, given to the model as the tool's result.")

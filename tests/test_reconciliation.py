@@ -127,3 +127,24 @@ def test_unknown_outcome_without_hook_waits_for_a_person_then_resumes(demo, work
     assert (call.status, call.result, call.attempts) == (ToolCallStatus.SUCCEEDED, {"transfer": "T-1"}, 1)
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
     assert run.events.filter(actor="user:approver", reason__contains="bank statement").exists()
+
+
+def test_reconciling_through_the_api_is_audited_and_resumes_the_run(demo, worker, wire_transfer, api):
+    agent = make_agent("wire-api", [{"tool_calls": [{"name": "wire_transfer", "arguments": {"amount": 10}}]},
+                                    {"content": "Transferred."}], tools=["wire_transfer"])
+    run = start_run(agent=agent, user=demo["requester"], input="pay the supplier")
+    worker.drain()
+    item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION)
+    url = f"/api/interrupts/{item.pk}/reconcile/"
+
+    assert api(demo["requester"]).post(url, {"succeeded": True, "evidence": "x"}, format="json").status_code == 403
+    assert api(demo["approver"]).post(url, {"succeeded": False}, format="json").status_code == 400
+    response = api(demo["approver"]).post(url, {"succeeded": False, "evidence": "bank: no such transfer"},
+                                          format="json")
+    assert response.status_code == 200 and response.json()["decision"] == "failed"
+    again = api(demo["approver"]).post(url, {"succeeded": True, "evidence": "changed my mind"}, format="json")
+    assert again.status_code == 409
+    worker.drain()
+    assert ToolCall.objects.get(run=run).status == ToolCallStatus.FAILED
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
