@@ -34,6 +34,7 @@ from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
 from runs.providers.base import MalformedResponse as _MalformedResponse
+from runs.providers.base import StreamInterrupted
 from runs.recovery import recover_after_takeover
 from runs.services import append_event, append_message, end_run, set_phase, transition_run
 from tools.models import ToolCall, ToolCallStatus
@@ -200,6 +201,8 @@ def _model_turn(run: Run) -> bool:
         response = get_client(agent.model).complete(request)
     except _MalformedResponse as exc:
         return _malformed_response(run, step, exc)
+    except StreamInterrupted as exc:
+        return _interrupted_stream(run, step, exc)
     except (ModelError, ConfigError) as exc:
         Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=str(exc), finished_at=timezone.now())
         with transaction.atomic():
@@ -333,3 +336,16 @@ def _malformed_response(run: Run, step: Step, exc: Exception) -> bool:
         append_event(run, type="model_call", actor=ACTOR, reason="malformed response",
                      payload={"step": step.pk, "error": str(exc)})
     return _repair_turn(run, f"malformed response ({exc})")
+
+
+def _interrupted_stream(run: Run, step: Step, exc: Exception) -> bool:
+    """Half an answer arrived: discard the step and ask again, at most ``MAX_REPAIR_TURNS`` times.
+
+    The discarded step counts toward ``max_model_calls``; past the limit
+    the run fails with ``model_error``.
+    """
+    Step.objects.filter(pk=step.pk).update(status=Step.Status.DISCARDED, error=str(exc), finished_at=timezone.now())
+    limit = settings.TOLLGATE["MAX_REPAIR_TURNS"]
+    if _strike(run, counter="repair_turns", limit=limit, event="model_call", reason=f"discarded: {exc}"):
+        return True
+    return _fail(run, FailureType.MODEL_ERROR, f"The model's stream broke off {limit + 1} times: {exc}")

@@ -79,3 +79,26 @@ def test_unreachable_server_fails_with_model_error(worker, demo, llm):
     run = run_to_rest(worker, agent, demo["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert "unreachable" in run.error
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_stream_broken_off_mid_answer_is_discarded_and_asked_again(worker, demo, llm, provider):
+    server, agent = llm(provider, [
+        {"tool_calls": [REFUND_30], "cut_after": 300},
+        {"tool_calls": [REFUND_30]},
+        {"content": "Refunded 30."},
+    ])
+    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    assert (run.status, run.outcome) == ("completed", "achieved"), run.error
+    assert len(server.requests) == 3
+    assert list(run.steps.order_by("index").values_list("status", flat=True)) == ["discarded", "succeeded", "succeeded"]
+    assert run.tool_calls.count() == 1, "nothing of the half answer was acted on"
+    assert run.events.filter(type="model_call", reason__startswith="discarded: ").count() == 1
+
+
+def test_stream_that_keeps_breaking_off_fails_with_model_error(worker, demo, llm, settings):
+    server, agent = llm("openai", [{"tool_calls": [REFUND_30], "cut_after": 200}] * 3)
+    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert "broke off" in run.error
+    assert len(server.requests) == 3

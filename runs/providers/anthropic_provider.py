@@ -29,10 +29,17 @@ import logging
 import re
 
 import anthropic
+import httpx2
 from django.conf import settings
 
-from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse
-from runs.providers.http_config import SDKClientCache, normalise_finish_reason, parse_config, status_error_message
+from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse, StreamInterrupted
+from runs.providers.http_config import (
+    SDKClientCache,
+    normalise_finish_reason,
+    parse_config,
+    read_interruptible as _read_interruptible,
+    status_error_message,
+)
 
 log = logging.getLogger(__name__)
 RUNTIME_PREFIX = "[runtime] "
@@ -124,8 +131,11 @@ class AnthropicClient:
             params["temperature"] = cfg.temperature
         try:
             if cfg.stream:
-                return _read_stream(self.client.messages.create(**params, stream=True), request)
+                return _read_interruptible(_read_stream, self.client.messages.create(**params, stream=True), request,
+                                          connection_errors=(anthropic.APIConnectionError, httpx2.TransportError))
             return _read_message(self.client.messages.create(**params))
+        except httpx2.TransportError as exc:  # the SDK's own HTTP client (a dependency of anthropic); escapes only once the response began
+            raise StreamInterrupted(f"the response broke off: {type(exc).__name__}: {exc}") from exc
         except anthropic.APIStatusError as exc:
             raise ModelError(status_error_message("Anthropic", exc.status_code, exc.body, exc.message,
                                                   cfg.max_retries)) from exc

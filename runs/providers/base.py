@@ -9,6 +9,13 @@ class ModelError(Exception):
     """The provider could not produce a response (the run fails with model_error)."""
 
 
+class StreamInterrupted(ModelError):
+    """The connection broke off in the middle of a streamed response (half an answer).
+
+    The loop discards the half-received step and asks again, within budget.
+    """
+
+
 class MalformedResponse(ModelError):
     """The provider answered, but the body or stream could not be understood.
 

@@ -20,13 +20,14 @@ sent. Anything else wrong raises ``ConfigError`` (the run fails with
 ``model_error`` before any request leaves).
 """
 
-import threading
 import os
+import threading
 from dataclasses import dataclass
 
+import httpx
 from django.conf import settings
 
-from runs.providers.base import ConfigError
+from runs.providers.base import ConfigError, StreamInterrupted
 
 
 @dataclass(frozen=True)
@@ -142,3 +143,16 @@ class SDKClientCache:
                 while len(self._clients) > self.max_clients:
                     del self._clients[next(iter(self._clients))]
             return client
+
+
+def read_interruptible(read, stream, request, *, connection_errors: tuple):
+    """``read(stream, request)``, turning a connection lost mid-stream into ``StreamInterrupted``.
+
+    The response has begun (the SDK returned ``stream``), so any transport
+    error from here on means half an answer: httpx's own errors, or the
+    SDK's ``connection_errors`` wrapping them.
+    """
+    try:
+        return read(stream, request)
+    except (httpx.TransportError, *connection_errors) as exc:
+        raise StreamInterrupted(f"the response stream broke off: {type(exc).__name__}: {exc}") from exc

@@ -23,10 +23,17 @@ stream that cannot be understood raises ``MalformedResponse``.
 
 import logging
 
+import httpx
 import openai
 
-from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse
-from runs.providers.http_config import SDKClientCache, normalise_finish_reason, parse_config, status_error_message
+from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse, StreamInterrupted
+from runs.providers.http_config import (
+    SDKClientCache,
+    normalise_finish_reason,
+    parse_config,
+    read_interruptible as _read_interruptible,
+    status_error_message,
+)
 
 log = logging.getLogger(__name__)
 RUNTIME_PREFIX = "[runtime] "
@@ -85,8 +92,11 @@ class OpenAIClient:
             if cfg.stream:
                 stream = self.client.chat.completions.create(
                     **params, stream=True, stream_options={"include_usage": True})
-                return _read_stream(stream, request)
+                return _read_interruptible(_read_stream, stream, request,
+                                          connection_errors=(openai.APIConnectionError,))
             return _read_completion(self.client.chat.completions.create(**params))
+        except httpx.TransportError as exc:  # only escapes the SDK once the response has begun
+            raise StreamInterrupted(f"the response broke off: {type(exc).__name__}: {exc}") from exc
         except openai.APIStatusError as exc:
             raise ModelError(status_error_message("OpenAI", exc.status_code, exc.body, exc.message,
                                                   cfg.max_retries)) from exc

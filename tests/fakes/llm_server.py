@@ -23,7 +23,9 @@ A script entry is one of:
   provider's error body.
 * raw bytes: ``{"raw": str, "content_type": str}`` (malformed answers).
 
-Any entry may add ``"delay_s": float`` (the answer is sent that late).
+Any entry may add ``"delay_s": float`` (the answer is sent that late) and
+``"cut_after": int`` (only that many bytes of the answer are sent before the
+connection is closed: a stream that breaks off mid-response).
 
 When the script is used up the server answers 400 "replay script
 exhausted", so a test that needs more turns fails loudly.
@@ -196,11 +198,15 @@ class ReplayServer:
         """The JSON bodies of every model request received, in order."""
         return [r["body"] for r in self.requests]
 
-    def _answer(self, body: dict) -> tuple[int, dict, str, str]:
-        """(status, headers, content type, text) for the next request."""
+    def _answer(self, body: dict) -> tuple[int, dict, str, str, int | None]:
+        """(status, headers, content type, text, bytes to send or None for all) for the next request."""
         with self.lock:
             n = len(self.requests)
             entry = self.script.pop(0) if self.script else None
+        cut = entry.get("cut_after") if entry else None
+        return (*self._render(entry, body, n), cut)
+
+    def _render(self, entry: dict | None, body: dict, n: int) -> tuple[int, dict, str, str]:
         if entry is not None and entry.get("delay_s"):
             time.sleep(entry["delay_s"])
         if entry is None:
@@ -230,12 +236,12 @@ class ReplayServer:
                     self._send(404, {}, "application/json", json.dumps({"error": {"message": "not found"}}))
                     return
                 body = json.loads(raw or b"{}")
-                status, headers, content_type, text = server._answer(body)
+                status, headers, content_type, text, cut = server._answer(body)
                 with server.lock:
                     server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                self._send(status, headers, content_type, text)
+                self._send(status, headers, content_type, text, cut)
 
-            def _send(self, status, headers, content_type, text):
+            def _send(self, status, headers, content_type, text, cut=None):
                 data = text.encode()
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
@@ -243,6 +249,11 @@ class ReplayServer:
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(data)
+                if cut is None:
+                    self.wfile.write(data)
+                    return
+                self.wfile.write(data[:cut])
+                self.wfile.flush()
+                self.close_connection = True
 
         return Handler
