@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from approvals.models import Interrupt
 from approvals.services import can_decide
+from config.api import StrictSerializer
 from tools.models import ToolCall
 
 
@@ -35,7 +36,7 @@ class InterruptSerializer(serializers.ModelSerializer):
         return can_decide(self.context["request"].user, interrupt)
 
 
-class RejectSerializer(serializers.Serializer):
+class RejectSerializer(StrictSerializer):
     """Body of a rejection: an optional comment, which the model will read."""
 
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
@@ -48,7 +49,7 @@ class ApproveSerializer(RejectSerializer):
                                       help_text="Edited arguments to run the tool with instead of the model's.")
 
 
-class ReconcileSerializer(serializers.Serializer):
+class ReconcileSerializer(StrictSerializer):
     """Body of a reconciliation: did the effect happen, what was checked, and what it returned."""
 
     succeeded = serializers.BooleanField(help_text="True if the external system shows the effect happened.")

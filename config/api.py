@@ -12,7 +12,7 @@
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, ValidationError
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -48,3 +48,18 @@ def exception_handler(exc, context):
     if isinstance(exc, ValueError):
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     return drf_exception_handler(exc, context)
+
+
+class StrictSerializer(serializers.Serializer):
+    """A request body that refuses fields it does not know (400), so a misspelt field is never ignored.
+
+    Used where ignoring one would change a decision, e.g. edited arguments
+    sent under the wrong name would approve the model's own arguments.
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)

@@ -14,3 +14,16 @@ def test_approver_cannot_edit_arguments_past_the_precondition(worker, demo, api)
     assert response.status_code == 400
     assert "not refundable" in response.json()["detail"]
     assert pending_interrupts(approver, run["id"])[0]["status"] == "pending"
+
+
+def test_misspelt_edit_field_is_refused_not_ignored(worker, demo, api):
+    requester, approver = api(demo["requester"]), api(demo["approver"])
+    run = start_run(requester, "refund-order")
+    worker.drain()
+    interrupt, = pending_interrupts(approver, run["id"])
+
+    response = approver.post(f"/api/interrupts/{interrupt['id']}/approve/",
+                             {"edited_arguments": {"order_id": 123, "amount": 10}}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"edited_arguments": ["Unknown field."]}
+    assert pending_interrupts(approver, run["id"])[0]["status"] == "pending"
