@@ -19,22 +19,20 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from runs.services import SessionBusy
 
 
-def _current_status(exc) -> str | None:
+def _conflict(exc) -> dict:
+    """The 409 body: what is not allowed, and the object's current ``status`` when known."""
     obj = getattr(exc, "object", None)
     if obj is None:
-        return None
+        return {"detail": "Changed by someone else meanwhile; reload and try again.", "code": "illegal_transition"}
     obj.refresh_from_db()
-    return obj.status
+    name = obj._meta.verbose_name
+    return {"detail": f"Not allowed: this {name} is {obj.status}.", "code": "illegal_transition", "status": obj.status}
 
 
 def exception_handler(exc, context):
     """DRF exception handler: service exceptions to HTTP answers (see module doc)."""
     if isinstance(exc, (TransitionNotAllowed, ConcurrentTransition)):
-        body = {"detail": f"Illegal transition: {exc}", "code": "illegal_transition"}
-        current = _current_status(exc)
-        if current is not None:
-            body["status"] = current
-        return Response(body, status=status.HTTP_409_CONFLICT)
+        return Response(_conflict(exc), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, SessionBusy):
         return Response({"detail": str(exc), "code": "session_busy", "active_run": exc.active_run.pk},
                         status=status.HTTP_409_CONFLICT)

@@ -74,7 +74,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # instead of failing, and keep the test database in a file that every
     # thread (and a server subprocess, through the inherited environment)
     # can open; one file per test process, so parallel runs do not collide.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # IMMEDIATE transactions take the write lock up front, so concurrent
+    # writers queue for up to ``timeout`` seconds instead of failing at
+    # once with "database is locked"; WAL lets readers go on meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=30, transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL;"
+    )
     DATABASES["default"]["TEST"] = {
         "NAME": os.environ.setdefault("TOLLGATE_SQLITE_TEST_DB", f"/tmp/tollgate-test-{os.getpid()}.sqlite3")
     }
