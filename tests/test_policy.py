@@ -38,6 +38,7 @@ def test_idempotency_key_names_the_logical_action_not_the_call():
     first = derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 80})
     reordered = derive_idempotency_key(7, "refund", {"amount": 80, "order_id": 123})
     assert first == reordered
+    assert derive_idempotency_key(7, "refund", {"order_id": 123.0, "amount": 8e1}) == first
     assert first.startswith("refund-7-")
     assert derive_idempotency_key(8, "refund", {"order_id": 123, "amount": 80}) != first
     assert derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 81}) != first

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import random
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -58,14 +59,26 @@ def _transition(tool_call: ToolCall, name: str, *, actor: str, reason: str = "",
     return tool_call
 
 
+def _canonical(value):
+    """``value`` with every number written one way (``80``, ``80.0`` and ``8E+1`` alike)."""
+    if isinstance(value, dict):
+        return {key: _canonical(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(Decimal(str(value)).normalize(), "f")
+    return value
+
+
 def derive_idempotency_key(run_id: int, name: str, arguments: dict) -> str:
     """A stable key for one logical action of a run: sha256 of run, tool and arguments.
 
-    Arguments are canonicalised (sorted keys, no spaces), so a model that
-    re-proposes the same action, under any ``tool_call_id``, gets the same
-    key. Returns ``"<tool>-<run>-<first 32 hex digits>"``.
+    Arguments are canonicalised (sorted keys, no spaces, one spelling per
+    number), so a model that re-proposes the same action, under any
+    ``tool_call_id``, gets the same key. Returns
+    ``"<tool>-<run>-<first 32 hex digits>"``.
     """
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    canonical = json.dumps(_canonical(arguments), sort_keys=True, separators=(",", ":"), default=str)
     digest = hashlib.sha256(f"{run_id}\n{name}\n{canonical}".encode()).hexdigest()
     return f"{name}-{run_id}-{digest[:32]}"
 
