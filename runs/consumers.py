@@ -16,7 +16,6 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from runs import selectors
 from runs.live import RUNS_GROUP, run_group, run_snapshot
-from runs.models import Run
 
 
 @database_sync_to_async
@@ -28,11 +27,6 @@ def _visible_snapshot(user, run_id: int) -> dict | None:
 @database_sync_to_async
 def _sees_all(user) -> bool:
     return selectors.user_sees_all_runs(user=user)
-
-
-@database_sync_to_async
-def _requested_by(run_id: int) -> int | None:
-    return Run.objects.filter(pk=run_id).values_list("requested_by_id", flat=True).first()
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -91,6 +85,6 @@ class RunListConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_update(self, event):
         run = event["run"]
-        if not self.sees_all and await _requested_by(run["id"]) != self.scope["user"].pk:
+        if not self.sees_all and run["requested_by"] != self.scope["user"].pk:
             return
         await self.send_json({"type": "run.update", "run": run})

@@ -26,9 +26,10 @@ RUNS_GROUP = "runs"
 
 
 def run_snapshot(run: Run) -> dict:
-    """The public live view of a run: ids, status fields and timestamps (ISO 8601)."""
+    """The live view of a run: ids (run, requesting user), status fields and timestamps (ISO 8601)."""
     return {
         "id": run.pk,
+        "requested_by": run.requested_by_id,
         "status": run.status,
         "phase": run.phase,
         "waiting_reason": run.waiting_reason,
