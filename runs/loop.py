@@ -194,7 +194,9 @@ def _model_turn(run: Run) -> bool:
         return _fail(run, *exhausted)
     set_phase(run, Phase.PREPARING_CONTEXT)
     request, summary = _model_request(run)
-    step = Step.objects.create(run=run, index=run.steps.count(), request=summary)
+    with transaction.atomic():
+        lease.check(run.pk)
+        step = Step.objects.create(run=run, index=run.steps.count(), request=summary)
     set_phase(run, Phase.CALLING_MODEL)
     failpoint("model_call_started")
     try:
@@ -264,6 +266,7 @@ def _strike(run: Run, *, counter: str, limit: int, event: str, reason: str, tell
     ``tell``, the model is told through a runtime message.
     """
     with transaction.atomic():
+        lease.check(run.pk)
         Run.objects.filter(pk=run.pk).update(**{counter: F(counter) + 1})
         count = Run.objects.values_list(counter, flat=True).get(pk=run.pk)
         if count > limit:

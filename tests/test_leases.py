@@ -83,3 +83,16 @@ def test_heartbeat_keeps_a_long_call_leased(run, settings):
         time.sleep(0.9)  # three TTLs: only the heartbeat keeps the lease alive
         assert Run.objects.get(pk=run.pk).lease_expires_at > timezone.now()
         assert lease.acquire(run.pk, owner="worker-b") is None
+
+
+def test_stale_worker_cannot_even_start_a_model_step(run):
+    from runs.loop import _model_turn
+
+    stale = lease.acquire(run.pk, owner="worker-a")
+    transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-a")
+    _expire(run.pk)
+    lease.acquire(run.pk, owner="worker-b")
+    with lease.holding(stale):
+        with pytest.raises(LeaseLost):
+            _model_turn(Run.objects.select_related("agent").get(pk=run.pk))
+    assert not run.steps.exists()
