@@ -25,23 +25,21 @@ Errors as in ``runs.providers.openai_provider``.
 """
 
 import json
-import logging
 import re
 
 import anthropic
 import httpx2
 from django.conf import settings
 
-from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse, StreamInterrupted
+from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse
 from runs.providers.http_config import (
     SDKClientCache,
     normalise_finish_reason,
     parse_config,
     read_interruptible as _read_interruptible,
-    status_error_message,
+    sdk_call,
 )
 
-log = logging.getLogger(__name__)
 RUNTIME_PREFIX = "[runtime] "
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "refusal": "stop",
                 "tool_use": "tool_calls", "max_tokens": "length", "model_context_window_exceeded": "length"}
@@ -129,26 +127,15 @@ class AnthropicClient:
             params["tools"] = to_anthropic_tools(request.tools)
         if cfg.temperature is not None:
             params["temperature"] = cfg.temperature
-        try:
+        def call():
             if cfg.stream:
                 return _read_interruptible(_read_stream, self.client.messages.create(**params, stream=True), request,
                                           connection_errors=(anthropic.APIConnectionError, httpx2.TransportError))
             return _read_message(self.client.messages.create(**params))
-        except httpx2.TransportError as exc:  # the SDK's own HTTP client (a dependency of anthropic); escapes only once the response began
-            raise StreamInterrupted(f"the response broke off: {type(exc).__name__}: {exc}") from exc
-        except anthropic.APIStatusError as exc:
-            raise ModelError(status_error_message("Anthropic", exc.status_code, exc.body, exc.message,
-                                                  cfg.max_retries)) from exc
-        except anthropic.APITimeoutError as exc:
-            raise ModelError(f"Anthropic API timed out after {cfg.timeout_s}s "
-                             f"(gave up after {cfg.max_retries} retries).") from exc
-        except anthropic.APIConnectionError as exc:
-            raise ModelError(f"Anthropic API unreachable at {self.client.base_url}: {exc} "
-                             f"(gave up after {cfg.max_retries} retries).") from exc
-        except (anthropic.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.warning("malformed Anthropic response", exc_info=True)
-            raise MalformedResponse(f"Malformed Anthropic response: {type(exc).__name__}: {exc}") from exc
 
+        # httpx2 is the SDK's own HTTP client (a dependency of anthropic).
+        return sdk_call(call, provider="Anthropic", sdk=anthropic, transport_errors=(httpx2.TransportError,),
+                        cfg=cfg, base_url=self.client.base_url)
 
 def _input_tokens(usage) -> int:
     return sum(getattr(usage, name, None) or 0

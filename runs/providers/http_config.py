@@ -20,6 +20,7 @@ sent. Anything else wrong raises ``ConfigError`` (the run fails with
 ``model_error`` before any request leaves).
 """
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 
-from runs.providers.base import ConfigError, StreamInterrupted
+from runs.providers.base import ConfigError, MalformedResponse, ModelError, StreamInterrupted
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -156,3 +159,30 @@ def read_interruptible(read, stream, request, *, connection_errors: tuple):
         return read(stream, request)
     except (httpx.TransportError, *connection_errors) as exc:
         raise StreamInterrupted(f"the response stream broke off: {type(exc).__name__}: {exc}") from exc
+
+
+def sdk_call(call, *, provider: str, sdk, transport_errors: tuple, cfg: HttpModelConfig, base_url):
+    """Run ``call()`` (one SDK request and the reading of its answer), mapping errors to ours.
+
+    ``sdk`` is the ``openai`` or ``anthropic`` module. A transport error
+    escaping the SDK means the answer broke off (``StreamInterrupted``);
+    status, timeout and connection errors (after the SDK's own retries)
+    are ``ModelError``; an answer that cannot be read is
+    ``MalformedResponse``.
+    """
+    try:
+        return call()
+    except transport_errors as exc:
+        raise StreamInterrupted(f"the response broke off: {type(exc).__name__}: {exc}") from exc
+    except sdk.APIStatusError as exc:
+        raise ModelError(status_error_message(provider, exc.status_code, exc.body, exc.message,
+                                              cfg.max_retries)) from exc
+    except sdk.APITimeoutError as exc:
+        raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s "
+                         f"(gave up after {cfg.max_retries} retries).") from exc
+    except sdk.APIConnectionError as exc:
+        raise ModelError(f"{provider} API unreachable at {base_url}: {exc} "
+                         f"(gave up after {cfg.max_retries} retries).") from exc
+    except (sdk.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("malformed %s response", provider, exc_info=True)
+        raise MalformedResponse(f"Malformed {provider} response: {type(exc).__name__}: {exc}") from exc

@@ -21,21 +21,19 @@ Errors: the SDK retries 408/409/429/5xx and connection errors
 stream that cannot be understood raises ``MalformedResponse``.
 """
 
-import logging
 
 import httpx
 import openai
 
-from runs.providers.base import MalformedResponse, ModelError, ModelRequest, ModelResponse, StreamInterrupted
+from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse
 from runs.providers.http_config import (
     SDKClientCache,
     normalise_finish_reason,
     parse_config,
     read_interruptible as _read_interruptible,
-    status_error_message,
+    sdk_call,
 )
 
-log = logging.getLogger(__name__)
 RUNTIME_PREFIX = "[runtime] "
 FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",
                   "length": "length", "content_filter": "stop"}
@@ -88,28 +86,16 @@ class OpenAIClient:
             params["temperature"] = cfg.temperature
         if cfg.max_output_tokens is not None:
             params["max_completion_tokens"] = cfg.max_output_tokens
-        try:
+        def call():
             if cfg.stream:
                 stream = self.client.chat.completions.create(
                     **params, stream=True, stream_options={"include_usage": True})
                 return _read_interruptible(_read_stream, stream, request,
                                           connection_errors=(openai.APIConnectionError,))
             return _read_completion(self.client.chat.completions.create(**params))
-        except httpx.TransportError as exc:  # only escapes the SDK once the response has begun
-            raise StreamInterrupted(f"the response broke off: {type(exc).__name__}: {exc}") from exc
-        except openai.APIStatusError as exc:
-            raise ModelError(status_error_message("OpenAI", exc.status_code, exc.body, exc.message,
-                                                  cfg.max_retries)) from exc
-        except openai.APITimeoutError as exc:
-            raise ModelError(f"OpenAI API timed out after {cfg.timeout_s}s "
-                             f"(gave up after {cfg.max_retries} retries).") from exc
-        except openai.APIConnectionError as exc:
-            raise ModelError(f"OpenAI API unreachable at {self.client.base_url}: {exc} "
-                             f"(gave up after {cfg.max_retries} retries).") from exc
-        except (openai.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.warning("malformed OpenAI response", exc_info=True)
-            raise MalformedResponse(f"Malformed OpenAI response: {type(exc).__name__}: {exc}") from exc
 
+        return sdk_call(call, provider="OpenAI", sdk=openai, transport_errors=(httpx.TransportError,),
+                        cfg=cfg, base_url=self.client.base_url)
 
 def _read_completion(completion) -> ModelResponse:
     """A non-streamed ``chat.completion`` -> ``ModelResponse``."""
