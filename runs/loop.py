@@ -39,6 +39,7 @@ from runs.recovery import recover_after_takeover
 from runs.services import append_event, append_message, end_run, set_phase, transition_run
 from tools.models import ToolCall, ToolCallStatus
 from tools.services import (
+    assess_tool_calls,
     execute_tool_call,
     propose_tool_calls,
     reconcile_delay,
@@ -212,6 +213,9 @@ def _model_turn(run: Run) -> bool:
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
     cost = _call_cost(agent, response)
+    _unique_call_ids(run, step, response.tool_calls)
+    # Policy first, outside the transaction: preconditions may do I/O.
+    assessments = assess_tool_calls(run=run, calls=response.tool_calls, truncated=response.finish_reason == "length")
     with transaction.atomic():
         Step.objects.filter(pk=step.pk).update(
             status=Step.Status.SUCCEEDED, response=response.as_dict(), finished_at=timezone.now(),
@@ -227,13 +231,12 @@ def _model_turn(run: Run) -> bool:
                      payload={"step": step.pk, "tool_calls": len(response.tool_calls),
                               "input_tokens": response.input_tokens, "output_tokens": response.output_tokens,
                               "cost_usd": str(cost)})
-        _unique_call_ids(run, step, response.tool_calls)
         append_message(run, role="assistant", content=response.content, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])
         if response.tool_calls:
-            created = propose_tool_calls(run=run, step=step, calls=response.tool_calls,
-                                         truncated=response.finish_reason == "length", actor=ACTOR)
+            created = propose_tool_calls(run=run, step=step, calls=response.tool_calls, assessments=assessments,
+                                         actor=ACTOR)
             if all(c.status == S.INVALID for c in created):
                 return _repair_turn(run, "every tool call of the turn was invalid")
             return True

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import random
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
@@ -23,6 +24,7 @@ from tools.models import ToolCall, ToolCallStatus
 from tools.policy import approval_required
 from tools.registry import (
     Reconciliation,
+    Tool,
     ToolContext,
     ToolError,
     ToolTimeout,
@@ -98,59 +100,87 @@ def _parse_arguments(raw) -> tuple[dict | None, str]:
     return value, ""
 
 
-def propose_tool_calls(*, run, step, calls: list[dict], truncated: bool, actor: str = "worker") -> list[ToolCall]:
-    """Record the tool calls of one model turn and decide what happens to each.
+@dataclass(frozen=True)
+class Assessment:
+    """What the policy decided for one proposed call, before anything is written.
 
-    ``calls`` is ``[{"id": str, "name": str, "arguments": str | dict}]``
-    as the provider returned them; ``truncated`` is True when the output
-    was cut off (``finish_reason=length``). Each call ends this function
-    ``invalid`` (unknown tool, unparsable or schema-breaking or truncated
-    arguments), ``denied`` (precondition failed), ``awaiting_approval``
-    (with an inbox item) or ``ready``.
+    ``outcome`` is the ToolCall transition to apply: ``invalidate``,
+    ``deny``, ``request_approval`` or ``make_ready``; ``reason`` is the
+    error (invalid, denied) or the approval rule that applied.
+    """
+
+    arguments: dict | None
+    outcome: str
+    reason: str
+    tool: Tool | None = None
+
+
+def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
+    """Decide what happens to each call of one model turn; writes nothing.
+
+    ``calls`` is ``[{"id", "name", "arguments": str | dict}]`` as the
+    provider returned them; ``truncated`` is True when the output was cut
+    off (``finish_reason=length``). Unknown tool, unparsable, truncated or
+    schema-breaking arguments -> ``invalidate``; a failed precondition ->
+    ``deny``; else the approval rule decides. Preconditions may do I/O
+    (the refund asks the gateway), so call this outside any transaction.
+    """
+    allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
+    assessments = []
+    for call in calls:
+        name = str(call.get("name") or "")
+        tool = allowed.get(name)
+        arguments, error = _parse_arguments(call.get("arguments"))
+        if truncated:
+            arguments, error = None, "The output was cut off (finish_reason=length); the arguments are incomplete."
+        elif tool is None:
+            error = f"Unknown tool {name!r}. Available tools: {', '.join(sorted(allowed))}."
+        elif arguments is not None:
+            problems = tool.schema_errors(arguments)
+            if problems:
+                error = "Arguments do not match the schema: " + "; ".join(problems)
+        if error:
+            assessments.append(Assessment(arguments, "invalidate", error, tool))
+            continue
+        denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
+        if denial:
+            assessments.append(Assessment(arguments, "deny", denial, tool))
+            continue
+        rule = run.agent.approval_policy.get(tool.name, tool.approval)
+        outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
+        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool))
+    return assessments
+
+
+def propose_tool_calls(
+    *, run, step, calls: list[dict], assessments: list[Assessment], actor: str = "worker"
+) -> list[ToolCall]:
+    """Record the calls of one model turn with their ``assess_tool_calls`` decisions (database only).
+
+    Each call ends ``invalid``, ``denied``, ``awaiting_approval`` (with an
+    inbox item) or ``ready``. ``calls[i]["id"]`` must be unique in the run.
     """
     from approvals.services import request_approval
 
-    allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
     created = []
     with transaction.atomic():
-        for index, call in enumerate(calls):
+        for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
             raw = call.get("arguments")
             tool_call = ToolCall.objects.create(
-                run=run,
-                step=step,
-                index=index,
-                provider_call_id=call.get("id") or f"call_{step.pk}_{index}",
+                run=run, step=step, index=index, provider_call_id=call["id"],
                 name=str(call.get("name") or "")[:100],
                 raw_arguments=raw if isinstance(raw, str) else json.dumps(raw),
+                arguments=assessment.arguments,
+                side_effect=bool(assessment.tool and assessment.tool.side_effect),
             )
             append_event(run, type="tool_call", actor=actor, reason="proposed",
                          payload={"tool_call": tool_call.pk, "name": tool_call.name}, to_status=S.PROPOSED)
-            tool = allowed.get(tool_call.name)
-            arguments, error = _parse_arguments(raw)
-            if truncated:
-                error = "The output was cut off (finish_reason=length); the arguments are incomplete."
-            elif tool is None:
-                error = f"Unknown tool {tool_call.name!r}. Available tools: {', '.join(sorted(allowed))}."
-            elif arguments is not None:
-                problems = tool.schema_errors(arguments)
-                if problems:
-                    error = "Arguments do not match the schema: " + "; ".join(problems)
-            if arguments is not None and not truncated:
-                tool_call.arguments = arguments
-            if error:
-                created.append(_transition(tool_call, "invalidate", actor=actor, error=error))
-                continue
-            tool_call.side_effect = tool.side_effect
-            denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
-            if denial:
-                created.append(_transition(tool_call, "deny", actor=actor, error=denial))
-                continue
-            rule = run.agent.approval_policy.get(tool.name, tool.approval)
-            if approval_required(rule, arguments):
-                _transition(tool_call, "request_approval", actor=actor, reason=f"approval rule: {rule}")
-                request_approval(tool_call=tool_call, tool=tool)
+            if assessment.outcome in ("invalidate", "deny"):
+                _transition(tool_call, assessment.outcome, actor=actor, error=assessment.reason)
             else:
-                _transition(tool_call, "make_ready", actor=actor, reason=f"approval rule: {rule}")
+                _transition(tool_call, assessment.outcome, actor=actor, reason=assessment.reason)
+                if assessment.outcome == "request_approval":
+                    request_approval(tool_call=tool_call, tool=assessment.tool)
             created.append(tool_call)
     return created
 
