@@ -58,8 +58,14 @@ def sweep(*, now=None) -> dict:
     reenqueued = 0
     for run_id in stranded:
         with transaction.atomic():
-            enqueue_advance(run_id)
-        reenqueued += 1
+            # Break the dead lease and restart the grace period, so the next
+            # pass does not send the same run again while it sits in a
+            # backlog. The fencing token still stops the old holder.
+            if Run.objects.filter(pk=run_id).filter(
+                Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
+            ).update(lease_owner="", lease_expires_at=None, updated_at=now):
+                enqueue_advance(run_id)
+                reenqueued += 1
 
     woken = 0
     for run in Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now):

@@ -106,3 +106,14 @@ def test_expired_approval_fails_the_run_and_runs_nothing(demo, worker, payment_g
     assert ToolCall.objects.get(run=run, name="refund").status == ToolCallStatus.EXPIRED
     assert payment_gateway.ledger()["refunds"] == []
     assert timezone.now() < item.expires_at  # decided by the sweeper's clock, not by waiting
+
+
+def test_sweeper_sends_a_stranded_run_once_per_grace_period(demo, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 30.0}
+    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    later = timezone.now() + timedelta(seconds=31)
+    assert sweep(now=later)["reenqueued"] == 1
+    assert sweep(now=later + timedelta(seconds=5))["reenqueued"] == 0
+    assert sweep(now=later + timedelta(seconds=31))["reenqueued"] == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
