@@ -18,7 +18,7 @@ from rest_framework.permissions import IsAdminUser, IsAuthenticated
 from rest_framework.response import Response
 
 from runs.agents import create_agent
-from runs.models import Agent, Run
+from runs.models import Agent, MultitaskStrategy, Run
 from runs.selectors import run_can_cancel, user_sees_all_runs
 from runs.serializers import (
     AgentCreateSerializer,
@@ -94,7 +94,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             IDEMPOTENCY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
             description="Repeating a request with the same key returns the run it created instead of a new one.",
         )],
-        responses={201: RunSerializer, 409: OpenApiResponse(description="The session already has an active run."),
+        responses={201: RunSerializer,
+                   200: OpenApiResponse(RunSerializer, description="supplement: the input joined this busy run."),
+                   409: OpenApiResponse(description="reject: the session already has an active run."),
                    422: OpenApiResponse(description="The Idempotency-Key was used for a different request.")},
     )
     def create(self, request):
@@ -107,9 +109,15 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                                        f"{IDEMPOTENCY_KEY_MAX_LENGTH} characters."},
                             status=status.HTTP_400_BAD_REQUEST)
         data = body.validated_data
+        strategy = data["multitask_strategy"]
         run = start_run(agent=data["agent"], user=request.user, input=data["input"],
-                        session=data.get("session"), idempotency_key=key)
-        if run.agent_id != data["agent"].pk or run.input != data["input"].strip():
+                        session=data.get("session"), idempotency_key=key, multitask_strategy=strategy)
+        if run.input != data["input"].strip():
+            if strategy == MultitaskStrategy.SUPPLEMENT and not (key and run.idempotency_key == key):
+                return Response(self.get_serializer(run).data, status=status.HTTP_200_OK)  # added to the busy run
+            return Response({"detail": f"This {IDEMPOTENCY_HEADER} was already used for a different request.",
+                             "run": run.pk}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
+        if run.agent_id != data["agent"].pk:
             return Response({"detail": f"This {IDEMPOTENCY_HEADER} was already used for a different request.",
                              "run": run.pk}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
         return Response(self.get_serializer(run).data, status=status.HTTP_201_CREATED)

@@ -36,7 +36,7 @@ from runs.providers.base import ConfigError
 from runs.providers.base import MalformedResponse as _MalformedResponse
 from runs.providers.base import StreamInterrupted
 from runs.recovery import recover_after_takeover
-from runs.services import append_event, append_message, end_run, set_phase, transition_run
+from runs.services import append_event, append_message, begin_run, end_run, set_phase, transition_run
 from tools.models import ToolCall, ToolCallStatus
 from tools.services import (
     assess_tool_calls,
@@ -82,7 +82,8 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
     recover_after_takeover(run, actor=ACTOR)
     if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
-        transition_run(run, "start", actor=ACTOR, reason="picked up by worker")
+        if not begin_run(run, actor=ACTOR):
+            return run, False  # an older run of the session goes first; its end wakes this one
     for _ in range(SLICE_STEPS):
         run.refresh_from_db()
         if run.status != RunStatus.RUNNING:

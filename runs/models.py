@@ -76,6 +76,8 @@ class RunStatus(models.TextChoices):
 
 
 ACTIVE_STATUSES = [RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING]
+# A session has at most one run in these (queued runs wait their turn).
+BUSY_STATUSES = [RunStatus.RUNNING, RunStatus.WAITING]
 TERMINAL_STATUSES = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
 
 
@@ -106,6 +108,15 @@ class FailureType(models.TextChoices):
     APPROVAL_EXPIRED = "approval_expired"
     INCOMPLETE = "incomplete"
     INTERNAL_ERROR = "internal_error"
+
+
+class MultitaskStrategy(models.TextChoices):
+    """What a new input does when its session already has an active run (DESIGN.md §5)."""
+
+    ENQUEUE = "enqueue"  # a new run, started when the session is free
+    SUPPLEMENT = "supplement"  # added to the busy run's conversation, read before its next model call
+    INTERRUPT = "interrupt"  # cancel the active runs, then a new run
+    REJECT = "reject"  # 409
 
 
 class Outcome(models.TextChoices):
@@ -162,8 +173,8 @@ class Run(FSMModel):
         constraints = [
             models.UniqueConstraint(
                 fields=["session"],
-                condition=models.Q(status__in=ACTIVE_STATUSES),
-                name="one_active_run_per_session",
+                condition=models.Q(status__in=BUSY_STATUSES),
+                name="one_busy_run_per_session",
             ),
             models.UniqueConstraint(
                 fields=["requested_by", "idempotency_key"],

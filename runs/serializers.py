@@ -8,7 +8,7 @@ import re
 
 from rest_framework import serializers
 
-from runs.models import Agent, Run, RunEvent, Session
+from runs.models import Agent, MultitaskStrategy, Run, RunEvent, Session
 from tools.models import ToolCall
 
 # Keys of a model config that may hold credentials; never shown to non-staff.
@@ -69,6 +69,9 @@ class RunCreateSerializer(serializers.Serializer):
     input = serializers.CharField(help_text="The user's request; limited to TOLLGATE['MAX_INPUT_CHARS'] characters.")
     session = serializers.PrimaryKeyRelatedField(queryset=Session.objects.none(), required=False, allow_null=True,
                                                  help_text="One of your sessions, to continue it; omitted: a new one.")
+    multitask_strategy = serializers.ChoiceField(
+        choices=MultitaskStrategy.values, default=MultitaskStrategy.ENQUEUE,
+        help_text="If the session has an active run: enqueue (default), supplement, interrupt or reject (409).")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

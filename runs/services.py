@@ -14,7 +14,17 @@ from django.utils import timezone
 
 from runs import lease
 from runs.lease import LeaseLost, fenced
-from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, RunStatus, Session
+from runs.models import (
+    ACTIVE_STATUSES,
+    BUSY_STATUSES,
+    Agent,
+    Message,
+    MultitaskStrategy,
+    Run,
+    RunEvent,
+    RunStatus,
+    Session,
+)
 
 
 # Fields a transition may change; saving only these never overwrites a
@@ -103,6 +113,8 @@ def transition_run(run: Run, name: str, *, actor: str, reason: str = "", **kwarg
             to_status=run.status,
         )
         transaction.on_commit(lambda: publish_run_update(run.pk), robust=True)
+        if run.is_terminal:
+            wake_next_in_session(run.session_id)
     return run
 
 
@@ -141,14 +153,27 @@ def enqueue_advance(run_id: int) -> None:
     transaction.on_commit(lambda: advance_run.send(run_id), robust=True)
 
 
-def start_run(*, agent: Agent, user, input: str, session: Session | None = None, idempotency_key: str | None = None) -> Run:
-    """Create a queued run for ``user``'s ``input`` and wake a worker.
+def start_run(
+    *,
+    agent: Agent,
+    user,
+    input: str,
+    session: Session | None = None,
+    idempotency_key: str | None = None,
+    multitask_strategy: str = MultitaskStrategy.ENQUEUE,
+) -> Run:
+    """Start a run for ``user``'s ``input`` (queued; a worker is woken), or add the input to one.
 
-    A new session is opened when ``session`` is None. With an
-    ``idempotency_key`` already used by this user, the earlier run is
-    returned instead of a new one. Raises ``ValidationError`` for empty or
-    oversized input or a session of another user or agent, and
-    ``SessionBusy`` when the session already has an active run.
+    A new session is opened when ``session`` is None. When the session
+    already has an active run, ``multitask_strategy`` decides (DESIGN §5):
+    ``enqueue`` (default: a new run that starts once the session is free),
+    ``supplement`` (the input joins the busy run's conversation before its
+    next model call and that run is returned; with no busy run it is
+    enqueued), ``interrupt`` (the active runs
+    are cancelled, then a new run), ``reject`` (``SessionBusy``, 409).
+    With an ``idempotency_key`` already used by this user, the earlier run
+    is returned. Raises ``ValidationError`` for empty or oversized input, a
+    session of another user or agent, or an unknown strategy.
     """
     input = (input or "").strip()
     limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
@@ -156,6 +181,8 @@ def start_run(*, agent: Agent, user, input: str, session: Session | None = None,
         raise ValidationError({"input": "Input must not be empty."})
     if len(input) > limit:
         raise ValidationError({"input": f"Input is {len(input)} characters; the limit is {limit}."})
+    if multitask_strategy not in MultitaskStrategy.values:
+        raise ValidationError({"multitask_strategy": f"Must be one of: {', '.join(MultitaskStrategy.values)}."})
     if idempotency_key:
         earlier = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).first()
         if earlier:
@@ -163,25 +190,60 @@ def start_run(*, agent: Agent, user, input: str, session: Session | None = None,
     if session is not None and (session.owner_id != user.pk or session.agent_id != agent.pk):
         raise ValidationError({"session": "That session belongs to another user or agent."})
 
+    actor = actor_for(user)
     try:
         with transaction.atomic():
             if session is None:
                 session = Session.objects.create(owner=user, agent=agent, title=input[:200])
             else:
-                active = Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).first()
-                if active:
-                    raise SessionBusy(active)
+                Session.objects.select_for_update().get(pk=session.pk)  # one new input at a time per session
+                active = list(Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).order_by("id"))
+                busy = next((r for r in active if r.status in BUSY_STATUSES), None)
+                if active and multitask_strategy == MultitaskStrategy.REJECT:
+                    raise SessionBusy(busy or active[0])
+                if busy and multitask_strategy == MultitaskStrategy.SUPPLEMENT:
+                    append_message(busy, role="user", content=input)
+                    append_event(busy, type="input", actor=actor, reason="supplemented", payload={"chars": len(input)})
+                    return busy
+                if multitask_strategy == MultitaskStrategy.INTERRUPT:
+                    for other in active:
+                        cancel_run(run=other, actor=actor, reason="interrupted by a new input")
             run = Run.objects.create(
                 session=session, agent=agent, requested_by=user, input=input, idempotency_key=idempotency_key
             )
-            append_message(run, role="user", content=input)
-            append_event(run, type="transition", actor=actor_for(user), reason="created", to_status=run.status)
+            append_event(run, type="transition", actor=actor, reason="created", to_status=run.status,
+                         payload={"multitask_strategy": multitask_strategy})
             enqueue_advance(run.pk)
     except IntegrityError:
         if idempotency_key:
             return Run.objects.get(requested_by=user, idempotency_key=idempotency_key)
-        raise SessionBusy(Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).first())
+        raise
     return run
+
+
+def begin_run(run: Run, *, actor: str) -> bool:
+    """A worker starts a queued run if its session is free: ``queued -> running``, input into the history.
+
+    Runs of a session start one at a time, oldest first; returns False
+    (the run stays queued) while an older run of the session is active.
+    """
+    older_active = Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_STATUSES, pk__lt=run.pk)
+    if older_active.exists():
+        return False
+    try:
+        with transaction.atomic():
+            transition_run(run, "start", actor=actor, reason="picked up by worker")
+            append_message(run, role="user", content=run.input)
+    except IntegrityError:  # another run of the session became busy first
+        return False
+    return True
+
+
+def wake_next_in_session(session_id: int) -> None:
+    """Wake a worker for the oldest queued run of the session (called when a run ends)."""
+    following = Run.objects.filter(session_id=session_id, status=RunStatus.QUEUED).order_by("id").first()
+    if following is not None:
+        enqueue_advance(following.pk)
 
 
 def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:

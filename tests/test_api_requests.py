@@ -60,17 +60,6 @@ def test_another_users_session_cannot_be_continued(demo, api, outsider):
     assert Run.objects.count() == 1
 
 
-def test_a_session_with_an_active_run_is_busy(demo, api):
-    client = api(demo["requester"])
-    run = start_run(client, "refund-order")
-
-    response = client.post("/api/runs/", {"agent": "refund-order", "input": "again", "session": run["session"]},
-                           format="json")
-
-    assert response.status_code == 409
-    assert response.json()["active_run"] == run["id"]
-
-
 def test_overlong_idempotency_key_is_a_bad_request(demo, api):
     response = api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "hi"}, format="json",
                                            headers={"Idempotency-Key": "k" * 201})

@@ -7,7 +7,7 @@ import pytest
 from runs.context import build_context, estimate_tokens, trim_history
 from runs.models import Agent, Message, Run, Session
 from runs.providers.anthropic_provider import to_anthropic_messages
-from runs.services import start_run, transition_run
+from runs.services import begin_run, start_run, transition_run
 from tests.provider_helpers import REFUND_30, llm  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,6 +63,7 @@ def test_200_turn_session_is_trimmed_in_context_only(worker, demo, llm):
     assert len(before) == 801
 
     run = start_run(agent=agent, user=demo["requester"], input="Now refund 30 on order 123.", session=session)
+    assert begin_run(run, actor="test")  # what the worker does first: the input joins the history
     context = build_context(run)
     assert context.estimated_tokens <= WINDOW - 200
     assert context.omitted > 600
