@@ -3,12 +3,13 @@
 Each pass of ``advance`` looks at what the database says and does the one
 next thing, committing before the next pass:
 
-1. cancel requested -> cancel (the safe point);
+1. cancel requested -> cancel; deadline passed -> fail (the safe point);
 2. tool calls ``ready`` -> execute them;
-3. tool calls awaiting approval -> ``waiting/approval``;
-4. finished tool calls without a result message -> deliver their results;
-5. a final answer stored but not yet judged -> the completion check;
-6. budgets -> call the model -> record the step -> propose its tool calls,
+3. tool calls ``unknown`` -> reconcile (the tool's hook, else a person);
+4. tool calls awaiting approval -> ``waiting/approval``;
+5. finished tool calls without a result message -> deliver their results;
+6. a final answer stored but not yet judged -> the completion check;
+7. budgets -> call the model -> record the step -> propose its tool calls,
    or, for a final answer, ask the completion check.
 
 Because every decision is re-derived from stored state, a worker that
