@@ -1,5 +1,7 @@
 """Reads for the inbox pages (HackSoft-style selectors)."""
 
+from django.db.models import Count
+
 from approvals.models import Interrupt, InterruptStatus
 from approvals.services import can_decide
 from runs.selectors import run_is_visible
@@ -10,8 +12,12 @@ def _with_relations(queryset):
 
 
 def inbox_items(*, user) -> list[Interrupt]:
-    """Pending items ``user`` may act on (``approvals.services.can_decide``), newest first."""
-    pending = _with_relations(Interrupt.objects.filter(status=InterruptStatus.PENDING)).order_by("-created_at", "-id")
+    """Pending items ``user`` may act on (``approvals.services.can_decide``), newest first.
+
+    Each has ``same_action_calls``: how many later calls re-proposed its tool call's action.
+    """
+    pending = (_with_relations(Interrupt.objects.filter(status=InterruptStatus.PENDING))
+               .annotate(same_action_calls=Count("tool_call__duplicates")).order_by("-created_at", "-id"))
     return [item for item in pending if can_decide(user, item)]
 
 

@@ -176,6 +176,12 @@ TOLLGATE = {
     # Model turns whose tool calls were all invalid before the run fails
     # with failure_type=invalid_model_output.
     "MAX_REPAIR_TURNS": env.int("TOLLGATE_MAX_REPAIR_TURNS", default=2),
+    # Workers that may die in a row on the same step (a model call or a
+    # tool call in flight) before the run fails with failure_type=crash_loop.
+    "MAX_CRASHES_PER_STEP": env.int("TOLLGATE_MAX_CRASHES_PER_STEP", default=3),
+    # Model calls per run when the agent sets no max_model_calls, so that
+    # no configuration can bill without end.
+    "DEFAULT_MAX_MODEL_CALLS": env.int("TOLLGATE_DEFAULT_MAX_MODEL_CALLS", default=50),
     # Times the model is told "not complete yet" before failed/incomplete.
     "MAX_INCOMPLETE_NUDGES": env.int("TOLLGATE_MAX_INCOMPLETE_NUDGES", default=2),
     # Default hours before a pending approval expires.

@@ -12,6 +12,7 @@ from runs.models import FailureType, Run
 from runs.services import end_run
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_DB_ERROR_MS = 2000
 
 
 @dramatiq.actor(max_retries=0, time_limit=60 * 60 * 1000)
@@ -33,7 +34,11 @@ def advance_run(run_id: int) -> None:
     except (LeaseLost, ConcurrentTransition) as exc:
         log.info("run %s changed under this worker (%s); leaving it", run_id, exc)
     except DatabaseError:
-        log.exception("database error advancing run %s; the sweeper will retry it", run_id)
+        # Likely transient (a restart, a failover): look again shortly rather
+        # than after the sweeper's grace period. A step cut off here is
+        # counted by the next takeover's crash streak, so this stays bounded.
+        log.exception("database error advancing run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS)
+        advance_run.send_with_options(args=(run_id,), delay=RETRY_AFTER_DB_ERROR_MS)
     except Exception as exc:
         log.exception("advancing run %s failed", run_id)
         _fail_unless_taken_over(run_id, exc)

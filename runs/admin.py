@@ -188,12 +188,12 @@ class RunAdmin(admin.ModelAdmin):
     """
 
     list_display = (
-        "id", "agent", "requested_by", "status", "phase", "waiting_reason", "outcome", "failure_type",
-        "input_summary", "model_calls", "created_at", "finished_at",
+        "id", "agent", "requested_by", "status", "phase", "waiting_reason", "outcome", "outcome_reason_summary",
+        "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
     )
     list_display_links = ("id",)
     list_filter = ("status", "phase", "waiting_reason", "failure_type", "outcome", "agent")
-    search_fields = ("=id", "input", "final_output", "error", "idempotency_key", "requested_by__username", "agent__slug")
+    search_fields = ("=id", "input", "final_output", "outcome_reason", "error", "idempotency_key", "requested_by__username", "agent__slug")
     list_select_related = ("agent", "requested_by", "session__agent")
     date_hierarchy = "created_at"
     actions = ["cancel_selected_runs"]
@@ -201,8 +201,8 @@ class RunAdmin(admin.ModelAdmin):
     base_fieldsets = (
         (None, {"fields": ("session", "agent", "requested_by", "input", "idempotency_key", "retry_of")}),
         ("State", {"fields": (
-            "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome", "error", "final_output",
-            "cancel_requested_at",
+            "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome", "outcome_reason", "error",
+            "final_output", "cancel_requested_at",
         )}),
         ("Usage", {"fields": (
             "model_calls", "repair_turns", "incomplete_nudges", "input_tokens", "output_tokens", "last_event_seq",
@@ -232,6 +232,10 @@ class RunAdmin(admin.ModelAdmin):
     @admin.display(description="input")
     def input_summary(self, run: Run) -> str:
         return truncated(run.input, 60)
+
+    @admin.display(description="why")
+    def outcome_reason_summary(self, run: Run) -> str:
+        return truncated(run.outcome_reason, 80)
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_selected_runs(self, request, queryset):

@@ -5,7 +5,8 @@ live on the agent; ``None`` means no limit:
 
 * ``max_turns`` — model turns that counted (``Run.model_calls``);
 * ``max_model_calls`` — every model call, including failed and discarded
-  ones (the run's ``Step`` rows);
+  ones (the run's ``Step`` rows); never unlimited: ``None`` means
+  ``TOLLGATE["DEFAULT_MAX_MODEL_CALLS"]``;
 * ``max_total_tokens`` — ``Run.input_tokens + Run.output_tokens``;
 * ``max_cost_usd`` — ``Run.cost_usd`` (US dollars, priced per call by
   ``TOLLGATE["MODEL_PRICES"]``);
@@ -41,6 +42,13 @@ def cost_usd(model_config: dict, *, input_tokens: int, output_tokens: int) -> De
     return cost.quantize(Decimal("0.000001"))
 
 
+def max_model_calls(agent) -> int:
+    """The agent's ``max_model_calls``, or ``TOLLGATE["DEFAULT_MAX_MODEL_CALLS"]`` when it sets none."""
+    if agent.max_model_calls is not None:
+        return agent.max_model_calls
+    return settings.TOLLGATE["DEFAULT_MAX_MODEL_CALLS"]
+
+
 def exhausted_budget(run: Run) -> tuple[str, str] | None:
     """``(failure_type, message)`` for the first exhausted budget of ``run``, else None.
 
@@ -51,7 +59,7 @@ def exhausted_budget(run: Run) -> tuple[str, str] | None:
     used_tokens = run.input_tokens + run.output_tokens
     checks = [
         ("max_turns", agent.max_turns, run.model_calls, "model turns"),
-        ("max_model_calls", agent.max_model_calls, run.steps.count(), "model calls"),
+        ("max_model_calls", max_model_calls(agent), run.steps.count(), "model calls"),
         ("max_total_tokens", agent.max_total_tokens, used_tokens, "tokens"),
     ]
     for name, limit, used, unit in checks:

@@ -1,27 +1,64 @@
-"""Completion checks: code, not the model, decides whether a run is done.
+"""Completion checks: code, not the model, decides whether a run is done and what it achieved.
 
-A check gets the run after the model gave a final answer and returns a
-``Verdict``. Agents name their check in ``Agent.completion_check``; checks
-are registered in code like tools (the demo's are in ``tools.demo``).
+When the model gives a final answer, ``evaluate(run)`` returns a
+``Verdict``. Two layers decide it:
+
+1. **The floor** (``judge_calls``), a pure rule over the run's tool calls
+   and their statuses. It is the whole of the ``default`` check and it
+   binds every other check too.
+2. **A domain check** named in ``Agent.completion_check`` (registered in
+   code with ``register_check``, e.g. the demo's ``refund`` in
+   ``tools.demo``), which knows what the task was.
+
+The floor's rule, over the calls in the order they were proposed:
+
+* a call still owing a result (proposed, awaiting approval, ready,
+  running, unknown) -> **incomplete** (the model is told, within
+  ``MAX_INCOMPLETE_NUDGES``);
+* a call that ended without its effect -- ``invalid``, ``denied``,
+  ``rejected``, ``expired``, ``cancelled`` or ``failed`` (which includes an
+  unknown outcome settled as "did not happen") -- is *unresolved* unless a
+  later call of the same tool succeeded (the model corrected itself);
+  a call of a tool that does not exist is ignored (it names no effect, and
+  the model was told so); any unresolved call -> **not_achieved**, with a reason naming the first
+  one ("refund #14 rejected: A person rejected this call. Comment: ...");
+  read-only and side-effecting calls are judged alike;
+* otherwise -> **achieved**.
+
+A domain check keeps priority, with one limit: it may not call a run
+``achieved`` while the floor says ``not_achieved`` unless it says why, with
+``achieved(reason, despite="...")``; without that the floor's verdict
+stands. The model's final text never enters any of this.
 """
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from runs.models import Outcome
+from tools.models import ToolCall, ToolCallStatus
+from tools.models.tool_call import NO_EFFECT_STATUSES, PENDING_STATUSES
+from tools.registry import get_tool
+
+S = ToolCallStatus
+MAX_REASON_CHARS = 500
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """``complete`` with an ``outcome`` (achieved / not_achieved), or not, with a ``reason``."""
+    """``complete`` with an ``outcome`` (achieved / not_achieved), or not; ``reason`` says why.
+
+    ``despite``: only for an ``achieved`` verdict of a domain check, the
+    check's explanation for overruling the floor's ``not_achieved``.
+    """
 
     complete: bool
     outcome: str = ""
     reason: str = ""
+    despite: str = ""
 
 
-def achieved() -> Verdict:
-    return Verdict(True, Outcome.ACHIEVED)
+def achieved(reason: str = "", *, despite: str = "") -> Verdict:
+    return Verdict(True, Outcome.ACHIEVED, reason, despite)
 
 
 def not_achieved(reason: str = "") -> Verdict:
@@ -30,6 +67,64 @@ def not_achieved(reason: str = "") -> Verdict:
 
 def incomplete(reason: str) -> Verdict:
     return Verdict(False, reason=reason)
+
+
+@dataclass(frozen=True)
+class CallFact:
+    """What the floor knows of one tool call: ``id`` (proposal order), tool, side effect, status, error.
+
+    ``registered``: whether ``tool`` names a registered tool (False for a model's invented name).
+    """
+
+    id: int
+    tool: str
+    side_effect: bool
+    status: str
+    error: str = ""
+    registered: bool = True
+
+
+def _describe(fact: CallFact) -> str:
+    text = f"{fact.tool} #{fact.id} {fact.status}"
+    return f"{text}: {fact.error}" if fact.error else text
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+def judge_calls(facts: Iterable[CallFact]) -> Verdict:
+    """The floor: the verdict that a run's tool calls alone support (see the module doc).
+
+    ``facts`` may come in any order; they are judged in ``id`` order.
+    Pure: no database, no clock.
+    """
+    facts = sorted((fact for fact in facts if fact.registered), key=lambda fact: fact.id)
+    pending = [fact for fact in facts if fact.status in PENDING_STATUSES]
+    if pending:
+        listed = ", ".join(f"{fact.tool} #{fact.id} ({fact.status})" for fact in pending)
+        return incomplete(_clip(f"{len(pending)} tool call(s) have not finished: {listed}."))
+    unresolved = [
+        fact for index, fact in enumerate(facts)
+        if fact.status in NO_EFFECT_STATUSES
+        and not any(later.tool == fact.tool and later.status == S.SUCCEEDED for later in facts[index + 1:])
+    ]
+    if unresolved:
+        others = f" (and {len(unresolved) - 1} more)" if len(unresolved) > 1 else ""
+        return not_achieved(_clip(_describe(unresolved[0]) + others))
+    succeeded = [fact for fact in facts if fact.status == S.SUCCEEDED]
+    if not succeeded:
+        return achieved("answered without tool calls")
+    effects = [fact for fact in succeeded if fact.side_effect]
+    if effects:
+        return achieved(_clip("done: " + ", ".join(f"{fact.tool} #{fact.id} succeeded" for fact in effects)))
+    return achieved(f"{len(succeeded)} read-only tool call(s) succeeded")
+
+
+def call_facts(run) -> list[CallFact]:
+    """The ``CallFact`` of every tool call of ``run`` (one query)."""
+    rows = ToolCall.objects.filter(run=run).order_by("id").values_list("id", "name", "side_effect", "status", "error")
+    return [CallFact(*row, registered=get_tool(row[1]) is not None) for row in rows]
 
 
 _CHECKS: dict[str, Callable] = {}
@@ -51,16 +146,30 @@ def check_names() -> list[str]:
 
 
 def evaluate(run) -> Verdict:
-    """Run the agent's completion check on ``run``. Raises ``KeyError`` for an unknown check."""
-    return _CHECKS[run.agent.completion_check](run)
+    """Judge ``run``: the floor, then the agent's domain check within it (see the module doc).
+
+    Raises ``KeyError`` for an unknown check (agents are validated at
+    creation, so only a check removed from the code since).
+    """
+    name = run.agent.completion_check
+    check = _CHECKS[name]
+    floor = judge_calls(call_facts(run))
+    if not floor.complete or name == "default":
+        return floor
+    verdict = check(run)
+    if verdict.complete and verdict.outcome == Outcome.ACHIEVED and floor.outcome == Outcome.NOT_ACHIEVED:
+        if not verdict.despite:
+            return floor
+        reason = f"{verdict.reason or f'check {name} passed'}, despite {floor.reason} ({verdict.despite})"
+        return achieved(_clip(reason))
+    if verdict.reason:
+        return verdict
+    # A check that says only "achieved" / "not achieved": borrow the floor's account when it agrees.
+    reason = floor.reason if verdict.outcome == floor.outcome else f"check {name}: {verdict.outcome}"
+    return Verdict(verdict.complete, verdict.outcome, reason)
 
 
 @register_check("default")
-def no_pending_tool_calls(run) -> Verdict:
-    """Complete (achieved) once no tool call of the run still owes a result."""
-    from tools.models.tool_call import PENDING_STATUSES
-
-    pending = run.tool_calls.filter(status__in=PENDING_STATUSES).count()
-    if pending:
-        return incomplete(f"{pending} tool call(s) have not finished.")
-    return achieved()
+def default_check(run) -> Verdict:
+    """The ``default`` check: the floor alone."""
+    return judge_calls(call_facts(run))

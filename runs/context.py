@@ -19,9 +19,12 @@ Trimming strategy, when the history does not fit:
    refuse, which is an honest model_error).
 4. Each gap of dropped units becomes one ``system`` note: "N earlier
    messages were omitted".
-5. Repair, in the context only: a tool call without a result (e.g. its run
-   was cancelled while it awaited approval) gets a synthetic
-   ``{"status": "missing"}`` result; a tool result without its call is
+5. Repair, in the context only: a tool call without a stored result gets
+   one rendered from what is known of it now (``tools.services.
+   tool_result_content``): "unknown, being checked" for a call whose
+   outcome is open, the real result once reconciliation settled it -- never
+   "did not run" for a call that was sent. A call with no record at all
+   gets ``{"status": "missing"}``; a tool result without its call is
    dropped. So a provider never sees a dangling ``tool_call_id``.
 """
 
@@ -32,22 +35,26 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from runs.models import Message, Run
+from tools.models import ToolCall
 from tools.registry import tools_for_agent
+from tools.services import tool_result_content
 
 PER_MESSAGE_TOKENS = 4
-MISSING_RESULT = json.dumps({"status": "missing", "error": "No result was recorded for this call; it did not run."})
+MISSING_RESULT = json.dumps({"status": "missing", "error": "No record of this call was kept."})
 
 
 @dataclass
 class Context:
     """``messages``: neutral dicts for ``ModelRequest.messages``; ``omitted``:
-    stored messages left out; ``estimated_tokens``: of the whole request."""
+    stored messages left out; ``estimated_tokens``: of the whole request;
+    ``last_message_id``: the newest stored message read (0: none)."""
 
     instructions: str
     tools: list[dict]
     messages: list[dict]
     omitted: int
     estimated_tokens: int
+    last_message_id: int = 0
 
 
 def estimate_tokens(message: dict) -> int:
@@ -68,8 +75,11 @@ def as_model_message(message: Message) -> dict:
     return out
 
 
-def _units(messages: list[dict]) -> list[list[dict]]:
-    """Group messages into keep-or-drop-together units, repairing call/result pairs."""
+def _units(messages: list[dict], known: dict[str, str]) -> list[list[dict]]:
+    """Group messages into keep-or-drop-together units, repairing call/result pairs.
+
+    ``known`` maps a call id without a stored result to the result text to show.
+    """
     units: list[list[dict]] = []
     open_calls: dict[str, list[dict]] = {}  # call id -> the unit that made the call
     for message in messages:
@@ -83,15 +93,16 @@ def _units(messages: list[dict]) -> list[list[dict]]:
         for call in message.get("tool_calls") or []:
             earlier = open_calls.pop(call["id"], None)
             if earlier is not None:  # an id reused before its result came: close the earlier call
-                earlier.append(_missing(call["id"]))
+                earlier.append(_missing(call["id"], known))
             open_calls[call["id"]] = unit
     for call_id, unit in open_calls.items():
-        unit.append(_missing(call_id))
+        unit.append(_missing(call_id, known))
     return units
 
 
-def _missing(call_id: str) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT, "synthetic": True}
+def _missing(call_id: str, known: dict[str, str]) -> dict:
+    content = known.get(call_id, MISSING_RESULT)
+    return {"role": "tool", "tool_call_id": call_id, "content": content, "synthetic": True}
 
 
 def _note(count: int) -> dict:
@@ -99,18 +110,22 @@ def _note(count: int) -> dict:
     return {"role": "system", "content": f"{count} earlier {noun} omitted to fit the context window."}
 
 
-def trim_history(messages: list[dict], *, budget_tokens: int, pinned_index: int | None = None) -> tuple[list[dict], int]:
+def trim_history(messages: list[dict], *, budget_tokens: int, pinned_index: int | None = None,
+                 known_results: dict[str, str] | None = None) -> tuple[list[dict], int]:
     """Fit ``messages`` into ``budget_tokens`` (see the module docstring).
 
     ``pinned_index``: the position in ``messages`` of the message that must
-    stay (the current run's task). Returns ``(messages, omitted_count)``;
-    the input list and its dicts are not modified.
+    stay (the current run's task). ``known_results``: result text for calls
+    whose result message is missing, by call id. Returns
+    ``(messages, omitted_count)``; the input list and its dicts are not modified.
     """
     pinned = messages[pinned_index] if pinned_index is not None else None
-    units = _units(messages)
+    units = _units(messages, known_results or {})
     sizes = [sum(estimate_tokens(m) for m in unit) for unit in units]
     keep = [False] * len(units)
-    remaining = budget_tokens
+    # Room for the notes that stand in for dropped units: one before the
+    # pinned task and one after it at most.
+    remaining = budget_tokens - 2 * estimate_tokens(_note(10**9))
     for i, unit in enumerate(units):
         if any(m is pinned for m in unit):
             keep[i] = True
@@ -154,7 +169,18 @@ def build_context(run: Run) -> Context:
     reserve = min((agent.model or {}).get("max_output_tokens") or settings.TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"],
                   window // 4)
     fixed = math.ceil((len(agent.instructions) + len(json.dumps(tools))) / 4)
-    trimmed, omitted = trim_history(messages, budget_tokens=window - reserve - fixed, pinned_index=pinned_index)
+    trimmed, omitted = trim_history(messages, budget_tokens=window - reserve - fixed, pinned_index=pinned_index,
+                                    known_results=_results_without_message(run.session_id, stored))
     estimated = fixed + sum(estimate_tokens(m) for m in trimmed)
     return Context(instructions=agent.instructions, tools=tools, messages=trimmed,
-                   omitted=omitted, estimated_tokens=estimated)
+                   omitted=omitted, estimated_tokens=estimated, last_message_id=stored[-1].pk if stored else 0)
+
+
+def _results_without_message(session_id: int, stored: list[Message]) -> dict[str, str]:
+    """Result text, by call id, for the session's calls that have no stored result message (one query at most)."""
+    answered = {m.tool_call_id for m in stored if m.role == "tool"}
+    unanswered = {call["id"] for m in stored for call in (m.tool_calls or []) if call["id"] not in answered}
+    if not unanswered:
+        return {}
+    calls = ToolCall.objects.filter(run__session_id=session_id, provider_call_id__in=unanswered)
+    return {call.provider_call_id: tool_result_content(call) for call in calls}

@@ -35,6 +35,7 @@ def run_snapshot(run: Run) -> dict:
         "waiting_reason": run.waiting_reason,
         "failure_type": run.failure_type,
         "outcome": run.outcome,
+        "outcome_reason": run.outcome_reason,
         "final_output": run.final_output,
         "updated_at": run.updated_at.isoformat() if run.updated_at else None,
     }

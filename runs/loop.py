@@ -22,7 +22,7 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -41,11 +41,13 @@ from runs.services import append_event, append_message, begin_run, end_run, set_
 from tools.models import ToolCall, ToolCallStatus
 from tools.services import (
     assess_tool_calls,
+    deliver_tool_results,
     execute_tool_call,
     propose_tool_calls,
     reconcile_delay,
     reconcile_unknown_call,
     retry_delay,
+    settle_joined_calls,
     tool_result_content,
 )
 
@@ -81,7 +83,10 @@ def advance(run_id: int) -> Run | None:
 def _advance_slice(run_id: int) -> tuple[Run, bool]:
     """Up to ``SLICE_STEPS`` steps under the lease; returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
-    recover_after_takeover(run, actor=ACTOR)
+    if recover_after_takeover(run, actor=ACTOR) == "crash_loop":
+        limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
+        return _end(run, "fail", reason="crash loop", failure_type=FailureType.CRASH_LOOP,
+                    error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
     if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
         if not begin_run(run, actor=ACTOR):
             return run, False  # an older run of the session goes first; its end wakes this one
@@ -90,7 +95,7 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         if run.status != RunStatus.RUNNING:
             return run, False
         if run.cancel_requested_at is not None:
-            return end_run(run, "cancel", actor=ACTOR, reason="cancelled at a safe point"), False
+            return _end(run, "cancel", reason="cancelled at a safe point"), False
         passed = deadline_passed(run)
         if passed:
             _fail(run, *passed)
@@ -118,7 +123,11 @@ def _step(run: Run) -> bool:
         return _reconcile(run, [c for c in calls if c.status == S.UNKNOWN])
     if any(c.status == S.AWAITING_APPROVAL for c in calls):
         return not _wait_for_approval(run)
-    _deliver_tool_results(run, calls)
+    if any(c.status == S.PROPOSED and c.duplicate_of_id for c in calls):
+        waiting = settle_joined_calls(run)
+        if waiting:
+            return _wait_for_original(run, waiting)
+    deliver_tool_results(run)
     last = run.messages.order_by("-id").first()
     if last is not None and last.role == "assistant" and not last.tool_calls and last.content.strip():
         # A final answer is stored but was never judged (its worker died):
@@ -131,6 +140,8 @@ def _execute(run: Run, call: ToolCall) -> bool:
     """Execute one ready call; after a retryable failure, back off (inline or by waiting)."""
     failpoint("tool_call_ready", call.name)
     call = execute_tool_call(call, actor=ACTOR)
+    if run.crash_streak:  # the call got through an attempt: the crash streak is over
+        Run.objects.filter(pk=run.pk).update(crash_streak=0)
     if call.status != S.READY:
         return True
     delay = retry_delay(call)
@@ -160,6 +171,18 @@ def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
     return False
 
 
+def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
+    """Re-proposed actions wait for an original still pending in another run (being reconciled).
+
+    The run waits ``reconciliation`` and looks again after ``RECONCILE_BACKOFF_S``.
+    """
+    originals = ", ".join(f"#{call.duplicate_of_id}" for call in joined)
+    wake_at = timezone.now() + timedelta(seconds=settings.TOLLGATE["RECONCILE_BACKOFF_S"])
+    transition_run(run, "wait", actor=ACTOR, reason=f"same action as {originals}, whose outcome is not settled yet",
+                   waiting_reason=WaitingReason.RECONCILIATION, wake_at=wake_at)
+    return False
+
+
 def _wait_for_approval(run: Run) -> bool:
     """Put the run in ``waiting/approval`` unless a decision came in first; True if it waits."""
     with transaction.atomic():
@@ -171,21 +194,12 @@ def _wait_for_approval(run: Run) -> bool:
     return True
 
 
-def _deliver_tool_results(run: Run, calls: list[ToolCall]) -> None:
-    """Append a tool message for every finished call that has none yet, in call order.
-
-    Invalid, denied, rejected, expired and cancelled calls get one too, so
-    the model never sees a call id without a result.
-    """
-    delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
-    with transaction.atomic():
-        for call in calls:
-            if not call.is_pending and call.provider_call_id not in delivered:
-                append_message(run, role="tool", content=tool_result_content(call), tool_call_id=call.provider_call_id)
+def _end(run: Run, name: str, *, reason: str, **kwargs) -> Run:
+    return end_run(run, name, actor=ACTOR, reason=reason, **kwargs)
 
 
 def _fail(run: Run, failure_type: str, error: str) -> bool:
-    end_run(run, "fail", actor=ACTOR, reason=error, failure_type=failure_type, error=error)
+    _end(run, "fail", reason=error, failure_type=failure_type, error=error)
     return False
 
 
@@ -218,12 +232,24 @@ def _model_turn(run: Run) -> bool:
     _unique_call_ids(run, step, response.tool_calls)
     # Policy first, outside the transaction: preconditions may do I/O.
     assessments = assess_tool_calls(run=run, calls=response.tool_calls, truncated=response.finish_reason == "length")
+    try:
+        return _record_model_answer(run, step, response, cost, assessments)
+    except (DataError, IntegrityError) as exc:
+        # Deterministic: the same output would be refused again. Never a
+        # crash-and-retry loop; the answer is invalid output.
+        log.warning("run %s: the database refused the model's answer: %s", run.pk, exc)
+        return _malformed_response(run, step, f"the answer could not be stored ({type(exc).__name__})")
+
+
+def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> bool:
+    """Store one model answer with its usage and tool calls in one transaction; act on a final answer."""
     with transaction.atomic():
         Step.objects.filter(pk=step.pk).update(
             status=Step.Status.SUCCEEDED, response=response.as_dict(), finished_at=timezone.now(),
             input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost,
         )
         Run.objects.filter(pk=run.pk).update(
+            crash_streak=0,
             model_calls=F("model_calls") + 1,
             input_tokens=F("input_tokens") + response.input_tokens,
             output_tokens=F("output_tokens") + response.output_tokens,
@@ -250,12 +276,14 @@ def _model_turn(run: Run) -> bool:
 
 
 def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
-    """Give every call of the turn an id unique in the run, in place, before anything stores it.
+    """Give every call of the turn an id unique in the session, in place, before anything stores it.
 
-    Some servers omit ids or reuse ``call_0`` on every turn; the stored
-    message, the ToolCall and the tool result must all name the same call.
+    Some servers omit ids or reuse ``call_0`` on every turn (and every run
+    starts its turns afresh); the stored message, the ToolCall and the tool
+    result must all name the same call, and the session's history must never
+    hold two calls under one id.
     """
-    used = set(run.tool_calls.values_list("provider_call_id", flat=True))
+    used = set(ToolCall.objects.filter(run__session_id=run.session_id).values_list("provider_call_id", flat=True))
     for index, call in enumerate(calls):
         call_id = call.get("id") or f"call_{step.pk}_{index}"
         if call_id in used:
@@ -291,12 +319,21 @@ def _repair_turn(run: Run, why: str, tell: str = "") -> bool:
 
 
 def _finish(run: Run, content: str) -> bool:
-    """The model gave a final answer: the completion check decides what that means."""
+    """The model gave a final answer: the completion check decides what that means.
+
+    A cancel requested before the verdict is committed wins: the run ends
+    ``cancelled`` (the answer stays in the history), never ``completed``.
+    """
     set_phase(run, Phase.FINALIZING)
     verdict = completion.evaluate(run)
     if verdict.complete:
-        transition_run(run, "complete", actor=ACTOR, reason=verdict.reason or "completion check passed",
-                       outcome=verdict.outcome, final_output=content)
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run.pk)
+            if locked.cancel_requested_at is not None:
+                _end(run, "cancel", reason="cancelled before the final answer was accepted")
+                return False
+            _end(run, "complete", reason=f"{verdict.outcome}: {verdict.reason}", outcome=verdict.outcome,
+                 outcome_reason=verdict.reason, final_output=content)
         return False
     limit = settings.TOLLGATE["MAX_INCOMPLETE_NUDGES"]
     if _strike(run, counter="incomplete_nudges", limit=limit, event="incomplete", reason=verdict.reason,
@@ -323,6 +360,7 @@ def _model_request(run: Run) -> tuple[ModelRequest, dict]:
         on_delta=lambda kind, data: publish_delta(run.pk, kind=kind, data=data),
     )
     summary = {"turn_index": request.turn_index, "messages": len(context.messages),
+               "last_message_id": context.last_message_id,
                "omitted_messages": context.omitted, "estimated_tokens": context.estimated_tokens}
     return request, summary
 

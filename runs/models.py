@@ -34,7 +34,7 @@ class Agent(models.Model):
     max_turns = models.PositiveIntegerField(default=20)
     # Budgets checked before every model call (runs.budgets); null: no limit.
     max_model_calls = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Model calls per run, counting failed and discarded ones.")
+        null=True, blank=True, help_text="Model calls per run, counting failed and discarded ones; empty: TOLLGATE['DEFAULT_MAX_MODEL_CALLS'].")
     max_total_tokens = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Input plus output tokens per run.")
     max_cost_usd = models.DecimalField(
@@ -108,6 +108,7 @@ class FailureType(models.TextChoices):
     APPROVAL_EXPIRED = "approval_expired"
     INCOMPLETE = "incomplete"
     INTERNAL_ERROR = "internal_error"
+    CRASH_LOOP = "crash_loop"
 
 
 class MultitaskStrategy(models.TextChoices):
@@ -147,6 +148,8 @@ class Run(FSMModel):
     wake_at = models.DateTimeField(null=True, blank=True)
     failure_type = models.CharField(max_length=32, choices=FailureType.choices, blank=True)
     outcome = models.CharField(max_length=32, choices=Outcome.choices, blank=True)
+    outcome_reason = models.TextField(
+        blank=True, help_text="Why the completion check decided the outcome (runs.completion), e.g. the call that failed.")
     error = models.TextField(blank=True)
     final_output = models.TextField(blank=True)
 
@@ -157,6 +160,10 @@ class Run(FSMModel):
     output_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     last_event_seq = models.PositiveIntegerField(default=0)
+    lost_leases = models.PositiveIntegerField(
+        default=0, help_text="Times a worker died holding this run with a step or tool call in flight.")
+    crash_streak = models.PositiveIntegerField(
+        default=0, help_text="Such deaths since the run last made progress; TOLLGATE['MAX_CRASHES_PER_STEP'] ends it.")
 
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_token = models.PositiveBigIntegerField(default=0, help_text="Fencing token; grows with every acquisition.")
@@ -209,8 +216,9 @@ class Run(FSMModel):
         self.phase = Phase.PREPARING_CONTEXT
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.COMPLETED)
-    def complete(self, outcome: str, final_output: str):
+    def complete(self, outcome: str, final_output: str, outcome_reason: str = ""):
         self.outcome = outcome
+        self.outcome_reason = outcome_reason
         self.final_output = final_output
         self.phase = ""
 

@@ -18,31 +18,88 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
-from runs.models import Run, RunStatus, Step
+from runs.lease import fenced
+from runs.models import TERMINAL_STATUSES, Run, RunStatus, Step
 from runs.services import append_event, enqueue_advance, transition_run
 
 log = logging.getLogger(__name__)
 
 
-def recover_after_takeover(run: Run, *, actor: str) -> None:
-    """Clean up what the run's previous lease holder left in flight (see module doc)."""
+def recover_after_takeover(run: Run, *, actor: str) -> str | None:
+    """Clean up what the run's previous lease holder left in flight (see module doc).
+
+    A takeover that finds work in flight means a worker died on it: the
+    run's ``lost_leases`` and ``crash_streak`` grow by one (the streak is
+    reset whenever a model call or a tool attempt gets through). Returns
+    ``"crash_loop"`` once the streak reaches ``TOLLGATE["MAX_CRASHES_PER_STEP"]``
+    (the caller ends the run; a side-effecting call in flight is then
+    handed to reconciliation), else None.
+    """
     from tools.models import ToolCallStatus
     from tools.services import recover_orphaned_call
 
-    for step in run.steps.filter(status=Step.Status.STARTED):
+    steps = list(run.steps.filter(status=Step.Status.STARTED))
+    calls = list(run.tool_calls.filter(status=ToolCallStatus.RUNNING))
+    if not steps and not calls:
+        return None
+    with transaction.atomic():
+        fenced(Run.objects.filter(pk=run.pk), run.pk).update(
+            lost_leases=F("lost_leases") + 1, crash_streak=F("crash_streak") + 1)
+        run.refresh_from_db(fields=["lost_leases", "crash_streak"])
+        append_event(run, type="recovery", actor=actor, reason="took over from a worker that died",
+                     payload={"lost_leases": run.lost_leases, "crash_streak": run.crash_streak,
+                              "steps": [step.pk for step in steps], "tool_calls": [call.pk for call in calls]})
+    for step in steps:
         with transaction.atomic():
             append_event(run, type="model_call", actor=actor, reason="discarded after a worker crash",
                          payload={"step": step.pk})
             Step.objects.filter(pk=step.pk).update(status=Step.Status.DISCARDED, finished_at=timezone.now())
-    for call in run.tool_calls.filter(status=ToolCallStatus.RUNNING):
+    if run.crash_streak >= settings.TOLLGATE["MAX_CRASHES_PER_STEP"]:
+        return "crash_loop"  # the call stays running: ending the run hands it to reconciliation
+    for call in calls:
         recover_orphaned_call(call, actor=actor)
+    return None
+
+
+def reconcile_after_run_end(*, now) -> int:
+    """Ask the reconcile hooks about ``unknown`` calls of runs that have ended; returns how many were asked.
+
+    Each call due (``reconcile_after <= now``) is claimed with one
+    conditional UPDATE, so two sweepers never ask about it at once. A call
+    the hook settles is done; one it cannot find yet is asked again after
+    ``reconcile_delay``; after ``RECONCILE_MAX_TRIES`` a person's
+    reconciliation item is opened.
+    """
+    from approvals.services import request_reconciliation
+    from tools.models import ToolCall, ToolCallStatus
+    from tools.services import reconcile_delay, reconcile_unknown_call
+
+    due = ToolCall.objects.filter(status=ToolCallStatus.UNKNOWN, reconcile_after__lte=now,
+                                  run__status__in=TERMINAL_STATUSES)
+    asked = 0
+    for call in due.select_related("run"):
+        claim_until = now + timedelta(seconds=settings.TOLLGATE["LEASE_TTL_S"])
+        if not ToolCall.objects.filter(pk=call.pk, reconcile_after=call.reconcile_after).update(
+                reconcile_after=claim_until):
+            continue
+        verdict = reconcile_unknown_call(call, actor="sweeper")
+        asked += 1
+        if verdict == "later":
+            next_try = timezone.now() + timedelta(seconds=reconcile_delay(call))
+            ToolCall.objects.filter(pk=call.pk).update(reconcile_after=next_try)
+            continue
+        ToolCall.objects.filter(pk=call.pk).update(reconcile_after=None)
+        if verdict == "person":
+            with transaction.atomic():
+                request_reconciliation(tool_call=call)
+    return asked
 
 
 def sweep(*, now=None) -> dict:
-    """One pass of the sweeper; returns counts ``{"reenqueued", "woken", "expired"}``.
+    """One pass of the sweeper; returns counts ``{"reenqueued", "woken", "expired", "reconciled"}``.
 
     Safe to run from any number of processes at once: waking a worker is
     harmless (leases decide who advances) and transitions are guarded.
@@ -78,6 +135,7 @@ def sweep(*, now=None) -> dict:
         woken += 1
 
     expired = expire_overdue_interrupts(now=now)
-    if reenqueued or woken or expired:
-        log.info("sweep: reenqueued=%s woken=%s expired=%s", reenqueued, woken, expired)
-    return {"reenqueued": reenqueued, "woken": woken, "expired": expired}
+    reconciled = reconcile_after_run_end(now=now)
+    if reenqueued or woken or expired or reconciled:
+        log.info("sweep: reenqueued=%s woken=%s expired=%s reconciled=%s", reenqueued, woken, expired, reconciled)
+    return {"reenqueued": reenqueued, "woken": woken, "expired": expired, "reconciled": reconciled}

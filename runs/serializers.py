@@ -48,14 +48,19 @@ class AgentCreateSerializer(serializers.Serializer):
 
 
 class RunSerializer(serializers.ModelSerializer):
-    """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username."""
+    """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
+
+    ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.completion``);
+    ``final_output`` is the model's own last words, not a verdict.
+    """
 
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
 
     class Meta:
         model = Run
-        fields = ["id", "status", "phase", "waiting_reason", "failure_type", "outcome", "session", "agent",
+        fields = ["id", "status", "phase", "waiting_reason", "failure_type", "outcome", "outcome_reason", "session",
+                  "agent",
                   "requested_by", "input", "final_output", "error", "wake_at", "cancel_requested_at", "retry_of",
                   "model_calls", "input_tokens", "output_tokens", "created_at", "updated_at", "started_at",
                   "finished_at"]
@@ -90,10 +95,14 @@ class RunEventSerializer(serializers.ModelSerializer):
 
 
 class ToolCallSerializer(serializers.ModelSerializer):
-    """One tool call of a run: raw and parsed arguments, status, result or error."""
+    """One tool call of a run: raw and parsed arguments, status, result or error.
+
+    ``duplicate_of``: the id of the earlier call whose action this one repeats (it ends as that one ended).
+    """
 
     class Meta:
         model = ToolCall
         fields = ["id", "name", "status", "raw_arguments", "arguments", "result", "error", "idempotency_key",
-                  "attempts", "side_effect", "provider_call_id", "created_at", "started_at", "finished_at"]
+                  "attempts", "side_effect", "duplicate_of", "provider_call_id", "created_at", "started_at",
+                  "finished_at"]
         read_only_fields = fields

@@ -30,7 +30,7 @@ from runs.models import (
 # Fields a transition may change; saving only these never overwrites a
 # concurrent writer's other fields (e.g. cancel_requested_at).
 TRANSITION_FIELDS = [
-    "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome",
+    "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome", "outcome_reason",
     "error", "final_output", "started_at", "finished_at", "updated_at",
 ]
 
@@ -82,10 +82,11 @@ def append_event(
     )
 
 
-def transition_run(run: Run, name: str, *, actor: str, reason: str = "", **kwargs) -> Run:
+def transition_run(run: Run, name: str, *, actor: str, reason: str = "", event_payload: dict | None = None,
+                   **kwargs) -> Run:
     """Apply the FSM transition ``name`` (e.g. ``"wait"``) to ``run`` and record it.
 
-    ``kwargs`` go to the transition method. Raises
+    ``kwargs`` go to the transition method; ``event_payload`` is added to the event's payload. Raises
     ``django_fsm.TransitionNotAllowed`` for an illegal transition and
     ``django_fsm.ConcurrentTransition`` when another writer changed the
     status since ``run`` was loaded; nothing is written in either case.
@@ -103,6 +104,7 @@ def transition_run(run: Run, name: str, *, actor: str, reason: str = "", **kwarg
         payload = {k: v for k, v in kwargs.items() if isinstance(v, (str, int, float, bool, type(None)))}
         if run.waiting_reason:
             payload["waiting_reason"] = run.waiting_reason
+        payload.update(event_payload or {})
         append_event(
             run,
             type="transition",
@@ -247,21 +249,71 @@ def wake_next_in_session(session_id: int) -> None:
 
 
 def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:
-    """End ``run`` with the transition ``name`` (``"cancel"`` or ``"fail"``) and tidy up.
+    """End ``run`` with the transition ``name`` (``complete``, ``fail`` or ``cancel``): the one ending path.
 
-    Calls that never started are cancelled and pending approval or input
-    items with them; reconciliation items stay open, since an effect whose
-    outcome is unknown must still be settled after the run has ended.
-    ``kwargs`` go to the transition (``failure_type``, ``error``).
-    Raises ``TransitionNotAllowed`` for a terminal run.
+    In one transaction, before the transition:
+
+    1. pending approval and input items are cancelled (reconciliation
+       items stay: an effect whose outcome is unknown is settled whatever
+       becomes of the run);
+    2. no call is left in flight (``tools.services.settle_calls_at_run_end``):
+       calls never sent are cancelled, calls that were sent and not
+       finished become ``unknown``; an unknown call whose tool has a
+       reconcile hook keeps being looked up by the sweeper, one without
+       gets a person's reconciliation item;
+    3. every finished call's result is delivered into the history, so a
+       later run of the session reads what happened;
+    4. input supplemented after the last model call (never read): on
+       ``complete`` it becomes the session's next queued run, otherwise the
+       event log says it was not read.
+
+    The terminal event's payload lists the run's ``effects`` (side-effecting
+    calls that succeeded or whose outcome is unknown). ``kwargs`` go to the
+    transition (``outcome``/``outcome_reason``/``final_output``, or
+    ``failure_type``/``error``). Raises ``TransitionNotAllowed`` for a
+    terminal run.
     """
-    from approvals.services import cancel_pending_interrupts
-    from tools.services import cancel_pending_tool_calls
+    from approvals.services import cancel_pending_interrupts, request_reconciliation
+    from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 
     with transaction.atomic():
         cancel_pending_interrupts(run=run, actor=actor)
-        cancel_pending_tool_calls(run=run, actor=actor)
-        return transition_run(run, name, actor=actor, reason=reason, **kwargs)
+        effects = settle_calls_at_run_end(run=run, actor=actor)
+        for call in unknown_calls_for_a_person(run):
+            request_reconciliation(tool_call=call)
+        deliver_tool_results(run)
+        unread = _unread_supplements(run)
+        transition_run(run, name, actor=actor, reason=reason, event_payload={"effects": effects}, **kwargs)
+        if unread:
+            _hand_on_unread_input(run, unread, actor=actor, start_next=name == "complete")
+        return run
+
+
+def _unread_supplements(run: Run) -> list[Message]:
+    """User messages supplemented into ``run`` after its last model call read the history."""
+    last_step = run.steps.filter(status__in=["succeeded", "failed"]).order_by("-index").first()
+    read_upto = last_step.request.get("last_message_id") if last_step else 0
+    if read_upto is None:  # a step recorded before reads were tracked
+        return []
+    first_input = run.messages.filter(role="user").order_by("id").values_list("id", flat=True).first()
+    return list(run.messages.filter(role="user", id__gt=read_upto).exclude(id=first_input).order_by("id"))
+
+
+def _hand_on_unread_input(run: Run, unread: list[Message], *, actor: str, start_next: bool) -> None:
+    """Accepted input the ended run never read: queue it as the session's next run, or say it was not read."""
+    text = "\n\n".join(message.content for message in unread)
+    ids = [message.pk for message in unread]
+    if not start_next:
+        append_event(run, type="input", actor=actor, reason="supplemented input was not read before the run ended",
+                     payload={"messages": ids})
+        return
+    following = Run.objects.create(session_id=run.session_id, agent_id=run.agent_id,
+                                   requested_by_id=run.requested_by_id, input=text)
+    append_event(following, type="transition", actor=actor, reason="created", to_status=following.status,
+                 payload={"unread_input_of_run": run.pk, "messages": ids})
+    append_event(run, type="input", actor=actor, reason=f"supplemented input was not read; queued as run {following.pk}",
+                 payload={"messages": ids, "run": following.pk})
+    enqueue_advance(following.pk)
 
 
 def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run:

@@ -138,7 +138,7 @@ def test_requester_starts_refund_approver_approves_in_inbox_run_completes_live(d
     assert "80.00" in requester.text_content("#run-final-output")
     assert "completed" in requester.text_content("#timeline")
     approver.reload()
-    assert approver.text_content("#run-outcome").strip() == "achieved"
+    assert approver.text_content("#run-outcome .run-outcome").strip() == "achieved"
     approver.screenshot(path=str(SCREENSHOT), full_page=True)
 
     # The item is resolved: no decision buttons any more, and who decided is shown.
@@ -147,3 +147,30 @@ def test_requester_starts_refund_approver_approves_in_inbox_run_completes_live(d
     assert approver.get_attribute("#item-status", "data-status") == "resolved"
     assert approver.query_selector("#approve") is None
     assert "approved by approver" in approver.text_content("#item-resolution")
+
+
+@pytest.fixture
+def denied_refund_run(demo, worker, api):
+    """A finished run whose refund was denied while the model claimed success (set up before the browser starts)."""
+    from tests.api_helpers import create_agent, start_run
+
+    agent = create_agent(api(demo["admin"]), "claims-refund", [
+        {"tool_calls": [{"name": "refund", "arguments": {"order_id": 105, "amount": 500}}]},
+        {"content": "Refund issued."}], completion_check="default")
+    run = start_run(api(demo["requester"]), agent["slug"])
+    worker.drain()
+    return run["id"]
+
+
+def test_run_page_shows_not_achieved_beside_the_models_claim(denied_refund_run, served, browser):
+    page = _log_in(browser, served, "requester", "requester-demo")
+    page.goto(f"{served}/runs/{denied_refund_run}/")
+    page.wait_for_selector("#run-status[data-status=completed]")
+    assert page.text_content("#run-final-output").strip() == "Refund issued."
+    verdict = page.text_content("#run-verdict")
+    assert "not achieved" in verdict
+    assert "denied" in verdict and "at most 20.00 can be refunded" in verdict
+    # The verdict sits right above the model's words, not somewhere else on the page.
+    verdict_box = page.locator("#run-verdict").bounding_box()
+    words_box = page.locator("#run-final-output").bounding_box()
+    assert 0 <= words_box["y"] - (verdict_box["y"] + verdict_box["height"]) < 60

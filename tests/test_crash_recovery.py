@@ -135,4 +135,4 @@ def test_waiting_run_keeps_waiting_through_a_sweep(demo, worker):
     worker.drain()
     run.refresh_from_db()
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.APPROVAL)
-    assert counts == {"reenqueued": 0, "woken": 0, "expired": 0}
+    assert counts == {"reenqueued": 0, "woken": 0, "expired": 0, "reconciled": 0}

@@ -3,7 +3,7 @@
 import pytest
 
 from tools.policy import InvalidRule, approval_required, check_rule
-from tools.services import derive_idempotency_key
+from tools.services import action_identity, derive_idempotency_key
 
 
 @pytest.mark.parametrize(
@@ -34,11 +34,19 @@ def test_malformed_rules_are_refused(rule):
         check_rule(rule)
 
 
-def test_idempotency_key_names_the_logical_action_not_the_call():
-    first = derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 80})
-    reordered = derive_idempotency_key(7, "refund", {"amount": 80, "order_id": 123})
+def test_action_identity_names_the_logical_action_not_the_call():
+    first = action_identity(7, "refund", {"order_id": 123, "amount": 80})
+    reordered = action_identity(7, "refund", {"amount": 80, "order_id": 123})
     assert first == reordered
-    assert derive_idempotency_key(7, "refund", {"order_id": 123.0, "amount": 8e1}) == first
-    assert first.startswith("refund-7-")
-    assert derive_idempotency_key(8, "refund", {"order_id": 123, "amount": 80}) != first
-    assert derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 81}) != first
+    assert action_identity(7, "refund", {"order_id": 123.0, "amount": 8e1}) == first
+    assert action_identity(8, "refund", {"order_id": 123, "amount": 80}) != first
+    assert action_identity(7, "refund", {"order_id": 123, "amount": 81}) != first
+    assert action_identity(7, "cancel_order", {"order_id": 123, "amount": 80}) != first
+
+
+@pytest.mark.django_db
+def test_idempotency_key_is_the_session_and_action():
+    key = derive_idempotency_key(7, "refund", {"order_id": 123, "amount": 80})
+    assert key == derive_idempotency_key(7, "refund", {"amount": 80.0, "order_id": 123})
+    assert key.startswith("refund-s7-")
+    assert derive_idempotency_key(8, "refund", {"order_id": 123, "amount": 80}) != key

@@ -55,7 +55,7 @@ def _assert_well_formed(messages: list[dict]) -> None:
     assert not pending
 
 
-def test_200_turn_session_is_trimmed_in_context_only(worker, demo, llm):
+def test_200_turn_session_is_trimmed_in_context_only(idle_worker, demo, llm):
     server, agent = llm("openai", [{"tool_calls": [REFUND_30]}, {"content": "Refunded 30 on order 123."}],
                         context_window=WINDOW, max_output_tokens=200)
     session = _long_session(agent, demo["requester"])
@@ -76,7 +76,8 @@ def test_200_turn_session_is_trimmed_in_context_only(worker, demo, llm):
     anthropic = to_anthropic_messages(context.messages)
     assert [m["role"] for m in anthropic] == ["user", "assistant"] * (len(anthropic) // 2) + ["user"] * (len(anthropic) % 2)
 
-    worker.drain()
+    idle_worker.worker.start()  # only now: the worker must not begin the run while the test does
+    idle_worker.drain()
     run.refresh_from_db()
     assert (run.status, run.outcome) == ("completed", "achieved")
     after = _snapshot(session)

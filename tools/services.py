@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from runs.failpoints import failpoint
-from runs.services import append_event
+from runs.services import append_event, append_message
 from tools.models import ToolCall, ToolCallStatus
+from tools.models.tool_call import FINAL_STATUSES, NO_EFFECT_STATUSES, PENDING_STATUSES
 from tools.policy import approval_required
 from tools.registry import (
     Reconciliation,
@@ -72,17 +73,38 @@ def _canonical(value):
     return value
 
 
-def derive_idempotency_key(run_id: int, name: str, arguments: dict) -> str:
-    """A stable key for one logical action of a run: sha256 of run, tool and arguments.
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _canonical_json(arguments: dict) -> str:
+    return json.dumps(_canonical(arguments), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def action_identity(session_id: int, name: str, arguments: dict) -> str:
+    """The business identity of one action in a session: 64 hex digits of sha256(session, tool, arguments).
 
     Arguments are canonicalised (sorted keys, no spaces, one spelling per
-    number), so a model that re-proposes the same action, under any
-    ``tool_call_id``, gets the same key. Returns
-    ``"<tool>-<run>-<first 32 hex digits>"``.
+    number), so the same action proposed again, in any run of the session
+    and under any ``tool_call_id``, has the same identity.
     """
-    canonical = json.dumps(_canonical(arguments), sort_keys=True, separators=(",", ":"), default=str)
-    digest = hashlib.sha256(f"{run_id}\n{name}\n{canonical}".encode()).hexdigest()
-    return f"{name}-{run_id}-{digest[:32]}"
+    return _digest(str(session_id), name, _canonical_json(arguments))
+
+
+def derive_idempotency_key(session_id: int, name: str, arguments: dict) -> str:
+    """The idempotency key for executing ``name(arguments)`` in a session.
+
+    ``"<tool>-s<session>-<first 32 hex digits of the identity>"``, followed
+    by ``-<n>`` when ``n`` earlier calls sent under that key definitely
+    failed: a fresh attempt after a failure must not be answered with the
+    stored failure. The same action executed again (a re-send after a crash,
+    a re-proposal, a follow-up run) gets the same key, so it takes effect
+    at most once.
+    """
+    base = f"{name[:30]}-s{session_id}-{action_identity(session_id, name, arguments)[:32]}"
+    failed = ToolCall.objects.filter(run__session_id=session_id, status=S.FAILED, idempotency_key__startswith=base)
+    generation = failed.count()
+    return f"{base}-{generation}" if generation else base
 
 
 def _parse_arguments(raw) -> tuple[dict | None, str]:
@@ -105,14 +127,20 @@ class Assessment:
     """What the policy decided for one proposed call, before anything is written.
 
     ``outcome`` is the ToolCall transition to apply: ``invalidate``,
-    ``deny``, ``request_approval`` or ``make_ready``; ``reason`` is the
-    error (invalid, denied) or the approval rule that applied.
+    ``deny``, ``request_approval`` or ``make_ready``; or ``duplicate``
+    when the call repeats an action that succeeded or is still pending
+    (``original``: the earlier ``ToolCall``, or the index of an earlier
+    call of the same turn). ``reason`` is the error (invalid, denied) or
+    the approval rule that applied. ``action_key``: the call's business
+    identity, for side-effecting calls with parsed arguments.
     """
 
     arguments: dict | None
     outcome: str
     reason: str
     tool: Tool | None = None
+    action_key: str = ""
+    original: "ToolCall | int | None" = None
 
 
 def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
@@ -126,30 +154,51 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
     (the refund asks the gateway), so call this outside any transaction.
     """
     allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
-    assessments = []
+    assessments: list[Assessment] = []
     for call in calls:
         name = str(call.get("name") or "")
         tool = allowed.get(name)
         arguments, error = _parse_arguments(call.get("arguments"))
         if truncated:
             arguments, error = None, "The output was cut off (finish_reason=length); the arguments are incomplete."
-        elif tool is None:
+        key = action_identity(run.session_id, name, arguments) if tool and tool.side_effect and not error else ""
+        original = _same_action(run, key, assessments) if key else None
+        if original is not None:
+            assessments.append(Assessment(arguments, "duplicate", "", tool, key, original))
+            continue
+        if tool is None and not error:
             error = f"Unknown tool {name!r}. Available tools: {', '.join(sorted(allowed))}."
-        elif arguments is not None:
+        elif arguments is not None and not error:
             problems = tool.schema_errors(arguments)
             if problems:
                 error = "Arguments do not match the schema: " + "; ".join(problems)
         if error:
-            assessments.append(Assessment(arguments, "invalidate", error, tool))
+            assessments.append(Assessment(arguments, "invalidate", error, tool, key))
             continue
         denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
         if denial:
-            assessments.append(Assessment(arguments, "deny", denial, tool))
+            assessments.append(Assessment(arguments, "deny", denial, tool, key))
             continue
         rule = run.agent.approval_policy.get(tool.name, tool.approval)
         outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
-        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool))
+        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, key))
     return assessments
+
+
+def _same_action(run, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall | int | None":
+    """The call that already stands for action ``key``: earlier in this turn, or earlier in the session.
+
+    Only an original that succeeded or is still pending counts; an action
+    that ended without effect may be proposed (and assessed) afresh.
+    """
+    for index, assessment in enumerate(earlier_in_turn):
+        if assessment.action_key == key and assessment.outcome in ("duplicate", "request_approval", "make_ready"):
+            return assessment.original if assessment.outcome == "duplicate" else index
+    latest = (ToolCall.objects.filter(run__session_id=run.session_id, action_key=key)
+              .exclude(status__in=NO_EFFECT_STATUSES).order_by("-id").first())
+    if latest is None:
+        return None
+    return latest.duplicate_of if latest.duplicate_of_id else latest
 
 
 def propose_tool_calls(
@@ -162,7 +211,7 @@ def propose_tool_calls(
     """
     from approvals.services import request_approval
 
-    created = []
+    created: list[ToolCall] = []
     with transaction.atomic():
         for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
             raw = call.get("arguments")
@@ -172,10 +221,14 @@ def propose_tool_calls(
                 raw_arguments=raw if isinstance(raw, str) else json.dumps(raw),
                 arguments=assessment.arguments,
                 side_effect=bool(assessment.tool and assessment.tool.side_effect),
+                action_key=assessment.action_key,
             )
             append_event(run, type="tool_call", actor=actor, reason="proposed",
                          payload={"tool_call": tool_call.pk, "name": tool_call.name}, to_status=S.PROPOSED)
-            if assessment.outcome in ("invalidate", "deny"):
+            if assessment.outcome == "duplicate":
+                original = assessment.original
+                _join(tool_call, created[original] if isinstance(original, int) else original, actor=actor)
+            elif assessment.outcome in ("invalidate", "deny"):
                 _transition(tool_call, assessment.outcome, actor=actor, error=assessment.reason)
             else:
                 _transition(tool_call, assessment.outcome, actor=actor, reason=assessment.reason)
@@ -183,6 +236,42 @@ def propose_tool_calls(
                     request_approval(tool_call=tool_call, tool=assessment.tool)
             created.append(tool_call)
     return created
+
+
+def _join(tool_call: ToolCall, original: ToolCall, *, actor: str) -> None:
+    """Link a re-proposed action to its ``original``: settled now if that finished, else when it does."""
+    tool_call.duplicate_of = original
+    ToolCall.objects.filter(pk=tool_call.pk).update(duplicate_of=original)
+    original.refresh_from_db()
+    if original.status in FINAL_STATUSES:
+        settle_duplicate(tool_call, actor=actor)
+        return
+    append_event(tool_call.run, type="tool_call", actor=actor, reason=f"same action as #{original.pk}: waits for it",
+                 payload={"tool_call": tool_call.pk, "name": tool_call.name, "duplicate_of": original.pk})
+
+
+def settle_duplicate(tool_call: ToolCall, *, actor: str) -> ToolCall:
+    """End a re-proposed call as its finished original ended: its result is replayed, nothing runs again."""
+    original = tool_call.duplicate_of
+    verb = "result reused" if original.status == S.SUCCEEDED else f"ended {original.status}"
+    return _transition(tool_call, "settle_as_duplicate", actor=actor,
+                       reason=f"same action as #{original.pk}: {verb}", original=original, now=timezone.now())
+
+
+def settle_joined_calls(run) -> list[ToolCall]:
+    """Settle every re-proposed call of ``run`` whose original has finished; returns those still waiting.
+
+    A call still waiting has an original that is pending elsewhere (e.g. an
+    unknown outcome of an earlier run of the session, being reconciled).
+    """
+    waiting = []
+    for tool_call in run.tool_calls.filter(status=S.PROPOSED, duplicate_of__isnull=False).select_related(
+            "duplicate_of"):
+        if tool_call.duplicate_of.status in FINAL_STATUSES:
+            settle_duplicate(tool_call, actor="worker")
+        else:
+            waiting.append(tool_call)
+    return waiting
 
 
 def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str) -> ToolCall:
@@ -244,10 +333,11 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         if denial:
             return _transition(tool_call, "deny", actor=actor, reason="precondition checked before running",
                                error=denial)
-    key = derive_idempotency_key(tool_call.run_id, tool_call.name, tool_call.arguments)
+    session_id = tool_call.run.session_id
+    key = tool_call.idempotency_key or derive_idempotency_key(session_id, tool_call.name, tool_call.arguments)
     _transition(tool_call, "begin", actor=actor, idempotency_key=key, now=timezone.now())
-    earlier = (  # an effect already done is reused; reads are always done afresh
-        ToolCall.objects.filter(run_id=tool_call.run_id, idempotency_key=key, status=S.SUCCEEDED)
+    earlier = (  # an effect already done in the session is reused; reads are always done afresh
+        ToolCall.objects.filter(run__session_id=session_id, idempotency_key=key, status=S.SUCCEEDED)
         .exclude(pk=tool_call.pk)
         .first()
     )
@@ -278,7 +368,29 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         if tool.side_effect:
             return _transition(tool_call, "mark_unknown", actor=actor, error=error)
         return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
-    return _transition(tool_call, "succeed", actor=actor, result=result, now=timezone.now())
+    return _store_result(tool_call, tool, result, actor=actor)
+
+
+def _store_result(tool_call: ToolCall, tool: Tool, result, *, actor: str) -> ToolCall:
+    """Record a handler's return value: ``succeeded``, unless the value cannot be stored.
+
+    A value that is not strict JSON (``Decimal``, NaN, a NUL character) or
+    that the database refuses is a deterministic error, never retried: a
+    side-effecting call becomes ``unknown`` (its effect may well have
+    happened; reconciliation finds out), a read-only one ``failed``.
+    """
+    try:
+        text = json.dumps(result, allow_nan=False)
+        if "\\u0000" in text:
+            raise ValueError("the result contains a NUL character")
+        return _transition(tool_call, "succeed", actor=actor, result=result, now=timezone.now())
+    except (TypeError, ValueError, DataError, IntegrityError) as exc:
+        log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
+        tool_call.refresh_from_db()
+        error = f"The tool returned a result that cannot be stored ({type(exc).__name__}: {exc})."
+        if tool.side_effect:
+            return _transition(tool_call, "mark_unknown", actor=actor, error=error)
+        return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
 
 
 def retry_delay(tool_call: ToolCall) -> float:
@@ -293,15 +405,85 @@ def retry_delay(tool_call: ToolCall) -> float:
 def recover_orphaned_call(tool_call: ToolCall, *, actor: str) -> ToolCall:
     """A call found ``running`` by a worker that just took the run's lease (its caller died).
 
-    Read-only and idempotent tools are sent again (``ready``, same key);
-    any other call becomes ``unknown`` and goes to reconciliation.
+    Read-only and idempotent tools are sent again (``ready``, same key)
+    while ``attempts < max_attempts`` -- attempts count the sends cut off by
+    crashes too. Past that, a read-only call fails and a side-effecting one
+    becomes ``unknown`` (reconciliation), like any other side-effecting call.
     """
     tool = get_tool(tool_call.name)
-    if not tool.side_effect or tool.idempotent:
+    resendable = not tool.side_effect or tool.idempotent
+    if resendable and tool_call.attempts < tool.max_attempts:
         return _transition(tool_call, "requeue", actor=actor, reason="retrying after a worker crash",
                            error="The worker running this call stopped; sending it again.")
+    if not tool.side_effect:
+        return _transition(tool_call, "fail", actor=actor, reason="worker crashed during every attempt",
+                           error=f"The worker stopped during each of {tool_call.attempts} attempts.",
+                           now=timezone.now())
     return _transition(tool_call, "mark_unknown", actor=actor, reason="worker crashed during the call",
-                       error="The worker stopped during this call; its outcome is unknown.")
+                       error=f"The worker stopped during this call (attempt {tool_call.attempts}); "
+                             "its outcome is unknown.")
+
+
+def settle_calls_at_run_end(*, run, actor: str) -> list[dict]:
+    """Leave no call of an ending ``run`` in flight; returns its effects (side-effecting calls not without effect).
+
+    * never sent (proposed, awaiting approval, ready with no attempt), or a
+      re-proposal waiting on its original -> ``cancelled``;
+    * sent before and waiting to be sent again (``ready`` after a retryable
+      failure or a crash): side-effecting -> ``unknown`` (an earlier attempt
+      may have taken effect); read-only -> ``cancelled``, saying so;
+    * ``running`` (its worker gave up on it, e.g. after an internal error):
+      side-effecting -> ``unknown``; read-only -> ``failed``;
+    * ``unknown`` stays unknown: ``reconcile_after`` is set so the sweeper
+      keeps asking the tool's hook after the run has ended (a call with no
+      hook is for a person; the caller opens that item).
+
+    Each effect is ``{"tool_call": id, "name": str, "status": "succeeded" | "unknown"}``.
+    """
+    now = timezone.now()
+    for tool_call in run.tool_calls.filter(status__in=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING]):
+        sent = tool_call.attempts > 0
+        if tool_call.status == S.RUNNING and not tool_call.side_effect:
+            _transition(tool_call, "fail", actor=actor, error="The run ended while this call was in flight.", now=now)
+        elif sent and tool_call.side_effect:
+            _transition(tool_call, "mark_unknown", actor=actor, reason="run ended with the call in flight",
+                        error=f"The run ended after {tool_call.attempts} attempt(s); whether it took effect "
+                              "is unknown.")
+        elif sent:
+            _transition(tool_call, "cancel", actor=actor,
+                        error=f"The run ended before attempt {tool_call.attempts + 1}; earlier attempts failed.")
+        else:
+            _transition(tool_call, "cancel", actor=actor)
+    unknown = run.tool_calls.filter(status=S.UNKNOWN)
+    for tool_call in unknown:
+        tool = get_tool(tool_call.name)
+        if tool is not None and tool.reconcile is not None:
+            ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_after=now)
+    effects = run.tool_calls.filter(side_effect=True, status__in=[S.SUCCEEDED, S.UNKNOWN]).order_by("id")
+    return [{"tool_call": pk, "name": name, "status": status}
+            for pk, name, status in effects.values_list("id", "name", "status")]
+
+
+def unknown_calls_for_a_person(run) -> list[ToolCall]:
+    """``unknown`` calls of ``run`` whose tool has no ``reconcile`` hook: only a person can settle them."""
+    return [call for call in run.tool_calls.filter(status=S.UNKNOWN)
+            if (tool := get_tool(call.name)) is None or tool.reconcile is None]
+
+
+def deliver_tool_results(run) -> None:
+    """Append a tool message for every finished call of ``run`` that has none yet, in call order.
+
+    Invalid, denied, rejected, expired and cancelled calls get one too, so
+    the model never sees a call id without a result. ``unknown`` calls get
+    none: what is known of them is rendered when a context is built
+    (``runs.context``), so a later settlement reaches the model.
+    """
+    delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
+    with transaction.atomic():
+        for call in run.tool_calls.order_by("id"):
+            if not call.is_pending and call.provider_call_id not in delivered:
+                append_message(run, role="tool", content=tool_result_content(call),
+                               tool_call_id=call.provider_call_id)
 
 
 def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> str:
@@ -355,13 +537,40 @@ def settle_unknown_call(*, tool_call: ToolCall, succeeded: bool, result, evidenc
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
-    """The tool-result text the model receives for a finished call (JSON).
+    """The tool-result text the model receives for a call (JSON).
 
-    ``{"status": "succeeded", "result": ...}`` or
-    ``{"status": <invalid|denied|rejected|...>, "error": "..."}``.
+    ``{"status": "succeeded", "result": ...}``;
+    ``{"status": <invalid|denied|rejected|...>, "error": "..."}``;
+    ``{"status": "unknown", "error": ...}`` while an outcome is being
+    checked (never "did not run" for a call that was sent). A call a person
+    approved also carries ``"approval": {"comment", "proposed_arguments",
+    "approved_arguments"}`` (the argument pair only when they were edited).
     """
     if tool_call.status == S.SUCCEEDED:
         body = {"status": tool_call.status, "result": tool_call.result}
+    elif tool_call.status in (S.UNKNOWN, S.RUNNING):
+        body = {"status": S.UNKNOWN, "error": "Whether this call took effect is not known yet; it is being checked. "
+                                              "Do not repeat it."}
+    elif tool_call.status in PENDING_STATUSES:
+        body = {"status": "pending", "error": "No result yet."}
     else:
         body = {"status": tool_call.status, "error": tool_call.error}
+    approval = _approval_note(tool_call)
+    if approval:
+        body["approval"] = approval
     return json.dumps(body, default=str)
+
+
+def _approval_note(tool_call: ToolCall) -> dict:
+    """What the approver said and changed, for the model: ``{}`` when no person approved the call."""
+    decision = (tool_call.interrupts.filter(decision="approved")
+                .values("comment", "edited_arguments").first() if tool_call.pk else None)
+    if decision is None:
+        return {}
+    note = {"comment": decision["comment"]} if decision["comment"] else {}
+    edited = decision["edited_arguments"]
+    if edited is not None:
+        proposed, _ = _parse_arguments(tool_call.raw_arguments)
+        if proposed != edited:
+            note.update(proposed_arguments=proposed, approved_arguments=edited)
+    return note

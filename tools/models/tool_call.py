@@ -1,7 +1,7 @@
 """The ToolCall model and its state machine (DESIGN.md §3)."""
 
 from django.db import models
-from django_fsm import FSMField, transition
+from django_fsm import RETURN_VALUE, FSMField, transition
 
 from runs.fsm import FSMModel
 
@@ -25,6 +25,10 @@ S = ToolCallStatus
 
 # A call in one of these still owes the model a result.
 PENDING_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.UNKNOWN]
+# Ended without the effect (or the read): the action may be proposed and assessed again.
+NO_EFFECT_STATUSES = [S.INVALID, S.DENIED, S.REJECTED, S.EXPIRED, S.CANCELLED, S.FAILED]
+# Where a call can end; a duplicate ends where its original ended.
+FINAL_STATUSES = [S.INVALID, S.DENIED, S.REJECTED, S.EXPIRED, S.CANCELLED, S.SUCCEEDED, S.FAILED]
 
 
 class ToolCall(FSMModel):
@@ -36,6 +40,13 @@ class ToolCall(FSMModel):
     ``ready -> running`` transition, before the call leaves the process,
     and derived from the run and the logical action (tool + arguments).
     ``result`` is what the tool returned (JSON); ``error`` why it did not.
+
+    ``action_key`` is the business identity of a side-effecting call as
+    proposed (session + tool + canonical arguments, see
+    ``tools.services.action_identity``). A call proposed with the key of an
+    earlier call that succeeded or is still pending is the same action:
+    ``duplicate_of`` points to that original, and the call ends as the
+    original ends, without being assessed or executed itself.
     """
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="tool_calls")
@@ -47,9 +58,15 @@ class ToolCall(FSMModel):
     arguments = models.JSONField(null=True, blank=True)
     status = FSMField(default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
     side_effect = models.BooleanField(default=False)
+    action_key = models.CharField(max_length=64, blank=True, db_index=True)
+    duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="duplicates", help_text="The earlier call of the same action.")
     idempotency_key = models.CharField(max_length=80, blank=True, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
     reconcile_attempts = models.PositiveIntegerField(default=0)
+    reconcile_after = models.DateTimeField(
+        null=True, blank=True, db_index=True,
+        help_text="For an unknown call of a run that has ended: when the sweeper asks the reconcile hook next.")
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -95,8 +112,8 @@ class ToolCall(FSMModel):
         self.error = "The approval request expired."
 
     @transition(field=status, source=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY], target=S.CANCELLED)
-    def cancel(self):
-        self.error = "Cancelled before it ran."
+    def cancel(self, error: str = "Cancelled before it ran."):
+        self.error = error
 
     @transition(field=status, source=S.READY, target=S.RUNNING)
     def begin(self, idempotency_key: str, now):
@@ -120,6 +137,16 @@ class ToolCall(FSMModel):
         self.error = error
         self.finished_at = now
 
-    @transition(field=status, source=S.RUNNING, target=S.UNKNOWN)
+    @transition(field=status, source=S.PROPOSED, target=RETURN_VALUE(*FINAL_STATUSES))
+    def settle_as_duplicate(self, original: "ToolCall", now):
+        """A re-proposal of ``original``'s action ends as ``original`` ended (its result, or its error)."""
+        self.duplicate_of = original
+        self.result = original.result
+        self.error = "" if original.status == S.SUCCEEDED else f"Same action as call #{original.pk}: {original.error}"
+        self.finished_at = now
+        return original.status
+
+    @transition(field=status, source=[S.RUNNING, S.READY], target=S.UNKNOWN)
     def mark_unknown(self, error: str):
+        """The effect may have happened: in flight when its worker died, or sent before and now abandoned."""
         self.error = error

@@ -1,0 +1,81 @@
+"""The floor of every completion check, as a pure rule over tool-call facts (no database)."""
+
+import itertools
+
+import pytest
+
+from runs.completion import CallFact, judge_calls
+from tools.models import ToolCallStatus as S
+from tools.models.tool_call import NO_EFFECT_STATUSES, PENDING_STATUSES
+
+ALL_STATUSES = list(S.values)
+
+
+def _fact(id, status, tool="refund", side_effect=True, error=""):
+    return CallFact(id=id, tool=tool, side_effect=side_effect, status=status, error=error)
+
+
+def test_every_status_is_either_pending_succeeded_or_without_effect():
+    assert set(PENDING_STATUSES) | set(NO_EFFECT_STATUSES) | {S.SUCCEEDED} == set(ALL_STATUSES)
+    assert not set(PENDING_STATUSES) & set(NO_EFFECT_STATUSES)
+
+
+@pytest.mark.parametrize("status,side_effect,superseded",
+                         list(itertools.product(ALL_STATUSES, [True, False], [True, False])))
+def test_rule_over_every_end_status_side_effect_and_supersession(status, side_effect, superseded):
+    facts = [_fact(1, status, side_effect=side_effect, error="why it ended")]
+    if superseded:
+        facts.append(_fact(2, S.SUCCEEDED, side_effect=side_effect))
+    verdict = judge_calls(facts)
+
+    if status in PENDING_STATUSES:
+        assert not verdict.complete
+        assert f"refund #1 ({status})" in verdict.reason
+    elif status == S.SUCCEEDED or superseded:
+        assert (verdict.complete, verdict.outcome) == (True, "achieved")
+    else:
+        assert (verdict.complete, verdict.outcome) == (True, "not_achieved")
+        assert verdict.reason == f"refund #1 {status}: why it ended"
+
+
+@pytest.mark.parametrize("status", sorted(NO_EFFECT_STATUSES))
+def test_an_earlier_success_does_not_excuse_a_later_failure(status):
+    verdict = judge_calls([_fact(1, S.SUCCEEDED), _fact(2, status)])
+    assert verdict.outcome == "not_achieved"
+    assert verdict.reason.startswith(f"refund #2 {status}")
+
+
+def test_only_a_success_of_the_same_tool_supersedes():
+    verdict = judge_calls([_fact(1, S.DENIED), _fact(2, S.SUCCEEDED, tool="cancel_order")])
+    assert (verdict.outcome, verdict.reason) == ("not_achieved", "refund #1 denied")
+
+
+def test_facts_are_judged_in_proposal_order_whatever_order_they_come_in():
+    assert judge_calls([_fact(2, S.SUCCEEDED), _fact(1, S.REJECTED)]).outcome == "achieved"
+    assert judge_calls([_fact(2, S.REJECTED), _fact(1, S.SUCCEEDED)]).outcome == "not_achieved"
+
+
+def test_several_unresolved_calls_name_the_first_and_count_the_rest():
+    verdict = judge_calls([_fact(3, S.FAILED), _fact(5, S.EXPIRED, tool="send_email"), _fact(7, S.DENIED)])
+    assert verdict.reason == "refund #3 failed (and 2 more)"
+
+
+def test_no_tool_calls_is_achieved_and_says_so():
+    verdict = judge_calls([])
+    assert (verdict.complete, verdict.outcome, verdict.reason) == (True, "achieved", "answered without tool calls")
+
+
+def test_an_achieved_verdict_names_the_effects():
+    verdict = judge_calls([_fact(1, S.SUCCEEDED, tool="query_order", side_effect=False), _fact(2, S.SUCCEEDED)])
+    assert verdict.reason == "done: refund #2 succeeded"
+
+
+def test_a_long_error_is_clipped_in_the_reason():
+    verdict = judge_calls([_fact(1, S.FAILED, error="x" * 5000)])
+    assert len(verdict.reason) <= 500
+
+
+def test_a_call_of_a_tool_that_does_not_exist_names_no_effect_and_is_ignored():
+    invented = CallFact(id=1, tool="refund_everything", side_effect=False, status=S.INVALID, registered=False)
+    assert judge_calls([invented, _fact(2, S.SUCCEEDED)]).outcome == "achieved"
+    assert judge_calls([_fact(1, S.INVALID), _fact(2, S.SUCCEEDED, tool="query_order")]).outcome == "not_achieved"

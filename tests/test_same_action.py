@@ -1,0 +1,133 @@
+"""One business action is one action: a re-proposal is linked to the original, never done or asked twice."""
+
+from approvals.models import Interrupt
+from tests.api_helpers import create_agent, events, gateway_refunds, get_run, pending_interrupts, start_run, tool_calls
+from tools.models import ToolCall
+
+REFUND_60 = {"name": "refund", "arguments": {"order_id": 123, "amount": 60}}
+REFUND_60_REORDERED = {"name": "refund", "arguments": "{\"amount\": 60.0, \"order_id\": 123}"}
+
+
+def approve_all(approver, run_id):
+    items = pending_interrupts(approver, run_id)
+    for item in items:
+        response = approver.post(f"/api/interrupts/{item['id']}/approve/", {}, format="json")
+        assert response.status_code == 200, response.json()
+    return items
+
+
+def test_refund_proposed_again_after_it_succeeded_reuses_the_result_one_item_one_charge(worker, demo, api):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "twice-in-sequence", [
+        {"tool_calls": [REFUND_60]}, {"tool_calls": [REFUND_60_REORDERED]}, {"content": "Refunded 60.00."}],
+        completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    assert len(approve_all(approver, run["id"])) == 1
+    worker.drain()
+
+    run = get_run(requester, run["id"])
+    first, second = tool_calls(requester, run["id"])
+    assert (run["status"], run["outcome"]) == ("completed", "achieved")
+    assert (first["status"], second["status"]) == ("succeeded", "succeeded")
+    assert second["duplicate_of"] == first["id"] and first["duplicate_of"] is None
+    assert second["result"] == first["result"] and second["attempts"] == 0
+    assert Interrupt.objects.filter(run_id=run["id"]).count() == 1
+    assert len(gateway_refunds()) == 1
+    assert any(e["reason"] == f"same action as #{first['id']}: result reused" for e in events(requester, run["id"]))
+
+
+def test_refund_proposed_twice_in_one_turn_waits_on_one_decision(worker, demo, api):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "twice-in-a-turn", [
+        {"tool_calls": [REFUND_60, REFUND_60_REORDERED]}, {"content": "Refunded 60.00."}], completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+
+    first, second = tool_calls(requester, run["id"])
+    assert (first["status"], second["status"]) == ("awaiting_approval", "proposed")
+    assert second["duplicate_of"] == first["id"]
+    assert len(approve_all(approver, run["id"])) == 1
+    worker.drain()
+
+    run = get_run(requester, run["id"])
+    first, second = tool_calls(requester, run["id"])
+    assert (run["status"], run["outcome"]) == ("completed", "achieved")
+    assert (first["status"], second["status"]) == ("succeeded", "succeeded")
+    assert len(gateway_refunds()) == 1
+
+
+def test_rejected_twin_in_one_turn_ends_rejected_too(worker, demo, api):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "twins-rejected", [
+        {"tool_calls": [REFUND_60, REFUND_60]}, {"content": "Sorry."}], completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    item, = pending_interrupts(approver, run["id"])
+    approver.post(f"/api/interrupts/{item['id']}/reject/", {"comment": "no"}, format="json")
+    worker.drain()
+
+    first, second = tool_calls(requester, run["id"])
+    assert (first["status"], second["status"]) == ("rejected", "rejected")
+    assert f"Same action as call #{first['id']}" in second["error"]
+    assert get_run(requester, run["id"])["outcome"] == "not_achieved"
+
+
+def test_refund_proposed_again_after_a_rejection_is_a_new_attempt_with_its_own_item(worker, demo, api):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "again-after-rejection", [
+        {"tool_calls": [REFUND_60]}, {"tool_calls": [REFUND_60]}, {"content": "Refunded 60.00."}],
+        completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    item, = pending_interrupts(approver, run["id"])
+    approver.post(f"/api/interrupts/{item['id']}/reject/", {"comment": "check with the customer"}, format="json")
+    worker.drain()
+    assert len(approve_all(approver, run["id"])) == 1  # a second item, for the second proposal
+    worker.drain()
+
+    run = get_run(requester, run["id"])
+    first, second = tool_calls(requester, run["id"])
+    assert (first["status"], second["status"]) == ("rejected", "succeeded")
+    assert second["duplicate_of"] is None
+    assert Interrupt.objects.filter(run_id=run["id"]).count() == 2
+    assert len(gateway_refunds()) == 1
+    assert (run["status"], run["outcome"]) == ("completed", "achieved")  # the later success supersedes
+
+
+def test_a_follow_up_run_in_the_same_session_does_not_refund_again(worker, demo, api):
+    admin, requester = api(demo["admin"]), api(demo["requester"])
+    small = {"name": "refund", "arguments": {"order_id": 123, "amount": 30}}
+    agent = create_agent(admin, "follow-up", [
+        {"tool_calls": [small]}, {"content": "Refunded."}, {"tool_calls": [small]}, {"content": "Refunded again?"}],
+        completion_check="default")
+    first_run = start_run(requester, agent["slug"])
+    worker.drain()
+    response = requester.post("/api/runs/", {"agent": agent["slug"], "input": "Refund 30 on 123 please.",
+                                             "session": first_run["session"]}, format="json")
+    assert response.status_code == 201, response.json()
+    worker.drain()
+
+    second_run = get_run(requester, response.json()["id"])
+    original, = tool_calls(requester, first_run["id"])
+    repeat, = tool_calls(requester, second_run["id"])
+    assert repeat["duplicate_of"] == original["id"] and repeat["status"] == "succeeded"
+    assert len(gateway_refunds()) == 1
+    assert second_run["outcome"] == "achieved"
+
+
+def test_the_inbox_item_says_the_action_was_proposed_again(worker, demo, api, client):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "inbox-twins", [{"tool_calls": [REFUND_60, REFUND_60]}, {"content": "ok"}],
+                         completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    item, = pending_interrupts(approver, run["id"])
+    twin = ToolCall.objects.get(run_id=run["id"], duplicate_of__isnull=False)
+
+    client.force_login(demo["approver"])
+    page = client.get(f"/inbox/{item['id']}/").content.decode()
+    assert f"again as call #{twin.pk}" in page
+    assert "×2" in client.get("/inbox/").content.decode()
+    client.force_login(demo["requester"])
+    assert f"same action as #{twin.duplicate_of_id}" in client.get(f"/runs/{run['id']}/").content.decode()
