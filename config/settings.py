@@ -7,6 +7,7 @@ Production shape: set ``DATABASE_URL`` (PostgreSQL) and ``REDIS_URL``
 """
 
 import os
+import warnings
 from pathlib import Path
 
 import environ
@@ -165,6 +166,8 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 # Serve from the app and project static folders too, so a server works
 # before (or without) collectstatic.
 WHITENOISE_USE_FINDERS = True
+# Until collectstatic has run, STATIC_ROOT does not exist; the finders serve.
+warnings.filterwarnings("ignore", message="No directory at: .*static", category=UserWarning)
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "inbox"

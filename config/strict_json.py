@@ -5,12 +5,14 @@ Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, turns
 limit (a body nested ~1000 deep raises ``RecursionError``); PostgreSQL
 refuses ``\\u0000`` in text and JSON. ``loads`` refuses all of these with
 ``StrictJSONError`` (a ``ValueError``) and a message fit for the requester.
-``StrictJSONParser`` is the REST API's parser built on it (400 on refusal).
+``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
+``StrictJSONFormField`` the form field (admin JSON fields).
 """
 
 import json
 import math
 
+from django import forms
 from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
@@ -104,3 +106,29 @@ class StrictJSONParser(JSONParser):
             raise ParseError(f"The body is not valid {encoding}.") from None
         except StrictJSONError as exc:
             raise ParseError(f"JSON parse error: {exc}") from None
+
+
+class StrictJSONFormField(forms.JSONField):
+    """Django's form ``JSONField`` reading with ``loads``: a refused value is a form error, not a 500."""
+
+    def to_python(self, value):
+        """The decoded value; raises ``ValidationError`` with the reason ``loads`` gives."""
+        if self.disabled or value in self.empty_values or isinstance(
+                value, (list, dict, int, float, forms.fields.JSONString)):
+            return super().to_python(value)
+        try:
+            converted = loads(value)
+        except StrictJSONError as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+        return forms.fields.JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        """The submitted value for redisplay; text ``loads`` refuses is shown back as typed."""
+        if self.disabled:
+            return initial
+        if data is None:
+            return None
+        try:
+            return loads(data)
+        except StrictJSONError:
+            return forms.fields.InvalidJSONInput(data)
