@@ -81,6 +81,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     queryset = Run.objects.select_related("agent", "requested_by")
 
     def get_throttles(self):
+        """The default throttles; starting a run also counts against the ``runs`` rate."""
         self.throttle_scope = "runs" if self.action == "create" else None
         return super().get_throttles()
 

@@ -7,7 +7,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 
 from runs.models import Agent, Run
-from tests.api_helpers import QUERY_CALL, create_agent, start_run
+from tests.api_helpers import QUERY_CALL, start_run
 
 SCRIPT = {"provider": "scripted", "turns": [{"tool_calls": [QUERY_CALL]}, {"content": "Done."}]}
 

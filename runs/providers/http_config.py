@@ -42,7 +42,6 @@ from runs.providers.base import ConfigError, MalformedResponse, ModelError, Stre
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 # Keys that name where requests go; allowed in an agent only with ALLOW_AGENT_ENDPOINTS.
 RAW_ENDPOINT_KEYS = ("base_url", "api_key_env")
 KNOWN_KEYS = {"provider", "model", "endpoint", *RAW_ENDPOINT_KEYS, "stream", "temperature", "max_output_tokens",
