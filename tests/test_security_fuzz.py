@@ -13,7 +13,7 @@ import os
 import pytest
 from django.core.cache import cache
 from django.urls import reverse
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
@@ -66,6 +66,20 @@ bodies = st.one_of(
 )
 
 
+# Known-bad inputs from the issue, tried before the generated ones on every run.
+KNOWN_BAD = ["[" * 1000 + "]" * 1000, '{"arguments": {"order_id": 123, "amount": 1e309}}',
+             '{"agent": "refund-order", "input": "x", "session": 1' + "0" * 30 + "}",
+             '{"succeeded": true, "evidence": "x", "result": {"a": "\\u0000"}, "comment": "\\u0000"}',
+             '{"slug": "x", "name": "x", "model": {"provider": "openai", "model": "m", "base_url": 5}}']
+
+
+def with_known_bad(test):
+    """Add every ``KNOWN_BAD`` text as an explicit example of a test taking one text argument."""
+    for bad in KNOWN_BAD:
+        test = example(bad)(test)
+    return test
+
+
 def _write_urls(approval, reconciliation) -> dict[str, str]:
     return {"agents": "/api/agents/", "runs": "/api/runs/", "cancel": f"/api/runs/{approval.run_id}/cancel/",
             "approve": f"/api/interrupts/{approval.pk}/approve/", "reject": f"/api/interrupts/{approval.pk}/reject/",
@@ -94,6 +108,7 @@ def test_write_endpoints_never_500_and_write_nothing_on_4xx(demo, api, approval_
 
     @FUZZ
     @given(body=bodies)
+    @with_known_bad
     def attempt(body):
         cache.clear()  # throttle counters: every example gets through to the view
         before = stored_state()
@@ -116,6 +131,9 @@ def test_inbox_decision_form_never_500s(client, demo, approval_item, still):
 
     @FUZZ
     @given(decision=st.sampled_from(["approved", "rejected"]) | text, comment=form_text, edited=form_text)
+    @example("approved", "", '{"order_id": 123, "amount": NaN}')
+    @example("approved", "", '{"order_id": 123, "amount": 1e309}')
+    @example("approved", "", "[" * 1000 + "]" * 1000)
     def attempt(decision, comment, edited):
         _post_form(client, url, {"decision": decision, "comment": comment, "edited_arguments": edited})
 
@@ -128,6 +146,9 @@ def test_inbox_reconcile_form_never_500s(client, demo, reconciliation_item, stil
 
     @FUZZ
     @given(outcome=st.sampled_from(["succeeded", "failed"]) | text, evidence=form_text, result=form_text)
+    @example("succeeded", "ledger", "Infinity")
+    @example("succeeded", "ledger", '"\\u0000"')
+    @example("succeeded", "ledger", "[" * 1000 + "]" * 1000)
     def attempt(outcome, evidence, result):
         _post_form(client, url, {"outcome": outcome, "evidence": evidence, "result": result})
 
@@ -153,6 +174,7 @@ def test_list_query_parameters_never_500(demo, api, approval_item):
                              text | st.integers(-(10**40), 10**40).map(str), max_size=4)
 
     @FUZZ
+    @example("/api/runs/", {"limit": "9" * 30})
     @given(path=st.sampled_from(["/api/runs/", "/api/interrupts/", "/api/agents/",
                                  f"/api/runs/{approval_item.run_id}/events/",
                                  f"/api/runs/{approval_item.run_id}/tool-calls/"]), query=params)
