@@ -23,8 +23,8 @@ from runs.models import Agent, MultitaskStrategy, Run
 from runs.selectors import run_can_cancel, user_sees_all_runs
 from runs.serializers import (
     AgentCreateSerializer,
-    CancelSerializer,
     AgentSerializer,
+    CancelSerializer,
     RunCreateSerializer,
     RunEventSerializer,
     RunSerializer,
@@ -34,6 +34,7 @@ from runs.services import actor_for, cancel_run, start_run
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = Run._meta.get_field("idempotency_key").max_length
+
 
 class EventCursorPagination(CursorPagination):
     """A run's events, oldest first, in stable ``seq`` order; 100 per page unless ``?page_size=``."""
