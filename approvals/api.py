@@ -1,11 +1,13 @@
 """REST API for the inbox: list items, approve, reject or reconcile them.
 
 Decisions go through ``approvals.services`` (``decide_interrupt``,
-``reconcile_interrupt``), which check the permission (403) and that the
-item is still pending (409).
+``reconcile_interrupt``), which check that the item is still pending
+(409). An item of a run you may not see is 404 on every verb, like a
+missing one; on one you see, the permission is checked (403) before
+anything else about the item is said.
 """
 
-from django.shortcuts import get_object_or_404
+from django.core.exceptions import PermissionDenied
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
@@ -15,7 +17,8 @@ from rest_framework.response import Response
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from approvals.serializers import ApproveSerializer, InterruptSerializer, ReconcileSerializer, RejectSerializer
-from approvals.services import decide_interrupt, reconcile_interrupt
+from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
+from config.api import int_query_param
 from runs.selectors import user_sees_all_runs
 
 DECISION_RESPONSES = {
@@ -55,17 +58,24 @@ class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
                 if params[name] not in choices:
                     raise ValidationError({name: f"Must be one of: {', '.join(choices)}."})
                 queryset = queryset.filter(**{name: params[name]})
-        if "run" in params:
-            if not params["run"].isdigit():
-                raise ValidationError({"run": "Must be a run id."})
-            queryset = queryset.filter(run_id=int(params["run"]))
+        run_id = int_query_param(self.request, "run")
+        if run_id is not None:
+            queryset = queryset.filter(run_id=run_id)
         return queryset
 
+    def _decidable_item(self) -> Interrupt:
+        """The item of the URL if visible (else 404) and the user may decide it (else 403)."""
+        interrupt = self.get_object()
+        if not can_decide(self.request.user, interrupt):
+            raise PermissionDenied("You may not decide this item.")
+        return interrupt
+
     def _decide(self, request, pk, decision: str, body_class):
+        interrupt = self._decidable_item()
         body = body_class(data=request.data)
         body.is_valid(raise_exception=True)
         interrupt = decide_interrupt(
-            interrupt=get_object_or_404(Interrupt.objects.select_related("run"), pk=pk),
+            interrupt=interrupt,
             user=request.user,
             decision=decision,
             comment=body.validated_data["comment"],
@@ -92,10 +102,11 @@ class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     @action(detail=True, methods=["post"])
     def reconcile(self, request, pk=None):
         """Settle a reconciliation item; the tool call becomes succeeded or failed and the run resumes."""
+        interrupt = self._decidable_item()
         body = ReconcileSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         interrupt = reconcile_interrupt(
-            interrupt=get_object_or_404(Interrupt.objects.select_related("run"), pk=pk),
+            interrupt=interrupt,
             user=request.user,
             succeeded=body.validated_data["succeeded"],
             evidence=body.validated_data["evidence"],

@@ -1,8 +1,8 @@
-"""Forms of the inbox pages."""
-
-import json
+"""Forms of the inbox pages. Their JSON fields are read with ``config.strict_json``."""
 
 from django import forms
+
+from config.strict_json import StrictJSONError, loads
 
 
 class DecisionForm(forms.Form):
@@ -27,9 +27,9 @@ class DecisionForm(forms.Form):
         if cleaned.get("decision") != "approved" or not raw:
             return cleaned
         try:
-            parsed = json.loads(raw)
-        except ValueError as exc:
-            self.add_error("edited_arguments", f"Not valid JSON: {exc}")
+            parsed = loads(raw)
+        except StrictJSONError as exc:
+            self.add_error("edited_arguments", str(exc))
             return cleaned
         if not isinstance(parsed, dict):
             self.add_error("edited_arguments", "The arguments must be a JSON object.")
@@ -55,6 +55,6 @@ class ReconcileForm(forms.Form):
         if not raw:
             return None
         try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc}")
+            return loads(raw)
+        except StrictJSONError as exc:
+            raise forms.ValidationError(str(exc)) from None

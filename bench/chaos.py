@@ -126,7 +126,8 @@ def main() -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    call_command("demo", stdout=open(os.devnull, "w"))
+    # The chaos database is the bench's own; earlier chaos runs left their agents and orders.
+    call_command("demo", force=True, stdout=open(os.devnull, "w"))
 
     log_dir = Path(tempfile.mkdtemp(prefix="tollgate-chaos-"))
     cluster = Cluster(env, args.workers, args.threads, log_dir)

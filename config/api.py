@@ -7,12 +7,18 @@
   services -> 400;
 * ``runs.services.SessionBusy`` -> 409 naming the active run;
 * ``RequestDataTooBig`` (body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``) -> 413.
+
+Also the request-side helpers every API view shares: ``StrictSerializer``
+(unknown fields are a 400), ``BoundedLimitOffsetPagination`` and
+``int_query_param`` (integer query parameters with bounds).
 """
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, ValidationError
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError as APIValidationError
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -61,3 +67,28 @@ class StrictSerializer(serializers.Serializer):
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return super().to_internal_value(data)
+
+
+class BoundedLimitOffsetPagination(LimitOffsetPagination):
+    """``?limit=&offset=`` pages of at most ``max_limit`` items; a larger limit is clamped to it.
+
+    (An offset past the end is an empty page without a query, whatever its size.)
+    """
+
+    max_limit = 1000
+
+
+def int_query_param(request, name: str, *, min_value: int = 1, max_value: int = 2**63 - 1) -> int | None:
+    """The query parameter ``name`` as an int from ``min_value`` to ``max_value``, or None when absent.
+
+    Only ASCII digits (with an optional leading minus) are read, and at
+    most 19 of them. Raises DRF's ``ValidationError`` (400) naming the
+    parameter otherwise.
+    """
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    digits = raw.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 19) or not min_value <= int(raw) <= max_value:
+        raise APIValidationError({name: f"Must be a whole number from {min_value} to {max_value}."})
+    return int(raw)

@@ -1,8 +1,9 @@
 """ASGI entry point: Django for HTTP, Channels for the run WebSockets.
 
 WebSockets authenticate with the Django session cookie
-(``AuthMiddlewareStack``) and must come from an allowed host
-(``AllowedHostsOriginValidator``).
+(``AuthMiddlewareStack``), must come from an allowed host
+(``AllowedHostsOriginValidator``) and from the very origin, port
+included, they were sent to (``config.origin.SameOriginValidator``).
 """
 
 import os
@@ -18,9 +19,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from config.origin import SameOriginValidator  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": AllowedHostsOriginValidator(
+        SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

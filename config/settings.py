@@ -7,17 +7,29 @@ Production shape: set ``DATABASE_URL`` (PostgreSQL) and ``REDIS_URL``
 """
 
 import os
+import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-SECRET_KEY = env.str("SECRET_KEY", default="tollgate-insecure-development-key")
-DEBUG = env.bool("DEBUG", default=True)
+# Off unless the environment says otherwise: the debug page shows settings
+# and local variables to whoever triggers an error.
+DEBUG = env.bool("DEBUG", default=False)
+# The public key below signs sessions only where DEBUG is on (a developer's
+# machine); with DEBUG off a missing or public key refuses to start.
+DEVELOPMENT_SECRET_KEY = "tollgate-insecure-development-key"
+SECRET_KEY = env.str("SECRET_KEY", default="") or (DEVELOPMENT_SECRET_KEY if DEBUG else "")
+if not DEBUG and SECRET_KEY in ("", DEVELOPMENT_SECRET_KEY):
+    raise ImproperlyConfigured(
+        "SECRET_KEY must be set (a long random string) when DEBUG is off; "
+        "for a local try-out set DEBUG=true or generate a key (see README)."
+    )
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -34,6 +46,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "django_dramatiq",
+    "csp",
+    "axes",
     "runs",
     "tools",
     "approvals",
@@ -41,13 +55,61 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (WhiteNoise): only files it indexed at start-up are
+    # served, so no request path is ever joined onto a directory.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into 429.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login rate limiting (django-axes): after AXES_FAILURE_LIMIT failed logins
+# for one username from one address, that pair is locked out for
+# AXES_COOLOFF_TIME hours (429). Token and session requests are not counted.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_TIME", default=0.25)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+
+# --- HTTPS and browser security (production sets these; see README) -------
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+# e.g. "HTTP_X_FORWARDED_PROTO,https" behind a TLS-terminating proxy that
+# always sets (and never passes on) that header.
+_proxy_ssl_header = env.list("SECURE_PROXY_SSL_HEADER", default=[])
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header) if _proxy_ssl_header else None
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+# Content-Security-Policy (django-csp): scripts, styles and everything else
+# from this site only; no inline script or style, no framing.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 ROOT_URLCONF = "config.urls"
 
@@ -86,7 +148,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS = []
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -96,6 +163,11 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# Serve from the app and project static folders too, so a server works
+# before (or without) collectstatic.
+WHITENOISE_USE_FINDERS = True
+# Until collectstatic has run, STATIC_ROOT does not exist; the finders serve.
+warnings.filterwarnings("ignore", message="No directory at: .*static", category=UserWarning)
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "inbox"
@@ -113,16 +185,37 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON with a nesting limit and no NaN/Infinity/NUL (config.strict_json).
+    "DEFAULT_PARSER_CLASSES": ["config.strict_json.StrictJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.api.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "config.api.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
+    # Per user (a token is its user's) and per client address for anonymous
+    # requests; starting runs has its own, tighter rate. Over it: 429 with
+    # Retry-After. Counted in the default cache (CACHE_URL).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+        "rest_framework.throttling.ScopedRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env.str("THROTTLE_ANON", default="60/min"),
+        "user": env.str("THROTTLE_USER", default="600/min"),
+        "runs": env.str("THROTTLE_RUNS", default="30/min"),
+    },
 }
+
+# The throttle counters live here: in-process by default; give every server
+# process the same one in production (e.g. CACHE_URL=redis://host:6379/1).
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tollgate API",
     "DESCRIPTION": "Durable, auditable LLM agent runs with human approval.",
     "VERSION": "0.1.0",
+    # The schema describes every endpoint: only for logged-in users.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 # --- Broker and channel layer -------------------------------------------
@@ -189,6 +282,19 @@ TOLLGATE = {
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
     # --- Model providers (runs.providers.http_config) ---
+    # Endpoint profiles an agent's model config names with "endpoint"
+    # (default: the provider's name): {"provider", "base_url"?,
+    # "api_key_env"?}. Add or override profiles with a JSON object in
+    # TOLLGATE_MODEL_ENDPOINTS, e.g. {"local": {"provider": "openai",
+    # "base_url": "http://127.0.0.1:11434/v1"}}.
+    "MODEL_ENDPOINTS": {
+        "openai": {"provider": "openai", "api_key_env": "OPENAI_API_KEY"},
+        "anthropic": {"provider": "anthropic", "api_key_env": "ANTHROPIC_API_KEY"},
+        **env.json("TOLLGATE_MODEL_ENDPOINTS", default={}),
+    },
+    # Let agent configs carry their own base_url / api_key_env (any host,
+    # any server variable): only for a trusted, single-operator setup.
+    "ALLOW_AGENT_ENDPOINTS": env.bool("TOLLGATE_ALLOW_AGENT_ENDPOINTS", default=False),
     # Seconds one HTTP attempt to a model may take.
     "MODEL_TIMEOUT_S": env.float("TOLLGATE_MODEL_TIMEOUT_S", default=120.0),
     # SDK retries of 408/409/429/5xx/connection errors (Retry-After honoured).

@@ -19,6 +19,7 @@ from django.db.models import Model
 from django.utils.text import Truncator
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
+from config.strict_json import StrictJSONFormField
 from runs.agents import config_errors
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
 from runs.services import cancel_run
@@ -70,11 +71,13 @@ class ReadOnlyAdminMixin:
 
 
 class AgentAdminForm(forms.ModelForm):
-    """Checks an edited agent the way the API does (``runs.agents.config_errors``)."""
+    """Checks an edited agent the way the API does (``runs.agents.config_errors``, strict JSON)."""
 
     class Meta:
         model = Agent
         fields = "__all__"
+        field_classes = {"model": StrictJSONFormField, "tools": StrictJSONFormField,
+                         "approval_policy": StrictJSONFormField}
 
     def clean(self):
         data = super().clean()

@@ -6,6 +6,8 @@ field) for anything a run would later trip over: an unknown tool, provider
 or completion check, or a malformed approval rule.
 """
 
+from decimal import Decimal, InvalidOperation
+
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
@@ -13,15 +15,23 @@ from django.db import IntegrityError, transaction
 from runs import completion
 from runs.models import Agent
 from runs.providers.base import ConfigError
+from runs.providers.http_config import config_problems
 from runs.providers.scripted import ScriptedClient
 from tools.policy import InvalidRule, check_rule
 from tools.registry import get_tool
 
 # Providers an agent's ``model`` config may name. A scripted config is
-# checked in full here; an HTTP provider's only for its model name, since
-# its API key may be set on the worker machines alone.
+# checked in full here; an HTTP provider's in everything but its API key,
+# which may be set on the worker machines alone.
 MODEL_PROVIDERS = ("scripted", "openai", "anthropic")
 MAX_TURNS_LIMIT = 1000
+# Largest value of each optional budget (null: no limit); see runs.budgets.
+BUDGET_LIMITS = {
+    "max_model_calls": 100_000,
+    "max_total_tokens": 10**12,
+    "max_cost_usd": Decimal("100000"),
+    "deadline_s": 30 * 24 * 3600,
+}
 
 
 def _model_errors(model) -> list[str]:
@@ -31,9 +41,7 @@ def _model_errors(model) -> list[str]:
     if provider not in MODEL_PROVIDERS:
         return [f"Unknown model provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}."]
     if provider != "scripted":
-        if not isinstance(model.get("model"), str) or not model["model"]:
-            return [f"The {provider} model config needs a 'model' name."]
-        return []
+        return config_problems(model)
     try:
         ScriptedClient(model)
     except ConfigError as exc:
@@ -82,6 +90,25 @@ def config_errors(*, model, tools: list, approval_policy, completion_check: str)
     return errors
 
 
+def _budget_errors(budgets: dict) -> dict[str, list[str]]:
+    errors = {}
+    for field, limit in BUDGET_LIMITS.items():
+        value = budgets.get(field)
+        if value is None:
+            continue
+        if field == "max_cost_usd":
+            try:
+                ok = not isinstance(value, bool) and 0 <= Decimal(str(value)) <= limit
+            except (InvalidOperation, ValueError):
+                ok = False
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= limit
+        if not ok:
+            errors[field] = [f"{field} must be a number from {0 if field == 'max_cost_usd' else 1} to {limit}, "
+                             f"or null for no limit."]
+    return errors
+
+
 def create_agent(
     *,
     slug: str,
@@ -92,13 +119,22 @@ def create_agent(
     max_turns: int | None = None,
     completion_check: str | None = None,
     approval_policy: dict | None = None,
+    max_model_calls: int | None = None,
+    max_total_tokens: int | None = None,
+    max_cost_usd: Decimal | None = None,
+    deadline_s: int | None = None,
 ) -> Agent:
     """Validate an agent definition and save it.
 
     ``tools`` None or empty means every registered tool (stored as ``[]``);
     ``max_turns``, ``completion_check`` and ``approval_policy`` fall back to
-    the model defaults. Raises ``ValidationError`` naming each bad field.
+    the model defaults. The budgets (``max_model_calls``,
+    ``max_total_tokens``, ``max_cost_usd`` in US dollars, ``deadline_s``
+    in seconds) are None for no limit, else bounded by ``BUDGET_LIMITS``.
+    Raises ``ValidationError`` naming each bad field.
     """
+    budgets = {"max_model_calls": max_model_calls, "max_total_tokens": max_total_tokens,
+               "max_cost_usd": max_cost_usd, "deadline_s": deadline_s}
     tools = list(tools or [])
     approval_policy = approval_policy or {}
     completion_check = completion_check or "default"
@@ -115,6 +151,7 @@ def create_agent(
         errors["name"] = ["The name must not be empty."]
     if not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS_LIMIT:
         errors["max_turns"] = [f"max_turns must be an integer from 1 to {MAX_TURNS_LIMIT}."]
+    errors.update(_budget_errors(budgets))
     errors.update(config_errors(model=model, tools=tools, approval_policy=approval_policy,
                                 completion_check=completion_check))
     if errors:
@@ -125,6 +162,7 @@ def create_agent(
             return Agent.objects.create(
                 slug=slug, name=name.strip(), instructions=instructions or "", model=model, tools=tools,
                 max_turns=max_turns, completion_check=completion_check, approval_policy=approval_policy,
+                **budgets,
             )
     except IntegrityError:
         raise ValidationError({"slug": [f"An agent with slug {slug!r} already exists."]}) from None

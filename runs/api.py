@@ -2,19 +2,20 @@
 
 Visibility (``runs.selectors``): staff and holders of the decide
 permission see every run, everyone else only the runs they requested;
-another user's run answers 404. The requester, staff and decide-permission
-holders may cancel a run; anyone else gets 403. Service exceptions become
-HTTP answers in ``config.api.exception_handler``.
+another user's run answers 404 on every verb. The requester, staff and
+decide-permission holders may cancel a run. Creating an agent needs staff
+and the ``runs.add_agent`` permission, as in the admin. Starting runs has
+its own throttle rate (``runs``). Service exceptions become HTTP answers
+in ``config.api.exception_handler``.
 """
 
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import CursorPagination
-from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.permissions import DjangoModelPermissions, IsAdminUser, IsAuthenticated
 from rest_framework.response import Response
 
 from runs.agents import create_agent
@@ -23,6 +24,7 @@ from runs.selectors import run_can_cancel, user_sees_all_runs
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
+    CancelSerializer,
     RunCreateSerializer,
     RunEventSerializer,
     RunSerializer,
@@ -32,7 +34,6 @@ from runs.services import actor_for, cancel_run, start_run
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = Run._meta.get_field("idempotency_key").max_length
-
 
 
 class EventCursorPagination(CursorPagination):
@@ -49,7 +50,7 @@ class EventCursorPagination(CursorPagination):
     retrieve=extend_schema(summary="One agent"),
 )
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Agent definitions: any user may list them, staff may create them."""
+    """Agent definitions: any user may list them; staff with ``runs.add_agent`` may create them."""
 
     queryset = Agent.objects.all()
     serializer_class = AgentSerializer
@@ -57,10 +58,10 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     def get_permissions(self):
         if self.action == "create":
-            return [IsAdminUser()]
+            return [IsAdminUser(), DjangoModelPermissions()]
         return [IsAuthenticated()]
 
-    @extend_schema(summary="Create an agent (staff only)", request=AgentCreateSerializer,
+    @extend_schema(summary="Create an agent (staff with the add permission)", request=AgentCreateSerializer,
                    responses={201: AgentSerializer})
     def create(self, request):
         """Validate the body's shape, then let ``create_agent`` check and save it."""
@@ -79,6 +80,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     serializer_class = RunSerializer
     queryset = Run.objects.select_related("agent", "requested_by")
+
+    def get_throttles(self):
+        """The default throttles; starting a run also counts against the ``runs`` rate."""
+        self.throttle_scope = "runs" if self.action == "create" else None
+        return super().get_throttles()
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
@@ -138,16 +144,18 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         page = self.paginate_queryset(run.tool_calls.order_by("id"))
         return self.get_paginated_response(ToolCallSerializer(page, many=True).data)
 
-    @extend_schema(summary="Cancel the run", request=None,
+    @extend_schema(summary="Cancel the run", request=CancelSerializer,
                    responses={200: RunSerializer, 403: OpenApiResponse(description="You may not cancel this run."),
                               409: OpenApiResponse(description="The run already ended; the body names its `status`.")})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         """Cancel through ``cancel_run``: at once if queued or waiting, at the next safe point if running.
 
-        Only the requester, staff and decide-permission holders may cancel.
+        Only the requester, staff and decide-permission holders may cancel;
+        the body, if any, must be empty.
         """
-        run = get_object_or_404(Run, pk=pk)
+        run = self.get_object()
+        CancelSerializer(data=request.data).is_valid(raise_exception=True)
         user = request.user
         if not run_can_cancel(user=user, run=run):
             raise PermissionDenied("You may not cancel this run.")

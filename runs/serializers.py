@@ -4,36 +4,33 @@ Output serializers are read-only views of the models; input serializers
 only check the shape of a request body; the services decide the rest.
 """
 
-import re
-
 from rest_framework import serializers
 
+from config.api import StrictSerializer
+from runs.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
+from runs.masking import mask_credentials
 from runs.models import Agent, MultitaskStrategy, Run, RunEvent, Session
 from tools.models import ToolCall
 
-# Keys of a model config that may hold credentials; never shown to non-staff.
-_SECRET_KEY = re.compile(r"(api_?key|secret|password|token)$", re.IGNORECASE)
-
 
 class AgentSerializer(serializers.ModelSerializer):
-    """An agent definition; credentials in its model config are masked for non-staff."""
+    """An agent definition; anything in its model config that looks like a credential is masked, for everyone."""
 
     class Meta:
         model = Agent
-        fields = ["slug", "name", "instructions", "model", "tools", "max_turns", "completion_check",
-                  "approval_policy", "created_at"]
+        fields = ["slug", "name", "instructions", "model", "tools", "max_turns", "max_model_calls",
+                  "max_total_tokens", "max_cost_usd", "deadline_s", "completion_check", "approval_policy",
+                  "created_at"]
         read_only_fields = fields
 
     def to_representation(self, instance):
         data = super().to_representation(instance)
-        request = self.context.get("request")
-        if isinstance(data["model"], dict) and not (request and request.user.is_staff):
-            data["model"] = {k: "***" if _SECRET_KEY.search(k) else v for k, v in data["model"].items()}
+        data["model"] = mask_credentials(data["model"])
         return data
 
 
-class AgentCreateSerializer(serializers.Serializer):
-    """Body of ``POST /api/agents/``; ``runs.agents.create_agent`` validates the content."""
+class AgentCreateSerializer(StrictSerializer):
+    """Body of ``POST /api/agents/``; unknown fields are refused, ``runs.agents.create_agent`` checks the rest."""
 
     slug = serializers.CharField(max_length=50)
     name = serializers.CharField(max_length=200)
@@ -41,7 +38,16 @@ class AgentCreateSerializer(serializers.Serializer):
     model = serializers.JSONField(help_text='Provider config, e.g. {"provider": "scripted", "turns": [...]}.')
     tools = serializers.ListField(child=serializers.CharField(), required=False,
                                   help_text="Registered tool names; omitted or empty: every tool.")
-    max_turns = serializers.IntegerField(required=False, min_value=1)
+    max_turns = serializers.IntegerField(required=False, min_value=1, max_value=MAX_TURNS_LIMIT)
+    max_model_calls = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                               max_value=BUDGET_LIMITS["max_model_calls"])
+    max_total_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                                max_value=BUDGET_LIMITS["max_total_tokens"])
+    max_cost_usd = serializers.DecimalField(required=False, allow_null=True, max_digits=12, decimal_places=6,
+                                            min_value=0, max_value=BUDGET_LIMITS["max_cost_usd"],
+                                            help_text="US dollars; needs prices for the model.")
+    deadline_s = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                          max_value=BUDGET_LIMITS["deadline_s"], help_text="Seconds.")
     completion_check = serializers.CharField(required=False)
     approval_policy = serializers.DictField(child=serializers.CharField(), required=False,
                                             help_text='Tool name to rule: "always", "never" or e.g. "amount > 50".')
@@ -67,7 +73,7 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class RunCreateSerializer(serializers.Serializer):
+class RunCreateSerializer(StrictSerializer):
     """Body of ``POST /api/runs/``: the agent's slug, the input, optionally a session to continue."""
 
     agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.all())
@@ -83,6 +89,10 @@ class RunCreateSerializer(serializers.Serializer):
         request = self.context.get("request")
         if request is not None:
             self.fields["session"].queryset = Session.objects.filter(owner=request.user)
+
+
+class CancelSerializer(StrictSerializer):
+    """Body of ``POST /api/runs/{id}/cancel/``: nothing (any field is refused)."""
 
 
 class RunEventSerializer(serializers.ModelSerializer):

@@ -138,6 +138,14 @@ def gateway_process(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def fresh_throttles():
+    """Every test starts with empty throttle counters (they live in the default cache)."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def payment_gateway(gateway_process, settings):
     """Every test talks to a fresh ledger of the real gateway process, with no faults."""
     gateway_process.ensure_running()

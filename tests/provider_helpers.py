@@ -4,7 +4,10 @@
 ``ReplayServer`` and returns ``(server, agent)`` — an agent of the demo
 refund shape (tools ``query_order`` and ``refund``, completion check
 ``refund``) whose model config points at the server with the key in
-``TEST_KEY``. Import it into a test module to use it.
+``TEST_KEY``. The server is an endpoint profile added to
+``TOLLGATE["MODEL_ENDPOINTS"]`` for the test (``server.endpoint`` names
+it), as an operator would configure it. Import it into a test module to
+use it.
 """
 
 import json
@@ -24,15 +27,19 @@ REFUND_30 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount
 
 
 @pytest.fixture
-def llm(monkeypatch, demo):
+def llm(monkeypatch, demo, settings):
     servers = []
     monkeypatch.setenv("TEST_KEY", "x")
 
     def make(provider: str, script: list[dict], agent_fields: dict | None = None, **model):
         server = ReplayServer(provider, script).start()
         servers.append(server)
-        config = {"provider": provider, "model": MODELS[provider], "base_url": server.base_url,
-                  "api_key_env": "TEST_KEY", "stream": True, **model}
+        server.endpoint = f"replay-{len(servers)}"
+        settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {
+            **settings.TOLLGATE["MODEL_ENDPOINTS"],
+            server.endpoint: {"provider": provider, "base_url": server.base_url, "api_key_env": "TEST_KEY"}}}
+        config = {"provider": provider, "model": MODELS[provider], "endpoint": server.endpoint, "stream": True,
+                  **model}
         agent = Agent.objects.create(
             slug=f"{provider}-{uuid.uuid4().hex[:8]}", name=f"{provider} refund",
             instructions="Help the customer get a refund. Check the order first.",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prove README's first command on a clean clone: it installs, loads the demo
-# and serves; after logging in, /inbox/ answers 200 and lists demo data.
+# and serves; after logging in, /inbox/ answers 200 and lists demo data,
+# and a path escaping the static folder is a 404.
 # Usage: bash tests/readme_quickstart.sh   (run from anywhere in the repo)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,4 +39,6 @@ curl -fs -b "$jar" -c "$jar" -o /dev/null -e http://127.0.0.1:8000/accounts/logi
 status=$(curl -s -b "$jar" -o "$clone/inbox.html" -w '%{http_code}' http://127.0.0.1:8000/inbox/)
 grep -q "approver" "$clone/inbox.html" || { echo "readme_quickstart: /inbox/ is not the approver's inbox" >&2; exit 1; }
 [[ $status == 200 ]] || { echo "readme_quickstart: /inbox/ answered $status" >&2; exit 1; }
+escape=$(curl -s --path-as-is -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/static/../config/settings.py)
+[[ $escape == 404 ]] || { echo "readme_quickstart: /static/../config/settings.py answered $escape" >&2; exit 1; }
 echo "readme_quickstart: OK (/inbox/ answered 200 after login as approver)"

@@ -182,6 +182,9 @@ log "PostgreSQL on 127.0.0.1:$PG_PORT and Redis on 127.0.0.1:$REDIS_PORT ready i
 # --- Tests -----------------------------------------------------------------
 
 export TOLLGATE_CHROMIUM=/usr/bin/chromium
+# DEBUG stays off in the tests; tests/settings.py (the pytest settings
+# module) makes a random SECRET_KEY per run, which the servers and workers
+# the tests start inherit. The quickstart below makes its own key.
 
 # pytest runs in the background so that signals reach the traps above at
 # once instead of after pytest finishes.  (Background commands start with

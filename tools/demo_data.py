@@ -20,6 +20,8 @@ USERS = {
     "admin": ("admin-demo", "superuser"),
 }
 APPROVERS_GROUP = "approvers"
+# The demo shop's orders, all owned by "requester".
+DEMO_ORDER_NUMBERS = range(100, 131)
 
 CONTRACT_TEXT = "Dear customer, please find attached the service contract we discussed."
 
@@ -80,7 +82,7 @@ def load_demo() -> dict:
         users[username] = user
     users["approver"].groups.add(approvers)
 
-    for number in range(100, 131):
+    for number in DEMO_ORDER_NUMBERS:
         Order.objects.update_or_create(number=number, defaults={
             "owner": users["requester"],
             "total": Decimal("120.00") if number == 123 else Decimal(20 + number % 7 * 15),

@@ -22,9 +22,13 @@ API (JSON):
   client's timeout); "error before commit" answers 503 without charging;
   "crash after commit" commits and kills the process.
 * ``POST /reset`` -> empty ledger, no faults. ``GET /health`` -> 200.
+
+``/faults`` and ``/reset`` are test controls: they answer only requests
+from a loopback address (403 otherwise), whatever ``--host`` says.
 """
 
 import argparse
+import ipaddress
 import json
 import os
 import random
@@ -140,8 +144,16 @@ class GatewayHandler(BaseHTTPRequestHandler):
             return self._send(200, found) if found else self._send(404, {"error": "no such refund"})
         return self._send(404, {"error": "not found"})
 
+    def _from_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.client_address[0]).is_loopback
+        except ValueError:
+            return False
+
     def do_POST(self):
         path = urlparse(self.path).path
+        if path in ("/faults", "/reset") and not self._from_loopback():
+            return self._send(403, {"error": "test controls answer on loopback only"})
         if path == "/faults":
             type(self).faults = {**NO_FAULTS, **self._body()}
             return self._send(200, type(self).faults)

@@ -135,7 +135,7 @@ class AnthropicClient:
 
         # httpx2 is the SDK's own HTTP client (a dependency of anthropic).
         return sdk_call(call, provider="Anthropic", sdk=anthropic, transport_errors=(httpx2.TransportError,),
-                        cfg=cfg, base_url=self.client.base_url)
+                        cfg=cfg)
 
 def _input_tokens(usage) -> int:
     return sum(getattr(usage, name, None) or 0

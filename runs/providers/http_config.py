@@ -4,8 +4,7 @@ An agent's ``model`` JSON for these providers::
 
     {"provider": "openai" | "anthropic",
      "model": str,                  # the provider's model name (required)
-     "base_url": str?,              # e.g. "http://localhost:11434/v1" for Ollama
-     "api_key_env": str?,           # NAME of the environment variable with the key
+     "endpoint": str?,              # a profile in TOLLGATE["MODEL_ENDPOINTS"]; default: the provider's name
      "stream": bool = true,
      "temperature": float?,
      "max_output_tokens": int?,     # anthropic: default TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
@@ -13,17 +12,28 @@ An agent's ``model`` JSON for these providers::
      "max_retries": int?,           # SDK retries; default TOLLGATE["MODEL_MAX_RETRIES"]
      "context_window": int?}        # tokens; see runs.context
 
-``api_key_env`` defaults to ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``.
-When it is not given and ``base_url`` is (a local OpenAI-compatible server
-that needs no key), an unset variable is fine and a placeholder key is
-sent. Anything else wrong raises ``ConfigError`` (the run fails with
-``model_error`` before any request leaves).
+Where a request goes and with which key is the operator's choice, not the
+agent's: ``TOLLGATE["MODEL_ENDPOINTS"]`` maps profile names to
+``{"provider", "base_url"?, "api_key_env"?}`` (``api_key_env`` names the
+environment variable holding the key; default ``OPENAI_API_KEY`` /
+``ANTHROPIC_API_KEY``). A profile with a ``base_url`` and no
+``api_key_env`` is a local server that needs no key. An agent config may
+carry its own ``base_url`` / ``api_key_env`` only where
+``TOLLGATE["ALLOW_AGENT_ENDPOINTS"]`` is on (off by default): otherwise an
+agent could send any server variable to any host.
+
+``config_problems`` checks a config without touching the environment
+(agent creation); ``parse_config`` resolves it for a call and raises
+``ConfigError`` (the run fails with ``model_error`` before any request
+leaves). Error texts never contain a key, an environment variable's value
+or a provider's answer body: those are logged, the run keeps a short text.
 """
 
 import logging
 import os
 import threading
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -32,11 +42,19 @@ from runs.providers.base import ConfigError, MalformedResponse, ModelError, Stre
 
 log = logging.getLogger(__name__)
 
+# Keys that name where requests go; allowed in an agent only with ALLOW_AGENT_ENDPOINTS.
+RAW_ENDPOINT_KEYS = ("base_url", "api_key_env")
+KNOWN_KEYS = {"provider", "model", "endpoint", *RAW_ENDPOINT_KEYS, "stream", "temperature", "max_output_tokens",
+              "timeout_s", "max_retries", "context_window"}
+_NUMBERS = {"temperature": float, "max_output_tokens": int, "timeout_s": float, "max_retries": int,
+            "context_window": int}
+
 
 @dataclass(frozen=True)
 class HttpModelConfig:
     provider: str
     model: str
+    endpoint: str
     api_key: str
     base_url: str | None
     stream: bool
@@ -46,32 +64,106 @@ class HttpModelConfig:
     max_retries: int
 
 
-def parse_config(config: dict, *, default_key_env: str) -> HttpModelConfig:
-    """Validate an agent's model config. Raises ``ConfigError`` naming the bad key."""
+def _profiles() -> dict:
+    return settings.TOLLGATE.get("MODEL_ENDPOINTS") or {}
+
+
+def _url_problem(url) -> str | None:
+    if not isinstance(url, str):
+        return "'base_url' must be a string."
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return "'base_url' must be an http:// or https:// URL."
+    return None
+
+
+def config_problems(config: dict) -> list[str]:
+    """Problems with an HTTP provider's model ``config`` (a dict), checked without the environment.
+
+    Returns a list of messages, empty when the config can be used: a
+    model name, a known endpoint profile of the same provider (or, only
+    with ``ALLOW_AGENT_ENDPOINTS``, a well-formed ``base_url`` /
+    ``api_key_env``), no unknown keys, and numbers of the right kind.
+    """
     provider = config.get("provider", "")
+    problems = []
+    unknown = sorted(str(key) for key in set(config) - KNOWN_KEYS)
+    if unknown:
+        problems.append(f"Unknown key(s) in the model config: {', '.join(unknown)}.")
     model = config.get("model")
     if not isinstance(model, str) or not model:
-        raise ConfigError(f"The {provider} model config needs a 'model' name.")
-    base_url = config.get("base_url") or None
-    if base_url is not None and not isinstance(base_url, str):
-        raise ConfigError("'base_url' must be a string.")
-    key_env = config.get("api_key_env")
-    if key_env is not None and (not isinstance(key_env, str) or not key_env):
-        raise ConfigError("'api_key_env' must be the name of an environment variable.")
+        problems.append(f"The {provider} model config needs a 'model' name.")
+    raw = [key for key in RAW_ENDPOINT_KEYS if key in config]
+    if raw and not settings.TOLLGATE.get("ALLOW_AGENT_ENDPOINTS"):
+        problems.append(f"{' and '.join(repr(k) for k in raw)} may not be set in an agent: name an endpoint "
+                        f"profile with 'endpoint' (known: {', '.join(sorted(_profiles())) or 'none'}).")
+    elif raw:
+        if "endpoint" in config:
+            problems.append("Give either 'endpoint' or 'base_url'/'api_key_env', not both.")
+        if "base_url" in config and (problem := _url_problem(config["base_url"])):
+            problems.append(problem)
+        key_env = config.get("api_key_env")
+        if "api_key_env" in config and (not isinstance(key_env, str) or not key_env):
+            problems.append("'api_key_env' must be the name of an environment variable.")
+    if not raw or "endpoint" in config:
+        name = config.get("endpoint", provider)
+        profile = _profiles().get(name) if isinstance(name, str) else None
+        if not isinstance(profile, dict):
+            problems.append(f"Unknown model endpoint {name!r}; known: {', '.join(sorted(_profiles())) or 'none'}.")
+        elif profile.get("provider") != provider:
+            problems.append(f"The model endpoint {name!r} is for provider {profile.get('provider')!r}, "
+                            f"not {provider!r}.")
+    if "stream" in config and not isinstance(config["stream"], bool):
+        problems.append("'stream' must be true or false.")
+    for key, kind in _NUMBERS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            problems.append(f"'{key}' must be a {'whole ' if kind is int else ''}number.")
+        elif value < 0:
+            problems.append(f"'{key}' must not be negative.")
+    return problems
+
+
+def _endpoint(config: dict, provider: str) -> tuple[str, str | None, str | None]:
+    """(profile name, base URL, key variable) for a checked config."""
+    if any(key in config for key in RAW_ENDPOINT_KEYS):
+        return "agent config", config.get("base_url") or None, config.get("api_key_env")
+    name = config.get("endpoint", provider)
+    profile = _profiles()[name]
+    return name, profile.get("base_url") or None, profile.get("api_key_env")
+
+
+def parse_config(config: dict, *, default_key_env: str) -> HttpModelConfig:
+    """Resolve an agent's model config through its endpoint profile, for one call.
+
+    Raises ``ConfigError`` for the first of ``config_problems`` and when
+    the key's environment variable is unset (the variable is named in the
+    log only).
+    """
+    problems = config_problems(config)
+    if problems:
+        raise ConfigError(problems[0])
+    provider = config.get("provider", "")
+    endpoint, base_url, key_env = _endpoint(config, provider)
     api_key = os.environ.get(key_env or default_key_env, "")
     if not api_key:
         if key_env or base_url is None:
-            raise ConfigError(f"The environment variable {key_env or default_key_env} (api_key_env) is not set.")
+            log.warning("model endpoint %r: the environment variable %s is not set", endpoint,
+                        key_env or default_key_env)
+            raise ConfigError(f"The model endpoint {endpoint!r} has no API key configured on this server.")
         api_key = "unused"
-    stream = config.get("stream", True)
-    if not isinstance(stream, bool):
-        raise ConfigError("'stream' must be true or false.")
     return HttpModelConfig(
         provider=provider,
-        model=model,
+        model=config["model"],
+        endpoint=endpoint,
         api_key=api_key,
         base_url=base_url,
-        stream=stream,
+        stream=config.get("stream", True),
         temperature=_number(config, "temperature", float, None),
         max_output_tokens=_number(config, "max_output_tokens", int, None),
         timeout_s=_number(config, "timeout_s", float, settings.TOLLGATE["MODEL_TIMEOUT_S"]),
@@ -81,33 +173,18 @@ def parse_config(config: dict, *, default_key_env: str) -> HttpModelConfig:
 
 def _number(config: dict, key: str, kind: type, default):
     value = config.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise ConfigError(f"'{key}' must be a {'whole ' if kind is int else ''}number.")
-    if value < 0:
-        raise ConfigError(f"'{key}' must not be negative.")
-    return kind(value)
+    return default if value is None else kind(value)
 
 
-def status_error_message(provider: str, status: int, body, fallback: str, retries: int) -> str:
-    """A one-line error for an HTTP error answer, with the provider's own message.
+def status_error_message(provider: str, status: int, error_class: str, retries: int) -> str:
+    """The run's one-line error for an HTTP error answer: status and error class, never the body.
 
-    ``body`` is the parsed error body (OpenAI ``{"error": {"message"}}``,
-    Anthropic ``{"type": "error", "error": {"type", "message"}}``) or None.
+    ``error_class`` is the SDK's exception class (e.g. ``RateLimitError``).
+    The body may echo anything the endpoint chose, so it is only logged.
     """
-    detail = fallback
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and error.get("message"):
-            detail = str(error["message"])
-            if error.get("type"):
-                detail = f"{error['type']}: {detail}"
-        elif isinstance(error, str):
-            detail = error
     retried = status == 429 or status >= 500 or status in (408, 409)
     suffix = f" (gave up after {retries} retries)" if retried and retries else ""
-    return f"{provider} API error {status}: {detail}{suffix}"
+    return f"{provider} API error {status} ({error_class}){suffix}"
 
 
 def normalise_finish_reason(raw: str | None, table: dict[str, str], calls: list[dict]) -> str:
@@ -158,31 +235,37 @@ def read_interruptible(read, stream, request, *, connection_errors: tuple):
     try:
         return read(stream, request)
     except (httpx.TransportError, *connection_errors) as exc:
-        raise StreamInterrupted(f"the response stream broke off: {type(exc).__name__}: {exc}") from exc
+        log.warning("response stream broke off: %s", exc)
+        raise StreamInterrupted(f"the response stream broke off: {type(exc).__name__}") from exc
 
 
-def sdk_call(call, *, provider: str, sdk, transport_errors: tuple, cfg: HttpModelConfig, base_url):
+def sdk_call(call, *, provider: str, sdk, transport_errors: tuple, cfg: HttpModelConfig):
     """Run ``call()`` (one SDK request and the reading of its answer), mapping errors to ours.
 
     ``sdk`` is the ``openai`` or ``anthropic`` module. A transport error
     escaping the SDK means the answer broke off (``StreamInterrupted``);
     status, timeout and connection errors (after the SDK's own retries)
     are ``ModelError``; an answer that cannot be read is
-    ``MalformedResponse``.
+    ``MalformedResponse``. The messages name the error's class and the
+    endpoint profile; the details (which may quote the answer) are logged.
     """
     try:
         return call()
     except transport_errors as exc:
-        raise StreamInterrupted(f"the response broke off: {type(exc).__name__}: {exc}") from exc
+        log.warning("%s response broke off (endpoint %r): %s", provider, cfg.endpoint, exc)
+        raise StreamInterrupted(f"the response broke off: {type(exc).__name__}") from exc
     except sdk.APIStatusError as exc:
-        raise ModelError(status_error_message(provider, exc.status_code, exc.body, exc.message,
+        log.warning("%s API error %s (endpoint %r): %s %r", provider, exc.status_code, cfg.endpoint, exc.message,
+                    exc.body)
+        raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__,
                                               cfg.max_retries)) from exc
     except sdk.APITimeoutError as exc:
         raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s "
                          f"(gave up after {cfg.max_retries} retries).") from exc
     except sdk.APIConnectionError as exc:
-        raise ModelError(f"{provider} API unreachable at {base_url}: {exc} "
-                         f"(gave up after {cfg.max_retries} retries).") from exc
+        log.warning("%s API unreachable (endpoint %r): %s", provider, cfg.endpoint, exc)
+        raise ModelError(f"{provider} API unreachable (endpoint {cfg.endpoint!r}; "
+                         f"gave up after {cfg.max_retries} retries).") from exc
     except (sdk.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("malformed %s response", provider, exc_info=True)
-        raise MalformedResponse(f"Malformed {provider} response: {type(exc).__name__}: {exc}") from exc
+        raise MalformedResponse(f"Malformed {provider} response: {type(exc).__name__}") from exc

@@ -1,7 +1,7 @@
 """The ``openai`` provider: Chat Completions with tools, through the ``openai`` SDK.
 
 Works with any OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM)
-via ``base_url``. Config keys: see ``runs.providers.http_config``.
+through an endpoint profile. Config keys: see ``runs.providers.http_config``.
 
 Wire mapping of the provider-neutral messages (``ModelRequest.messages``):
 
@@ -95,7 +95,7 @@ class OpenAIClient:
             return _read_completion(self.client.chat.completions.create(**params))
 
         return sdk_call(call, provider="OpenAI", sdk=openai, transport_errors=(httpx.TransportError,),
-                        cfg=cfg, base_url=self.client.base_url)
+                        cfg=cfg)
 
 def _read_completion(completion) -> ModelResponse:
     """A non-streamed ``chat.completion`` -> ``ModelResponse``."""

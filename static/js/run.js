@@ -6,9 +6,18 @@
  * the timeline and tool calls catch up. If the socket is down (or a message
  * was lost), /runs/<id>/status/ is polled: every 2 s without a socket,
  * every 10 s with one, not at all once the run has ended.
+ * A form with data-confirm (the cancel button) asks before it is sent; the
+ * listener sits on the document, so it survives the #run swap (and no
+ * inline handler is needed: the Content-Security-Policy forbids them).
  */
 (function () {
   "use strict";
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+      event.preventDefault();
+    }
+  });
   var TERMINAL = ["completed", "failed", "cancelled"];
   var root = document.getElementById("run");
   if (!root) { return; }

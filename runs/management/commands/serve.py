@@ -1,7 +1,7 @@
 """``manage.py serve``: the one-command Tollgate server.
 
-Serves HTTP and WebSockets (Daphne, with static files even when DEBUG is
-off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
+Serves HTTP and WebSockets (Daphne; static files through WhiteNoise, as
+in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
 also runs a Dramatiq worker and the sweeper (``runs.recovery.sweep``
 every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
 runs left queued or running by a previous process. Unless told not to, it
@@ -119,7 +119,7 @@ class Command(BaseCommand):
             self.stdout.write(f"Broker {type(broker).__name__}: serving only; run workers with "
                               "`manage.py rundramatiq` and the sweeper with `manage.py recover_runs --loop`.")
         try:
-            call_command("runserver", addrport, use_reloader=False, insecure_serving=True)
+            call_command("runserver", addrport, use_reloader=False, use_static_handler=False)
         finally:
             if gateway is not None:
                 gateway.terminate()

@@ -1,34 +1,80 @@
-"""``manage.py demo``: load or reset the demo shop, agents and users."""
+"""``manage.py demo``: load or reset the demo shop, agents and users.
+
+It resets ``admin`` to a known password and prints every demo token, so it
+refuses a database holding anything but demo data (``--force`` to go on).
+"""
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
-from tools.demo_data import USERS, load_demo
+from tools.demo_data import DEMO_AGENTS, DEMO_ORDER_NUMBERS, USERS, load_demo
+from tools.gateway_server import Ledger
+from tools.models import Order
 
 DEMO_LEDGER = Path(settings.BASE_DIR) / "var" / "gateway-ledger.sqlite3"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def non_demo_data() -> list[str]:
+    """What in the database is not demo data: users, agents and orders the demo did not make.
+
+    Returns one line per kind found, e.g. ``["2 user(s): alice, bob"]``;
+    empty when the database holds demo data only (or nothing).
+    """
+    from runs.models import Agent
+
+    found = []
+    for label, names in (
+        ("user(s)", get_user_model().objects.exclude(username__in=USERS).values_list("username", flat=True)),
+        ("agent(s)", Agent.objects.exclude(slug__in=[a["slug"] for a in DEMO_AGENTS]).values_list("slug", flat=True)),
+        ("order(s)", Order.objects.exclude(number__in=DEMO_ORDER_NUMBERS).values_list("number", flat=True)),
+    ):
+        names = [str(name) for name in names[:6]]
+        if names:
+            found.append(f"{label}: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}")
+    return found
 
 
 def reset_demo_gateway() -> str:
-    """Empty the demo payment gateway's ledger (running at ``GATEWAY_URL``, or its file); say what was done."""
-    try:
-        httpx.post(f"{settings.GATEWAY_URL.rstrip('/')}/reset", timeout=2).raise_for_status()
-        return f"emptied the ledger of the gateway at {settings.GATEWAY_URL}"
-    except httpx.HTTPError:
-        if DEMO_LEDGER.exists():
-            DEMO_LEDGER.unlink()
-            return f"removed {DEMO_LEDGER}"
-        return "no gateway ledger to reset"
+    """Empty the demo payment gateway's refunds; say what was done.
+
+    Only a gateway on loopback is asked (``POST /reset`` at ``GATEWAY_URL``);
+    failing that, the demo ledger file is emptied in place (SQLite locks it
+    against a gateway process that may be using it), never deleted.
+    """
+    if urlsplit(settings.GATEWAY_URL).hostname in LOOPBACK_HOSTS:
+        try:
+            httpx.post(f"{settings.GATEWAY_URL.rstrip('/')}/reset", timeout=2).raise_for_status()
+            return f"emptied the ledger of the gateway at {settings.GATEWAY_URL}"
+        except httpx.HTTPError:
+            pass
+    if DEMO_LEDGER.exists():
+        Ledger(str(DEMO_LEDGER)).reset()
+        return f"emptied {DEMO_LEDGER}"
+    return "no gateway ledger to reset"
 
 
 class Command(BaseCommand):
-    help = "Load (or reset) the demo shop, demo agents, demo users and the demo gateway's refunds. Safe to rerun."
+    help = ("Load (or reset) the demo shop, demo agents, demo users and the demo gateway's refunds. Safe to rerun "
+            "on a demo database; refuses one with other data unless --force.")
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument("--force", action="store_true",
+                            help="Load the demo even though the database holds non-demo data (resets the demo "
+                                 "users' passwords, including the superuser 'admin').")
+
+    def handle(self, *args, force=False, **options):
+        other = non_demo_data()
+        if other and not force:
+            raise CommandError("This database holds data that is not the demo's ("
+                               + "; ".join(other) + "). The demo resets 'admin' to a known password and prints "
+                               "API tokens: run it on a database of its own, or pass --force.")
         passwords = load_demo()
         self.stdout.write(self.style.SUCCESS("Demo data loaded. Users:"))
         for username, password in passwords.items():
@@ -39,4 +85,3 @@ class Command(BaseCommand):
         self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval), "
                           "'cancel-order' tries to cancel shipped order 124 (refused), 'send-contract-email' "
                           "sends after a legal check (needs approval). They do not read what you type.")
-

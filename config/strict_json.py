@@ -1,0 +1,134 @@
+"""Strict JSON for request bodies and form fields: what the database and the tools can take.
+
+Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, turns
+``1e309`` into ``inf``, parses integers of any size and recurses without
+limit (a body nested ~1000 deep raises ``RecursionError``); PostgreSQL
+refuses ``\\u0000`` in text and JSON. ``loads`` refuses all of these with
+``StrictJSONError`` (a ``ValueError``) and a message fit for the requester.
+``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
+``StrictJSONFormField`` the form field (admin JSON fields).
+"""
+
+import json
+import math
+
+from django import forms
+from django.conf import settings
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+
+# Deepest nesting of objects and arrays accepted (the top level counts 1).
+MAX_DEPTH = 32
+# Integers outside a signed 64-bit range are refused: no database column
+# or tool argument here holds more, and SQLite raises on larger ones.
+MAX_INT = 2**63 - 1
+
+
+class StrictJSONError(ValueError):
+    """The text is not JSON this application accepts; ``str()`` says why, for the requester."""
+
+
+def _refuse_constant(name: str):
+    raise StrictJSONError(f"{name} is not a number JSON allows.")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise StrictJSONError(f"The number {text[:40]} is too large.")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) > MAX_INT:
+        raise StrictJSONError(f"The integer {text[:40]}{'…' if len(text) > 40 else ''} is too large.")
+    return value
+
+
+def check_value(value, *, max_depth: int = MAX_DEPTH) -> None:
+    """Check an already-decoded JSON value: nesting at most ``max_depth``, no NUL character, finite numbers.
+
+    Raises ``StrictJSONError``. Iterative, so any depth is checked without
+    recursion.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                raise StrictJSONError(f"The JSON is nested too deeply (more than {max_depth} levels).")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if "\x00" in key:
+                        raise StrictJSONError("The JSON contains a NUL character (\\u0000).")
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise StrictJSONError("The JSON contains a NUL character (\\u0000).")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise StrictJSONError("NaN and infinite numbers are not allowed.")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_INT:
+            raise StrictJSONError("An integer in the JSON is too large.")
+
+
+def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH):
+    """Decode ``text`` as strict JSON (see module doc); returns the value.
+
+    Raises ``StrictJSONError`` for malformed JSON, ``NaN``/``Infinity``,
+    numbers that overflow a float or a 64-bit integer, NUL characters and
+    nesting deeper than ``max_depth``.
+    """
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
+                           parse_int=_bounded_int)
+    except RecursionError:
+        raise StrictJSONError(f"The JSON is nested too deeply (more than {max_depth} levels).") from None
+    except StrictJSONError:
+        raise
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        position = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise StrictJSONError(f"Not valid JSON{position}.") from None
+    check_value(value, max_depth=max_depth)
+    return value
+
+
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser on ``loads``: a refused body is a 400 ``ParseError`` saying why."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        """Parse the request body; raises ``ParseError`` (400) for anything ``loads`` refuses."""
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            return loads(stream.read().decode(encoding))
+        except UnicodeDecodeError:
+            raise ParseError(f"The body is not valid {encoding}.") from None
+        except StrictJSONError as exc:
+            raise ParseError(f"JSON parse error: {exc}") from None
+
+
+class StrictJSONFormField(forms.JSONField):
+    """Django's form ``JSONField`` reading with ``loads``: a refused value is a form error, not a 500."""
+
+    def to_python(self, value):
+        """The decoded value; raises ``ValidationError`` with the reason ``loads`` gives."""
+        if self.disabled or value in self.empty_values or isinstance(
+                value, (list, dict, int, float, forms.fields.JSONString)):
+            return super().to_python(value)
+        try:
+            converted = loads(value)
+        except StrictJSONError as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None
+        return forms.fields.JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data, initial):
+        """The submitted value for redisplay; text ``loads`` refuses is shown back as typed."""
+        if self.disabled:
+            return initial
+        if data is None:
+            return None
+        try:
+            return loads(data)
+        except StrictJSONError:
+            return forms.fields.InvalidJSONInput(data)
