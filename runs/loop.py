@@ -31,6 +31,7 @@ from runs.budgets import cost_usd as _cost_usd
 from runs.budgets import deadline_passed
 from runs.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
+from runs.model_output import MAX_CALL_ID_LENGTH, screen_response
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
@@ -215,6 +216,7 @@ def _model_turn(run: Run) -> bool:
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
     cost = _call_cost(agent, response)
+    screen_response(response)  # untrusted: made storable, bad calls marked, before anything is written
     _unique_call_ids(run, step, response.tool_calls)
     # Policy first, outside the transaction: preconditions may do I/O.
     assessments = assess_tool_calls(run=run, calls=response.tool_calls, truncated=response.finish_reason == "length")
@@ -260,6 +262,8 @@ def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
         call_id = call.get("id") or f"call_{step.pk}_{index}"
         if call_id in used:
             call_id = f"{call_id}_{step.pk}_{index}"
+            if len(call_id) > MAX_CALL_ID_LENGTH:
+                call_id = f"call_{step.pk}_{index}"
         used.add(call_id)
         call["id"] = call_id
 

@@ -10,7 +10,7 @@ effect, always approved, only after a passed legal check in the same run).
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.mail import EmailMessage
+from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
 from runs.completion import Verdict, achieved, incomplete, not_achieved, register_check
@@ -187,7 +187,10 @@ def _send_email_precondition(ctx: ToolContext, args: dict) -> str | None:
 def _send_email(ctx: ToolContext, args: dict) -> dict:
     message = EmailMessage(subject=args["subject"], body=args["body"], to=[args["to"]],
                            headers={"X-Idempotency-Key": ctx.idempotency_key})
-    message.send(fail_silently=False)
+    try:
+        message.send(fail_silently=False)
+    except BadHeaderError as exc:  # refused before anything was sent
+        raise ToolError(f"The email was not sent: {exc}") from exc
     return {"sent_to": args["to"], "subject": args["subject"]}
 
 
@@ -195,8 +198,9 @@ register(Tool(
     name="send_email",
     description="Send an email. Needs a passed legal_check of its text in the same run.",
     parameters={"type": "object",
-                "properties": {"to": {"type": "string", "pattern": r"^[^@\s]+@[^@\s]+\.[^@\s]+$"},
-                               "subject": {"type": "string", "minLength": 1, "maxLength": 300},
+                "properties": {"to": {"type": "string", "format": "email", "maxLength": 254},
+                               "subject": {"type": "string", "format": "header-text",
+                                           "minLength": 1, "maxLength": 300},
                                "body": {"type": "string", "minLength": 1, "maxLength": 20000}},
                 "required": ["to", "subject", "body"], "additionalProperties": False},
     handler=_send_email,

@@ -8,7 +8,26 @@ must hold before it may run. Agents choose tools by name.
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from jsonschema import Draft202012Validator
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from jsonschema import Draft202012Validator, FormatChecker
+
+# Formats every tool schema enforces, on top of jsonschema's own:
+# ``email`` is Django's validator (one address, no CR/LF), and
+# ``header-text`` is a single line fit for a mail or HTTP header.
+FORMAT_CHECKER = FormatChecker()
+
+
+@FORMAT_CHECKER.checks("email", raises=ValidationError)
+def _is_email(value) -> bool:
+    if isinstance(value, str):
+        validate_email(value)
+    return True
+
+
+@FORMAT_CHECKER.checks("header-text")
+def _is_header_text(value) -> bool:
+    return not isinstance(value, str) or not any(char in value for char in "\r\n\x00")
 
 
 class ToolError(Exception):
@@ -96,7 +115,7 @@ class Tool:
 
     def __post_init__(self):
         Draft202012Validator.check_schema(self.parameters)
-        object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
+        object.__setattr__(self, "validator", Draft202012Validator(self.parameters, format_checker=FORMAT_CHECKER))
 
     def schema_errors(self, arguments: Any) -> list[str]:
         """Messages for every way ``arguments`` breaks the schema (empty: valid)."""

@@ -19,6 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from runs.failpoints import failpoint
+from runs.model_output import UnsafeArguments, parse_arguments
 from runs.services import append_event
 from tools.models import ToolCall, ToolCallStatus
 from tools.policy import approval_required
@@ -86,18 +87,15 @@ def derive_idempotency_key(run_id: int, name: str, arguments: dict) -> str:
 
 
 def _parse_arguments(raw) -> tuple[dict | None, str]:
-    """(arguments, error): parse a raw arguments string or accept an object."""
-    if isinstance(raw, dict):
-        return raw, ""
+    """(arguments, error): parse a raw arguments string strictly (``runs.model_output.parse_arguments``)."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}, ""
+    if not isinstance(raw, str):  # screened responses carry text; anything else is re-read as text
+        raw = json.dumps(raw, allow_nan=True, default=str)
     try:
-        value = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        return None, f"Arguments are not valid JSON: {exc}"
-    if not isinstance(value, dict):
-        return None, "Arguments must be a JSON object."
-    return value, ""
+        return parse_arguments(raw), ""
+    except UnsafeArguments as exc:
+        return None, str(exc)
 
 
 @dataclass(frozen=True)
@@ -133,6 +131,8 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
         arguments, error = _parse_arguments(call.get("arguments"))
         if truncated:
             arguments, error = None, "The output was cut off (finish_reason=length); the arguments are incomplete."
+        elif call.get("refused"):
+            error = call["refused"]
         elif tool is None:
             error = f"Unknown tool {name!r}. Available tools: {', '.join(sorted(allowed))}."
         elif arguments is not None:
@@ -173,8 +173,10 @@ def propose_tool_calls(
                 arguments=assessment.arguments,
                 side_effect=bool(assessment.tool and assessment.tool.side_effect),
             )
-            append_event(run, type="tool_call", actor=actor, reason="proposed",
-                         payload={"tool_call": tool_call.pk, "name": tool_call.name}, to_status=S.PROPOSED)
+            payload = {"tool_call": tool_call.pk, "name": tool_call.name}
+            if call.get("original_id"):
+                payload["original_id"] = call["original_id"]
+            append_event(run, type="tool_call", actor=actor, reason="proposed", payload=payload, to_status=S.PROPOSED)
             if assessment.outcome in ("invalidate", "deny"):
                 _transition(tool_call, assessment.outcome, actor=actor, error=assessment.reason)
             else:
