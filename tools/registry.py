@@ -86,7 +86,10 @@ class Tool:
     * ``precondition(ctx, arguments) -> str | None``: a reason to deny
       the call, or None; checked by code before any approval is asked.
     * ``permission``: the Django permission an approver needs.
-    * ``allow_requester_approval``: whether the run's requester may approve.
+    * ``allow_requester_approval``: whether the run's requester may decide
+      the call's inbox items. None (default): only for read-only tools
+      (four eyes for side effects); True opts a side-effecting tool out,
+      and the opt-out is recorded with each item.
     * ``timeout_s``: seconds a call may take; the handler must honour it
       (it is in ``ToolContext.timeout_s``) and raise ``ToolTimeout``.
     * ``idempotent``: the external system deduplicates by our idempotency
@@ -105,7 +108,7 @@ class Tool:
     approval: str = "never"
     precondition: Callable[[ToolContext, dict], str | None] | None = None
     permission: str = "approvals.decide_interrupt"
-    allow_requester_approval: bool = True
+    allow_requester_approval: bool | None = None
     timeout_s: float = 30.0
     idempotent: bool = False
     reconcile: Callable[[str], Reconciliation] | None = None
@@ -116,6 +119,13 @@ class Tool:
     def __post_init__(self):
         Draft202012Validator.check_schema(self.parameters)
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters, format_checker=FORMAT_CHECKER))
+
+    @property
+    def requester_may_decide(self) -> bool:
+        """Whether the run's requester may decide this tool's items (see ``allow_requester_approval``)."""
+        if self.allow_requester_approval is None:
+            return not self.side_effect
+        return self.allow_requester_approval
 
     def schema_errors(self, arguments: Any) -> list[str]:
         """Messages for every way ``arguments`` breaks the schema (empty: valid)."""
