@@ -59,6 +59,107 @@ def staff_user(username: str, *permissions: str):
     return get_user_model().objects.get(pk=user.pk)  # fresh permission cache
 
 
+# --- item 3: cumulative refund rule ------------------------------------------------
+
+
+def test_two_refunds_in_one_turn_on_one_order_cannot_both_slip_under(demo, worker):
+    agent = scripted_agent("split-turn", [{"tool_calls": [refund(50), refund(45)]}, {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, run.waiting_reason) == ("waiting", "approval")
+    assert statuses(run) == ["succeeded", "awaiting_approval"]
+    assert [Decimal(r["amount"]) for r in gateway_refunds()] == [50]
+    assert "counting earlier calls" in run.events.get(type="tool_call", to_status="awaiting_approval").reason
+
+
+def test_refunds_split_across_turns_reach_a_person(demo, worker):
+    agent = scripted_agent("split-turns", [{"tool_calls": [refund(50)]}, {"tool_calls": [refund(45)]},
+                                           {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert statuses(run) == ["succeeded", "awaiting_approval"]
+    assert len(gateway_refunds()) == 1
+
+
+def test_refunds_split_across_runs_of_one_user_reach_a_person(demo, worker):
+    first = run_to_rest(worker, scripted_agent("first", [{"tool_calls": [refund(50)]}, {"content": "Done."}]),
+                        demo["requester"])
+    second = run_to_rest(worker, scripted_agent("second", [{"tool_calls": [refund(45)]}, {"content": "Done."}]),
+                         demo["requester"])
+
+    assert (first.status, statuses(first)) == ("completed", ["succeeded"])
+    assert (second.waiting_reason, statuses(second)) == ("approval", ["awaiting_approval"])
+
+
+def test_refunds_on_different_orders_are_counted_apart(demo, worker):
+    agent = scripted_agent("two-orders", [{"tool_calls": [refund(50), refund(45, order_id=101)]},
+                                          {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert statuses(run) == ["succeeded", "succeeded"]
+
+
+def test_rejected_refunds_do_not_count(demo, worker):
+    agent = scripted_agent("after-reject", [{"tool_calls": [refund(80)]}, {"tool_calls": [refund(30)]},
+                                            {"content": "Done."}])
+    run = run_to_rest(worker, agent, demo["requester"])
+    from approvals.services import decide_interrupt
+
+    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="rejected")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert statuses(run) == ["rejected", "succeeded"]
+
+
+def test_a_small_refund_alone_needs_no_approval(demo, worker):
+    agent = scripted_agent("small", [{"tool_calls": [refund(30)]}, {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, statuses(run)) == ("completed", ["succeeded"])
+
+
+def test_two_runs_proposing_at_once_are_judged_one_after_the_other(demo):
+    """Run A proposes refund 50 and holds its transaction open; run B's refund 45 must wait and count it."""
+    agent = scripted_agent("parallel", [])
+    runs = [start_run(agent=agent, user=demo["requester"], input=f"Refund {n}.") for n in (1, 2)]
+    steps = [Step.objects.create(run=run, index=0, request={}) for run in runs]
+    calls = [[refund(50, call_id="a")], [refund(45, call_id="b")]]
+    assessments = [assess_tool_calls(run=run, calls=c, truncated=False) for run, c in zip(runs, calls)]
+    a_proposed, b_done = threading.Event(), threading.Event()
+
+    def propose_a():
+        try:
+            with transaction.atomic():
+                propose_tool_calls(run=runs[0], step=steps[0], calls=calls[0], assessments=assessments[0])
+                a_proposed.set()
+                b_done.wait(timeout=1.5)  # B must not finish while A's call is uncommitted
+        finally:
+            connection.close()
+
+    def propose_b():
+        try:
+            propose_tool_calls(run=runs[1], step=steps[1], calls=calls[1], assessments=assessments[1])
+            b_done.set()
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=propose_a)
+    first.start()
+    assert a_proposed.wait(timeout=10)
+    second = threading.Thread(target=propose_b)
+    second.start()
+    first.join(timeout=30)
+    second.join(timeout=30)
+
+    assert statuses(runs[0]) == ["ready"]
+    assert statuses(runs[1]) == ["awaiting_approval"]
+
+
 # --- item 4: four eyes -----------------------------------------------------------------
 
 

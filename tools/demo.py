@@ -2,8 +2,9 @@
 
 Tools: ``query_order`` (read-only), ``cancel_order`` (side effect, always
 approved by a person, only the requester's own unshipped orders),
-``refund`` (side effect through the payment gateway, approval when
-``amount > 50``), ``legal_check`` (read-only) and ``send_email`` (side
+``refund`` (side effect through the payment gateway, approval when the
+refunds of the order over 30 days, this one included, add up to more
+than 50), ``legal_check`` (read-only) and ``send_email`` (side
 effect, always approved, only after a passed legal check in the same run).
 """
 
@@ -144,7 +145,8 @@ register(Tool(
                 "required": ["order_id", "amount"], "additionalProperties": False},
     handler=_refund,
     side_effect=True,
-    approval="amount > 50",
+    approval="sum(amount) per target within 30d > 50",
+    target_key="order_id",
     precondition=_refund_precondition,
     timeout_s=settings.GATEWAY_TIMEOUT_S,
     idempotent=True,

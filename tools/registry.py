@@ -12,6 +12,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from jsonschema import Draft202012Validator, FormatChecker
 
+from tools.policy import check_rule
+
 # Formats every tool schema enforces, on top of jsonschema's own:
 # ``email`` is Django's validator (one address, no CR/LF), and
 # ``header-text`` is a single line fit for a mail or HTTP header.
@@ -81,8 +83,11 @@ class Tool:
       ``ToolError`` for a failure the model should see.
     * ``side_effect``: True when running it changes the world (its call
       gets an idempotency key and is never retried blindly).
-    * ``approval``: ``"never"``, ``"always"`` or a condition on the
-      arguments such as ``"amount > 50"`` (see ``tools.policy``).
+    * ``approval``: ``"never"``, ``"always"``, a condition on the
+      arguments such as ``"amount > 50"`` or a cumulative one such as
+      ``"sum(amount) per target within 30d > 50"`` (see ``tools.policy``).
+    * ``target_key``: the argument naming what the call acts on (e.g.
+      ``order_id``), counted by ``per target`` rules.
     * ``precondition(ctx, arguments) -> str | None``: a reason to deny
       the call, or None; checked by code before any approval is asked.
     * ``permission``: the Django permission an approver needs.
@@ -109,6 +114,7 @@ class Tool:
     precondition: Callable[[ToolContext, dict], str | None] | None = None
     permission: str = "approvals.decide_interrupt"
     allow_requester_approval: bool | None = None
+    target_key: str = ""
     timeout_s: float = 30.0
     idempotent: bool = False
     reconcile: Callable[[str], Reconciliation] | None = None
@@ -118,6 +124,7 @@ class Tool:
 
     def __post_init__(self):
         Draft202012Validator.check_schema(self.parameters)
+        check_rule(self.approval, target_key=self.target_key)
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters, format_checker=FORMAT_CHECKER))
 
     @property

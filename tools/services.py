@@ -11,6 +11,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -21,8 +22,8 @@ from django.utils import timezone
 from runs.failpoints import failpoint
 from runs.model_output import UnsafeArguments, parse_arguments
 from runs.services import append_event
-from tools.models import ToolCall, ToolCallStatus
-from tools.policy import approval_required
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
+from tools.policy import Cumulative, approval_required, cumulative_clauses
 from tools.registry import (
     Reconciliation,
     Tool,
@@ -104,13 +105,15 @@ class Assessment:
 
     ``outcome`` is the ToolCall transition to apply: ``invalidate``,
     ``deny``, ``request_approval`` or ``make_ready``; ``reason`` is the
-    error (invalid, denied) or the approval rule that applied.
+    error (invalid, denied) or the approval rule that applied. ``rule`` is
+    that rule.
     """
 
     arguments: dict | None
     outcome: str
     reason: str
     tool: Tool | None = None
+    rule: str = ""
 
 
 def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
@@ -148,8 +151,83 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
             continue
         rule = run.agent.approval_policy.get(tool.name, tool.approval)
         outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
-        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool))
+        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, rule))
     return assessments
+
+
+# Calls a cumulative rule counts: done, under way, or still to be decided.
+COUNTED_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.SUCCEEDED, S.UNKNOWN]
+
+
+def _scope_key(run, tool: Tool, clause: Cumulative, arguments: dict) -> str | None:
+    """The ``PolicyLock`` key of ``clause``'s scope for this call; None if its target is missing."""
+    if clause.scope == "run":
+        scope = f"run:{run.pk}"
+    elif clause.scope == "user":
+        scope = f"user:{run.requested_by_id}"
+    else:
+        target = arguments.get(tool.target_key)
+        if target is None or isinstance(target, (dict, list)):
+            return None
+        scope = "target:" + json.dumps(_canonical(target))
+    key = f"{tool.name}/{scope}"
+    return key if len(key) <= 100 else hashlib.sha256(key.encode()).hexdigest()
+
+
+def _earlier_arguments(run, tool: Tool, clause: Cumulative, arguments: dict) -> list[dict]:
+    """Arguments of the counted calls of ``tool`` in ``clause``'s scope and window (this call not yet stored)."""
+    calls = ToolCall.objects.filter(name=tool.name, status__in=COUNTED_STATUSES)
+    if clause.scope == "run":
+        calls = calls.filter(run_id=run.pk)
+    elif clause.scope == "user":
+        calls = calls.filter(run__requested_by_id=run.requested_by_id)
+    else:
+        calls = calls.filter(**{f"arguments__{tool.target_key}": arguments[tool.target_key]})
+    if clause.window_s is not None:
+        calls = calls.filter(created_at__gte=timezone.now() - timedelta(seconds=clause.window_s))
+    return [args or {} for args in calls.values_list("arguments", flat=True)]
+
+
+def _lock_cumulative_scopes(run, assessments: list[Assessment]) -> None:
+    """Lock the ``PolicyLock`` row of every scope a ready call's cumulative rule counts, in key order.
+
+    Until the caller's transaction ends, no other proposal can count (or
+    add to) the same scopes: two concurrent calls cannot both slip under.
+    """
+    keys = {
+        _scope_key(run, a.tool, clause, a.arguments)
+        for a in assessments if a.outcome == "make_ready"
+        for clause in cumulative_clauses(a.rule)
+    } - {None}
+    if not keys:
+        return
+    PolicyLock.objects.bulk_create([PolicyLock(key=key) for key in sorted(keys)], ignore_conflicts=True)
+    list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
+
+
+def _asks_with_history(run, tool: Tool, rule: str, arguments: dict) -> bool:
+    """Whether ``rule`` asks for approval, counting the earlier calls its cumulative clauses name.
+
+    A cumulative ``per target`` clause on a call without a target asks.
+    """
+    if any(_scope_key(run, tool, clause, arguments) is None for clause in cumulative_clauses(rule)):
+        return True
+    return approval_required(rule, arguments, lambda clause: _earlier_arguments(run, tool, clause, arguments))
+
+
+def _judge_with_history(run, assessment: Assessment) -> Assessment:
+    """A ``make_ready`` decision judged again with the calls its cumulative clauses count.
+
+    Call with the scopes locked (``_lock_cumulative_scopes``). Returns the
+    assessment unchanged, or one asking for approval.
+    """
+    if assessment.outcome != "make_ready" or not cumulative_clauses(assessment.rule):
+        return assessment
+    if not _asks_with_history(run, assessment.tool, assessment.rule, assessment.arguments):
+        return assessment
+    return Assessment(assessment.arguments, "request_approval",
+                      f"approval rule: {assessment.rule} (counting earlier calls)",
+                      assessment.tool, assessment.rule)
 
 
 def propose_tool_calls(
@@ -164,7 +242,9 @@ def propose_tool_calls(
 
     created = []
     with transaction.atomic():
+        _lock_cumulative_scopes(run, assessments)
         for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
+            assessment = _judge_with_history(run, assessment)
             raw = call.get("arguments")
             tool_call = ToolCall.objects.create(
                 run=run, step=step, index=index, provider_call_id=call["id"],
