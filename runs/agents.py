@@ -4,6 +4,10 @@ The REST API and any other surface that defines agents call
 ``create_agent``; it raises Django's ``ValidationError`` (a dict keyed by
 field) for anything a run would later trip over: an unknown tool, provider
 or completion check, or a malformed approval rule.
+
+An agent's approval rules add to the tools' own (see ``runs.models.Agent``);
+only a user with ``LOOSEN_PERMISSION`` may make them replace the tools'
+rules, and is recorded as the one who granted that.
 """
 
 from django.core.exceptions import ValidationError
@@ -22,6 +26,12 @@ from tools.registry import get_tool
 # its API key may be set on the worker machines alone.
 MODEL_PROVIDERS = ("scripted", "openai", "anthropic")
 MAX_TURNS_LIMIT = 1000
+LOOSEN_PERMISSION = "runs.loosen_approval_policy"
+
+
+def may_loosen_policy(user) -> bool:
+    """Whether ``user`` (or None) may let an agent's approval rules replace the tools' own."""
+    return user is not None and user.is_authenticated and user.has_perm(LOOSEN_PERMISSION)
 
 
 def _model_errors(model) -> list[str]:
@@ -51,23 +61,34 @@ def _model_errors(model) -> list[str]:
     return errors
 
 
-def _policy_errors(approval_policy) -> list[str]:
+def _policy_errors(approval_policy, may_loosen: bool) -> list[str]:
     if not isinstance(approval_policy, dict):
         return ["The approval policy must be an object mapping tool names to rules."]
     errors = []
     for tool_name, rule in approval_policy.items():
-        if get_tool(tool_name) is None:
+        tool = get_tool(tool_name)
+        if tool is None:
             errors.append(f"Unknown tool {tool_name!r}.")
             continue
         try:
-            check_rule(rule if isinstance(rule, str) else "")
+            check_rule(rule if isinstance(rule, str) else "", target_key=tool.target_key)
         except InvalidRule as exc:
             errors.append(f"{tool_name}: {exc}")
+            continue
+        if rule == "never" and tool.approval != "never" and not may_loosen:
+            errors.append(f"{tool_name}: an agent's rule can only add approvals; switching them off "
+                          f"needs the {LOOSEN_PERMISSION} permission.")
     return errors
 
 
-def config_errors(*, model, tools: list, approval_policy, completion_check: str) -> dict[str, list[str]]:
-    """Problems with an agent's model config, tools, approval policy and completion check, by field."""
+def config_errors(
+    *, model, tools: list, approval_policy, completion_check: str, may_loosen: bool = False
+) -> dict[str, list[str]]:
+    """Problems with an agent's model config, tools, approval policy and completion check, by field.
+
+    ``may_loosen``: the user holds ``LOOSEN_PERMISSION`` (else a ``never``
+    rule for a tool that asks for approval is refused as pointless).
+    """
     errors: dict[str, list[str]] = {}
     unknown = [tool for tool in tools if get_tool(tool) is None]
     if unknown:
@@ -76,7 +97,7 @@ def config_errors(*, model, tools: list, approval_policy, completion_check: str)
         errors["completion_check"] = [
             f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
         ]
-    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy))):
+    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy, may_loosen))):
         if messages:
             errors[field] = messages
     return errors
@@ -92,12 +113,17 @@ def create_agent(
     max_turns: int | None = None,
     completion_check: str | None = None,
     approval_policy: dict | None = None,
+    user=None,
 ) -> Agent:
     """Validate an agent definition and save it.
 
     ``tools`` None or empty means every registered tool (stored as ``[]``);
     ``max_turns``, ``completion_check`` and ``approval_policy`` fall back to
-    the model defaults. Raises ``ValidationError`` naming each bad field.
+    the model defaults. ``user`` is who creates it: if they hold
+    ``LOOSEN_PERMISSION``, a non-empty ``approval_policy`` replaces the
+    tools' rules and they are recorded as its grantor; otherwise (and with
+    no user) it can only add approvals. Raises ``ValidationError`` naming
+    each bad field.
     """
     tools = list(tools or [])
     approval_policy = approval_policy or {}
@@ -115,8 +141,9 @@ def create_agent(
         errors["name"] = ["The name must not be empty."]
     if not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS_LIMIT:
         errors["max_turns"] = [f"max_turns must be an integer from 1 to {MAX_TURNS_LIMIT}."]
+    may_loosen = may_loosen_policy(user)
     errors.update(config_errors(model=model, tools=tools, approval_policy=approval_policy,
-                                completion_check=completion_check))
+                                completion_check=completion_check, may_loosen=may_loosen))
     if errors:
         raise ValidationError(errors)
 
@@ -125,6 +152,7 @@ def create_agent(
             return Agent.objects.create(
                 slug=slug, name=name.strip(), instructions=instructions or "", model=model, tools=tools,
                 max_turns=max_turns, completion_check=completion_check, approval_policy=approval_policy,
+                approval_policy_granted_by=user if may_loosen and approval_policy else None,
             )
     except IntegrityError:
         raise ValidationError({"slug": [f"An agent with slug {slug!r} already exists."]}) from None

@@ -59,6 +59,89 @@ def staff_user(username: str, *permissions: str):
     return get_user_model().objects.get(pk=user.pk)  # fresh permission cache
 
 
+# --- item 2: an agent's rules only tighten --------------------------------------------
+
+
+def test_staff_without_loosen_permission_cannot_switch_refund_approval_off(demo, api):
+    staff = staff_user("staff", "runs.add_agent")
+    body = {"slug": "no-approval", "name": "No approval", "model": {"provider": "scripted", "turns": []},
+            "tools": ["refund"], "approval_policy": {"refund": "never"}}
+
+    response = api(staff).post("/api/agents/", body, format="json")
+
+    assert response.status_code == 400
+    assert "loosen_approval_policy" in json.dumps(response.json())
+    assert not Agent.objects.filter(slug="no-approval").exists()
+
+
+def test_agent_rule_adds_to_the_tool_rule_instead_of_replacing_it(demo, worker):
+    agent = scripted_agent("lenient", [{"tool_calls": [refund(80)]}, {"content": "Done."}],
+                           approval_policy={"refund": "amount > 1000"})
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, run.waiting_reason) == ("waiting", "approval")
+    assert statuses(run) == ["awaiting_approval"]
+    assert gateway_refunds() == []
+
+
+def test_agent_rule_may_require_approval_where_the_tool_does_not(demo, worker):
+    query = {"name": "query_order", "arguments": json.dumps({"order_id": 123})}
+    agent = scripted_agent("careful", [{"tool_calls": [query]}, {"content": "Done."}],
+                           approval_policy={"query_order": "always"})
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert statuses(run) == ["awaiting_approval"]
+
+
+def test_loosening_needs_the_permission_and_each_use_names_who_granted_it(demo, api, worker):
+    grantor = staff_user("policy-owner", "runs.add_agent", "runs.loosen_approval_policy")
+    body = {"slug": "trusted-refunds", "name": "Trusted refunds", "tools": ["query_order", "refund"],
+            "completion_check": "refund", "approval_policy": {"refund": "never"},
+            "model": {"provider": "scripted", "turns": [{"tool_calls": [refund(80)]}, {"content": "Done."}]}}
+    assert api(grantor).post("/api/agents/", body, format="json").status_code == 201
+    agent = Agent.objects.get(slug="trusted-refunds")
+    assert agent.approval_policy_granted_by == grantor
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, run.outcome) == ("completed", "achieved")
+    assert [Decimal(r["amount"]) for r in gateway_refunds()] == [80]
+    event, = run.events.filter(type="policy")
+    assert event.reason == "loosened approval rule applied"
+    assert event.payload["granted_by"] == "policy-owner"
+    assert event.payload["tool_rule"] == "sum(amount) per target within 30d > 50"
+
+
+def test_admin_form_refuses_loosening_without_the_permission(demo, client):
+    editor = staff_user("editor", "runs.change_agent", "runs.view_agent")
+    client.force_login(editor)
+    agent = Agent.objects.get(slug="refund-order")
+    form = {"slug": agent.slug, "name": agent.name, "instructions": "", "model": json.dumps(agent.model),
+            "tools": json.dumps(agent.tools), "approval_policy": json.dumps({"refund": "never"}),
+            "completion_check": agent.completion_check, "max_turns": 5}
+
+    response = client.post(reverse("admin:runs_agent_change", args=[agent.pk]), form)
+
+    assert response.status_code == 200 and "loosen_approval_policy" in response.content.decode()
+    agent.refresh_from_db()
+    assert agent.approval_policy == {} and agent.approval_policy_granted_by is None
+
+
+def test_admin_records_who_loosened_a_policy(demo, admin_client):
+    agent = Agent.objects.get(slug="refund-order")
+    form = {"slug": agent.slug, "name": agent.name, "instructions": "", "model": json.dumps(agent.model),
+            "tools": json.dumps(agent.tools), "approval_policy": json.dumps({"refund": "amount > 100"}),
+            "completion_check": agent.completion_check, "max_turns": 5}
+
+    response = admin_client.post(reverse("admin:runs_agent_change", args=[agent.pk]), form)
+
+    assert response.status_code == 302
+    agent.refresh_from_db()
+    assert agent.approval_policy_granted_by.username == "admin"
+
+
 # --- item 3: cumulative refund rule ------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from runs.failpoints import failpoint
 from runs.model_output import UnsafeArguments, parse_arguments
 from runs.services import append_event
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
-from tools.policy import Cumulative, approval_required, cumulative_clauses
+from tools.policy import Cumulative, approval_required, combine, cumulative_clauses
 from tools.registry import (
     Reconciliation,
     Tool,
@@ -106,7 +106,8 @@ class Assessment:
     ``outcome`` is the ToolCall transition to apply: ``invalidate``,
     ``deny``, ``request_approval`` or ``make_ready``; ``reason`` is the
     error (invalid, denied) or the approval rule that applied. ``rule`` is
-    that rule.
+    that rule; ``granted_by`` names who allowed the agent's rule to replace
+    the tool's (empty: the agent's rule could only add approvals).
     """
 
     arguments: dict | None
@@ -114,6 +115,22 @@ class Assessment:
     reason: str
     tool: Tool | None = None
     rule: str = ""
+    granted_by: str = ""
+
+
+def effective_rule(agent, tool: Tool) -> tuple[str, str]:
+    """(rule, granted_by): the approval rule for ``tool`` in ``agent``'s runs.
+
+    An agent's own rule is added to the tool's (approval when either asks),
+    unless a holder of ``runs.loosen_approval_policy`` saved the agent's
+    policy (``Agent.approval_policy_granted_by``): then it replaces the
+    tool's, and ``granted_by`` is that user's name (else "").
+    """
+    agent_rule = agent.approval_policy.get(tool.name)
+    grantor = agent.approval_policy_granted_by
+    if agent_rule is not None and grantor is not None:
+        return agent_rule, grantor.get_username()
+    return combine(tool.approval, agent_rule), ""
 
 
 def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
@@ -149,9 +166,9 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
         if denial:
             assessments.append(Assessment(arguments, "deny", denial, tool))
             continue
-        rule = run.agent.approval_policy.get(tool.name, tool.approval)
+        rule, granted_by = effective_rule(run.agent, tool)
         outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
-        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, rule))
+        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, rule, granted_by))
     return assessments
 
 
@@ -227,7 +244,17 @@ def _judge_with_history(run, assessment: Assessment) -> Assessment:
         return assessment
     return Assessment(assessment.arguments, "request_approval",
                       f"approval rule: {assessment.rule} (counting earlier calls)",
-                      assessment.tool, assessment.rule)
+                      assessment.tool, assessment.rule, assessment.granted_by)
+
+
+def _loosened(run, assessment: Assessment) -> bool:
+    """Whether a call goes ahead unapproved only because a granted agent rule replaced the tool's.
+
+    Call before the call is stored (it must not count itself).
+    """
+    tool = assessment.tool
+    return (assessment.outcome == "make_ready" and bool(assessment.granted_by)
+            and _asks_with_history(run, tool, tool.approval, assessment.arguments))
 
 
 def propose_tool_calls(
@@ -245,6 +272,7 @@ def propose_tool_calls(
         _lock_cumulative_scopes(run, assessments)
         for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
             assessment = _judge_with_history(run, assessment)
+            loosened = _loosened(run, assessment)
             raw = call.get("arguments")
             tool_call = ToolCall.objects.create(
                 run=run, step=step, index=index, provider_call_id=call["id"],
@@ -257,6 +285,10 @@ def propose_tool_calls(
             if call.get("original_id"):
                 payload["original_id"] = call["original_id"]
             append_event(run, type="tool_call", actor=actor, reason="proposed", payload=payload, to_status=S.PROPOSED)
+            if loosened:
+                append_event(run, type="policy", actor=actor, reason="loosened approval rule applied",
+                             payload={"tool_call": tool_call.pk, "tool_rule": assessment.tool.approval,
+                                      "agent_rule": assessment.rule, "granted_by": assessment.granted_by})
             if assessment.outcome in ("invalidate", "deny"):
                 _transition(tool_call, assessment.outcome, actor=actor, error=assessment.reason)
             else:
