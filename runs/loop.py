@@ -204,7 +204,8 @@ def _model_turn(run: Run) -> bool:
     set_phase(run, Phase.CALLING_MODEL)
     failpoint("model_call_started")
     try:
-        response = get_client(agent.model).complete(request)
+        # Untrusted: made storable, bad calls marked, before anything is written.
+        response = screen_response(get_client(agent.model).complete(request))
     except _MalformedResponse as exc:
         return _malformed_response(run, step, exc)
     except StreamInterrupted as exc:
@@ -216,7 +217,6 @@ def _model_turn(run: Run) -> bool:
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
     cost = _call_cost(agent, response)
-    screen_response(response)  # untrusted: made storable, bad calls marked, before anything is written
     _unique_call_ids(run, step, response.tool_calls)
     # Policy first, outside the transaction: preconditions may do I/O.
     assessments = assess_tool_calls(run=run, calls=response.tool_calls, truncated=response.finish_reason == "length")

@@ -8,6 +8,9 @@ turn into a database error, which the worker would take for a crash.
 
 ``screen_response`` runs on every response before the loop stores it:
 
+* token counts must be whole numbers from 0 to ``MAX_TOKENS_PER_CALL``
+  (missing: 0); anything else makes the response malformed (a repair
+  turn), since it would not fit the usage columns;
 * NUL characters are removed from the text content (it is only shown and
   judged; the call arguments are what acts on the world);
 * a tool call id is made a string; one longer than ``MAX_CALL_ID_LENGTH``
@@ -26,6 +29,9 @@ turn into a database error, which the worker would take for a crash.
 import json
 import math
 
+from runs.providers.base import MalformedResponse
+
+MAX_TOKENS_PER_CALL = 10_000_000
 MAX_CALL_ID_LENGTH = 100
 MAX_TOOL_NAME_LENGTH = 100
 NUL = "\x00"
@@ -36,16 +42,30 @@ class UnsafeArguments(ValueError):
     """Tool arguments that are not a JSON object of finite numbers and NUL-free strings."""
 
 
-def screen_response(response) -> None:
-    """Make a ``ModelResponse`` storable, in place, and mark the calls that must be refused.
+def screen_response(response):
+    """Make a ``ModelResponse`` storable, in place, and mark the calls that must be refused; returns it.
 
     Sets ``call["refused"]`` (the reason, for the model) and
-    ``call["original_id"]`` where the module docstring says; never raises.
+    ``call["original_id"]`` where the module docstring says. Raises
+    ``MalformedResponse`` for token counts that are not whole numbers
+    from 0 to ``MAX_TOKENS_PER_CALL``.
     """
+    for name in ("input_tokens", "output_tokens"):
+        setattr(response, name, _token_count(name, getattr(response, name)))
     response.content = str(response.content or "").replace(NUL, "")
     response.finish_reason = str(response.finish_reason or "stop").replace(NUL, "")
     for call in response.tool_calls:
         _screen_call(call)
+    return response
+
+
+def _token_count(name: str, value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS_PER_CALL:
+        return value
+    shown = _storable(repr(value)[:40])
+    raise MalformedResponse(f"The reported {name} ({shown}) is not a whole number from 0 to {MAX_TOKENS_PER_CALL}.")
 
 
 def _screen_call(call: dict) -> None:

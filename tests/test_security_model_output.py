@@ -146,3 +146,17 @@ def test_a_header_django_refuses_is_a_tool_error_not_an_unknown_outcome():
     with pytest.raises(ToolError, match="not sent"):
         send_email.handler(ToolContext(run=None, user=None, idempotency_key="k"),
                            {"to": "customer@example.com", "subject": "Hi\nBcc: all@example.com", "body": "Text"})
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("tokens", [-5, 10**12])
+def test_token_counts_that_do_not_fit_make_the_response_malformed_not_a_crash(demo, worker, llm, provider, tokens):
+    turn = {"content": "Refunded.", "usage": {"input_tokens": tokens, "output_tokens": 5}}
+    server, agent = llm(provider, [turn] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1))
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.failure_type) == ("failed", "invalid_model_output")
+    assert set(run.steps.values_list("status", flat=True)) == {"failed"}
+    assert run.input_tokens == 0
