@@ -31,7 +31,7 @@ from runs.budgets import cost_usd as _cost_usd
 from runs.budgets import deadline_passed
 from runs.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
-from runs.model_output import MAX_CALL_ID_LENGTH, screen_response
+from runs.model_output import MAX_CALL_ID_LENGTH, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
@@ -205,7 +205,8 @@ def _model_turn(run: Run) -> bool:
     failpoint("model_call_started")
     try:
         # Untrusted: made storable, bad calls marked, before anything is written.
-        response = screen_response(get_client(agent.model).complete(request))
+        with storable_errors():
+            response = screen_response(get_client(agent.model).complete(request))
     except _MalformedResponse as exc:
         return _malformed_response(run, step, exc)
     except StreamInterrupted as exc:

@@ -23,13 +23,16 @@ turn into a database error, which the worker would take for a crash.
 * NUL characters in raw arguments are written as the JSON escape
   ``\\u0000``, so the stored text is safe and ``parse_arguments`` refuses it.
 
-``parse_arguments`` is the strict JSON parser for tool arguments.
+``storable_errors`` does the same for the text of a ``ModelError`` (it may
+quote what the server sent). ``parse_arguments`` is the strict JSON parser
+for tool arguments.
 """
 
 import json
 import math
+from contextlib import contextmanager
 
-from runs.providers.base import MalformedResponse
+from runs.providers.base import MalformedResponse, ModelError
 
 MAX_TOKENS_PER_CALL = 10_000_000
 MAX_CALL_ID_LENGTH = 100
@@ -57,6 +60,17 @@ def screen_response(response):
     for call in response.tool_calls:
         _screen_call(call)
     return response
+
+
+@contextmanager
+def storable_errors():
+    """Re-raise a ``ModelError`` whose text has NUL characters as the same type with them replaced."""
+    try:
+        yield
+    except ModelError as exc:
+        if NUL not in str(exc):
+            raise
+        raise type(exc)(_storable(str(exc))) from exc
 
 
 def _token_count(name: str, value) -> int:

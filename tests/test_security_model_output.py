@@ -160,3 +160,14 @@ def test_token_counts_that_do_not_fit_make_the_response_malformed_not_a_crash(de
     assert (run.status, run.failure_type) == ("failed", "invalid_model_output")
     assert set(run.steps.values_list("status", flat=True)) == {"failed"}
     assert run.input_tokens == 0
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_provider_error_quoting_nul_characters_fails_the_run_cleanly(demo, worker, llm, provider):
+    server, agent = llm(provider, [{"status": 400, "message": "bad\x00request"}])
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert "\x00" not in run.error and "bad\ufffdrequest" in run.error
