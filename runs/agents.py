@@ -97,7 +97,8 @@ def config_errors(
         errors["completion_check"] = [
             f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
         ]
-    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy, may_loosen))):
+    policy_errors = _policy_errors(approval_policy, may_loosen)
+    for field, messages in (("model", _model_errors(model)), ("approval_policy", policy_errors)):
         if messages:
             errors[field] = messages
     return errors

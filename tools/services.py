@@ -264,6 +264,10 @@ def propose_tool_calls(
 
     Each call ends ``invalid``, ``denied``, ``awaiting_approval`` (with an
     inbox item) or ``ready``. ``calls[i]["id"]`` must be unique in the run.
+    A ``ready`` decision under a cumulative rule is judged again here, with
+    the rule's scopes locked and the calls already stored (this turn's
+    earlier ones included) counted. A call that goes ahead only because a
+    granted agent rule replaced the tool's gets a ``policy`` event.
     """
     from approvals.services import request_approval
 
