@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from runs.providers.base import MalformedResponse, ModelError
 
 MAX_TOKENS_PER_CALL = 10_000_000
+MAX_ARGUMENT_DEPTH = 32  # nesting of objects and arrays; deeper could not be stored safely
 MAX_CALL_ID_LENGTH = 100
 MAX_TOOL_NAME_LENGTH = 100
 NUL = "\x00"
@@ -123,21 +124,20 @@ def parse_arguments(raw: str) -> dict:
     Raises ``UnsafeArguments`` (a ``ValueError``) saying why, for the
     model: invalid JSON, ``NaN``/``Infinity``/``-Infinity``, a number that
     overflows to infinity (``1e309``), a NUL character in a key or string,
-    nesting too deep to parse, or a value that is not an object.
+    objects and arrays nested deeper than ``MAX_ARGUMENT_DEPTH``, or a
+    value that is not an object.
     """
     try:
         value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
-        has_nul = _has_nul(value)
     except UnsafeArguments:
         raise
     except RecursionError:
-        raise UnsafeArguments("Arguments are nested too deeply.") from None
+        raise UnsafeArguments(_TOO_DEEP) from None
     except ValueError as exc:
         raise UnsafeArguments(f"Arguments are not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise UnsafeArguments("Arguments must be a JSON object.")
-    if has_nul:
-        raise UnsafeArguments("Arguments must not contain NUL characters (\\u0000).")
+    _check_values(value, depth=1)
     return value
 
 
@@ -152,11 +152,20 @@ def _finite_float(text: str) -> float:
     return number
 
 
-def _has_nul(value) -> bool:
+_TOO_DEEP = f"Arguments must not nest objects and arrays more than {MAX_ARGUMENT_DEPTH} deep."
+
+
+def _check_values(value, depth: int) -> None:
+    """Raise ``UnsafeArguments`` for a NUL character or nesting deeper than ``MAX_ARGUMENT_DEPTH``."""
     if isinstance(value, str):
-        return NUL in value
-    if isinstance(value, dict):
-        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
+        if NUL in value:
+            raise UnsafeArguments("Arguments must not contain NUL characters (\\u0000).")
+        return
+    if not isinstance(value, (dict, list)):
+        return
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise UnsafeArguments(_TOO_DEEP)
+    for key in value if isinstance(value, dict) else ():
+        _check_values(key, depth)
+    for item in value.values() if isinstance(value, dict) else value:
+        _check_values(item, depth + 1)

@@ -27,7 +27,7 @@ LONG_ID = "x" * 200
 @pytest.mark.parametrize("raw", [
     '{"amount": NaN}', '{"amount": Infinity}', '{"amount": -Infinity}', '{"amount": 1e309}',
     '{"amount": -1e309}', '{"note": "a\\u0000b"}', '{"a\\u0000": 1}', '{"list": ["\\u0000"]}',
-    "[" * 100_000 + "]" * 100_000, "[1, 2]", "{not json",
+    "[" * 100_000 + "]" * 100_000, '{"a": ' + "[" * 40 + "]" * 40 + "}", "[1, 2]", "{not json",
 ])
 def test_arguments_parser_refuses_non_finite_numbers_nul_and_non_objects(raw):
     with pytest.raises(UnsafeArguments):
@@ -37,6 +37,8 @@ def test_arguments_parser_refuses_non_finite_numbers_nul_and_non_objects(raw):
 def test_arguments_parser_keeps_ordinary_objects():
     assert parse_arguments('{"order_id": 123, "amount": 1e3, "note": "ok \\u00e9"}') == {
         "order_id": 123, "amount": 1000.0, "note": "ok \u00e9"}
+    nested = '{"a": ' + "[" * 31 + "]" * 31 + "}"
+    assert parse_arguments(nested)["a"]
 
 
 def _repeating_agent(slug: str, call: dict) -> Agent:
