@@ -24,7 +24,7 @@ from runs.agents import create_agent
 from runs.models import Agent, Run, Step
 from runs.services import start_run
 from tests.api_helpers import gateway_refunds
-from tools.registry import Tool, register
+from tools.registry import Tool, ToolTimeout, register
 from tools.services import assess_tool_calls, propose_tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -257,6 +257,31 @@ def test_an_approver_cannot_approve_the_refund_of_their_own_run(demo, api, worke
     other = api(demo["approver"]).post(f"/api/interrupts/{interrupt.pk}/approve/", {}, format="json")
 
     assert (own.status_code, other.status_code) == (403, 200)
+
+
+def test_an_approver_cannot_settle_the_unknown_outcome_of_their_own_run(demo, worker, monkeypatch):
+    from django.core.exceptions import PermissionDenied
+
+    from approvals.services import reconcile_interrupt
+    from tools import registry
+
+    def times_out(ctx, args):
+        raise ToolTimeout("bank did not answer")
+
+    monkeypatch.setitem(registry._TOOLS, "wire_transfer", Tool(
+        name="wire_transfer", description="Send money.", handler=times_out, side_effect=True,
+        parameters={"type": "object", "properties": {"amount": {"type": "number"}}}))
+    demo["requester"].groups.add(Group.objects.get(name="approvers"))
+    call = {"name": "wire_transfer", "arguments": json.dumps({"amount": 10})}
+    agent = create_agent(slug="wire", name="Wire", tools=["wire_transfer"],
+                         model={"provider": "scripted", "turns": [{"tool_calls": [call]}, {"content": "Sent."}]})
+    run = run_to_rest(worker, agent, demo["requester"])
+    item = run.interrupts.get(kind="reconciliation")
+
+    with pytest.raises(PermissionDenied):
+        reconcile_interrupt(interrupt=item, user=demo["requester"], succeeded=True, evidence="trust me")
+    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=False, evidence="bank statement")
+    assert item.allow_requester is False
 
 
 register(Tool(
