@@ -25,7 +25,7 @@ def _log(interrupt: Interrupt, *, actor: str, reason: str, from_status: str = ""
         actor=actor,
         reason=reason,
         payload={"interrupt": interrupt.pk, "kind": interrupt.kind, "decision": interrupt.decision,
-                 "comment": interrupt.comment},
+                 "comment": interrupt.comment, "allow_requester": interrupt.allow_requester},
         from_status=from_status,
         to_status=interrupt.status,
     )
@@ -36,7 +36,9 @@ def request_approval(*, tool_call, tool) -> Interrupt:
 
     It expires after ``TOLLGATE["APPROVAL_TTL_HOURS"]``. The run is moved
     to ``waiting/approval`` by the loop, once every call of the turn has
-    been proposed.
+    been proposed. The run's requester may decide it only if the tool
+    allows (``Tool.requester_may_decide``); a side-effecting tool's opt-out
+    of four eyes is named in the event.
     """
     interrupt = Interrupt.objects.create(
         run=tool_call.run,
@@ -44,11 +46,18 @@ def request_approval(*, tool_call, tool) -> Interrupt:
         kind=InterruptKind.APPROVAL,
         title=f"Approve {tool_call.name}?",
         required_permission=tool.permission,
-        allow_requester=tool.allow_requester_approval,
+        allow_requester=tool.requester_may_decide,
         expires_at=timezone.now() + timedelta(hours=settings.TOLLGATE["APPROVAL_TTL_HOURS"]),
     )
-    _log(interrupt, actor="worker", reason="approval requested")
+    _log(interrupt, actor="worker", reason=_requested("approval", tool))
     return interrupt
+
+
+def _requested(kind: str, tool) -> str:
+    """The event reason of a new item; says so when a side-effecting tool waives four eyes."""
+    if tool.side_effect and tool.requester_may_decide:
+        return f"{kind} requested (the tool lets the requester decide: no four eyes)"
+    return f"{kind} requested"
 
 
 def request_reconciliation(*, tool_call) -> Interrupt:
@@ -60,14 +69,16 @@ def request_reconciliation(*, tool_call) -> Interrupt:
     existing = tool_call.interrupts.filter(kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING).first()
     if existing:
         return existing
+    tool = get_tool(tool_call.name)
     interrupt = Interrupt.objects.create(
         run=tool_call.run,
         tool_call=tool_call,
         kind=InterruptKind.RECONCILIATION,
         title=f"Did {tool_call.name} happen? Its outcome is unknown.",
-        required_permission=get_tool(tool_call.name).permission,
+        required_permission=tool.permission,
+        allow_requester=tool.requester_may_decide,
     )
-    _log(interrupt, actor="worker", reason="reconciliation requested")
+    _log(interrupt, actor="worker", reason=_requested("reconciliation", tool))
     return interrupt
 
 

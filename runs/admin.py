@@ -20,7 +20,7 @@ from django.utils.text import Truncator
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.strict_json import StrictJSONFormField
-from runs.agents import config_errors
+from runs.agents import config_errors, may_loosen_policy
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
 from runs.services import cancel_run
 from tools.models import ToolCall
@@ -71,7 +71,12 @@ class ReadOnlyAdminMixin:
 
 
 class AgentAdminForm(forms.ModelForm):
-    """Checks an edited agent the way the API does (``runs.agents.config_errors``, strict JSON)."""
+    """Checks an edited agent the way the API does (``runs.agents.config_errors``, strict JSON).
+
+    ``may_loosen`` is set by ``AgentAdmin.get_form`` from the user's permission.
+    """
+
+    may_loosen = False
 
     class Meta:
         model = Agent
@@ -83,7 +88,7 @@ class AgentAdminForm(forms.ModelForm):
         data = super().clean()
         errors = config_errors(model=data.get("model"), tools=data.get("tools") or [],
                                approval_policy=data.get("approval_policy") or {},
-                               completion_check=data.get("completion_check") or "")
+                               completion_check=data.get("completion_check") or "", may_loosen=self.may_loosen)
         for field, problems in errors.items():
             self.add_error(field if field in self.fields else None, problems)
         return data
@@ -109,6 +114,17 @@ class AgentAdmin(admin.ModelAdmin):
 
     def get_fieldsets(self, request, obj=None):
         return with_remaining_fields(self.base_fieldsets, Agent, "Budgets and more")
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        form.may_loosen = may_loosen_policy(request.user)
+        return form
+
+    def save_model(self, request, obj, form, change):
+        """A changed approval policy replaces the tools' rules only if its editor may loosen them (recorded)."""
+        if not change or "approval_policy" in form.changed_data:
+            obj.approval_policy_granted_by = request.user if form.may_loosen and obj.approval_policy else None
+        super().save_model(request, obj, form, change)
 
 
 class SessionRunInline(ReadOnlyAdminMixin, admin.TabularInline):

@@ -4,6 +4,10 @@ The REST API and any other surface that defines agents call
 ``create_agent``; it raises Django's ``ValidationError`` (a dict keyed by
 field) for anything a run would later trip over: an unknown tool, provider
 or completion check, or a malformed approval rule.
+
+An agent's approval rules add to the tools' own (see ``runs.models.Agent``);
+only a user with ``LOOSEN_PERMISSION`` may make them replace the tools'
+rules, and is recorded as the one who granted that.
 """
 
 from decimal import Decimal, InvalidOperation
@@ -32,6 +36,12 @@ BUDGET_LIMITS = {
     "max_cost_usd": Decimal("100000"),
     "deadline_s": 30 * 24 * 3600,
 }
+LOOSEN_PERMISSION = "runs.loosen_approval_policy"
+
+
+def may_loosen_policy(user) -> bool:
+    """Whether ``user`` (or None) may let an agent's approval rules replace the tools' own."""
+    return user is not None and user.is_authenticated and user.has_perm(LOOSEN_PERMISSION)
 
 
 def _model_errors(model) -> list[str]:
@@ -59,23 +69,34 @@ def _model_errors(model) -> list[str]:
     return errors
 
 
-def _policy_errors(approval_policy) -> list[str]:
+def _policy_errors(approval_policy, may_loosen: bool) -> list[str]:
     if not isinstance(approval_policy, dict):
         return ["The approval policy must be an object mapping tool names to rules."]
     errors = []
     for tool_name, rule in approval_policy.items():
-        if get_tool(tool_name) is None:
+        tool = get_tool(tool_name)
+        if tool is None:
             errors.append(f"Unknown tool {tool_name!r}.")
             continue
         try:
-            check_rule(rule if isinstance(rule, str) else "")
+            check_rule(rule if isinstance(rule, str) else "", target_key=tool.target_key)
         except InvalidRule as exc:
             errors.append(f"{tool_name}: {exc}")
+            continue
+        if rule == "never" and tool.approval != "never" and not may_loosen:
+            errors.append(f"{tool_name}: an agent's rule can only add approvals; switching them off "
+                          f"needs the {LOOSEN_PERMISSION} permission.")
     return errors
 
 
-def config_errors(*, model, tools: list, approval_policy, completion_check: str) -> dict[str, list[str]]:
-    """Problems with an agent's model config, tools, approval policy and completion check, by field."""
+def config_errors(
+    *, model, tools: list, approval_policy, completion_check: str, may_loosen: bool = False
+) -> dict[str, list[str]]:
+    """Problems with an agent's model config, tools, approval policy and completion check, by field.
+
+    ``may_loosen``: the user holds ``LOOSEN_PERMISSION`` (else a ``never``
+    rule for a tool that asks for approval is refused as pointless).
+    """
     errors: dict[str, list[str]] = {}
     unknown = [tool for tool in tools if get_tool(tool) is None]
     if unknown:
@@ -84,7 +105,8 @@ def config_errors(*, model, tools: list, approval_policy, completion_check: str)
         errors["completion_check"] = [
             f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
         ]
-    for field, messages in (("model", _model_errors(model)), ("approval_policy", _policy_errors(approval_policy))):
+    policy_errors = _policy_errors(approval_policy, may_loosen)
+    for field, messages in (("model", _model_errors(model)), ("approval_policy", policy_errors)):
         if messages:
             errors[field] = messages
     return errors
@@ -123,6 +145,7 @@ def create_agent(
     max_total_tokens: int | None = None,
     max_cost_usd: Decimal | None = None,
     deadline_s: int | None = None,
+    user=None,
 ) -> Agent:
     """Validate an agent definition and save it.
 
@@ -130,8 +153,11 @@ def create_agent(
     ``max_turns``, ``completion_check`` and ``approval_policy`` fall back to
     the model defaults. The budgets (``max_model_calls``,
     ``max_total_tokens``, ``max_cost_usd`` in US dollars, ``deadline_s``
-    in seconds) are None for no limit, else bounded by ``BUDGET_LIMITS``.
-    Raises ``ValidationError`` naming each bad field.
+    in seconds) are None for the defaults, else bounded by ``BUDGET_LIMITS``.
+    ``user`` is who creates it: if they hold ``LOOSEN_PERMISSION``, a
+    non-empty ``approval_policy`` replaces the tools' rules and they are
+    recorded as its grantor; otherwise (and with no user) it can only add
+    approvals. Raises ``ValidationError`` naming each bad field.
     """
     budgets = {"max_model_calls": max_model_calls, "max_total_tokens": max_total_tokens,
                "max_cost_usd": max_cost_usd, "deadline_s": deadline_s}
@@ -152,8 +178,9 @@ def create_agent(
     if not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS_LIMIT:
         errors["max_turns"] = [f"max_turns must be an integer from 1 to {MAX_TURNS_LIMIT}."]
     errors.update(_budget_errors(budgets))
+    may_loosen = may_loosen_policy(user)
     errors.update(config_errors(model=model, tools=tools, approval_policy=approval_policy,
-                                completion_check=completion_check))
+                                completion_check=completion_check, may_loosen=may_loosen))
     if errors:
         raise ValidationError(errors)
 
@@ -163,6 +190,7 @@ def create_agent(
                 slug=slug, name=name.strip(), instructions=instructions or "", model=model, tools=tools,
                 max_turns=max_turns, completion_check=completion_check, approval_policy=approval_policy,
                 **budgets,
+                approval_policy_granted_by=user if may_loosen and approval_policy else None,
             )
     except IntegrityError:
         raise ValidationError({"slug": [f"An agent with slug {slug!r} already exists."]}) from None

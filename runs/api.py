@@ -67,7 +67,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         """Validate the body's shape, then let ``create_agent`` check and save it."""
         body = AgentCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        agent = create_agent(**body.validated_data)
+        agent = create_agent(**body.validated_data, user=request.user)
         return Response(self.get_serializer(agent).data, status=status.HTTP_201_CREATED)
 
 

@@ -31,6 +31,7 @@ from runs.budgets import cost_usd as _cost_usd
 from runs.budgets import deadline_passed
 from runs.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
+from runs.model_output import MAX_CALL_ID_LENGTH, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
@@ -217,7 +218,9 @@ def _model_turn(run: Run) -> bool:
     set_phase(run, Phase.CALLING_MODEL)
     failpoint("model_call_started")
     try:
-        response = get_client(agent.model).complete(request)
+        # Untrusted: made storable, bad calls marked, before anything is written.
+        with storable_errors():
+            response = screen_response(get_client(agent.model).complete(request))
     except _MalformedResponse as exc:
         return _malformed_response(run, step, exc)
     except StreamInterrupted as exc:
@@ -288,6 +291,8 @@ def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
         call_id = call.get("id") or f"call_{step.pk}_{index}"
         if call_id in used:
             call_id = f"{call_id}_{step.pk}_{index}"
+            if len(call_id) > MAX_CALL_ID_LENGTH:
+                call_id = f"call_{step.pk}_{index}"
         used.add(call_id)
         call["id"] = call_id
 

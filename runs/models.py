@@ -19,8 +19,11 @@ class Agent(models.Model):
     ``model`` is the provider config, e.g. ``{"provider": "scripted",
     "turns": [...]}`` (see ``runs.providers``). ``tools`` lists registered
     tool names (empty list: every registered tool). ``approval_policy``
-    maps a tool name to ``"always"``, ``"never"`` or a condition such as
-    ``"amount > 100"`` and overrides the tool's own policy.
+    maps a tool name to an approval rule (``tools.policy``), which adds
+    to the tool's own rule: approval is needed when either asks. Only when
+    ``approval_policy_granted_by`` is set (a holder of
+    ``runs.loosen_approval_policy`` saved the policy) does the agent's rule
+    replace the tool's, which may loosen it; runs log each such use.
     ``completion_check`` names a check in ``runs.completion``.
     """
 
@@ -30,6 +33,9 @@ class Agent(models.Model):
     model = models.JSONField(default=dict)
     tools = models.JSONField(default=list, blank=True)
     approval_policy = models.JSONField(default=dict, blank=True)
+    approval_policy_granted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, editable=False, on_delete=models.PROTECT,
+        related_name="+", help_text="Who allowed this policy to replace (and so loosen) the tools' own rules.")
     completion_check = models.CharField(max_length=100, default="default")
     max_turns = models.PositiveIntegerField(default=20)
     # Budgets checked before every model call (runs.budgets); null: no limit.
@@ -46,6 +52,7 @@ class Agent(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        permissions = [("loosen_approval_policy", "Can let an agent's approval rules replace the tools' own")]
 
     def __str__(self):
         return self.slug

@@ -178,7 +178,8 @@ def test_tools_list_their_schema_and_policy(demo, api):
     tools = {t["name"]: t for t in api(demo["requester"]).get("/api/tools/").json()["results"]}
 
     refund = tools["refund"]
-    assert (refund["side_effect"], refund["approval"]) == (True, "amount > 50")
+    assert (refund["side_effect"], refund["approval"]) == (True, "sum(amount) per target within 30d > 50")
+    assert (refund["target_key"], refund["requester_may_decide"]) == ("order_id", False)
     assert refund["parameters"]["required"] == ["order_id", "amount"]
     assert tools["query_order"]["side_effect"] is False
     assert refund["timeout_s"] > 0

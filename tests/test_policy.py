@@ -50,3 +50,40 @@ def test_idempotency_key_is_the_session_and_action():
     assert key == derive_idempotency_key(7, "refund", {"amount": 80.0, "order_id": 123})
     assert key.startswith("refund-s7-")
     assert derive_idempotency_key(8, "refund", {"order_id": 123, "amount": 80}) != key
+
+
+@pytest.mark.parametrize(
+    ("rule", "earlier", "arguments", "expected"),
+    [
+        ("sum(amount) per target > 50", [], {"amount": 30}, False),
+        ("sum(amount) per target > 50", [{"amount": 50}], {"amount": 45}, True),
+        ("sum(amount) per target > 50", [{"amount": 20}], {"amount": 30}, False),
+        ("sum(amount) per run within 1h >= 50", [{"amount": 20}], {"amount": 30}, True),
+        ("count per user within 1d > 2", [{}, {}], {}, True),
+        ("count per user within 1d > 2", [{}], {}, False),
+        ("amount > 100 or sum(amount) per target > 50", [{"amount": 40}], {"amount": 20}, True),
+        ("sum(amount) per target > 50", [{"amount": "NaN"}], {"amount": 1}, True),
+    ],
+)
+def test_cumulative_rules_count_earlier_calls_and_this_one(rule, earlier, arguments, expected):
+    assert approval_required(rule, arguments, lambda clause: earlier) is expected
+
+
+def test_cumulative_rule_without_history_judges_this_call_alone():
+    assert approval_required("sum(amount) per target > 50", {"amount": 60}) is True
+    assert approval_required("sum(amount) per target > 50", {"amount": 40}) is False
+
+
+@pytest.mark.parametrize("rule", [
+    "sum(amount) per order > 50", "sum(amount) per target < 50", "sum(amount) per target within 3w > 5",
+    "count per run > x", "amount > 50 or", "sum(__import__) per run > 1 and 1",
+])
+def test_malformed_cumulative_rules_are_refused(rule):
+    with pytest.raises(InvalidRule):
+        check_rule(rule, target_key="order_id")
+
+
+def test_per_target_rule_needs_a_tool_with_a_target_key():
+    check_rule("sum(amount) per target > 50", target_key="order_id")
+    with pytest.raises(InvalidRule):
+        check_rule("sum(amount) per target > 50")

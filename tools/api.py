@@ -13,7 +13,10 @@ class ToolSerializer(serializers.Serializer):
     description = serializers.CharField()
     parameters = serializers.JSONField(help_text="JSON Schema (draft 2020-12) of the arguments object.")
     side_effect = serializers.BooleanField()
-    approval = serializers.CharField(help_text='"always", "never" or a condition such as "amount > 50".')
+    approval = serializers.CharField(help_text='An approval rule (see tools.policy), e.g. "amount > 50" or '
+                                               '"sum(amount) per target within 30d > 50".')
+    target_key = serializers.CharField(help_text="The argument naming what a call acts on (per-target rules).")
+    requester_may_decide = serializers.BooleanField(help_text="Whether a run's requester may decide its items.")
     timeout_s = serializers.FloatField()
 
 

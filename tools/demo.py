@@ -2,15 +2,16 @@
 
 Tools: ``query_order`` (read-only), ``cancel_order`` (side effect, always
 approved by a person, only the requester's own unshipped orders),
-``refund`` (side effect through the payment gateway, approval when
-``amount > 50``), ``legal_check`` (read-only) and ``send_email`` (side
+``refund`` (side effect through the payment gateway, approval when the
+refunds of the order over 30 days, this one included, add up to more
+than 50), ``legal_check`` (read-only) and ``send_email`` (side
 effect, always approved, only after a passed legal check in the same run).
 """
 
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.mail import EmailMessage
+from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
 from runs.completion import Verdict, achieved, incomplete, not_achieved, register_check
@@ -144,7 +145,8 @@ register(Tool(
                 "required": ["order_id", "amount"], "additionalProperties": False},
     handler=_refund,
     side_effect=True,
-    approval="amount > 50",
+    approval="sum(amount) per target within 30d > 50",
+    target_key="order_id",
     precondition=_refund_precondition,
     timeout_s=settings.GATEWAY_TIMEOUT_S,
     idempotent=True,
@@ -187,7 +189,10 @@ def _send_email_precondition(ctx: ToolContext, args: dict) -> str | None:
 def _send_email(ctx: ToolContext, args: dict) -> dict:
     message = EmailMessage(subject=args["subject"], body=args["body"], to=[args["to"]],
                            headers={"X-Idempotency-Key": ctx.idempotency_key})
-    message.send(fail_silently=False)
+    try:
+        message.send(fail_silently=False)
+    except BadHeaderError as exc:  # refused before anything was sent
+        raise ToolError(f"The email was not sent: {exc}") from exc
     return {"sent_to": args["to"], "subject": args["subject"]}
 
 
@@ -195,8 +200,9 @@ register(Tool(
     name="send_email",
     description="Send an email. Needs a passed legal_check of its text in the same run.",
     parameters={"type": "object",
-                "properties": {"to": {"type": "string", "pattern": r"^[^@\s]+@[^@\s]+\.[^@\s]+$"},
-                               "subject": {"type": "string", "minLength": 1, "maxLength": 300},
+                "properties": {"to": {"type": "string", "format": "email", "maxLength": 254},
+                               "subject": {"type": "string", "format": "header-text",
+                                           "minLength": 1, "maxLength": 300},
                                "body": {"type": "string", "minLength": 1, "maxLength": 20000}},
                 "required": ["to", "subject", "body"], "additionalProperties": False},
     handler=_send_email,

@@ -8,7 +8,28 @@ must hold before it may run. Agents choose tools by name.
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from jsonschema import Draft202012Validator
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from jsonschema import Draft202012Validator, FormatChecker
+
+from tools.policy import check_rule
+
+# Formats every tool schema enforces, on top of jsonschema's own:
+# ``email`` is Django's validator (one address, no CR/LF), and
+# ``header-text`` is a single line fit for a mail or HTTP header.
+FORMAT_CHECKER = FormatChecker()
+
+
+@FORMAT_CHECKER.checks("email", raises=ValidationError)
+def _is_email(value) -> bool:
+    if isinstance(value, str):
+        validate_email(value)
+    return True
+
+
+@FORMAT_CHECKER.checks("header-text")
+def _is_header_text(value) -> bool:
+    return not isinstance(value, str) or not any(char in value for char in "\r\n\x00")
 
 
 class ToolError(Exception):
@@ -62,12 +83,18 @@ class Tool:
       ``ToolError`` for a failure the model should see.
     * ``side_effect``: True when running it changes the world (its call
       gets an idempotency key and is never retried blindly).
-    * ``approval``: ``"never"``, ``"always"`` or a condition on the
-      arguments such as ``"amount > 50"`` (see ``tools.policy``).
+    * ``approval``: ``"never"``, ``"always"``, a condition on the
+      arguments such as ``"amount > 50"`` or a cumulative one such as
+      ``"sum(amount) per target within 30d > 50"`` (see ``tools.policy``).
+    * ``target_key``: the argument naming what the call acts on (e.g.
+      ``order_id``), counted by ``per target`` rules.
     * ``precondition(ctx, arguments) -> str | None``: a reason to deny
       the call, or None; checked by code before any approval is asked.
     * ``permission``: the Django permission an approver needs.
-    * ``allow_requester_approval``: whether the run's requester may approve.
+    * ``allow_requester_approval``: whether the run's requester may decide
+      the call's inbox items. None (default): only for read-only tools
+      (four eyes for side effects); True opts a side-effecting tool out,
+      and the opt-out is recorded with each item.
     * ``timeout_s``: seconds a call may take; the handler must honour it
       (it is in ``ToolContext.timeout_s``) and raise ``ToolTimeout``.
     * ``idempotent``: the external system deduplicates by our idempotency
@@ -86,7 +113,8 @@ class Tool:
     approval: str = "never"
     precondition: Callable[[ToolContext, dict], str | None] | None = None
     permission: str = "approvals.decide_interrupt"
-    allow_requester_approval: bool = True
+    allow_requester_approval: bool | None = None
+    target_key: str = ""
     timeout_s: float = 30.0
     idempotent: bool = False
     reconcile: Callable[[str], Reconciliation] | None = None
@@ -96,7 +124,15 @@ class Tool:
 
     def __post_init__(self):
         Draft202012Validator.check_schema(self.parameters)
-        object.__setattr__(self, "validator", Draft202012Validator(self.parameters))
+        check_rule(self.approval, target_key=self.target_key)
+        object.__setattr__(self, "validator", Draft202012Validator(self.parameters, format_checker=FORMAT_CHECKER))
+
+    @property
+    def requester_may_decide(self) -> bool:
+        """Whether the run's requester may decide this tool's items (see ``allow_requester_approval``)."""
+        if self.allow_requester_approval is None:
+            return not self.side_effect
+        return self.allow_requester_approval
 
     def schema_errors(self, arguments: Any) -> list[str]:
         """Messages for every way ``arguments`` breaks the schema (empty: valid)."""

@@ -6,11 +6,13 @@ Schema, permission is the precondition and the approval rule, and a call
 that needs approval runs only after ``approvals.services`` says so.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -19,10 +21,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from runs.failpoints import failpoint
+from runs.model_output import UnsafeArguments, parse_arguments
 from runs.services import append_event, append_message
-from tools.models import ToolCall, ToolCallStatus
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.models.tool_call import FINAL_STATUSES, NO_EFFECT_STATUSES, PENDING_STATUSES
-from tools.policy import approval_required
+from tools.policy import Cumulative, approval_required, combine, cumulative_clauses
 from tools.registry import (
     Reconciliation,
     Tool,
@@ -108,18 +111,15 @@ def derive_idempotency_key(session_id: int, name: str, arguments: dict) -> str:
 
 
 def _parse_arguments(raw) -> tuple[dict | None, str]:
-    """(arguments, error): parse a raw arguments string or accept an object."""
-    if isinstance(raw, dict):
-        return raw, ""
+    """(arguments, error): parse a raw arguments string strictly (``runs.model_output.parse_arguments``)."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}, ""
+    if not isinstance(raw, str):  # screened responses carry text; anything else is re-read as text
+        raw = json.dumps(raw, allow_nan=True, default=str)
     try:
-        value = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        return None, f"Arguments are not valid JSON: {exc}"
-    if not isinstance(value, dict):
-        return None, "Arguments must be a JSON object."
-    return value, ""
+        return parse_arguments(raw), ""
+    except UnsafeArguments as exc:
+        return None, str(exc)
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,9 @@ class Assessment:
     (``original``: the earlier ``ToolCall``, or the index of an earlier
     call of the same turn). ``reason`` is the error (invalid, denied) or
     the approval rule that applied. ``action_key``: the call's business
-    identity, for side-effecting calls with parsed arguments.
+    identity, for side-effecting calls with parsed arguments. ``rule`` is
+    the approval rule; ``granted_by`` names who allowed the agent's rule to
+    replace the tool's (empty: the agent's rule could only add approvals).
     """
 
     arguments: dict | None
@@ -141,6 +143,23 @@ class Assessment:
     tool: Tool | None = None
     action_key: str = ""
     original: "ToolCall | int | None" = None
+    rule: str = ""
+    granted_by: str = ""
+
+
+def effective_rule(agent, tool: Tool) -> tuple[str, str]:
+    """(rule, granted_by): the approval rule for ``tool`` in ``agent``'s runs.
+
+    An agent's own rule is added to the tool's (approval when either asks),
+    unless a holder of ``runs.loosen_approval_policy`` saved the agent's
+    policy (``Agent.approval_policy_granted_by``): then it replaces the
+    tool's, and ``granted_by`` is that user's name (else "").
+    """
+    agent_rule = agent.approval_policy.get(tool.name)
+    grantor = agent.approval_policy_granted_by
+    if agent_rule is not None and grantor is not None:
+        return agent_rule, grantor.get_username()
+    return combine(tool.approval, agent_rule), ""
 
 
 def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
@@ -161,10 +180,12 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
         arguments, error = _parse_arguments(call.get("arguments"))
         if truncated:
             arguments, error = None, "The output was cut off (finish_reason=length); the arguments are incomplete."
+        elif call.get("refused"):
+            error = call["refused"]
         key = action_identity(run.session_id, name, arguments) if tool and tool.side_effect and not error else ""
         original = _same_action(run, key, assessments) if key else None
         if original is not None:
-            assessments.append(Assessment(arguments, "duplicate", "", tool, key, original))
+            assessments.append(Assessment(arguments, "duplicate", "", tool, action_key=key, original=original))
             continue
         if tool is None and not error:
             error = f"Unknown tool {name!r}. Available tools: {', '.join(sorted(allowed))}."
@@ -173,15 +194,16 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
             if problems:
                 error = "Arguments do not match the schema: " + "; ".join(problems)
         if error:
-            assessments.append(Assessment(arguments, "invalidate", error, tool, key))
+            assessments.append(Assessment(arguments, "invalidate", error, tool, action_key=key))
             continue
         denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
         if denial:
-            assessments.append(Assessment(arguments, "deny", denial, tool, key))
+            assessments.append(Assessment(arguments, "deny", denial, tool, action_key=key))
             continue
-        rule = run.agent.approval_policy.get(tool.name, tool.approval)
+        rule, granted_by = effective_rule(run.agent, tool)
         outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
-        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, key))
+        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, action_key=key, rule=rule,
+                                      granted_by=granted_by))
     return assessments
 
 
@@ -201,6 +223,91 @@ def _same_action(run, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall 
     return latest.duplicate_of if latest.duplicate_of_id else latest
 
 
+# Calls a cumulative rule counts: done, under way, or still to be decided.
+COUNTED_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.SUCCEEDED, S.UNKNOWN]
+
+
+def _scope_key(run, tool: Tool, clause: Cumulative, arguments: dict) -> str | None:
+    """The ``PolicyLock`` key of ``clause``'s scope for this call; None if its target is missing."""
+    if clause.scope == "run":
+        scope = f"run:{run.pk}"
+    elif clause.scope == "user":
+        scope = f"user:{run.requested_by_id}"
+    else:
+        target = arguments.get(tool.target_key)
+        if target is None or isinstance(target, (dict, list)):
+            return None
+        scope = "target:" + json.dumps(_canonical(target))
+    key = f"{tool.name}/{scope}"
+    return key if len(key) <= 100 else hashlib.sha256(key.encode()).hexdigest()
+
+
+def _earlier_arguments(run, tool: Tool, clause: Cumulative, arguments: dict) -> list[dict]:
+    """Arguments of the counted calls of ``tool`` in ``clause``'s scope and window (this call not yet stored)."""
+    # A re-proposal of an action (``duplicate_of``) is the same action: counted once, as its original.
+    calls = ToolCall.objects.filter(name=tool.name, status__in=COUNTED_STATUSES, duplicate_of__isnull=True)
+    if clause.scope == "run":
+        calls = calls.filter(run_id=run.pk)
+    elif clause.scope == "user":
+        calls = calls.filter(run__requested_by_id=run.requested_by_id)
+    else:
+        calls = calls.filter(**{f"arguments__{tool.target_key}": arguments[tool.target_key]})
+    if clause.window_s is not None:
+        calls = calls.filter(created_at__gte=timezone.now() - timedelta(seconds=clause.window_s))
+    return [args or {} for args in calls.values_list("arguments", flat=True)]
+
+
+def _lock_cumulative_scopes(run, assessments: list[Assessment]) -> None:
+    """Lock the ``PolicyLock`` row of every scope a ready call's cumulative rule counts, in key order.
+
+    Until the caller's transaction ends, no other proposal can count (or
+    add to) the same scopes: two concurrent calls cannot both slip under.
+    """
+    keys = {
+        _scope_key(run, a.tool, clause, a.arguments)
+        for a in assessments if a.outcome == "make_ready"
+        for clause in cumulative_clauses(a.rule)
+    } - {None}
+    if not keys:
+        return
+    PolicyLock.objects.bulk_create([PolicyLock(key=key) for key in sorted(keys)], ignore_conflicts=True)
+    list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
+
+
+def _asks_with_history(run, tool: Tool, rule: str, arguments: dict) -> bool:
+    """Whether ``rule`` asks for approval, counting the earlier calls its cumulative clauses name.
+
+    A cumulative ``per target`` clause on a call without a target asks.
+    """
+    if any(_scope_key(run, tool, clause, arguments) is None for clause in cumulative_clauses(rule)):
+        return True
+    return approval_required(rule, arguments, lambda clause: _earlier_arguments(run, tool, clause, arguments))
+
+
+def _judge_with_history(run, assessment: Assessment) -> Assessment:
+    """A ``make_ready`` decision judged again with the calls its cumulative clauses count.
+
+    Call with the scopes locked (``_lock_cumulative_scopes``). Returns the
+    assessment unchanged, or one asking for approval.
+    """
+    if assessment.outcome != "make_ready" or not cumulative_clauses(assessment.rule):
+        return assessment
+    if not _asks_with_history(run, assessment.tool, assessment.rule, assessment.arguments):
+        return assessment
+    return dataclasses.replace(assessment, outcome="request_approval",
+                               reason=f"approval rule: {assessment.rule} (counting earlier calls)")
+
+
+def _loosened(run, assessment: Assessment) -> bool:
+    """Whether a call goes ahead unapproved only because a granted agent rule replaced the tool's.
+
+    Call before the call is stored (it must not count itself).
+    """
+    tool = assessment.tool
+    return (assessment.outcome == "make_ready" and bool(assessment.granted_by)
+            and _asks_with_history(run, tool, tool.approval, assessment.arguments))
+
+
 def propose_tool_calls(
     *, run, step, calls: list[dict], assessments: list[Assessment], actor: str = "worker"
 ) -> list[ToolCall]:
@@ -208,12 +315,19 @@ def propose_tool_calls(
 
     Each call ends ``invalid``, ``denied``, ``awaiting_approval`` (with an
     inbox item) or ``ready``. ``calls[i]["id"]`` must be unique in the run.
+    A ``ready`` decision under a cumulative rule is judged again here, with
+    the rule's scopes locked and the calls already stored (this turn's
+    earlier ones included) counted. A call that goes ahead only because a
+    granted agent rule replaced the tool's gets a ``policy`` event.
     """
     from approvals.services import request_approval
 
     created: list[ToolCall] = []
     with transaction.atomic():
+        _lock_cumulative_scopes(run, assessments)
         for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
+            assessment = _judge_with_history(run, assessment)
+            loosened = _loosened(run, assessment)
             raw = call.get("arguments")
             tool_call = ToolCall.objects.create(
                 run=run, step=step, index=index, provider_call_id=call["id"],
@@ -223,8 +337,14 @@ def propose_tool_calls(
                 side_effect=bool(assessment.tool and assessment.tool.side_effect),
                 action_key=assessment.action_key,
             )
-            append_event(run, type="tool_call", actor=actor, reason="proposed",
-                         payload={"tool_call": tool_call.pk, "name": tool_call.name}, to_status=S.PROPOSED)
+            payload = {"tool_call": tool_call.pk, "name": tool_call.name}
+            if call.get("original_id"):
+                payload["original_id"] = call["original_id"]
+            append_event(run, type="tool_call", actor=actor, reason="proposed", payload=payload, to_status=S.PROPOSED)
+            if loosened:
+                append_event(run, type="policy", actor=actor, reason="loosened approval rule applied",
+                             payload={"tool_call": tool_call.pk, "tool_rule": assessment.tool.approval,
+                                      "agent_rule": assessment.rule, "granted_by": assessment.granted_by})
             if assessment.outcome == "duplicate":
                 original = assessment.original
                 _join(tool_call, created[original] if isinstance(original, int) else original, actor=actor)

@@ -1,0 +1,171 @@
+"""The door for untrusted model output: checked and made storable before any write.
+
+A model (or a server pretending to be one) may return anything: NUL
+characters, which PostgreSQL refuses in text and JSON; ``NaN``,
+``Infinity`` or numbers that overflow to infinity, which no database
+stores as JSON; ids and names longer than their columns. None of that may
+turn into a database error, which the worker would take for a crash.
+
+``screen_response`` runs on every response before the loop stores it:
+
+* token counts must be whole numbers from 0 to ``MAX_TOKENS_PER_CALL``
+  (missing: 0); anything else makes the response malformed (a repair
+  turn), since it would not fit the usage columns;
+* NUL characters are removed from the text content (it is only shown and
+  judged; the call arguments are what acts on the world);
+* a tool call id is made a string; one longer than ``MAX_CALL_ID_LENGTH``
+  or containing NUL is emptied (the loop gives it a generated id), the
+  original (NUL replaced) is kept in ``call["original_id"]`` for the
+  event log, and the call is marked ``call["refused"]`` (it becomes
+  ``invalid``, so the model learns its id was not accepted);
+* a tool name that is not a string, too long or containing NUL is made
+  storable and the call is refused;
+* NUL characters in raw arguments are written as the JSON escape
+  ``\\u0000``, so the stored text is safe and ``parse_arguments`` refuses it.
+
+``storable_errors`` does the same for the text of a ``ModelError`` (it may
+quote what the server sent). ``parse_arguments`` is the strict JSON parser
+for tool arguments.
+"""
+
+import json
+import math
+from contextlib import contextmanager
+
+from runs.providers.base import MalformedResponse, ModelError
+
+MAX_TOKENS_PER_CALL = 10_000_000
+MAX_ARGUMENT_DEPTH = 32  # nesting of objects and arrays; deeper could not be stored safely
+MAX_CALL_ID_LENGTH = 100
+MAX_TOOL_NAME_LENGTH = 100
+NUL = "\x00"
+REPLACEMENT = "\ufffd"
+
+
+class UnsafeArguments(ValueError):
+    """Tool arguments that are not a JSON object of finite numbers and NUL-free strings."""
+
+
+def screen_response(response):
+    """Make a ``ModelResponse`` storable, in place, and mark the calls that must be refused; returns it.
+
+    Sets ``call["refused"]`` (the reason, for the model) and
+    ``call["original_id"]`` where the module docstring says. Raises
+    ``MalformedResponse`` for token counts that are not whole numbers
+    from 0 to ``MAX_TOKENS_PER_CALL``.
+    """
+    for name in ("input_tokens", "output_tokens"):
+        setattr(response, name, _token_count(name, getattr(response, name)))
+    response.content = str(response.content or "").replace(NUL, "")
+    response.finish_reason = str(response.finish_reason or "stop").replace(NUL, "")
+    for call in response.tool_calls:
+        _screen_call(call)
+    return response
+
+
+@contextmanager
+def storable_errors():
+    """Re-raise a ``ModelError`` whose text has NUL characters as the same type with them replaced."""
+    try:
+        yield
+    except ModelError as exc:
+        if NUL not in str(exc):
+            raise
+        raise type(exc)(_storable(str(exc))) from exc
+
+
+def _token_count(name: str, value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS_PER_CALL:
+        return value
+    shown = _storable(repr(value)[:40])
+    raise MalformedResponse(f"The reported {name} ({shown}) is not a whole number from 0 to {MAX_TOKENS_PER_CALL}.")
+
+
+def _screen_call(call: dict) -> None:
+    problems = []
+    call_id = "" if call.get("id") is None else str(call["id"])
+    call["id"] = call_id
+    if len(call_id) > MAX_CALL_ID_LENGTH or NUL in call_id:
+        call["original_id"] = _storable(call_id)
+        call["id"] = ""
+        problems.append(f"The tool call id must be at most {MAX_CALL_ID_LENGTH} characters without NUL "
+                        "characters; it was replaced.")
+    name = call.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > MAX_TOOL_NAME_LENGTH or NUL in name):
+        call["name"] = _storable(str(name))
+        problems.append(f"The tool name must be a string of at most {MAX_TOOL_NAME_LENGTH} characters "
+                        "without NUL characters.")
+    raw = call.get("arguments")
+    if isinstance(raw, str):
+        call["arguments"] = raw.replace(NUL, "\\u0000")
+    elif raw is not None:
+        call["arguments"] = _as_text(raw)
+    if problems:
+        call["refused"] = " ".join(problems)
+
+
+def _storable(text: str) -> str:
+    return text.replace(NUL, REPLACEMENT)
+
+
+def _as_text(value) -> str:
+    """Arguments a provider returned as an object, as JSON text (NaN and NUL written out, then refused)."""
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):
+        return _storable(repr(value))
+
+
+def parse_arguments(raw: str) -> dict:
+    """Parse tool arguments strictly: a JSON object, finite numbers, no NUL anywhere.
+
+    Raises ``UnsafeArguments`` (a ``ValueError``) saying why, for the
+    model: invalid JSON, ``NaN``/``Infinity``/``-Infinity``, a number that
+    overflows to infinity (``1e309``), a NUL character in a key or string,
+    objects and arrays nested deeper than ``MAX_ARGUMENT_DEPTH``, or a
+    value that is not an object.
+    """
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except UnsafeArguments:
+        raise
+    except RecursionError:
+        raise UnsafeArguments(_TOO_DEEP) from None
+    except ValueError as exc:
+        raise UnsafeArguments(f"Arguments are not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UnsafeArguments("Arguments must be a JSON object.")
+    _check_values(value, depth=1)
+    return value
+
+
+def _refuse_constant(name: str):
+    raise UnsafeArguments(f"Arguments must not contain {name}: only finite numbers are allowed.")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise UnsafeArguments(f"The number {text[:40]} is too large: only finite numbers are allowed.")
+    return number
+
+
+_TOO_DEEP = f"Arguments must not nest objects and arrays more than {MAX_ARGUMENT_DEPTH} deep."
+
+
+def _check_values(value, depth: int) -> None:
+    """Raise ``UnsafeArguments`` for a NUL character or nesting deeper than ``MAX_ARGUMENT_DEPTH``."""
+    if isinstance(value, str):
+        if NUL in value:
+            raise UnsafeArguments("Arguments must not contain NUL characters (\\u0000).")
+        return
+    if not isinstance(value, (dict, list)):
+        return
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise UnsafeArguments(_TOO_DEEP)
+    for key in value if isinstance(value, dict) else ():
+        _check_values(key, depth)
+    for item in value.values() if isinstance(value, dict) else value:
+        _check_values(item, depth + 1)

@@ -1,0 +1,177 @@
+"""Untrusted model output is refused at the door, never a database error (issue 9, item 5).
+
+A model that keeps sending ``NaN``, ``Infinity``, ``1e309``, NUL
+characters or over-long ids gets ``invalid`` results and the run ends
+``failed/invalid_model_output`` once the repair turns are spent, on either
+database, with no step discarded. Header fields of an email are single
+lines, and a header Django refuses is a failed call, not an unknown one.
+"""
+
+import json
+
+import pytest
+from django.conf import settings
+
+from runs.agents import create_agent
+from runs.model_output import UnsafeArguments, parse_arguments
+from runs.models import Agent, Run
+from runs.services import start_run
+from tests.provider_helpers import REFUND_30, llm  # noqa: F401
+from tools.demo_data import CONTRACT_TEXT
+from tools.registry import ToolContext, ToolError, get_tool
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LONG_ID = "x" * 200
+
+
+@pytest.mark.parametrize("raw", [
+    '{"amount": NaN}', '{"amount": Infinity}', '{"amount": -Infinity}', '{"amount": 1e309}',
+    '{"amount": -1e309}', '{"note": "a\\u0000b"}', '{"a\\u0000": 1}', '{"list": ["\\u0000"]}',
+    "[" * 100_000 + "]" * 100_000, '{"a": ' + "[" * 40 + "]" * 40 + "}", "[1, 2]", "{not json",
+])
+def test_arguments_parser_refuses_non_finite_numbers_nul_and_non_objects(raw):
+    with pytest.raises(UnsafeArguments):
+        parse_arguments(raw)
+
+
+def test_arguments_parser_keeps_ordinary_objects():
+    assert parse_arguments('{"order_id": 123, "amount": 1e3, "note": "ok \\u00e9"}') == {
+        "order_id": 123, "amount": 1000.0, "note": "ok \u00e9"}
+    nested = '{"a": ' + "[" * 31 + "]" * 31 + "}"
+    assert parse_arguments(nested)["a"]
+
+
+def _repeating_agent(slug: str, call: dict) -> Agent:
+    turns = [{"tool_calls": [call]}] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 2)
+    return create_agent(slug=slug, name=slug, model={"provider": "scripted", "turns": turns},
+                        tools=["query_order", "refund"], completion_check="refund")
+
+
+def _assert_refused_until_the_run_fails(run: Run) -> None:
+    run.refresh_from_db()
+    assert (run.status, run.failure_type) == ("failed", "invalid_model_output")
+    assert not run.steps.filter(status="discarded").exists()
+    calls = list(run.tool_calls.all())
+    assert len(calls) == settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1
+    assert {call.status for call in calls} == {"invalid"}
+    delivered = [json.loads(c) for c in run.messages.filter(role="tool").values_list("content", flat=True)]
+    assert delivered and all(result["status"] == "invalid" for result in delivered)
+
+
+BAD_ARGUMENTS = {
+    "nan": '{"order_id": 123, "amount": NaN}',
+    "infinity": '{"order_id": 123, "amount": Infinity}',
+    "minus-infinity": '{"order_id": 123, "amount": -Infinity}',
+    "overflow": '{"order_id": 123, "amount": 1e309}',
+    "nul": '{"order_id": 123, "amount": 30, "memo": "\\u0000"}',
+}
+
+
+@pytest.mark.parametrize("kind", BAD_ARGUMENTS)
+def test_scripted_model_repeating_unsafe_arguments_ends_invalid_model_output(demo, worker, kind):
+    agent = _repeating_agent(f"bad-{kind}", {"name": "refund", "arguments": BAD_ARGUMENTS[kind]})
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+
+    _assert_refused_until_the_run_fails(run)
+    assert run.interrupts.count() == 0
+
+
+def test_scripted_model_repeating_a_200_character_call_id_ends_invalid_model_output(demo, worker):
+    call = {"id": LONG_ID, "name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})}
+    agent = _repeating_agent("long-id", call)
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+
+    _assert_refused_until_the_run_fails(run)
+    first = run.tool_calls.order_by("id").first()
+    assert len(first.provider_call_id) <= 100 and "id" in first.error
+    proposed = run.events.filter(type="tool_call", reason="proposed").first()
+    assert proposed.payload["original_id"] == LONG_ID
+
+
+@pytest.mark.parametrize("call", [
+    {"id": "call\x00one", "name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})},
+    {"name": "refund\x00", "arguments": json.dumps({"order_id": 123, "amount": 30})},
+    {"name": "r" * 300, "arguments": json.dumps({"order_id": 123, "amount": 30})},
+    {"name": "refund", "arguments": '{"order_id": 123, "amount": 3\x000}'},
+], ids=["nul-in-id", "nul-in-name", "long-name", "raw-nul"])
+def test_a_server_sending_nul_or_long_names_gets_invalid_calls_until_the_run_fails(demo, worker, llm, call):
+    turns = [{"content": "Working\x00.", "tool_calls": [call]}] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1)
+    server, agent = llm("openai", turns)
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+
+    _assert_refused_until_the_run_fails(run)
+    assistant = run.messages.filter(role="assistant").first()
+    assert assistant.content == "Working."
+
+
+def test_nul_in_the_final_answer_is_removed_not_a_crash(demo, worker, llm):
+    server, agent = llm("anthropic", [{"tool_calls": [REFUND_30]}, {"content": "Refunded\x00 30."}])
+    run = start_run(agent=agent, user=demo["requester"], input="Refund 30 on order 123.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.outcome, run.final_output) == ("completed", "achieved", "Refunded 30.")
+
+
+def _email_agent(subject: str) -> Agent:
+    legal = {"name": "legal_check", "arguments": {"text": CONTRACT_TEXT}}
+    send = {"name": "send_email",
+            "arguments": {"to": "customer@example.com", "subject": subject, "body": CONTRACT_TEXT}}
+    return create_agent(slug="header-injection", name="Header injection", tools=["legal_check", "send_email"],
+                        model={"provider": "scripted", "turns": [{"tool_calls": [legal]}, {"tool_calls": [send]},
+                                                                 {"content": "Sent."}]})
+
+
+@pytest.mark.parametrize("subject", ["Your contract\r\nBcc: all@example.com", "Your contract\nX-Evil: 1"])
+def test_an_email_subject_with_a_line_break_is_an_invalid_call_never_unknown(demo, worker, subject):
+    run = start_run(agent=_email_agent(subject), user=demo["requester"], input="Send the contract.")
+    worker.drain()
+    run.refresh_from_db()
+
+    send = run.tool_calls.get(name="send_email")
+    assert send.status == "invalid" and "header-text" in send.error
+    assert not run.tool_calls.filter(status="unknown").exists()
+    assert run.interrupts.count() == 0
+
+
+@pytest.mark.parametrize("to", ["customer@example.com\nBcc: all@example.com", "customer@example.com\r"])
+def test_an_email_address_with_a_line_break_is_refused_by_the_schema(to):
+    errors = get_tool("send_email").schema_errors({"to": to, "subject": "Hi", "body": "Text"})
+    assert errors and "email" in errors[0]
+
+
+def test_a_header_django_refuses_is_a_tool_error_not_an_unknown_outcome():
+    send_email = get_tool("send_email")
+    with pytest.raises(ToolError, match="not sent"):
+        send_email.handler(ToolContext(run=None, user=None, idempotency_key="k"),
+                           {"to": "customer@example.com", "subject": "Hi\nBcc: all@example.com", "body": "Text"})
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("tokens", [-5, 10**12])
+def test_token_counts_that_do_not_fit_make_the_response_malformed_not_a_crash(demo, worker, llm, provider, tokens):
+    turn = {"content": "Refunded.", "usage": {"input_tokens": tokens, "output_tokens": 5}}
+    server, agent = llm(provider, [turn] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1))
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.failure_type) == ("failed", "invalid_model_output")
+    assert set(run.steps.values_list("status", flat=True)) == {"failed"}
+    assert run.input_tokens == 0
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_provider_error_quoting_nul_characters_fails_the_run_cleanly(demo, worker, llm, provider):
+    server, agent = llm(provider, [{"status": 400, "message": "bad\x00request"}])
+    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert "\x00" not in run.error and "400" in run.error
+    assert "bad" not in run.error  # the provider's own words stay in the log, not in what requesters read
+    assert all("\x00" not in (step.error or "") for step in run.steps.all())

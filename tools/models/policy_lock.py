@@ -1,0 +1,18 @@
+"""A row per approval-rule scope, locked while a cumulative rule is judged."""
+
+from django.db import models
+
+
+class PolicyLock(models.Model):
+    """One scope of a cumulative approval rule, e.g. the refunds of one order.
+
+    ``key`` names it (``tools.services`` derives it from the tool, the
+    scope and the run, user or target). Proposals that count calls in a
+    scope first lock its row (``select_for_update``), so two concurrent
+    proposals cannot both be judged without the other's call.
+    """
+
+    key = models.CharField(max_length=100, unique=True)
+
+    def __str__(self):
+        return self.key
