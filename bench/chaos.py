@@ -10,6 +10,10 @@ every approval item as the ``approver`` user (and settles any
 reconciliation item by looking the key up in the gateway's ledger, as a
 person would), and SIGKILLs a random worker
 group at random intervals (restarting it) until ``--kills`` kills are done.
+With ``--crash-runs N``, N more runs refund through an agent whose refund
+kills its worker every time it starts (a failpoint): those runs must end
+``failed/crash_loop`` in bounded time with no charge, while the others
+complete; worker groups that die this way are restarted.
 Then it waits for every run to settle and prints the figures. Exit code 0
 only if no run was lost and no refund was charged twice.
 
@@ -44,6 +48,8 @@ def parse_args():
     parser.add_argument("--p-5xx", type=float, default=0.05, help="gateway 503-before-commit probability")
     parser.add_argument("--settle-timeout", type=float, default=300.0, help="seconds to wait after the last kill")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--crash-runs", type=int, default=0,
+                        help="extra runs whose refund kills its worker on every attempt")
     return parser.parse_args()
 
 
@@ -90,6 +96,14 @@ class Cluster:
             pass
         process.wait()
 
+    def revive(self) -> int:
+        """Restart worker groups that died by themselves (a failpoint killed their process); returns how many."""
+        dead = [i for i, process in enumerate(self.workers) if process is not None and process.poll() is not None]
+        for index in dead:
+            self.kill_worker(index)  # the rest of the group, if anything is left
+            self.start_worker(index)
+        return len(dead)
+
     def stop(self) -> None:
         for process in [p for p in self.workers if p] + self.others:
             try:
@@ -116,6 +130,7 @@ def main() -> int:
         "TOLLGATE_QUEUED_GRACE_S": "5",
         "TOLLGATE_RECONCILE_BACKOFF_S": "0.5",
         "TOLLGATE_RECONCILE_MAX_TRIES": "8",
+        "TOLLGATE_FAILPOINTS": f"tool_call_started:agent={CRASHER}",
     }
     os.environ.update(env)
 
@@ -143,13 +158,15 @@ def main() -> int:
             cluster.start_worker(index)
         cluster.start_sweeper()
         run_ids = create_runs(args.runs)
-        figures = drive(cluster, run_ids, args, rng, env["GATEWAY_URL"])
+        crash_ids = create_crashing_runs(args.crash_runs)
+        figures = drive(cluster, run_ids + crash_ids, args, rng, env["GATEWAY_URL"])
         figures.update(audit(run_ids, env["GATEWAY_URL"]))
+        figures.update(audit_crashing(crash_ids))
     finally:
         cluster.stop()
     print_figures(figures, log_dir)
     return 0 if figures["lost_runs"] == 0 and figures["refunds_charged_twice"] == 0 \
-        and figures["max_charges_per_key"] <= 1 else 1
+        and figures["max_charges_per_key"] <= 1 and figures["crash_runs_not_crash_loop"] == 0 else 1
 
 
 def _healthy(httpx, url: str) -> bool:
@@ -191,6 +208,48 @@ def create_runs(count: int) -> list[int]:
         )
         run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
     return run_ids
+
+
+CRASHER = "chaos-crasher"
+
+
+def create_crashing_runs(count: int) -> list[int]:
+    """``count`` runs of one agent whose refund (of a shared order) kills the worker whenever it starts."""
+    from django.contrib.auth import get_user_model
+
+    from runs.models import Agent
+    from runs.services import start_run
+    from tools.models import Order
+
+    if not count:
+        return []
+    requester = get_user_model().objects.get(username="requester")
+    number = 999_999_999
+    Order.objects.update_or_create(number=number, defaults={"owner": requester, "total": Decimal("100.00")})
+    agent, _ = Agent.objects.update_or_create(slug=CRASHER, defaults={
+        "name": "chaos crasher", "tools": ["refund"], "completion_check": "default",
+        "model": {"provider": "scripted", "turns": [
+            {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
+            {"content": "Refunded."},
+        ]},
+    })
+    return [start_run(agent=agent, user=requester, input=f"crash {i}").pk for i in range(count)]
+
+
+def audit_crashing(run_ids: list[int]) -> dict:
+    """How the runs whose refund always kills its worker ended."""
+    from runs.models import Run
+    from tools.models import ToolCall
+
+    runs = Run.objects.filter(pk__in=run_ids)
+    calls = ToolCall.objects.filter(run_id__in=run_ids, name="refund")
+    return {
+        "crash_runs_created": len(run_ids),
+        "crash_runs_ended": dict(Counter(f"{r.status}/{r.failure_type or r.outcome}" for r in runs)),
+        "crash_runs_not_crash_loop": runs.exclude(status="failed", failure_type="crash_loop").count(),
+        "crash_runs_max_refund_attempts": max(calls.values_list("attempts", flat=True), default=0),
+        "crash_runs_lost_leases": sum(runs.values_list("lost_leases", flat=True)),
+    }
 
 
 def approve_pending(approver, run_ids: list[int]) -> int:
@@ -248,7 +307,9 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gatewa
     next_kill = time.monotonic() + rng.uniform(*args.kill_every)
     started = time.monotonic()
     last_kill = started
+    revived = 0
     while kills < args.kills:
+        revived += cluster.revive()
         approve_pending(approver, run_ids)
         reconcile_pending(approver, run_ids, gateway_url)
         if time.monotonic() >= next_kill:
@@ -262,11 +323,12 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gatewa
         time.sleep(0.1)
     deadline = time.monotonic() + args.settle_timeout
     while unsettled(run_ids) and time.monotonic() < deadline:
+        revived += cluster.revive()
         approve_pending(approver, run_ids)
         reconcile_pending(approver, run_ids, gateway_url)
         time.sleep(0.2)
     settled_at = time.monotonic()
-    return {"kills": kills, "seconds_total": round(settled_at - started, 1),
+    return {"kills": kills, "worker_groups_revived": revived, "seconds_total": round(settled_at - started, 1),
             "seconds_last_kill_to_settled": round(settled_at - last_kill, 1)}
 
 

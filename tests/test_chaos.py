@@ -21,11 +21,11 @@ pytestmark = [
 ]
 
 
-def test_short_chaos_run_loses_nothing_and_charges_nothing_twice():
+def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loops():
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "DRAMATIQ_NAMESPACE": "tollgate-chaos"}
     result = subprocess.run(
         [sys.executable, "bench/chaos.py", "--runs", "12", "--kills", "3", "--kill-every", "1", "3", "--seed", "3",
-         "--settle-timeout", "240"],
+         "--settle-timeout", "240", "--crash-runs", "2"],
         cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=600,
     )
     print(result.stdout, result.stderr[-3000:])
@@ -37,4 +37,9 @@ def test_short_chaos_run_loses_nothing_and_charges_nothing_twice():
     assert figures["refunds_charged_twice"] == "0"
     assert figures["tool_calls_executed_twice"] == "0"
     assert figures["charges_without_succeeded_call"] == "0"
+    # Runs whose refund kills its worker every time end failed/crash_loop, within max_attempts sends.
+    assert figures["crash_runs_created"] == "2"
+    assert figures["crash_runs_not_crash_loop"] == "0"
+    assert int(figures["crash_runs_max_refund_attempts"]) <= 3
+    assert figures["runs_terminal"] == "{'completed/achieved': 12}"
     assert result.returncode == 0

@@ -307,3 +307,26 @@ def test_the_model_hears_the_approvers_edit_and_comment(demo, worker, api):
     assert told["approval"] == {"comment": "Only 40: shipping is not refundable.",
                                 "proposed_arguments": {"order_id": 123, "amount": 60},
                                 "approved_arguments": {"order_id": 123, "amount": 40}}
+
+
+def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_grace(demo, worker, monkeypatch):
+    from django.db import OperationalError
+
+    import runs.loop
+
+    original = runs.loop.advance
+    failures = []
+
+    def flaky(run_id):
+        if not failures:
+            failures.append(run_id)
+            raise OperationalError("server closed the connection unexpectedly")
+        return original(run_id)
+
+    monkeypatch.setattr(runs.loop, "advance", flaky)
+    agent = make_agent("db-blip", [{"content": "fine"}], tools=["query_order"])
+    run = start_run(agent=agent, user=demo["requester"], input="hello")
+    worker.drain()  # includes the delayed re-send; no sweeper runs here
+    run.refresh_from_db()
+    assert failures == [run.pk]
+    assert run.status == RunStatus.COMPLETED

@@ -466,7 +466,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
                            result=earlier.result, now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
                           timeout_s=tool.timeout_s)
-    failpoint("tool_call_started", tool_call.name)
+    failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
     try:
         result = tool.handler(context, tool_call.arguments)
         failpoint("tool_call_returned", tool_call.name)
@@ -483,8 +483,8 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     except ToolError as exc:
         return _transition(tool_call, "fail", actor=actor, error=str(exc), now=timezone.now())
     except Exception as exc:
-        log.exception("tool %s raised", tool_call.name)
-        error = f"{type(exc).__name__}: {exc}"
+        log.exception("tool %s raised", tool_call.name)  # the details stay in the log
+        error = f"The tool failed unexpectedly ({type(exc).__name__})."
         if tool.side_effect:
             return _transition(tool_call, "mark_unknown", actor=actor, error=error)
         return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
@@ -507,7 +507,7 @@ def _store_result(tool_call: ToolCall, tool: Tool, result, *, actor: str) -> Too
     except (TypeError, ValueError, DataError, IntegrityError) as exc:
         log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
         tool_call.refresh_from_db()
-        error = f"The tool returned a result that cannot be stored ({type(exc).__name__}: {exc})."
+        error = f"The tool returned a result that cannot be stored ({type(exc).__name__})."
         if tool.side_effect:
             return _transition(tool_call, "mark_unknown", actor=actor, error=error)
         return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
