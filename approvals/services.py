@@ -13,9 +13,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
-from runs.models import FailureType, Run, RunStatus, WaitingReason
-from runs.services import actor_for, append_event, end_run, enqueue_advance, transition_run
+from runs.models import Run, RunStatus, WaitingReason
+from runs.services import actor_for, append_event, transition_run
+from runs.wakeups import wake_on_commit
 from tools.registry import get_tool
+from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
 
 
 def _log(interrupt: Interrupt, *, actor: str, reason: str, from_status: str = "") -> None:
@@ -89,8 +91,6 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     from the same point. Raises ``PermissionDenied``, ``TransitionNotAllowed``
     (item not pending) and ``ValueError`` (no evidence, wrong kind).
     """
-    from tools.services import settle_unknown_call
-
     if interrupt.kind != InterruptKind.RECONCILIATION:
         raise ValueError("Only reconciliation items can be reconciled.")
     if not (evidence or "").strip():
@@ -112,31 +112,28 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     return interrupt
 
 
-def expire_overdue_interrupts(*, now) -> int:
-    """Expire pending approval items past ``expires_at``; fail their runs (``approval_expired``).
+def overdue_interrupts(*, now) -> list[tuple[int, int]]:
+    """``(item id, run id)`` of pending items whose ``expires_at`` has passed (for the sweeper)."""
+    overdue = Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now)
+    return list(overdue.values_list("pk", "run_id"))
 
-    Returns how many items expired. Used by the sweeper.
+
+def expire_interrupt(*, interrupt_id: int, now, actor: str) -> Interrupt | None:
+    """Expire one overdue pending item and its tool call (``awaiting_approval -> expired``).
+
+    Returns the item, or None if it was no longer pending. Call inside a
+    transaction that holds the run's row lock; ending the run is the
+    caller's (the engine's sweeper fails it with ``approval_expired``).
     """
-    from tools.services import expire_tool_call
-
-    count = 0
-    for interrupt in Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now):
-        with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=interrupt.run_id)
-            interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
-            if interrupt.status != InterruptStatus.PENDING:
-                continue
-            interrupt.expire(now=now)
-            interrupt.save()
-            _log(interrupt, actor="sweeper", reason="expired", from_status=InterruptStatus.PENDING)
-            if interrupt.tool_call is not None:
-                expire_tool_call(tool_call=interrupt.tool_call, actor="sweeper")
-            if not run.is_terminal:
-                end_run(run, "fail", actor="sweeper", reason="approval expired",
-                        failure_type=FailureType.APPROVAL_EXPIRED,
-                        error=f"Inbox item {interrupt.pk} expired before anyone decided.")
-            count += 1
-    return count
+    interrupt = Interrupt.objects.select_for_update().get(pk=interrupt_id)
+    if interrupt.status != InterruptStatus.PENDING:
+        return None
+    interrupt.expire(now=now)
+    interrupt.save()
+    _log(interrupt, actor=actor, reason="expired", from_status=InterruptStatus.PENDING)
+    if interrupt.tool_call is not None:
+        expire_tool_call(tool_call=interrupt.tool_call, actor=actor)
+    return interrupt
 
 
 def can_decide(user, interrupt: Interrupt) -> bool:
@@ -157,8 +154,6 @@ def decide_interrupt(
     ``TransitionNotAllowed`` when the item is no longer pending (409) and
     ``ValueError`` for edited arguments that break the tool's schema.
     """
-    from tools.services import approve_tool_call, reject_tool_call
-
     if decision not in (Decision.APPROVED, Decision.REJECTED):
         raise ValueError(f"Unknown decision {decision!r}.")
     if interrupt.kind != InterruptKind.APPROVAL:
@@ -190,7 +185,7 @@ def _resume_if_unblocked(run, *, actor: str) -> None:
         return
     if run.status == RunStatus.WAITING and run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION):
         transition_run(run, "resume", actor=actor, reason="resumed after decision")
-        enqueue_advance(run.pk)
+        wake_on_commit(run.pk)
 
 
 def cancel_pending_interrupts(*, run, actor: str) -> None:

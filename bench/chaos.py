@@ -189,7 +189,7 @@ def create_runs(count: int) -> list[int]:
     from django.contrib.auth import get_user_model
 
     from runs.models import Agent
-    from runs.services import start_run
+    from runs.engine.lifecycle import start_run
     from tools.models import Order
 
     requester = get_user_model().objects.get(username="requester")
@@ -218,7 +218,7 @@ def create_crashing_runs(count: int) -> list[int]:
     from django.contrib.auth import get_user_model
 
     from runs.models import Agent
-    from runs.services import start_run
+    from runs.engine.lifecycle import start_run
     from tools.models import Order
 
     if not count:

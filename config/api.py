@@ -5,7 +5,7 @@
 * ``django.core.exceptions.PermissionDenied`` -> 403;
 * ``django.core.exceptions.ValidationError`` and ``ValueError`` raised by
   services -> 400;
-* ``runs.services.SessionBusy`` -> 409 naming the active run;
+* ``runs.engine.lifecycle.SessionBusy`` -> 409 naming the active run;
 * ``RequestDataTooBig`` (body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``) -> 413.
 
 Also the request-side helpers every API view shares: ``StrictSerializer``
@@ -22,7 +22,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from runs.services import SessionBusy
+from runs.engine.lifecycle import SessionBusy
 
 
 def _conflict(exc) -> dict:

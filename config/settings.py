@@ -245,7 +245,7 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "runs.channel_layers.LoopSafeInMemoryChannelLayer"}}
 
 DRAMATIQ_TASKS_DATABASE = "default"
-DRAMATIQ_AUTODISCOVER_MODULES = ["actors"]
+DRAMATIQ_AUTODISCOVER_MODULES = ["engine.actors"]
 
 # --- Runtime ---------------------------------------------------------------
 TOLLGATE = {
@@ -303,7 +303,7 @@ TOLLGATE = {
     # (the Anthropic API requires a value).
     "DEFAULT_MAX_OUTPUT_TOKENS": env.int("TOLLGATE_DEFAULT_MAX_OUTPUT_TOKENS", default=4096),
     # Context window (tokens, estimated as characters / 4) when the agent's
-    # model config has no "context_window" (runs.context).
+    # model config has no "context_window" (runs.engine.context).
     "CONTEXT_MAX_TOKENS": env.int("TOLLGATE_CONTEXT_MAX_TOKENS", default=100_000),
     # US dollars per million tokens, by the config's "model" name; used for
     # Run.cost_usd / Step.cost_usd and the max_cost_usd budget. A model

@@ -4,7 +4,7 @@ The admin reads everything and writes through services only:
 
 * ``Agent`` is ordinary configuration and fully editable.
 * ``Run`` is view-only; the only change an admin can make is the
-  "Cancel selected runs" action, which calls ``runs.services.cancel_run``.
+  "Cancel selected runs" action, which calls ``runs.engine.lifecycle.cancel_run``.
   Its change page shows the timeline (``RunEvent``) and the tool calls inline.
 * ``Step``, ``Message`` and ``RunEvent`` are append-only records written by
   the runtime: no add, no change, no delete.
@@ -20,9 +20,9 @@ from django.utils.text import Truncator
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.strict_json import StrictJSONFormField
-from runs.agents import config_errors, may_loosen_policy
+from runs.engine.agents import config_errors, may_loosen_policy
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
-from runs.services import cancel_run
+from runs.engine.lifecycle import cancel_run
 from tools.models import ToolCall
 
 
@@ -71,7 +71,7 @@ class ReadOnlyAdminMixin:
 
 
 class AgentAdminForm(forms.ModelForm):
-    """Checks an edited agent the way the API does (``runs.agents.config_errors``, strict JSON).
+    """Checks an edited agent the way the API does (``runs.engine.agents.config_errors``, strict JSON).
 
     ``may_loosen`` is set by ``AgentAdmin.get_form`` from the user's permission.
     """
@@ -198,7 +198,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    """Runs, view-only; cancelling goes through ``runs.services.cancel_run``.
+    """Runs, view-only; cancelling goes through ``runs.engine.lifecycle.cancel_run``.
 
     No field is editable: ``status`` is a protected FSM field, and the other
     fields are written by the runtime (saving a stale copy here could undo

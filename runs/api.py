@@ -1,4 +1,4 @@
-"""REST API for agents and runs: thin views over ``runs.services`` and ``runs.agents``.
+"""REST API for agents and runs: thin views over ``runs.services`` and ``runs.engine.agents``.
 
 Visibility (``runs.selectors``): staff and holders of the decide
 permission see every run, everyone else only the runs they requested;
@@ -18,7 +18,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.permissions import DjangoModelPermissions, IsAdminUser, IsAuthenticated
 from rest_framework.response import Response
 
-from runs.agents import create_agent
+from runs.engine.agents import create_agent
 from runs.models import Agent, MultitaskStrategy, Run
 from runs.selectors import run_can_cancel, user_sees_all_runs
 from runs.serializers import (
@@ -30,7 +30,8 @@ from runs.serializers import (
     RunSerializer,
     ToolCallSerializer,
 )
-from runs.services import actor_for, cancel_run, start_run
+from runs.services import actor_for
+from runs.engine.lifecycle import cancel_run, start_run
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = Run._meta.get_field("idempotency_key").max_length

@@ -24,7 +24,7 @@ class Agent(models.Model):
     ``approval_policy_granted_by`` is set (a holder of
     ``runs.loosen_approval_policy`` saved the policy) does the agent's rule
     replace the tool's, which may loosen it; runs log each such use.
-    ``completion_check`` names a check in ``runs.completion``.
+    ``completion_check`` names a check in ``runs.engine.completion``.
     """
 
     slug = models.SlugField(unique=True)
@@ -38,7 +38,7 @@ class Agent(models.Model):
         related_name="+", help_text="Who allowed this policy to replace (and so loosen) the tools' own rules.")
     completion_check = models.CharField(max_length=100, default="default")
     max_turns = models.PositiveIntegerField(default=20)
-    # Budgets checked before every model call (runs.budgets); null: no limit.
+    # Budgets checked before every model call (runs.engine.budgets); null: no limit.
     max_model_calls = models.PositiveIntegerField(
         null=True, blank=True, help_text="Model calls per run, counting failed and discarded ones; empty: TOLLGATE['DEFAULT_MAX_MODEL_CALLS'].")
     max_total_tokens = models.PositiveBigIntegerField(
@@ -156,7 +156,7 @@ class Run(FSMModel):
     failure_type = models.CharField(max_length=32, choices=FailureType.choices, blank=True)
     outcome = models.CharField(max_length=32, choices=Outcome.choices, blank=True)
     outcome_reason = models.TextField(
-        blank=True, help_text="Why the completion check decided the outcome (runs.completion), e.g. the call that failed.")
+        blank=True, help_text="Why the completion check decided the outcome (runs.engine.completion), e.g. the call that failed.")
     error = models.TextField(blank=True)
     final_output = models.TextField(blank=True)
 

@@ -7,7 +7,7 @@ only check the shape of a request body; the services decide the rest.
 from rest_framework import serializers
 
 from config.api import StrictSerializer
-from runs.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
+from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
 from runs.models import Agent, MultitaskStrategy, Run, RunEvent, Session
 from tools.models import ToolCall
@@ -30,7 +30,7 @@ class AgentSerializer(serializers.ModelSerializer):
 
 
 class AgentCreateSerializer(StrictSerializer):
-    """Body of ``POST /api/agents/``; unknown fields are refused, ``runs.agents.create_agent`` checks the rest."""
+    """Body of ``POST /api/agents/``; unknown fields are refused, ``runs.engine.agents.create_agent`` checks the rest."""
 
     slug = serializers.CharField(max_length=50)
     name = serializers.CharField(max_length=200)
@@ -56,7 +56,7 @@ class AgentCreateSerializer(StrictSerializer):
 class RunSerializer(serializers.ModelSerializer):
     """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
 
-    ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.completion``);
+    ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.engine.completion``);
     ``final_output`` is the model's own last words, not a verdict.
     """
 

@@ -16,7 +16,8 @@ from approvals.selectors import run_pending_interrupts
 from runs import selectors
 from runs.forms import StartRunForm
 from runs.live import run_snapshot
-from runs.services import SessionBusy, actor_for, cancel_run, start_run
+from runs.services import actor_for
+from runs.engine.lifecycle import SessionBusy, cancel_run, start_run
 
 
 def _visible_run_or_404(request, run_id: int):

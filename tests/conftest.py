@@ -18,7 +18,7 @@ from dramatiq import Worker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs.actors import advance_run
+from runs.engine.actors import advance_run
 from tools import gateway
 from tools.demo_data import load_demo
 
@@ -186,7 +186,7 @@ def worker_process(payment_gateway, short_lease, settings):
         env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
                "TOLLGATE_LEASE_TTL_S": str(short_lease), "TOLLGATE_FAILPOINTS": failpoint or "",
                "DJANGO_SETTINGS_MODULE": "config.settings"}
-        code = f"import django; django.setup(); from runs.actors import advance_run; advance_run({run_id})"
+        code = f"import django; django.setup(); from runs.engine.actors import advance_run; advance_run({run_id})"
         process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
         if kill_when is not None:
             deadline = time.monotonic() + 30

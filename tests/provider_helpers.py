@@ -17,7 +17,7 @@ import pytest
 
 from approvals.services import decide_interrupt
 from runs.models import Agent, Run
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 from tests.fakes.llm_server import ReplayServer
 
 MODELS = {"openai": "gpt-test", "anthropic": "claude-test"}

@@ -7,7 +7,7 @@ import pytest
 
 from approvals.models import Interrupt, InterruptKind
 from runs.models import Agent, Run, RunEvent
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools import registry
 from tools.models import ToolCall

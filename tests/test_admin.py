@@ -13,7 +13,7 @@ from django.urls import reverse
 from approvals.models import Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
 from runs.models import Agent, Run, RunStatus, WaitingReason
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

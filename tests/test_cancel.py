@@ -4,9 +4,10 @@ import pytest
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
-from runs.actors import advance_run
+from runs.engine.actors import advance_run
 from runs.models import Agent, RunStatus
-from runs.services import cancel_run, start_run, transition_run
+from runs.services import transition_run
+from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import make_agent
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus

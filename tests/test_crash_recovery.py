@@ -11,8 +11,8 @@ import pytest
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt, reconcile_interrupt
 from runs.models import Agent, RunStatus, Step, WaitingReason
-from runs.recovery import sweep
-from runs.services import start_run
+from runs.engine.recovery import sweep
+from runs.engine.lifecycle import start_run
 from tests.durability import make_agent, refund_turns, wait_for_lease_expiry
 from tools.models import ToolCall, ToolCallStatus
 

@@ -8,7 +8,8 @@ from django.utils import timezone
 from runs import lease
 from runs.lease import LeaseLost
 from runs.models import Agent, Run, RunStatus
-from runs.services import append_event, start_run, transition_run
+from runs.services import append_event, transition_run
+from runs.engine.lifecycle import start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,7 +87,7 @@ def test_heartbeat_keeps_a_long_call_leased(run, settings):
 
 
 def test_stale_worker_cannot_even_start_a_model_step(run):
-    from runs.loop import _model_turn
+    from runs.engine.loop import _model_turn
 
     stale = lease.acquire(run.pk, owner="worker-a")
     transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-a")

@@ -16,7 +16,7 @@ from runs.channel_layers import LoopSafeInMemoryChannelLayer
 from runs.live import publish_run_update
 from runs.models import Agent
 from runs.routing import websocket_urlpatterns
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.models import Agent, Run, RunStatus
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 
 
 def _busy_session(demo, worker):

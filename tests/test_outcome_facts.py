@@ -2,7 +2,7 @@
 
 import pytest
 
-from runs.completion import achieved, register_check
+from runs.engine.completion import achieved, register_check
 from tests.api_helpers import create_agent, gateway_refunds, get_run, pending_interrupts, start_run, tool_calls
 
 
@@ -108,7 +108,7 @@ def lenient_check():
         return achieved("the customer was told", despite="a refused refund is an acceptable answer here")
 
     yield "test-lenient"
-    from runs import completion
+    from runs.engine import completion
     completion._CHECKS.pop("test-lenient")
 
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from runs.completion import CallFact, judge_calls
+from runs.engine.completion import CallFact, judge_calls
 from tools.models import ToolCallStatus as S
 from tools.models.tool_call import NO_EFFECT_STATUSES, PENDING_STATUSES
 

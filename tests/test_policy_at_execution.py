@@ -2,7 +2,7 @@
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools.models import ToolCall, ToolCallStatus
 

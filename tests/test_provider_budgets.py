@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from runs.budgets import cost_usd
+from runs.engine.budgets import cost_usd
 from tests.provider_helpers import QUERY, events, llm, run_to_rest  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from runs.context import build_context, estimate_tokens, trim_history
+from runs.engine.context import build_context, estimate_tokens, trim_history
 from runs.models import Agent, Message, Run, Session
 from runs.providers.anthropic_provider import to_anthropic_messages
-from runs.services import begin_run, start_run, transition_run
+from runs.services import transition_run
+from runs.engine.lifecycle import begin_run, start_run
 from tests.provider_helpers import REFUND_30, llm  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -140,7 +141,7 @@ def test_anthropic_wire_merges_roles_and_puts_tool_results_first():
 
 def test_agent_without_context_window_uses_the_setting(demo, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "CONTEXT_MAX_TOKENS": 123_456}
-    from runs.context import window_tokens
+    from runs.engine.context import window_tokens
 
     assert window_tokens(Agent.objects.get(slug="refund-order").model) == 123_456
     assert window_tokens({"context_window": 8000}) == 8000

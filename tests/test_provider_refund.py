@@ -16,7 +16,7 @@ PROVIDERS = ["openai", "anthropic"]
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_refund_end_to_end_with_usage_totals_from_the_payloads(worker, demo, llm, provider, stream, monkeypatch):
     deltas = []
-    monkeypatch.setattr("runs.live.publish_delta", lambda run_id, *, kind, data: deltas.append((kind, data)))
+    monkeypatch.setattr("runs.engine.loop.publish_delta", lambda run_id, *, kind, data: deltas.append((kind, data)))
     server, agent = llm(provider, [
         {"tool_calls": [QUERY], "usage": {"input_tokens": 101, "output_tokens": 11}},
         {"content": "Order 123 can be refunded; issuing 80.", "tool_calls": [REFUND_80],

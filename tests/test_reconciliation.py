@@ -10,8 +10,8 @@ from django.utils import timezone
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
 from runs.models import RunStatus, WaitingReason
-from runs.recovery import sweep
-from runs.services import start_run
+from runs.engine.recovery import sweep
+from runs.engine.lifecycle import start_run
 from tests.durability import make_agent, refund_turns
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
 from runs.models import Agent, RunStatus, WaitingReason
-from runs.recovery import sweep
-from runs.services import start_run
+from runs.engine.recovery import sweep
+from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus

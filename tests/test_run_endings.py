@@ -11,8 +11,8 @@ from django.utils import timezone
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.models import Message, Run, RunStatus, WaitingReason
 from runs.providers.scripted import ScriptedClient
-from runs.recovery import sweep
-from runs.services import cancel_run, start_run
+from runs.engine.recovery import sweep
+from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import make_agent
 from tools import gateway, registry
 from tools.models import ToolCall, ToolCallStatus
@@ -108,7 +108,7 @@ def test_an_effect_whose_result_cannot_be_stored_is_unknown_with_an_open_item_no
 
 
 def test_a_run_failing_with_a_call_in_flight_leaves_it_unknown_with_an_item(demo, worker, decimal_tool):
-    from runs.actors import _fail_unless_taken_over
+    from runs.engine.actors import _fail_unless_taken_over
 
     agent = make_agent("in-flight", [{"content": "x"}], tools=[decimal_tool.name])
     run = start_run(agent=agent, user=demo["requester"], input="x")
@@ -312,9 +312,9 @@ def test_the_model_hears_the_approvers_edit_and_comment(demo, worker, api):
 def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_grace(demo, worker, monkeypatch):
     from django.db import OperationalError
 
-    import runs.loop
+    import runs.engine.actors
 
-    original = runs.loop.advance
+    original = runs.engine.actors.advance
     failures = []
 
     def flaky(run_id):
@@ -323,7 +323,7 @@ def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_gra
             raise OperationalError("server closed the connection unexpectedly")
         return original(run_id)
 
-    monkeypatch.setattr(runs.loop, "advance", flaky)
+    monkeypatch.setattr(runs.engine.actors, "advance", flaky)
     agent = make_agent("db-blip", [{"content": "fine"}], tools=["query_order"])
     run = start_run(agent=agent, user=demo["requester"], input="hello")
     worker.drain()  # includes the delayed re-send; no sweeper runs here

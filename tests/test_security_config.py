@@ -26,7 +26,7 @@ from django.urls import reverse
 
 from runs.admin import AgentAdminForm
 from runs.models import Agent
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 from tests.fakes.llm_server import ReplayServer
 from tests.provider_helpers import llm, run_to_rest  # noqa: F401
 from tools.gateway_server import GatewayHandler, Ledger

@@ -12,10 +12,10 @@ import json
 import pytest
 from django.conf import settings
 
-from runs.agents import create_agent
+from runs.engine.agents import create_agent
 from runs.model_output import UnsafeArguments, parse_arguments
 from runs.models import Agent, Run
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 from tests.provider_helpers import REFUND_30, llm  # noqa: F401
 from tools.demo_data import CONTRACT_TEXT
 from tools.registry import ToolContext, ToolError, get_tool

@@ -20,9 +20,9 @@ from django.contrib.auth.models import Group, Permission
 from django.db import connection, transaction
 from django.urls import reverse
 
-from runs.agents import create_agent
+from runs.engine.agents import create_agent
 from runs.models import Agent, Run, Step
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 from tests.api_helpers import gateway_refunds
 from tools.registry import Tool, ToolTimeout, register
 from tools.services import assess_tool_calls, propose_tool_calls

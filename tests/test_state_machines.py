@@ -5,7 +5,8 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Interrupt, InterruptKind
 from runs.models import Agent, Run, RunStatus, Step
-from runs.services import start_run, transition_run
+from runs.services import transition_run
+from runs.engine.lifecycle import start_run
 from tools.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from approvals.models import Interrupt, InterruptStatus
 from runs.models import Agent, Run, RunStatus
-from runs.services import start_run
+from runs.engine.lifecycle import start_run
 
 SCRIPT = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -193,7 +193,7 @@ def test_cancel_button_cancels_and_a_second_cancel_is_409(client, demo, worker):
 def test_reconciliation_item_is_settled_in_the_browser_with_evidence(client, demo, idle_worker, worker_process):
     from approvals.models import InterruptKind
     from approvals.services import decide_interrupt
-    from runs.recovery import sweep
+    from runs.engine.recovery import sweep
     from tests.durability import wait_for_lease_expiry
     from tools.models import ToolCall, ToolCallStatus
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
-from runs.completion import Verdict, achieved, incomplete, not_achieved, register_check
+from runs.engine.completion import Verdict, achieved, incomplete, not_achieved, register_check
 from tools import gateway
 from tools.models import Order, ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolContext, ToolError, register

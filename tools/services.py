@@ -313,15 +313,16 @@ def propose_tool_calls(
 ) -> list[ToolCall]:
     """Record the calls of one model turn with their ``assess_tool_calls`` decisions (database only).
 
-    Each call ends ``invalid``, ``denied``, ``awaiting_approval`` (with an
-    inbox item) or ``ready``. ``calls[i]["id"]`` must be unique in the run.
+    Each call ends ``invalid``, ``denied``, ``awaiting_approval``, ``ready``,
+    or linked to an earlier call of the same action. The caller opens the
+    inbox item of each ``awaiting_approval`` call in the same transaction
+    (the engine does: ``approvals.services.request_approval``).
+    ``calls[i]["id"]`` must be unique in the session.
     A ``ready`` decision under a cumulative rule is judged again here, with
     the rule's scopes locked and the calls already stored (this turn's
     earlier ones included) counted. A call that goes ahead only because a
     granted agent rule replaced the tool's gets a ``policy`` event.
     """
-    from approvals.services import request_approval
-
     created: list[ToolCall] = []
     with transaction.atomic():
         _lock_cumulative_scopes(run, assessments)
@@ -352,8 +353,6 @@ def propose_tool_calls(
                 _transition(tool_call, assessment.outcome, actor=actor, error=assessment.reason)
             else:
                 _transition(tool_call, assessment.outcome, actor=actor, reason=assessment.reason)
-                if assessment.outcome == "request_approval":
-                    request_approval(tool_call=tool_call, tool=assessment.tool)
             created.append(tool_call)
     return created
 
@@ -596,7 +595,7 @@ def deliver_tool_results(run) -> None:
     Invalid, denied, rejected, expired and cancelled calls get one too, so
     the model never sees a call id without a result. ``unknown`` calls get
     none: what is known of them is rendered when a context is built
-    (``runs.context``), so a later settlement reaches the model.
+    (``runs.engine.context``), so a later settlement reaches the model.
     """
     delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
     with transaction.atomic():

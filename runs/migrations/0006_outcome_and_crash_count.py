@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='outcome_reason',
-            field=models.TextField(blank=True, help_text='Why the completion check decided the outcome (runs.completion), e.g. the call that failed.'),
+            field=models.TextField(blank=True, help_text='Why the completion check decided the outcome (runs.engine.completion), e.g. the call that failed.'),
         ),
         migrations.AlterField(
             model_name='agent',

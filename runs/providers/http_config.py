@@ -10,7 +10,7 @@ An agent's ``model`` JSON for these providers::
      "max_output_tokens": int?,     # anthropic: default TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
      "timeout_s": float?,           # per HTTP attempt; default TOLLGATE["MODEL_TIMEOUT_S"]
      "max_retries": int?,           # SDK retries; default TOLLGATE["MODEL_MAX_RETRIES"]
-     "context_window": int?}        # tokens; see runs.context
+     "context_window": int?}        # tokens; see runs.engine.context
 
 Where a request goes and with which key is the operator's choice, not the
 agent's: ``TOLLGATE["MODEL_ENDPOINTS"]`` maps profile names to

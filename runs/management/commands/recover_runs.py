@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from runs.recovery import sweep
+from runs.engine.recovery import sweep
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Serves HTTP and WebSockets (Daphne; static files through WhiteNoise, as
 in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
-also runs a Dramatiq worker and the sweeper (``runs.recovery.sweep``
+also runs a Dramatiq worker and the sweeper (``runs.engine.recovery.sweep``
 every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
 runs left queued or running by a previous process. Unless told not to, it
 starts the demo payment gateway when nothing answers at ``GATEWAY_URL``. With
@@ -22,9 +22,13 @@ import httpx
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import close_old_connections
 from dramatiq.brokers.stub import StubBroker
 
+import runs.engine.actors  # noqa: F401  (declares the advance actor for the in-process worker)
+from runs.engine.recovery import sweep
 from runs.models import Run, RunStatus
+from runs.wakeups import wake_now
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +60,15 @@ def requeue_active_runs() -> list[int]:
     An in-process worker that died with its process leaves such runs
     behind; the loop picks each up from its stored state.
     """
-    from runs.actors import advance_run
-
     run_ids = list(Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
                    .order_by("id").values_list("id", flat=True))
     for run_id in run_ids:
-        advance_run.send(run_id)
+        wake_now(run_id)
     return run_ids
 
 
 class Sweeper(threading.Thread):
-    """Runs ``runs.recovery.sweep`` every ``interval_s`` seconds until ``stop()``."""
+    """Runs ``runs.engine.recovery.sweep`` every ``interval_s`` seconds until ``stop()``."""
 
     def __init__(self, interval_s: float):
         super().__init__(name="tollgate-sweeper", daemon=True)
@@ -74,10 +76,6 @@ class Sweeper(threading.Thread):
         self._stopped = threading.Event()
 
     def run(self):
-        from django.db import close_old_connections
-
-        from runs.recovery import sweep
-
         while not self._stopped.wait(self.interval_s):
             try:
                 sweep()

@@ -26,10 +26,11 @@ from django.db import DataError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from runs import completion, lease
-from runs.budgets import cost_usd as _cost_usd
-from runs.budgets import deadline_passed
-from runs.budgets import exhausted_budget as _exhausted_budget
+from runs import lease
+from runs.engine import completion
+from runs.engine.budgets import cost_usd as _cost_usd
+from runs.engine.budgets import deadline_passed
+from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
 from runs.model_output import MAX_CALL_ID_LENGTH, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
@@ -37,9 +38,15 @@ from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
 from runs.providers.base import MalformedResponse as _MalformedResponse
 from runs.providers.base import StreamInterrupted
-from runs.recovery import recover_after_takeover
-from runs.services import append_event, append_message, begin_run, end_run, set_phase, transition_run
+from runs.engine.recovery import recover_after_takeover
+from approvals.services import request_approval, request_reconciliation
+from runs.engine.context import build_context
+from runs.engine.lifecycle import begin_run, end_run
+from runs.live import publish_delta
+from runs.services import append_event, append_message, set_phase, transition_run
+from runs.wakeups import wake_now
 from tools.models import ToolCall, ToolCallStatus
+from tools.registry import get_tool
 from tools.services import (
     assess_tool_calls,
     deliver_tool_results,
@@ -77,7 +84,7 @@ def advance(run_id: int) -> Run | None:
     # the lease had its wake-up refused; the run must not be left running
     # with nobody on it.
     if more or Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists():
-        enqueue_advance_now(run_id)
+        wake_now(run_id)  # hand the run back to the queue so other runs get a turn
     return run
 
 
@@ -104,13 +111,6 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         if not _step(run):
             return run, False
     return run, True
-
-
-def enqueue_advance_now(run_id: int) -> None:
-    """Hand the run back to the queue so other runs get a turn (end of a slice)."""
-    from runs.actors import advance_run
-
-    advance_run.send(run_id)
 
 
 def _step(run: Run) -> bool:
@@ -156,8 +156,6 @@ def _execute(run: Run, call: ToolCall) -> bool:
 
 def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
     """Settle unknown outcomes: the tool's hook first, else a person; the run waits meanwhile."""
-    from approvals.services import request_reconciliation
-
     verdicts = {call.pk: reconcile_unknown_call(call, actor=ACTOR) for call in unknown}
     later = [call for call in unknown if verdicts[call.pk] == "later"]
     people = [call for call in unknown if verdicts[call.pk] == "person"]
@@ -268,6 +266,9 @@ def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> b
         if response.tool_calls:
             created = propose_tool_calls(run=run, step=step, calls=response.tool_calls, assessments=assessments,
                                          actor=ACTOR)
+            for call in created:  # the inbox items, in the proposal's transaction
+                if call.status == S.AWAITING_APPROVAL:
+                    request_approval(tool_call=call, tool=get_tool(call.name))
             if all(c.status == S.INVALID for c in created):
                 return _repair_turn(run, "every tool call of the turn was invalid")
             return True
@@ -352,9 +353,6 @@ def _model_request(run: Run) -> tuple[ModelRequest, dict]:
 
     Streaming deltas go to the run's Channels group (``runs.live``).
     """
-    from runs.context import build_context
-    from runs.live import publish_delta
-
     context = build_context(run)
     request = ModelRequest(
         instructions=context.instructions,

@@ -9,23 +9,23 @@ from django_fsm import ConcurrentTransition
 
 from runs.lease import LeaseLost
 from runs.models import FailureType, Run
-from runs.services import end_run
+from runs.engine.lifecycle import end_run
+from runs.engine.loop import advance
+from runs.wakeups import ADVANCE_ACTOR, wake_now
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_DB_ERROR_MS = 2000
 
 
-@dramatiq.actor(max_retries=0, time_limit=60 * 60 * 1000)
+@dramatiq.actor(actor_name=ADVANCE_ACTOR, max_retries=0, time_limit=60 * 60 * 1000)
 def advance_run(run_id: int) -> None:
-    """Advance run ``run_id`` (see ``runs.loop.advance``).
+    """Advance run ``run_id`` (see ``runs.engine.loop.advance``).
 
     ``LeaseLost`` or ``ConcurrentTransition`` mean another worker or a
     person moved the run first: this worker stops and leaves it. Any other
     exception fails the run with ``internal_error`` rather than leaving it
     stuck.
     """
-    from runs.loop import advance
-
     if not Run.objects.filter(pk=run_id).exists():
         log.warning("run %s does not exist; dropping the message", run_id)
         return
@@ -38,7 +38,7 @@ def advance_run(run_id: int) -> None:
         # than after the sweeper's grace period. A step cut off here is
         # counted by the next takeover's crash streak, so this stays bounded.
         log.exception("database error advancing run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS)
-        advance_run.send_with_options(args=(run_id,), delay=RETRY_AFTER_DB_ERROR_MS)
+        wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
     except Exception as exc:
         log.exception("advancing run %s failed", run_id)
         _fail_unless_taken_over(run_id, exc)

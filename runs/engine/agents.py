@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
 
-from runs import completion
+from runs.engine import completion
 from runs.models import Agent
 from runs.providers.base import ConfigError
 from runs.providers.http_config import config_problems
@@ -29,7 +29,7 @@ from tools.registry import get_tool
 # which may be set on the worker machines alone.
 MODEL_PROVIDERS = ("scripted", "openai", "anthropic")
 MAX_TURNS_LIMIT = 1000
-# Largest value of each optional budget (null: no limit); see runs.budgets.
+# Largest value of each optional budget (null: no limit); see runs.engine.budgets.
 BUDGET_LIMITS = {
     "max_model_calls": 100_000,
     "max_total_tokens": 10**12,

@@ -21,9 +21,14 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from approvals.services import expire_interrupt, overdue_interrupts, request_reconciliation
+from runs.engine.lifecycle import end_run
 from runs.lease import fenced
-from runs.models import TERMINAL_STATUSES, Run, RunStatus, Step
-from runs.services import append_event, enqueue_advance, transition_run
+from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
+from runs.services import append_event, transition_run
+from runs.wakeups import wake_on_commit
+from tools.models import ToolCall, ToolCallStatus
+from tools.services import reconcile_delay, reconcile_unknown_call, recover_orphaned_call
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +43,6 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     (the caller ends the run; a side-effecting call in flight is then
     handed to reconciliation), else None.
     """
-    from tools.models import ToolCallStatus
-    from tools.services import recover_orphaned_call
-
     steps = list(run.steps.filter(status=Step.Status.STARTED))
     calls = list(run.tool_calls.filter(status=ToolCallStatus.RUNNING))
     if not steps and not calls:
@@ -73,10 +75,6 @@ def reconcile_after_run_end(*, now) -> int:
     ``reconcile_delay``; after ``RECONCILE_MAX_TRIES`` a person's
     reconciliation item is opened.
     """
-    from approvals.services import request_reconciliation
-    from tools.models import ToolCall, ToolCallStatus
-    from tools.services import reconcile_delay, reconcile_unknown_call
-
     due = ToolCall.objects.filter(status=ToolCallStatus.UNKNOWN, reconcile_after__lte=now,
                                   run__status__in=TERMINAL_STATUSES)
     asked = 0
@@ -98,14 +96,32 @@ def reconcile_after_run_end(*, now) -> int:
     return asked
 
 
+def expire_overdue_approvals(*, now) -> int:
+    """Expire pending items past ``expires_at`` and fail their runs (``approval_expired``); returns how many expired.
+
+    Each item is expired, and its run ended, in one transaction that first
+    takes the run's row lock (as a person's decision does).
+    """
+    count = 0
+    for interrupt_id, run_id in overdue_interrupts(now=now):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if expire_interrupt(interrupt_id=interrupt_id, now=now, actor="sweeper") is None:
+                continue
+            if not run.is_terminal:
+                end_run(run, "fail", actor="sweeper", reason="approval expired",
+                        failure_type=FailureType.APPROVAL_EXPIRED,
+                        error=f"Inbox item {interrupt_id} expired before anyone decided.")
+            count += 1
+    return count
+
+
 def sweep(*, now=None) -> dict:
     """One pass of the sweeper; returns counts ``{"reenqueued", "woken", "expired", "reconciled"}``.
 
     Safe to run from any number of processes at once: waking a worker is
     harmless (leases decide who advances) and transitions are guarded.
     """
-    from approvals.services import expire_overdue_interrupts
-
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
     stranded = Run.objects.filter(
@@ -121,7 +137,7 @@ def sweep(*, now=None) -> dict:
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
             ).update(lease_owner="", lease_expires_at=None, updated_at=now):
-                enqueue_advance(run_id)
+                wake_on_commit(run_id)
                 reenqueued += 1
 
     woken = 0
@@ -131,10 +147,10 @@ def sweep(*, now=None) -> dict:
             if locked.status != RunStatus.WAITING or locked.wake_at is None or locked.wake_at > now:
                 continue
             transition_run(locked, "resume", actor="sweeper", reason=f"wake_at passed ({locked.waiting_reason})")
-            enqueue_advance(locked.pk)
+            wake_on_commit(locked.pk)
         woken += 1
 
-    expired = expire_overdue_interrupts(now=now)
+    expired = expire_overdue_approvals(now=now)
     reconciled = reconcile_after_run_end(now=now)
     if reenqueued or woken or expired or reconciled:
         log.info("sweep: reenqueued=%s woken=%s expired=%s reconciled=%s", reenqueued, woken, expired, reconciled)

@@ -1,0 +1,9 @@
+"""The engine: what advances runs and ends them.
+
+The agent loop (``loop``), the run lifecycle (``lifecycle``: start, begin,
+end, cancel), takeover recovery and the sweeper (``recovery``), the
+Dramatiq actor (``actors``), and what they consult: context building,
+completion checks, budgets, agent definitions. The engine may import the
+approvals and tools services and the runs kernel below it; nothing below
+imports the engine (docs/design.md#layers; enforced by tests/test_layers.py).
+"""
