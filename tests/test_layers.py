@@ -1,0 +1,133 @@
+"""One dependency direction: no module imports a layer above its own (docs/design.md#dependency-direction).
+
+Layers, top to bottom:
+
+5. surfaces and plug-ins: API, pages, admin, consumers, commands, config,
+   the demo shop;
+4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
+   ``runs.providers``;
+3. the approvals services: ``approvals.models``, ``approvals.services``;
+2. the tools services: ``tools.models``, ``tools.registry``,
+   ``tools.policy``, ``tools.services``;
+1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.lease``,
+   ``runs.wakeups``, ``runs.live``;
+0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
+   ``runs.channel_layers``, ``runs.providers.base`` (the model-call
+   shapes and errors), ``config.strict_json``.
+
+Every ``import`` counts, including those inside functions: an import
+placed in a function to dodge a cycle is still an upward import. Run
+``python -m pytest tests/test_layers.py`` to check after moving code.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("config", "runs", "approvals", "tools")
+
+# Longest matching prefix wins; anything in PACKAGES not listed is a surface (5).
+LAYERS = {
+    "runs.engine": 4,
+    "runs.providers": 4,
+    "approvals.models": 3,
+    "approvals.services": 3,
+    "tools.models": 2,
+    "tools.registry": 2,
+    "tools.policy": 2,
+    "tools.services": 2,
+    "runs.models": 1,
+    "runs.services": 1,
+    "runs.lease": 1,
+    "runs.wakeups": 1,
+    "runs.live": 1,
+    "runs.fsm": 0,
+    "runs.failpoints": 0,
+    "runs.model_output": 0,
+    "runs.channel_layers": 0,
+    "runs.providers.base": 0,
+    "config.strict_json": 0,
+}
+SURFACE = 5
+NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a project module (dotted name), or None for anything outside the project."""
+    if module.split(".")[0] not in PACKAGES or module in PACKAGES:  # the packages' own __init__ hold nothing
+        return None
+    matches = [prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")]
+    return LAYERS[max(matches, key=len)] if matches else SURFACE
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT / Path(*dotted.split("."))
+    return path.with_suffix(".py").exists() or path.is_dir()
+
+
+def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
+    """``(line, dotted module)`` for every import in ``source`` (of module ``module``), at any depth.
+
+    ``from runs import lease`` counts as importing ``runs.lease``.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = module.split(".")[: -node.level]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                found.append((node.lineno, submodule if _is_module(submodule) else target))
+    return found
+
+
+def upward_imports(source: str, module: str) -> list[str]:
+    """Violations of the dependency direction in ``source``: ``"module:line imports target (layer -> layer)"``."""
+    own = layer_of(module)
+    problems = []
+    for line, target in imported_modules(source, module):
+        theirs = layer_of(target)
+        if theirs is not None and own is not None and theirs > own:
+            problems.append(f"{module}:{line} imports {target} ({NAMES[own]} -> {NAMES[theirs]})")
+    return problems
+
+
+def project_modules():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            yield dotted.removesuffix(".__init__"), path
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    problems = [problem for module, path in project_modules()
+                for problem in upward_imports(path.read_text(), module)]
+    assert problems == []
+
+
+def test_the_check_catches_an_upward_import_even_inside_a_function():
+    hidden = "def helper():\n    from runs.engine.lifecycle import end_run\n    return end_run\n"
+    assert upward_imports(hidden, "tools.services") == [
+        "tools.services:2 imports runs.engine.lifecycle (tools services -> engine)"]
+    assert upward_imports("from runs.engine import completion\n", "runs.models") == [
+        "runs.models:1 imports runs.engine.completion (runs kernel -> engine)"]
+    assert upward_imports("from runs import views\n", "approvals.services") == [
+        "approvals.services:1 imports runs.views (approvals services -> surfaces)"]
+
+
+def test_downward_and_outside_imports_are_fine():
+    source = "import json\nfrom django.db import models\nfrom runs.models import Run\nfrom runs.fsm import FSMModel\n"
+    assert upward_imports(source, "tools.services") == []
+
+
+def test_every_layer_names_modules_that_exist():
+    for prefix in LAYERS:
+        path = ROOT / Path(*prefix.split("."))
+        assert path.with_suffix(".py").exists() or path.is_dir(), prefix
