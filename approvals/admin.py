@@ -1,4 +1,4 @@
-"""Django admin for the inbox (DESIGN.md §7).
+"""Django admin for the inbox (docs/design.md#surfaces).
 
 Inbox items are view-only; "Approve" and "Reject" are admin actions that call
 ``approvals.services.decide_interrupt``, which checks the item's permission

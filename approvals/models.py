@@ -1,4 +1,4 @@
-"""The inbox: one model of pending human work (DESIGN.md §4)."""
+"""The inbox: one model of pending human work (docs/design.md#inbox-item-status)."""
 
 from django.conf import settings
 from django.db import models

@@ -1,4 +1,4 @@
-"""Django admin for agents, sessions, runs and their audit trail (DESIGN.md §7).
+"""Django admin for agents, sessions, runs and their audit trail (docs/design.md#surfaces).
 
 The admin reads everything and writes through services only:
 

@@ -1,7 +1,7 @@
 """Sessions, runs, steps, messages and the run event log.
 
 Every legal change of ``Run.status`` is a django-fsm transition below, with
-its guard next to it (DESIGN.md §2). The transition methods only change the
+its guard next to it (docs/design.md#run-status). The transition methods only change the
 fields of the instance; ``runs.services`` saves them and appends the
 ``RunEvent`` in the same database transaction.
 """
@@ -119,7 +119,7 @@ class FailureType(models.TextChoices):
 
 
 class MultitaskStrategy(models.TextChoices):
-    """What a new input does when its session already has an active run (DESIGN.md §5)."""
+    """What a new input does when its session already has an active run (docs/design.md#multitask)."""
 
     ENQUEUE = "enqueue"  # a new run, started when the session is free
     SUPPLEMENT = "supplement"  # added to the busy run's conversation, read before its next model call
@@ -204,7 +204,7 @@ class Run(FSMModel):
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
-    # --- transitions (DESIGN.md §2) -------------------------------------
+    # --- transitions (docs/design.md#run-status) -------------------------
 
     @transition(field=status, source=RunStatus.QUEUED, target=RunStatus.RUNNING)
     def start(self):

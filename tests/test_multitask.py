@@ -1,4 +1,4 @@
-"""A new input while the session's run is active: enqueue, supplement, interrupt or reject (DESIGN §5)."""
+"""A new input while the session's run is active: enqueue, supplement, interrupt or reject (docs/design.md#multitask)."""
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt

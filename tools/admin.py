@@ -1,4 +1,4 @@
-"""Django admin for tool calls and the demo shop's data (DESIGN.md §7).
+"""Django admin for tool calls and the demo shop's data (docs/design.md#surfaces).
 
 ``ToolCall`` is an audit record written only by ``tools.services``: view-only.
 ``Order`` is demo data and editable; refunds live in the payment gateway's

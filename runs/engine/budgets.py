@@ -1,6 +1,6 @@
 """Run budgets and the price of model usage.
 
-Checked by the loop before every model call (DESIGN.md §5.3). The limits
+Checked by the loop before every model call (docs/design.md#budgets). The limits
 live on the agent; ``None`` means no limit:
 
 * ``max_turns`` — model turns that counted (``Run.model_calls``);

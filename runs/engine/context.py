@@ -1,6 +1,6 @@
 """Build what one model call sees: instructions, tools and a trimmed history.
 
-The stored ``Message`` rows are only read, never changed (DESIGN.md §6).
+The stored ``Message`` rows are only read, never changed (docs/design.md#context).
 
 Trimming strategy, when the history does not fit:
 

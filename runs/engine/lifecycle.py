@@ -36,7 +36,7 @@ def start_run(
     """Start a run for ``user``'s ``input`` (queued; a worker is woken), or add the input to one.
 
     A new session is opened when ``session`` is None. When the session
-    already has an active run, ``multitask_strategy`` decides (DESIGN §5):
+    already has an active run, ``multitask_strategy`` decides (docs/design.md#multitask):
     ``enqueue`` (default: a new run that starts once the session is free),
     ``supplement`` (the input joins the busy run's conversation before its
     next model call and that run is returned; with no busy run it is

@@ -1,6 +1,6 @@
 """Crash recovery: what a worker does on taking over a run, and the sweeper.
 
-Takeover (DESIGN.md §5, recovery rules): a model step left ``started`` is
+Takeover (docs/design.md#recovery-and-the-sweeper): a model step left ``started`` is
 discarded (the model is asked again; the discarded call still counts
 against the budget); a tool call left ``running`` is sent again if its tool
 is read-only or idempotent, otherwise it becomes ``unknown`` and goes to

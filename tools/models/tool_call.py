@@ -1,4 +1,4 @@
-"""The ToolCall model and its state machine (DESIGN.md §3)."""
+"""The ToolCall model and its state machine (docs/design.md#tool-call-status)."""
 
 from django.db import models
 from django_fsm import RETURN_VALUE, FSMField, transition
@@ -83,7 +83,7 @@ class ToolCall(FSMModel):
     def is_pending(self) -> bool:
         return self.status in PENDING_STATUSES
 
-    # --- transitions (DESIGN.md §3) -------------------------------------
+    # --- transitions (docs/design.md#tool-call-status) -------------------
 
     @transition(field=status, source=S.PROPOSED, target=S.INVALID)
     def invalidate(self, error: str):
