@@ -32,7 +32,8 @@ appears. When every run has ended it prints:
   (``Run.created_at``) -> first model call (``Step.started_at``); approval
   POST sent (this driver's clock) -> refund start (``ToolCall.started_at``);
   tool result (``ToolCall.finished_at``) -> next model call; and the
-  approval POST round trip;
+  approval POST round trip; the same latencies again for ``--serial-runs``
+  runs started one at a time afterwards (the system not saturated);
 * how many runs the sweeper re-enqueued (its log lines).
 
 LangGraph (``pip install -e '.[bench]'``): the same workload as a graph with
@@ -45,7 +46,7 @@ for the approval, which the same process gives at once by resuming with
 the gateway with an idempotency key. It runs once per number in
 ``--langgraph-processes``, each process taking its share of the runs one
 after another, and prints runs/s, steps/s, CPU per step and the ratio
-Tollgate / LangGraph at the same number of processes.
+Tollgate / LangGraph (steps/s) for each.
 
 Example: ``python bench/throughput.py --runs 100 --workers 2 --threads 4 --langgraph-processes 1 2``
 (``bash bench/run.sh ...`` starts a private PostgreSQL + Redis first).
@@ -88,6 +89,9 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=4, help="threads per worker process (default 4)")
     parser.add_argument("--langgraph-processes", type=int, nargs="*", default=None, metavar="P",
                         help="LangGraph process counts to measure (default: the same as --workers); none: skip")
+    parser.add_argument("--serial-runs", type=int, default=20,
+                        help="after the burst, runs started one at a time on the idle cluster, for the latencies "
+                             "of a system that is not saturated (default 20; 0: none)")
     parser.add_argument("--approvers", type=int, default=4, help="threads sending approval POSTs (default 4)")
     parser.add_argument("--poll-s", type=float, default=0.02,
                         help="seconds between two looks for new approval items (default 0.02)")
@@ -351,7 +355,8 @@ def run_tollgate(args, database: Database) -> dict:
         wait_for(lambda: healthy(f"{api_url}/accounts/login/"), 60, "API server")
         wait_for(lambda: broker.zcard(heartbeats) >= args.workers, 60, "workers")
 
-        made = create_agents(args.runs)
+        made = create_agents(args.runs + args.serial_runs)
+        made, serial = made[:args.runs], made[args.runs:]
         requester = get_user_model().objects.get(username="requester")
         token = Token.objects.get_or_create(user=get_user_model().objects.get(username="approver"))[0].key
         httpx.get(f"{api_url}/api/interrupts/?status=pending", headers={"Authorization": f"Token {token}"},
@@ -382,10 +387,22 @@ def run_tollgate(args, database: Database) -> dict:
         cpu_after["driver"] = time.process_time()
         xacts = database.transactions() - xacts_before
         statements = database.statements_by_role()
+        serial_ids = []
+        for number, agent in serial:  # one at a time: each starts when the previous one has ended
+            run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
+            serial_ids.append(run_ids[-1])
+            one = Run.objects.filter(pk=run_ids[-1]).exclude(status__in=TERMINAL_STATUSES)
+            while one.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
         approver.stop()
     finally:
         cluster.stop()
-    figures = tollgate_figures(run_ids, approver.posts, started, created, ended)
+    burst_ids = run_ids[:len(run_ids) - len(serial_ids)]
+    figures = tollgate_figures(burst_ids, approver.posts, started, created, ended)
+    if serial_ids:
+        alone = tollgate_figures(serial_ids, approver.posts, started, created, ended)
+        figures["one run at a time afterwards"] = {"runs": alone["runs"], "runs_ended": alone["runs_ended"],
+                                                   "latency_ms": alone["latency_ms"]}
     steps = figures["steps"] or 1
     figures["cpu_ms_per_step"] = {kind: round((cpu_after[kind] - cpu_before[kind]) * 1000 / steps, 2)
                                   for kind in cpu_before if kind != "postgresql" or pg_pid}
@@ -433,6 +450,8 @@ def tollgate_figures(run_ids: list[int], posts: dict, started: float, created: f
     items = {i.pk: i for i in Interrupt.objects.filter(run_id__in=run_ids, kind="approval")}
     post_to_start, round_trip, resolved_to_start = [], [], []
     for item_id, (sent, answered, _code) in posts.items():
+        if item_id not in items:
+            continue
         round_trip.append(answered - sent)
         call = next((c for c in executed if c.pk == items[item_id].tool_call_id), None)
         if call is not None:
@@ -447,7 +466,7 @@ def tollgate_figures(run_ids: list[int], posts: dict, started: float, created: f
         "steps": step_count,
         "model_calls": len(model_calls),
         "tool_executions": len(executed),
-        "approval_posts": dict(Counter(code for _s, _a, code in posts.values())),
+        "approval_posts": dict(Counter(code for i, (_s, _a, code) in posts.items() if i in items)),
         "seconds_creating": round(created - started, 2),
         "seconds": round(window, 2),
         "runs_per_s": round(len(finished) / window, 2),
@@ -574,7 +593,7 @@ def _langgraph_process(index, processes, orders, database_url, gateway_url, go, 
     gateway.close()
 
 
-def run_langgraph(args, processes: int, database: Database, gateway_url: str) -> dict:
+def run_langgraph(args, processes: int, database: Database, gateway_url: str, gateway_pid: int) -> dict:
     """The LangGraph side with ``processes`` processes; returns its figures."""
     from django.contrib.auth import get_user_model
     from langgraph.checkpoint.postgres import PostgresSaver
@@ -599,10 +618,11 @@ def run_langgraph(args, processes: int, database: Database, gateway_url: str) ->
     time.sleep(5 + 2 * processes)  # imports and graph compilation, outside the measured window
     pg_pid = postgres_pid()
     database.reset()
-    pg_before, xacts_before = tree_cpu_s(pg_pid), database.transactions()
+    pg_before, gw_before, xacts_before = tree_cpu_s(pg_pid), tree_cpu_s(gateway_pid), database.transactions()
     go.set()
     reports = [results.get(timeout=args.timeout) for _ in children]
     pg_cpu, xacts = tree_cpu_s(pg_pid) - pg_before, database.transactions() - xacts_before
+    gw_cpu = tree_cpu_s(gateway_pid) - gw_before
     statements = database.statements_by_role()
     for child in children:
         child.join(timeout=30)
@@ -611,7 +631,8 @@ def run_langgraph(args, processes: int, database: Database, gateway_url: str) ->
         raise RuntimeError("LangGraph process failed:\n" + "\n".join(errors))
     window = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
     steps = sum(r["model_calls"] + r["tool_executions"] for r in reports)
-    cpu = {"langgraph processes": round(sum(r["cpu_s"] for r in reports) * 1000 / steps, 2)}
+    cpu = {"langgraph processes": round(sum(r["cpu_s"] for r in reports) * 1000 / steps, 2),
+           "gateway": round(gw_cpu * 1000 / steps, 2)}
     if pg_pid:
         cpu["postgresql"] = round(pg_cpu * 1000 / steps, 2)
     return {
@@ -690,7 +711,8 @@ def main() -> int:
             gateway.start_gateway(gateway_port)
             wait_for(lambda: healthy(f"{os.environ['GATEWAY_URL']}/health"), 15, "gateway")
             for processes in lg_processes:
-                langgraph[processes] = run_langgraph(args, processes, database, os.environ["GATEWAY_URL"])
+                langgraph[processes] = run_langgraph(args, processes, database, os.environ["GATEWAY_URL"],
+                                                     gateway.others[0].pid)
                 print_figures(f"LangGraph + PostgresSaver (durability=sync), {processes} process(es):",
                               langgraph[processes])
                 sys.stdout.flush()
