@@ -493,9 +493,11 @@ def langgraph_worker(index: int, processes: int, orders: list[int], database_url
                      go, results) -> None:
     """One LangGraph process: build the graph, wait for ``go``, run every ``processes``-th run from ``index``.
 
-    Puts ``{"runs", "model_calls", "tool_executions", "refunds", "seconds", "cpu_s", "started", "ended"}``
-    (seconds: CPU and wall clock; started/ended: epoch seconds)
-    on ``results``; any exception is put there as a string.
+    Puts ``{"ready": index}`` on ``results`` once the graph is compiled,
+    then ``{"runs", "model_calls", "tool_executions", "refunds", "seconds",
+    "cpu_s", "started", "ended"}`` (``seconds`` wall clock and ``cpu_s``
+    CPU, in seconds; ``started``/``ended`` epoch seconds); any exception
+    as ``{"error": text}``.
     """
     try:
         _langgraph_process(index, processes, orders, database_url, gateway_url, go, results)
@@ -580,6 +582,7 @@ def _langgraph_process(index, processes, orders, database_url, gateway_url, go, 
     with Connection.connect(database_url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
         graph = builder.compile(checkpointer=PostgresSaver(conn))
         mine = orders[index::processes]
+        results.put({"ready": index})
         go.wait()
         cpu0, t0 = time.process_time(), time.time()
         for order_id in mine:
@@ -611,11 +614,14 @@ def run_langgraph(args, processes: int, database: Database, gateway_url: str, ga
     ctx = multiprocessing.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
     children = [ctx.Process(target=langgraph_worker,
-                            args=(i, processes, orders, database_url, gateway_url, go, results))
+                            args=(i, processes, orders, database_url, gateway_url, go, results), daemon=True)
                 for i in range(processes)]
     for child in children:
         child.start()
-    time.sleep(5 + 2 * processes)  # imports and graph compilation, outside the measured window
+    for _ in children:  # imports and graph compilation stay outside the measured window
+        ready = results.get(timeout=120)
+        if "error" in ready:
+            raise RuntimeError(f"LangGraph process failed:\n{ready['error']}")
     pg_pid = postgres_pid()
     database.reset()
     pg_before, gw_before, xacts_before = tree_cpu_s(pg_pid), tree_cpu_s(gateway_pid), database.transactions()
