@@ -34,7 +34,7 @@ appears. When every run has ended it prints:
   tool result (``ToolCall.finished_at``) -> next model call; and the
   approval POST round trip; the same latencies again for ``--serial-runs``
   runs started one at a time afterwards (the system not saturated);
-* how many runs the sweeper re-enqueued (its log lines).
+* how many runs the sweeper re-enqueued until the burst ended (its log lines).
 
 LangGraph (``pip install -e '.[bench]'``): the same workload as a graph with
 a scripted model node and a tools node, checkpointed by ``PostgresSaver``
@@ -387,6 +387,7 @@ def run_tollgate(args, database: Database) -> dict:
         cpu_after["driver"] = time.process_time()
         xacts = database.transactions() - xacts_before
         statements = database.statements_by_role()
+        sweeper_log = (log_dir / "sweeper.log").read_text()  # up to the end of the burst
         serial_ids = []
         for number, agent in serial:  # one at a time: each starts when the previous one has ended
             run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
@@ -408,8 +409,7 @@ def run_tollgate(args, database: Database) -> dict:
                                   for kind in cpu_before if kind != "postgresql" or pg_pid}
     figures["transactions_per_step"] = round(xacts / steps, 1)
     figures["statements_per_step"] = statement_figures(statements, urls, steps)
-    figures["sweeper_reenqueued"] = sum(int(n) for n in re.findall(r"reenqueued=(\d+)",
-                                                                    (log_dir / "sweeper.log").read_text()))
+    figures["sweeper_reenqueued"] = sum(int(n) for n in re.findall(r"reenqueued=(\d+)", sweeper_log))
     figures["logs"] = str(log_dir)
     return figures
 
