@@ -25,7 +25,6 @@ import argparse
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.cluster import Cluster, free_port, healthy, require_postgres_and_redis, wait_for  # noqa: E402
 
 
 def parse_args():
@@ -53,70 +54,9 @@ def parse_args():
     return parser.parse_args()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Cluster:
-    """The processes under test: gateway, worker groups, sweeper."""
-
-    def __init__(self, env: dict, workers: int, threads: int, log_dir: Path):
-        self.env = env
-        self.threads = threads
-        self.log_dir = log_dir
-        self.workers: list[subprocess.Popen | None] = [None] * workers
-        self.others: list[subprocess.Popen] = []
-
-    def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env, stdout=log, stderr=log,
-                                start_new_session=True)
-
-    def start_gateway(self, port: int) -> None:
-        self.others.append(self._spawn(["-m", "tools.gateway_server", "--port", str(port),
-                                        "--ledger", str(self.log_dir / "ledger.sqlite3")], "gateway"))
-
-    def start_sweeper(self) -> None:
-        self.others.append(self._spawn(["manage.py", "recover_runs", "--loop"], "sweeper"))
-
-    def start_worker(self, index: int) -> None:
-        self.workers[index] = self._spawn(["manage.py", "rundramatiq", "--processes", "1", "--threads",
-                                           str(self.threads), "--skip-logging"], f"worker-{index}")
-
-    def kill_worker(self, index: int) -> None:
-        """SIGKILL the whole process group of worker ``index`` (as a machine crash would)."""
-        process = self.workers[index]
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
-
-    def revive(self) -> int:
-        """Restart worker groups that died by themselves (a failpoint killed their process); returns how many."""
-        dead = [i for i, process in enumerate(self.workers) if process is not None and process.poll() is not None]
-        for index in dead:
-            self.kill_worker(index)  # the rest of the group, if anything is left
-            self.start_worker(index)
-        return len(dead)
-
-    def stop(self) -> None:
-        for process in [p for p in self.workers if p] + self.others:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
-
-
 def main() -> int:
     args = parse_args()
-    if not (os.environ.get("DATABASE_URL", "").startswith("postgres") and os.environ.get("REDIS_URL")):
-        print("chaos: set DATABASE_URL (PostgreSQL) and REDIS_URL", file=sys.stderr)
+    if not require_postgres_and_redis("chaos"):
         return 2
     rng = random.Random(args.seed)
     gateway_port = free_port()
@@ -150,7 +90,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         cluster.start_gateway(gateway_port)
-        _wait_for(lambda: _healthy(httpx, env["GATEWAY_URL"]), 10, "gateway")
+        wait_for(lambda: healthy(f"{env['GATEWAY_URL']}/health"), 10, "gateway")
         httpx.post(f"{env['GATEWAY_URL']}/faults", json={
             "p_timeout_after_commit": args.p_timeout, "p_error_before_commit": args.p_5xx, "hang_s": 2.0,
         }).raise_for_status()
@@ -167,21 +107,6 @@ def main() -> int:
     print_figures(figures, log_dir)
     return 0 if figures["lost_runs"] == 0 and figures["refunds_charged_twice"] == 0 \
         and figures["max_charges_per_key"] <= 1 and figures["crash_runs_not_crash_loop"] == 0 else 1
-
-
-def _healthy(httpx, url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not come up")
-        time.sleep(0.1)
 
 
 def create_runs(count: int) -> list[int]:

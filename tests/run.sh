@@ -23,18 +23,7 @@ if [[ $EUID -eq 0 ]]; then SUDO=(); elif command -v sudo >/dev/null; then SUDO=(
 
 # --- System packages -------------------------------------------------------
 
-find_pg_bin() {
-    local d
-    # Highest installed major version first, then whatever is on PATH.
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
-        [[ -x $d/initdb && -x $d/pg_ctl && -x $d/postgres ]] && { echo "$d"; return; }
-    done
-    if command -v initdb >/dev/null; then
-        d=$(dirname "$(readlink -f "$(command -v initdb)")")
-        [[ -x $d/pg_ctl && -x $d/postgres ]] && { echo "$d"; return; }
-    fi
-    return 0
-}
+source tests/services.sh
 
 missing=()
 [[ -n $(find_pg_bin) ]] || missing+=(postgresql)
@@ -79,22 +68,6 @@ fi
 
 # --- Private PostgreSQL and Redis ------------------------------------------
 
-# PostgreSQL refuses to run as root: use the postgres system user (created
-# by the postgresql package; created here if only the binaries exist).
-if [[ $EUID -eq 0 ]]; then
-    PG_OS_USER=postgres
-    if ! id -u "$PG_OS_USER" >/dev/null 2>&1; then
-        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$PG_OS_USER"
-    fi
-    as_pg() { (cd / && runuser -u "$PG_OS_USER" -- "$@"); }
-else
-    PG_OS_USER=$(id -un)
-    as_pg() { (cd / && "$@"); }
-fi
-
-TMP=$(mktemp -d /tmp/tollgate-tests.XXXXXX)
-REDIS_PID=
-PG_STARTED=
 PYTEST_PID=
 cleanup() {
     local rc=$?
@@ -108,14 +81,7 @@ cleanup() {
         kill -KILL "$PYTEST_PID" 2>/dev/null
         wait "$PYTEST_PID" 2>/dev/null
     fi
-    if [[ -n $PG_STARTED ]]; then
-        as_pg "$PG_BIN/pg_ctl" -D "$TMP/pgdata" -m immediate -w stop >/dev/null 2>&1
-    fi
-    if [[ -n $REDIS_PID ]]; then
-        kill "$REDIS_PID" 2>/dev/null
-        wait "$REDIS_PID" 2>/dev/null
-    fi
-    rm -rf "$TMP"
+    stop_private_services
     exit "$rc"
 }
 FORWARD_INT=
@@ -125,58 +91,12 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'FORWARD_INT=1; exit 143' TERM HUP
 
-# Two distinct free loopback ports (both held open while picking).
-read -r PG_PORT REDIS_PORT < <(.venv/bin/python -c '
-import socket
-a, b = socket.socket(), socket.socket()
-a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0))
-print(a.getsockname()[1], b.getsockname()[1])')
-
 t0=$(now)
-PG_ROLE=tollgate
-mkdir -p "$TMP/pgdata" "$TMP/pgsock" "$TMP/redis"
-chmod 700 "$TMP/pgdata"
-if [[ $EUID -eq 0 ]]; then
-    chown -R "$PG_OS_USER" "$TMP"
-    chmod 755 "$TMP"
-fi
-
-# Bootstrap superuser "tollgate", trust auth (loopback only, see below).
-as_pg "$PG_BIN/initdb" -D "$TMP/pgdata" -U "$PG_ROLE" --auth=trust \
-    --encoding=UTF8 --no-locale --no-sync >"$TMP/initdb.log" 2>&1 \
-    || { cat "$TMP/initdb.log" >&2; die "initdb failed"; }
-cat >>"$TMP/pgdata/postgresql.conf" <<EOF
-
-# tests/run.sh: private, throwaway, fast
-listen_addresses = '127.0.0.1'
-port = $PG_PORT
-unix_socket_directories = '$TMP/pgsock'
+PG_EXTRA_CONF="# tests/run.sh: fast, nothing here needs to survive a crash
 fsync = off
 synchronous_commit = off
-full_page_writes = off
-max_parallel_workers_per_gather = 0
-EOF
-if ! as_pg "$PG_BIN/pg_ctl" -D "$TMP/pgdata" -l "$TMP/postgres.log" -w -t 60 start >/dev/null; then
-    cat "$TMP/postgres.log" >&2 || true
-    die "PostgreSQL did not start"
-fi
-PG_STARTED=1
-for _ in $(seq 100); do
-    "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" && break
-    sleep 0.1
-done
-"$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" || die "PostgreSQL not accepting connections"
-"$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U "$PG_ROLE" -O "$PG_ROLE" tollgate
-
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
-    --daemonize no --dir "$TMP/redis" --logfile "$TMP/redis.log" </dev/null &
-REDIS_PID=$!
-for _ in $(seq 100); do
-    [[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && break
-    kill -0 "$REDIS_PID" 2>/dev/null || { cat "$TMP/redis.log" >&2; die "redis-server exited"; }
-    sleep 0.1
-done
-[[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] || die "redis-server not answering"
+full_page_writes = off"
+start_private_services
 log "PostgreSQL on 127.0.0.1:$PG_PORT and Redis on 127.0.0.1:$REDIS_PORT ready in $(elapsed "$t0")s"
 
 # --- Tests -----------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Processes the benchmarks start against PostgreSQL + Redis (shared by chaos.py and throughput.py).
+
+``Cluster`` starts the demo payment gateway, ``manage.py rundramatiq``
+worker groups, the sweeper and an API server (Daphne), each in its own
+session (process group) with its output in ``log_dir``, and SIGKILLs them
+all on ``stop()``.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    """Whether ``url`` answers 200 within half a second."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=0.5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` every 0.1 s until it is true; RuntimeError after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up")
+        time.sleep(0.1)
+
+
+def require_postgres_and_redis(name: str) -> bool:
+    """True if ``DATABASE_URL`` names PostgreSQL and ``REDIS_URL`` is set; else say so on stderr."""
+    if os.environ.get("DATABASE_URL", "").startswith("postgres") and os.environ.get("REDIS_URL"):
+        return True
+    print(f"{name}: set DATABASE_URL (PostgreSQL) and REDIS_URL", file=sys.stderr)
+    return False
+
+
+class Cluster:
+    """The processes under test: gateway, worker groups, sweeper, API server."""
+
+    def __init__(self, env: dict, workers: int, threads: int, log_dir: Path):
+        self.env = env
+        self.threads = threads
+        self.log_dir = log_dir
+        self.workers: list[subprocess.Popen | None] = [None] * workers
+        self.others: list[subprocess.Popen] = []
+        self.api: subprocess.Popen | None = None
+
+    def spawn(self, args: list[str], name: str, env: dict | None = None) -> subprocess.Popen:
+        """Start ``python args...`` in ROOT in a new session, output appended to ``log_dir/name.log``."""
+        log = open(self.log_dir / f"{name}.log", "ab")
+        return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env or self.env, stdout=log, stderr=log,
+                                start_new_session=True)
+
+    def start_gateway(self, port: int) -> None:
+        self.others.append(self.spawn(["-m", "tools.gateway_server", "--port", str(port),
+                                       "--ledger", str(self.log_dir / "ledger.sqlite3")], "gateway"))
+
+    def start_sweeper(self, env: dict | None = None) -> subprocess.Popen:
+        process = self.spawn(["manage.py", "recover_runs", "--loop"], "sweeper", env)
+        self.others.append(process)
+        return process
+
+    def start_worker(self, index: int, env: dict | None = None) -> subprocess.Popen:
+        self.workers[index] = self.spawn(["manage.py", "rundramatiq", "--processes", "1", "--threads",
+                                          str(self.threads), "--skip-logging"], f"worker-{index}", env)
+        return self.workers[index]
+
+    def start_api(self, port: int, env: dict | None = None) -> subprocess.Popen:
+        """Daphne serving ``config.asgi:application`` on 127.0.0.1:``port`` (as in production)."""
+        self.api = self.spawn(["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+                              "api", env)
+        self.others.append(self.api)
+        return self.api
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL the whole process group of worker ``index`` (as a machine crash would)."""
+        process = self.workers[index]
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+    def revive(self) -> int:
+        """Restart worker groups that died by themselves (a failpoint killed their process); returns how many."""
+        dead = [i for i, process in enumerate(self.workers) if process is not None and process.poll() is not None]
+        for index in dead:
+            self.kill_worker(index)  # the rest of the group, if anything is left
+            self.start_worker(index)
+        return len(dead)
+
+    def stop(self) -> None:
+        for process in [p for p in self.workers if p] + self.others:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
