@@ -47,6 +47,7 @@ LAYERS = {
     "runs.channel_layers": 0,
     "runs.providers.base": 0,
     "config.strict_json": 0,
+    "runs.masking": 0,
 }
 SURFACE = 5
 NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}

@@ -65,6 +65,21 @@ def test_bad_request_fails_at_once_without_echoing_the_body(worker, demo, llm, p
     assert "tool_result without tool_use" in caplog.text
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_staff_see_a_masked_excerpt_of_the_servers_words_on_the_step_requesters_do_not(
+        worker, demo, llm, provider, api):
+    body = "bad request from key sk-abcdefghijklmnopqrstuvwx at https://u:hunter2@models.internal/v1 " + "x" * 1000
+    server, agent = llm(provider, [{"status": 400, "message": body}])
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    step = run.steps.get()
+    assert step.error.startswith(run.error) and "bad request from key" in step.error
+    assert "sk-abcdefghijklmnopqrstuvwx" not in step.error and "hunter2" not in step.error
+    assert len(step.error) < 500
+    as_requester = str(api(demo["requester"]).get(f"/api/runs/{run.pk}/events/").json())
+    assert "bad request from key" not in as_requester and "bad request" not in run.error
+
+
 def test_missing_api_key_fails_before_any_request(worker, demo, llm, monkeypatch):
     server, agent = llm("openai", [{"content": "never"}])
     monkeypatch.delenv("TEST_KEY")

@@ -224,7 +224,8 @@ def _model_turn(run: Run) -> bool:
     except StreamInterrupted as exc:
         return _interrupted_stream(run, step, exc)
     except (ModelError, ConfigError) as exc:
-        Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=str(exc), finished_at=timezone.now())
+        staff_error = f"{exc} Server said: {exc.detail}" if getattr(exc, "detail", "") else str(exc)
+        Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=staff_error, finished_at=timezone.now())
         with transaction.atomic():
             append_event(run, type="model_call", actor=ACTOR, reason="failed", payload={"step": step.pk, "error": str(exc)})
             return _fail(run, FailureType.MODEL_ERROR, str(exc))

@@ -6,7 +6,16 @@ from typing import Callable, Protocol
 
 
 class ModelError(Exception):
-    """The provider could not produce a response (the run fails with model_error)."""
+    """The provider could not produce a response (the run fails with model_error).
+
+    ``str(error)`` is what requesters may read (status and class, no body);
+    ``detail`` is a short excerpt of what the server said, with credentials
+    masked, kept on the step for staff (admin) only.
+    """
+
+    def __init__(self, message: str = "", *, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
 
 class StreamInterrupted(ModelError):

@@ -38,9 +38,17 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from runs.masking import mask_string
 from runs.providers.base import ConfigError, MalformedResponse, ModelError, StreamInterrupted
 
 log = logging.getLogger(__name__)
+STAFF_EXCERPT_CHARS = 300
+
+
+def staff_excerpt(text) -> str:
+    """At most ``STAFF_EXCERPT_CHARS`` of a provider's error text, credentials masked and NULs replaced (for staff)."""
+    text = mask_string(str(text or "")).replace("\x00", "\ufffd")
+    return text if len(text) <= STAFF_EXCERPT_CHARS else text[: STAFF_EXCERPT_CHARS - 1] + "…"
 
 # Keys that name where requests go; allowed in an agent only with ALLOW_AGENT_ENDPOINTS.
 RAW_ENDPOINT_KEYS = ("base_url", "api_key_env")
@@ -257,8 +265,8 @@ def sdk_call(call, *, provider: str, sdk, transport_errors: tuple, cfg: HttpMode
     except sdk.APIStatusError as exc:
         log.warning("%s API error %s (endpoint %r): %s %r", provider, exc.status_code, cfg.endpoint, exc.message,
                     exc.body)
-        raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__,
-                                              cfg.max_retries)) from exc
+        raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__, cfg.max_retries),
+                         detail=staff_excerpt(exc.message)) from exc
     except sdk.APITimeoutError as exc:
         raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s "
                          f"(gave up after {cfg.max_retries} retries).") from exc
