@@ -272,6 +272,10 @@ TOLLGATE = {
     # Workers that may die in a row on the same step (a model call or a
     # tool call in flight) before the run fails with failure_type=crash_loop.
     "MAX_CRASHES_PER_STEP": env.int("TOLLGATE_MAX_CRASHES_PER_STEP", default=3),
+    # A run whose worker died is sent back after a random delay of up to
+    # CRASH_BACKOFF_S * 2**crash_streak seconds, so the runs of one dead
+    # worker do not land together on the next one.
+    "CRASH_BACKOFF_S": env.float("TOLLGATE_CRASH_BACKOFF_S", default=1.0),
     # Model calls per run when the agent sets no max_model_calls, so that
     # no configuration can bill without end.
     "DEFAULT_MAX_MODEL_CALLS": env.int("TOLLGATE_DEFAULT_MAX_MODEL_CALLS", default=50),

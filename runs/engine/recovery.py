@@ -14,6 +14,7 @@ deadline.
 """
 
 import logging
+import random
 from datetime import timedelta
 
 from django.conf import settings
@@ -116,6 +117,18 @@ def expire_overdue_approvals(*, now) -> int:
     return count
 
 
+def _restart_delay_ms(crash_streak: int) -> int:
+    """Milliseconds to hold back a run whose worker died: full jitter on ``CRASH_BACKOFF_S * 2**streak``.
+
+    The runs a dead worker held are found together; sent back together they
+    would land on one worker again, so a step that kills its worker would
+    keep taking the same neighbours down with it (and push their crash
+    streaks towards ``crash_loop``). Spreading them out breaks that up.
+    Source: "Exponential Backoff And Jitter", AWS Architecture Blog (2015).
+    """
+    return int(random.uniform(0, settings.TOLLGATE["CRASH_BACKOFF_S"] * 2 ** crash_streak) * 1000)
+
+
 def sweep(*, now=None) -> dict:
     """One pass of the sweeper; returns counts ``{"reenqueued", "woken", "expired", "reconciled"}``.
 
@@ -127,9 +140,9 @@ def sweep(*, now=None) -> dict:
     stranded = Run.objects.filter(
         Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
-    ).values_list("pk", flat=True)
+    ).values_list("pk", "lease_expires_at", "crash_streak")
     reenqueued = 0
-    for run_id in stranded:
+    for run_id, lease_expired_at, crash_streak in stranded:
         with transaction.atomic():
             # Break the dead lease and restart the grace period, so the next
             # pass does not send the same run again while it sits in a
@@ -137,7 +150,7 @@ def sweep(*, now=None) -> dict:
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
             ).update(lease_owner="", lease_expires_at=None, updated_at=now):
-                wake_on_commit(run_id)
+                wake_on_commit(run_id, delay_ms=_restart_delay_ms(crash_streak) if lease_expired_at else None)
                 reenqueued += 1
 
     woken = 0
