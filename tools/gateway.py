@@ -6,6 +6,7 @@ paying twice, and ``GET /refunds/<key>`` tells what became of a request
 whose answer never arrived (reconciliation).
 """
 
+import functools
 from decimal import Decimal
 
 import httpx
@@ -14,13 +15,15 @@ from django.conf import settings
 from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
 
-def _url(path: str) -> str:
-    return settings.GATEWAY_URL.rstrip("/") + path
+@functools.lru_cache(maxsize=8)
+def _client(base_url: str) -> httpx.Client:
+    """One pooled HTTP client per gateway URL and process (keep-alive; TLS set up once; thread-safe)."""
+    return httpx.Client(base_url=base_url, limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
 
 
 def _call(method: str, path: str, *, timeout_s: float, **kwargs) -> httpx.Response:
     try:
-        response = httpx.request(method, _url(path), timeout=timeout_s, **kwargs)
+        response = _client(settings.GATEWAY_URL.rstrip("/")).request(method, path, timeout=timeout_s, **kwargs)
     except httpx.TimeoutException as exc:
         raise ToolTimeout(f"payment gateway did not answer within {timeout_s}s") from exc
     except httpx.TransportError as exc:
