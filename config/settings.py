@@ -259,6 +259,9 @@ TOLLGATE = {
     # A queued run with no lease older than this is re-enqueued (its
     # broker message may have been lost).
     "QUEUED_GRACE_S": env.float("TOLLGATE_QUEUED_GRACE_S", default=30.0),
+    # At most this many runs are sent back per sweeper pass (the rest wait
+    # for the next pass), so recovery never floods the broker.
+    "SWEEP_MAX_RESENDS": env.int("TOLLGATE_SWEEP_MAX_RESENDS", default=500),
     # Retry backoffs up to this many seconds are slept in the worker;
     # longer ones put the run in waiting/retry_backoff with wake_at.
     "INLINE_BACKOFF_MAX_S": env.float("TOLLGATE_INLINE_BACKOFF_MAX_S", default=2.0),

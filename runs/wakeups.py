@@ -7,8 +7,15 @@ actor ``advance_run`` (``runs.engine.actors``) and its queue; Dramatiq
 delivers them to whichever process declared that actor.
 """
 
+import logging
+
 import dramatiq
 from django.db import transaction
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.common import dq_name
+
+log = logging.getLogger(__name__)
 
 ADVANCE_ACTOR = "advance_run"
 ADVANCE_QUEUE = "default"
@@ -39,3 +46,41 @@ def wake_on_commit(run_id: int, *, delay_ms: int | None = None) -> None:
     logged (``robust``) and the sweeper re-sends lost wake-ups.
     """
     transaction.on_commit(lambda: wake_now(run_id, delay_ms=delay_ms), robust=True)
+
+
+def _run_id(data: bytes) -> int | None:
+    try:
+        message = dramatiq.Message.decode(data)
+    except Exception:  # not ours, or not readable: it cannot stand for a run
+        return None
+    if message.actor_name != ADVANCE_ACTOR or not message.args:
+        return None
+    return message.args[0]
+
+
+def _encoded_messages(broker) -> list[bytes] | None:
+    """Every message the broker still holds for the advance queue (waiting, delayed or unacknowledged)."""
+    names = [ADVANCE_QUEUE, dq_name(ADVANCE_QUEUE)]
+    if isinstance(broker, RedisBroker):
+        # The Redis broker keeps a message in "<ns>:<queue>.msgs" from enqueue until it is acknowledged.
+        return [data for name in names for data in broker.client.hvals(f"{broker.namespace}:{name}.msgs")]
+    if isinstance(broker, StubBroker):
+        return [data for name in names if name in broker.queues for data in list(broker.queues[name].queue)]
+    return None
+
+
+def runs_with_pending_wakeups() -> set[int] | None:
+    """Ids of runs whose wake-up is still held by the broker; None when this broker cannot be asked.
+
+    Reads the whole advance queue once (O(backlog)): the sweeper calls it
+    once per pass, so a run that merely waits its turn behind a long queue
+    is not taken for one whose message was lost.
+    """
+    try:
+        messages = _encoded_messages(dramatiq.get_broker())
+    except Exception:  # a broker that cannot be asked must not stop the sweeper
+        log.warning("could not read the advance queue", exc_info=True)
+        return None
+    if messages is None:
+        return None
+    return {run_id for run_id in map(_run_id, messages) if run_id is not None}

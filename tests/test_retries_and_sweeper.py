@@ -108,12 +108,40 @@ def test_expired_approval_fails_the_run_and_runs_nothing(demo, worker, payment_g
     assert timezone.now() < item.expires_at  # decided by the sweeper's clock, not by waiting
 
 
-def test_sweeper_sends_a_stranded_run_once_per_grace_period(demo, settings):
+def test_sweeper_sends_a_stranded_run_once_per_grace_period(demo, idle_worker, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 30.0}
     run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    dramatiq.get_broker().flush_all()  # lost, and every re-send below is lost too
     later = timezone.now() + timedelta(seconds=31)
     assert sweep(now=later)["reenqueued"] == 1
     assert sweep(now=later + timedelta(seconds=5))["reenqueued"] == 0
+    dramatiq.get_broker().flush_all()
     assert sweep(now=later + timedelta(seconds=31))["reenqueued"] == 1
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
+
+
+def test_a_run_waiting_its_turn_in_the_broker_is_not_sent_again(demo, idle_worker):
+    agent = Agent.objects.get(slug="cancel-order")
+    runs = [start_run(agent=agent, user=demo["requester"], input=f"cancel 124 ({i})") for i in range(3)]
+    long_after = timezone.now() + timedelta(hours=1)  # far past the grace period: a long backlog
+    assert sweep(now=long_after)["reenqueued"] == 0, "their wake-ups are still in the queue"
+
+    dramatiq.get_broker().flush_all()  # now they are lost
+    assert sweep(now=long_after)["reenqueued"] == 3
+    idle_worker.worker.start()
+    idle_worker.drain()
+    for run in runs:
+        run.refresh_from_db()
+        assert run.status == RunStatus.COMPLETED
+
+
+def test_the_sweeper_sends_back_at_most_its_limit_per_pass(demo, idle_worker, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "SWEEP_MAX_RESENDS": 2}
+    agent = Agent.objects.get(slug="cancel-order")
+    for i in range(3):
+        start_run(agent=agent, user=demo["requester"], input=f"cancel 124 ({i})")
+    dramatiq.get_broker().flush_all()
+    long_after = timezone.now() + timedelta(hours=1)
+    assert sweep(now=long_after)["reenqueued"] == 2
+    assert sweep(now=long_after + timedelta(hours=1))["reenqueued"] == 1  # the third, on the next pass

@@ -27,7 +27,7 @@ from runs.engine.lifecycle import end_run
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
 from runs.services import append_event, transition_run
-from runs.wakeups import wake_on_commit
+from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.services import reconcile_delay, reconcile_unknown_call, recover_orphaned_call
 
@@ -137,12 +137,19 @@ def sweep(*, now=None) -> dict:
     """
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
-    stranded = Run.objects.filter(
+    stranded = list(Run.objects.filter(
         Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
-    ).values_list("pk", "lease_expires_at", "crash_streak")
+    ).order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak"))
+    # A run with no lease whose wake-up the broker still holds is waiting its
+    # turn, not lost: sending it again would only lengthen the queue.
+    waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, _ in stranded) else set()
     reenqueued = 0
     for run_id, lease_expired_at, crash_streak in stranded:
+        if reenqueued >= settings.TOLLGATE["SWEEP_MAX_RESENDS"]:
+            break
+        if lease_expired_at is None and waiting_turn is not None and run_id in waiting_turn:
+            continue
         with transaction.atomic():
             # Break the dead lease and restart the grace period, so the next
             # pass does not send the same run again while it sits in a
