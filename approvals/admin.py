@@ -6,11 +6,11 @@ and the requester rule, resolves the tool call and resumes the run.
 """
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Decision, Interrupt, InterruptKind
 from approvals.services import decide_interrupt
+from runs.errors import TollgateError
 from runs.admin import ReadOnlyAdminMixin
 
 
@@ -65,12 +65,9 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 self.message_user(
                     request, f"Item {interrupt.pk} was not {decision}: it is {status}.", level=messages.WARNING
                 )
-            except PermissionDenied:
-                self.message_user(
-                    request, f"Item {interrupt.pk} was not {decision}: you may not decide it.", level=messages.ERROR
-                )
-            except ValueError as exc:
-                self.message_user(request, f"Item {interrupt.pk} was not {decision}: {exc}", level=messages.ERROR)
+            except TollgateError as exc:
+                self.message_user(request, f"Item {interrupt.pk} was not {decision}: {exc.message}",
+                                  level=messages.ERROR)
             else:
                 done += 1
         if done:

@@ -8,11 +8,11 @@ call it. Text in a model's output never reaches this module.
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
+from runs.errors import Forbidden, InvalidInput
 from runs.models import Run, RunStatus, WaitingReason
 from runs.services import actor_for, append_event, transition_run
 from runs.wakeups import wake_on_commit
@@ -88,15 +88,15 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     """A person settles an unknown outcome: the call ``succeeded`` (with ``result``) or failed.
 
     ``evidence`` (required) says what the person checked. The run resumes
-    from the same point. Raises ``PermissionDenied``, ``TransitionNotAllowed``
-    (item not pending) and ``ValueError`` (no evidence, wrong kind).
+    from the same point. Raises ``Forbidden``, ``TransitionNotAllowed``
+    (item not pending) and ``InvalidInput`` (no evidence, wrong kind).
     """
     if interrupt.kind != InterruptKind.RECONCILIATION:
-        raise ValueError("Only reconciliation items can be reconciled.")
+        raise InvalidInput("Only reconciliation items can be reconciled.")
     if not (evidence or "").strip():
-        raise ValueError("Say what you checked: evidence is required.")
+        raise InvalidInput.for_fields({"evidence": "Say what you checked: evidence is required."})
     if not can_decide(user, interrupt):
-        raise PermissionDenied("You may not reconcile this item.")
+        raise Forbidden("You may not reconcile this item.")
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
@@ -150,16 +150,16 @@ def decide_interrupt(
 
     The tool call becomes ``ready`` (with ``edited_arguments`` if given)
     or ``rejected``; once no item of the run is pending, the run resumes
-    and a worker is woken. Raises ``PermissionDenied`` (403),
+    and a worker is woken. Raises ``Forbidden`` (403),
     ``TransitionNotAllowed`` when the item is no longer pending (409) and
-    ``ValueError`` for edited arguments that break the tool's schema.
+    ``InvalidInput`` for edited arguments that break the tool's schema.
     """
     if decision not in (Decision.APPROVED, Decision.REJECTED):
-        raise ValueError(f"Unknown decision {decision!r}.")
+        raise InvalidInput(f"Unknown decision {decision!r}.")
     if interrupt.kind != InterruptKind.APPROVAL:
-        raise ValueError(f"A {interrupt.kind} item is not approved or rejected.")
+        raise InvalidInput(f"A {interrupt.kind} item is not approved or rejected.")
     if not can_decide(user, interrupt):
-        raise PermissionDenied("You may not decide this item.")
+        raise Forbidden("You may not decide this item.")
     actor = actor_for(user)
     with transaction.atomic():
         # Lock the run first: the worker takes the same lock before it puts

@@ -19,6 +19,7 @@ from approvals import selectors
 from approvals.forms import DecisionForm, ReconcileForm
 from approvals.models import InterruptKind, InterruptStatus
 from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
+from runs.errors import InvalidInput
 from runs.selectors import run_tool_calls, session_messages
 from runs.views import conflict
 from tools.registry import get_tool
@@ -66,8 +67,10 @@ def interrupt_detail(request, interrupt_id: int):
                                         + (f" ({item.decision} by {item.resolved_by})" if item.resolved_by else "")
                                         + "; nothing was changed.",
                                 back_url=reverse("run-detail", args=[item.run_id]))
-            except ValueError as exc:
-                form.add_error("edited_arguments" if "edited_arguments" in form.fields else None, str(exc))
+            except InvalidInput as exc:
+                field = "edited_arguments" if "edited_arguments" in form.fields else None
+                for name, messages in (exc.details or {field: [exc.message]}).items():
+                    form.add_error(name if name in form.fields else field, messages)
             else:
                 return redirect("run-detail", run_id=item.run_id)
         status = 400

@@ -1,12 +1,16 @@
 """REST API error mapping shared by every app.
 
+* ``runs.errors.TollgateError`` (what services raise) -> its
+  ``http_status``: ``InvalidInput`` 400 (messages by field, or
+  ``{"detail", "code"}``), ``Forbidden`` 403, ``Conflict`` 409 (e.g.
+  ``session_busy`` naming the ``active_run``);
 * ``TransitionNotAllowed`` / ``ConcurrentTransition`` -> 409 with the
   object's current status;
-* ``django.core.exceptions.PermissionDenied`` -> 403;
-* ``django.core.exceptions.ValidationError`` and ``ValueError`` raised by
-  services -> 400;
-* ``runs.engine.lifecycle.SessionBusy`` -> 409 naming the active run;
+* ``django.core.exceptions.PermissionDenied`` -> 403 and Django's
+  ``ValidationError`` (its validators) -> 400;
 * ``RequestDataTooBig`` (body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``) -> 413.
+
+Anything else, a bare ``ValueError`` included, is a bug: a 500.
 
 Also the request-side helpers every API view shares: ``StrictSerializer``
 (unknown fields are a 400), ``BoundedLimitOffsetPagination`` and
@@ -22,7 +26,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from runs.engine.lifecycle import SessionBusy
+from runs.errors import InvalidInput, TollgateError
 
 
 def _conflict(exc) -> dict:
@@ -35,13 +39,20 @@ def _conflict(exc) -> dict:
     return {"detail": f"Not allowed: this {name} is {obj.status}.", "code": "illegal_transition", "status": obj.status}
 
 
+def _error_body(exc: TollgateError) -> dict:
+    """The body for a service error: messages by field for ``InvalidInput`` about fields, else
+    ``{"detail", "code", **details}``."""
+    if isinstance(exc, InvalidInput) and exc.details:
+        return exc.details
+    return {"detail": exc.message, "code": exc.code, **exc.details}
+
+
 def exception_handler(exc, context):
     """DRF exception handler: service exceptions to HTTP answers (see module doc)."""
     if isinstance(exc, (TransitionNotAllowed, ConcurrentTransition)):
         return Response(_conflict(exc), status=status.HTTP_409_CONFLICT)
-    if isinstance(exc, SessionBusy):
-        return Response({"detail": str(exc), "code": "session_busy", "active_run": exc.active_run.pk},
-                        status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, TollgateError):
+        return Response(_error_body(exc), status=exc.http_status)
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response({"detail": f"Request body too large: the limit is {limit} bytes.", "code": "too_large"},
@@ -49,8 +60,6 @@ def exception_handler(exc, context):
     if isinstance(exc, ValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
         return Response(detail, status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, ValueError):
-        return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     return drf_exception_handler(exc, context)
 
 

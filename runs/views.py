@@ -5,7 +5,7 @@ Views are thin: load through ``runs.selectors``, check visibility, call
 """
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -17,7 +17,8 @@ from runs import selectors
 from runs.forms import StartRunForm
 from runs.live import run_snapshot
 from runs.services import actor_for
-from runs.engine.lifecycle import SessionBusy, cancel_run, start_run
+from runs.engine.lifecycle import cancel_run, start_run
+from runs.errors import InvalidInput, TollgateError
 
 
 def _visible_run_or_404(request, run_id: int):
@@ -88,11 +89,10 @@ def run_start(request):
     if request.method == "POST" and form.is_valid():
         try:
             run = start_run(agent=form.cleaned_data["agent"], user=request.user, input=form.cleaned_data["input"])
-        except ValidationError as exc:
-            for field, messages in getattr(exc, "message_dict", {"__all__": exc.messages}).items():
+        except TollgateError as exc:
+            for field, messages in (exc.details if isinstance(exc, InvalidInput) and exc.details
+                                    else {None: [exc.message]}).items():
                 form.add_error(field if field in form.fields else None, messages)
-        except SessionBusy as exc:
-            form.add_error(None, str(exc))
         else:
             return redirect("run-detail", run_id=run.pk)
     status = 400 if request.method == "POST" else 200

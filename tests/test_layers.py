@@ -48,6 +48,7 @@ LAYERS = {
     "runs.providers.base": 0,
     "config.strict_json": 0,
     "runs.masking": 0,
+    "runs.errors": 0,
 }
 SURFACE = 5
 NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}
@@ -132,3 +133,21 @@ def test_every_layer_names_modules_that_exist():
     for prefix in LAYERS:
         path = ROOT / Path(*prefix.split("."))
         assert path.with_suffix(".py").exists() or path.is_dir(), prefix
+
+
+def test_services_raise_only_the_error_family_on_purpose():
+    """A service that means "bad input" or "not allowed" says so with ``runs.errors``; a bare ValueError is a bug."""
+    services = ["runs/engine/lifecycle.py", "runs/engine/agents.py", "approvals/services.py", "tools/services.py"]
+    offenders = []
+    for path in services:
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
+                if name in ("ValueError", "ValidationError", "PermissionDenied"):
+                    offenders.append(f"{path}:{node.lineno} raises {name}")
+    # tools/services raises ValueError once, inside a try that turns it into an unknown/failed call.
+    assert offenders == ["tools/services.py:%d raises ValueError" % _line_of("tools/services.py", "contains a NUL")]
+
+
+def _line_of(path: str, text: str) -> int:
+    return next(i for i, line in enumerate((ROOT / path).read_text().splitlines(), 1) if text in line)

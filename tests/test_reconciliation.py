@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
+from runs.errors import InvalidInput
 from runs.models import RunStatus, WaitingReason
 from runs.engine.recovery import sweep
 from runs.engine.lifecycle import start_run
@@ -117,7 +118,7 @@ def test_unknown_outcome_without_hook_waits_for_a_person_then_resumes(demo, work
 
     with pytest.raises(PermissionDenied):
         reconcile_interrupt(interrupt=item, user=demo["requester"], succeeded=True, evidence="trust me")
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidInput):
         reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True, evidence="  ")
     reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True, result={"transfer": "T-1"},
                         evidence="bank statement, line 42")

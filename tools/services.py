@@ -20,6 +20,7 @@ from django.db import DataError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from runs.errors import InvalidInput
 from runs.failpoints import failpoint
 from runs.model_output import UnsafeArguments, parse_arguments
 from runs.services import append_event, append_message
@@ -396,19 +397,19 @@ def settle_joined_calls(run) -> list[ToolCall]:
 def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str) -> ToolCall:
     """Approved by a person: ``awaiting_approval -> ready``, with edited arguments if given.
 
-    Raises ``ValueError`` when edited arguments break the tool's schema or
+    Raises ``InvalidInput`` when edited arguments break the tool's schema or
     its precondition (checked again: the approver must not get around it).
     """
     if arguments is not None:
         tool = get_tool(tool_call.name)
         problems = tool.schema_errors(arguments)
         if problems:
-            raise ValueError("Edited arguments do not match the schema: " + "; ".join(problems))
+            raise InvalidInput("Edited arguments do not match the schema: " + "; ".join(problems))
         denial = tool.precondition and tool.precondition(
             ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments
         )
         if denial:
-            raise ValueError(f"Edited arguments are not allowed: {denial}")
+            raise InvalidInput(f"Edited arguments are not allowed: {denial}")
     return _transition(tool_call, "make_ready", actor=actor, reason="approved", arguments=arguments)
 
 

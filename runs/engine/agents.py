@@ -1,7 +1,7 @@
 """Agent definitions: create an agent after checking every part of its config.
 
 The REST API and any other surface that defines agents call
-``create_agent``; it raises Django's ``ValidationError`` (a dict keyed by
+``create_agent``; it raises ``runs.errors.InvalidInput`` (messages keyed by
 field) for anything a run would later trip over: an unknown tool, provider
 or completion check, or a malformed approval rule.
 
@@ -17,6 +17,7 @@ from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
 
 from runs.engine import completion
+from runs.errors import InvalidInput
 from runs.models import Agent
 from runs.providers.base import ConfigError
 from runs.providers.http_config import config_problems
@@ -157,7 +158,7 @@ def create_agent(
     ``user`` is who creates it: if they hold ``LOOSEN_PERMISSION``, a
     non-empty ``approval_policy`` replaces the tools' rules and they are
     recorded as its grantor; otherwise (and with no user) it can only add
-    approvals. Raises ``ValidationError`` naming each bad field.
+    approvals. Raises ``InvalidInput`` (``details``: messages by field) naming each bad field.
     """
     budgets = {"max_model_calls": max_model_calls, "max_total_tokens": max_total_tokens,
                "max_cost_usd": max_cost_usd, "deadline_s": deadline_s}
@@ -182,7 +183,7 @@ def create_agent(
     errors.update(config_errors(model=model, tools=tools, approval_policy=approval_policy,
                                 completion_check=completion_check, may_loosen=may_loosen))
     if errors:
-        raise ValidationError(errors)
+        raise InvalidInput.for_fields(errors)
 
     try:
         with transaction.atomic():
@@ -193,4 +194,4 @@ def create_agent(
                 approval_policy_granted_by=user if may_loosen and approval_policy else None,
             )
     except IntegrityError:
-        raise ValidationError({"slug": [f"An agent with slug {slug!r} already exists."]}) from None
+        raise InvalidInput.for_fields({"slug": [f"An agent with slug {slug!r} already exists."]}) from None

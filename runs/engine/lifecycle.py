@@ -5,23 +5,15 @@ API views, inbox views, admin actions, the loop and the sweeper call these;
 """
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.services import cancel_pending_interrupts, request_reconciliation
+from runs.errors import InvalidInput, SessionBusy
 from runs.models import ACTIVE_STATUSES, BUSY_STATUSES, Agent, Message, MultitaskStrategy, Run, RunStatus, Session
 from runs.services import actor_for, append_event, append_message, transition_run
 from runs.wakeups import wake_on_commit
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
-
-
-class SessionBusy(Exception):
-    """The session already has an active run (HTTP 409)."""
-
-    def __init__(self, active_run: Run):
-        super().__init__(f"Session {active_run.session_id} already has an active run ({active_run.pk}).")
-        self.active_run = active_run
 
 
 def start_run(
@@ -43,23 +35,23 @@ def start_run(
     enqueued), ``interrupt`` (the active runs
     are cancelled, then a new run), ``reject`` (``SessionBusy``, 409).
     With an ``idempotency_key`` already used by this user, the earlier run
-    is returned. Raises ``ValidationError`` for empty or oversized input, a
+    is returned. Raises ``InvalidInput`` for empty or oversized input, a
     session of another user or agent, or an unknown strategy.
     """
     input = (input or "").strip()
     limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
     if not input:
-        raise ValidationError({"input": "Input must not be empty."})
+        raise InvalidInput.for_fields({"input": "Input must not be empty."})
     if len(input) > limit:
-        raise ValidationError({"input": f"Input is {len(input)} characters; the limit is {limit}."})
+        raise InvalidInput.for_fields({"input": f"Input is {len(input)} characters; the limit is {limit}."})
     if multitask_strategy not in MultitaskStrategy.values:
-        raise ValidationError({"multitask_strategy": f"Must be one of: {', '.join(MultitaskStrategy.values)}."})
+        raise InvalidInput.for_fields({"multitask_strategy": f"Must be one of: {', '.join(MultitaskStrategy.values)}."})
     if idempotency_key:
         earlier = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).first()
         if earlier:
             return earlier
     if session is not None and (session.owner_id != user.pk or session.agent_id != agent.pk):
-        raise ValidationError({"session": "That session belongs to another user or agent."})
+        raise InvalidInput.for_fields({"session": "That session belongs to another user or agent."})
 
     actor = actor_for(user)
     try:

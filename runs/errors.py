@@ -1,0 +1,61 @@
+"""The one family of errors services raise on purpose, and what each means to a caller.
+
+Every error carries a stable ``code`` (for programs), an ``http_status``,
+a ``message`` (for people) and ``details`` (a dict: e.g. messages by field,
+or the id of the run in the way). The API maps them in one place
+(``config.api.exception_handler``); pages show the message; anything else
+a service lets escape (a bare ``ValueError``, say) is a bug and a 500.
+"""
+
+from django.core.exceptions import PermissionDenied
+
+
+class TollgateError(Exception):
+    """Base class: ``code``, ``http_status``, ``message``, ``details``."""
+
+    code = "error"
+    http_status = 400
+
+    def __init__(self, message: str, *, details: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+
+class InvalidInput(TollgateError):
+    """The request cannot be carried out as given (400). ``details``: ``{field: [messages]}`` when a field is at fault."""
+
+    code = "invalid"
+    http_status = 400
+
+    @classmethod
+    def for_fields(cls, errors: dict) -> "InvalidInput":
+        """One error for several fields: ``{field: message or [messages]}``; the message is the first of them."""
+        fields = {field: [m] if isinstance(m, str) else list(m) for field, m in errors.items()}
+        first = next(iter(fields.values()))[0] if fields else "Invalid input."
+        return cls(first, details=fields)
+
+
+class Forbidden(TollgateError, PermissionDenied):
+    """The user may not do this (403); also Django's ``PermissionDenied``, so pages answer 403 as well."""
+
+    code = "permission_denied"
+    http_status = 403
+
+
+class Conflict(TollgateError):
+    """The object's state does not allow it now (409)."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class SessionBusy(Conflict):
+    """The session already has an active run (409); ``active_run`` is that run."""
+
+    code = "session_busy"
+
+    def __init__(self, active_run):
+        super().__init__(f"Session {active_run.session_id} already has an active run ({active_run.pk}).",
+                         details={"active_run": active_run.pk})
+        self.active_run = active_run
