@@ -19,7 +19,7 @@ from rest_framework.permissions import DjangoModelPermissions, IsAdminUser, IsAu
 from rest_framework.response import Response
 
 from runs.engine.agents import create_agent
-from runs.models import Agent, MultitaskStrategy, Run
+from runs.models import Agent, Run
 from runs.selectors import run_can_cancel, user_sees_all_runs
 from runs.serializers import (
     AgentCreateSerializer,
@@ -31,7 +31,7 @@ from runs.serializers import (
     ToolCallSerializer,
 )
 from runs.services import actor_for
-from runs.engine.lifecycle import cancel_run, start_run
+from runs.engine.lifecycle import cancel_run, submit_input
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = Run._meta.get_field("idempotency_key").max_length
@@ -107,7 +107,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                    422: OpenApiResponse(description="The Idempotency-Key was used for a different request.")},
     )
     def create(self, request):
-        """Start a run through ``start_run``, honouring an ``Idempotency-Key`` header."""
+        """Start a run (or supplement one) through ``submit_input``; 201 created, 200 supplemented, 422 key reused."""
         body = RunCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         key = request.headers.get(IDEMPOTENCY_HEADER) or None
@@ -116,18 +116,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                                        f"{IDEMPOTENCY_KEY_MAX_LENGTH} characters."},
                             status=status.HTTP_400_BAD_REQUEST)
         data = body.validated_data
-        strategy = data["multitask_strategy"]
-        run = start_run(agent=data["agent"], user=request.user, input=data["input"],
-                        session=data.get("session"), idempotency_key=key, multitask_strategy=strategy)
-        if run.input != data["input"].strip():
-            if strategy == MultitaskStrategy.SUPPLEMENT and not (key and run.idempotency_key == key):
-                return Response(self.get_serializer(run).data, status=status.HTTP_200_OK)  # added to the busy run
-            return Response({"detail": f"This {IDEMPOTENCY_HEADER} was already used for a different request.",
-                             "run": run.pk}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
-        if run.agent_id != data["agent"].pk:
-            return Response({"detail": f"This {IDEMPOTENCY_HEADER} was already used for a different request.",
-                             "run": run.pk}, status=status.HTTP_422_UNPROCESSABLE_ENTITY)
-        return Response(self.get_serializer(run).data, status=status.HTTP_201_CREATED)
+        submitted = submit_input(agent=data["agent"], user=request.user, input=data["input"],
+                                 session=data.get("session"), idempotency_key=key,
+                                 multitask_strategy=data["multitask_strategy"])
+        code = status.HTTP_200_OK if submitted.outcome == "supplemented" else status.HTTP_201_CREATED
+        return Response(self.get_serializer(submitted.run).data, status=code)
 
     @extend_schema(summary="The run's events, in order", responses={200: RunEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=EventCursorPagination)

@@ -50,6 +50,16 @@ class Conflict(TollgateError):
     http_status = 409
 
 
+class IdempotencyKeyReused(TollgateError):
+    """An ``Idempotency-Key`` this user already sent with a different request (422); ``details``: its ``run``."""
+
+    code = "idempotency_key_reused"
+    http_status = 422
+
+    def __init__(self, run_id: int):
+        super().__init__("This Idempotency-Key was already used for a different request.", details={"run": run_id})
+
+
 class SessionBusy(Conflict):
     """The session already has an active run (409); ``active_run`` is that run."""
 

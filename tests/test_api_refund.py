@@ -126,3 +126,25 @@ def test_idempotency_key_reused_for_a_different_request_is_refused(demo, api, re
 
     assert response.status_code == 422
     assert Run.objects.count() == 1
+    assert response.json()["code"] == "idempotency_key_reused"
+    assert response.json()["run"] == Run.objects.get().pk
+
+
+def test_a_supplement_sent_twice_with_one_key_is_added_once(demo, api, refund_agent):
+    from runs.models import Message
+
+    requester = api(demo["requester"])
+    first = start_run(requester, refund_agent)
+    Run.objects.filter(pk=first["id"]).update(status="running")  # the session's run is busy
+    body = {"agent": refund_agent, "input": "Also, it was a gift.", "session": first["session"],
+            "multitask_strategy": "supplement"}
+
+    answers = [requester.post("/api/runs/", body, format="json", headers={"Idempotency-Key": "ps-1"})
+               for _ in range(2)]
+
+    assert [a.status_code for a in answers] == [200, 200]
+    assert {a.json()["id"] for a in answers} == {first["id"]}
+    assert Message.objects.filter(run_id=first["id"], content="Also, it was a gift.").count() == 1
+    other = requester.post("/api/runs/", {**body, "input": "Something else"}, format="json",
+                           headers={"Idempotency-Key": "ps-1"})
+    assert (other.status_code, other.json()["code"]) == (422, "idempotency_key_reused")

@@ -4,19 +4,65 @@ API views, inbox views, admin actions, the loop and the sweeper call these;
 ``end_run`` is the one path by which any run ends (docs/design.md#how-a-run-ends).
 """
 
+import hashlib
+import json
+from dataclasses import dataclass
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.services import cancel_pending_interrupts, request_reconciliation
-from runs.errors import InvalidInput, SessionBusy
-from runs.models import ACTIVE_STATUSES, BUSY_STATUSES, Agent, Message, MultitaskStrategy, Run, RunStatus, Session
+from runs.errors import IdempotencyKeyReused, InvalidInput, SessionBusy
+from runs.models import (
+    ACTIVE_STATUSES,
+    BUSY_STATUSES,
+    Agent,
+    Message,
+    MultitaskStrategy,
+    Run,
+    RunEvent,
+    RunStatus,
+    Session,
+)
 from runs.services import actor_for, append_event, append_message, transition_run
 from runs.wakeups import wake_on_commit
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 
 
-def start_run(
+@dataclass(frozen=True)
+class Submitted:
+    """What ``submit_input`` did: ``outcome`` is ``created`` (a new run) or ``supplemented`` (added to
+    the busy ``run``); ``replayed`` is True when an ``Idempotency-Key`` named an earlier identical request."""
+
+    run: Run
+    outcome: str
+    replayed: bool = False
+
+
+def _fingerprint(agent: Agent, session: Session | None, input: str, strategy: str) -> str:
+    """What makes two requests with one idempotency key the same request (sha256 hex)."""
+    raw = json.dumps([agent.pk, session.pk if session else None, input, strategy])
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _replay(user, idempotency_key: str, fingerprint: str, agent: Agent, input: str) -> Submitted | None:
+    """The earlier request made with ``idempotency_key``, if any; raises ``IdempotencyKeyReused`` if it differed."""
+    earlier = RunEvent.objects.filter(run__requested_by=user, type__in=["transition", "input"],
+                                      payload__idempotency_key=idempotency_key).select_related("run").first()
+    if earlier is not None:
+        if earlier.payload.get("request") != fingerprint:
+            raise IdempotencyKeyReused(earlier.run_id)
+        return Submitted(earlier.run, "supplemented" if earlier.type == "input" else "created", replayed=True)
+    run = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).first()
+    if run is None:
+        return None
+    if (run.agent_id, run.input) != (agent.pk, input):  # a run keyed before requests were fingerprinted
+        raise IdempotencyKeyReused(run.pk)
+    return Submitted(run, "created", replayed=True)
+
+
+def submit_input(
     *,
     agent: Agent,
     user,
@@ -24,19 +70,20 @@ def start_run(
     session: Session | None = None,
     idempotency_key: str | None = None,
     multitask_strategy: str = MultitaskStrategy.ENQUEUE,
-) -> Run:
-    """Start a run for ``user``'s ``input`` (queued; a worker is woken), or add the input to one.
+) -> Submitted:
+    """Start a run for ``user``'s ``input`` (queued; a worker is woken), or add the input to one; say which.
 
     A new session is opened when ``session`` is None. When the session
     already has an active run, ``multitask_strategy`` decides (docs/design.md#multitask):
     ``enqueue`` (default: a new run that starts once the session is free),
     ``supplement`` (the input joins the busy run's conversation before its
     next model call and that run is returned; with no busy run it is
-    enqueued), ``interrupt`` (the active runs
-    are cancelled, then a new run), ``reject`` (``SessionBusy``, 409).
-    With an ``idempotency_key`` already used by this user, the earlier run
-    is returned. Raises ``InvalidInput`` for empty or oversized input, a
-    session of another user or agent, or an unknown strategy.
+    enqueued), ``interrupt`` (the active runs are cancelled, then a new
+    run), ``reject`` (``SessionBusy``, 409). With an ``idempotency_key``
+    this user already sent, the earlier result is returned (``replayed``)
+    if the request was the same, else ``IdempotencyKeyReused`` (422) is
+    raised. Raises ``InvalidInput`` for empty or oversized input, a session
+    of another user or agent, or an unknown strategy.
     """
     input = (input or "").strip()
     limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
@@ -46,28 +93,31 @@ def start_run(
         raise InvalidInput.for_fields({"input": f"Input is {len(input)} characters; the limit is {limit}."})
     if multitask_strategy not in MultitaskStrategy.values:
         raise InvalidInput.for_fields({"multitask_strategy": f"Must be one of: {', '.join(MultitaskStrategy.values)}."})
-    if idempotency_key:
-        earlier = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).first()
-        if earlier:
-            return earlier
+    fingerprint = _fingerprint(agent, session, input, multitask_strategy)
+    if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
+        return earlier
     if session is not None and (session.owner_id != user.pk or session.agent_id != agent.pk):
         raise InvalidInput.for_fields({"session": "That session belongs to another user or agent."})
 
     actor = actor_for(user)
+    request = {"request": fingerprint, "idempotency_key": idempotency_key} if idempotency_key else {}
     try:
         with transaction.atomic():
             if session is None:
                 session = Session.objects.create(owner=user, agent=agent, title=input[:200])
             else:
                 Session.objects.select_for_update().get(pk=session.pk)  # one new input at a time per session
+                if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
+                    return earlier  # the same request, sent twice at once
                 active = list(Run.objects.filter(session=session, status__in=ACTIVE_STATUSES).order_by("id"))
                 busy = next((r for r in active if r.status in BUSY_STATUSES), None)
                 if active and multitask_strategy == MultitaskStrategy.REJECT:
                     raise SessionBusy(busy or active[0])
                 if busy and multitask_strategy == MultitaskStrategy.SUPPLEMENT:
                     append_message(busy, role="user", content=input)
-                    append_event(busy, type="input", actor=actor, reason="supplemented", payload={"chars": len(input)})
-                    return busy
+                    append_event(busy, type="input", actor=actor, reason="supplemented",
+                                 payload={"chars": len(input), **request})
+                    return Submitted(busy, "supplemented")
                 if multitask_strategy == MultitaskStrategy.INTERRUPT:
                     for other in active:
                         cancel_run(run=other, actor=actor, reason="interrupted by a new input")
@@ -75,13 +125,18 @@ def start_run(
                 session=session, agent=agent, requested_by=user, input=input, idempotency_key=idempotency_key
             )
             append_event(run, type="transition", actor=actor, reason="created", to_status=run.status,
-                         payload={"multitask_strategy": multitask_strategy})
+                         payload={"multitask_strategy": multitask_strategy, **request})
             wake_on_commit(run.pk)
     except IntegrityError:
-        if idempotency_key:
-            return Run.objects.get(requested_by=user, idempotency_key=idempotency_key)
+        if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
+            return earlier  # another request with this key won the race
         raise
-    return run
+    return Submitted(run, "created")
+
+
+def start_run(**kwargs) -> Run:
+    """``submit_input(**kwargs).run``: for callers that only need the run."""
+    return submit_input(**kwargs).run
 
 
 def begin_run(run: Run, *, actor: str) -> bool:
