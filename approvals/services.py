@@ -16,7 +16,7 @@ from runs.errors import Forbidden, InvalidInput
 from runs.models import Run, RunStatus, WaitingReason
 from runs.services import actor_for, append_event, transition_run
 from runs.wakeups import wake_on_commit
-from tools.registry import get_tool
+from tools.registry import Tool, get_tool
 from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
 
 
@@ -66,12 +66,14 @@ def request_reconciliation(*, tool_call) -> Interrupt:
     """Open a pending reconciliation item for an ``unknown`` call (no hook could settle it).
 
     Returns the existing pending item if there is one. It does not expire:
-    only a person who checked the external system can settle it.
+    only a person who checked the external system can settle it. A call of
+    a tool no longer registered gets the default permission and four eyes.
     """
     existing = tool_call.interrupts.filter(kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING).first()
     if existing:
         return existing
-    tool = get_tool(tool_call.name)
+    tool = get_tool(tool_call.name) or Tool(name=tool_call.name, description="", parameters={"type": "object"},
+                                            handler=None, side_effect=tool_call.side_effect)
     interrupt = Interrupt.objects.create(
         run=tool_call.run,
         tool_call=tool_call,
@@ -82,6 +84,18 @@ def request_reconciliation(*, tool_call) -> Interrupt:
     )
     _log(interrupt, actor="worker", reason=_requested("reconciliation", tool))
     return interrupt
+
+
+def close_reconciliation_items(*, tool_call, actor: str, reason: str) -> int:
+    """Cancel the pending reconciliation items of ``tool_call`` (its outcome was settled another way); returns how many."""
+    closed = 0
+    for interrupt in tool_call.interrupts.select_for_update().filter(kind=InterruptKind.RECONCILIATION,
+                                                                   status=InterruptStatus.PENDING):
+        interrupt.cancel(now=timezone.now())
+        interrupt.save()
+        _log(interrupt, actor=actor, reason=reason, from_status=InterruptStatus.PENDING)
+        closed += 1
+    return closed
 
 
 def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence: str, result=None) -> Interrupt:

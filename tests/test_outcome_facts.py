@@ -152,3 +152,25 @@ def test_the_outcome_reason_is_in_the_live_update_and_the_run_page(worker, demo,
     assert "not achieved" in verdict and "denied" in verdict
     listing = client.get("/runs/").content.decode()
     assert "at most 20.00 can be refunded" in listing
+
+
+def test_a_refund_on_another_order_does_not_make_up_for_a_refused_one(worker, demo, api):
+    admin, requester = api(demo["admin"]), api(demo["requester"])
+    agent = default_agent(admin, "other-order", [
+        {"tool_calls": [refund(105, 500)]}, {"tool_calls": [refund(123, 30)]}, {"content": "Both done."}])
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    run = get_run(requester, run["id"])
+    assert (run["status"], run["outcome"]) == ("completed", "not_achieved")
+    assert "denied" in run["outcome_reason"]
+
+
+def test_a_call_of_a_tool_the_agent_does_not_have_is_ignored_like_an_invented_one(worker, demo, api):
+    admin, requester = api(demo["admin"]), api(demo["requester"])
+    agent = default_agent(admin, "withheld-tool", [
+        {"tool_calls": [{"name": "cancel_order", "arguments": {"order_id": 125}}]},
+        {"tool_calls": [query(123)]}, {"content": "Looked it up."}])
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    run = get_run(requester, run["id"])
+    assert (run["status"], run["outcome"]) == ("completed", "achieved")

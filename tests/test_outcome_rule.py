@@ -79,3 +79,18 @@ def test_a_call_of_a_tool_that_does_not_exist_names_no_effect_and_is_ignored():
     invented = CallFact(id=1, tool="refund_everything", side_effect=False, status=S.INVALID, registered=False)
     assert judge_calls([invented, _fact(2, S.SUCCEEDED)]).outcome == "achieved"
     assert judge_calls([_fact(1, S.INVALID), _fact(2, S.SUCCEEDED, tool="query_order")]).outcome == "not_achieved"
+
+
+def test_only_a_success_on_the_same_target_corrects_a_failure():
+    denied = CallFact(id=1, tool="refund", side_effect=True, status=S.DENIED, target="105")
+    elsewhere = CallFact(id=2, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123")
+    same = CallFact(id=3, tool="refund", side_effect=True, status=S.SUCCEEDED, target="105")
+    assert judge_calls([denied, elsewhere]).outcome == "not_achieved"
+    assert judge_calls([denied, elsewhere, same]).outcome == "achieved"
+
+
+def test_a_replayed_result_corrects_nothing():
+    done = CallFact(id=1, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123")
+    denied = CallFact(id=2, tool="refund", side_effect=True, status=S.DENIED, target="123")
+    replay = CallFact(id=3, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123", duplicate=True)
+    assert judge_calls([done, denied, replay]).outcome == "not_achieved"

@@ -330,3 +330,109 @@ def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_gra
     run.refresh_from_db()
     assert failures == [run.pk]
     assert run.status == RunStatus.COMPLETED
+
+
+def test_a_cancel_accepted_just_before_the_run_would_wait_ends_it_instead(demo, worker, monkeypatch):
+    from runs.engine import loop
+
+    real, fired = loop.deadline_passed, []
+
+    def cancel_lands_now(run):  # between the loop's cancel check and the wait for approval
+        if not fired and run.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
+            fired.append(cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester"))
+        return real(run)
+
+    monkeypatch.setattr(loop, "deadline_passed", cancel_lands_now)
+    agent = make_agent("cancel-race", [{"tool_calls": [refund(123, 60)]}, {"content": "done"}], tools=["refund"])
+    run = start_run(agent=agent, user=demo["requester"], input="refund 60")
+    worker.drain()
+    run.refresh_from_db()
+    assert fired and run.status == RunStatus.CANCELLED
+    assert not Interrupt.objects.filter(run=run, status=InterruptStatus.PENDING).exists()
+
+
+@pytest.fixture
+def vanishing_tool():
+    """A side-effecting tool whose calls always end ``unknown``; the test removes it from the registry."""
+
+    def handler(ctx, args):
+        raise RuntimeError("connection reset")
+
+    tool = registry.register(Tool(name="vanishing", description="test tool", parameters={"type": "object"},
+                                  handler=handler, side_effect=True,
+                                  reconcile=lambda key: Reconciliation("not_found")))
+    yield tool
+    registry._TOOLS.pop(tool.name, None)
+
+
+def test_a_run_whose_unknown_call_belongs_to_a_removed_tool_can_still_be_cancelled(demo, worker, api,
+                                                                                   vanishing_tool):
+    agent = make_agent("vanished", [{"tool_calls": [{"name": "vanishing", "arguments": {}}]}, {"content": "x"}],
+                       tools=["vanishing"])
+    run = start_run(agent=agent, user=demo["requester"], input="go")
+    worker.drain()
+    registry._TOOLS.pop("vanishing")  # removed in a deploy
+
+    response = api(demo["requester"]).post(f"/api/runs/{run.pk}/cancel/", {}, format="json")
+    assert response.status_code == 200
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert run.status == RunStatus.CANCELLED and call.status == S.UNKNOWN
+    assert Interrupt.objects.filter(tool_call=call, kind=InterruptKind.RECONCILIATION,
+                                    status=InterruptStatus.PENDING).exists()
+
+
+def test_a_persons_item_is_closed_when_the_sweeper_settles_its_call(demo, worker, payment_gateway, monkeypatch,
+                                                                    settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 1}
+    visible = []
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(
+        registry.get_tool("refund"), timeout_s=0.5,
+        reconcile=lambda key: gateway.lookup(key) if visible else Reconciliation("not_found")))
+    payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
+    agent = make_agent("item-closed", [{"tool_calls": [refund(123, 30)]}, {"content": "ok"}], tools=["refund"])
+    run = start_run(agent=agent, user=demo["requester"], input="refund 30")
+    worker.drain()
+    item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION)
+    cancel_run(run=run, actor="user:requester")
+    visible.append(True)  # the gateway's record shows up
+
+    assert sweep()["reconciled"] == 1
+    item.refresh_from_db()
+    assert ToolCall.objects.get(run=run).status == S.SUCCEEDED
+    assert item.status == InterruptStatus.CANCELLED
+
+
+def test_a_waiting_run_does_not_outlive_its_deadline(demo, worker):
+    agent = make_agent("deadline-wait", [{"tool_calls": [refund(123, 60)]}, {"content": "done"}], tools=["refund"])
+    agent.deadline_s = 60
+    agent.save()
+    run = start_run(agent=agent, user=demo["requester"], input="refund 60")
+    worker.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+
+    sweep(now=timezone.now() + timedelta(seconds=61))
+    run.refresh_from_db()
+    assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
+    assert ToolCall.objects.get(run=run).status == S.CANCELLED
+
+
+def test_a_repeat_waiting_on_an_original_only_a_person_can_settle_looks_less_and_less_often(
+        demo, worker, vanishing_tool):
+    agent = make_agent("waits-on-person", [{"tool_calls": [{"name": "vanishing", "arguments": {"x": 1}}]},
+                                           {"content": "x"}], tools=["vanishing"])
+    first = start_run(agent=agent, user=demo["requester"], input="go")
+    worker.drain()
+    cancel_run(run=first, actor="user:requester")
+    second = start_run(agent=agent, user=demo["requester"], input="again", session=first.session)
+    worker.drain()
+    waits = []
+    for _ in range(5):
+        second.refresh_from_db()
+        assert second.waiting_reason == WaitingReason.RECONCILIATION
+        went_to_wait = second.events.filter(type="transition", to_status="waiting").latest("seq").created_at
+        waits.append((second.wake_at - went_to_wait).total_seconds())
+        sweep(now=second.wake_at + timedelta(seconds=1))
+        worker.drain()
+    assert all(later > 1.5 * earlier for earlier, later in zip(waits, waits[1:])), waits

@@ -131,3 +131,43 @@ def test_the_inbox_item_says_the_action_was_proposed_again(worker, demo, api, cl
     assert "×2" in client.get("/inbox/").content.decode()
     client.force_login(demo["requester"])
     assert f"same action as #{twin.duplicate_of_id}" in client.get(f"/runs/{run['id']}/").content.decode()
+
+
+def approve_with(approver, run_id, arguments):
+    item, = pending_interrupts(approver, run_id)
+    response = approver.post(f"/api/interrupts/{item['id']}/approve/", {"arguments": arguments}, format="json")
+    assert response.status_code == 200, response.json()
+
+
+def test_after_an_edit_the_approved_arguments_are_the_action_and_are_not_asked_for_again(worker, demo, api):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "edited-identity", [
+        {"tool_calls": [REFUND_60]}, {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 40}}]},
+        {"content": "Refunded 40.00."}], completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    approve_with(approver, run["id"], {"order_id": 123, "amount": 40})
+    worker.drain()
+
+    first, second = tool_calls(requester, run["id"])
+    assert second["duplicate_of"] == first["id"] and second["status"] == "succeeded"
+    assert Interrupt.objects.filter(run_id=run["id"]).count() == 1, "the approver is not asked twice"
+    assert len(gateway_refunds()) == 1
+
+
+def test_after_an_edit_the_proposed_arguments_are_a_new_action_that_needs_a_person(worker, demo, api):
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "edited-then-original", [
+        {"tool_calls": [REFUND_60]}, {"content": "Refunded 40.00."}, {"tool_calls": [REFUND_60]}, {"content": "ok"}],
+        completion_check="default")
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    approve_with(approver, run["id"], {"order_id": 123, "amount": 40})
+    worker.drain()
+    response = requester.post("/api/runs/", {"agent": agent["slug"], "input": "I need 60 refunded on 123.",
+                                             "session": run["session"]}, format="json")
+    worker.drain()
+
+    call, = tool_calls(requester, response.json()["id"])
+    assert call["duplicate_of"] is None and call["status"] == "awaiting_approval"
+    assert len(pending_interrupts(approver, response.json()["id"])) == 1

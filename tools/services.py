@@ -66,12 +66,12 @@ def _transition(tool_call: ToolCall, name: str, *, actor: str, reason: str = "",
     return tool_call
 
 
-def _canonical(value):
+def canonical_value(value):
     """``value`` with every number written one way (``80``, ``80.0`` and ``8E+1`` alike)."""
     if isinstance(value, dict):
-        return {key: _canonical(item) for key, item in value.items()}
+        return {key: canonical_value(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_canonical(item) for item in value]
+        return [canonical_value(item) for item in value]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return format(Decimal(str(value)).normalize(), "f")
     return value
@@ -82,7 +82,7 @@ def _digest(*parts: str) -> str:
 
 
 def _canonical_json(arguments: dict) -> str:
-    return json.dumps(_canonical(arguments), sort_keys=True, separators=(",", ":"), default=str)
+    return json.dumps(canonical_value(arguments), sort_keys=True, separators=(",", ":"), default=str)
 
 
 def action_identity(session_id: int, name: str, arguments: dict) -> str:
@@ -238,7 +238,7 @@ def _scope_key(run, tool: Tool, clause: Cumulative, arguments: dict) -> str | No
         target = arguments.get(tool.target_key)
         if target is None or isinstance(target, (dict, list)):
             return None
-        scope = "target:" + json.dumps(_canonical(target))
+        scope = "target:" + json.dumps(canonical_value(target))
     key = f"{tool.name}/{scope}"
     return key if len(key) <= 100 else hashlib.sha256(key.encode()).hexdigest()
 
@@ -410,6 +410,8 @@ def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str
         )
         if denial:
             raise InvalidInput(f"Edited arguments are not allowed: {denial}")
+        if tool_call.action_key:  # the action is now what the person approved, not what was proposed
+            tool_call.action_key = action_identity(tool_call.run.session_id, tool_call.name, arguments)
     return _transition(tool_call, "make_ready", actor=actor, reason="approved", arguments=arguments)
 
 
@@ -444,6 +446,11 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     or raised something unexpected: never retried blindly).
     """
     tool = get_tool(tool_call.name)
+    if tool is None:  # removed from the registry since it was proposed: it cannot be sent (again)
+        error = f"The tool {tool_call.name!r} is no longer available."
+        if tool_call.attempts and tool_call.side_effect:  # an earlier attempt may have taken effect
+            return _transition(tool_call, "mark_unknown", actor=actor, error=error)
+        return _transition(tool_call, "deny", actor=actor, reason="tool no longer registered", error=error)
     # The world may have changed since the proposal (or the approval). A
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it.
@@ -531,11 +538,11 @@ def recover_orphaned_call(tool_call: ToolCall, *, actor: str) -> ToolCall:
     becomes ``unknown`` (reconciliation), like any other side-effecting call.
     """
     tool = get_tool(tool_call.name)
-    resendable = not tool.side_effect or tool.idempotent
+    resendable = tool is not None and (not tool.side_effect or tool.idempotent)
     if resendable and tool_call.attempts < tool.max_attempts:
         return _transition(tool_call, "requeue", actor=actor, reason="retrying after a worker crash",
                            error="The worker running this call stopped; sending it again.")
-    if not tool.side_effect:
+    if not tool_call.side_effect:
         return _transition(tool_call, "fail", actor=actor, reason="worker crashed during every attempt",
                            error=f"The worker stopped during each of {tool_call.attempts} attempts.",
                            now=timezone.now())

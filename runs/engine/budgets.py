@@ -76,12 +76,12 @@ def exhausted_budget(run: Run) -> tuple[str, str] | None:
     return deadline_passed(run)
 
 
-def deadline_passed(run: Run) -> tuple[str, str] | None:
-    """``("deadline_exceeded", message)`` once ``agent.deadline_s`` seconds have passed since the start."""
+def deadline_passed(run: Run, *, now=None) -> tuple[str, str] | None:
+    """``("deadline_exceeded", message)`` once ``agent.deadline_s`` seconds have passed since the start (at ``now``)."""
     agent = run.agent
     if agent.deadline_s is not None and run.started_at is not None:
         deadline = run.started_at + timedelta(seconds=agent.deadline_s)
-        if timezone.now() >= deadline:
+        if (now or timezone.now()) >= deadline:
             return FailureType.DEADLINE_EXCEEDED, (
                 f"Deadline deadline_s ({agent.deadline_s}s) exceeded: the run started at "
                 f"{run.started_at.isoformat()}.")

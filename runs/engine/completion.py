@@ -18,9 +18,15 @@ The floor's rule, over the calls in the order they were proposed:
 * a call that ended without its effect -- ``invalid``, ``denied``,
   ``rejected``, ``expired``, ``cancelled`` or ``failed`` (which includes an
   unknown outcome settled as "did not happen") -- is *unresolved* unless a
-  later call of the same tool succeeded (the model corrected itself);
-  a call of a tool that does not exist is ignored (it names no effect, and
-  the model was told so); any unresolved call -> **not_achieved**, with a reason naming the first
+  later call of the same tool **on the same target** succeeded with an
+  effect of its own (the model corrected itself). The target is the value
+  of the tool's ``target_key`` argument (e.g. the refund's ``order_id``);
+  for a tool without one, or an ``invalid`` call (its arguments cannot be
+  trusted to name a target), any later success of the tool counts. A re-proposal answered with
+  an earlier result (``duplicate_of``) is no new success and corrects
+  nothing;
+* a call of a tool the agent does not have is ignored (it names no effect,
+  and the model was told so); any unresolved call -> **not_achieved**, with a reason naming the first
   one ("refund #14 rejected: A person rejected this call. Comment: ...");
   read-only and side-effecting calls are judged alike;
 * otherwise -> **achieved**.
@@ -31,13 +37,15 @@ A domain check keeps priority, with one limit: it may not call a run
 stands. The model's final text never enters any of this.
 """
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from runs.models import Outcome
 from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import NO_EFFECT_STATUSES, PENDING_STATUSES
-from tools.registry import get_tool
+from tools.registry import tools_for_agent
+from tools.services import canonical_value
 
 S = ToolCallStatus
 MAX_REASON_CHARS = 500
@@ -73,7 +81,9 @@ def incomplete(reason: str) -> Verdict:
 class CallFact:
     """What the floor knows of one tool call: ``id`` (proposal order), tool, side effect, status, error.
 
-    ``registered``: whether ``tool`` names a registered tool (False for a model's invented name).
+    ``registered``: whether ``tool`` is one the agent has (False for an invented or withheld name);
+    ``target``: the canonical value of the tool's ``target_key`` argument ("" if none);
+    ``duplicate``: whether the call was answered with an earlier call's result.
     """
 
     id: int
@@ -82,6 +92,8 @@ class CallFact:
     status: str
     error: str = ""
     registered: bool = True
+    target: str = ""
+    duplicate: bool = False
 
 
 def _describe(fact: CallFact) -> str:
@@ -104,11 +116,8 @@ def judge_calls(facts: Iterable[CallFact]) -> Verdict:
     if pending:
         listed = ", ".join(f"{fact.tool} #{fact.id} ({fact.status})" for fact in pending)
         return incomplete(_clip(f"{len(pending)} tool call(s) have not finished: {listed}."))
-    unresolved = [
-        fact for index, fact in enumerate(facts)
-        if fact.status in NO_EFFECT_STATUSES
-        and not any(later.tool == fact.tool and later.status == S.SUCCEEDED for later in facts[index + 1:])
-    ]
+    unresolved = [fact for index, fact in enumerate(facts)
+                  if fact.status in NO_EFFECT_STATUSES and not _corrected(fact, facts[index + 1:])]
     if unresolved:
         others = f" (and {len(unresolved) - 1} more)" if len(unresolved) > 1 else ""
         return not_achieved(_clip(_describe(unresolved[0]) + others))
@@ -121,10 +130,30 @@ def judge_calls(facts: Iterable[CallFact]) -> Verdict:
     return achieved(f"{len(succeeded)} read-only tool call(s) succeeded")
 
 
+def _corrected(failed: CallFact, later: list[CallFact]) -> bool:
+    """Whether a later call of the same tool made up for ``failed`` (see the module doc)."""
+    return any(
+        call.tool == failed.tool and call.status == S.SUCCEEDED and not call.duplicate
+        and (not failed.target or failed.status == S.INVALID or call.target == failed.target)
+        for call in later
+    )
+
+
 def call_facts(run) -> list[CallFact]:
     """The ``CallFact`` of every tool call of ``run`` (one query)."""
-    rows = ToolCall.objects.filter(run=run).order_by("id").values_list("id", "name", "side_effect", "status", "error")
-    return [CallFact(*row, registered=get_tool(row[1]) is not None) for row in rows]
+    offered = {tool.name: tool for tool in tools_for_agent(run.agent)}
+    rows = ToolCall.objects.filter(run=run).order_by("id").values_list(
+        "id", "name", "side_effect", "status", "error", "arguments", "duplicate_of_id")
+    return [CallFact(pk, name, side_effect, status, error, registered=name in offered,
+                     target=_target(offered.get(name), arguments), duplicate=original is not None)
+            for pk, name, side_effect, status, error, arguments, original in rows]
+
+
+def _target(tool, arguments) -> str:
+    key = getattr(tool, "target_key", "") or ""
+    if not key or not isinstance(arguments, dict) or key not in arguments:
+        return ""
+    return json.dumps(canonical_value(arguments[key]), sort_keys=True, default=str)
 
 
 _CHECKS: dict[str, Callable] = {}

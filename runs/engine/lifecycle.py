@@ -114,10 +114,14 @@ def submit_input(
                 if active and multitask_strategy == MultitaskStrategy.REJECT:
                     raise SessionBusy(busy or active[0])
                 if busy and multitask_strategy == MultitaskStrategy.SUPPLEMENT:
-                    append_message(busy, role="user", content=input)
-                    append_event(busy, type="input", actor=actor, reason="supplemented",
-                                 payload={"chars": len(input), **request})
-                    return Submitted(busy, "supplemented")
+                    # Under the run's lock (end_run takes it too): a run that is ending or
+                    # asked to cancel gets no input it will never read; a new run takes it.
+                    busy = Run.objects.select_for_update().get(pk=busy.pk)
+                    if busy.status in BUSY_STATUSES and busy.cancel_requested_at is None:
+                        append_message(busy, role="user", content=input)
+                        append_event(busy, type="input", actor=actor, reason="supplemented",
+                                     payload={"chars": len(input), **request})
+                        return Submitted(busy, "supplemented")
                 if multitask_strategy == MultitaskStrategy.INTERRUPT:
                     for other in active:
                         cancel_run(run=other, actor=actor, reason="interrupted by a new input")
@@ -183,6 +187,7 @@ def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:
     terminal run.
     """
     with transaction.atomic():
+        list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
         cancel_pending_interrupts(run=run, actor=actor)
         effects = settle_calls_at_run_end(run=run, actor=actor)
         for call in unknown_calls_for_a_person(run):

@@ -64,6 +64,8 @@ ACTOR = "worker"
 S = ToolCallStatus
 # Steps one actor invocation takes before handing the run back to the queue.
 SLICE_STEPS = 50
+# Longest pause (seconds) between two looks at an original pending in another run.
+MAX_ORIGINAL_POLL_S = 3600
 
 
 def advance(run_id: int) -> Run | None:
@@ -149,8 +151,8 @@ def _execute(run: Run, call: ToolCall) -> bool:
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
         time.sleep(delay)
         return True
-    transition_run(run, "wait", actor=ACTOR, reason=f"retrying {call.name} in {delay:.1f}s",
-                   waiting_reason=WaitingReason.RETRY_BACKOFF, wake_at=timezone.now() + timedelta(seconds=delay))
+    _wait(run, reason=f"retrying {call.name} in {delay:.1f}s", waiting_reason=WaitingReason.RETRY_BACKOFF,
+          wake_at=timezone.now() + timedelta(seconds=delay))
     return False
 
 
@@ -165,21 +167,39 @@ def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
         for call in people:
             request_reconciliation(tool_call=call)
         wake_at = timezone.now() + timedelta(seconds=min(reconcile_delay(c) for c in later)) if later else None
-        transition_run(run, "wait", actor=ACTOR, reason="a tool call's outcome is unknown",
-                       waiting_reason=WaitingReason.RECONCILIATION, wake_at=wake_at)
+        _wait(run, reason="a tool call's outcome is unknown", waiting_reason=WaitingReason.RECONCILIATION,
+              wake_at=wake_at)
     return False
 
 
 def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
     """Re-proposed actions wait for an original still pending in another run (being reconciled).
 
-    The run waits ``reconciliation`` and looks again after ``RECONCILE_BACKOFF_S``.
+    The run waits ``reconciliation`` and looks again after ``RECONCILE_BACKOFF_S``,
+    doubling with every look (at most ``MAX_ORIGINAL_POLL_S``), so an original
+    that only a person can settle costs a look an hour, not one a second.
     """
     originals = ", ".join(f"#{call.duplicate_of_id}" for call in joined)
-    wake_at = timezone.now() + timedelta(seconds=settings.TOLLGATE["RECONCILE_BACKOFF_S"])
-    transition_run(run, "wait", actor=ACTOR, reason=f"same action as {originals}, whose outcome is not settled yet",
-                   waiting_reason=WaitingReason.RECONCILIATION, wake_at=wake_at)
+    reason = f"same action as {originals}, whose outcome is not settled yet"
+    looks = run.events.filter(type="transition", reason=reason).count()
+    delay = min(settings.TOLLGATE["RECONCILE_BACKOFF_S"] * 2 ** looks, MAX_ORIGINAL_POLL_S)
+    _wait(run, reason=reason, waiting_reason=WaitingReason.RECONCILIATION,
+          wake_at=timezone.now() + timedelta(seconds=delay))
     return False
+
+
+def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
+    """Put the run to wait, unless a cancel was accepted meanwhile: then it ends ``cancelled`` instead.
+
+    Holds the run's row lock, as ``cancel_run`` does, so a cancel cannot
+    slip in between the check and the wait and be left for nobody.
+    """
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.cancel_requested_at is not None:
+            _end(run, "cancel", reason="cancelled at a safe point (before waiting)")
+            return
+        transition_run(run, "wait", actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
 
 
 def _wait_for_approval(run: Run) -> bool:
@@ -188,8 +208,7 @@ def _wait_for_approval(run: Run) -> bool:
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if not locked.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
             return False
-        transition_run(locked, "wait", actor=ACTOR, reason="a tool call needs approval",
-                       waiting_reason=WaitingReason.APPROVAL)
+        _wait(locked, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
     return True
 
 

@@ -22,7 +22,13 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from approvals.services import expire_interrupt, overdue_interrupts, request_reconciliation
+from approvals.services import (
+    close_reconciliation_items,
+    expire_interrupt,
+    overdue_interrupts,
+    request_reconciliation,
+)
+from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
@@ -91,10 +97,34 @@ def reconcile_after_run_end(*, now) -> int:
             ToolCall.objects.filter(pk=call.pk).update(reconcile_after=next_try)
             continue
         ToolCall.objects.filter(pk=call.pk).update(reconcile_after=None)
-        if verdict == "person":
-            with transaction.atomic():
+        with transaction.atomic():
+            if verdict == "person":
                 request_reconciliation(tool_call=call)
+            else:  # settled by the hook: a person's item for it has nothing left to decide
+                close_reconciliation_items(tool_call=call, actor="sweeper", reason="settled automatically")
     return asked
+
+
+def fail_waiting_runs_past_deadline(*, now) -> int:
+    """Fail waiting runs whose agent's ``deadline_s`` has passed (``deadline_exceeded``); returns how many.
+
+    A waiting run reaches no safe point of the loop, so the sweeper keeps
+    the deadline for it: a run may wait for a person, but not past its deadline.
+    """
+    failed = 0
+    waiting = Run.objects.filter(status=RunStatus.WAITING, agent__deadline_s__isnull=False, started_at__isnull=False)
+    for run in waiting.select_related("agent"):
+        passed = deadline_passed(run, now=now)
+        if passed is None:
+            continue
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().select_related("agent").get(pk=run.pk)
+            if locked.status != RunStatus.WAITING:
+                continue
+            failure_type, error = passed
+            end_run(locked, "fail", actor="sweeper", reason=error, failure_type=failure_type, error=error)
+        failed += 1
+    return failed
 
 
 def expire_overdue_approvals(*, now) -> int:
@@ -170,7 +200,7 @@ def sweep(*, now=None) -> dict:
             wake_on_commit(locked.pk)
         woken += 1
 
-    expired = expire_overdue_approvals(now=now)
+    expired = expire_overdue_approvals(now=now) + fail_waiting_runs_past_deadline(now=now)
     reconciled = reconcile_after_run_end(now=now)
     if reenqueued or woken or expired or reconciled:
         log.info("sweep: reenqueued=%s woken=%s expired=%s reconciled=%s", reenqueued, woken, expired, reconciled)
