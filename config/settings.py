@@ -278,7 +278,7 @@ TOLLGATE = {
     # A run whose worker died is sent back after a random delay of up to
     # CRASH_BACKOFF_S * 2**crash_streak seconds, so the runs of one dead
     # worker do not land together on the next one.
-    "CRASH_BACKOFF_S": env.float("TOLLGATE_CRASH_BACKOFF_S", default=1.0),
+    "CRASH_BACKOFF_S": env.float("TOLLGATE_CRASH_BACKOFF_S", default=2.0),
     # Model calls per run when the agent sets no max_model_calls, so that
     # no configuration can bill without end.
     "DEFAULT_MAX_MODEL_CALLS": env.int("TOLLGATE_DEFAULT_MAX_MODEL_CALLS", default=50),

@@ -59,18 +59,29 @@ def _run_id(data: bytes) -> int | None:
 
 
 def _encoded_messages(broker) -> list[bytes] | None:
-    """Every message the broker still holds for the advance queue (waiting, delayed or unacknowledged)."""
+    """Every message of the advance queue (and its delay queue) that no consumer has fetched yet.
+
+    Fetched ones are left out on purpose: a consumer that died holds its
+    fetched messages until the broker's own maintenance returns them, so
+    such a message is no sign that the run will be advanced.
+    """
     names = [ADVANCE_QUEUE, dq_name(ADVANCE_QUEUE)]
     if isinstance(broker, RedisBroker):
-        # The Redis broker keeps a message in "<ns>:<queue>.msgs" from enqueue until it is acknowledged.
-        return [data for name in names for data in broker.client.hvals(f"{broker.namespace}:{name}.msgs")]
+        # Redis broker layout: "<ns>:<queue>" lists the ids not fetched yet; "<ns>:<queue>.msgs" maps id -> data.
+        found = []
+        for name in names:
+            ids = broker.client.lrange(f"{broker.namespace}:{name}", 0, -1)
+            for start in range(0, len(ids), 1000):
+                found += [data for data in broker.client.hmget(f"{broker.namespace}:{name}.msgs",
+                                                               ids[start:start + 1000]) if data]
+        return found
     if isinstance(broker, StubBroker):
         return [data for name in names if name in broker.queues for data in list(broker.queues[name].queue)]
     return None
 
 
 def runs_with_pending_wakeups() -> set[int] | None:
-    """Ids of runs whose wake-up is still held by the broker; None when this broker cannot be asked.
+    """Ids of runs whose wake-up waits in the broker, not yet fetched; None when this broker cannot be asked.
 
     Reads the whole advance queue once (O(backlog)): the sweeper calls it
     once per pass, so a run that merely waits its turn behind a long queue

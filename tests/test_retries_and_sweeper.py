@@ -145,3 +145,20 @@ def test_the_sweeper_sends_back_at_most_its_limit_per_pass(demo, idle_worker, se
     long_after = timezone.now() + timedelta(hours=1)
     assert sweep(now=long_after)["reenqueued"] == 2
     assert sweep(now=long_after + timedelta(hours=1))["reenqueued"] == 1  # the third, on the next pass
+
+
+def test_a_wake_up_held_by_a_dead_consumer_does_not_count_as_waiting(demo, idle_worker):
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = dramatiq.get_broker()
+    if not isinstance(broker, RedisBroker):
+        pytest.skip("only the Redis broker hands messages to consumers in other processes")
+    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    consumer = broker.consume("default", prefetch=10, timeout=500)
+    assert next(consumer) is not None  # fetched by a worker that then dies without acknowledging it
+    try:
+        assert sweep(now=timezone.now() + timedelta(hours=1))["reenqueued"] == 1
+    finally:
+        consumer.close()
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
