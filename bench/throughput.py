@@ -11,7 +11,7 @@ bench/chaos.py): the harness migrates that database, loads the demo users,
 starts the demo payment gateway, an API server (Daphne, as in production),
 ``--workers`` ``manage.py rundramatiq`` process groups of ``--threads``
 threads and one sweeper, creates one order and one scripted agent per run,
-then starts the runs (``runs.services.start_run``, in this process, all in
+then starts the runs (``runs.engine.lifecycle.start_run``, in this process, all in
 a row). An approver thread watches the database for new approval items and
 approves each one through the REST API (``POST
 /api/interrupts/<id>/approve/``, token auth, real HTTP) as soon as it
@@ -335,7 +335,7 @@ def run_tollgate(args, database: Database) -> dict:
     from rest_framework.authtoken.models import Token
 
     from runs.models import TERMINAL_STATUSES, Run
-    from runs.services import start_run
+    from runs.engine.lifecycle import start_run
 
     gateway_port, api_port = urlparse(os.environ["GATEWAY_URL"]).port, free_port()
     log_dir = Path(tempfile.mkdtemp(prefix="tollgate-throughput-"))
