@@ -276,8 +276,8 @@ def audit(run_ids: list[int], gateway_url: str) -> dict:
                                       for r in runs.filter(status__in=["completed", "failed", "cancelled"]))),
         "runs_waiting": dict(Counter(runs.filter(status="waiting").values_list("waiting_reason", flat=True))),
         "lost_runs": runs.filter(status__in=["queued", "running"]).count() + (len(run_ids) - runs.count()),
-        # Runs that died next to a run whose step kills its worker, often enough in a row to
-        # be taken for the culprit (crash deaths are not attributed yet; see docs/design.md).
+        # Runs that died next to a run whose step kills its worker and were taken for the
+        # culprit (the sweeper blames the run whose work started last; see docs/design.md).
         "bystanders_crash_loop": runs.filter(status="failed", failure_type="crash_loop").count(),
         "runs_not_completed_otherwise": runs.exclude(status="completed").exclude(
             status="failed", failure_type="crash_loop").count(),

@@ -275,6 +275,9 @@ TOLLGATE = {
     # Workers that may die in a row on the same step (a model call or a
     # tool call in flight) before the run fails with failure_type=crash_loop.
     "MAX_CRASHES_PER_STEP": env.int("TOLLGATE_MAX_CRASHES_PER_STEP", default=3),
+    # Deaths in a row with work in flight, whoever was blamed, that end a
+    # run all the same (a bound for a culprit that is never singled out).
+    "MAX_LOSSES_PER_STEP": env.int("TOLLGATE_MAX_LOSSES_PER_STEP", default=10),
     # A run whose worker died is sent back after a random delay of up to
     # CRASH_BACKOFF_S * 2**crash_streak seconds, so the runs of one dead
     # worker do not land together on the next one.

@@ -171,6 +171,11 @@ class Run(FSMModel):
         default=0, help_text="Times a worker died holding this run with a step or tool call in flight.")
     crash_streak = models.PositiveIntegerField(
         default=0, help_text="Such deaths since the run last made progress; TOLLGATE['MAX_CRASHES_PER_STEP'] ends it.")
+    loss_streak = models.PositiveIntegerField(
+        default=0, help_text="Deaths with work in flight since the last progress, blamed on this run or not; "
+                             "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it.")
+    death_accounted = models.BooleanField(
+        default=False, help_text="The sweeper already counted the last death (and decided whom to blame).")
 
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_token = models.PositiveBigIntegerField(default=0, help_text="Fencing token; grows with every acquisition.")

@@ -436,3 +436,26 @@ def test_a_repeat_waiting_on_an_original_only_a_person_can_settle_looks_less_and
         sweep(now=second.wake_at + timedelta(seconds=1))
         worker.drain()
     assert all(later > 1.5 * earlier for earlier, later in zip(waits, waits[1:])), waits
+
+
+def test_the_sweeper_blames_the_run_whose_work_started_last_in_a_dead_worker(demo):
+    from runs.models import Step
+
+    agent = make_agent("dead-worker", [{"content": "x"}], tools=["query_order"])
+    long_ago = timezone.now() - timedelta(minutes=5)
+    runs = []
+    for started in (long_ago, long_ago + timedelta(seconds=30)):
+        run = start_run(agent=agent, user=demo["requester"], input="x", session=None)
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, lease_owner="worker-that-died",
+                                             lease_expires_at=timezone.now() - timedelta(seconds=1))
+        step = Step.objects.create(run=run, index=0)
+        Step.objects.filter(pk=step.pk).update(started_at=started)
+        runs.append(run)
+    bystander, culprit = runs
+
+    sweep()
+    for run in runs:
+        run.refresh_from_db()
+    assert (culprit.crash_streak, culprit.loss_streak, culprit.lost_leases) == (1, 1, 1)
+    assert (bystander.crash_streak, bystander.loss_streak, bystander.lost_leases) == (0, 1, 1)
+    assert culprit.death_accounted and bystander.death_accounted

@@ -143,8 +143,8 @@ def _execute(run: Run, call: ToolCall) -> bool:
     """Execute one ready call; after a retryable failure, back off (inline or by waiting)."""
     failpoint("tool_call_ready", call.name)
     call = execute_tool_call(call, actor=ACTOR)
-    if run.crash_streak:  # the call got through an attempt: the crash streak is over
-        Run.objects.filter(pk=run.pk).update(crash_streak=0)
+    if run.crash_streak or run.loss_streak:  # the call got through an attempt: the streaks are over
+        Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0)
     if call.status != S.READY:
         return True
     delay = retry_delay(call)
@@ -271,6 +271,7 @@ def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> b
         )
         Run.objects.filter(pk=run.pk).update(
             crash_streak=0,
+            loss_streak=0,
             model_calls=F("model_calls") + 1,
             input_tokens=F("input_tokens") + response.input_tokens,
             output_tokens=F("output_tokens") + response.output_tokens,

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
 from django.utils import timezone
 
 from approvals.services import (
@@ -43,30 +43,39 @@ log = logging.getLogger(__name__)
 def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     """Clean up what the run's previous lease holder left in flight (see module doc).
 
-    A takeover that finds work in flight means a worker died on it: the
-    run's ``lost_leases`` and ``crash_streak`` grow by one (the streak is
-    reset whenever a model call or a tool attempt gets through). Returns
-    ``"crash_loop"`` once the streak reaches ``TOLLGATE["MAX_CRASHES_PER_STEP"]``
-    (the caller ends the run; a side-effecting call in flight is then
-    handed to reconciliation), else None.
+    A takeover that finds work in flight means a worker died on it. When
+    the sweeper broke the dead lease it already counted the death and
+    decided whom to blame (``attribute_deaths``); otherwise the run is
+    blamed here: ``lost_leases``, ``loss_streak`` and ``crash_streak`` grow
+    by one (both streaks reset whenever a model call or a tool attempt gets
+    through). Returns ``"crash_loop"`` once ``crash_streak`` reaches
+    ``TOLLGATE["MAX_CRASHES_PER_STEP"]`` or ``loss_streak`` reaches
+    ``TOLLGATE["MAX_LOSSES_PER_STEP"]`` (the caller ends the run; a
+    side-effecting call in flight is then handed to reconciliation), else None.
     """
     steps = list(run.steps.filter(status=Step.Status.STARTED))
     calls = list(run.tool_calls.filter(status=ToolCallStatus.RUNNING))
     if not steps and not calls:
         return None
     with transaction.atomic():
-        fenced(Run.objects.filter(pk=run.pk), run.pk).update(
-            lost_leases=F("lost_leases") + 1, crash_streak=F("crash_streak") + 1)
-        run.refresh_from_db(fields=["lost_leases", "crash_streak"])
+        counters = fenced(Run.objects.filter(pk=run.pk), run.pk)
+        if run.death_accounted:
+            counters.update(death_accounted=False)
+        else:
+            counters.update(lost_leases=F("lost_leases") + 1, loss_streak=F("loss_streak") + 1,
+                            crash_streak=F("crash_streak") + 1)
+        run.refresh_from_db(fields=["lost_leases", "crash_streak", "loss_streak", "death_accounted"])
         append_event(run, type="recovery", actor=actor, reason="took over from a worker that died",
                      payload={"lost_leases": run.lost_leases, "crash_streak": run.crash_streak,
+                              "loss_streak": run.loss_streak,
                               "steps": [step.pk for step in steps], "tool_calls": [call.pk for call in calls]})
     for step in steps:
         with transaction.atomic():
             append_event(run, type="model_call", actor=actor, reason="discarded after a worker crash",
                          payload={"step": step.pk})
             Step.objects.filter(pk=step.pk).update(status=Step.Status.DISCARDED, finished_at=timezone.now())
-    if run.crash_streak >= settings.TOLLGATE["MAX_CRASHES_PER_STEP"]:
+    limits = settings.TOLLGATE
+    if run.crash_streak >= limits["MAX_CRASHES_PER_STEP"] or run.loss_streak >= limits["MAX_LOSSES_PER_STEP"]:
         return "crash_loop"  # the call stays running: ending the run hands it to reconciliation
     for call in calls:
         recover_orphaned_call(call, actor=actor)
@@ -147,6 +156,33 @@ def expire_overdue_approvals(*, now) -> int:
     return count
 
 
+def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
+    """Who is to blame for each worker death: ``{run id: blamed}`` for runs that died with work in flight.
+
+    ``dead`` is ``(run id, lease owner)`` of runs whose lease expired. The
+    runs one worker held died together; the one whose in-flight step or
+    tool call started last is blamed (a step that kills its worker does so
+    soon after it starts), the others are bystanders: their deaths count
+    towards ``MAX_LOSSES_PER_STEP`` only. A run that died alone is blamed.
+    """
+    by_owner: dict[str, list[int]] = {}
+    for run_id, owner in dead:
+        by_owner.setdefault(owner, []).append(run_id)
+    blame: dict[int, bool] = {}
+    for run_ids in by_owner.values():
+        started = {}
+        for model in (Step.objects.filter(status=Step.Status.STARTED),
+                      ToolCall.objects.filter(status=ToolCallStatus.RUNNING)):
+            for run_id, latest in model.filter(run_id__in=run_ids).values("run_id").annotate(
+                    latest=Max("started_at")).values_list("run_id", "latest"):
+                if latest is not None and (run_id not in started or latest > started[run_id]):
+                    started[run_id] = latest
+        if started:
+            last = max(started.values())
+            blame.update({run_id: at == last for run_id, at in started.items()})
+    return blame
+
+
 def _restart_delay_ms(crash_streak: int) -> int:
     """Milliseconds to hold back a run whose worker died: full jitter on ``CRASH_BACKOFF_S * 2**streak``.
 
@@ -170,12 +206,13 @@ def sweep(*, now=None) -> dict:
     stranded = list(Run.objects.filter(
         Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
-    ).order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak"))
+    ).order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
+    blame = attribute_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None])
     # A run with no lease whose wake-up the broker still holds is waiting its
     # turn, not lost: sending it again would only lengthen the queue.
-    waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, _ in stranded) else set()
+    waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, _, _ in stranded) else set()
     reenqueued = 0
-    for run_id, lease_expired_at, crash_streak in stranded:
+    for run_id, lease_expired_at, crash_streak, _ in stranded:
         if reenqueued >= settings.TOLLGATE["SWEEP_MAX_RESENDS"]:
             break
         if lease_expired_at is None and waiting_turn is not None and run_id in waiting_turn:
@@ -184,9 +221,13 @@ def sweep(*, now=None) -> dict:
             # Break the dead lease and restart the grace period, so the next
             # pass does not send the same run again while it sits in a
             # backlog. The fencing token still stops the old holder.
+            death = {}
+            if run_id in blame:  # it died with work in flight: count it here, blamed or not
+                death = {"lost_leases": F("lost_leases") + 1, "loss_streak": F("loss_streak") + 1,
+                         "crash_streak": F("crash_streak") + int(blame[run_id]), "death_accounted": True}
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
-            ).update(lease_owner="", lease_expires_at=None, updated_at=now):
+            ).update(lease_owner="", lease_expires_at=None, updated_at=now, **death):
                 wake_on_commit(run_id, delay_ms=_restart_delay_ms(crash_streak) if lease_expired_at else None)
                 reenqueued += 1
 
