@@ -35,6 +35,7 @@ from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
 from runs.services import append_event, transition_run
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
+from tools.registry import get_tool
 from tools.services import reconcile_delay, reconcile_unknown_call, recover_orphaned_call
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,10 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     by one (both streaks reset whenever a model call or a tool attempt gets
     through). Returns ``"crash_loop"`` once ``crash_streak`` reaches
     ``TOLLGATE["MAX_CRASHES_PER_STEP"]`` or ``loss_streak`` reaches
-    ``TOLLGATE["MAX_LOSSES_PER_STEP"]`` (the caller ends the run; a
-    side-effecting call in flight is then handed to reconciliation), else None.
+    ``TOLLGATE["MAX_LOSSES_PER_STEP"]``, or when a call in flight died on
+    its last allowed attempt (``max_attempts``) in a run blamed for a death
+    (the caller ends the run; a side-effecting call in flight is then handed
+    to reconciliation), else None.
     """
     steps = list(run.steps.filter(status=Step.Status.STARTED))
     calls = list(run.tool_calls.filter(status=ToolCallStatus.RUNNING))
@@ -76,6 +79,9 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
             Step.objects.filter(pk=step.pk).update(status=Step.Status.DISCARDED, finished_at=timezone.now())
     limits = settings.TOLLGATE
     if run.crash_streak >= limits["MAX_CRASHES_PER_STEP"] or run.loss_streak >= limits["MAX_LOSSES_PER_STEP"]:
+        return "crash_loop"
+    # A call whose worker died on its last allowed attempt, in a run blamed for a death: the same.
+    if run.crash_streak and any(call.attempts >= getattr(get_tool(call.name), "max_attempts", 1) for call in calls):
         return "crash_loop"  # the call stays running: ending the run hands it to reconciliation
     for call in calls:
         recover_orphaned_call(call, actor=actor)
