@@ -174,8 +174,9 @@ class Run(FSMModel):
     loss_streak = models.PositiveIntegerField(
         default=0, help_text="Deaths with work in flight since the last progress, blamed on this run or not; "
                              "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it.")
-    death_accounted = models.BooleanField(
-        default=False, help_text="The sweeper already counted the last death (and decided whom to blame).")
+    death_blame = models.CharField(
+        max_length=16, blank=True,
+        help_text="How the sweeper counted the run's last death: culprit or bystander (empty: not counted yet).")
 
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_token = models.PositiveBigIntegerField(default=0, help_text="Fencing token; grows with every acquisition.")

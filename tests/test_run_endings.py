@@ -458,4 +458,4 @@ def test_the_sweeper_blames_the_run_whose_work_started_last_in_a_dead_worker(dem
         run.refresh_from_db()
     assert (culprit.crash_streak, culprit.loss_streak, culprit.lost_leases) == (1, 1, 1)
     assert (bystander.crash_streak, bystander.loss_streak, bystander.lost_leases) == (0, 1, 1)
-    assert culprit.death_accounted and bystander.death_accounted
+    assert (culprit.death_blame, bystander.death_blame) == ("culprit", "bystander")

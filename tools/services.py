@@ -529,17 +529,20 @@ def retry_delay(tool_call: ToolCall) -> float:
     return random.uniform(0, tool.backoff_s * 2 ** max(tool_call.attempts - 1, 0))
 
 
-def recover_orphaned_call(tool_call: ToolCall, *, actor: str) -> ToolCall:
+def recover_orphaned_call(tool_call: ToolCall, *, actor: str, spare_attempts: bool = False) -> ToolCall:
     """A call found ``running`` by a worker that just took the run's lease (its caller died).
 
     Read-only and idempotent tools are sent again (``ready``, same key)
     while ``attempts < max_attempts`` -- attempts count the sends cut off by
     crashes too. Past that, a read-only call fails and a side-effecting one
     becomes ``unknown`` (reconciliation), like any other side-effecting call.
+    ``spare_attempts``: the death was another run's doing (a bystander), so
+    a resendable call is sent again whatever its attempts (the run's
+    ``loss_streak`` bounds that).
     """
     tool = get_tool(tool_call.name)
     resendable = tool is not None and (not tool.side_effect or tool.idempotent)
-    if resendable and tool_call.attempts < tool.max_attempts:
+    if resendable and (spare_attempts or tool_call.attempts < tool.max_attempts):
         return _transition(tool_call, "requeue", actor=actor, reason="retrying after a worker crash",
                            error="The worker running this call stopped; sending it again.")
     if not tool_call.side_effect:

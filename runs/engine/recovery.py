@@ -52,7 +52,7 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     through). Returns ``"crash_loop"`` once ``crash_streak`` reaches
     ``TOLLGATE["MAX_CRASHES_PER_STEP"]`` or ``loss_streak`` reaches
     ``TOLLGATE["MAX_LOSSES_PER_STEP"]``, or when a call in flight died on
-    its last allowed attempt (``max_attempts``) in a run blamed for a death
+    its last allowed attempt (``max_attempts``) in a run blamed for this death
     (the caller ends the run; a side-effecting call in flight is then handed
     to reconciliation), else None.
     """
@@ -62,12 +62,13 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
         return None
     with transaction.atomic():
         counters = fenced(Run.objects.filter(pk=run.pk), run.pk)
-        if run.death_accounted:
-            counters.update(death_accounted=False)
+        blamed = run.death_blame != "bystander"
+        if run.death_blame:
+            counters.update(death_blame="")
         else:
             counters.update(lost_leases=F("lost_leases") + 1, loss_streak=F("loss_streak") + 1,
                             crash_streak=F("crash_streak") + 1)
-        run.refresh_from_db(fields=["lost_leases", "crash_streak", "loss_streak", "death_accounted"])
+        run.refresh_from_db(fields=["lost_leases", "crash_streak", "loss_streak", "death_blame"])
         append_event(run, type="recovery", actor=actor, reason="took over from a worker that died",
                      payload={"lost_leases": run.lost_leases, "crash_streak": run.crash_streak,
                               "loss_streak": run.loss_streak,
@@ -80,11 +81,11 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     limits = settings.TOLLGATE
     if run.crash_streak >= limits["MAX_CRASHES_PER_STEP"] or run.loss_streak >= limits["MAX_LOSSES_PER_STEP"]:
         return "crash_loop"
-    # A call whose worker died on its last allowed attempt, in a run blamed for a death: the same.
-    if run.crash_streak and any(call.attempts >= getattr(get_tool(call.name), "max_attempts", 1) for call in calls):
+    # A call whose worker died on its last allowed attempt, in a run blamed for this death: the same.
+    if blamed and any(call.attempts >= getattr(get_tool(call.name), "max_attempts", 1) for call in calls):
         return "crash_loop"  # the call stays running: ending the run hands it to reconciliation
-    for call in calls:
-        recover_orphaned_call(call, actor=actor)
+    for call in calls:  # a bystander's sends cut off by a neighbour's crash do not use up its attempts
+        recover_orphaned_call(call, actor=actor, spare_attempts=not blamed)
     return None
 
 
@@ -230,7 +231,8 @@ def sweep(*, now=None) -> dict:
             death = {}
             if run_id in blame:  # it died with work in flight: count it here, blamed or not
                 death = {"lost_leases": F("lost_leases") + 1, "loss_streak": F("loss_streak") + 1,
-                         "crash_streak": F("crash_streak") + int(blame[run_id]), "death_accounted": True}
+                         "crash_streak": F("crash_streak") + int(blame[run_id]),
+                         "death_blame": "culprit" if blame[run_id] else "bystander"}
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
             ).update(lease_owner="", lease_expires_at=None, updated_at=now, **death):
