@@ -24,7 +24,9 @@ DEBUG = env.bool("DEBUG", default=False)
 # The public key below signs sessions only where DEBUG is on (a developer's
 # machine); with DEBUG off a missing or public key refuses to start.
 DEVELOPMENT_SECRET_KEY = "tollgate-insecure-development-key"
-SECRET_KEY = env.str("SECRET_KEY", default="") or (DEVELOPMENT_SECRET_KEY if DEBUG else "")
+# Read as it is: django-environ would take a key starting with "$" for a
+# reference to another variable (Django's own key generator may start one so).
+SECRET_KEY = os.environ.get("SECRET_KEY", "") or (DEVELOPMENT_SECRET_KEY if DEBUG else "")
 if not DEBUG and SECRET_KEY in ("", DEVELOPMENT_SECRET_KEY):
     raise ImproperlyConfigured(
         "SECRET_KEY must be set (a long random string) when DEBUG is off; "

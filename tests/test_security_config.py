@@ -176,7 +176,7 @@ def readme_production_environment() -> dict[str, str]:
 def test_check_deploy_is_clean_with_the_readme_production_environment():
     env = readme_production_environment()
     assert {"DEBUG", "SECRET_KEY", "SECURE_HSTS_SECONDS", "SESSION_COOKIE_SECURE", "SECURE_SSL_REDIRECT"} <= set(env)
-    env["SECRET_KEY"] = get_random_secret_key()  # the README shows a placeholder
+    env["SECRET_KEY"] = "$" + get_random_secret_key()  # the README shows a placeholder; keys may start with $
     clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")}
     result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
                             env={**clean, **env, "DJANGO_SETTINGS_MODULE": "config.settings"}, cwd=ROOT,
