@@ -56,7 +56,6 @@ from tools.services import (
     reconcile_unknown_call,
     retry_delay,
     settle_joined_calls,
-    tool_result_content,
 )
 
 log = logging.getLogger(__name__)
