@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Run bench/throughput.py against a private, throwaway PostgreSQL + Redis
-# on loopback (started and removed here, like tests/run.sh does), after
+# Run a benchmark against a private, throwaway PostgreSQL + Redis on
+# loopback (started and removed here, like tests/run.sh does), after
 # installing the bench dependencies (`pip install -e '.[bench]'`).
-# Arguments go to bench/throughput.py, e.g.
+# The first argument may name the benchmark (throughput, live, scale;
+# default throughput); the rest go to bench/<name>.py, e.g.
 #   bash bench/run.sh --runs 100 --workers 2 --threads 4 --langgraph-processes 1 2
+#   bash bench/run.sh live --clients 100
 # Needs the PostgreSQL server binaries and redis-server (tests/run.sh
 # installs them).  PostgreSQL keeps its defaults for durability (fsync and
 # synchronous commit on), and loads pg_stat_statements so queries can be
@@ -14,6 +16,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log() { printf 'bench/run.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+BENCH=throughput
+case ${1:-} in
+    throughput|live|scale) BENCH=$1; shift ;;
+esac
 
 source tests/services.sh
 [[ -n $(find_pg_bin) ]] || die "no PostgreSQL server binaries found (bash tests/run.sh installs them)"
@@ -54,7 +61,7 @@ rc=0
 env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
     BENCH_POSTGRES_PID="$PG_PID" \
-    .venv/bin/python bench/throughput.py "$@" </dev/null &
+    .venv/bin/python "bench/$BENCH.py" "$@" </dev/null &
 BENCH_PID=$!
 wait "$BENCH_PID" || rc=$?
 BENCH_PID=

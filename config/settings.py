@@ -238,7 +238,13 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env.str("CHANNELS_PREFIX", default="tollgate")},
+            "CONFIG": {
+                # redis-py's pool refuses (not waits) past max_connections, which
+                # defaults to 100: a burst of WebSocket connects would fail with 1011.
+                "hosts": [{"address": REDIS_URL,
+                           "max_connections": env.int("CHANNELS_REDIS_MAX_CONNECTIONS", default=1000)}],
+                "prefix": env.str("CHANNELS_PREFIX", default="tollgate"),
+            },
         }
     }
 else:
@@ -256,6 +262,10 @@ TOLLGATE = {
     # Seconds a worker's lease on a run lasts without a heartbeat; the
     # heartbeat renews it every third of that.
     "LEASE_TTL_S": env.float("TOLLGATE_LEASE_TTL_S", default=30.0),
+    # Live sockets re-check their user's access when told it changed (a
+    # logout, a group or permission change) and, as a backstop, before an
+    # event when their last check is older than this many seconds.
+    "LIVE_ACCESS_RECHECK_S": env.float("TOLLGATE_LIVE_ACCESS_RECHECK_S", default=60.0),
     # Seconds between two passes of the sweeper (recover_runs --loop, serve).
     "SWEEP_INTERVAL_S": env.float("TOLLGATE_SWEEP_INTERVAL_S", default=10.0),
     # A queued run with no lease older than this is re-enqueued (its

@@ -8,13 +8,20 @@
 
 Only authenticated users who may see the run (``runs.selectors``) are
 accepted; anyone else is closed before the handshake completes. Access
-is checked again before every event is forwarded, against the user as
-stored now (``current_user``): after a logout, a password change, a
-deactivation or the loss of the permission the socket is closed (code
-4403) instead. The consumers are thin: load, check, forward. They never
-change a run.
+is then kept as two facts per socket (still logged in; sees every run)
+and checked again against the user as stored now (``current_user``)
+whenever ``runs.access_signals`` says the user's access may have changed
+(a logout, a password change, a deactivation, a change of groups or
+permissions: the ``access.changed`` message to the user's group), and in
+any case before forwarding an event when the last check is older than
+``TOLLGATE["LIVE_ACCESS_RECHECK_S"]`` seconds (a backstop for changes no
+signal reports, such as a session deleted from its store). A socket
+whose access is gone is closed (code 4403). So forwarding an event costs
+no query, while revocation still takes effect before the next event.
+The consumers are thin: load, check, forward. They never change a run.
 """
 
+import time
 from importlib import import_module
 
 from channels.db import database_sync_to_async
@@ -25,7 +32,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.utils.crypto import constant_time_compare
 
 from runs import selectors
-from runs.live import RUNS_GROUP, run_group, run_snapshot
+from runs.live import RUNS_GROUP, run_group, run_snapshot, user_group
 
 ACCESS_LOST = 4403  # close code: the user may no longer see this
 
@@ -71,22 +78,70 @@ def _visible_snapshot(user, run_id: int) -> dict | None:
 
 
 @database_sync_to_async
-def _may_see_run(scope, run_id: int) -> bool:
-    return selectors.run_get_visible(user=current_user(scope), run_id=run_id) is not None
-
-
-@database_sync_to_async
-def _list_access(scope) -> tuple[bool, bool]:
-    """(still logged in, sees every run) for the socket's user as of now."""
+def _access_now(scope) -> tuple[bool, bool]:
+    """(still logged in, sees every run) for the socket's user as the database has them now."""
     user = current_user(scope)
     return user.is_authenticated, selectors.user_sees_all_runs(user=user)
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+class _LiveConsumer(AsyncJsonWebsocketConsumer):
+    """What both consumers share: the user's access group and the access facts (see module doc)."""
+
+    groups_joined: tuple[str, ...] = ()
+    logged_in = False
+    sees_all = False
+    checked_at = 0.0
+
+    async def join(self, *groups: str) -> None:
+        """Join ``groups`` and the user's access group, then accept the socket."""
+        self.groups_joined = (*groups, user_group(self.scope["user"].pk))
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs):
+        """Clients have nothing to say; incoming messages are ignored."""
+
+    async def check_access(self) -> None:
+        self.logged_in, self.sees_all = await _access_now(self.scope)
+        self.checked_at = time.monotonic()
+
+    def may_see(self, requested_by: int) -> bool:
+        """Whether the access facts let the user see a run requested by user ``requested_by``."""
+        return self.logged_in and (self.sees_all or requested_by == self.scope["user"].pk)
+
+    async def still_allowed(self, requested_by: int) -> bool:
+        """``may_see`` after a re-check when the facts are stale; closes the socket (4403) when not."""
+        if time.monotonic() - self.checked_at > settings.TOLLGATE["LIVE_ACCESS_RECHECK_S"]:
+            await self.check_access()
+        if self.may_see(requested_by):
+            return True
+        await self.close(code=ACCESS_LOST)
+        return False
+
+    async def access_changed(self, event):
+        """The user's access may have changed: a logout of this very session closes at once, else re-check."""
+        session = self.scope.get("session")
+        if event.get("ended_session") and session is not None and session.session_key == event["ended_session"]:
+            self.logged_in = False
+        else:
+            await self.check_access()
+        await self.on_access_changed()
+
+    async def on_access_changed(self) -> None:
+        """Close the socket if the user may no longer use it at all."""
+        if not self.logged_in:
+            await self.close(code=ACCESS_LOST)
+
+
+class RunConsumer(_LiveConsumer):
     """Live updates of one run (see module doc)."""
 
-    group = None
-    run_id = None
+    requested_by = None
 
     async def connect(self):
         user = self.scope.get("user")
@@ -95,62 +150,38 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if snapshot is None:
             await self.close()
             return
-        self.run_id = run_id
-        self.group = run_group(run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
+        self.requested_by = snapshot["requested_by"]
+        await self.check_access()
+        await self.join(run_group(run_id))
         await self.send_json({"type": "run.update", "run": snapshot})
 
-    async def disconnect(self, code):
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-
-    async def receive_json(self, content, **kwargs):
-        """Clients have nothing to say; incoming messages are ignored."""
-
-    async def _allowed(self) -> bool:
-        """Whether the user may still see the run; closes the socket when not."""
-        if await _may_see_run(self.scope, self.run_id):
-            return True
-        await self.close(code=ACCESS_LOST)
-        return False
+    async def on_access_changed(self) -> None:
+        if not self.may_see(self.requested_by):
+            await self.close(code=ACCESS_LOST)
 
     async def run_update(self, event):
-        if await self._allowed():
+        if await self.still_allowed(self.requested_by):
             await self.send_json({"type": "run.update", "run": event["run"]})
 
     async def run_delta(self, event):
-        if await self._allowed():
+        if await self.still_allowed(self.requested_by):
             await self.send_json({"type": "run.delta", "kind": event.get("kind"), "data": event.get("data")})
 
 
-class RunListConsumer(AsyncJsonWebsocketConsumer):
+class RunListConsumer(_LiveConsumer):
     """``run.update`` of every run the user may see (see module doc)."""
-
-    joined = False
 
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close()
             return
-        await self.channel_layer.group_add(RUNS_GROUP, self.channel_name)
-        self.joined = True
-        await self.accept()
-
-    async def disconnect(self, code):
-        if self.joined:
-            await self.channel_layer.group_discard(RUNS_GROUP, self.channel_name)
-
-    async def receive_json(self, content, **kwargs):
-        """Clients have nothing to say; incoming messages are ignored."""
+        await self.check_access()
+        await self.join(RUNS_GROUP)
 
     async def run_update(self, event):
         run = event["run"]
-        logged_in, sees_all = await _list_access(self.scope)
-        if not logged_in:
-            await self.close(code=ACCESS_LOST)
+        if not await self.still_allowed(self.scope["user"].pk):  # closes once the user is logged out
             return
-        if not sees_all and run["requested_by"] != self.scope["user"].pk:
-            return
-        await self.send_json({"type": "run.update", "run": run})
+        if self.may_see(run["requested_by"]):
+            await self.send_json({"type": "run.update", "run": run})

@@ -1,7 +1,8 @@
 """Push run changes to browsers and integrators over Channels.
 
-Groups: ``run-<id>`` (one run's page and WebSocket) and ``runs`` (the run
-list and the inbox). Messages are ``{"type": "run.update", "run": {...}}``
+Groups: ``run-<id>`` (one run's page and WebSocket), ``runs`` (the run
+list and the inbox) and ``user-<id>`` (every socket of one user, told
+``access.changed`` when that user's access may have changed). Messages are ``{"type": "run.update", "run": {...}}``
 with the fields of ``run_snapshot``, and ``{"type": "run.delta", ...}`` for
 streamed model output. Publishing never changes a run and never raises:
 a browser that misses an update catches up on its next load.
@@ -23,6 +24,11 @@ def run_group(run_id: int) -> str:
 
 
 RUNS_GROUP = "runs"
+
+
+def user_group(user_id: int) -> str:
+    """The Channels group of every live socket of user ``user_id``."""
+    return f"user-{user_id}"
 
 
 def run_snapshot(run: Run) -> dict:
@@ -62,3 +68,13 @@ def publish_run_update(run_id: int) -> None:
 def publish_delta(run_id: int, *, kind: str, data: dict) -> None:
     """Send one streaming event (``text_delta`` or ``tool_call_delta``) of run ``run_id``."""
     _send([run_group(run_id)], {"type": "run.delta", "kind": kind, "data": data})
+
+
+def publish_access_changed(user_ids, *, ended_session: str = "") -> None:
+    """Tell every socket of the users ``user_ids`` to check their access again.
+
+    ``ended_session``: the key of a session that was just logged out; its
+    sockets close without a check (the session row may not be gone yet).
+    """
+    message = {"type": "access.changed", "ended_session": ended_session}
+    _send([user_group(user_id) for user_id in user_ids], message)

@@ -115,6 +115,63 @@ def test_socket_still_streams_while_access_holds(client, demo, approval_item):
     assert message["type"] == "websocket.send" and json.loads(message["text"])["type"] == "run.update"
 
 
+def test_socket_closes_when_its_group_loses_the_permission(client, demo, approval_item):
+    client.force_login(demo["approver"])
+    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/")
+    group = Group.objects.get(name=APPROVERS_GROUP)
+    communicator.act = lambda: group.permissions.clear()
+    message = _closed_after_update(communicator, approval_item.run_id)
+    assert message == {"type": "websocket.close", "code": 4403}
+
+
+@pytest.mark.parametrize("recheck_s, closes", [(0.0, True), (3600.0, False)])
+def test_a_session_deleted_out_of_band_is_noticed_by_the_periodic_recheck(client, demo, approval_item, settings,
+                                                                          recheck_s, closes):
+    from django.contrib.sessions.models import Session
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "LIVE_ACCESS_RECHECK_S": recheck_s}
+    client.force_login(demo["requester"])
+    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/")
+    key = client.cookies["sessionid"].value
+    communicator.act = lambda: Session.objects.filter(session_key=key).delete()  # no signal reports this
+    message = _closed_after_update(communicator, approval_item.run_id)
+    if closes:
+        assert message == {"type": "websocket.close", "code": 4403}
+    else:  # within the re-check interval the socket still streams: the trade for query-free forwarding
+        assert message["type"] == "websocket.send"
+
+
+def test_forwarding_events_checks_access_only_when_told(client, demo, approval_item, monkeypatch):
+    from runs import consumers
+
+    checks = []
+    real = consumers._access_now
+
+    async def counted(scope):
+        checks.append(1)
+        return await real(scope)
+
+    monkeypatch.setattr(consumers, "_access_now", counted)
+    client.force_login(demo["requester"])
+    communicator = _socket(client, "/ws/runs/")
+
+    @async_to_sync
+    async def scenario():
+        assert (await communicator.connect())[0]
+        for _ in range(5):
+            await database_sync_to_async(publish_run_update)(approval_item.run_id)
+            assert (await communicator.receive_json_from(timeout=5))["type"] == "run.update"
+        after_updates = len(checks)
+        await database_sync_to_async(lambda: demo["requester"].groups.add(Group.objects.get(name=APPROVERS_GROUP)))()
+        await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+        return after_updates, len(checks)
+
+    after_updates, after_change = scenario()
+    assert after_updates == 1  # the check at connect; five events forwarded without one
+    assert after_change == 2  # the group change made the socket check again
+
+
 @pytest.mark.parametrize("origin, host, accepted", [
     ("http://testserver", "testserver", True),
     ("http://testserver:8000", "testserver:8000", True),
