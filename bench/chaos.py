@@ -115,7 +115,7 @@ def create_runs(count: int) -> list[int]:
 
     from runs.models import Agent
     from runs.engine.lifecycle import start_run
-    from tools.models import Order
+    from tools.demo.models import Order
 
     requester = get_user_model().objects.get(username="requester")
     stamp = int(time.time()) % 100_000 * 10_000
@@ -144,7 +144,7 @@ def create_crashing_runs(count: int) -> list[int]:
 
     from runs.models import Agent
     from runs.engine.lifecycle import start_run
-    from tools.models import Order
+    from tools.demo.models import Order
 
     if not count:
         return []

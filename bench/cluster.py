@@ -69,7 +69,7 @@ class Cluster:
                                 start_new_session=True)
 
     def start_gateway(self, port: int) -> None:
-        self.others.append(self.spawn(["-m", "tools.gateway_server", "--port", str(port),
+        self.others.append(self.spawn(["-m", "tools.demo.gateway_server", "--port", str(port),
                                        "--ledger", str(self.log_dir / "ledger.sqlite3")], "gateway"))
 
     def start_sweeper(self, env: dict | None = None) -> subprocess.Popen:

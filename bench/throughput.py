@@ -241,7 +241,7 @@ def next_order_number() -> int:
     """An order number above every existing one (and above the demo shop's)."""
     from django.db.models import Max
 
-    from tools.models import Order
+    from tools.demo.models import Order
 
     return max(Order.objects.aggregate(n=Max("number"))["n"] or 0, 1_000_000) + 1
 
@@ -254,7 +254,7 @@ def create_agents(count: int) -> list[tuple[int, object]]:
     from django.contrib.auth import get_user_model
 
     from runs.models import Agent
-    from tools.models import Order
+    from tools.demo.models import Order
 
     requester = get_user_model().objects.get(username="requester")
     base = next_order_number()
@@ -601,7 +601,7 @@ def run_langgraph(args, processes: int, database: Database, gateway_url: str, ga
     from django.contrib.auth import get_user_model
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    from tools.models import Order
+    from tools.demo.models import Order
 
     database_url = os.environ["DATABASE_URL"]
     with PostgresSaver.from_conn_string(database_url) as saver:

@@ -53,6 +53,8 @@ INSTALLED_APPS = [
     "runs",
     "tools",
     "approvals",
+    # The demo shop, a plug-in: take it out and the product runs without it.
+    "tools.demo",
 ]
 
 MIDDLEWARE = [
@@ -340,11 +342,6 @@ TOLLGATE = {
         "claude-opus-4-1": {"input_per_mtok": 15.00, "output_per_mtok": 75.00},
     },
 }
-
-# The demo payment gateway (a separate HTTP service, tools/gateway_server.py).
-GATEWAY_URL = env.str("GATEWAY_URL", default="http://127.0.0.1:8765")
-# Seconds the refund tool waits for the gateway before the call is unknown.
-GATEWAY_TIMEOUT_S = env.float("GATEWAY_TIMEOUT_S", default=5.0)
 
 LOGGING = {
     "version": 1,

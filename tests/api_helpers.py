@@ -1,7 +1,7 @@
 """Helpers shared by the REST API tests: define scripted agents, start runs, read them back."""
 
 from runs.models import Run
-from tools import gateway
+from tools.demo import gateway
 
 REFUND_CALL = {"name": "refund", "arguments": "{\"order_id\": 123, \"amount\": 80}"}
 QUERY_CALL = {"name": "query_order", "arguments": {"order_id": 123}}

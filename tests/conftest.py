@@ -1,4 +1,4 @@
-"""Shared fixtures: demo users and data, a real Dramatiq worker, API clients.
+"""Shared fixtures: users (with or without the demo data), a real Dramatiq worker, API clients.
 
 Tests run against whatever ``DATABASE_URL`` / ``REDIS_URL`` say: PostgreSQL
 and Redis in CI's production-shape pass, SQLite and the stub broker in the
@@ -6,10 +6,12 @@ embedded pass. The worker is a real ``dramatiq.Worker`` consuming the
 configured broker in this process.
 """
 
+import contextlib
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import dramatiq
 import httpx
@@ -19,8 +21,9 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from runs.engine.actors import advance_run
-from tools import gateway
-from tools.demo_data import load_demo
+from tests.fake_tools import forget_transfers
+from tools.demo import gateway
+from tools.demo.data import load_demo
 
 
 def pytest_configure(config):
@@ -70,6 +73,31 @@ def demo(transactional_db):
 
 
 @pytest.fixture
+def people(transactional_db):
+    """Users for tests about the core, without the demo data: ``{username: User}``.
+
+    ``requester`` starts runs, ``approver`` may decide inbox items
+    (``approvals.decide_interrupt``), ``admin`` is a superuser.
+    """
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    User = get_user_model()
+    users = {"requester": User.objects.create_user("requester"),
+             "approver": User.objects.create_user("approver"),
+             "admin": User.objects.create_superuser("admin")}
+    users["approver"].user_permissions.add(
+        Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    return users
+
+
+@pytest.fixture(autouse=True)
+def no_fake_transfers():
+    """Every test starts with no transfers made by the ``fake_transfer`` test tool."""
+    forget_transfers()
+
+
+@pytest.fixture
 def api():
     """``api(user)`` -> a DRF ``APIClient`` authenticated with the user's token."""
 
@@ -89,6 +117,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serving(env: dict, log_path: Path):
+    """Run ``manage.py serve`` on a free loopback port with ``env``, output to ``log_path``.
+
+    Yields the base URL once ``/accounts/login/`` answers (within 30 s,
+    else ``RuntimeError`` with the log); stops the server on exit.
+    """
+    port = free_port()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"],
+                                   cwd=Path(__file__).resolve().parent.parent, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(base + "/accounts/login/", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("manage.py serve did not come up:\n" + log_path.read_text())
+                time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class GatewayProcess:
     """The demo payment gateway running as its own process on loopback."""
 
@@ -100,7 +161,7 @@ class GatewayProcess:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tools.gateway_server", "--port", str(self.port), "--ledger", self.ledger_path],
+            [sys.executable, "-m", "tools.demo.gateway_server", "--port", str(self.port), "--ledger", self.ledger_path],
             stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
@@ -122,7 +183,7 @@ class GatewayProcess:
         self.process.wait(timeout=10)
 
     def faults(self, **faults) -> None:
-        """Set fault injection (see ``tools/gateway_server.py``)."""
+        """Set fault injection (see ``tools/demo/gateway_server.py``)."""
         httpx.post(f"{self.url}/faults", json=faults, timeout=5).raise_for_status()
 
     def ledger(self) -> dict:

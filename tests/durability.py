@@ -11,6 +11,12 @@ def make_agent(slug: str, turns: list[dict], *, tools: list[str], check: str = "
                                 tools=tools, completion_check=check)
 
 
+def lookup_agent(slug: str = "lookup") -> Agent:
+    """A scripted agent that calls the ``fake_lookup`` test tool once, then answers (tests/fake_tools.py)."""
+    return make_agent(slug, [{"tool_calls": [{"name": "fake_lookup", "arguments": {"key": "a"}}]},
+                             {"content": "Found it."}], tools=["fake_lookup"])
+
+
 def refund_turns(amount: int = 30) -> list[dict]:
     """query order 123, refund ``amount`` on it, then say so."""
     return [

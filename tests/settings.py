@@ -1,5 +1,8 @@
 """Settings for the test suite: ``config.settings`` as production has them, with a key made per run.
 
+Plus the tests' own small tools (``tests.fake_tools``), installed as a
+plug-in app beside the demo's.
+
 DEBUG stays off (the default), so tests see what users see. The key is
 put in the environment before the settings read it, so the processes a
 test starts (workers, servers, ``manage.py`` commands) inherit it.
@@ -12,3 +15,6 @@ from django.core.management.utils import get_random_secret_key
 os.environ.setdefault("SECRET_KEY", get_random_secret_key())
 
 from config.settings import *  # noqa: E402,F401,F403
+from config.settings import INSTALLED_APPS  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.fake_tools.FakeToolsConfig"]

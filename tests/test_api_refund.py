@@ -16,7 +16,7 @@ from tests.api_helpers import (
     start_run,
     tool_calls,
 )
-from tools import gateway
+from tools.demo import gateway
 
 REFUND_TURNS = [
     {"tool_calls": [QUERY_CALL]},

@@ -4,7 +4,7 @@ from django.core import mail
 
 from runs.models import Run
 from tests.api_helpers import create_agent, get_run, pending_interrupts, start_run, tool_calls
-from tools.demo_data import CONTRACT_TEXT
+from tools.demo.data import CONTRACT_TEXT
 
 LEGAL_CHECK = {"name": "legal_check", "arguments": {"text": CONTRACT_TEXT}}
 SEND_EMAIL = {"name": "send_email",

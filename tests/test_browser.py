@@ -10,20 +10,14 @@ layer. Either way the browser sees the run move live.
 """
 
 import os
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import database_url_for_subprocess, free_port
+from tests.conftest import database_url_for_subprocess, serving
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = Path(os.environ.get("TOLLGATE_SCREENSHOT", "/tmp/tollgate-run.png"))
@@ -45,32 +39,13 @@ def _use_server_password_hashes(usernames) -> None:
 def served(demo, payment_gateway, tmp_path):
     """Base URL of ``manage.py serve`` running against the test database and the test gateway."""
     _use_server_password_hashes(demo)
-    port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
            "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "serve.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"],
-                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(base + "/accounts/login/", timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("manage.py serve did not come up:\n" + log_path.read_text())
-                time.sleep(0.2)
-        yield base
+        with serving(env, log_path) as base:
+            yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         if os.environ.get("TOLLGATE_SHOW_SERVE_LOG"):
             print(log_path.read_text())
 

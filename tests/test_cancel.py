@@ -5,17 +5,18 @@ import pytest
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
 from runs.engine.actors import advance_run
-from runs.models import Agent, RunStatus
+from runs.models import RunStatus
 from runs.services import transition_run
 from runs.engine.lifecycle import cancel_run, start_run
-from tests.durability import make_agent
+from tests.durability import lookup_agent, make_agent
+from tests.fake_tools import transfers
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolTimeout
 
 
-def test_running_run_is_cancelled_at_its_next_safe_point(demo, idle_worker):
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+def test_running_run_is_cancelled_at_its_next_safe_point(people, idle_worker):
+    run = start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
     transition_run(run, "start", actor="worker")  # a worker has it
     cancel_run(run=run, actor="user:requester")
     run.refresh_from_db()
@@ -30,15 +31,18 @@ def test_running_run_is_cancelled_at_its_next_safe_point(demo, idle_worker):
     assert not run.steps.exists(), "no model call after the cancel request"
 
 
-def test_cancelling_a_waiting_run_cancels_its_approval_and_call(demo, worker, payment_gateway):
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+def test_cancelling_a_waiting_run_cancels_its_approval_and_call(people, worker):
+    agent = make_agent("transfer", [{"tool_calls": [{"name": "fake_transfer",
+                                                     "arguments": {"account": "acme", "amount": 50}}]},
+                                    {"content": "Sent."}], tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="send 50 to acme")
     worker.drain()
     cancel_run(run=run, actor="user:requester")
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
     assert Interrupt.objects.get(run=run).status == InterruptStatus.CANCELLED
-    assert ToolCall.objects.get(run=run, name="refund").status == ToolCallStatus.CANCELLED
-    assert payment_gateway.ledger()["refunds"] == []
+    assert ToolCall.objects.get(run=run, name="fake_transfer").status == ToolCallStatus.CANCELLED
+    assert transfers() == []
 
 
 @pytest.fixture
@@ -51,16 +55,16 @@ def payout(monkeypatch):
         parameters={"type": "object", "properties": {"amount": {"type": "number"}}}))
 
 
-def test_an_unknown_effect_stays_to_be_reconciled_after_the_run_is_cancelled(demo, worker, payout):
+def test_an_unknown_effect_stays_to_be_reconciled_after_the_run_is_cancelled(people, worker, payout):
     agent = make_agent("payout", [{"tool_calls": [{"name": "payout", "arguments": {"amount": 5}}]},
                                   {"content": "Paid."}], tools=["payout"])
-    run = start_run(agent=agent, user=demo["requester"], input="pay")
+    run = start_run(agent=agent, user=people["requester"], input="pay")
     worker.drain()
     cancel_run(run=run, actor="user:requester")
 
     item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION)
     assert item.status == InterruptStatus.PENDING
-    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True, result={"paid": 5},
+    reconcile_interrupt(interrupt=item, user=people["approver"], succeeded=True, result={"paid": 5},
                         evidence="bank: paid at 09:14")
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED

@@ -3,7 +3,7 @@
 Layers, top to bottom:
 
 5. surfaces and plug-ins: API, pages, admin, consumers, commands, config,
-   the demo shop;
+   the demo shop (``tools.demo``, an app of its own);
 4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
    ``runs.providers``;
 3. the approvals services: ``approvals.models``, ``approvals.services``;
@@ -16,7 +16,11 @@ Layers, top to bottom:
    shapes and errors), ``config.strict_json``.
 
 Every ``import`` counts, including those inside functions: an import
-placed in a function to dodge a cycle is still an upward import. Run
+placed in a function to dodge a cycle is still an upward import.
+
+A plug-in (``PLUGINS``) is more than a surface: nothing outside it imports
+it at all, so taking it out of ``INSTALLED_APPS`` leaves a working product
+(the settings name it in ``INSTALLED_APPS``, a string, not an import). Run
 ``python -m pytest tests/test_layers.py`` to check after moving code.
 """
 
@@ -28,6 +32,7 @@ PACKAGES = ("config", "runs", "approvals", "tools")
 
 # Longest matching prefix wins; anything in PACKAGES not listed is a surface (5).
 LAYERS = {
+    "tools.demo": 5,
     "runs.engine": 4,
     "runs.providers": 4,
     "approvals.models": 3,
@@ -51,6 +56,8 @@ LAYERS = {
     "runs.errors": 0,
 }
 SURFACE = 5
+# Installed apps the product must run without; only their own modules may import them.
+PLUGINS = ("tools.demo",)
 NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}
 
 
@@ -99,6 +106,16 @@ def upward_imports(source: str, module: str) -> list[str]:
     return problems
 
 
+def plugin_imports(source: str, module: str) -> list[str]:
+    """Imports of a plug-in in ``source`` (of ``module``, outside that plug-in): ``"module:line imports target"``."""
+    def within(name: str, plugin: str) -> bool:
+        return name == plugin or name.startswith(plugin + ".")
+
+    return [f"{module}:{line} imports {target}"
+            for line, target in imported_modules(source, module)
+            for plugin in PLUGINS if within(target, plugin) and not within(module, plugin)]
+
+
 def project_modules():
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
@@ -112,6 +129,22 @@ def test_no_module_imports_a_layer_above_its_own():
     problems = [problem for module, path in project_modules()
                 for problem in upward_imports(path.read_text(), module)]
     assert problems == []
+
+
+def test_nothing_outside_a_plug_in_imports_it():
+    problems = [problem for module, path in project_modules()
+                for problem in plugin_imports(path.read_text(), module)]
+    assert problems == []
+
+
+def test_the_plug_in_check_catches_any_import_of_it_and_allows_its_own():
+    hidden = "def ready():\n    from tools.demo.models import Order\n    return Order\n"
+    assert plugin_imports(hidden, "runs.views") == ["runs.views:2 imports tools.demo.models"]
+    assert plugin_imports("from tools import demo\n", "config.urls") == ["config.urls:1 imports tools.demo"]
+    assert plugin_imports("import tools.demo.gateway\n", "tools.services") == [
+        "tools.services:1 imports tools.demo.gateway"]
+    assert plugin_imports("from tools.demo import gateway\nfrom tools.registry import Tool\n", "tools.demo.tools") == []
+    assert plugin_imports("from tools import registry\n", "runs.engine.loop") == []
 
 
 def test_the_check_catches_an_upward_import_even_inside_a_function():

@@ -7,16 +7,17 @@ from django.utils import timezone
 
 from runs import lease
 from runs.lease import LeaseLost
-from runs.models import Agent, Run, RunStatus
+from runs.models import Run, RunStatus
 from runs.services import append_event, transition_run
 from runs.engine.lifecycle import start_run
+from tests.durability import lookup_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def run(demo):
-    return start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+def run(people):
+    return start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
 
 
 def _expire(run_id: int) -> None:

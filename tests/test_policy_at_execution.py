@@ -25,11 +25,11 @@ def test_two_approved_refunds_cannot_exceed_the_order_total(demo, worker, paymen
     assert [r["amount"] for r in payment_gateway.ledger()["refunds"]] == ["70.00"]
 
 
-def test_reused_provider_call_ids_still_pair_every_result_with_its_call(demo, worker):
-    lookup = {"id": "call_0", "name": "query_order", "arguments": {"order_id": 123}}
+def test_reused_provider_call_ids_still_pair_every_result_with_its_call(people, worker):
+    lookup = {"id": "call_0", "name": "fake_lookup", "arguments": {"key": "a"}}
     agent = make_agent("reuse-ids", [{"tool_calls": [lookup]}, {"tool_calls": [lookup]}, {"content": "Done."}],
-                       tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="look twice")
+                       tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="look twice")
     worker.drain()
 
     ids = list(ToolCall.objects.filter(run=run).order_by("id").values_list("provider_call_id", flat=True))

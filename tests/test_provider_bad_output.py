@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.provider_helpers import REFUND_30, events, llm, run_to_rest, tool_results_sent  # noqa: F401
-from tools import gateway
+from tools.demo import gateway
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROVIDERS = ["openai", "anthropic"]

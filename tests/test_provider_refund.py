@@ -6,7 +6,7 @@ import pytest
 
 from runs.models import Step
 from tests.provider_helpers import QUERY, REFUND_80, decide, llm, run_to_rest, tool_calls_sent, tool_results_sent  # noqa: F401
-from tools import gateway
+from tools.demo import gateway
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROVIDERS = ["openai", "anthropic"]

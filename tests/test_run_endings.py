@@ -14,7 +14,8 @@ from runs.providers.scripted import ScriptedClient
 from runs.engine.recovery import sweep
 from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import make_agent
-from tools import gateway, registry
+from tools import registry
+from tools.demo import gateway
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Reconciliation, Tool
 

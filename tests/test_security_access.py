@@ -18,7 +18,7 @@ from approvals.models import Interrupt
 from runs.live import publish_run_update
 from runs.models import Agent, Run
 from tests.security_helpers import approval_item, reconciliation_item, stored_state  # noqa: F401
-from tools.demo_data import APPROVERS_GROUP
+from tools.demo.data import APPROVERS_GROUP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

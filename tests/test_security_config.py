@@ -29,7 +29,7 @@ from runs.models import Agent
 from runs.engine.lifecycle import start_run
 from tests.fakes.llm_server import ReplayServer
 from tests.provider_helpers import llm, run_to_rest  # noqa: F401
-from tools.gateway_server import GatewayHandler, Ledger
+from tools.demo.gateway_server import GatewayHandler, Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from runs.model_output import UnsafeArguments, parse_arguments
 from runs.models import Agent, Run
 from runs.engine.lifecycle import start_run
 from tests.provider_helpers import REFUND_30, llm  # noqa: F401
-from tools.demo_data import CONTRACT_TEXT
+from tools.demo.data import CONTRACT_TEXT
 from tools.registry import ToolContext, ToolError, get_tool
 
 pytestmark = pytest.mark.django_db(transaction=True)

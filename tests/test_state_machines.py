@@ -4,17 +4,18 @@ import pytest
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Interrupt, InterruptKind
-from runs.models import Agent, Run, RunStatus, Step
+from runs.models import Run, RunStatus, Step
 from runs.services import transition_run
 from runs.engine.lifecycle import start_run
+from tests.durability import lookup_agent
 from tools.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def run(demo):
-    return start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+def run(people):
+    return start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
 
 
 def test_status_field_cannot_be_assigned_directly(run):
@@ -63,7 +64,7 @@ def test_a_stale_copy_of_a_run_cannot_overwrite_a_newer_status(run):
 
 def test_tool_call_cannot_run_before_it_is_ready(run):
     step = Step.objects.create(run=run, index=0)
-    call = ToolCall.objects.create(run=run, step=step, index=0, provider_call_id="c1", name="refund")
+    call = ToolCall.objects.create(run=run, step=step, index=0, provider_call_id="c1", name="fake_transfer")
     with pytest.raises(TransitionNotAllowed):
         call.begin(idempotency_key="k", now=None)
     call.request_approval()
@@ -74,10 +75,10 @@ def test_tool_call_cannot_run_before_it_is_ready(run):
     assert call.status == ToolCallStatus.RUNNING
 
 
-def test_resolved_interrupt_cannot_be_resolved_again(run, demo):
+def test_resolved_interrupt_cannot_be_resolved_again(run, people):
     interrupt = Interrupt.objects.create(run=run, kind=InterruptKind.APPROVAL, title="t")
-    interrupt.resolve(decision="approved", user=demo["approver"], comment="", edited_arguments=None, now=None)
+    interrupt.resolve(decision="approved", user=people["approver"], comment="", edited_arguments=None, now=None)
     with pytest.raises(TransitionNotAllowed):
-        interrupt.resolve(decision="rejected", user=demo["approver"], comment="", edited_arguments=None, now=None)
+        interrupt.resolve(decision="rejected", user=people["approver"], comment="", edited_arguments=None, now=None)
     with pytest.raises(TransitionNotAllowed):
         interrupt.cancel(now=None)

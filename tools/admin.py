@@ -1,14 +1,12 @@
-"""Django admin for tool calls and the demo shop's data (docs/design.md#surfaces).
+"""Django admin for tool calls (docs/design.md#surfaces).
 
 ``ToolCall`` is an audit record written only by ``tools.services``: view-only.
-``Order`` is demo data and editable; refunds live in the payment gateway's
-own ledger (a separate service), not here.
 """
 
 from django.contrib import admin
 
 from runs.admin import ReadOnlyAdminMixin, truncated
-from tools.models import Order, ToolCall
+from tools.models import ToolCall
 
 
 @admin.register(ToolCall)
@@ -27,13 +25,3 @@ class ToolCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def arguments_summary(self, tool_call: ToolCall) -> str:
         return truncated(tool_call.raw_arguments if tool_call.arguments is None else str(tool_call.arguments), 60)
 
-
-@admin.register(Order)
-class OrderAdmin(admin.ModelAdmin):
-    """The demo shop's orders (what the demo tools query, refund and cancel)."""
-
-    list_display = ("number", "owner", "total", "shipped", "status")
-    list_filter = ("status", "shipped")
-    search_fields = ("=number", "owner__username")
-    list_select_related = ("owner",)
-    raw_id_fields = ("owner",)

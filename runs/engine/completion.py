@@ -7,8 +7,8 @@ When the model gives a final answer, ``evaluate(run)`` returns a
    and their statuses. It is the whole of the ``default`` check and it
    binds every other check too.
 2. **A domain check** named in ``Agent.completion_check`` (registered in
-   code with ``register_check``, e.g. the demo's ``refund`` in
-   ``tools.demo``), which knows what the task was.
+   code with ``register_check``, e.g. by the demo app: its ``refund`` in
+   ``tools.demo.checks``), which knows what the task was.
 
 The floor's rule, over the calls in the order they were proposed:
 

@@ -4,21 +4,17 @@ Serves HTTP and WebSockets (Daphne; static files through WhiteNoise, as
 in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
 also runs a Dramatiq worker and the sweeper (``runs.engine.recovery.sweep``
 every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
-runs left queued or running by a previous process. Unless told not to, it
-starts the demo payment gateway when nothing answers at ``GATEWAY_URL``. With
+runs left queued or running by a previous process. Unless told not to
+(``--no-services``), it first lets installed apps start their own services
+(``runs.serving``; the demo app starts its payment gateway). With
 a real broker it only serves; workers and the sweeper are separate
 ``manage.py rundramatiq`` and ``manage.py recover_runs --loop`` processes.
 """
 
 import logging
-import subprocess
-import sys
 import threading
-from pathlib import Path
-from urllib.parse import urlparse
 
 import dramatiq
-import httpx
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
@@ -28,30 +24,10 @@ from dramatiq.brokers.stub import StubBroker
 import runs.engine.actors  # noqa: F401  (declares the advance actor for the in-process worker)
 from runs.engine.recovery import sweep
 from runs.models import Run, RunStatus
+from runs.serving import start_services
 from runs.wakeups import wake_now
 
 log = logging.getLogger(__name__)
-
-
-def start_demo_gateway(stdout) -> subprocess.Popen | None:
-    """Start the demo payment gateway at ``GATEWAY_URL`` unless something already answers there.
-
-    Only for a loopback ``GATEWAY_URL``; its ledger is ``var/gateway-ledger.sqlite3``.
-    """
-    url = urlparse(settings.GATEWAY_URL)
-    if url.hostname not in ("127.0.0.1", "localhost"):
-        return None
-    try:
-        httpx.get(f"{settings.GATEWAY_URL}/health", timeout=0.5)
-        return None
-    except httpx.TransportError:
-        pass
-    ledger = Path(settings.BASE_DIR) / "var" / "gateway-ledger.sqlite3"
-    ledger.parent.mkdir(exist_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", "tools.gateway_server", "--host", url.hostname,
-                                "--port", str(url.port or 80), "--ledger", str(ledger)], cwd=settings.BASE_DIR)
-    stdout.write(f"Demo payment gateway started at {settings.GATEWAY_URL} (ledger {ledger}).")
-    return process
 
 
 def requeue_active_runs() -> list[int]:
@@ -97,13 +73,13 @@ class Command(BaseCommand):
                             help="Address and port to listen on (default 127.0.0.1:8000).")
         parser.add_argument("--worker-threads", type=int, default=2,
                             help="Threads of the in-process worker (embedded shape only).")
-        parser.add_argument("--no-gateway", action="store_true",
-                            help="Do not start the demo payment gateway (see tools/gateway_server.py).")
+        parser.add_argument("--no-services", action="store_true",
+                            help="Do not start the services installed apps add (e.g. the demo payment gateway).")
 
-    def handle(self, *args, addrport, worker_threads, no_gateway, **options):
+    def handle(self, *args, addrport, worker_threads, no_services, **options):
         broker = dramatiq.get_broker()
         worker = sweeper = None
-        gateway = None if no_gateway else start_demo_gateway(self.stdout)
+        stops = [] if no_services else start_services(sender=self.__class__, stdout=self.stdout)
         if isinstance(broker, StubBroker):
             worker = dramatiq.Worker(broker, worker_threads=worker_threads, worker_timeout=250)
             worker.start()
@@ -119,8 +95,8 @@ class Command(BaseCommand):
         try:
             call_command("runserver", addrport, use_reloader=False, use_static_handler=False)
         finally:
-            if gateway is not None:
-                gateway.terminate()
+            for stop in reversed(stops):
+                stop()
             if sweeper is not None:
                 sweeper.stop()
             if worker is not None:

@@ -1,6 +1,6 @@
-"""The demo shop: its tools and completion checks.
+"""The demo shop's tools (registered by ``tools.demo.apps.DemoConfig.ready``).
 
-Tools: ``query_order`` (read-only), ``cancel_order`` (side effect, always
+``query_order`` (read-only), ``cancel_order`` (side effect, always
 approved by a person, only the requester's own unshipped orders),
 ``refund`` (side effect through the payment gateway, approval when the
 refunds of the order over 30 days, this one included, add up to more
@@ -10,14 +10,13 @@ effect, always approved, only after a passed legal check in the same run).
 
 from decimal import Decimal
 
-from django.conf import settings
 from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
-from runs.engine.completion import Verdict, achieved, incomplete, not_achieved, register_check
-from tools import gateway
-from tools.models import Order, ToolCall, ToolCallStatus
-from tools.registry import Tool, ToolContext, ToolError, register
+from tools.demo import conf, gateway
+from tools.demo.models import Order
+from tools.models import ToolCall, ToolCallStatus
+from tools.registry import Tool, ToolContext, ToolError
 
 S = ToolCallStatus
 ORDER_ID = {"type": "integer", "minimum": 1, "description": "The order number."}
@@ -65,14 +64,14 @@ def _query_order(ctx: ToolContext, args: dict) -> dict:
     return _order_view(order)
 
 
-register(Tool(
+QUERY_ORDER = Tool(
     name="query_order",
     description="Look up one of the requester's orders: total, shipping state, amount still refundable.",
     parameters={"type": "object", "properties": {"order_id": ORDER_ID},
                 "required": ["order_id"], "additionalProperties": False},
     handler=_query_order,
     precondition=_query_order_precondition,
-))
+)
 
 
 # --- cancel_order ------------------------------------------------------------
@@ -98,7 +97,7 @@ def _cancel_order(ctx: ToolContext, args: dict) -> dict:
     return {"order_id": args["order_id"], "status": Order.Status.CANCELLED}
 
 
-register(Tool(
+CANCEL_ORDER = Tool(
     name="cancel_order",
     description="Cancel one of the requester's orders that has not shipped yet.",
     parameters={"type": "object",
@@ -108,7 +107,7 @@ register(Tool(
     side_effect=True,
     approval="always",
     precondition=_cancel_precondition,
-))
+)
 
 
 # --- refund ------------------------------------------------------------------
@@ -136,7 +135,7 @@ def _refund(ctx: ToolContext, args: dict) -> dict:
                           timeout_s=ctx.timeout_s)
 
 
-register(Tool(
+REFUND = Tool(
     name="refund",
     description="Refund an amount on one of the requester's orders through the payment gateway.",
     parameters={"type": "object",
@@ -148,10 +147,10 @@ register(Tool(
     approval="sum(amount) per target within 30d > 50",
     target_key="order_id",
     precondition=_refund_precondition,
-    timeout_s=settings.GATEWAY_TIMEOUT_S,
+    timeout_s=conf.gateway_timeout_s(),
     idempotent=True,
     reconcile=gateway.lookup,
-))
+)
 
 
 # --- legal_check -------------------------------------------------------------
@@ -161,13 +160,13 @@ def _legal_check(ctx: ToolContext, args: dict) -> dict:
     return {"approved": not found, "issues": [f"contains '{phrase}'" for phrase in found]}
 
 
-register(Tool(
+LEGAL_CHECK = Tool(
     name="legal_check",
     description="Check a text (e.g. a contract email) for wording legal does not allow.",
     parameters={"type": "object", "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 20000}},
                 "required": ["text"], "additionalProperties": False},
     handler=_legal_check,
-))
+)
 
 
 # --- send_email --------------------------------------------------------------
@@ -196,7 +195,7 @@ def _send_email(ctx: ToolContext, args: dict) -> dict:
     return {"sent_to": args["to"], "subject": args["subject"]}
 
 
-register(Tool(
+SEND_EMAIL = Tool(
     name="send_email",
     description="Send an email. Needs a passed legal_check of its text in the same run.",
     parameters={"type": "object",
@@ -209,43 +208,7 @@ register(Tool(
     side_effect=True,
     approval="always",
     precondition=_send_email_precondition,
-))
+)
 
-
-# --- completion checks -------------------------------------------------------
-
-def _calls(run, name: str, *statuses) -> list[ToolCall]:
-    return list(run.tool_calls.filter(name=name, status__in=statuses))
-
-
-@register_check("refund")
-def refund_done(run) -> Verdict:
-    """Achieved if a refund succeeded; not achieved if one was rejected or refused."""
-    if _calls(run, "refund", S.SUCCEEDED):
-        return achieved()
-    if _calls(run, "refund", S.REJECTED, S.DENIED, S.EXPIRED):
-        return not_achieved("The refund was rejected or the order is not refundable.")
-    return incomplete("No refund has been issued: call the refund tool, or explain why the order is not refundable.")
-
-
-@register_check("cancel_order")
-def cancel_done(run) -> Verdict:
-    """Achieved if the order was cancelled; not achieved if that was rejected or refused."""
-    if _calls(run, "cancel_order", S.SUCCEEDED):
-        return achieved()
-    if _calls(run, "cancel_order", S.REJECTED, S.DENIED, S.EXPIRED):
-        return not_achieved("The cancellation was rejected or the order cannot be cancelled.")
-    return incomplete("The order has not been cancelled: no cancel_order call succeeded.")
-
-
-@register_check("send_email")
-def email_done(run) -> Verdict:
-    """Achieved if send_email succeeded; not achieved if rejected or the legal check failed."""
-    if _calls(run, "send_email", S.SUCCEEDED):
-        return achieved()
-    if _calls(run, "send_email", S.REJECTED, S.EXPIRED):
-        return not_achieved("Sending the email was rejected.")
-    failed_legal = [c for c in _calls(run, "legal_check", S.SUCCEEDED) if (c.result or {}).get("approved") is False]
-    if failed_legal:
-        return not_achieved("The legal check did not approve the text.")
-    return incomplete("The email has not been sent: no send_email call succeeded.")
+# What the demo app registers, in this order.
+DEMO_TOOLS = (QUERY_ORDER, CANCEL_ORDER, REFUND, LEGAL_CHECK, SEND_EMAIL)

@@ -1,6 +1,6 @@
 """The demo payment gateway: a separate HTTP service with its own ledger.
 
-Run: ``python -m tools.gateway_server --port 8765 --ledger var/gateway.sqlite3``.
+Run: ``python -m tools.demo.gateway_server --port 8765 --ledger var/gateway.sqlite3``.
 It stands in for a real payment provider, so it knows nothing of Django or
 Tollgate and keeps its ledger in its own SQLite file.
 

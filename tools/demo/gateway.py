@@ -1,4 +1,4 @@
-"""HTTP client of the demo payment gateway (``tools/gateway_server.py``).
+"""HTTP client of the demo payment gateway (``tools/demo/gateway_server.py``).
 
 Every refund carries our idempotency key in the ``Idempotency-Key``
 header; the gateway answers a repeated key with the first refund instead of
@@ -10,8 +10,8 @@ import functools
 from decimal import Decimal
 
 import httpx
-from django.conf import settings
 
+from tools.demo import conf
 from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
 
@@ -23,7 +23,7 @@ def _client(base_url: str) -> httpx.Client:
 
 def _call(method: str, path: str, *, timeout_s: float, **kwargs) -> httpx.Response:
     try:
-        response = _client(settings.GATEWAY_URL.rstrip("/")).request(method, path, timeout=timeout_s, **kwargs)
+        response = _client(conf.gateway_url()).request(method, path, timeout=timeout_s, **kwargs)
     except httpx.TimeoutException as exc:
         raise ToolTimeout(f"payment gateway did not answer within {timeout_s}s") from exc
     except httpx.TransportError as exc:

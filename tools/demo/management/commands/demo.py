@@ -4,20 +4,19 @@ It resets ``admin`` to a known password and prints every demo token, so it
 refuses a database holding anything but demo data (``--force`` to go on).
 """
 
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
-from tools.demo_data import DEMO_AGENTS, DEMO_ORDER_NUMBERS, USERS, load_demo
-from tools.gateway_server import Ledger
-from tools.models import Order
+from runs.models import Agent
+from tools.demo import conf
+from tools.demo.data import DEMO_AGENTS, DEMO_ORDER_NUMBERS, USERS, load_demo
+from tools.demo.gateway_server import Ledger
+from tools.demo.models import Order
 
-DEMO_LEDGER = Path(settings.BASE_DIR) / "var" / "gateway-ledger.sqlite3"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -27,8 +26,6 @@ def non_demo_data() -> list[str]:
     Returns one line per kind found, e.g. ``["2 user(s): alice, bob"]``;
     empty when the database holds demo data only (or nothing).
     """
-    from runs.models import Agent
-
     found = []
     for label, names in (
         ("user(s)", get_user_model().objects.exclude(username__in=USERS).values_list("username", flat=True)),
@@ -48,15 +45,17 @@ def reset_demo_gateway() -> str:
     failing that, the demo ledger file is emptied in place (SQLite locks it
     against a gateway process that may be using it), never deleted.
     """
-    if urlsplit(settings.GATEWAY_URL).hostname in LOOPBACK_HOSTS:
+    url = conf.gateway_url()
+    if urlsplit(url).hostname in LOOPBACK_HOSTS:
         try:
-            httpx.post(f"{settings.GATEWAY_URL.rstrip('/')}/reset", timeout=2).raise_for_status()
-            return f"emptied the ledger of the gateway at {settings.GATEWAY_URL}"
+            httpx.post(f"{url}/reset", timeout=2).raise_for_status()
+            return f"emptied the ledger of the gateway at {url}"
         except httpx.HTTPError:
             pass
-    if DEMO_LEDGER.exists():
-        Ledger(str(DEMO_LEDGER)).reset()
-        return f"emptied {DEMO_LEDGER}"
+    ledger = conf.gateway_ledger()
+    if ledger.exists():
+        Ledger(str(ledger)).reset()
+        return f"emptied {ledger}"
     return "no gateway ledger to reset"
 
 

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 
 from runs.models import Agent
-from tools.models import Order
+from tools.demo.models import Order
 
 USERS = {
     # username: (password, role)

@@ -1,6 +1,8 @@
 """The demo shop's orders, which the demo tools act on (not part of the runtime).
 
-Refunds live in the payment gateway's own ledger (``tools/gateway_server.py``).
+Refunds live in the payment gateway's own ledger (``tools/demo/gateway_server.py``).
+The table was ``tools_order`` until the demo became an app of its own
+(``tools.demo.migrations.0001_initial`` took it over, rows included).
 """
 
 from django.conf import settings
