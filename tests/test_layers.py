@@ -9,8 +9,8 @@ Layers, top to bottom:
 3. the approvals services: ``approvals.models``, ``approvals.services``;
 2. the tools services: ``tools.models``, ``tools.registry``,
    ``tools.policy``, ``tools.services``;
-1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.lease``,
-   ``runs.wakeups``, ``runs.live``;
+1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
+   ``runs.lease``, ``runs.wakeups``, ``runs.live``;
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``.
@@ -38,6 +38,7 @@ LAYERS = {
     "tools.services": 2,
     "runs.models": 1,
     "runs.services": 1,
+    "runs.transitions": 1,
     "runs.lease": 1,
     "runs.wakeups": 1,
     "runs.live": 1,

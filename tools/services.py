@@ -19,11 +19,13 @@ from django.conf import settings
 from django.db import DataError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from django_fsm import can_proceed
 
 from runs.errors import InvalidInput
 from runs.failpoints import failpoint
 from runs.model_output import UnsafeArguments, parse_arguments
 from runs.services import append_event, append_message
+from runs.transitions import apply
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.models.tool_call import FINAL_STATUSES, NO_EFFECT_STATUSES, PENDING_STATUSES
 from tools.policy import Cumulative, approval_required, combine, cumulative_clauses
@@ -40,30 +42,6 @@ from tools.registry import (
 
 log = logging.getLogger(__name__)
 S = ToolCallStatus
-
-
-def _transition(tool_call: ToolCall, name: str, *, actor: str, reason: str = "", **kwargs) -> ToolCall:
-    """Apply the FSM transition ``name`` to ``tool_call``, save it and log an event.
-
-    Raises ``TransitionNotAllowed`` / ``ConcurrentTransition`` (nothing saved).
-    """
-    with transaction.atomic():
-        from_status = tool_call.status
-        getattr(tool_call, name)(**kwargs)
-        tool_call.save()
-        payload = {"tool_call": tool_call.pk, "name": tool_call.name}
-        if tool_call.error:
-            payload["error"] = tool_call.error
-        append_event(
-            tool_call.run,
-            type="tool_call",
-            actor=actor,
-            reason=reason or name,
-            payload=payload,
-            from_status=from_status,
-            to_status=tool_call.status,
-        )
-    return tool_call
 
 
 def canonical_value(value):
@@ -350,10 +328,14 @@ def propose_tool_calls(
             if assessment.outcome == "duplicate":
                 original = assessment.original
                 _join(tool_call, created[original] if isinstance(original, int) else original, actor=actor)
-            elif assessment.outcome in ("invalidate", "deny"):
-                _transition(tool_call, assessment.outcome, actor=actor, error=assessment.reason)
+            elif assessment.outcome == "invalidate":
+                apply(tool_call.invalidate, actor=actor, error=assessment.reason)
+            elif assessment.outcome == "deny":
+                apply(tool_call.deny, actor=actor, error=assessment.reason)
+            elif assessment.outcome == "request_approval":
+                apply(tool_call.request_approval, actor=actor, reason=assessment.reason)
             else:
-                _transition(tool_call, assessment.outcome, actor=actor, reason=assessment.reason)
+                apply(tool_call.make_ready, actor=actor, reason=assessment.reason)
             created.append(tool_call)
     return created
 
@@ -374,8 +356,8 @@ def settle_duplicate(tool_call: ToolCall, *, actor: str) -> ToolCall:
     """End a re-proposed call as its finished original ended: its result is replayed, nothing runs again."""
     original = tool_call.duplicate_of
     verb = "result reused" if original.status == S.SUCCEEDED else f"ended {original.status}"
-    return _transition(tool_call, "settle_as_duplicate", actor=actor,
-                       reason=f"same action as #{original.pk}: {verb}", original=original, now=timezone.now())
+    return apply(tool_call.settle_as_duplicate, actor=actor,
+                 reason=f"same action as #{original.pk}: {verb}", original=original, now=timezone.now())
 
 
 def settle_joined_calls(run) -> list[ToolCall]:
@@ -400,6 +382,7 @@ def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str
     Raises ``InvalidInput`` when edited arguments break the tool's schema or
     its precondition (checked again: the approver must not get around it).
     """
+    action_key = ""
     if arguments is not None:
         tool = get_tool(tool_call.name)
         problems = tool.schema_errors(arguments)
@@ -411,25 +394,25 @@ def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str
         if denial:
             raise InvalidInput(f"Edited arguments are not allowed: {denial}")
         if tool_call.action_key:  # the action is now what the person approved, not what was proposed
-            tool_call.action_key = action_identity(tool_call.run.session_id, tool_call.name, arguments)
-    return _transition(tool_call, "make_ready", actor=actor, reason="approved", arguments=arguments)
+            action_key = action_identity(tool_call.run.session_id, tool_call.name, arguments)
+    return apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key)
 
 
 def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str) -> ToolCall:
     """Rejected by a person: ``awaiting_approval -> rejected``; the model hears why."""
     error = "A person rejected this call." + (f" Comment: {comment}" if comment else "")
-    return _transition(tool_call, "reject", actor=actor, error=error)
+    return apply(tool_call.reject, actor=actor, error=error)
 
 
 def expire_tool_call(*, tool_call: ToolCall, actor: str) -> ToolCall:
     """Nobody decided in time: ``awaiting_approval -> expired``."""
-    return _transition(tool_call, "expire", actor=actor)
+    return apply(tool_call.expire, actor=actor)
 
 
 def cancel_pending_tool_calls(*, run, actor: str) -> None:
     """Cancel every call of ``run`` that has not started (proposed, awaiting approval, ready)."""
     for tool_call in run.tool_calls.filter(status__in=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY]):
-        _transition(tool_call, "cancel", actor=actor)
+        apply(tool_call.cancel, actor=actor)
 
 
 def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall:
@@ -448,9 +431,9 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     tool = get_tool(tool_call.name)
     if tool is None:  # removed from the registry since it was proposed: it cannot be sent (again)
         error = f"The tool {tool_call.name!r} is no longer available."
-        if tool_call.attempts and tool_call.side_effect:  # an earlier attempt may have taken effect
-            return _transition(tool_call, "mark_unknown", actor=actor, error=error)
-        return _transition(tool_call, "deny", actor=actor, reason="tool no longer registered", error=error)
+        if tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
+            return apply(tool_call.mark_unknown, actor=actor, error=error)
+        return apply(tool_call.deny, actor=actor, reason="tool no longer registered", error=error)
     # The world may have changed since the proposal (or the approval). A
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it.
@@ -458,19 +441,19 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by),
                                    tool_call.arguments)
         if denial:
-            return _transition(tool_call, "deny", actor=actor, reason="precondition checked before running",
-                               error=denial)
+            return apply(tool_call.deny, actor=actor, reason="precondition checked before running",
+                         error=denial)
     session_id = tool_call.run.session_id
     key = tool_call.idempotency_key or derive_idempotency_key(session_id, tool_call.name, tool_call.arguments)
-    _transition(tool_call, "begin", actor=actor, idempotency_key=key, now=timezone.now())
+    apply(tool_call.begin, actor=actor, idempotency_key=key, now=timezone.now())
     earlier = (  # an effect already done in the session is reused; reads are always done afresh
         ToolCall.objects.filter(run__session_id=session_id, idempotency_key=key, status=S.SUCCEEDED)
         .exclude(pk=tool_call.pk)
         .first()
     )
     if earlier is not None and tool.side_effect:
-        return _transition(tool_call, "succeed", actor=actor, reason=f"reused result of call {earlier.pk}",
-                           result=earlier.result, now=timezone.now())
+        return apply(tool_call.succeed, actor=actor, reason=f"reused result of call {earlier.pk}",
+                     result=earlier.result, now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
                           timeout_s=tool.timeout_s)
     failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
@@ -482,19 +465,19 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         # error answer for tools whose external system deduplicates by key.
         may_retry = not tool.side_effect or (tool.idempotent and isinstance(exc, ToolUnavailable))
         if may_retry and tool_call.attempts < tool.max_attempts:
-            return _transition(tool_call, "requeue", actor=actor, reason="retrying", error=str(exc))
+            return apply(tool_call.requeue, actor=actor, reason="retrying", error=str(exc))
         if tool.side_effect:
-            return _transition(tool_call, "mark_unknown", actor=actor, error=f"{type(exc).__name__}: {exc}")
-        return _transition(tool_call, "fail", actor=actor, now=timezone.now(),
-                           error=f"Gave up after {tool_call.attempts} attempts: {exc}")
+            return apply(tool_call.mark_unknown, actor=actor, error=f"{type(exc).__name__}: {exc}")
+        return apply(tool_call.fail, actor=actor, now=timezone.now(),
+                     error=f"Gave up after {tool_call.attempts} attempts: {exc}")
     except ToolError as exc:
-        return _transition(tool_call, "fail", actor=actor, error=str(exc), now=timezone.now())
+        return apply(tool_call.fail, actor=actor, error=str(exc), now=timezone.now())
     except Exception as exc:
         log.exception("tool %s raised", tool_call.name)  # the details stay in the log
         error = f"The tool failed unexpectedly ({type(exc).__name__})."
         if tool.side_effect:
-            return _transition(tool_call, "mark_unknown", actor=actor, error=error)
-        return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
+            return apply(tool_call.mark_unknown, actor=actor, error=error)
+        return apply(tool_call.fail, actor=actor, error=error, now=timezone.now())
     return _store_result(tool_call, tool, result, actor=actor)
 
 
@@ -510,14 +493,14 @@ def _store_result(tool_call: ToolCall, tool: Tool, result, *, actor: str) -> Too
         text = json.dumps(result, allow_nan=False)
         if "\\u0000" in text:
             raise ValueError("the result contains a NUL character")
-        return _transition(tool_call, "succeed", actor=actor, result=result, now=timezone.now())
+        return apply(tool_call.succeed, actor=actor, result=result, now=timezone.now())
     except (TypeError, ValueError, DataError, IntegrityError) as exc:
         log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
         tool_call.refresh_from_db()
         error = f"The tool returned a result that cannot be stored ({type(exc).__name__})."
         if tool.side_effect:
-            return _transition(tool_call, "mark_unknown", actor=actor, error=error)
-        return _transition(tool_call, "fail", actor=actor, error=error, now=timezone.now())
+            return apply(tool_call.mark_unknown, actor=actor, error=error)
+        return apply(tool_call.fail, actor=actor, error=error, now=timezone.now())
 
 
 def retry_delay(tool_call: ToolCall) -> float:
@@ -543,15 +526,15 @@ def recover_orphaned_call(tool_call: ToolCall, *, actor: str, spare_attempts: bo
     tool = get_tool(tool_call.name)
     resendable = tool is not None and (not tool.side_effect or tool.idempotent)
     if resendable and (spare_attempts or tool_call.attempts < tool.max_attempts):
-        return _transition(tool_call, "requeue", actor=actor, reason="retrying after a worker crash",
-                           error="The worker running this call stopped; sending it again.")
+        return apply(tool_call.requeue, actor=actor, reason="retrying after a worker crash",
+                     error="The worker running this call stopped; sending it again.")
     if not tool_call.side_effect:
-        return _transition(tool_call, "fail", actor=actor, reason="worker crashed during every attempt",
-                           error=f"The worker stopped during each of {tool_call.attempts} attempts.",
-                           now=timezone.now())
-    return _transition(tool_call, "mark_unknown", actor=actor, reason="worker crashed during the call",
-                       error=f"The worker stopped during this call (attempt {tool_call.attempts}); "
-                             "its outcome is unknown.")
+        return apply(tool_call.fail, actor=actor, reason="worker crashed during every attempt",
+                     error=f"The worker stopped during each of {tool_call.attempts} attempts.",
+                     now=timezone.now())
+    return apply(tool_call.mark_unknown, actor=actor, reason="worker crashed during the call",
+                 error=f"The worker stopped during this call (attempt {tool_call.attempts}); "
+                       "its outcome is unknown.")
 
 
 def settle_calls_at_run_end(*, run, actor: str) -> list[dict]:
@@ -572,18 +555,17 @@ def settle_calls_at_run_end(*, run, actor: str) -> list[dict]:
     """
     now = timezone.now()
     for tool_call in run.tool_calls.filter(status__in=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING]):
-        sent = tool_call.attempts > 0
         if tool_call.status == S.RUNNING and not tool_call.side_effect:
-            _transition(tool_call, "fail", actor=actor, error="The run ended while this call was in flight.", now=now)
-        elif sent and tool_call.side_effect:
-            _transition(tool_call, "mark_unknown", actor=actor, reason="run ended with the call in flight",
-                        error=f"The run ended after {tool_call.attempts} attempt(s); whether it took effect "
-                              "is unknown.")
-        elif sent:
-            _transition(tool_call, "cancel", actor=actor,
-                        error=f"The run ended before attempt {tool_call.attempts + 1}; earlier attempts failed.")
+            apply(tool_call.fail, actor=actor, error="The run ended while this call was in flight.", now=now)
+        elif tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
+            apply(tool_call.mark_unknown, actor=actor, reason="run ended with the call in flight",
+                  error=f"The run ended after {tool_call.attempts} attempt(s); whether it took effect "
+                        "is unknown.")
+        elif tool_call.attempts:
+            apply(tool_call.cancel, actor=actor,
+                  error=f"The run ended before attempt {tool_call.attempts + 1}; earlier attempts failed.")
         else:
-            _transition(tool_call, "cancel", actor=actor)
+            apply(tool_call.cancel, actor=actor)
     unknown = run.tool_calls.filter(status=S.UNKNOWN)
     for tool_call in unknown:
         tool = get_tool(tool_call.name)
@@ -637,12 +619,12 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> str:
         log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
         found = Reconciliation("not_found", error=f"{type(exc).__name__}: {exc}")
     if found.status == "succeeded":
-        _transition(tool_call, "succeed", actor=actor, reason="reconciled automatically",
-                    result=found.result, now=timezone.now())
+        apply(tool_call.succeed, actor=actor, reason="reconciled automatically",
+              result=found.result, now=timezone.now())
         return "settled"
     if found.status == "failed":
-        _transition(tool_call, "fail", actor=actor, reason="reconciled automatically",
-                    error=found.error or "The external system reports that the call failed.", now=timezone.now())
+        apply(tool_call.fail, actor=actor, reason="reconciled automatically",
+              error=found.error or "The external system reports that the call failed.", now=timezone.now())
         return "settled"
     with transaction.atomic():
         append_event(tool_call.run, type="reconciliation", actor=actor, reason=found.error or "not found yet",
@@ -660,10 +642,10 @@ def reconcile_delay(tool_call: ToolCall) -> float:
 def settle_unknown_call(*, tool_call: ToolCall, succeeded: bool, result, evidence: str, actor: str) -> ToolCall:
     """A person reconciled an ``unknown`` call: ``succeeded`` with ``result``, or ``failed``; evidence kept."""
     if succeeded:
-        return _transition(tool_call, "succeed", actor=actor, reason=f"reconciled by a person: {evidence}",
-                           result=result, now=timezone.now())
-    return _transition(tool_call, "fail", actor=actor, reason=f"reconciled by a person: {evidence}",
-                       error=f"Reconciled as failed: {evidence}", now=timezone.now())
+        return apply(tool_call.succeed, actor=actor, reason=f"reconciled by a person: {evidence}",
+                     result=result, now=timezone.now())
+    return apply(tool_call.fail, actor=actor, reason=f"reconciled by a person: {evidence}",
+                 error=f"Reconciled as failed: {evidence}", now=timezone.now())
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
