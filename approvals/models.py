@@ -61,8 +61,18 @@ class Interrupt(FSMModel):
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
 
+    event_type = "interrupt"
+
     def __str__(self):
         return f"{self.kind} #{self.pk} ({self.status})"
+
+    def event_run(self):
+        return self.run
+
+    def event_payload(self, arguments: dict) -> dict:
+        """The item as the log shows it: id, kind, decision, comment and whether the requester may decide."""
+        return {"interrupt": self.pk, "kind": self.kind, "decision": self.decision, "comment": self.comment,
+                "allow_requester": self.allow_requester}
 
     @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.RESOLVED)
     def resolve(self, *, decision: str, user, comment: str, edited_arguments, now):

@@ -10,27 +10,22 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_fsm import can_proceed
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from runs.errors import Forbidden, InvalidInput
-from runs.models import Run, RunStatus, WaitingReason
-from runs.services import actor_for, append_event, transition_run
+from runs.models import Run
+from runs.services import actor_for, append_event
+from runs.transitions import apply
 from runs.wakeups import wake_on_commit
 from tools.registry import Tool, get_tool
 from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
 
 
-def _log(interrupt: Interrupt, *, actor: str, reason: str, from_status: str = "") -> None:
-    append_event(
-        interrupt.run,
-        type="interrupt",
-        actor=actor,
-        reason=reason,
-        payload={"interrupt": interrupt.pk, "kind": interrupt.kind, "decision": interrupt.decision,
-                 "comment": interrupt.comment, "allow_requester": interrupt.allow_requester},
-        from_status=from_status,
-        to_status=interrupt.status,
-    )
+def _log_opened(interrupt: Interrupt, *, reason: str) -> None:
+    """The event of a new item (its later changes are transitions, logged by ``runs.transitions.apply``)."""
+    append_event(interrupt.run, type=interrupt.event_type, actor="worker", reason=reason,
+                 payload=interrupt.event_payload({}), to_status=interrupt.status)
 
 
 def request_approval(*, tool_call, tool) -> Interrupt:
@@ -51,7 +46,7 @@ def request_approval(*, tool_call, tool) -> Interrupt:
         allow_requester=tool.requester_may_decide,
         expires_at=timezone.now() + timedelta(hours=settings.TOLLGATE["APPROVAL_TTL_HOURS"]),
     )
-    _log(interrupt, actor="worker", reason=_requested("approval", tool))
+    _log_opened(interrupt, reason=_requested("approval", tool))
     return interrupt
 
 
@@ -82,7 +77,7 @@ def request_reconciliation(*, tool_call) -> Interrupt:
         required_permission=tool.permission,
         allow_requester=tool.requester_may_decide,
     )
-    _log(interrupt, actor="worker", reason=_requested("reconciliation", tool))
+    _log_opened(interrupt, reason=_requested("reconciliation", tool))
     return interrupt
 
 
@@ -91,9 +86,7 @@ def close_reconciliation_items(*, tool_call, actor: str, reason: str) -> int:
     closed = 0
     for interrupt in tool_call.interrupts.select_for_update().filter(kind=InterruptKind.RECONCILIATION,
                                                                    status=InterruptStatus.PENDING):
-        interrupt.cancel(now=timezone.now())
-        interrupt.save()
-        _log(interrupt, actor=actor, reason=reason, from_status=InterruptStatus.PENDING)
+        apply(interrupt.cancel, actor=actor, reason=reason, now=timezone.now())
         closed += 1
     return closed
 
@@ -116,12 +109,10 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     with transaction.atomic():
         Run.objects.select_for_update().get(pk=interrupt.run_id)
         interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
-        from_status = interrupt.status
-        interrupt.resolve(decision=decision, user=user, comment=evidence, edited_arguments=None, now=timezone.now())
-        interrupt.save()
+        apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
+              comment=evidence, edited_arguments=None, now=timezone.now())
         settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
                             evidence=evidence, actor=actor)
-        _log(interrupt, actor=actor, reason=f"reconciled: {decision}", from_status=from_status)
         _resume_if_unblocked(interrupt.run, actor=actor)
     return interrupt
 
@@ -140,11 +131,9 @@ def expire_interrupt(*, interrupt_id: int, now, actor: str) -> Interrupt | None:
     caller's (the engine's sweeper fails it with ``approval_expired``).
     """
     interrupt = Interrupt.objects.select_for_update().get(pk=interrupt_id)
-    if interrupt.status != InterruptStatus.PENDING:
+    if not can_proceed(interrupt.expire):
         return None
-    interrupt.expire(now=now)
-    interrupt.save()
-    _log(interrupt, actor=actor, reason="expired", from_status=InterruptStatus.PENDING)
+    apply(interrupt.expire, actor=actor, reason="expired", now=now)
     if interrupt.tool_call is not None:
         expire_tool_call(tool_call=interrupt.tool_call, actor=actor)
     return interrupt
@@ -180,25 +169,23 @@ def decide_interrupt(
         # the run to wait, so a decision cannot slip in between.
         Run.objects.select_for_update().get(pk=interrupt.run_id)
         interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
-        from_status = interrupt.status
-        interrupt.resolve(decision=decision, user=user, comment=comment,
-                          edited_arguments=edited_arguments, now=timezone.now())
-        interrupt.save()
+        apply(interrupt.resolve, actor=actor, reason=decision, decision=decision, user=user, comment=comment,
+              edited_arguments=edited_arguments, now=timezone.now())
         if decision == Decision.APPROVED:
             approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor)
         else:
             reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor)
-        _log(interrupt, actor=actor, reason=decision, from_status=from_status)
         _resume_if_unblocked(interrupt.run, actor=actor)
     return interrupt
 
 
 def _resume_if_unblocked(run, *, actor: str) -> None:
+    """Resume ``run`` if it waits for people and none of its items is pending any more."""
     run.refresh_from_db()
     if run.interrupts.filter(status=InterruptStatus.PENDING).exists():
         return
-    if run.status == RunStatus.WAITING and run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION):
-        transition_run(run, "resume", actor=actor, reason="resumed after decision")
+    if can_proceed(run.resume):  # waiting, for an approval or a settlement
+        apply(run.resume, actor=actor, reason="resumed after decision")
         wake_on_commit(run.pk)
 
 
@@ -210,7 +197,4 @@ def cancel_pending_interrupts(*, run, actor: str) -> None:
     """
     pending = run.interrupts.select_for_update().filter(status=InterruptStatus.PENDING)
     for interrupt in pending.exclude(kind=InterruptKind.RECONCILIATION):
-        from_status = interrupt.status
-        interrupt.cancel(now=timezone.now())
-        interrupt.save()
-        _log(interrupt, actor=actor, reason="run cancelled", from_status=from_status)
+        apply(interrupt.cancel, actor=actor, reason="run cancelled", now=timezone.now())

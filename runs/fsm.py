@@ -1,4 +1,4 @@
-"""The base of every state-machine model: optimistic locking, thread-safe reload.
+"""The base of every state-machine model: optimistic locking, thread-safe reload, event hooks.
 
 django-fsm-2's ``FSMModelMixin.refresh_from_db`` lifts the protection of
 protected state fields by flipping a flag on the *field*, which is shared by
@@ -6,6 +6,11 @@ every instance in the process; a worker with several threads reloading at
 once then fails with "Direct status modification is not allowed". The
 reload here writes the fresh values straight into the instance instead and
 leaves the field's protection alone.
+
+Each machine also says how its transitions are written to the run's event
+log (``event_type``, ``event_run``, ``event_payload``); ``runs.transitions``
+reads these, so the kernel records every machine the same way without
+importing the models of the layers above it.
 """
 
 from django.db import models
@@ -13,10 +18,21 @@ from django_fsm import ConcurrentTransitionMixin
 
 
 class FSMModel(ConcurrentTransitionMixin, models.Model):
-    """Abstract base: ``ConcurrentTransitionMixin`` plus a thread-safe ``refresh_from_db``."""
+    """Abstract base: ``ConcurrentTransitionMixin``, a thread-safe ``refresh_from_db`` and the event hooks."""
+
+    #: ``RunEvent.type`` of this machine's transitions.
+    event_type = "transition"
 
     class Meta:
         abstract = True
+
+    def event_run(self):
+        """The ``runs.Run`` whose event log records this machine's transitions."""
+        raise NotImplementedError(f"{type(self).__name__} does not name the run that logs its transitions")
+
+    def event_payload(self, arguments: dict) -> dict:
+        """The ``RunEvent.payload`` of a transition, given the keyword ``arguments`` it was called with."""
+        return {}
 
     def refresh_from_db(self, using=None, fields=None, from_queryset=None):
         """Reload ``fields`` (default: every concrete field) from the database.

@@ -6,16 +6,25 @@ list and the inbox) and ``user-<id>`` (every socket of one user, told
 with the fields of ``run_snapshot``, and ``{"type": "run.delta", ...}`` for
 streamed model output. Publishing never changes a run and never raises:
 a browser that misses an update catches up on its next load.
+
+Writers do not publish themselves: they call ``publish_on_commit``, and
+when their transaction commits each run they touched is pushed once, with
+one query for all of them, however many transitions the transaction held.
 """
 
 import logging
+import threading
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.db import transaction
 
 from runs.models import Run
 
 log = logging.getLogger(__name__)
+# Runs touched by this thread's open transaction (database connections,
+# and so transactions, belong to one thread).
+_touched = threading.local()
 
 
 def run_group(run_id: int) -> str:
@@ -29,6 +38,10 @@ RUNS_GROUP = "runs"
 def user_group(user_id: int) -> str:
     """The Channels group of every live socket of user ``user_id``."""
     return f"user-{user_id}"
+
+
+SNAPSHOT_FIELDS = ("id", "requested_by", "status", "phase", "waiting_reason", "failure_type", "outcome",
+                   "outcome_reason", "final_output", "updated_at")
 
 
 def run_snapshot(run: Run) -> dict:
@@ -60,9 +73,34 @@ def _send(groups: list[str], message: dict) -> None:
 
 def publish_run_update(run_id: int) -> None:
     """Send the current snapshot of run ``run_id`` to its group and the list group."""
-    run = Run.objects.filter(pk=run_id).first()
-    if run is not None:
-        _send([run_group(run_id), RUNS_GROUP], {"type": "run.update", "run": run_snapshot(run)})
+    _publish({run_id})
+
+
+def _publish(run_ids: set[int]) -> None:
+    """Send the current snapshots of ``run_ids``, read with one query (none without a channel layer)."""
+    if not run_ids or get_channel_layer() is None:
+        return
+    for run in Run.objects.filter(pk__in=run_ids).only(*SNAPSHOT_FIELDS):
+        _send([run_group(run.pk), RUNS_GROUP], {"type": "run.update", "run": run_snapshot(run)})
+
+
+def _flush() -> None:
+    run_ids, _touched.run_ids = getattr(_touched, "run_ids", set()), set()
+    _publish(run_ids)
+
+
+def publish_on_commit(run_id: int) -> None:
+    """Push run ``run_id``'s snapshot once the current transaction commits (at once outside one).
+
+    Coalesced: every run touched in one transaction is pushed once, by the
+    first of the transaction's callbacks to run, with one query for all of
+    them. A run touched in a transaction that rolled back is pushed with
+    the next commit of the same thread: a spare push of a fresh snapshot.
+    """
+    if not hasattr(_touched, "run_ids"):
+        _touched.run_ids = set()
+    _touched.run_ids.add(run_id)
+    transaction.on_commit(_flush, robust=True)
 
 
 def publish_delta(run_id: int, *, kind: str, data: dict) -> None:

@@ -1,13 +1,15 @@
 """Sessions, runs, steps, messages and the run event log.
 
-Every legal change of ``Run.status`` is a django-fsm transition below, with
-its guard next to it (docs/design.md#run-status). The transition methods only change the
-fields of the instance; ``runs.services`` saves them and appends the
-``RunEvent`` in the same database transaction.
+Every legal change of ``Run.status`` and ``Step.status`` is a django-fsm
+transition below, with its guards next to it (docs/design.md#run-status,
+docs/design.md#step-status). The transition methods only change the fields of the
+instance; ``runs.transitions.apply`` saves them and appends the ``RunEvent``
+in the same database transaction.
 """
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 from django_fsm import FSMField, transition
 
 from runs.fsm import FSMModel
@@ -132,11 +134,26 @@ class Outcome(models.TextChoices):
     NOT_ACHIEVED = "not_achieved"
 
 
+def _no_cancel_requested(run: "Run") -> bool:
+    """Guard: nobody asked to cancel the run (a cancel beats starting, waiting and completing)."""
+    return run.cancel_requested_at is None
+
+
+def _waits_for_a_person(run: "Run") -> bool:
+    """Guard: the run waits for an inbox decision or settlement (not for a timer alone)."""
+    return run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION)
+
+
+def _has_a_timer(run: "Run") -> bool:
+    """Guard: the run waits until a ``wake_at`` (whether it has passed is the sweeper's clock to say)."""
+    return run.wake_at is not None
+
+
 class Run(FSMModel):
     """One task of a session, from the user's input to a terminal status.
 
     ``status`` is protected: only the transition methods change it, and
-    ``runs.services`` is the only caller. ``model_calls`` counts model steps
+    ``runs.transitions.apply`` is the only caller. ``model_calls`` counts model steps
     that were not discarded; the scripted provider also uses it as the index
     of the next turn. ``repair_turns`` and ``incomplete_nudges`` count the
     turns spent on invalid output and on "not complete yet" feedback.
@@ -210,52 +227,79 @@ class Run(FSMModel):
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    def event_run(self) -> "Run":
+        return self
+
+    def event_payload(self, arguments: dict) -> dict:
+        """The transition's plain arguments (e.g. ``failure_type``), and the waiting reason while waiting."""
+        payload = {key: value for key, value in arguments.items()
+                   if isinstance(value, (str, int, float, bool, type(None)))}
+        if self.waiting_reason:
+            payload["waiting_reason"] = self.waiting_reason
+        return payload
+
     # --- transitions (docs/design.md#run-status) -------------------------
 
-    @transition(field=status, source=RunStatus.QUEUED, target=RunStatus.RUNNING)
+    @transition(field=status, source=RunStatus.QUEUED, target=RunStatus.RUNNING, conditions=[_no_cancel_requested])
     def start(self):
         self.phase = Phase.PREPARING_CONTEXT
+        self.started_at = timezone.now()
 
-    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING)
+    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING, conditions=[_no_cancel_requested])
     def wait(self, waiting_reason: str, wake_at=None):
         self.waiting_reason = waiting_reason
         self.wake_at = wake_at
         self.phase = ""
 
-    @transition(field=status, source=RunStatus.WAITING, target=RunStatus.RUNNING)
-    def resume(self):
+    def _run_again(self):
         self.waiting_reason = ""
         self.wake_at = None
         self.phase = Phase.PREPARING_CONTEXT
 
-    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.COMPLETED)
+    @transition(field=status, source=RunStatus.WAITING, target=RunStatus.RUNNING, conditions=[_waits_for_a_person])
+    def resume(self):
+        """A decision or settlement unblocked the run (the caller checks that no item is still pending)."""
+        self._run_again()
+
+    @transition(field=status, source=RunStatus.WAITING, target=RunStatus.RUNNING, conditions=[_has_a_timer])
+    def wake(self):
+        """The run's ``wake_at`` has passed (the sweeper, by its clock)."""
+        self._run_again()
+
+    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.COMPLETED,
+                conditions=[_no_cancel_requested])
     def complete(self, outcome: str, final_output: str, outcome_reason: str = ""):
         self.outcome = outcome
         self.outcome_reason = outcome_reason
         self.final_output = final_output
-        self.phase = ""
+        self._finish()
 
     @transition(field=status, source=ACTIVE_STATUSES, target=RunStatus.FAILED)
     def fail(self, failure_type: str, error: str):
         self.failure_type = failure_type
         self.error = error
-        self.phase = ""
-        self.waiting_reason = ""
-        self.wake_at = None
+        self._finish()
 
     @transition(field=status, source=ACTIVE_STATUSES, target=RunStatus.CANCELLED)
     def cancel(self):
+        self._finish()
+
+    def _finish(self):
         self.phase = ""
         self.waiting_reason = ""
         self.wake_at = None
+        self.finished_at = timezone.now()
 
 
-class Step(models.Model):
+class Step(FSMModel):
     """One model call of a run: what was asked, what came back, the usage.
 
-    ``status``: ``started`` while the call is in flight, then ``succeeded``
-    or ``failed``; ``discarded`` marks a half-received response that a
-    recovering worker threw away.
+    ``status`` (docs/design.md#step-status): ``started`` while the call is in
+    flight, then ``succeeded`` (the answer is recorded) or ``failed`` (an
+    error, or a response that could not be understood); ``discarded`` marks
+    a half-received response, or a call whose worker died, thrown away. It
+    is protected: only the transitions below change it, through
+    ``runs.transitions.apply``, which logs each as a ``model_call`` event.
     """
 
     class Status(models.TextChoices):
@@ -264,9 +308,11 @@ class Step(models.Model):
         FAILED = "failed"
         DISCARDED = "discarded"
 
+    event_type = "model_call"
+
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     index = models.PositiveIntegerField()
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.STARTED)
+    status = FSMField(max_length=16, choices=Status.choices, default=Status.STARTED, protected=True)
     request = models.JSONField(default=dict)
     response = models.JSONField(default=dict)
     input_tokens = models.PositiveIntegerField(default=0)
@@ -282,6 +328,35 @@ class Step(models.Model):
 
     def __str__(self):
         return f"step {self.index} of run {self.run_id}"
+
+    def event_run(self) -> Run:
+        return self.run
+
+    def event_payload(self, arguments: dict) -> dict:
+        return {"step": self.pk}
+
+    # --- transitions (docs/design.md#step-status) ------------------------
+
+    @transition(field=status, source=Status.STARTED, target=Status.SUCCEEDED)
+    def succeed(self, *, response: dict, input_tokens: int, output_tokens: int, cost_usd, now):
+        """The model's answer is recorded, with its usage (tokens, US dollars)."""
+        self.response = response
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cost_usd = cost_usd
+        self.finished_at = now
+
+    @transition(field=status, source=Status.STARTED, target=Status.FAILED)
+    def fail(self, *, error: str, now):
+        """The call failed (a provider error) or its response could not be understood."""
+        self.error = error
+        self.finished_at = now
+
+    @transition(field=status, source=Status.STARTED, target=Status.DISCARDED)
+    def discard(self, *, now, error: str = ""):
+        """Half an answer arrived, or the worker making the call died: asked again, still counted."""
+        self.error = error
+        self.finished_at = now
 
 
 class Message(models.Model):

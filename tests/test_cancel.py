@@ -6,7 +6,7 @@ from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
 from runs.engine.actors import advance_run
 from runs.models import RunStatus
-from runs.services import transition_run
+from runs.transitions import apply
 from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import lookup_agent, make_agent
 from tests.fake_tools import transfers
@@ -17,7 +17,7 @@ from tools.registry import Tool, ToolTimeout
 
 def test_running_run_is_cancelled_at_its_next_safe_point(people, idle_worker):
     run = start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
-    transition_run(run, "start", actor="worker")  # a worker has it
+    apply(run.start, actor="worker")  # a worker has it
     cancel_run(run=run, actor="user:requester")
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING and run.cancel_requested_at is not None

@@ -9,8 +9,8 @@ Layers, top to bottom:
 3. the approvals services: ``approvals.models``, ``approvals.services``;
 2. the tools services: ``tools.models``, ``tools.registry``,
    ``tools.policy``, ``tools.services``;
-1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.lease``,
-   ``runs.wakeups``, ``runs.live``;
+1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
+   ``runs.lease``, ``runs.wakeups``, ``runs.live``;
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``.
@@ -43,6 +43,7 @@ LAYERS = {
     "tools.services": 2,
     "runs.models": 1,
     "runs.services": 1,
+    "runs.transitions": 1,
     "runs.lease": 1,
     "runs.wakeups": 1,
     "runs.live": 1,
@@ -170,7 +171,8 @@ def test_every_layer_names_modules_that_exist():
 
 def test_services_raise_only_the_error_family_on_purpose():
     """A service that means "bad input" or "not allowed" says so with ``runs.errors``; a bare ValueError is a bug."""
-    services = ["runs/engine/lifecycle.py", "runs/engine/agents.py", "approvals/services.py", "tools/services.py"]
+    services = ["runs/engine/lifecycle.py", "runs/engine/agents.py", "approvals/services.py",
+                *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tools" / "services").glob("*.py"))]
     offenders = []
     for path in services:
         for node in ast.walk(ast.parse((ROOT / path).read_text())):
@@ -178,8 +180,9 @@ def test_services_raise_only_the_error_family_on_purpose():
                 name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
                 if name in ("ValueError", "ValidationError", "PermissionDenied"):
                     offenders.append(f"{path}:{node.lineno} raises {name}")
-    # tools/services raises ValueError once, inside a try that turns it into an unknown/failed call.
-    assert offenders == ["tools/services.py:%d raises ValueError" % _line_of("tools/services.py", "contains a NUL")]
+    # Executing a call raises ValueError once, inside a try that turns it into an unknown/failed call.
+    execution = "tools/services/execution.py"
+    assert offenders == ["%s:%d raises ValueError" % (execution, _line_of(execution, "contains a NUL"))]
 
 
 def _line_of(path: str, text: str) -> int:

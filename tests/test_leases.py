@@ -8,7 +8,8 @@ from django.utils import timezone
 from runs import lease
 from runs.lease import LeaseLost
 from runs.models import Run, RunStatus
-from runs.services import append_event, transition_run
+from runs.services import append_event
+from runs.transitions import apply
 from runs.engine.lifecycle import start_run
 from tests.durability import lookup_agent
 
@@ -46,14 +47,14 @@ def test_worker_that_lost_its_lease_can_change_nothing(run):
 
     with lease.holding(stale):
         with pytest.raises(LeaseLost):
-            transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-a")
+            apply(Run.objects.get(pk=run.pk).start, actor="worker-a")
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
     assert run.last_event_seq == events_before
     assert run.lease_token == fresh.token
 
     with lease.holding(fresh):
-        transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-b")
+        apply(Run.objects.get(pk=run.pk).start, actor="worker-b")
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING
     assert run.events.last().actor == "worker-b"
@@ -91,7 +92,7 @@ def test_stale_worker_cannot_even_start_a_model_step(run):
     from runs.engine.loop import _model_turn
 
     stale = lease.acquire(run.pk, owner="worker-a")
-    transition_run(Run.objects.get(pk=run.pk), "start", actor="worker-a")
+    apply(Run.objects.get(pk=run.pk).start, actor="worker-a")
     _expire(run.pk)
     lease.acquire(run.pk, owner="worker-b")
     with lease.holding(stale):

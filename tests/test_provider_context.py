@@ -7,7 +7,7 @@ import pytest
 from runs.engine.context import build_context, estimate_tokens, trim_history
 from runs.models import Agent, Message, Run, Session
 from runs.providers.anthropic_provider import to_anthropic_messages
-from runs.services import transition_run
+from runs.transitions import apply
 from runs.engine.lifecycle import begin_run, start_run
 from tests.provider_helpers import REFUND_30, llm  # noqa: F401
 
@@ -39,7 +39,7 @@ def _long_session(agent, user, turns: int = 200) -> Session:
     rows.append(Message(session=session, run=old, role="assistant", content="",
                         tool_calls=[{"id": "call_dangling", "name": "refund", "arguments": "{}"}]))
     Message.objects.bulk_create(rows)
-    transition_run(old, "fail", actor="test", failure_type="internal_error", error="history fixture")
+    apply(old.fail, actor="test", failure_type="internal_error", error="history fixture")
     return session
 
 

@@ -49,6 +49,6 @@ def _fail_unless_taken_over(run_id: int, exc: Exception) -> None:
     run = Run.objects.get(pk=run_id)
     if run.is_terminal or (run.lease_expires_at is not None and run.lease_expires_at > timezone.now()):
         return
-    end_run(run, "fail", actor="worker", reason="internal error",
+    end_run(run.fail, actor="worker", reason="internal error",
             failure_type=FailureType.INTERNAL_ERROR,
             error=f"An internal error stopped the run ({type(exc).__name__}); operators find it in the log.")

@@ -25,7 +25,8 @@ from runs.models import (
     RunStatus,
     Session,
 )
-from runs.services import actor_for, append_event, append_message, transition_run
+from runs.services import actor_for, append_event, append_message, wake_next_in_session
+from runs.transitions import apply
 from runs.wakeups import wake_on_commit
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 
@@ -154,15 +155,15 @@ def begin_run(run: Run, *, actor: str) -> bool:
         return False
     try:
         with transaction.atomic():
-            transition_run(run, "start", actor=actor, reason="picked up by worker")
+            apply(run.start, actor=actor, reason="picked up by worker")
             append_message(run, role="user", content=run.input)
     except IntegrityError:  # another run of the session became busy first
         return False
     return True
 
 
-def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:
-    """End ``run`` with the transition ``name`` (``complete``, ``fail`` or ``cancel``): the one ending path.
+def end_run(ending, *, actor: str, reason: str, **kwargs) -> Run:
+    """End a run with ``ending``, its bound ``complete``, ``fail`` or ``cancel`` transition: the one ending path.
 
     In one transaction, before the transition:
 
@@ -180,12 +181,16 @@ def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:
        ``complete`` it becomes the session's next queued run, otherwise the
        event log says it was not read.
 
-    The terminal event's payload lists the run's ``effects`` (side-effecting
-    calls that succeeded or whose outcome is unknown). ``kwargs`` go to the
-    transition (``outcome``/``outcome_reason``/``final_output``, or
-    ``failure_type``/``error``). Raises ``TransitionNotAllowed`` for a
-    terminal run.
+    Then the session's oldest queued run is woken. The terminal event's
+    payload lists the run's ``effects`` (side-effecting calls that
+    succeeded or whose outcome is unknown). ``kwargs`` go to the transition
+    (``outcome``/``outcome_reason``/``final_output``, or
+    ``failure_type``/``error``), e.g. ``end_run(run.fail, actor="worker",
+    reason=..., failure_type=..., error=...)``. Raises
+    ``TransitionNotAllowed`` for a terminal run, or a ``complete`` after a
+    cancel was requested.
     """
+    run = ending.__self__
     with transaction.atomic():
         list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
         cancel_pending_interrupts(run=run, actor=actor)
@@ -194,9 +199,10 @@ def end_run(run: Run, name: str, *, actor: str, reason: str, **kwargs) -> Run:
             request_reconciliation(tool_call=call)
         deliver_tool_results(run)
         unread = _unread_supplements(run)
-        transition_run(run, name, actor=actor, reason=reason, event_payload={"effects": effects}, **kwargs)
+        apply(ending, actor=actor, reason=reason, payload={"effects": effects}, **kwargs)
+        wake_next_in_session(run.session_id)
         if unread:
-            _hand_on_unread_input(run, unread, actor=actor, start_next=name == "complete")
+            _hand_on_unread_input(run, unread, actor=actor, start_next=ending.__func__ is Run.complete)
         return run
 
 
@@ -243,4 +249,4 @@ def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run
         if run.status == RunStatus.RUNNING:
             append_event(run, type="cancel_requested", actor=actor, reason=reason)
             return run
-        return end_run(run, "cancel", actor=actor, reason=reason)
+        return end_run(run.cancel, actor=actor, reason=reason)

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import DataError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from django_fsm import can_proceed
 
 from runs import lease
 from runs.engine import completion
@@ -43,7 +44,8 @@ from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context
 from runs.engine.lifecycle import begin_run, end_run
 from runs.live import publish_delta
-from runs.services import append_event, append_message, set_phase, transition_run
+from runs.services import append_event, append_message, set_phase
+from runs.transitions import apply
 from runs.wakeups import wake_now
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
@@ -94,9 +96,9 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
     if recover_after_takeover(run, actor=ACTOR) == "crash_loop":
         limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
-        return _end(run, "fail", reason="crash loop", failure_type=FailureType.CRASH_LOOP,
+        return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
                     error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
-    if run.status == RunStatus.QUEUED and run.cancel_requested_at is None:
+    if can_proceed(run.start):  # queued, and no cancel requested
         if not begin_run(run, actor=ACTOR):
             return run, False  # an older run of the session goes first; its end wakes this one
     for _ in range(SLICE_STEPS):
@@ -104,7 +106,7 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         if run.status != RunStatus.RUNNING:
             return run, False
         if run.cancel_requested_at is not None:
-            return _end(run, "cancel", reason="cancelled at a safe point"), False
+            return _end(run.cancel, reason="cancelled at a safe point"), False
         passed = deadline_passed(run)
         if passed:
             _fail(run, *passed)
@@ -187,36 +189,42 @@ def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
     return False
 
 
+def _lock_and_reread_cancel(run: Run) -> None:
+    """Take the run's row lock (as ``cancel_run`` does) and re-read whether a cancel was requested."""
+    run.refresh_from_db(fields=["cancel_requested_at"], from_queryset=Run.objects.select_for_update())
+
+
 def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
     """Put the run to wait, unless a cancel was accepted meanwhile: then it ends ``cancelled`` instead.
 
     Holds the run's row lock, as ``cancel_run`` does, so a cancel cannot
-    slip in between the check and the wait and be left for nobody.
+    slip in between the check (the ``wait`` transition's guard) and the
+    wait and be left for nobody.
     """
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
-        if locked.cancel_requested_at is not None:
-            _end(run, "cancel", reason="cancelled at a safe point (before waiting)")
+        _lock_and_reread_cancel(run)
+        if not can_proceed(run.wait):
+            _end(run.cancel, reason="cancelled at a safe point (before waiting)")
             return
-        transition_run(run, "wait", actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
+        apply(run.wait, actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
 
 
 def _wait_for_approval(run: Run) -> bool:
     """Put the run in ``waiting/approval`` unless a decision came in first; True if it waits."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
-        if not locked.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
+        list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # decisions take it too
+        if not run.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
             return False
-        _wait(locked, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
+        _wait(run, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
     return True
 
 
-def _end(run: Run, name: str, *, reason: str, **kwargs) -> Run:
-    return end_run(run, name, actor=ACTOR, reason=reason, **kwargs)
+def _end(ending, *, reason: str, **kwargs) -> Run:
+    return end_run(ending, actor=ACTOR, reason=reason, **kwargs)
 
 
 def _fail(run: Run, failure_type: str, error: str) -> bool:
-    _end(run, "fail", reason=error, failure_type=failure_type, error=error)
+    _end(run.fail, reason=error, failure_type=failure_type, error=error)
     return False
 
 
@@ -243,9 +251,9 @@ def _model_turn(run: Run) -> bool:
         return _interrupted_stream(run, step, exc)
     except (ModelError, ConfigError) as exc:
         staff_error = f"{exc} Server said: {exc.detail}" if getattr(exc, "detail", "") else str(exc)
-        Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=staff_error, finished_at=timezone.now())
-        with transaction.atomic():
-            append_event(run, type="model_call", actor=ACTOR, reason="failed", payload={"step": step.pk, "error": str(exc)})
+        with transaction.atomic():  # the staff see the server's words; the event and the run do not
+            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": str(exc)}, error=staff_error,
+                  now=timezone.now())
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
     cost = _call_cost(agent, response)
@@ -258,16 +266,18 @@ def _model_turn(run: Run) -> bool:
         # Deterministic: the same output would be refused again. Never a
         # crash-and-retry loop; the answer is invalid output.
         log.warning("run %s: the database refused the model's answer: %s", run.pk, exc)
+        step.refresh_from_db()  # what the rolled-back transaction wrote in memory is gone
         return _malformed_response(run, step, f"the answer could not be stored ({type(exc).__name__})")
 
 
 def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> bool:
     """Store one model answer with its usage and tool calls in one transaction; act on a final answer."""
     with transaction.atomic():
-        Step.objects.filter(pk=step.pk).update(
-            status=Step.Status.SUCCEEDED, response=response.as_dict(), finished_at=timezone.now(),
-            input_tokens=response.input_tokens, output_tokens=response.output_tokens, cost_usd=cost,
-        )
+        apply(step.succeed, actor=ACTOR, reason=response.finish_reason,
+              payload={"tool_calls": len(response.tool_calls), "input_tokens": response.input_tokens,
+                       "output_tokens": response.output_tokens, "cost_usd": str(cost)},
+              response=response.as_dict(), input_tokens=response.input_tokens,
+              output_tokens=response.output_tokens, cost_usd=cost, now=timezone.now())
         Run.objects.filter(pk=run.pk).update(
             crash_streak=0,
             loss_streak=0,
@@ -276,10 +286,6 @@ def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> b
             output_tokens=F("output_tokens") + response.output_tokens,
             cost_usd=F("cost_usd") + cost,
         )
-        append_event(run, type="model_call", actor=ACTOR, reason=response.finish_reason,
-                     payload={"step": step.pk, "tool_calls": len(response.tool_calls),
-                              "input_tokens": response.input_tokens, "output_tokens": response.output_tokens,
-                              "cost_usd": str(cost)})
         append_message(run, role="assistant", content=response.content, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])
@@ -318,6 +324,13 @@ def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
         call["id"] = call_id
 
 
+def _count(run: Run, counter: str) -> int:
+    """Add one to ``counter`` (a Run field) under the lease; returns the new count. Call inside a transaction."""
+    lease.check(run.pk)
+    Run.objects.filter(pk=run.pk).update(**{counter: F(counter) + 1})
+    return Run.objects.values_list(counter, flat=True).get(pk=run.pk)
+
+
 def _strike(run: Run, *, counter: str, limit: int, event: str, reason: str, tell: str = "") -> bool:
     """Count one more ``counter`` (a Run field) for ``run``; False once it passes ``limit``.
 
@@ -325,9 +338,7 @@ def _strike(run: Run, *, counter: str, limit: int, event: str, reason: str, tell
     ``tell``, the model is told through a runtime message.
     """
     with transaction.atomic():
-        lease.check(run.pk)
-        Run.objects.filter(pk=run.pk).update(**{counter: F(counter) + 1})
-        count = Run.objects.values_list(counter, flat=True).get(pk=run.pk)
+        count = _count(run, counter)
         if count > limit:
             return False
         append_event(run, type=event, actor=ACTOR, reason=reason, payload={counter: count})
@@ -354,11 +365,11 @@ def _finish(run: Run, content: str) -> bool:
     verdict = completion.evaluate(run)
     if verdict.complete:
         with transaction.atomic():
-            locked = Run.objects.select_for_update().get(pk=run.pk)
-            if locked.cancel_requested_at is not None:
-                _end(run, "cancel", reason="cancelled before the final answer was accepted")
+            _lock_and_reread_cancel(run)
+            if not can_proceed(run.complete):  # a cancel was accepted first: it wins
+                _end(run.cancel, reason="cancelled before the final answer was accepted")
                 return False
-            _end(run, "complete", reason=f"{verdict.outcome}: {verdict.reason}", outcome=verdict.outcome,
+            _end(run.complete, reason=f"{verdict.outcome}: {verdict.reason}", outcome=verdict.outcome,
                  outcome_reason=verdict.reason, final_output=content)
         return False
     limit = settings.TOLLGATE["MAX_INCOMPLETE_NUDGES"]
@@ -400,10 +411,8 @@ def _malformed_response(run: Run, step: Step, exc: Exception) -> bool:
     ``max_turns``); once ``MAX_REPAIR_TURNS`` are spent the run fails with
     ``invalid_model_output``.
     """
-    Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED, error=str(exc), finished_at=timezone.now())
-    with transaction.atomic():
-        append_event(run, type="model_call", actor=ACTOR, reason="malformed response",
-                     payload={"step": step.pk, "error": str(exc)})
+    apply(step.fail, actor=ACTOR, reason="malformed response", payload={"error": str(exc)}, error=str(exc),
+          now=timezone.now())
     return _repair_turn(run, f"malformed response ({exc})")
 
 
@@ -413,8 +422,11 @@ def _interrupted_stream(run: Run, step: Step, exc: Exception) -> bool:
     The discarded step counts toward ``max_model_calls``; past the limit
     the run fails with ``model_error``.
     """
-    Step.objects.filter(pk=step.pk).update(status=Step.Status.DISCARDED, error=str(exc), finished_at=timezone.now())
     limit = settings.TOLLGATE["MAX_REPAIR_TURNS"]
-    if _strike(run, counter="repair_turns", limit=limit, event="model_call", reason=f"discarded: {exc}"):
+    with transaction.atomic():
+        count = _count(run, "repair_turns")
+        apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}", payload={"repair_turns": count}, error=str(exc),
+              now=timezone.now())
+    if count <= limit:
         return True
     return _fail(run, FailureType.MODEL_ERROR, f"The model's stream broke off {limit + 1} times: {exc}")

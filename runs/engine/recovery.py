@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
+from django_fsm import can_proceed
 
 from approvals.services import (
     close_reconciliation_items,
@@ -32,7 +33,8 @@ from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
-from runs.services import append_event, transition_run
+from runs.services import append_event
+from runs.transitions import apply
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
@@ -74,10 +76,7 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
                               "loss_streak": run.loss_streak,
                               "steps": [step.pk for step in steps], "tool_calls": [call.pk for call in calls]})
     for step in steps:
-        with transaction.atomic():
-            append_event(run, type="model_call", actor=actor, reason="discarded after a worker crash",
-                         payload={"step": step.pk})
-            Step.objects.filter(pk=step.pk).update(status=Step.Status.DISCARDED, finished_at=timezone.now())
+        apply(step.discard, actor=actor, reason="discarded after a worker crash", now=timezone.now())
     limits = settings.TOLLGATE
     if run.crash_streak >= limits["MAX_CRASHES_PER_STEP"] or run.loss_streak >= limits["MAX_LOSSES_PER_STEP"]:
         return "crash_loop"
@@ -138,7 +137,7 @@ def fail_waiting_runs_past_deadline(*, now) -> int:
             if locked.status != RunStatus.WAITING:
                 continue
             failure_type, error = passed
-            end_run(locked, "fail", actor="sweeper", reason=error, failure_type=failure_type, error=error)
+            end_run(locked.fail, actor="sweeper", reason=error, failure_type=failure_type, error=error)
         failed += 1
     return failed
 
@@ -156,7 +155,7 @@ def expire_overdue_approvals(*, now) -> int:
             if expire_interrupt(interrupt_id=interrupt_id, now=now, actor="sweeper") is None:
                 continue
             if not run.is_terminal:
-                end_run(run, "fail", actor="sweeper", reason="approval expired",
+                end_run(run.fail, actor="sweeper", reason="approval expired",
                         failure_type=FailureType.APPROVAL_EXPIRED,
                         error=f"Inbox item {interrupt_id} expired before anyone decided.")
             count += 1
@@ -243,9 +242,9 @@ def sweep(*, now=None) -> dict:
     for run in Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now):
         with transaction.atomic():
             locked = Run.objects.select_for_update().get(pk=run.pk)
-            if locked.status != RunStatus.WAITING or locked.wake_at is None or locked.wake_at > now:
+            if not can_proceed(locked.wake) or locked.wake_at > now:  # moved on, or its timer moved
                 continue
-            transition_run(locked, "resume", actor="sweeper", reason=f"wake_at passed ({locked.waiting_reason})")
+            apply(locked.wake, actor="sweeper", reason=f"wake_at passed ({locked.waiting_reason})")
             wake_on_commit(locked.pk)
         woken += 1
 

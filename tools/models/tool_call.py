@@ -31,6 +31,11 @@ NO_EFFECT_STATUSES = [S.INVALID, S.DENIED, S.REJECTED, S.EXPIRED, S.CANCELLED, S
 FINAL_STATUSES = [S.INVALID, S.DENIED, S.REJECTED, S.EXPIRED, S.CANCELLED, S.SUCCEEDED, S.FAILED]
 
 
+def _was_sent(call: "ToolCall") -> bool:
+    """Guard: the call went out at least once, so its effect may have happened."""
+    return call.attempts > 0
+
+
 class ToolCall(FSMModel):
     """One tool call the model proposed, from parsing to its outcome.
 
@@ -79,9 +84,21 @@ class ToolCall(FSMModel):
     def __str__(self):
         return f"{self.name} ({self.status})"
 
+    event_type = "tool_call"
+
     @property
     def is_pending(self) -> bool:
         return self.status in PENDING_STATUSES
+
+    def event_run(self):
+        return self.run
+
+    def event_payload(self, arguments: dict) -> dict:
+        """``{"tool_call": id, "name": tool}``, and the call's ``error`` when it has one."""
+        payload = {"tool_call": self.pk, "name": self.name}
+        if self.error:
+            payload["error"] = self.error
+        return payload
 
     # --- transitions (docs/design.md#tool-call-status) -------------------
 
@@ -99,9 +116,13 @@ class ToolCall(FSMModel):
         pass
 
     @transition(field=status, source=[S.PROPOSED, S.AWAITING_APPROVAL], target=S.READY)
-    def make_ready(self, arguments=None):
+    def make_ready(self, arguments=None, action_key: str = ""):
+        """Cleared to run; an approver's edited ``arguments`` replace the proposed ones, and with them
+        the call's business identity (``action_key``)."""
         if arguments is not None:
             self.arguments = arguments
+        if action_key:
+            self.action_key = action_key
 
     @transition(field=status, source=S.AWAITING_APPROVAL, target=S.REJECTED)
     def reject(self, error: str):
@@ -146,7 +167,7 @@ class ToolCall(FSMModel):
         self.finished_at = now
         return original.status
 
-    @transition(field=status, source=[S.RUNNING, S.READY], target=S.UNKNOWN)
+    @transition(field=status, source=[S.RUNNING, S.READY], target=S.UNKNOWN, conditions=[_was_sent])
     def mark_unknown(self, error: str):
         """The effect may have happened: in flight when its worker died, or sent before and now abandoned."""
         self.error = error

@@ -1,0 +1,86 @@
+"""The one way any state machine changes state: Run, Step, ToolCall and Interrupt alike.
+
+``apply(run.start, actor="worker")`` calls the bound django-fsm transition
+and, in one database transaction (joining the caller's):
+
+1. the method changes the instance in memory (django-fsm checks the
+   source state and the ``conditions=`` guards first);
+2. the event is appended to the run's log (``runs.services.append_event``:
+   the next ``seq``, fenced by the worker's lease), before any row of the
+   machine is written, so a worker whose lease was taken over writes
+   nothing;
+3. only the fields the transition changed are saved, with any ``auto_now``
+   field (``updated_at``); the status is compared with the one loaded
+   (django-fsm's optimistic locking);
+4. a live push of the run is scheduled for commit (``runs.live``), once per
+   run however many transitions the transaction holds.
+
+What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
+"""
+
+import copy
+
+from django.db import transaction
+
+from runs.live import publish_on_commit
+from runs.services import append_event
+
+
+def _values(instance) -> dict:
+    """The instance's loaded concrete field values by attname; JSON values copied, so changes inside them show."""
+    values = {}
+    for field in instance._meta.concrete_fields:
+        if field.attname in instance.__dict__:
+            value = instance.__dict__[field.attname]
+            values[field.attname] = copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+    return values
+
+
+def _restore(instance, before: dict) -> None:
+    """Put the instance's fields back as they were (the transition's writes were refused)."""
+    for field in instance._meta.concrete_fields:
+        if field.attname in before and instance.__dict__.get(field.attname) != before[field.attname]:
+            instance.__dict__[field.attname] = before[field.attname]
+            if field.is_relation and field.is_cached(instance):
+                field.delete_cached_value(instance)
+
+
+def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, **arguments):
+    """Apply the bound transition method ``transition`` with ``arguments``, save it, log it, push it.
+
+    ``actor`` and ``reason`` (default: the transition's name) go to the
+    event; ``payload`` is added to the model's own event payload. Returns
+    the instance. Raises ``TransitionNotAllowed`` (wrong source state, or a
+    ``conditions=`` guard refused), ``ConcurrentTransition`` (another writer
+    changed the status since the instance was loaded) and ``LeaseLost``
+    (this worker's lease on the run was taken over). Then nothing is
+    written, and the instance's fields are as they were.
+    """
+    instance = transition.__self__
+    model = type(instance)
+    state = transition._django_fsm.field
+    with transaction.atomic():
+        before = _values(instance)
+        from_status = state.get_state(instance)
+        try:
+            transition(**arguments)
+            after = _values(instance)
+            changed = [field.name for field in model._meta.concrete_fields
+                       if field.attname in after and after[field.attname] != before.get(field.attname)]
+            stamped = [field.name for field in model._meta.concrete_fields if getattr(field, "auto_now", False)]
+            run = instance.event_run()
+            append_event(
+                run,
+                type=instance.event_type,
+                actor=actor,
+                reason=reason or transition.__name__,
+                payload={**instance.event_payload(arguments), **(payload or {})},
+                from_status=from_status,
+                to_status=state.get_state(instance),
+            )
+            instance.save(update_fields=changed + [name for name in stamped if name not in changed])
+        except BaseException:
+            _restore(instance, before)
+            raise
+        publish_on_commit(run.pk)
+    return instance

@@ -1,0 +1,114 @@
+"""Assessing a model turn's proposed calls: schema, precondition, approval rule, same action.
+
+Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
+(preconditions may do I/O), and ``tools.services.proposal`` records.
+"""
+
+from dataclasses import dataclass
+
+from tools.models import ToolCall
+from tools.models.tool_call import NO_EFFECT_STATUSES
+from tools.policy import approval_required, combine
+from tools.registry import Tool, ToolContext, tools_for_agent
+from tools.services.arguments import action_identity, parse_raw_arguments
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the policy decided for one proposed call, before anything is written.
+
+    ``outcome`` is the ToolCall transition to apply: ``invalidate``,
+    ``deny``, ``request_approval`` or ``make_ready``; or ``duplicate``
+    when the call repeats an action that succeeded or is still pending
+    (``original``: the earlier ``ToolCall``, or the index of an earlier
+    call of the same turn). ``reason`` is the error (invalid, denied) or
+    the approval rule that applied. ``action_key``: the call's business
+    identity, for side-effecting calls with parsed arguments. ``rule`` is
+    the approval rule; ``granted_by`` names who allowed the agent's rule to
+    replace the tool's (empty: the agent's rule could only add approvals).
+    """
+
+    arguments: dict | None
+    outcome: str
+    reason: str
+    tool: Tool | None = None
+    action_key: str = ""
+    original: "ToolCall | int | None" = None
+    rule: str = ""
+    granted_by: str = ""
+
+
+def effective_rule(agent, tool: Tool) -> tuple[str, str]:
+    """(rule, granted_by): the approval rule for ``tool`` in ``agent``'s runs.
+
+    An agent's own rule is added to the tool's (approval when either asks),
+    unless a holder of ``runs.loosen_approval_policy`` saved the agent's
+    policy (``Agent.approval_policy_granted_by``): then it replaces the
+    tool's, and ``granted_by`` is that user's name (else "").
+    """
+    agent_rule = agent.approval_policy.get(tool.name)
+    grantor = agent.approval_policy_granted_by
+    if agent_rule is not None and grantor is not None:
+        return agent_rule, grantor.get_username()
+    return combine(tool.approval, agent_rule), ""
+
+
+def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
+    """Decide what happens to each call of one model turn; writes nothing.
+
+    ``calls`` is ``[{"id", "name", "arguments": str | dict}]`` as the
+    provider returned them; ``truncated`` is True when the output was cut
+    off (``finish_reason=length``). Unknown tool, unparsable, truncated or
+    schema-breaking arguments -> ``invalidate``; a failed precondition ->
+    ``deny``; else the approval rule decides. Preconditions may do I/O
+    (the refund asks the gateway), so call this outside any transaction.
+    """
+    allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
+    assessments: list[Assessment] = []
+    for call in calls:
+        name = str(call.get("name") or "")
+        tool = allowed.get(name)
+        arguments, error = parse_raw_arguments(call.get("arguments"))
+        if truncated:
+            arguments, error = None, "The output was cut off (finish_reason=length); the arguments are incomplete."
+        elif call.get("refused"):
+            error = call["refused"]
+        key = action_identity(run.session_id, name, arguments) if tool and tool.side_effect and not error else ""
+        original = _same_action(run, key, assessments) if key else None
+        if original is not None:
+            assessments.append(Assessment(arguments, "duplicate", "", tool, action_key=key, original=original))
+            continue
+        if tool is None and not error:
+            error = f"Unknown tool {name!r}. Available tools: {', '.join(sorted(allowed))}."
+        elif arguments is not None and not error:
+            problems = tool.schema_errors(arguments)
+            if problems:
+                error = "Arguments do not match the schema: " + "; ".join(problems)
+        if error:
+            assessments.append(Assessment(arguments, "invalidate", error, tool, action_key=key))
+            continue
+        denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
+        if denial:
+            assessments.append(Assessment(arguments, "deny", denial, tool, action_key=key))
+            continue
+        rule, granted_by = effective_rule(run.agent, tool)
+        outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
+        assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, action_key=key, rule=rule,
+                                      granted_by=granted_by))
+    return assessments
+
+
+def _same_action(run, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall | int | None":
+    """The call that already stands for action ``key``: earlier in this turn, or earlier in the session.
+
+    Only an original that succeeded or is still pending counts; an action
+    that ended without effect may be proposed (and assessed) afresh.
+    """
+    for index, assessment in enumerate(earlier_in_turn):
+        if assessment.action_key == key and assessment.outcome in ("duplicate", "request_approval", "make_ready"):
+            return assessment.original if assessment.outcome == "duplicate" else index
+    latest = (ToolCall.objects.filter(run__session_id=run.session_id, action_key=key)
+              .exclude(status__in=NO_EFFECT_STATUSES).order_by("-id").first())
+    if latest is None:
+        return None
+    return latest.duplicate_of if latest.duplicate_of_id else latest

@@ -1,0 +1,142 @@
+"""Executing a ready call: ``running`` and its idempotency key committed before the handler is
+called, then its outcome; retries, and calls found in flight after a worker died.
+"""
+
+import json
+import logging
+import random
+
+from django.db import DataError, IntegrityError
+from django.utils import timezone
+from django_fsm import can_proceed
+
+from runs.failpoints import failpoint
+from runs.transitions import apply
+from tools.models import ToolCall, ToolCallStatus
+from tools.registry import Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
+from tools.services.arguments import derive_idempotency_key
+
+log = logging.getLogger(__name__)
+S = ToolCallStatus
+
+
+def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall:
+    """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
+
+    The tool's precondition is checked again before the first attempt
+    (``denied`` if it no longer holds). Outcomes: ``succeeded`` (result stored; a result already stored for
+    the same key in this run is reused, not executed again); ``failed``
+    (``ToolError``; for read-only tools also after ``max_attempts``
+    transient failures); ``ready`` again (a transient failure with
+    attempts left, of a read-only tool, or ``ToolUnavailable`` from an
+    idempotent one: the caller waits ``retry_delay`` first); ``unknown``
+    (any other side-effecting call that timed out, hit a transient error
+    or raised something unexpected: never retried blindly).
+    """
+    tool = get_tool(tool_call.name)
+    if tool is None:  # removed from the registry since it was proposed: it cannot be sent (again)
+        error = f"The tool {tool_call.name!r} is no longer available."
+        if tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
+            return apply(tool_call.mark_unknown, actor=actor, error=error)
+        return apply(tool_call.deny, actor=actor, reason="tool no longer registered", error=error)
+    # The world may have changed since the proposal (or the approval). A
+    # call sent again after a crash or an error is the same action under
+    # the same key, not a new one: its own earlier effect must not deny it.
+    if tool.precondition and tool_call.attempts == 0:
+        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by),
+                                   tool_call.arguments)
+        if denial:
+            return apply(tool_call.deny, actor=actor, reason="precondition checked before running",
+                         error=denial)
+    session_id = tool_call.run.session_id
+    key = tool_call.idempotency_key or derive_idempotency_key(session_id, tool_call.name, tool_call.arguments)
+    apply(tool_call.begin, actor=actor, idempotency_key=key, now=timezone.now())
+    earlier = (  # an effect already done in the session is reused; reads are always done afresh
+        ToolCall.objects.filter(run__session_id=session_id, idempotency_key=key, status=S.SUCCEEDED)
+        .exclude(pk=tool_call.pk)
+        .first()
+    )
+    if earlier is not None and tool.side_effect:
+        return apply(tool_call.succeed, actor=actor, reason=f"reused result of call {earlier.pk}",
+                     result=earlier.result, now=timezone.now())
+    context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
+                          timeout_s=tool.timeout_s)
+    failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
+    try:
+        result = tool.handler(context, tool_call.arguments)
+        failpoint("tool_call_returned", tool_call.name)
+    except (ToolTimeout, ToolUnavailable) as exc:
+        # Sending again is safe for read-only tools, and after an explicit
+        # error answer for tools whose external system deduplicates by key.
+        may_retry = not tool.side_effect or (tool.idempotent and isinstance(exc, ToolUnavailable))
+        if may_retry and tool_call.attempts < tool.max_attempts:
+            return apply(tool_call.requeue, actor=actor, reason="retrying", error=str(exc))
+        if tool.side_effect:
+            return apply(tool_call.mark_unknown, actor=actor, error=f"{type(exc).__name__}: {exc}")
+        return apply(tool_call.fail, actor=actor, now=timezone.now(),
+                     error=f"Gave up after {tool_call.attempts} attempts: {exc}")
+    except ToolError as exc:
+        return apply(tool_call.fail, actor=actor, error=str(exc), now=timezone.now())
+    except Exception as exc:
+        log.exception("tool %s raised", tool_call.name)  # the details stay in the log
+        error = f"The tool failed unexpectedly ({type(exc).__name__})."
+        if tool.side_effect:
+            return apply(tool_call.mark_unknown, actor=actor, error=error)
+        return apply(tool_call.fail, actor=actor, error=error, now=timezone.now())
+    return _store_result(tool_call, tool, result, actor=actor)
+
+
+def _store_result(tool_call: ToolCall, tool: Tool, result, *, actor: str) -> ToolCall:
+    """Record a handler's return value: ``succeeded``, unless the value cannot be stored.
+
+    A value that is not strict JSON (``Decimal``, NaN, a NUL character) or
+    that the database refuses is a deterministic error, never retried: a
+    side-effecting call becomes ``unknown`` (its effect may well have
+    happened; reconciliation finds out), a read-only one ``failed``.
+    """
+    try:
+        text = json.dumps(result, allow_nan=False)
+        if "\\u0000" in text:
+            raise ValueError("the result contains a NUL character")
+        return apply(tool_call.succeed, actor=actor, result=result, now=timezone.now())
+    except (TypeError, ValueError, DataError, IntegrityError) as exc:
+        log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
+        tool_call.refresh_from_db()
+        error = f"The tool returned a result that cannot be stored ({type(exc).__name__})."
+        if tool.side_effect:
+            return apply(tool_call.mark_unknown, actor=actor, error=error)
+        return apply(tool_call.fail, actor=actor, error=error, now=timezone.now())
+
+
+def retry_delay(tool_call: ToolCall) -> float:
+    """Seconds to wait before the next attempt: full jitter on ``backoff_s * 2**(attempts-1)``.
+
+    Source: "Exponential Backoff And Jitter", AWS Architecture Blog (2015).
+    """
+    tool = get_tool(tool_call.name)
+    return random.uniform(0, tool.backoff_s * 2 ** max(tool_call.attempts - 1, 0))
+
+
+def recover_orphaned_call(tool_call: ToolCall, *, actor: str, spare_attempts: bool = False) -> ToolCall:
+    """A call found ``running`` by a worker that just took the run's lease (its caller died).
+
+    Read-only and idempotent tools are sent again (``ready``, same key)
+    while ``attempts < max_attempts`` -- attempts count the sends cut off by
+    crashes too. Past that, a read-only call fails and a side-effecting one
+    becomes ``unknown`` (reconciliation), like any other side-effecting call.
+    ``spare_attempts``: the death was another run's doing (a bystander), so
+    a resendable call is sent again whatever its attempts (the run's
+    ``loss_streak`` bounds that).
+    """
+    tool = get_tool(tool_call.name)
+    resendable = tool is not None and (not tool.side_effect or tool.idempotent)
+    if resendable and (spare_attempts or tool_call.attempts < tool.max_attempts):
+        return apply(tool_call.requeue, actor=actor, reason="retrying after a worker crash",
+                     error="The worker running this call stopped; sending it again.")
+    if not tool_call.side_effect:
+        return apply(tool_call.fail, actor=actor, reason="worker crashed during every attempt",
+                     error=f"The worker stopped during each of {tool_call.attempts} attempts.",
+                     now=timezone.now())
+    return apply(tool_call.mark_unknown, actor=actor, reason="worker crashed during the call",
+                 error=f"The worker stopped during this call (attempt {tool_call.attempts}); "
+                       "its outcome is unknown.")

@@ -1,0 +1,197 @@
+"""Recording a model turn's calls with their assessments, and re-proposals of the same action.
+
+Cumulative approval rules are judged again here, inside the proposing
+transaction, with their scopes locked (docs/design.md#approval-rules).
+"""
+
+import dataclasses
+import hashlib
+import json
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.services import append_event
+from runs.transitions import apply
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
+from tools.models.tool_call import FINAL_STATUSES
+from tools.policy import Cumulative, approval_required, cumulative_clauses
+from tools.registry import Tool
+from tools.services.arguments import canonical_value
+from tools.services.assessment import Assessment
+
+S = ToolCallStatus
+
+# Calls a cumulative rule counts: done, under way, or still to be decided.
+COUNTED_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.SUCCEEDED, S.UNKNOWN]
+
+
+def _scope_key(run, tool: Tool, clause: Cumulative, arguments: dict) -> str | None:
+    """The ``PolicyLock`` key of ``clause``'s scope for this call; None if its target is missing."""
+    if clause.scope == "run":
+        scope = f"run:{run.pk}"
+    elif clause.scope == "user":
+        scope = f"user:{run.requested_by_id}"
+    else:
+        target = arguments.get(tool.target_key)
+        if target is None or isinstance(target, (dict, list)):
+            return None
+        scope = "target:" + json.dumps(canonical_value(target))
+    key = f"{tool.name}/{scope}"
+    return key if len(key) <= 100 else hashlib.sha256(key.encode()).hexdigest()
+
+
+def _earlier_arguments(run, tool: Tool, clause: Cumulative, arguments: dict) -> list[dict]:
+    """Arguments of the counted calls of ``tool`` in ``clause``'s scope and window (this call not yet stored)."""
+    # A re-proposal of an action (``duplicate_of``) is the same action: counted once, as its original.
+    calls = ToolCall.objects.filter(name=tool.name, status__in=COUNTED_STATUSES, duplicate_of__isnull=True)
+    if clause.scope == "run":
+        calls = calls.filter(run_id=run.pk)
+    elif clause.scope == "user":
+        calls = calls.filter(run__requested_by_id=run.requested_by_id)
+    else:
+        calls = calls.filter(**{f"arguments__{tool.target_key}": arguments[tool.target_key]})
+    if clause.window_s is not None:
+        calls = calls.filter(created_at__gte=timezone.now() - timedelta(seconds=clause.window_s))
+    return [args or {} for args in calls.values_list("arguments", flat=True)]
+
+
+def _lock_cumulative_scopes(run, assessments: list[Assessment]) -> None:
+    """Lock the ``PolicyLock`` row of every scope a ready call's cumulative rule counts, in key order.
+
+    Until the caller's transaction ends, no other proposal can count (or
+    add to) the same scopes: two concurrent calls cannot both slip under.
+    """
+    keys = {
+        _scope_key(run, a.tool, clause, a.arguments)
+        for a in assessments if a.outcome == "make_ready"
+        for clause in cumulative_clauses(a.rule)
+    } - {None}
+    if not keys:
+        return
+    PolicyLock.objects.bulk_create([PolicyLock(key=key) for key in sorted(keys)], ignore_conflicts=True)
+    list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
+
+
+def _asks_with_history(run, tool: Tool, rule: str, arguments: dict) -> bool:
+    """Whether ``rule`` asks for approval, counting the earlier calls its cumulative clauses name.
+
+    A cumulative ``per target`` clause on a call without a target asks.
+    """
+    if any(_scope_key(run, tool, clause, arguments) is None for clause in cumulative_clauses(rule)):
+        return True
+    return approval_required(rule, arguments, lambda clause: _earlier_arguments(run, tool, clause, arguments))
+
+
+def _judge_with_history(run, assessment: Assessment) -> Assessment:
+    """A ``make_ready`` decision judged again with the calls its cumulative clauses count.
+
+    Call with the scopes locked (``_lock_cumulative_scopes``). Returns the
+    assessment unchanged, or one asking for approval.
+    """
+    if assessment.outcome != "make_ready" or not cumulative_clauses(assessment.rule):
+        return assessment
+    if not _asks_with_history(run, assessment.tool, assessment.rule, assessment.arguments):
+        return assessment
+    return dataclasses.replace(assessment, outcome="request_approval",
+                               reason=f"approval rule: {assessment.rule} (counting earlier calls)")
+
+
+def _loosened(run, assessment: Assessment) -> bool:
+    """Whether a call goes ahead unapproved only because a granted agent rule replaced the tool's.
+
+    Call before the call is stored (it must not count itself).
+    """
+    tool = assessment.tool
+    return (assessment.outcome == "make_ready" and bool(assessment.granted_by)
+            and _asks_with_history(run, tool, tool.approval, assessment.arguments))
+
+
+def propose_tool_calls(
+    *, run, step, calls: list[dict], assessments: list[Assessment], actor: str = "worker"
+) -> list[ToolCall]:
+    """Record the calls of one model turn with their ``assess_tool_calls`` decisions (database only).
+
+    Each call ends ``invalid``, ``denied``, ``awaiting_approval``, ``ready``,
+    or linked to an earlier call of the same action. The caller opens the
+    inbox item of each ``awaiting_approval`` call in the same transaction
+    (the engine does: ``approvals.services.request_approval``).
+    ``calls[i]["id"]`` must be unique in the session.
+    A ``ready`` decision under a cumulative rule is judged again here, with
+    the rule's scopes locked and the calls already stored (this turn's
+    earlier ones included) counted. A call that goes ahead only because a
+    granted agent rule replaced the tool's gets a ``policy`` event.
+    """
+    created: list[ToolCall] = []
+    with transaction.atomic():
+        _lock_cumulative_scopes(run, assessments)
+        for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
+            assessment = _judge_with_history(run, assessment)
+            loosened = _loosened(run, assessment)
+            raw = call.get("arguments")
+            tool_call = ToolCall.objects.create(
+                run=run, step=step, index=index, provider_call_id=call["id"],
+                name=str(call.get("name") or "")[:100],
+                raw_arguments=raw if isinstance(raw, str) else json.dumps(raw),
+                arguments=assessment.arguments,
+                side_effect=bool(assessment.tool and assessment.tool.side_effect),
+                action_key=assessment.action_key,
+            )
+            payload = {"tool_call": tool_call.pk, "name": tool_call.name}
+            if call.get("original_id"):
+                payload["original_id"] = call["original_id"]
+            append_event(run, type="tool_call", actor=actor, reason="proposed", payload=payload, to_status=S.PROPOSED)
+            if loosened:
+                append_event(run, type="policy", actor=actor, reason="loosened approval rule applied",
+                             payload={"tool_call": tool_call.pk, "tool_rule": assessment.tool.approval,
+                                      "agent_rule": assessment.rule, "granted_by": assessment.granted_by})
+            if assessment.outcome == "duplicate":
+                original = assessment.original
+                _join(tool_call, created[original] if isinstance(original, int) else original, actor=actor)
+            elif assessment.outcome == "invalidate":
+                apply(tool_call.invalidate, actor=actor, error=assessment.reason)
+            elif assessment.outcome == "deny":
+                apply(tool_call.deny, actor=actor, error=assessment.reason)
+            elif assessment.outcome == "request_approval":
+                apply(tool_call.request_approval, actor=actor, reason=assessment.reason)
+            else:
+                apply(tool_call.make_ready, actor=actor, reason=assessment.reason)
+            created.append(tool_call)
+    return created
+
+
+def _join(tool_call: ToolCall, original: ToolCall, *, actor: str) -> None:
+    """Link a re-proposed action to its ``original``: settled now if that finished, else when it does."""
+    tool_call.duplicate_of = original
+    ToolCall.objects.filter(pk=tool_call.pk).update(duplicate_of=original)
+    original.refresh_from_db()
+    if original.status in FINAL_STATUSES:
+        settle_duplicate(tool_call, actor=actor)
+        return
+    append_event(tool_call.run, type="tool_call", actor=actor, reason=f"same action as #{original.pk}: waits for it",
+                 payload={"tool_call": tool_call.pk, "name": tool_call.name, "duplicate_of": original.pk})
+
+
+def settle_duplicate(tool_call: ToolCall, *, actor: str) -> ToolCall:
+    """End a re-proposed call as its finished original ended: its result is replayed, nothing runs again."""
+    original = tool_call.duplicate_of
+    verb = "result reused" if original.status == S.SUCCEEDED else f"ended {original.status}"
+    return apply(tool_call.settle_as_duplicate, actor=actor,
+                 reason=f"same action as #{original.pk}: {verb}", original=original, now=timezone.now())
+
+
+def settle_joined_calls(run) -> list[ToolCall]:
+    """Settle every re-proposed call of ``run`` whose original has finished; returns those still waiting.
+
+    A call still waiting has an original that is pending elsewhere (e.g. an
+    unknown outcome of an earlier run of the session, being reconciled).
+    """
+    waiting = []
+    for tool_call in run.tool_calls.filter(status=S.PROPOSED, duplicate_of__isnull=False).select_related(
+            "duplicate_of"):
+        if tool_call.duplicate_of.status in FINAL_STATUSES:
+            settle_duplicate(tool_call, actor="worker")
+        else:
+            waiting.append(tool_call)
+    return waiting

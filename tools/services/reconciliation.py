@@ -1,0 +1,65 @@
+"""Unknown outcomes: ask the tool's ``reconcile`` hook, or record what a person found out."""
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from runs.services import append_event
+from runs.transitions import apply
+from tools.models import ToolCall
+from tools.registry import Reconciliation, get_tool
+
+log = logging.getLogger(__name__)
+
+
+def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> str:
+    """Ask the tool's ``reconcile`` hook about an ``unknown`` call.
+
+    Returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
+    call is now too), ``"later"`` (no trace yet, or the external system
+    could not be asked: try again after ``reconcile_delay``) or
+    ``"person"`` (the tool has no hook, or ``RECONCILE_MAX_TRIES`` tries
+    found nothing: only a person can settle it). A hook that raises counts
+    as a try that learned nothing; nothing is ever guessed.
+    """
+    tool = get_tool(tool_call.name)
+    if tool is None or tool.reconcile is None:
+        return "person"
+    ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_attempts=F("reconcile_attempts") + 1)
+    tool_call.refresh_from_db()
+    try:
+        found = tool.reconcile(tool_call.idempotency_key)
+    except Exception as exc:
+        log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
+        found = Reconciliation("not_found", error=f"{type(exc).__name__}: {exc}")
+    if found.status == "succeeded":
+        apply(tool_call.succeed, actor=actor, reason="reconciled automatically",
+              result=found.result, now=timezone.now())
+        return "settled"
+    if found.status == "failed":
+        apply(tool_call.fail, actor=actor, reason="reconciled automatically",
+              error=found.error or "The external system reports that the call failed.", now=timezone.now())
+        return "settled"
+    with transaction.atomic():
+        append_event(tool_call.run, type="reconciliation", actor=actor, reason=found.error or "not found yet",
+                     payload={"tool_call": tool_call.pk, "try": tool_call.reconcile_attempts})
+    if tool_call.reconcile_attempts >= settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
+        return "person"
+    return "later"
+
+
+def reconcile_delay(tool_call: ToolCall) -> float:
+    """Seconds before the next automatic reconciliation try (doubling from RECONCILE_BACKOFF_S)."""
+    return settings.TOLLGATE["RECONCILE_BACKOFF_S"] * 2 ** max(tool_call.reconcile_attempts - 1, 0)
+
+
+def settle_unknown_call(*, tool_call: ToolCall, succeeded: bool, result, evidence: str, actor: str) -> ToolCall:
+    """A person reconciled an ``unknown`` call: ``succeeded`` with ``result``, or ``failed``; evidence kept."""
+    if succeeded:
+        return apply(tool_call.succeed, actor=actor, reason=f"reconciled by a person: {evidence}",
+                     result=result, now=timezone.now())
+    return apply(tool_call.fail, actor=actor, reason=f"reconciled by a person: {evidence}",
+                 error=f"Reconciled as failed: {evidence}", now=timezone.now())
