@@ -6,6 +6,6 @@ class ToolsConfig(AppConfig):
     verbose_name = "Tools"
 
     def ready(self):
-        # Registering the demo shop's tools and completion checks is an
-        # import side effect of these modules.
-        from tools import demo  # noqa: F401
+        # Registering the built-in waiting tools and the demo shop's tools
+        # and completion checks is an import side effect of these modules.
+        from tools import builtin, demo  # noqa: F401

@@ -472,7 +472,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         return _transition(tool_call, "succeed", actor=actor, reason=f"reused result of call {earlier.pk}",
                            result=earlier.result, now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
-                          timeout_s=tool.timeout_s)
+                          timeout_s=tool.timeout_s, tool_call=tool_call)
     failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
     try:
         result = tool.handler(context, tool_call.arguments)
