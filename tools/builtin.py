@@ -80,11 +80,17 @@ ASK_USER = register(Tool(
 
 # --- wait_for_event ----------------------------------------------------------
 
-def key_in_use(event_type: str, key: str) -> bool:
-    """Whether ``event_type`` + ``key`` is taken: a pending wait holds it, or such an event already came."""
+def key_in_use(event_type: str, key: str, *, tool_call=None) -> bool:
+    """Whether ``event_type`` + ``key`` is taken: a pending wait holds it, or such an event already came.
+
+    The wait of ``tool_call`` itself (checked again before it runs) does not count.
+    """
     pending = Wait.objects.filter(kind=WaitingReason.EXTERNAL_EVENT, status=WaitStatus.PENDING,
                                   event_type=event_type, correlation_key=key)
-    return pending.exists() or ExternalEvent.objects.filter(type=event_type, key=key).exists()
+    events = ExternalEvent.objects.filter(type=event_type, key=key)
+    if tool_call is not None:
+        pending, events = pending.exclude(tool_call=tool_call), events.exclude(wait__tool_call=tool_call)
+    return pending.exists() or events.exists()
 
 
 def _event_precondition(ctx: ToolContext, args: dict) -> str | None:
@@ -92,7 +98,7 @@ def _event_precondition(ctx: ToolContext, args: dict) -> str | None:
     if args["timeout_s"] > limit:
         return f"timeout_s is {args['timeout_s']}; the longest wait allowed is {limit} seconds."
     key = args.get("correlation_key")
-    if key and key_in_use(args["event_type"], key):
+    if key and key_in_use(args["event_type"], key, tool_call=ctx.tool_call):
         return f"The key {key!r} is already used for {args['event_type']} events; choose another or omit it."
     return None
 

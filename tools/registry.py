@@ -66,8 +66,9 @@ class Reconciliation:
 class ToolContext:
     """What a handler or precondition may know: the run, its requester, the key.
 
-    ``idempotency_key`` is empty for preconditions (no call exists yet);
-    so is ``tool_call`` (the ``ToolCall`` being executed).
+    ``idempotency_key`` is empty for preconditions; ``tool_call`` (the
+    ``ToolCall``) is None while a call is assessed (none is stored yet), and
+    set when it is checked again before running and when it runs.
     """
 
     run: Any

@@ -455,8 +455,8 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it.
     if tool.precondition and tool_call.attempts == 0:
-        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by),
-                                   tool_call.arguments)
+        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
+                                               tool_call=tool_call), tool_call.arguments)
         if denial:
             return _transition(tool_call, "deny", actor=actor, reason="precondition checked before running",
                                error=denial)
