@@ -2,6 +2,7 @@
 
 import time
 
+import httpx
 import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
@@ -10,6 +11,7 @@ from rest_framework.authtoken.models import Token
 
 from runs.models import Run
 from tests.api_helpers import start_run
+from tests.test_browser import served  # noqa: F401  (the fixture: manage.py serve, i.e. Daphne)
 from tests.wait_helpers import waiting_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -87,3 +89,18 @@ def test_wait_works_with_a_session_login(demo, api):
     client.force_login(demo["requester"])
     response, _ = _wait({}, run["id"], "?timeout=1", client=client)
     assert (response.status_code, response["Wait-Timed-Out"]) == (200, "true")
+
+
+def test_wait_over_real_http_from_daphne_with_a_token(served, worker, demo, api):  # noqa: F811
+    agent = waiting_agent(api(demo["admin"]), "asks-over-http", QUESTION)
+    headers = _token(demo["requester"])
+    created = httpx.post(f"{served}/api/runs/", json={"agent": agent, "input": "Move my savings."},
+                         headers=headers, timeout=10)
+    assert created.status_code == 201, created.text
+
+    answer = httpx.get(f"{served}/api/runs/{created.json()['id']}/wait/?timeout=30", headers=headers, timeout=45)
+
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["Wait-Timed-Out"] == "false"
+    assert (answer.json()["status"], answer.json()["waiting_reason"]) == ("waiting", "input")
+    assert httpx.get(f"{served}/api/runs/{created.json()['id']}/wait/?timeout=1", timeout=10).status_code == 401

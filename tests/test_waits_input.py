@@ -66,6 +66,8 @@ def test_question_answered_on_the_item_page(worker, demo, api, asking_agent):
     run, item = _asked(worker, api(demo["requester"]), asking_agent)
     browser = Client()
     browser.force_login(demo["requester"])
+    assert f'href="/inbox/{item["id"]}/"' in browser.get("/inbox/").content.decode()  # addressed to the requester
+    assert "Which account, A or B?" in browser.get(f"/runs/{run['id']}/").content.decode()
 
     page = browser.get(f"/inbox/{item['id']}/")
     assert page.status_code == 200
