@@ -10,7 +10,7 @@ from rest_framework import serializers
 from config.api import StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, ExternalEvent, MultitaskStrategy, Run, RunEvent, Session, WaitStatus
+from runs.models import Agent, ExternalEvent, MultitaskStrategy, Run, RunEvent, Session, WaitingReason, WaitStatus
 from tools.models import ToolCall
 
 
@@ -65,7 +65,8 @@ class RunSerializer(serializers.ModelSerializer):
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
     waiting_for = serializers.SerializerMethodField(
         help_text="The pending wait of a waiting run (input, external_event, scheduled): kind, deadline, the "
-                  "tool call, and for an event wait the event_type and correlation_key to POST to /api/events/.")
+                  "tool call; for a question the inbox item to answer (interrupt), for an event wait the "
+                  "event_type and correlation_key to POST to /api/events/.")
 
     class Meta:
         model = Run
@@ -86,6 +87,9 @@ class RunSerializer(serializers.ModelSerializer):
         found = {"kind": wait.kind, "deadline": wait.deadline.isoformat(), "tool_call": wait.tool_call_id}
         if wait.event_type:
             found.update(event_type=wait.event_type, correlation_key=wait.correlation_key)
+        if wait.kind == WaitingReason.INPUT:  # the inbox item to answer
+            found["interrupt"] = run.interrupts.filter(tool_call_id=wait.tool_call_id).values_list(
+                "pk", flat=True).order_by("-pk").first()
         return found
 
 

@@ -43,7 +43,7 @@ def test_question_answered_through_the_api_resumes_the_run_with_the_answer(worke
     run, item = _asked(worker, requester, asking_agent)
     assert (item["kind"], item["title"], item["can_decide"]) == ("input", "Which account, A or B?", True)
     assert item["tool_call"]["arguments"]["options"] == ["A", "B"]
-    assert run["waiting_for"]["kind"] == "input"
+    assert (run["waiting_for"]["kind"], run["waiting_for"]["interrupt"]) == ("input", item["id"])
 
     refused = requester.post(f"/api/interrupts/{item['id']}/respond/", {"answer": "C"}, format="json")
     assert refused.status_code == 400
