@@ -1,7 +1,7 @@
-"""REST API for the inbox: list items, approve, reject or reconcile them.
+"""REST API for the inbox: list items, approve, reject or reconcile them, answer questions.
 
 Decisions go through ``approvals.services`` (``decide_interrupt``,
-``reconcile_interrupt``), which check that the item is still pending
+``reconcile_interrupt``, ``answer_interrupt``), which check that the item is still pending
 (409). An item of a run you may not see is 404 on every verb, like a
 missing one; on one you see, the permission is checked (403) before
 anything else about the item is said.
@@ -16,8 +16,14 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
-from approvals.serializers import ApproveSerializer, InterruptSerializer, ReconcileSerializer, RejectSerializer
-from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
+from approvals.serializers import (
+    ApproveSerializer,
+    InterruptSerializer,
+    ReconcileSerializer,
+    RejectSerializer,
+    RespondSerializer,
+)
+from approvals.services import answer_interrupt, can_decide, decide_interrupt, reconcile_interrupt
 from config.api import int_query_param
 from runs.selectors import user_sees_all_runs
 
@@ -112,4 +118,18 @@ class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
             evidence=body.validated_data["evidence"],
             result=body.validated_data["result"],
         )
+        return Response(self.get_serializer(interrupt).data)
+
+    @extend_schema(summary="Answer a question (an input item); the answer is the ask_user call's result",
+                   request=RespondSerializer, responses={
+                       **DECISION_RESPONSES,
+                       400: OpenApiResponse(description="Empty answer, or not one of the question's options."),
+                       403: OpenApiResponse(description="Only the run's requester or staff may answer.")})
+    @action(detail=True, methods=["post"])
+    def respond(self, request, pk=None):
+        """Answer an input item; the run resumes with the answer as the tool result."""
+        interrupt = self._decidable_item()
+        body = RespondSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        interrupt = answer_interrupt(interrupt=interrupt, user=request.user, answer=body.validated_data["answer"])
         return Response(self.get_serializer(interrupt).data)

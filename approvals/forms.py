@@ -58,3 +58,12 @@ class ReconcileForm(forms.Form):
             return loads(raw)
         except StrictJSONError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+
+class AnswerForm(forms.Form):
+    """Answer a question (an input item): free text, or one of the question's options (a button each).
+
+    The options are checked again by ``approvals.services.answer_interrupt``.
+    """
+
+    answer = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000)

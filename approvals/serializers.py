@@ -49,6 +49,13 @@ class ApproveSerializer(RejectSerializer):
                                       help_text="Edited arguments to run the tool with instead of the model's.")
 
 
+class RespondSerializer(StrictSerializer):
+    """Body of an answer to an input item: the answer (one of the question's options, when it has them)."""
+
+    answer = serializers.CharField(max_length=10_000, allow_blank=True,
+                                   help_text="Given to the model as the ask_user call's result.")
+
+
 class ReconcileSerializer(StrictSerializer):
     """Body of a reconciliation: did the effect happen, what was checked, and what it returned."""
 

@@ -14,9 +14,10 @@ from django_fsm import can_proceed
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from runs.errors import Forbidden, InvalidInput
-from runs.models import Run
+from runs.models import Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
 from runs.transitions import apply
+from runs.waits import settle_wait
 from runs.wakeups import wake_on_commit
 from tools.registry import Tool, get_tool
 from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
@@ -118,8 +119,13 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
 
 
 def overdue_interrupts(*, now) -> list[tuple[int, int]]:
-    """``(item id, run id)`` of pending items whose ``expires_at`` has passed (for the sweeper)."""
-    overdue = Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now)
+    """``(item id, run id)`` of pending approval items whose ``expires_at`` has passed (for the sweeper).
+
+    Input items are left out: their wait ends them at the same moment
+    (``expire_input_item``), and the run goes on instead of failing.
+    """
+    overdue = Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now).exclude(
+        kind=InterruptKind.INPUT)
     return list(overdue.values_list("pk", "run_id"))
 
 
@@ -134,16 +140,91 @@ def expire_interrupt(*, interrupt_id: int, now, actor: str) -> Interrupt | None:
     if not can_proceed(interrupt.expire):
         return None
     apply(interrupt.expire, actor=actor, reason="expired", now=now)
-    if interrupt.tool_call is not None:
+    if interrupt.tool_call is not None and interrupt.kind == InterruptKind.APPROVAL:
         expire_tool_call(tool_call=interrupt.tool_call, actor=actor)
     return interrupt
 
 
 def can_decide(user, interrupt: Interrupt) -> bool:
-    """Whether ``user`` may resolve ``interrupt``: permission, and the requester rule."""
-    if not user.is_authenticated or not user.has_perm(interrupt.required_permission):
+    """Whether ``user`` may resolve ``interrupt``: permission, and the requester rule.
+
+    An input item (a question to the requester) is answered by the run's
+    requester or by staff.
+    """
+    if not user.is_authenticated:
+        return False
+    if interrupt.kind == InterruptKind.INPUT:
+        return user.is_active and (interrupt.run.requested_by_id == user.pk or user.is_staff)
+    if not user.has_perm(interrupt.required_permission):
         return False
     return interrupt.allow_requester or interrupt.run.requested_by_id != user.pk
+
+
+def request_input(*, tool_call, title: str, expires_at) -> Interrupt:
+    """Open a pending input item: the question of ``tool_call`` (``ask_user``) to the run's requester.
+
+    It expires at ``expires_at`` (the wait's deadline). The engine puts the
+    run to wait ``input`` in the same transaction.
+    """
+    interrupt = Interrupt.objects.create(
+        run=tool_call.run, tool_call=tool_call, kind=InterruptKind.INPUT, title=title,
+        allow_requester=True, expires_at=expires_at,
+    )
+    _log_opened(interrupt, reason="input requested")
+    return interrupt
+
+
+def question_options(interrupt: Interrupt) -> list[str]:
+    """The choices an input item offers (its ``ask_user`` call's ``options``); empty: free text."""
+    arguments = interrupt.tool_call.arguments if interrupt.tool_call is not None else None
+    return list((arguments or {}).get("options") or [])
+
+
+MAX_ANSWER_CHARS = 10_000
+
+
+def answer_interrupt(*, interrupt: Interrupt, user, answer: str) -> Interrupt:
+    """Answer an input item: the answer becomes its tool call's result and the run resumes.
+
+    ``answer`` must be non-empty, at most ``MAX_ANSWER_CHARS`` characters
+    and, when the question has options, exactly one of them. The item is
+    ``resolved`` with decision ``answered`` (``comment`` holds the answer).
+    Raises ``InvalidInput`` (wrong kind, bad answer), ``Forbidden`` (not
+    the requester or staff) and ``TransitionNotAllowed`` (no longer pending).
+    """
+    if interrupt.kind != InterruptKind.INPUT:
+        raise InvalidInput(f"A {interrupt.kind} item is not answered.")
+    if not can_decide(user, interrupt):
+        raise Forbidden("You may not answer this item.")
+    answer = (answer or "").strip()
+    options = question_options(interrupt)
+    if not answer:
+        raise InvalidInput.for_fields({"answer": "The answer must not be empty."})
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise InvalidInput.for_fields({"answer": f"The answer is over {MAX_ANSWER_CHARS} characters."})
+    if options and answer not in options:
+        raise InvalidInput.for_fields({"answer": f"Choose one of: {', '.join(options)}."})
+    actor = actor_for(user)
+    with transaction.atomic():
+        Run.objects.select_for_update().get(pk=interrupt.run_id)
+        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+        apply(interrupt.resolve, actor=actor, reason=Decision.ANSWERED, decision=Decision.ANSWERED, user=user,
+              comment=answer, edited_arguments=None, now=timezone.now())
+        wait = Wait.objects.get(tool_call_id=interrupt.tool_call_id)
+        settle_wait(wait, status=WaitStatus.DONE, actor=actor,
+                    result={"answer": answer, "answered_by": user.get_username()})
+    return interrupt
+
+
+def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
+    """Expire the pending input item of ``tool_call`` (its wait timed out); None if there is none.
+
+    Call inside a transaction holding the run's row lock.
+    """
+    interrupt = tool_call.interrupts.filter(kind=InterruptKind.INPUT, status=InterruptStatus.PENDING).first()
+    if interrupt is None:
+        return None
+    return expire_interrupt(interrupt_id=interrupt.pk, now=now, actor=actor)
 
 
 def decide_interrupt(
@@ -184,7 +265,8 @@ def _resume_if_unblocked(run, *, actor: str) -> None:
     run.refresh_from_db()
     if run.interrupts.filter(status=InterruptStatus.PENDING).exists():
         return
-    if can_proceed(run.resume):  # waiting, for an approval or a settlement
+    # waiting for an approval or a settlement (a wait for an answer or an event ends with its wait)
+    if run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) and can_proceed(run.resume):
         apply(run.resume, actor=actor, reason="resumed after decision")
         wake_on_commit(run.pk)
 

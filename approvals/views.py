@@ -16,9 +16,9 @@ from django.views.decorators.http import require_GET
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals import selectors
-from approvals.forms import DecisionForm, ReconcileForm
+from approvals.forms import AnswerForm, DecisionForm, ReconcileForm
 from approvals.models import InterruptKind, InterruptStatus
-from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
+from approvals.services import answer_interrupt, can_decide, decide_interrupt, question_options, reconcile_interrupt
 from runs.errors import InvalidInput
 from runs.selectors import run_tool_calls, session_messages
 from runs.views import conflict
@@ -38,7 +38,8 @@ def interrupt_detail(request, interrupt_id: int):
 
     Approval items take approve / reject (``decide_interrupt``),
     reconciliation items succeeded / failed with evidence
-    (``reconcile_interrupt``).
+    (``reconcile_interrupt``), input items an answer: free text, or one
+    button per option (``answer_interrupt``).
     """
     item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
     if item is None:
@@ -47,16 +48,14 @@ def interrupt_detail(request, interrupt_id: int):
     data = request.POST if request.method == "POST" else None
     if item.kind == InterruptKind.RECONCILIATION:
         form = ReconcileForm(data)
+    elif item.kind == InterruptKind.INPUT:
+        form = AnswerForm(data)
     else:
         original = tool_call.arguments if tool_call else None
         initial = {"edited_arguments": json.dumps(original, indent=2, ensure_ascii=False)} if original is not None else {}
         form = DecisionForm(data, initial=initial, original_arguments=original)
     status = 200
     if request.method == "POST":
-        if item.kind not in (InterruptKind.APPROVAL, InterruptKind.RECONCILIATION):
-            return conflict(request, title="Not decidable here",
-                            message=f"{item.kind} items are answered through the API.",
-                            back_url=reverse("inbox-item", args=[item.pk]))
         if form.is_valid():
             try:
                 _decide(item, request.user, form)
@@ -80,8 +79,8 @@ def interrupt_detail(request, interrupt_id: int):
         "tool_call": tool_call,
         "tool": tool,
         "form": form,
-        "can_decide": item.status == InterruptStatus.PENDING
-        and item.kind in (InterruptKind.APPROVAL, InterruptKind.RECONCILIATION) and can_decide(request.user, item),
+        "can_decide": item.status == InterruptStatus.PENDING and can_decide(request.user, item),
+        "options": question_options(item) if item.kind == InterruptKind.INPUT else [],
         "messages_": session_messages(session_id=item.run.session_id),
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
     }, status=status)
@@ -89,7 +88,9 @@ def interrupt_detail(request, interrupt_id: int):
 
 def _decide(item, user, form) -> None:
     """Call the service that resolves ``item`` with the validated ``form``."""
-    if item.kind == InterruptKind.RECONCILIATION:
+    if item.kind == InterruptKind.INPUT:
+        answer_interrupt(interrupt=item, user=user, answer=form.cleaned_data["answer"])
+    elif item.kind == InterruptKind.RECONCILIATION:
         reconcile_interrupt(interrupt=item, user=user, succeeded=form.cleaned_data["outcome"] == "succeeded",
                             evidence=form.cleaned_data["evidence"], result=form.cleaned_data["result"])
     else:

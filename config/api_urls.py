@@ -5,6 +5,7 @@ from rest_framework.routers import SimpleRouter
 
 from approvals.api import InterruptViewSet
 from runs.api import AgentViewSet, RunViewSet
+from runs.api_waits import EventView, run_wait
 from tools.api import ToolListView
 
 router = SimpleRouter()
@@ -15,4 +16,6 @@ router.register("interrupts", InterruptViewSet, basename="interrupt")
 urlpatterns = [
     *router.urls,
     path("tools/", ToolListView.as_view(), name="tool-list"),
+    path("events/", EventView.as_view(), name="event-list"),
+    path("runs/<int:run_id>/wait/", run_wait, name="run-wait"),
 ]

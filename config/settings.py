@@ -303,6 +303,15 @@ TOLLGATE = {
     "MAX_INCOMPLETE_NUDGES": env.int("TOLLGATE_MAX_INCOMPLETE_NUDGES", default=2),
     # Default hours before a pending approval expires.
     "APPROVAL_TTL_HOURS": env.int("TOLLGATE_APPROVAL_TTL_HOURS", default=72),
+    # --- Waits (runs.engine.waits, tools.builtin) ---
+    # Hours before a question to the requester (ask_user) expires unanswered.
+    "INPUT_TTL_HOURS": env.int("TOLLGATE_INPUT_TTL_HOURS", default=72),
+    # Longest wait (seconds) a run may take: wait_until, wait_for_event's
+    # timeout_s and a run's start_at are bounded by it.
+    "MAX_WAIT_S": env.int("TOLLGATE_MAX_WAIT_S", default=7 * 24 * 3600),
+    # Largest external event payload (bytes of JSON) POST /api/events/ takes;
+    # it becomes a tool result the model reads.
+    "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
     # --- Model providers (runs.providers.http_config) ---

@@ -31,7 +31,7 @@ from runs.serializers import (
     ToolCallSerializer,
 )
 from runs.services import actor_for
-from runs.engine.lifecycle import cancel_run, submit_input
+from runs.engine.lifecycle import cancel_run, retry_run, submit_input
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = Run._meta.get_field("idempotency_key").max_length
@@ -110,17 +110,46 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         """Start a run (or supplement one) through ``submit_input``; 201 created, 200 supplemented, 422 key reused."""
         body = RunCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
-        key = request.headers.get(IDEMPOTENCY_HEADER) or None
-        if key and len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
-            return Response({"detail": f"The {IDEMPOTENCY_HEADER} header is longer than "
-                                       f"{IDEMPOTENCY_KEY_MAX_LENGTH} characters."},
-                            status=status.HTTP_400_BAD_REQUEST)
+        key, refused = self._idempotency_key(request)
+        if refused:
+            return refused
         data = body.validated_data
         submitted = submit_input(agent=data["agent"], user=request.user, input=data["input"],
                                  session=data.get("session"), idempotency_key=key,
-                                 multitask_strategy=data["multitask_strategy"])
+                                 multitask_strategy=data["multitask_strategy"], start_at=data["start_at"])
         code = status.HTTP_200_OK if submitted.outcome == "supplemented" else status.HTTP_201_CREATED
         return Response(self.get_serializer(submitted.run).data, status=code)
+
+    @staticmethod
+    def _idempotency_key(request) -> tuple[str | None, Response | None]:
+        """(the ``Idempotency-Key`` header or None, a 400 answer when it is too long)."""
+        key = request.headers.get(IDEMPOTENCY_HEADER) or None
+        if key and len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+            return None, Response({"detail": f"The {IDEMPOTENCY_HEADER} header is longer than "
+                                             f"{IDEMPOTENCY_KEY_MAX_LENGTH} characters."},
+                                  status=status.HTTP_400_BAD_REQUEST)
+        return key, None
+
+    @extend_schema(summary="Retry a failed or cancelled run", request=CancelSerializer,
+                   parameters=[OpenApiParameter(
+                       IDEMPOTENCY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
+                       description="Repeating a retry with the same key returns the run it created.")],
+                   responses={201: RunSerializer, 403: OpenApiResponse(description="Only the requester may retry."),
+                              409: OpenApiResponse(description="The run is not failed or cancelled.")})
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        """A new run with ``retry_of`` set: same session, agent and input (``retry_run``); the body must be empty.
+
+        Side effects the old run achieved are answered with their stored
+        results, not done again; reads run afresh.
+        """
+        run = self.get_object()
+        CancelSerializer(data=request.data).is_valid(raise_exception=True)
+        key, refused = self._idempotency_key(request)
+        if refused:
+            return refused
+        submitted = retry_run(run=run, user=request.user, idempotency_key=key)
+        return Response(self.get_serializer(submitted.run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="The run's events, in order", responses={200: RunEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=EventCursorPagination)

@@ -43,6 +43,13 @@ class Forbidden(TollgateError, PermissionDenied):
     http_status = 403
 
 
+class NotFound(TollgateError):
+    """Nothing matches what the request names (404), e.g. an event key no run waits on."""
+
+    code = "not_found"
+    http_status = 404
+
+
 class Conflict(TollgateError):
     """The object's state does not allow it now (409)."""
 

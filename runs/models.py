@@ -140,8 +140,9 @@ def _no_cancel_requested(run: "Run") -> bool:
 
 
 def _waits_for_a_person(run: "Run") -> bool:
-    """Guard: the run waits for an inbox decision or settlement (not for a timer alone)."""
-    return run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION)
+    """Guard: the run waits for an inbox decision, settlement or answer, or an outside event (not a timer alone)."""
+    return run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION, WaitingReason.INPUT,
+                                  WaitingReason.EXTERNAL_EVENT)
 
 
 def _has_a_timer(run: "Run") -> bool:
@@ -244,6 +245,8 @@ class Run(FSMModel):
     def start(self):
         self.phase = Phase.PREPARING_CONTEXT
         self.started_at = timezone.now()
+        self.waiting_reason = ""  # a run created with start_at waited "scheduled" while queued
+        self.wake_at = None
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING, conditions=[_no_cancel_requested])
     def wait(self, waiting_reason: str, wake_at=None):
@@ -409,3 +412,74 @@ class RunEvent(models.Model):
 
     def __str__(self):
         return f"event {self.seq} of run {self.run_id}: {self.type}"
+
+
+class WaitStatus(models.TextChoices):
+    PENDING = "pending"  # the run waits for it
+    DONE = "done"  # answered, received, or the time came: ``result`` is the tool call's result
+    TIMED_OUT = "timed_out"  # nothing came by ``deadline``: the tool call fails with ``error``
+    REFUSED = "refused"  # could not be opened (e.g. the event key is taken): the tool call fails with ``error``
+    CANCELLED = "cancelled"  # the run ended first
+
+
+class Wait(models.Model):
+    """What a run waits for on behalf of one tool call of a built-in waiting tool (``tools.builtin``).
+
+    ``kind`` is the run's waiting reason while it waits: ``input`` (a
+    person's answer to an inbox item of kind ``input``), ``external_event``
+    (a ``POST /api/events/`` with ``event_type`` and ``correlation_key``)
+    or ``scheduled`` (the time ``deadline``). ``deadline`` is also the run's
+    ``wake_at``: the sweeper ends the wait then (docs/design.md#waits).
+    ``status`` is a plain field written with conditional updates under the
+    run's row lock (``runs.waits``); no FSM. While pending, an event
+    type + key pair belongs to one wait only.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits")
+    tool_call = models.OneToOneField("tools.ToolCall", on_delete=models.CASCADE, related_name="wait")
+    kind = models.CharField(max_length=32, choices=WaitingReason.choices)
+    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING, db_index=True)
+    event_type = models.CharField(max_length=100, blank=True)
+    correlation_key = models.CharField(max_length=200, blank=True)
+    deadline = models.DateTimeField(help_text="When the wait ends: the time itself (scheduled), else its timeout.")
+    result = models.JSONField(null=True, blank=True, help_text="The tool call's result once done.")
+    error = models.TextField(blank=True, help_text="Why the tool call fails (timed out, refused).")
+    created_at = models.DateTimeField(auto_now_add=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["event_type", "correlation_key"],
+                condition=models.Q(status="pending", kind="external_event"),
+                name="one_pending_wait_per_event_key",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} wait {self.pk} of run {self.run_id} ({self.status})"
+
+
+class ExternalEvent(models.Model):
+    """An event an outside system delivered to a waiting run (``POST /api/events/``).
+
+    ``(type, key)`` is unique: the first delivery is stored and resumes the
+    run; a repeat changes nothing. ``payload`` became the waiting tool
+    call's result.
+    """
+
+    type = models.CharField(max_length=100)
+    key = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict, blank=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="external_events")
+    wait = models.OneToOneField(Wait, on_delete=models.CASCADE, related_name="event")
+    received_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["type", "key"], name="external_event_type_key")]
+
+    def __str__(self):
+        return f"event {self.type} ({self.pk}) for run {self.run_id}"

@@ -4,12 +4,13 @@ Output serializers are read-only views of the models; input serializers
 only check the shape of a request body; the services decide the rest.
 """
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.api import StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, MultitaskStrategy, Run, RunEvent, Session
+from runs.models import Agent, ExternalEvent, MultitaskStrategy, Run, RunEvent, Session, WaitingReason, WaitStatus
 from tools.models import ToolCall
 
 
@@ -62,15 +63,34 @@ class RunSerializer(serializers.ModelSerializer):
 
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    waiting_for = serializers.SerializerMethodField(
+        help_text="The pending wait of a waiting run (input, external_event, scheduled): kind, deadline, the "
+                  "tool call; for a question the inbox item to answer (interrupt), for an event wait the "
+                  "event_type and correlation_key to POST to /api/events/.")
 
     class Meta:
         model = Run
-        fields = ["id", "status", "phase", "waiting_reason", "failure_type", "outcome", "outcome_reason", "session",
-                  "agent",
+        fields = ["id", "status", "phase", "waiting_reason", "waiting_for", "failure_type", "outcome",
+                  "outcome_reason", "session", "agent",
                   "requested_by", "input", "final_output", "error", "wake_at", "cancel_requested_at", "retry_of",
                   "model_calls", "input_tokens", "output_tokens", "created_at", "updated_at", "started_at",
                   "finished_at"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_waiting_for(self, run: Run) -> dict | None:
+        if run.status != "waiting":
+            return None
+        wait = run.waits.filter(status=WaitStatus.PENDING).order_by("id").first()
+        if wait is None:
+            return None
+        found = {"kind": wait.kind, "deadline": wait.deadline.isoformat(), "tool_call": wait.tool_call_id}
+        if wait.event_type:
+            found.update(event_type=wait.event_type, correlation_key=wait.correlation_key)
+        if wait.kind == WaitingReason.INPUT:  # the inbox item to answer
+            found["interrupt"] = run.interrupts.filter(tool_call_id=wait.tool_call_id).values_list(
+                "pk", flat=True).order_by("-pk").first()
+        return found
 
 
 class RunCreateSerializer(StrictSerializer):
@@ -83,6 +103,10 @@ class RunCreateSerializer(StrictSerializer):
     multitask_strategy = serializers.ChoiceField(
         choices=MultitaskStrategy.values, default=MultitaskStrategy.ENQUEUE,
         help_text="If the session has an active run: enqueue (default), supplement, interrupt or reject (409).")
+    start_at = serializers.DateTimeField(
+        required=False, allow_null=True, default=None,
+        help_text="ISO 8601 with offset: the run stays queued (waiting_reason scheduled) until then; at most "
+                  "TOLLGATE['MAX_WAIT_S'] ahead. A past time starts it at once.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,7 +116,32 @@ class RunCreateSerializer(StrictSerializer):
 
 
 class CancelSerializer(StrictSerializer):
-    """Body of ``POST /api/runs/{id}/cancel/``: nothing (any field is refused)."""
+    """Body of ``POST /api/runs/{id}/cancel/`` (and ``retry/``): nothing (any field is refused)."""
+
+
+class EventSerializer(StrictSerializer):
+    """Body of ``POST /api/events/``: the event's type, the correlation key a run waits on, a JSON payload."""
+
+    type = serializers.CharField(max_length=100, help_text="The event_type the run's wait_for_event named.")
+    key = serializers.CharField(max_length=200, help_text="The correlation key (the run shows it in waiting_for).")
+    payload = serializers.JSONField(required=False, default=dict,
+                                    help_text="Given to the model as the tool result; limited to "
+                                              "TOLLGATE['MAX_EVENT_PAYLOAD_BYTES'] bytes of JSON.")
+
+
+class ExternalEventSerializer(serializers.ModelSerializer):
+    """A stored external event; ``duplicate`` is True when this POST repeated an earlier delivery."""
+
+    duplicate = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ExternalEvent
+        fields = ["id", "type", "key", "run", "received_at", "duplicate"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_duplicate(self, event) -> bool:
+        return bool(self.context.get("duplicate"))
 
 
 class RunEventSerializer(serializers.ModelSerializer):

@@ -115,7 +115,9 @@ def test_the_product_runs_without_the_demo_app(nodemo_server, tmp_path):
     requester, approver, admin = client("requester"), client("approver"), client("admin")
     tools = requester.get("/api/tools/")
     assert tools.status_code == 200
-    assert [tool["name"] for tool in tools.json()["results"]] == ["fake_lookup", "fake_transfer"]
+    # the core's built-in waiting tools and the tests' own; none of the shop's
+    assert [tool["name"] for tool in tools.json()["results"]] == [
+        "ask_user", "fake_lookup", "fake_transfer", "wait_for_event", "wait_until"]
     refund_agent = admin.post("/api/agents/", json={
         "slug": "refund", "name": "Refund", "tools": ["refund"], "completion_check": "refund",
         "model": {"provider": "scripted", "turns": [{"content": "Done."}]}})

@@ -7,10 +7,10 @@ Layers, top to bottom:
 4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
    ``runs.providers``;
 3. the approvals services: ``approvals.models``, ``approvals.services``;
-2. the tools services: ``tools.models``, ``tools.registry``,
+2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
    ``tools.policy``, ``tools.services``;
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
-   ``runs.lease``, ``runs.wakeups``, ``runs.live``;
+   ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``;
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``.
@@ -41,12 +41,14 @@ LAYERS = {
     "tools.registry": 2,
     "tools.policy": 2,
     "tools.services": 2,
+    "tools.builtin": 2,
     "runs.models": 1,
     "runs.services": 1,
     "runs.transitions": 1,
     "runs.lease": 1,
     "runs.wakeups": 1,
     "runs.live": 1,
+    "runs.waits": 1,
     "runs.fsm": 0,
     "runs.failpoints": 0,
     "runs.model_output": 0,

@@ -2,11 +2,15 @@ from django.apps import AppConfig
 
 
 class ToolsConfig(AppConfig):
-    """The tools services: registry, approval rules and tool calls; no tools of its own.
+    """The tools services: registry, approval rules and tool calls, and the built-in waiting tools.
 
-    Tools come from installed plug-in apps, which register them from their
-    own ``AppConfig.ready`` (the demo shop: ``tools.demo``).
+    Other tools come from installed plug-in apps, which register them from
+    their own ``AppConfig.ready`` (the demo shop: ``tools.demo``).
     """
 
     name = "tools"
     verbose_name = "Tools"
+
+    def ready(self):
+        # The core's own waiting tools register themselves on import.
+        from tools import builtin  # noqa: F401

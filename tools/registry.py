@@ -6,6 +6,7 @@ must hold before it may run. Agents choose tools by name.
 """
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Callable
 
 from django.core.exceptions import ValidationError
@@ -65,13 +66,34 @@ class Reconciliation:
 class ToolContext:
     """What a handler or precondition may know: the run, its requester, the key.
 
-    ``idempotency_key`` is empty for preconditions (no call exists yet).
+    ``idempotency_key`` is empty for preconditions; ``tool_call`` (the
+    ``ToolCall``) is None while a call is assessed (none is stored yet), and
+    set when it is checked again before running and when it runs.
     """
 
     run: Any
     user: Any
     idempotency_key: str = ""
     timeout_s: float = 30.0
+    tool_call: Any = None
+
+
+@dataclass(frozen=True)
+class WaitSpec:
+    """What a waiting tool's call makes its run wait for (``Tool.wait``; see ``runs.engine.waits``).
+
+    ``kind``: the run's waiting reason, ``input``, ``external_event`` or
+    ``scheduled``. ``deadline``: an aware datetime, the time itself for
+    ``scheduled``, else when the wait times out. ``event_type`` /
+    ``correlation_key``: for ``external_event``. ``title``: for ``input``,
+    the inbox item's title (the question).
+    """
+
+    kind: str
+    deadline: datetime
+    event_type: str = ""
+    correlation_key: str = ""
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +125,10 @@ class Tool:
       system what became of a call whose outcome is unknown.
     * ``max_attempts`` / ``backoff_s``: retry policy for read-only tools
       (exponential backoff from ``backoff_s`` with full jitter).
+    * ``wait(ctx, arguments) -> WaitSpec``: makes the tool a waiting tool
+      (``tools.builtin``): before its handler runs, the run waits for what
+      the spec names, holding no worker; once that came (or timed out) the
+      handler is called with ``ctx.tool_call.wait`` settled.
     """
 
     name: str
@@ -120,6 +146,7 @@ class Tool:
     reconcile: Callable[[str], Reconciliation] | None = None
     max_attempts: int = 3
     backoff_s: float = 0.5
+    wait: Callable[[ToolContext, dict], WaitSpec] | None = None
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

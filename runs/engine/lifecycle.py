@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.services import cancel_pending_interrupts, request_reconciliation
-from runs.errors import IdempotencyKeyReused, InvalidInput, SessionBusy
+from runs.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
 from runs.models import (
     ACTIVE_STATUSES,
     BUSY_STATUSES,
@@ -24,9 +24,11 @@ from runs.models import (
     RunEvent,
     RunStatus,
     Session,
+    WaitingReason,
 )
 from runs.services import actor_for, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
+from runs.waits import cancel_waits
 from runs.wakeups import wake_on_commit
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 
@@ -41,10 +43,13 @@ class Submitted:
     replayed: bool = False
 
 
-def _fingerprint(agent: Agent, session: Session | None, input: str, strategy: str) -> str:
-    """What makes two requests with one idempotency key the same request (sha256 hex)."""
-    raw = json.dumps([agent.pk, session.pk if session else None, input, strategy])
-    return hashlib.sha256(raw.encode()).hexdigest()
+def _fingerprint(agent: Agent, session: Session | None, input: str, strategy: str, extra: dict) -> str:
+    """What makes two requests with one idempotency key the same request (sha256 hex).
+
+    ``extra`` holds the options a request set beyond the four (``start_at``, ``retry_of``).
+    """
+    parts = [agent.pk, session.pk if session else None, input, strategy] + ([extra] if extra else [])
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def _replay(user, idempotency_key: str, fingerprint: str, agent: Agent, input: str) -> Submitted | None:
@@ -71,6 +76,8 @@ def submit_input(
     session: Session | None = None,
     idempotency_key: str | None = None,
     multitask_strategy: str = MultitaskStrategy.ENQUEUE,
+    start_at=None,
+    retry_of: Run | None = None,
 ) -> Submitted:
     """Start a run for ``user``'s ``input`` (queued; a worker is woken), or add the input to one; say which.
 
@@ -83,8 +90,12 @@ def submit_input(
     run), ``reject`` (``SessionBusy``, 409). With an ``idempotency_key``
     this user already sent, the earlier result is returned (``replayed``)
     if the request was the same, else ``IdempotencyKeyReused`` (422) is
-    raised. Raises ``InvalidInput`` for empty or oversized input, a session
-    of another user or agent, or an unknown strategy.
+    raised. ``start_at`` (an aware datetime, at most ``TOLLGATE["MAX_WAIT_S"]``
+    ahead): the new run stays queued, waiting ``scheduled`` with ``wake_at``,
+    until the sweeper wakes it then (a time already past starts it at
+    once); not with ``supplement``. ``retry_of``: the run this one retries
+    (``retry_run``). Raises ``InvalidInput`` for empty or oversized input, a
+    session of another user or agent, an unknown strategy or a bad ``start_at``.
     """
     input = (input or "").strip()
     limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
@@ -94,7 +105,9 @@ def submit_input(
         raise InvalidInput.for_fields({"input": f"Input is {len(input)} characters; the limit is {limit}."})
     if multitask_strategy not in MultitaskStrategy.values:
         raise InvalidInput.for_fields({"multitask_strategy": f"Must be one of: {', '.join(MultitaskStrategy.values)}."})
-    fingerprint = _fingerprint(agent, session, input, multitask_strategy)
+    extra = {**({"start_at": start_at.isoformat()} if start_at else {}), **({"retry_of": retry_of.pk} if retry_of else {})}
+    start_at = _checked_start_at(start_at, multitask_strategy)
+    fingerprint = _fingerprint(agent, session, input, multitask_strategy, extra)
     if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
         return earlier
     if session is not None and (session.owner_id != user.pk or session.agent_id != agent.pk):
@@ -126,17 +139,53 @@ def submit_input(
                 if multitask_strategy == MultitaskStrategy.INTERRUPT:
                     for other in active:
                         cancel_run(run=other, actor=actor, reason="interrupted by a new input")
+            scheduled = {"waiting_reason": WaitingReason.SCHEDULED, "wake_at": start_at} if start_at else {}
             run = Run.objects.create(
-                session=session, agent=agent, requested_by=user, input=input, idempotency_key=idempotency_key
+                session=session, agent=agent, requested_by=user, input=input, idempotency_key=idempotency_key,
+                retry_of=retry_of, **scheduled,
             )
             append_event(run, type="transition", actor=actor, reason="created", to_status=run.status,
-                         payload={"multitask_strategy": multitask_strategy, **request})
-            wake_on_commit(run.pk)
+                         payload={"multitask_strategy": multitask_strategy, **extra, **request})
+            if not start_at:
+                wake_on_commit(run.pk)  # a scheduled run is woken by the sweeper at start_at
     except IntegrityError:
         if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
             return earlier  # another request with this key won the race
         raise
     return Submitted(run, "created")
+
+
+def _checked_start_at(start_at, strategy: str):
+    """``start_at`` if it lies ahead (within ``MAX_WAIT_S``), None if absent or already past; else ``InvalidInput``."""
+    if start_at is None:
+        return None
+    if timezone.is_naive(start_at):
+        raise InvalidInput.for_fields({"start_at": "Give a date and time with a UTC offset."})
+    if strategy == MultitaskStrategy.SUPPLEMENT:
+        raise InvalidInput.for_fields({"start_at": "A supplement joins the busy run now; it cannot start later."})
+    ahead = (start_at - timezone.now()).total_seconds()
+    limit = settings.TOLLGATE["MAX_WAIT_S"]
+    if ahead > limit:
+        raise InvalidInput.for_fields({"start_at": f"At most {limit} seconds ahead."})
+    return start_at if ahead > 0 else None
+
+
+def retry_run(*, run: Run, user, idempotency_key: str | None = None) -> Submitted:
+    """Start a new run that retries a failed or cancelled ``run``: same session, agent and input, ``retry_of`` set.
+
+    Only the run's requester may retry it (``Forbidden`` otherwise); any
+    other status is a ``Conflict``. The new run is enqueued behind any
+    active run of the session. Side effects the old run achieved are not
+    done again: re-proposed, they are the same action in the same session
+    and get the stored result (docs/design.md#outcomes); reads run afresh.
+    """
+    if run.requested_by_id != user.pk:
+        raise Forbidden("Only the run's requester may retry it.")
+    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        raise Conflict(f"Only a failed or cancelled run can be retried; run {run.pk} is {run.status}.",
+                       details={"status": run.status})
+    return submit_input(agent=run.agent, user=user, input=run.input, session=run.session,
+                        idempotency_key=idempotency_key, retry_of=run)
 
 
 def start_run(**kwargs) -> Run:
@@ -169,7 +218,7 @@ def end_run(ending, *, actor: str, reason: str, **kwargs) -> Run:
 
     1. pending approval and input items are cancelled (reconciliation
        items stay: an effect whose outcome is unknown is settled whatever
-       becomes of the run);
+       becomes of the run), and so are pending waits (``runs.waits``);
     2. no call is left in flight (``tools.services.settle_calls_at_run_end``):
        calls never sent are cancelled, calls that were sent and not
        finished become ``unknown``; an unknown call whose tool has a
@@ -194,6 +243,7 @@ def end_run(ending, *, actor: str, reason: str, **kwargs) -> Run:
     with transaction.atomic():
         list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
         cancel_pending_interrupts(run=run, actor=actor)
+        cancel_waits(run, actor=actor)
         effects = settle_calls_at_run_end(run=run, actor=actor)
         for call in unknown_calls_for_a_person(run):
             request_reconciliation(tool_call=call)

@@ -4,7 +4,8 @@ Each pass of ``advance`` looks at what the database says and does the one
 next thing, committing before the next pass:
 
 1. cancel requested -> cancel; deadline passed -> fail (the safe point);
-2. tool calls ``ready`` -> execute them;
+2. tool calls ``ready`` -> execute them (a waiting tool's call first waits
+   for what it asks: ``runs.engine.waits``);
 3. tool calls ``unknown`` -> reconcile (the tool's hook, else a person);
 4. tool calls awaiting approval -> ``waiting/approval``;
 5. finished tool calls without a result message -> deliver their results;
@@ -28,13 +29,13 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs import lease
-from runs.engine import completion
+from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
 from runs.model_output import MAX_CALL_ID_LENGTH, screen_response, storable_errors
-from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
+from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason, WaitStatus
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
 from runs.providers.base import MalformedResponse as _MalformedResponse
@@ -99,6 +100,8 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
                     error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
     if can_proceed(run.start):  # queued, and no cancel requested
+        if run.wake_at is not None and run.wake_at > timezone.now():
+            return run, False  # created with a later start_at: the sweeper wakes it then
         if not begin_run(run, actor=ACTOR):
             return run, False  # an older run of the session goes first; its end wakes this one
     for _ in range(SLICE_STEPS):
@@ -141,7 +144,14 @@ def _step(run: Run) -> bool:
 
 
 def _execute(run: Run, call: ToolCall) -> bool:
-    """Execute one ready call; after a retryable failure, back off (inline or by waiting)."""
+    """Execute one ready call; after a retryable failure, back off (inline or by waiting).
+
+    A call of a waiting tool (``Tool.wait``) runs only once its wait is
+    settled; until then the run waits for it.
+    """
+    tool = get_tool(call.name)
+    if tool is not None and tool.wait is not None and not _wait_settled(run, call, tool):
+        return False
     failpoint("tool_call_ready", call.name)
     call = execute_tool_call(call, actor=ACTOR)
     if run.crash_streak or run.loss_streak:  # the call got through an attempt: the streaks are over
@@ -207,6 +217,20 @@ def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
             _end(run.cancel, reason="cancelled at a safe point (before waiting)")
             return
         apply(run.wait, actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
+
+
+def _wait_settled(run: Run, call: ToolCall, tool) -> bool:
+    """True once ``call``'s wait is settled (execute it now); else the run waits for it and False.
+
+    The wait is opened on the first look (``waits.open_wait``), in the
+    transaction that puts the run to wait with ``wake_at`` = its deadline.
+    """
+    with transaction.atomic():
+        wait = waits.wait_of(call) or waits.open_wait(run, call, tool, actor=ACTOR)
+        if wait.status != WaitStatus.PENDING:
+            return True
+        _wait(run, reason=f"{call.name} waits ({wait.kind})", waiting_reason=wait.kind, wake_at=wait.deadline)
+    return False
 
 
 def _wait_for_approval(run: Run) -> bool:

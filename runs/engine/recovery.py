@@ -9,8 +9,9 @@ waiting run keeps waiting.
 
 The sweeper finds what nobody is advancing: active runs whose lease
 expired (their worker died), queued or running runs that lost their broker
-message, waiting runs whose ``wake_at`` passed, and approvals past their
-deadline.
+message, waiting runs whose ``wake_at`` passed (ending their waits that
+are due first: ``runs.engine.waits.end_due_waits``), queued runs whose
+``start_at`` came, and approvals past their deadline.
 """
 
 import logging
@@ -31,6 +32,7 @@ from approvals.services import (
 )
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run
+from runs.engine.waits import end_due_waits
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
 from runs.services import append_event
@@ -201,6 +203,26 @@ def _restart_delay_ms(crash_streak: int) -> int:
     return int(random.uniform(0, settings.TOLLGATE["CRASH_BACKOFF_S"] * 2 ** crash_streak) * 1000)
 
 
+def start_scheduled_runs(*, now) -> int:
+    """Wake queued runs whose ``start_at`` (``wake_at``) has come; returns how many.
+
+    Each is claimed with one conditional UPDATE (``wake_at`` and the
+    ``scheduled`` reason cleared), so it is sent once whatever the number of
+    sweepers; from then on it is an ordinary queued run.
+    """
+    started = 0
+    for run_id, wake_at in Run.objects.filter(status=RunStatus.QUEUED, wake_at__lte=now).values_list("pk", "wake_at"):
+        with transaction.atomic():
+            if not Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, wake_at=wake_at).update(
+                    wake_at=None, waiting_reason="", updated_at=now):
+                continue
+            append_event(Run.objects.get(pk=run_id), type="schedule", actor="sweeper", reason="start_at reached",
+                         payload={"start_at": wake_at.isoformat()})
+            wake_on_commit(run_id)
+        started += 1
+    return started
+
+
 def sweep(*, now=None) -> dict:
     """One pass of the sweeper; returns counts ``{"reenqueued", "woken", "expired", "reconciled"}``.
 
@@ -212,7 +234,8 @@ def sweep(*, now=None) -> dict:
     stranded = list(Run.objects.filter(
         Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
-    ).order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
+    ).exclude(status=RunStatus.QUEUED, wake_at__gt=now)  # not lost: its start_at has not come
+        .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
     blame = attribute_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None])
     # A run with no lease whose wake-up the broker still holds is waiting its
     # turn, not lost: sending it again would only lengthen the queue.
@@ -238,12 +261,13 @@ def sweep(*, now=None) -> dict:
                 wake_on_commit(run_id, delay_ms=_restart_delay_ms(crash_streak) if lease_expired_at else None)
                 reenqueued += 1
 
-    woken = 0
+    woken = start_scheduled_runs(now=now)
     for run in Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now):
         with transaction.atomic():
             locked = Run.objects.select_for_update().get(pk=run.pk)
             if not can_proceed(locked.wake) or locked.wake_at > now:  # moved on, or its timer moved
                 continue
+            end_due_waits(locked, now=now, actor="sweeper")
             apply(locked.wake, actor="sweeper", reason=f"wake_at passed ({locked.waiting_reason})")
             wake_on_commit(locked.pk)
         woken += 1

@@ -43,8 +43,8 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it.
     if tool.precondition and tool_call.attempts == 0:
-        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by),
-                                   tool_call.arguments)
+        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
+                                               tool_call=tool_call), tool_call.arguments)
         if denial:
             return apply(tool_call.deny, actor=actor, reason="precondition checked before running",
                          error=denial)
@@ -60,7 +60,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         return apply(tool_call.succeed, actor=actor, reason=f"reused result of call {earlier.pk}",
                      result=earlier.result, now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
-                          timeout_s=tool.timeout_s)
+                          timeout_s=tool.timeout_s, tool_call=tool_call)
     failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
     try:
         result = tool.handler(context, tool_call.arguments)

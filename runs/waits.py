@@ -1,0 +1,48 @@
+"""Settle a run's waits (``runs.models.Wait``) and resume the run that waited (docs/design.md#waits).
+
+Kernel writes shared by whoever ends a wait: a person answering a question
+(``approvals.services.answer_interrupt``), an outside system's event
+(``runs.engine.waits.receive_event``), the sweeper at a wait's deadline,
+and ``end_run``. Callers hold the run's row lock, the same lock the loop
+takes before it puts the run to wait, so a wait is settled once.
+"""
+
+from django.utils import timezone
+
+from runs.models import Run, RunStatus, Wait, WaitStatus
+from runs.services import append_event
+from runs.transitions import apply
+from runs.wakeups import wake_on_commit
+
+
+def settle_wait(wait: Wait, *, status: str, actor: str, result=None, error: str = "", resume: bool = True,
+                now=None) -> bool:
+    """Move a pending ``wait`` to ``status`` (done, timed_out, cancelled) with ``result`` or ``error``.
+
+    Logs a ``wait`` event. With ``resume`` (default), a run still waiting
+    for this kind of wait is resumed and a worker woken; the sweeper, which
+    resumes the run itself, passes False. Returns False (nothing written)
+    when the wait was no longer pending. Call inside a transaction holding
+    the run's row lock.
+    """
+    now = now or timezone.now()
+    if not Wait.objects.filter(pk=wait.pk, status=WaitStatus.PENDING).update(
+            status=status, result=result, error=error, settled_at=now):
+        return False
+    wait.refresh_from_db()
+    run = Run.objects.get(pk=wait.run_id)
+    append_event(run, type="wait", actor=actor, reason=f"{wait.kind} wait {status}",
+                 payload={"wait": wait.pk, "tool_call": wait.tool_call_id, "kind": wait.kind, "status": status,
+                          **({"error": error} if error else {})})
+    if resume and run.status == RunStatus.WAITING and run.waiting_reason == wait.kind:
+        apply(run.resume, actor=actor, reason=f"{wait.kind} wait {status}")
+        wake_on_commit(run.pk)
+    return True
+
+
+def cancel_waits(run: Run, *, actor: str) -> int:
+    """Cancel every pending wait of ``run`` (it is ending); returns how many. An event key it held is free again."""
+    pending = list(run.waits.filter(status=WaitStatus.PENDING))
+    for wait in pending:
+        settle_wait(wait, status=WaitStatus.CANCELLED, actor=actor, error="The run ended first.", resume=False)
+    return len(pending)

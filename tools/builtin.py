@@ -1,0 +1,179 @@
+"""Built-in waiting tools the core provides to any agent that lists them (docs/design.md#waits).
+
+* ``ask_user`` {question, options?}: the run waits ``input`` on an inbox
+  item of kind ``input`` addressed to the run's requester (staff may answer
+  too); the answer is the call's result (``{"answer", "answered_by"}``).
+* ``wait_for_event`` {event_type, correlation_key?, timeout_s}: the run
+  waits ``external_event`` until ``POST /api/events/`` brings that type
+  and key; the payload is the call's result. Without a key one is
+  generated (32 URL-safe random characters); it is the capability that
+  lets a caller resume the run, so an agent-chosen key is only as secret
+  as it is hard to guess.
+* ``wait_until`` {until} or {seconds}: the run waits ``scheduled`` until
+  that time (``{"waited_until", "woke_at"}``).
+
+None of them holds a worker: the engine (``runs.engine.waits``) stores a
+``runs.models.Wait`` and puts the run to wait; the handler below only runs
+once the wait is settled and turns it into the call's result. A wait that
+ends without what it waited for (no answer before the item expired, no
+event before ``timeout_s``) makes the call ``failed`` with the reason, and
+the run goes on: the model reads the failure, and the outcome rule counts
+it like any call without effect. Every wait is bounded by
+``TOLLGATE["MAX_WAIT_S"]`` (questions by ``INPUT_TTL_HOURS``).
+"""
+
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from runs.models import ExternalEvent, Wait, WaitingReason, WaitStatus
+from tools.registry import Tool, ToolContext, ToolError, WaitSpec, register
+
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+KEY_PATTERN = "^[A-Za-z0-9_.:-]+$"
+MAX_QUESTION_CHARS = 2000
+MAX_OPTION_CHARS = 200
+MAX_OPTIONS = 20
+
+
+def settled_result(ctx: ToolContext, arguments: dict):
+    """The handler of every waiting tool: the settled wait's result, or ``ToolError`` with why there is none."""
+    wait = Wait.objects.filter(tool_call_id=getattr(ctx.tool_call, "pk", None)).first()
+    if wait is None or wait.status == WaitStatus.PENDING:
+        raise ToolError("Nothing has come yet for this wait.")
+    if wait.status == WaitStatus.DONE:
+        return wait.result
+    raise ToolError(wait.error or f"The wait ended {wait.status}.")
+
+
+def _max_wait() -> timedelta:
+    return timedelta(seconds=settings.TOLLGATE["MAX_WAIT_S"])
+
+
+# --- ask_user ----------------------------------------------------------------
+
+def _ask_user_wait(ctx: ToolContext, args: dict) -> WaitSpec:
+    ttl = timedelta(hours=settings.TOLLGATE["INPUT_TTL_HOURS"])
+    return WaitSpec(kind=WaitingReason.INPUT, deadline=timezone.now() + ttl, title=args["question"][:300])
+
+
+ASK_USER = register(Tool(
+    name="ask_user",
+    description="Ask the person who started the run a question and wait for the answer. With options, "
+                "the answer is exactly one of them. The result is {\"answer\": ..., \"answered_by\": ...}.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_CHARS},
+            "options": {"type": "array", "minItems": 2, "maxItems": MAX_OPTIONS, "uniqueItems": True,
+                        "items": {"type": "string", "minLength": 1, "maxLength": MAX_OPTION_CHARS}},
+        },
+        "required": ["question"],
+        "additionalProperties": False,
+    },
+    handler=settled_result,
+    wait=_ask_user_wait,
+))
+
+
+# --- wait_for_event ----------------------------------------------------------
+
+def key_in_use(event_type: str, key: str, *, tool_call=None) -> bool:
+    """Whether ``event_type`` + ``key`` is taken: a pending wait holds it, or such an event already came.
+
+    The wait of ``tool_call`` itself (checked again before it runs) does not count.
+    """
+    pending = Wait.objects.filter(kind=WaitingReason.EXTERNAL_EVENT, status=WaitStatus.PENDING,
+                                  event_type=event_type, correlation_key=key)
+    events = ExternalEvent.objects.filter(type=event_type, key=key)
+    if tool_call is not None:
+        pending, events = pending.exclude(tool_call=tool_call), events.exclude(wait__tool_call=tool_call)
+    return pending.exists() or events.exists()
+
+
+def _event_precondition(ctx: ToolContext, args: dict) -> str | None:
+    limit = settings.TOLLGATE["MAX_WAIT_S"]
+    if args["timeout_s"] > limit:
+        return f"timeout_s is {args['timeout_s']}; the longest wait allowed is {limit} seconds."
+    key = args.get("correlation_key")
+    if key and key_in_use(args["event_type"], key, tool_call=ctx.tool_call):
+        return f"The key {key!r} is already used for {args['event_type']} events; choose another or omit it."
+    return None
+
+
+def _event_wait(ctx: ToolContext, args: dict) -> WaitSpec:
+    key = args.get("correlation_key") or secrets.token_urlsafe(24)
+    return WaitSpec(kind=WaitingReason.EXTERNAL_EVENT, deadline=timezone.now() + timedelta(seconds=args["timeout_s"]),
+                    event_type=args["event_type"], correlation_key=key)
+
+
+WAIT_FOR_EVENT = register(Tool(
+    name="wait_for_event",
+    description="Wait until an outside system reports an event of event_type with the correlation key "
+                "(generated when omitted; it is shown on the run), at most timeout_s seconds. The result is "
+                "{\"event_type\", \"correlation_key\", \"payload\"}; after timeout_s the call fails as timed out.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "event_type": {"type": "string", "minLength": 1, "maxLength": 100, "pattern": NAME_PATTERN},
+            "correlation_key": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": KEY_PATTERN},
+            "timeout_s": {"type": "integer", "minimum": 1},
+        },
+        "required": ["event_type", "timeout_s"],
+        "additionalProperties": False,
+    },
+    handler=settled_result,
+    precondition=_event_precondition,
+    target_key="event_type",
+    wait=_event_wait,
+))
+
+
+# --- wait_until --------------------------------------------------------------
+
+def parse_moment(text: str) -> datetime | None:
+    """An ISO 8601 date and time with a UTC offset (``2030-01-31T12:00:00+00:00``, ``...Z``), else None."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None and moment.utcoffset() is not None else None
+
+
+def _until(args: dict) -> datetime:
+    if "until" in args:
+        return parse_moment(args["until"])
+    return timezone.now() + timedelta(seconds=args["seconds"])
+
+
+def _until_precondition(ctx: ToolContext, args: dict) -> str | None:
+    if "until" in args and parse_moment(args["until"]) is None:
+        return "until must be an ISO 8601 date and time with a UTC offset, e.g. 2030-01-31T12:00:00+00:00."
+    if _until(args) - timezone.now() > _max_wait():
+        return f"That is more than {settings.TOLLGATE['MAX_WAIT_S']} seconds away, the longest wait allowed."
+    return None
+
+
+def _until_wait(ctx: ToolContext, args: dict) -> WaitSpec:
+    return WaitSpec(kind=WaitingReason.SCHEDULED, deadline=_until(args))
+
+
+WAIT_UNTIL = register(Tool(
+    name="wait_until",
+    description="Pause the run until a time (until: ISO 8601 with offset) or for a number of seconds. "
+                "The result is {\"waited_until\", \"woke_at\"}.",
+    parameters={
+        "type": "object",
+        "properties": {
+            "until": {"type": "string", "minLength": 1, "maxLength": 64},
+            "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 10 ** 9},
+        },
+        "oneOf": [{"required": ["until"]}, {"required": ["seconds"]}],
+        "additionalProperties": False,
+    },
+    handler=settled_result,
+    precondition=_until_precondition,
+    wait=_until_wait,
+))
