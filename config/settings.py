@@ -219,6 +219,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     # The schema describes every endpoint: only for logged-in users.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "ENUM_NAME_OVERRIDES": {"WebhookEventTypeEnum": "runs.webhooks.models.EventType"},
 }
 
 # --- Broker and channel layer -------------------------------------------
