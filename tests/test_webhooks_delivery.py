@@ -155,7 +155,7 @@ def test_a_worker_killed_while_the_endpoint_holds_the_request_loses_no_event(
     receiver.hold()
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "DJANGO_SETTINGS_MODULE": "config.settings",
            "TOLLGATE_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1", "TOLLGATE_WEBHOOK_ALLOW_HTTP": "true",
-           "TOLLGATE_WEBHOOK_TIMEOUT_S": "1"}
+           "TOLLGATE_WEBHOOK_TIMEOUT_S": "2"}
     code = ("import django; django.setup(); from runs.webhooks.actors import deliver_run_events; "
             f"deliver_run_events({subscription.pk}, {run.pk})")
     process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)

@@ -27,9 +27,10 @@ payload shape, ``{"type", "timestamp", "data"}``; ``data`` always has
 them from ``GET /api/runs/{id}/``.
 """
 
-from approvals.models import Interrupt
+from approvals.models import Interrupt, InterruptStatus
 from runs.models import RunEvent, RunStatus
 from runs.webhooks.models import EventType
+from tools.models import ToolCallStatus
 
 _RUN_TYPES = {
     RunStatus.WAITING: EventType.RUN_WAITING,
@@ -37,21 +38,19 @@ _RUN_TYPES = {
     RunStatus.FAILED: EventType.RUN_FAILED,
     RunStatus.CANCELLED: EventType.RUN_CANCELLED,
 }
-_INTERRUPT_PENDING = "pending"
-_TOOL_CALL_UNKNOWN = "unknown"
 
-# Fields taken from the event's payload, by webhook type, renamed where the
-# core's name would be unclear to an integrator (payload key -> body key).
+# Fields copied from the event's payload, by webhook type; ``_RENAMED``
+# gives the body's name where the core's would be unclear to an integrator.
 _FIELDS = {
-    EventType.RUN_WAITING: {"waiting_reason": "waiting_reason"},
-    EventType.RUN_COMPLETED: {"outcome": "outcome", "outcome_reason": "outcome_reason", "effects": "effects"},
-    EventType.RUN_FAILED: {"failure_type": "failure_type", "error": "error", "effects": "effects"},
-    EventType.RUN_CANCELLED: {"effects": "effects"},
-    EventType.INTERRUPT_CREATED: {"interrupt": "interrupt", "kind": "kind"},
-    EventType.INTERRUPT_RESOLVED: {"interrupt": "interrupt", "kind": "kind", "decision": "decision",
-                                   "comment": "comment"},
-    EventType.TOOL_CALL_UNKNOWN: {"tool_call": "tool_call", "name": "tool", "error": "error"},
+    EventType.RUN_WAITING: ("waiting_reason",),
+    EventType.RUN_COMPLETED: ("outcome", "outcome_reason", "effects"),
+    EventType.RUN_FAILED: ("failure_type", "error", "effects"),
+    EventType.RUN_CANCELLED: ("effects",),
+    EventType.INTERRUPT_CREATED: ("interrupt", "kind"),
+    EventType.INTERRUPT_RESOLVED: ("interrupt", "kind", "decision", "comment"),
+    EventType.TOOL_CALL_UNKNOWN: ("tool_call", "name", "error"),
 }
+_RENAMED = {"name": "tool"}
 
 
 def webhook_type(event: RunEvent) -> str | None:
@@ -59,11 +58,12 @@ def webhook_type(event: RunEvent) -> str | None:
     if event.type == "transition" and event.from_status:
         return _RUN_TYPES.get(event.to_status)
     if event.type == "interrupt":
-        if not event.from_status and event.to_status == _INTERRUPT_PENDING:
+        if not event.from_status and event.to_status == InterruptStatus.PENDING:
             return EventType.INTERRUPT_CREATED
-        if event.from_status == _INTERRUPT_PENDING and event.to_status != _INTERRUPT_PENDING:
+        if event.from_status == InterruptStatus.PENDING and event.to_status != InterruptStatus.PENDING:
             return EventType.INTERRUPT_RESOLVED
-    if event.type == "tool_call" and event.to_status == _TOOL_CALL_UNKNOWN and event.from_status != _TOOL_CALL_UNKNOWN:
+    unknown = ToolCallStatus.UNKNOWN
+    if event.type == "tool_call" and event.to_status == unknown and event.from_status != unknown:
         return EventType.TOOL_CALL_UNKNOWN
     return None
 
@@ -79,9 +79,9 @@ def webhook_body(event: RunEvent, kind: str) -> dict:
             "requested_by": run.requested_by.get_username(), "seq": event.seq}
     if kind.startswith("run."):
         data["status"] = event.to_status
-    for source, target in _FIELDS[kind].items():
-        if source in event.payload:
-            data[target] = event.payload[source]
+    for field in _FIELDS[kind]:
+        if field in event.payload:
+            data[_RENAMED.get(field, field)] = event.payload[field]
     if kind.startswith("interrupt."):
         data["status"] = event.to_status
         item = Interrupt.objects.filter(pk=event.payload.get("interrupt")).values("tool_call_id",
