@@ -19,6 +19,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from runs.engine.actors import advance_run
+from tests.webhook_helpers import FAST_SCHEDULE_S
+from tests.webhook_receiver import Receiver
 from tools import gateway
 from tools.demo_data import load_demo
 
@@ -196,3 +198,19 @@ def worker_process(payment_gateway, short_lease, settings):
         return process.wait(timeout=60)
 
     return run
+
+
+@pytest.fixture
+def receiver():
+    """A real webhook endpoint on loopback (``tests.webhook_receiver.Receiver``)."""
+    endpoint = Receiver()
+    yield endpoint
+    endpoint.close()
+
+
+@pytest.fixture
+def webhook_settings(settings):
+    """Settings that let subscriptions point at the loopback receiver, with retries fast enough for a test."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "WEBHOOK_ALLOW_HTTP": True,
+                         "WEBHOOK_RETRY_SCHEDULE_S": FAST_SCHEDULE_S, "WEBHOOK_TIMEOUT_S": 5.0}
+    return settings

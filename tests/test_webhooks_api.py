@@ -13,12 +13,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from runs.webhooks.models import EventType, WebhookDelivery, WebhookSubscription
-from tests.webhook_helpers import (  # noqa: F401  (fixtures)
-    receiver,
+from tests.webhook_helpers import (
     refund_needing_approval,
     wait_settled,
     wait_until,
-    webhook_settings,
 )
 
 

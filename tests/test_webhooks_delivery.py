@@ -1,6 +1,7 @@
 """Webhooks reach a real HTTP endpoint: signed, retried, in order, and nothing lost when a process dies."""
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import os
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -21,14 +23,13 @@ from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery
 from runs.webhooks.services import sweep_webhooks
 from tests.conftest import database_url_for_subprocess
 from tests.durability import make_agent
-from tests.webhook_helpers import (  # noqa: F401  (fixtures)
+from tools import registry
+from tests.webhook_helpers import (
     FAST_SCHEDULE_S,
-    receiver,
     refund_needing_approval,
     subscribe,
     wait_settled,
     wait_until,
-    webhook_settings,
 )
 
 
@@ -181,9 +182,6 @@ def test_a_worker_killed_while_the_endpoint_holds_the_request_loses_no_event(
 
 def test_a_side_effect_whose_outcome_is_unknown_is_announced(demo, worker, receiver, webhook_settings,
                                                             payment_gateway, monkeypatch):
-    import dataclasses
-
-    from tools import registry
     monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(registry.get_tool("refund"), timeout_s=0.5))
     payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
     subscription = subscribe(demo["requester"], receiver, "tool_call.unknown")
@@ -202,8 +200,6 @@ def test_a_side_effect_whose_outcome_is_unknown_is_announced(demo, worker, recei
 
 
 def test_owners_get_only_events_of_runs_they_may_see(demo, worker, receiver, webhook_settings):
-    from django.contrib.auth import get_user_model
-
     outsider = get_user_model().objects.create_user("outsider", password="outsider-password-1")
     own = subscribe(demo["requester"], receiver, "run.waiting")
     approvers = subscribe(demo["approver"], receiver, "run.waiting")

@@ -1,5 +1,6 @@
 """Webhook URLs never reach this server, loopback, metadata or private addresses: refused when saved and when sent."""
 
+import ipaddress
 import socket
 
 import pytest
@@ -7,12 +8,10 @@ import pytest
 from runs.webhooks import urlguard
 from runs.webhooks.models import WebhookDelivery, WebhookSubscription
 from runs.webhooks.services import create_subscription
-from tests.webhook_helpers import (  # noqa: F401  (fixtures)
-    receiver,
+from tests.webhook_helpers import (
     refund_needing_approval,
     subscribe,
     wait_settled,
-    webhook_settings,
 )
 
 PUBLIC = "https://93.184.216.34/hook"  # a public address literal: no DNS needed
@@ -144,5 +143,4 @@ def test_a_name_that_resolves_elsewhere_at_delivery_time_is_refused(demo, worker
     ("::ffff:8.8.8.8", False), ("2001:0:4136:e378:8000:63bf:80ff:fffe", True),  # Teredo around 127.0.0.1
 ])
 def test_address_rules(address, refused):
-    import ipaddress
     assert (urlguard.refusal(ipaddress.ip_address(address)) is not None) == refused

@@ -1,32 +1,14 @@
-"""Fixtures and helpers shared by the webhook tests (import the fixtures into the test module)."""
+"""Helpers shared by the webhook tests (the ``receiver`` and ``webhook_settings`` fixtures are in conftest)."""
 
 import time
-
-import pytest
 
 from runs.engine.lifecycle import start_run
 from runs.webhooks.models import DeliveryStatus, WebhookDelivery
 from runs.webhooks.services import create_subscription
 from tests.durability import make_agent, refund_turns
-from tests.webhook_receiver import Receiver
 
-# A short retry schedule so that retries happen within a test.
+# The retry schedule of the ``webhook_settings`` fixture: retries within a test.
 FAST_SCHEDULE_S = [0.3, 0.3]
-
-
-@pytest.fixture
-def receiver():
-    endpoint = Receiver()
-    yield endpoint
-    endpoint.close()
-
-
-@pytest.fixture
-def webhook_settings(settings):
-    """Settings that let subscriptions point at the loopback receiver, with fast retries."""
-    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "WEBHOOK_ALLOW_HTTP": True,
-                         "WEBHOOK_RETRY_SCHEDULE_S": FAST_SCHEDULE_S, "WEBHOOK_TIMEOUT_S": 5.0}
-    return settings
 
 
 def subscribe(user, receiver, *types):

@@ -7,6 +7,7 @@ The API and the admin call these; errors are the ``runs.errors`` family
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -46,7 +47,8 @@ def create_subscription(*, owner, url: str, event_types: list[str] | None = None
     check_url(url)
     limit = settings.TOLLGATE["WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER"]
     with transaction.atomic():
-        if WebhookSubscription.objects.select_for_update().filter(owner=owner).count() >= limit:
+        list(get_user_model().objects.select_for_update().filter(pk=owner.pk).values_list("pk"))  # one at a time
+        if WebhookSubscription.objects.filter(owner=owner).count() >= limit:
             raise InvalidInput(f"You have {limit} webhook subscriptions, the most allowed; delete one first.")
         return WebhookSubscription.objects.create(owner=owner, url=url, event_types=types, active=active,
                                                   secret=new_secret())
