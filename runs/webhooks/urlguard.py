@@ -20,8 +20,8 @@ Refused, whatever the port:
   (``10/8``, ``172.16/12``, ``192.168/16``, ``100.64/10``, ``fc00::/7``)
   included — those are allowed with ``TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]``.
 
-IPv4 addresses inside IPv6 ones (``::ffff:a.b.c.d``, 6to4, Teredo) are
-judged as the IPv4 address. ``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` lists
+IPv4 addresses inside IPv6 ones (``::ffff:a.b.c.d``, 6to4, Teredo, NAT64
+``64:ff9b::/96``) are judged as the IPv4 address too. ``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` lists
 host names (exact) and addresses or networks (``10.1.2.0/24``) an operator
 trusts: they pass every check above. Plain ``http`` needs
 ``TOLLGATE["WEBHOOK_ALLOW_HTTP"]``; user names and passwords in the URL
@@ -48,6 +48,7 @@ METADATA = [ipaddress.ip_network(net) for net in ("169.254.0.0/16", "fe80::/10",
                                                    "100.100.100.200/32")]
 PRIVATE = [ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                   "100.64.0.0/10", "fc00::/7")]
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
 HINT = ("Webhooks go to public addresses only; an operator may allow hosts with TOLLGATE_WEBHOOK_ALLOWED_HOSTS "
         "or private networks with TOLLGATE_WEBHOOK_ALLOW_PRIVATE_NETWORKS.")
 
@@ -108,10 +109,12 @@ def checked_addresses(host: str, port: int) -> list[str]:
 
 def refusal(address: IPAddress, trusted_networks=()) -> str | None:
     """Why ``address`` may not be connected to (e.g. ``"a loopback address"``), or None if it may."""
-    if _literal_in(str(address), trusted_networks):
+    if _within(address, trusted_networks):
         return None
     if address.version == 6:
         embedded = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+        if address in NAT64:  # a NAT64 gateway turns it into the IPv4 address in its last 32 bits
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
         for inner in filter(None, embedded):
             if reason := refusal(inner, trusted_networks):
                 return reason
@@ -119,26 +122,30 @@ def refusal(address: IPAddress, trusted_networks=()) -> str | None:
             return None
     if address.is_loopback or address.is_unspecified:
         return "a loopback address (this machine)"
-    if any(address in network for network in METADATA if network.version == address.version):
+    if _within(address, METADATA):
         return "a link-local or cloud metadata address"
     if address in _own_addresses():
         return "an address of this server"
     if address.is_multicast:
         return "a multicast address"
-    if any(address in network for network in PRIVATE if network.version == address.version):
+    if _within(address, PRIVATE):
         return None if settings.TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"] else "a private network address"
     if not address.is_global:
         return "a reserved or private address"
     return None
 
 
+def _within(address: IPAddress, networks) -> bool:
+    """Whether ``address`` is in one of ``networks`` (of either IP version)."""
+    return any(address in network for network in networks if network.version == address.version)
+
+
 def _literal_in(host: str, networks) -> bool:
     """Whether ``host`` is an address literal inside one of ``networks``."""
     try:
-        address = ipaddress.ip_address(host)
+        return _within(ipaddress.ip_address(host), networks)
     except ValueError:
         return False
-    return any(address in network for network in networks if network.version == address.version)
 
 
 def _allowlist() -> dict:
