@@ -21,9 +21,10 @@ Refused, whatever the port:
   included — those are allowed with ``TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]``.
 
 IPv4 addresses inside IPv6 ones (``::ffff:a.b.c.d``, 6to4, Teredo, NAT64
-``64:ff9b::/96``) are judged as the IPv4 address too. ``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` lists
-host names (exact) and addresses or networks (``10.1.2.0/24``) an operator
-trusts: they pass every check above. Plain ``http`` needs
+``64:ff9b::/96``) are judged as the IPv4 address too.
+``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` lists host names (exact) and
+addresses or networks (``10.1.2.0/24``) an operator trusts: they pass
+every check above. Plain ``http`` needs
 ``TOLLGATE["WEBHOOK_ALLOW_HTTP"]``; user names and passwords in the URL
 are refused. The idea follows the OWASP SSRF prevention cheat sheet
 (resolve, check every address, connect only to a checked one).
