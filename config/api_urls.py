@@ -6,12 +6,15 @@ from rest_framework.routers import SimpleRouter
 from approvals.api import InterruptViewSet
 from runs.api import AgentViewSet, RunViewSet
 from runs.api_waits import EventView, run_wait
+from runs.webhooks.api import WebhookDeliveryViewSet, WebhookSubscriptionViewSet
 from tools.api import ToolListView
 
 router = SimpleRouter()
 router.register("agents", AgentViewSet, basename="agent")
 router.register("runs", RunViewSet, basename="run")
 router.register("interrupts", InterruptViewSet, basename="interrupt")
+router.register("webhooks/deliveries", WebhookDeliveryViewSet, basename="webhook-delivery")
+router.register("webhooks", WebhookSubscriptionViewSet, basename="webhook")
 
 urlpatterns = [
     *router.urls,

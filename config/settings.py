@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "approvals",
     # The demo shop, a plug-in: take it out and the product runs without it.
     "tools.demo",
+    "runs.webhooks",
 ]
 
 MIDDLEWARE = [
@@ -220,6 +221,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     # The schema describes every endpoint: only for logged-in users.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "ENUM_NAME_OVERRIDES": {"WebhookEventTypeEnum": "runs.webhooks.models.EventType"},
 }
 
 # --- Broker and channel layer -------------------------------------------
@@ -314,6 +316,25 @@ TOLLGATE = {
     "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
+    # --- Webhooks (runs.webhooks) ---
+    # Seconds between a failed delivery attempt and the next: attempt n+1
+    # waits entry n; when the list is used up the delivery is "failed"
+    # (default: 10 attempts over about 34 hours).
+    "WEBHOOK_RETRY_SCHEDULE_S": [float(seconds) for seconds in env.list(
+        "TOLLGATE_WEBHOOK_RETRY_SCHEDULE_S",
+        default=[10, 30, 120, 600, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 12 * 3600])],
+    # Seconds each phase of an attempt (connect, send, wait for the answer)
+    # may take; an attempt holds its delivery for three times this.
+    "WEBHOOK_TIMEOUT_S": env.float("TOLLGATE_WEBHOOK_TIMEOUT_S", default=10.0),
+    # Host names and addresses or networks (e.g. 10.1.2.0/24) a subscription
+    # may point at although they are this server, loopback or private.
+    "WEBHOOK_ALLOWED_HOSTS": env.list("TOLLGATE_WEBHOOK_ALLOWED_HOSTS", default=[]),
+    # Let subscriptions point at private networks (10/8, 172.16/12,
+    # 192.168/16, 100.64/10, fc00::/7); never loopback or metadata addresses.
+    "WEBHOOK_ALLOW_PRIVATE_NETWORKS": env.bool("TOLLGATE_WEBHOOK_ALLOW_PRIVATE_NETWORKS", default=False),
+    # Accept plain http:// endpoints (bodies are signed, not encrypted).
+    "WEBHOOK_ALLOW_HTTP": env.bool("TOLLGATE_WEBHOOK_ALLOW_HTTP", default=False),
+    "WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER": env.int("TOLLGATE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER", default=20),
     # --- Model providers (runs.providers.http_config) ---
     # Endpoint profiles an agent's model config names with "endpoint"
     # (default: the provider's name): {"provider", "base_url"?,

@@ -24,6 +24,8 @@ from runs.engine.actors import advance_run
 from tests.fake_tools import forget_transfers
 from tools.demo import gateway
 from tools.demo.data import load_demo
+from tests.webhook_helpers import FAST_SCHEDULE_S
+from tests.webhook_receiver import Receiver
 
 
 def pytest_configure(config):
@@ -257,3 +259,19 @@ def worker_process(payment_gateway, short_lease, settings):
         return process.wait(timeout=60)
 
     return run
+
+
+@pytest.fixture
+def receiver():
+    """A real webhook endpoint on loopback (``tests.webhook_receiver.Receiver``)."""
+    endpoint = Receiver()
+    yield endpoint
+    endpoint.close()
+
+
+@pytest.fixture
+def webhook_settings(settings):
+    """Settings that let subscriptions point at the loopback receiver, with retries fast enough for a test."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "WEBHOOK_ALLOW_HTTP": True,
+                         "WEBHOOK_RETRY_SCHEDULE_S": FAST_SCHEDULE_S, "WEBHOOK_TIMEOUT_S": 5.0}
+    return settings

@@ -3,7 +3,8 @@
 Layers, top to bottom:
 
 5. surfaces and plug-ins: API, pages, admin, consumers, commands, config,
-   the demo shop (``tools.demo``, an app of its own);
+   the demo shop (``tools.demo``, an app of its own), the webhooks app
+   (``runs.webhooks``: it reads the event log; nothing below imports it);
 4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
    ``runs.providers``;
 3. the approvals services: ``approvals.models``, ``approvals.services``;
@@ -33,6 +34,7 @@ PACKAGES = ("config", "runs", "approvals", "tools")
 # Longest matching prefix wins; anything in PACKAGES not listed is a surface (5).
 LAYERS = {
     "tools.demo": 5,
+    "runs.webhooks": 5,
     "runs.engine": 4,
     "runs.providers": 4,
     "approvals.models": 3,

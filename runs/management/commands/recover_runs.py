@@ -1,4 +1,10 @@
-"""``manage.py recover_runs``: one sweeper pass, or ``--loop`` for a sweeper process."""
+"""``manage.py recover_runs``: one sweeper pass, or ``--loop`` for a sweeper process.
+
+A pass sweeps runs (``runs.engine.recovery.sweep``), then webhooks
+(``runs.webhooks.services.sweep_webhooks``: the outbox, and deliveries
+whose wake-up was lost or whose worker died). In a loop (here, and in
+``serve``'s embedded sweeper) one failing does not stop the other.
+"""
 
 import logging
 import time
@@ -8,27 +14,38 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
 from runs.engine.recovery import sweep
+from runs.webhooks.services import sweep_webhooks
 
 log = logging.getLogger(__name__)
+PASSES = (sweep, sweep_webhooks)
+
+
+def sweep_all() -> dict:
+    """One pass of every sweeper (runs, then webhooks); returns their counts. A pass that fails is logged and skipped."""
+    counts = {}
+    for one_pass in PASSES:
+        try:
+            counts.update(one_pass())
+        except Exception:  # one failed pass (database restarting, ...) must not stop the others or the sweeper
+            log.exception("%s failed", one_pass.__name__)
+        finally:
+            close_old_connections()
+    return counts
 
 
 class Command(BaseCommand):
     help = ("Recover stranded runs: re-enqueue runs whose worker died or whose message was lost, "
-            "wake waiting runs whose wake_at passed, expire overdue approvals. One pass, or --loop.")
+            "wake waiting runs whose wake_at passed, expire overdue approvals; send webhook deliveries "
+            "nobody is sending. One pass, or --loop.")
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true", help="Sweep forever, every SWEEP_INTERVAL_S seconds.")
 
     def handle(self, *args, loop=False, **options):
         if not loop:
-            counts = sweep()
+            counts = {**sweep(), **sweep_webhooks()}
             self.stdout.write(" ".join(f"{k}={v}" for k, v in counts.items()))
             return
         while True:
-            try:
-                sweep()
-            except Exception:  # one failed pass (database restarting, ...) must not end the sweeper
-                log.exception("sweep failed")
-            finally:
-                close_old_connections()
+            sweep_all()
             time.sleep(settings.TOLLGATE["SWEEP_INTERVAL_S"])

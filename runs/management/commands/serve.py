@@ -2,8 +2,8 @@
 
 Serves HTTP and WebSockets (Daphne; static files through WhiteNoise, as
 in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
-also runs a Dramatiq worker and the sweeper (``runs.engine.recovery.sweep``
-every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
+also runs a Dramatiq worker and the sweeper (``recover_runs.sweep_all``: runs
+and webhooks, every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
 runs left queued or running by a previous process. Unless told not to
 (``--no-services``), it first lets installed apps start their own services
 (``runs.serving``; the demo app starts its payment gateway). With
@@ -11,23 +11,19 @@ a real broker it only serves; workers and the sweeper are separate
 ``manage.py rundramatiq`` and ``manage.py recover_runs --loop`` processes.
 """
 
-import logging
 import threading
 
 import dramatiq
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
 from dramatiq.brokers.stub import StubBroker
 
 import runs.engine.actors  # noqa: F401  (declares the advance actor for the in-process worker)
-from runs.engine.recovery import sweep
+from runs.management.commands.recover_runs import sweep_all
 from runs.models import Run, RunStatus
 from runs.serving import start_services
 from runs.wakeups import wake_now
-
-log = logging.getLogger(__name__)
 
 
 def requeue_active_runs() -> list[int]:
@@ -44,7 +40,7 @@ def requeue_active_runs() -> list[int]:
 
 
 class Sweeper(threading.Thread):
-    """Runs ``runs.engine.recovery.sweep`` every ``interval_s`` seconds until ``stop()``."""
+    """Runs ``recover_runs.sweep_all`` (runs, then webhooks) every ``interval_s`` seconds until ``stop()``."""
 
     def __init__(self, interval_s: float):
         super().__init__(name="tollgate-sweeper", daemon=True)
@@ -53,12 +49,7 @@ class Sweeper(threading.Thread):
 
     def run(self):
         while not self._stopped.wait(self.interval_s):
-            try:
-                sweep()
-            except Exception:  # a failed pass must not end the sweeper
-                log.exception("sweep failed")
-            finally:
-                close_old_connections()
+            sweep_all()  # logs a failed pass itself: it never ends the sweeper
 
     def stop(self):
         self._stopped.set()

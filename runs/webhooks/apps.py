@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class WebhooksConfig(AppConfig):
+    name = "runs.webhooks"
+    label = "webhooks"
+    verbose_name = "Webhooks"
+
+    def ready(self):
+        # Connecting the outbox to the event log, and declaring the actors
+        # for every worker (in-process or rundramatiq), are import side effects.
+        from runs.webhooks import actors, outbox  # noqa: F401

@@ -1,0 +1,79 @@
+"""From the event log to deliveries: the outbox, written with the event, and its fan-out.
+
+``record_event`` is connected to ``RunEvent``'s post-save signal, so it
+runs inside the transaction that appends the event
+(``runs.services.append_event``): the outbox entry commits or rolls back
+with the event itself, and an event committed is never missed, whenever
+the process dies. (A cursor over event ids would not do: ids are taken
+when rows are inserted, not when they commit, so a reader could pass an
+id whose transaction commits later.) Events appended while no subscription
+is active are not recorded at all.
+
+``dispatch`` turns entries into deliveries and deletes them in one
+transaction; entries another dispatcher holds are skipped
+(``SKIP LOCKED``), so any number may run. It is woken after each commit
+that recorded an entry, and run by the sweeper as a backstop.
+"""
+
+from django.db import transaction
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+from django.utils import timezone
+
+from runs.models import RunEvent
+from runs.selectors import run_is_visible
+from runs.webhooks.events import webhook_body, webhook_type
+from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery, WebhookSubscription
+from runs.webhooks.nudges import wake_chain, wake_dispatcher
+
+DISPATCH_BATCH = 500
+
+
+@receiver(post_save, sender=RunEvent, dispatch_uid="webhooks-outbox")
+def record_event(sender, instance: RunEvent, created: bool, raw: bool = False, **kwargs) -> None:
+    """Put a new event that maps to a webhook type into the outbox (same transaction), and wake the dispatcher on commit."""
+    if raw or not created or webhook_type(instance) is None:
+        return
+    if not WebhookSubscription.objects.filter(active=True).exists():
+        return
+    OutboxEntry.objects.create(event=instance)
+    transaction.on_commit(wake_dispatcher, robust=True)
+
+
+def dispatch(*, limit: int = DISPATCH_BATCH) -> int:
+    """Fan up to ``limit`` outbox entries out into deliveries; returns how many entries were handled.
+
+    Each event goes to every active subscription (of an active owner) that
+    asks for its type and whose owner may see the run. After commit, every
+    chain of the runs handled that has a pending delivery is woken: those
+    that got one, and those whose head waited for these entries.
+    """
+    with transaction.atomic():
+        entries = list(OutboxEntry.objects.select_for_update(skip_locked=True, of=("self",))
+                       .select_related("event__run__agent", "event__run__requested_by").order_by("id")[:limit])
+        if not entries:
+            return 0
+        subscriptions = list(WebhookSubscription.objects.filter(active=True, owner__is_active=True)
+                             .select_related("owner"))
+        now = timezone.now()
+        deliveries = []
+        for entry in entries:
+            event, kind = entry.event, webhook_type(entry.event)
+            targets = [s for s in subscriptions if kind in s.event_types and run_is_visible(user=s.owner, run=event.run)]
+            if targets:
+                body = webhook_body(event, kind)
+                deliveries += [WebhookDelivery(subscription=s, event_id=event.pk, event_type=kind, run_id=event.run_id,
+                                               event_seq=event.seq, payload=body, next_attempt_at=now)
+                               for s in targets]
+        WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
+        OutboxEntry.objects.filter(pk__in=[entry.pk for entry in entries]).delete()
+        run_ids = sorted({entry.event.run_id for entry in entries})
+        transaction.on_commit(lambda: _wake_pending_chains(run_ids), robust=True)
+    return len(entries)
+
+
+def _wake_pending_chains(run_ids: list[int]) -> None:
+    pending = (WebhookDelivery.objects.filter(run_id__in=run_ids, status=DeliveryStatus.PENDING).order_by()
+               .values_list("subscription_id", "run_id").distinct())
+    for subscription_id, run_id in pending:
+        wake_chain(subscription_id, run_id)

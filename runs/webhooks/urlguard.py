@@ -1,0 +1,188 @@
+"""Where webhooks may go: never to this server, loopback, link-local or cloud metadata addresses, or private networks.
+
+A subscription's URL is checked when it is saved (``check_url``: a clear
+400 naming the reason) and again whenever a delivery opens a connection
+(``GuardedBackend``: the addresses a name resolves to *at that moment*
+are checked, and the connection goes to a checked address, so a name that
+later resolves somewhere else — DNS rebinding — is refused too).
+Redirects are not followed and proxies from the environment are not used
+(``runs.webhooks.delivery``).
+
+Refused, whatever the port:
+
+* a host name this server answers to (``ALLOWED_HOSTS``, ``*`` aside) or
+  an address of this machine's own host name;
+* loopback and unspecified addresses (``127.0.0.0/8``, ``::1``,
+  ``0.0.0.0``, ``::``);
+* link-local and cloud metadata addresses (``169.254.0.0/16``,
+  ``fe80::/10``, ``fd00:ec2::254``, ``100.100.100.200``);
+* multicast, reserved and other non-global addresses, private networks
+  (``10/8``, ``172.16/12``, ``192.168/16``, ``100.64/10``, ``fc00::/7``)
+  included — those are allowed with ``TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]``.
+
+IPv4 addresses inside IPv6 ones (``::ffff:a.b.c.d``, 6to4, Teredo, NAT64
+``64:ff9b::/96``) are judged as the IPv4 address too.
+``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` lists host names (exact) and
+addresses or networks (``10.1.2.0/24``) an operator trusts: they pass
+every check above. Plain ``http`` needs
+``TOLLGATE["WEBHOOK_ALLOW_HTTP"]``; user names and passwords in the URL
+are refused. The idea follows the OWASP SSRF prevention cheat sheet
+(resolve, check every address, connect only to a checked one).
+"""
+
+import functools
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+import httpcore
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+from django.http.request import validate_host
+
+from runs.errors import InvalidInput
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+METADATA = [ipaddress.ip_network(net) for net in ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128",
+                                                   "100.100.100.200/32")]
+PRIVATE = [ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                  "100.64.0.0/10", "fc00::/7")]
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+HINT = ("Webhooks go to public addresses only; an operator may allow hosts with TOLLGATE_WEBHOOK_ALLOWED_HOSTS "
+        "or private networks with TOLLGATE_WEBHOOK_ALLOW_PRIVATE_NETWORKS.")
+
+
+class UnsafeURL(InvalidInput):
+    """A webhook URL that may not be used (400, ``details={"url": [message]}``): see the module doc."""
+
+    code = "unsafe_url"
+
+    def __init__(self, message: str):
+        super().__init__(message, details={"url": [message]})
+
+
+def check_url(url: str) -> None:
+    """Check a subscription URL before it is saved; raises ``UnsafeURL`` saying why it is refused.
+
+    Resolves the host name (DNS) and checks every address it gives.
+    """
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise UnsafeURL("Enter a valid http:// or https:// URL.") from None
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not settings.TOLLGATE["WEBHOOK_ALLOW_HTTP"]:
+        raise UnsafeURL("Use https://: plain http is off (TOLLGATE_WEBHOOK_ALLOW_HTTP).")
+    if parts.username is not None or parts.password is not None:
+        raise UnsafeURL("A webhook URL may not carry a user name or password.")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UnsafeURL("The URL's port is not a valid port number.") from None
+    checked_addresses(parts.hostname, port)
+
+
+def checked_addresses(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to now, if every one of them may be connected to; else ``UnsafeURL``.
+
+    ``host`` is a name or an address literal (IPv6 without brackets).
+    """
+    host = host.lower().rstrip(".")
+    allowed = _allowlist()
+    trusted_name = host in allowed["names"] or _literal_in(host, allowed["networks"])
+    if not trusted_name and validate_host(host, [h for h in settings.ALLOWED_HOSTS if h != "*"]):
+        raise UnsafeURL(f"Refused: {host} is this server. {HINT}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise UnsafeURL(f"The host {host} could not be resolved.") from None
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not trusted_name:
+        for address in addresses:
+            reason = refusal(ipaddress.ip_address(address), allowed["networks"])
+            if reason:
+                shown = host if host == address else f"{host} ({address})"
+                raise UnsafeURL(f"Refused: {shown} is {reason}. {HINT}")
+    return addresses
+
+
+def refusal(address: IPAddress, trusted_networks=()) -> str | None:
+    """Why ``address`` may not be connected to (e.g. ``"a loopback address"``), or None if it may."""
+    if _within(address, trusted_networks):
+        return None
+    if address.version == 6:
+        embedded = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+        if address in NAT64:  # a NAT64 gateway turns it into the IPv4 address in its last 32 bits
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        for inner in filter(None, embedded):
+            if reason := refusal(inner, trusted_networks):
+                return reason
+        if address.ipv4_mapped:
+            return None
+    if address.is_loopback or address.is_unspecified:
+        return "a loopback address (this machine)"
+    if _within(address, METADATA):
+        return "a link-local or cloud metadata address"
+    if address in _own_addresses():
+        return "an address of this server"
+    if address.is_multicast:
+        return "a multicast address"
+    if _within(address, PRIVATE):
+        return None if settings.TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"] else "a private network address"
+    if not address.is_global:
+        return "a reserved or private address"
+    return None
+
+
+def _within(address: IPAddress, networks) -> bool:
+    """Whether ``address`` is in one of ``networks`` (of either IP version)."""
+    return any(address in network for network in networks if network.version == address.version)
+
+
+def _literal_in(host: str, networks) -> bool:
+    """Whether ``host`` is an address literal inside one of ``networks``."""
+    try:
+        return _within(ipaddress.ip_address(host), networks)
+    except ValueError:
+        return False
+
+
+def _allowlist() -> dict:
+    """``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` split into ``names`` (lower case) and ``networks``."""
+    names, networks = set(), []
+    for entry in settings.TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+        except ValueError:
+            names.add(entry.lower().rstrip("."))
+    return {"names": names, "networks": networks}
+
+
+@functools.cache
+def _own_addresses() -> frozenset:
+    """The addresses this machine's host name resolves to (looked up once per process)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except (socket.gaierror, UnicodeError):
+        return frozenset()
+    return frozenset(ipaddress.ip_address(info[4][0]) for info in infos)
+
+
+class GuardedBackend(httpcore.SyncBackend):
+    """httpcore's network backend, but every TCP connection goes only to an address ``checked_addresses`` allows.
+
+    Raises ``UnsafeURL`` (not an httpcore error, so it reaches the caller
+    as it is) when the host or any address it resolves to is refused.
+    """
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        failure = None
+        for address in checked_addresses(host, port):
+            try:
+                return super().connect_tcp(address, port, timeout=timeout, local_address=local_address,
+                                           socket_options=socket_options)
+            except httpcore.ConnectError as exc:  # try the name's next address
+                failure = exc
+        raise failure
