@@ -163,16 +163,23 @@ def create_crashing_runs(count: int) -> list[int]:
 
 def audit_crashing(run_ids: list[int]) -> dict:
     """How the runs whose refund always kills its worker ended."""
-    from runs.models import Run
+    from runs.models import Run, RunEvent
     from tools.models import ToolCall
 
     runs = Run.objects.filter(pk__in=run_ids)
     calls = ToolCall.objects.filter(run_id__in=run_ids, name="refund")
+    # Sends cut off while another run was blamed for the death (a bystander's)
+    # are not counted against a call's max_attempts: take them off.
+    spared = Counter()
+    for event in RunEvent.objects.filter(run_id__in=run_ids, type="recovery"):
+        if event.payload.get("blamed") is False:
+            spared.update(event.payload.get("tool_calls", []))
     return {
         "crash_runs_created": len(run_ids),
         "crash_runs_ended": dict(Counter(f"{r.status}/{r.failure_type or r.outcome}" for r in runs)),
         "crash_runs_not_crash_loop": runs.exclude(status="failed", failure_type="crash_loop").count(),
         "crash_runs_max_refund_attempts": max(calls.values_list("attempts", flat=True), default=0),
+        "crash_runs_max_blamed_refund_attempts": max((call.attempts - spared[call.pk] for call in calls), default=0),
         "crash_runs_lost_leases": sum(runs.values_list("lost_leases", flat=True)),
     }
 

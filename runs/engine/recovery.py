@@ -75,7 +75,7 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
         run.refresh_from_db(fields=["lost_leases", "crash_streak", "loss_streak", "death_blame"])
         append_event(run, type="recovery", actor=actor, reason="took over from a worker that died",
                      payload={"lost_leases": run.lost_leases, "crash_streak": run.crash_streak,
-                              "loss_streak": run.loss_streak,
+                              "loss_streak": run.loss_streak, "blamed": blamed,
                               "steps": [step.pk for step in steps], "tool_calls": [call.pk for call in calls]})
     for step in steps:
         apply(step.discard, actor=actor, reason="discarded after a worker crash", now=timezone.now())
