@@ -71,6 +71,15 @@ def test_page_language_follows_accept_language(approver_client, accept, heading,
 
 
 @pytest.mark.django_db(transaction=True)
+def test_error_pages_and_admin_actions_are_translated(client, demo, waiting_run):
+    client.force_login(demo["admin"])
+    missing = client.get("/runs/999999/", HTTP_ACCEPT_LANGUAGE="zh-hans")
+    assert missing.status_code == 404 and "未找到 (404)" in missing.content.decode()
+    admin_list = client.get("/admin/runs/run/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "取消所选运行" in admin_list and "Django 站点管理员" in admin_list  # ours and Django's own
+
+
+@pytest.mark.django_db(transaction=True)
 def test_switcher_sets_the_language_over_accept_language(approver_client):
     page = approver_client.get(reverse("inbox"), HTTP_ACCEPT_LANGUAGE="en").content.decode()
     assert 'action="/i18n/setlang/"' in page and 'name="language" value="zh-hans"' in page
