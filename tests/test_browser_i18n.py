@@ -86,6 +86,8 @@ def test_pages_and_admin_speak_the_browsers_language(waiting_refund, worker, ser
     assert page.text_content("#timeline h2") == words["timeline"]
     assert page.text_content("#run-status") == words["waiting"]
     assert page.text_content("#run-waiting-reason") == words["approval"]
+    # The words the page's script uses for live changes are in the same language.
+    assert page.evaluate("JSON.parse(document.getElementById('run').dataset.labels)")["completed"] == words["completed"]
 
     page.goto(served + "/admin/")
     assert page.text_content("#content h1") == words["admin"]

@@ -6,8 +6,8 @@
  * the timeline and tool calls catch up. If the socket is down (or a message
  * was lost), /runs/<id>/status/ is polled: every 2 s without a socket,
  * every 10 s with one, not at all once the run has ended.
- * Values are shown in the page's language: the words come from the
- * #state-labels JSON block (runs.labels), the indicator's titles from its
+ * Values are shown in the page's language: the words come from #run's
+ * data-labels (JSON, runs.labels), the indicator's titles from its
  * data-title-on / data-title-off attributes.
  * A form with data-confirm (the cancel button) asks before it is sent; the
  * listener sits on the document, so it survives the #run swap (and no
@@ -34,7 +34,7 @@
   var pollTimer = null;
 
   var labels = {};
-  try { labels = JSON.parse(document.getElementById("state-labels").textContent); } catch (e) { /* raw values */ }
+  try { labels = JSON.parse(root.dataset.labels); } catch (e) { /* raw values */ }
 
   function el(id) { return document.getElementById(id); }
 
