@@ -6,12 +6,14 @@ and the requester rule, resolves the tool call and resumes the run.
 """
 
 from django.contrib import admin, messages
+from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Decision, Interrupt, InterruptKind
 from approvals.services import decide_interrupt
 from runs.errors import TollgateError
 from runs.admin import ReadOnlyAdminMixin
+from runs.labels import label
 
 
 @admin.register(Interrupt)
@@ -34,16 +36,16 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     date_hierarchy = "created_at"
     actions = ["approve_selected", "reject_selected"]
 
-    @admin.display(description="requested by", ordering="run__requested_by__username")
+    @admin.display(description=gettext_lazy("requested by"), ordering="run__requested_by__username")
     def requested_by(self, interrupt: Interrupt):
         return interrupt.run.requested_by
 
-    @admin.action(description="Approve selected items")
+    @admin.action(description=gettext_lazy("Approve selected items"))
     def approve_selected(self, request, queryset):
         """Approve each selected approval item via ``decide_interrupt``."""
         self._decide(request, queryset, Decision.APPROVED)
 
-    @admin.action(description="Reject selected items")
+    @admin.action(description=gettext_lazy("Reject selected items"))
     def reject_selected(self, request, queryset):
         """Reject each selected approval item via ``decide_interrupt``."""
         self._decide(request, queryset, Decision.REJECTED)
@@ -54,7 +56,8 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             if interrupt.kind != InterruptKind.APPROVAL:
                 self.message_user(
                     request,
-                    f"Item {interrupt.pk} is a {interrupt.kind} item; only approval items can be {decision} here.",
+                    _("Item %(item)s is of kind “%(kind)s”; only approval items can be decided here.")
+                    % {"item": interrupt.pk, "kind": label(interrupt.kind)},
                     level=messages.WARNING,
                 )
                 continue
@@ -63,12 +66,18 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             except (TransitionNotAllowed, ConcurrentTransition):
                 status = Interrupt.objects.values_list("status", flat=True).get(pk=interrupt.pk)
                 self.message_user(
-                    request, f"Item {interrupt.pk} was not {decision}: it is {status}.", level=messages.WARNING
+                    request, _("Item %(item)s was not %(decision)s: it is %(status)s.")
+                    % {"item": interrupt.pk, "decision": label(decision), "status": label(status)},
+                    level=messages.WARNING,
                 )
             except TollgateError as exc:
-                self.message_user(request, f"Item {interrupt.pk} was not {decision}: {exc.message}",
+                self.message_user(request, _("Item %(item)s was not %(decision)s: %(error)s")
+                                  % {"item": interrupt.pk, "decision": label(decision), "error": exc.message},
                                   level=messages.ERROR)
             else:
                 done += 1
         if done:
-            self.message_user(request, f"{decision.capitalize()} {done} item(s).", level=messages.SUCCESS)
+            done_message = (ngettext("Approved %(count)d item.", "Approved %(count)d items.", done)
+                            if decision == Decision.APPROVED
+                            else ngettext("Rejected %(count)d item.", "Rejected %(count)d items.", done))
+            self.message_user(request, done_message % {"count": done}, level=messages.SUCCESS)

@@ -1,6 +1,7 @@
 """Forms of the inbox pages. Their JSON fields are read with ``config.strict_json``."""
 
 from django import forms
+from django.utils.translation import gettext, gettext_lazy as _
 
 from config.strict_json import StrictJSONError, loads
 
@@ -12,7 +13,7 @@ class DecisionForm(forms.Form):
     approving; left empty or unchanged, the model's arguments stand.
     """
 
-    decision = forms.ChoiceField(choices=[("approved", "Approve"), ("rejected", "Reject")])
+    decision = forms.ChoiceField(choices=[("approved", _("Approve")), ("rejected", _("Reject"))])
     comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
     edited_arguments = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}))
 
@@ -32,7 +33,7 @@ class DecisionForm(forms.Form):
             self.add_error("edited_arguments", str(exc))
             return cleaned
         if not isinstance(parsed, dict):
-            self.add_error("edited_arguments", "The arguments must be a JSON object.")
+            self.add_error("edited_arguments", gettext("The arguments must be a JSON object."))
             return cleaned
         if parsed != self.original_arguments:
             cleaned["parsed_arguments"] = parsed
@@ -46,7 +47,7 @@ class ReconcileForm(forms.Form):
     the call's result when it succeeded.
     """
 
-    outcome = forms.ChoiceField(choices=[("succeeded", "It happened"), ("failed", "It did not happen")])
+    outcome = forms.ChoiceField(choices=[("succeeded", _("It happened")), ("failed", _("It did not happen"))])
     evidence = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
     result = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}))
 

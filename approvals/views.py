@@ -12,6 +12,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
@@ -20,6 +21,7 @@ from approvals.forms import AnswerForm, DecisionForm, ReconcileForm
 from approvals.models import InterruptKind, InterruptStatus
 from approvals.services import answer_interrupt, can_decide, decide_interrupt, question_options, reconcile_interrupt
 from runs.errors import InvalidInput
+from runs.labels import label
 from runs.selectors import run_tool_calls, session_messages
 from runs.views import conflict
 from tools.registry import get_tool
@@ -61,10 +63,7 @@ def interrupt_detail(request, interrupt_id: int):
                 _decide(item, request.user, form)
             except (TransitionNotAllowed, ConcurrentTransition):
                 item.refresh_from_db()
-                return conflict(request, title="Already decided",
-                                message=f"This item is already {item.status}"
-                                        + (f" ({item.decision} by {item.resolved_by})" if item.resolved_by else "")
-                                        + "; nothing was changed.",
+                return conflict(request, title=_("Already decided"), message=_already_decided(item),
                                 back_url=reverse("run-detail", args=[item.run_id]))
             except InvalidInput as exc:
                 field = "edited_arguments" if "edited_arguments" in form.fields else None
@@ -84,6 +83,14 @@ def interrupt_detail(request, interrupt_id: int):
         "messages_": session_messages(session_id=item.run.session_id),
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
     }, status=status)
+
+
+def _already_decided(item) -> str:
+    """The 409 page's message for an item someone resolved meanwhile, in the page's language."""
+    if item.resolved_by:
+        return _("This item is already %(status)s (%(decision)s by %(user)s); nothing was changed.") % {
+            "status": label(item.status), "decision": label(item.decision), "user": item.resolved_by}
+    return _("This item is already %(status)s; nothing was changed.") % {"status": label(item.status)}
 
 
 def _decide(item, user, form) -> None:

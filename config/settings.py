@@ -64,6 +64,14 @@ MIDDLEWARE = [
     # served, so no request path is ever joined onto a directory.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # After sessions, before CommonMiddleware (Django's order): the page
+    # language from the language cookie (the header's switcher), else the
+    # browser's Accept-Language, else LANGUAGE_CODE.
+    "django.middleware.locale.LocaleMiddleware",
+    # The API always answers in English; pages in the time zone the
+    # browser reports (config.middleware).
+    "config.middleware.ApiInEnglishMiddleware",
+    "config.middleware.BrowserTimeZoneMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -126,6 +134,8 @@ TEMPLATES = [
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
+                "django.template.context_processors.i18n",
+                "django.template.context_processors.tz",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
@@ -160,7 +170,13 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-LANGUAGE_CODE = "en-us"
+# Pages in English or Simplified Chinese (README "Languages and time
+# zones"); the catalogue is config/locale, compiled .mo files committed.
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "config" / "locale"]
+# Stored in UTC; pages show times in the zone of the browser's
+# "tollgate_tz" cookie (static/js/timezone.js), UTC without one.
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

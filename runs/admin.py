@@ -17,10 +17,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Model
 from django.utils.text import Truncator
+from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.strict_json import StrictJSONFormField
 from runs.engine.agents import config_errors, may_loosen_policy
+from runs.labels import label
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
 from runs.engine.lifecycle import cancel_run
 from tools.models import ToolCall
@@ -139,7 +141,7 @@ class SessionRunInline(ReadOnlyAdminMixin, admin.TabularInline):
     def get_readonly_fields(self, request, obj=None):
         return self.fields
 
-    @admin.display(description="input")
+    @admin.display(description=gettext_lazy("input"))
     def input_summary(self, run: Run) -> str:
         return truncated(run.input)
 
@@ -248,15 +250,15 @@ class RunAdmin(admin.ModelAdmin):
         """Cancelling needs the model's change permission (the page itself is view-only)."""
         return request.user.has_perm("runs.change_run")
 
-    @admin.display(description="input")
+    @admin.display(description=gettext_lazy("input"))
     def input_summary(self, run: Run) -> str:
         return truncated(run.input, 60)
 
-    @admin.display(description="why")
+    @admin.display(description=gettext_lazy("why"))
     def outcome_reason_summary(self, run: Run) -> str:
         return truncated(run.outcome_reason, 80)
 
-    @admin.action(description="Cancel selected runs", permissions=["cancel"])
+    @admin.action(description=gettext_lazy("Cancel selected runs"), permissions=["cancel"])
     def cancel_selected_runs(self, request, queryset):
         """Cancel each selected run via ``cancel_run``; terminal runs are reported, not touched."""
         actor = f"user:{request.user.username}"
@@ -267,20 +269,23 @@ class RunAdmin(admin.ModelAdmin):
             except (TransitionNotAllowed, ConcurrentTransition):
                 status = Run.objects.values_list("status", flat=True).get(pk=run.pk)
                 self.message_user(
-                    request, f"Run {run.pk} was not cancelled: it is {status}.", level=messages.WARNING
+                    request, _("Run %(run)s was not cancelled: it is %(status)s.") % {"run": run.pk, "status": label(status)},
+                    level=messages.WARNING,
                 )
                 continue
             if run.status in ACTIVE_STATUSES:
                 requested += 1
                 self.message_user(
                     request,
-                    f"Run {run.pk} is {run.status}: cancellation requested, it stops at its next safe point.",
+                    _("Run %(run)s is %(status)s: cancellation requested, it stops at its next safe point.")
+                    % {"run": run.pk, "status": label(run.status)},
                     level=messages.INFO,
                 )
             else:
                 cancelled += 1
         if cancelled:
-            self.message_user(request, f"Cancelled {cancelled} run(s).", level=messages.SUCCESS)
+            self.message_user(request, ngettext("Cancelled %(count)d run.", "Cancelled %(count)d runs.", cancelled)
+                              % {"count": cancelled}, level=messages.SUCCESS)
 
 
 # --- Append-only records -------------------------------------------------
@@ -306,7 +311,7 @@ class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ("content", "tool_call_id", "=run__id", "=session__id")
     date_hierarchy = "created_at"
 
-    @admin.display(description="content")
+    @admin.display(description=gettext_lazy("content"))
     def content_summary(self, message: Message) -> str:
         return truncated(message.content)
 

@@ -9,12 +9,14 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.selectors import run_pending_interrupts
 from runs import selectors
 from runs.forms import StartRunForm
+from runs.labels import label
 from runs.live import run_snapshot
 from runs.services import actor_for
 from runs.engine.lifecycle import cancel_run, start_run
@@ -71,13 +73,14 @@ def run_cancel(request, run_id: int):
     """Ask to cancel the run; 409 page when it already ended."""
     run = _visible_run_or_404(request, run_id)
     if not selectors.run_can_cancel(user=request.user, run=run):
-        raise PermissionDenied("Only the requester or staff may cancel this run.")
+        raise PermissionDenied(_("Only the requester or staff may cancel this run."))
     try:
         cancel_run(run=run, actor=actor_for(request.user), reason="cancelled in the browser")
     except (TransitionNotAllowed, ConcurrentTransition):
         run.refresh_from_db()
-        return conflict(request, title="Run already finished",
-                        message=f"Run {run.pk} is {run.status}; it can no longer be cancelled.",
+        return conflict(request, title=_("Run already finished"),
+                        message=_("Run %(run)s is %(status)s; it can no longer be cancelled.")
+                        % {"run": run.pk, "status": label(run.status)},
                         back_url=reverse("run-detail", args=[run.pk]))
     return redirect("run-detail", run_id=run.pk)
 

@@ -4,6 +4,7 @@
 """
 
 from django.contrib import admin
+from django.utils.translation import gettext_lazy
 
 from runs.admin import ReadOnlyAdminMixin, truncated
 from tools.models import ToolCall
@@ -21,7 +22,7 @@ class ToolCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_select_related = ("run",)
     date_hierarchy = "created_at"
 
-    @admin.display(description="arguments")
+    @admin.display(description=gettext_lazy("arguments"))
     def arguments_summary(self, tool_call: ToolCall) -> str:
         return truncated(tool_call.raw_arguments if tool_call.arguments is None else str(tool_call.arguments), 60)
 

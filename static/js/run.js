@@ -6,6 +6,9 @@
  * the timeline and tool calls catch up. If the socket is down (or a message
  * was lost), /runs/<id>/status/ is polled: every 2 s without a socket,
  * every 10 s with one, not at all once the run has ended.
+ * Values are shown in the page's language: the words come from #run's
+ * data-labels (JSON, runs.labels), the indicator's titles from its
+ * data-title-on / data-title-off attributes.
  * A form with data-confirm (the cancel button) asks before it is sent; the
  * listener sits on the document, so it survives the #run swap (and no
  * inline handler is needed: the Content-Security-Policy forbids them).
@@ -30,16 +33,26 @@
   var retryDelay = 1000;
   var pollTimer = null;
 
+  var labels = {};
+  try { labels = JSON.parse(root.dataset.labels); } catch (e) { /* raw values */ }
+
   function el(id) { return document.getElementById(id); }
+
+  function label(value) {
+    return value && Object.prototype.hasOwnProperty.call(labels, value) ? labels[value] : value;
+  }
 
   function setText(id, value) {
     var node = el(id);
-    if (node) { node.textContent = value || "\u2014"; }
+    if (node) { node.textContent = label(value) || "\u2014"; }
   }
 
   function setLive(on) {
     var node = el("live-indicator");
-    if (node) { node.classList.toggle("on", on); node.title = on ? "live" : "polling"; }
+    if (node) {
+      node.classList.toggle("on", on);
+      node.title = (on ? node.dataset.titleOn : node.dataset.titleOff) || (on ? "live" : "polling");
+    }
   }
 
   function refreshSection() {
@@ -74,7 +87,7 @@
     if (run.status !== shown) {
       var badge = el("run-status");
       if (badge) {
-        badge.textContent = run.status;
+        badge.textContent = label(run.status);
         badge.dataset.status = run.status;
         badge.className = "badge status-" + run.status;
       }

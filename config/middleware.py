@@ -1,0 +1,78 @@
+"""Request middleware for languages and time zones (README "Languages and time zones").
+
+* ``ApiInEnglishMiddleware``: the REST API answers in English whatever the
+  client's ``Accept-Language`` (after Django's ``LocaleMiddleware``, which
+  picks the pages' language).
+* ``BrowserTimeZoneMiddleware``: pages show times in the zone the browser
+  reports in the ``tollgate_tz`` cookie (set by ``static/js/timezone.js``
+  from ``Intl.DateTimeFormat().resolvedOptions().timeZone``), UTC without a
+  valid one. Only names of the IANA time zone database are accepted.
+"""
+
+import functools
+import zoneinfo
+
+from django.conf import settings
+from django.utils import timezone, translation
+
+TIME_ZONE_COOKIE = "tollgate_tz"
+API_PREFIX = "/api/"
+
+
+class ApiInEnglishMiddleware:
+    """Turn the language back to ``LANGUAGE_CODE`` for ``/api/`` requests.
+
+    Programs read the API's ``code`` fields; its messages stay in one
+    language, so DRF's own messages (which it would otherwise translate)
+    match Tollgate's English ones. Must follow ``LocaleMiddleware``.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path_info.startswith(API_PREFIX):
+            translation.activate(settings.LANGUAGE_CODE)
+            request.LANGUAGE_CODE = translation.get_language()
+        return self.get_response(request)
+
+
+@functools.cache
+def _known_zone_names() -> frozenset[str]:
+    """The IANA zone names this machine knows (system tz database or the ``tzdata`` package), read once."""
+    return frozenset(zoneinfo.available_timezones())
+
+
+def zone_named(name: str | None) -> zoneinfo.ZoneInfo | None:
+    """The time zone called ``name`` (e.g. ``"Asia/Shanghai"``), or ``None`` for anything else.
+
+    ``name`` comes from a cookie, so it is untrusted: it is looked up in the
+    set of known zone names before ``ZoneInfo`` sees it (no file paths, no
+    unbounded cache of made-up keys).
+    """
+    if not name or name not in _known_zone_names():
+        return None
+    return zoneinfo.ZoneInfo(name)
+
+
+class BrowserTimeZoneMiddleware:
+    """Activate the browser's time zone for the request; UTC (``TIME_ZONE``) when it sent none or an unknown one.
+
+    Templates then render aware datetimes in that zone (Django's template
+    localtime) and ``{{ TIME_ZONE }}`` (the ``tz`` context processor) names
+    it for the labels.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        zone = zone_named(request.COOKIES.get(TIME_ZONE_COOKIE))
+        if zone is None:
+            timezone.deactivate()
+        else:
+            timezone.activate(zone)
+        try:
+            return self.get_response(request)
+        finally:
+            timezone.deactivate()
