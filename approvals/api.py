@@ -8,41 +8,37 @@ anything else about the item is said.
 """
 
 from django.core.exceptions import PermissionDenied
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
+from approvals.filters import InterruptFilter
+from approvals.models import Decision, Interrupt
 from approvals.serializers import ApproveSerializer, InterruptSerializer, ReconcileSerializer, RejectSerializer
 from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
-from config.api import int_query_param
+from config.idempotency import IdempotentPostMixin
 from runs.selectors import user_sees_all_runs
 
 DECISION_RESPONSES = {
     200: InterruptSerializer,
     400: OpenApiResponse(description="Edited arguments do not match the tool's schema."),
     403: OpenApiResponse(description="You may not decide this item."),
-    409: OpenApiResponse(description="The item is no longer pending; the body names its current `status`."),
+    409: OpenApiResponse(description="The item is no longer pending; `details.status` is its current status."),
 }
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List inbox items visible to you", parameters=[
-        OpenApiParameter("status", OpenApiTypes.STR, enum=InterruptStatus.values, description="e.g. pending"),
-        OpenApiParameter("kind", OpenApiTypes.STR, enum=InterruptKind.values),
-        OpenApiParameter("run", OpenApiTypes.INT, description="Only items of this run."),
-    ]),
+    list=extend_schema(summary="List inbox items visible to you, newest first"),
     retrieve=extend_schema(summary="One inbox item"),
 )
-class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Inbox items, with the same visibility as their runs."""
+class InterruptViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       viewsets.GenericViewSet):
+    """Inbox items, with the same visibility as their runs; filters in ``approvals.filters``."""
 
     serializer_class = InterruptSerializer
-
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by")
+    filterset_class = InterruptFilter
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no user
@@ -50,18 +46,6 @@ class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         if user_sees_all_runs(user=self.request.user):
             return self.queryset.all()
         return self.queryset.filter(run__requested_by=self.request.user)
-
-    def filter_queryset(self, queryset):
-        params = self.request.query_params
-        for name, choices in (("status", InterruptStatus.values), ("kind", InterruptKind.values)):
-            if name in params:
-                if params[name] not in choices:
-                    raise ValidationError({name: f"Must be one of: {', '.join(choices)}."})
-                queryset = queryset.filter(**{name: params[name]})
-        run_id = int_query_param(self.request, "run")
-        if run_id is not None:
-            queryset = queryset.filter(run_id=run_id)
-        return queryset
 
     def _decidable_item(self) -> Interrupt:
         """The item of the URL if visible (else 404) and the user may decide it (else 403)."""

@@ -4,12 +4,13 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from approvals.api import InterruptViewSet
-from runs.api import AgentViewSet, RunViewSet
+from runs.api import AgentViewSet, RunViewSet, SessionViewSet
 from tools.api import ToolListView
 
 router = SimpleRouter()
 router.register("agents", AgentViewSet, basename="agent")
 router.register("runs", RunViewSet, basename="run")
+router.register("sessions", SessionViewSet, basename="session")
 router.register("interrupts", InterruptViewSet, basename="interrupt")
 
 urlpatterns = [

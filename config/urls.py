@@ -1,4 +1,4 @@
-"""URL map: inbox and run pages, REST API, OpenAPI schema, admin, login."""
+"""URL map: inbox and run pages, REST API, OpenAPI schema and its docs page, admin, login."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -6,11 +6,14 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from config.api_schema import ApiDocsView
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include(("config.api_urls", "api"))),
     path("", RedirectView.as_view(pattern_name="inbox", permanent=False), name="home"),
     path("", include("approvals.urls")),

@@ -9,7 +9,7 @@ from rest_framework import serializers
 from config.api import StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, MultitaskStrategy, Run, RunEvent, Session
+from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, Session
 from tools.models import ToolCall
 
 
@@ -89,6 +89,39 @@ class RunCreateSerializer(StrictSerializer):
         request = self.context.get("request")
         if request is not None:
             self.fields["session"].queryset = Session.objects.filter(owner=request.user)
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    """A session (a conversation thread): its agent by slug, its owner by username, title and metadata."""
+
+    agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Session
+        fields = ["id", "agent", "owner", "title", "metadata", "created_at"]
+        read_only_fields = fields
+
+
+class SessionCreateSerializer(StrictSerializer):
+    """Body of ``POST /api/sessions/``: the agent's slug, an optional title and metadata object."""
+
+    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.all())
+    title = serializers.CharField(required=False, allow_blank=True, default="",
+                                  max_length=Session._meta.get_field("title").max_length)
+    metadata = serializers.DictField(required=False, default=dict, help_text=(
+        "Your own JSON object (e.g. a ticket id), at most TOLLGATE['MAX_SESSION_METADATA_BYTES'] "
+        "bytes as JSON; Tollgate never reads it."))
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    """One entry of a session's history: ``role`` (user, assistant, tool, system), the text, the
+    tool calls an assistant message proposed, the call a tool message answers, and the ``run`` it belongs to."""
+
+    class Meta:
+        model = Message
+        fields = ["id", "run", "role", "content", "tool_calls", "tool_call_id", "created_at"]
+        read_only_fields = fields
 
 
 class CancelSerializer(StrictSerializer):

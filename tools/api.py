@@ -20,11 +20,13 @@ class ToolSerializer(serializers.Serializer):
     timeout_s = serializers.FloatField()
 
 
-@extend_schema(summary="List registered tools")
+@extend_schema(summary="List registered tools (one list, not paginated)")
 class ToolListView(generics.ListAPIView):
-    """Every registered tool, by name."""
+    """Every registered tool, by name: the registry is small and fixed, so it is one plain list."""
 
     serializer_class = ToolSerializer
+    pagination_class = None
+    filter_backends = []
 
     def get_queryset(self):
         return all_tools()

@@ -1,0 +1,71 @@
+"""Cursor pagination for every REST list: stable pages however many rows are added meanwhile.
+
+A page is ``{"next": url | null, "previous": url | null, "results": [...]}``;
+follow ``next`` to go on. ``?page_size=`` (1 to ``max_page_size``) sets the
+page length, ``PAGE_SIZE`` (100) otherwise. A cursor or page size that is
+not one this API made is a 400 in the error shape, never a 404 or a 500.
+Built on DRF's ``CursorPagination`` (its docs: "Cursor Pagination"; the
+idea is the one of Disqus's and Twitter's cursor APIs).
+"""
+
+from datetime import datetime
+
+from django.core.exceptions import FieldDoesNotExist, ValidationError
+from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import ValidationError as APIValidationError
+from rest_framework.pagination import CursorPagination
+
+from config.filters import in_utc
+
+
+class NewestFirstCursorPagination(CursorPagination):
+    """Newest first (``-created_at``, then ``-id`` among rows created in the same instant)."""
+
+    ordering = ("-created_at", "-id")
+    page_size_query_param = "page_size"
+    max_page_size = 1000
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self._model = queryset.model  # the cursor's position is checked against its ordering field
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_page_size(self, request):
+        """``?page_size=`` from 1 to ``max_page_size``; raises ``ValidationError`` (400) for anything else."""
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and 1 <= int(raw) <= self.max_page_size):
+            raise APIValidationError({self.page_size_query_param: [
+                f"Must be a whole number from 1 to {self.max_page_size}."]})
+        return int(raw)
+
+    def decode_cursor(self, request):
+        """DRF's decoding, plus a check that the position fits the ordering field; a bad cursor is a 400."""
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            raise self._invalid_cursor() from None
+        if cursor is not None and cursor.position is not None:
+            try:
+                position = self._model._meta.get_field(self.ordering[0].lstrip("-")).clean(cursor.position, None)
+                if isinstance(position, datetime):
+                    in_utc(position)
+            except (ValidationError, FieldDoesNotExist):
+                raise self._invalid_cursor() from None
+        return cursor
+
+    def _invalid_cursor(self) -> APIValidationError:
+        return APIValidationError({self.cursor_query_param: [
+            "Invalid cursor: use the next or previous link of a page as it is."]})
+
+
+class OldestFirstCursorPagination(NewestFirstCursorPagination):
+    """Oldest first by ``id``: histories (a session's messages, a run's tool calls)."""
+
+    ordering = ("id",)
+
+
+class EventCursorPagination(NewestFirstCursorPagination):
+    """A run's events, oldest first, in their ``seq`` order."""
+
+    ordering = ("seq",)
