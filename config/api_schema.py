@@ -82,6 +82,6 @@ def document_errors_and_idempotency(result, generator, request, public):
 
 
 class ApiDocsView(SpectacularSwaggerSplitView):
-    """Swagger UI for ``/api/schema/`` (same permission: logged-in users), assets served locally."""
+    """Swagger UI for ``/api/schema/`` (logged-in users; ``config.urls`` sends others to the login page)."""
 
     template_name = "api/swagger_ui.html"

@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
@@ -13,7 +14,8 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", ApiDocsView.as_view(url_name="schema"), name="api-docs"),
+    # A page for people: logged out, it sends them to the login page like every other page.
+    path("api/docs/", login_required(ApiDocsView.as_view(url_name="schema")), name="api-docs"),
     path("api/", include(("config.api_urls", "api"))),
     path("", RedirectView.as_view(pattern_name="inbox", permanent=False), name="home"),
     path("", include("approvals.urls")),
