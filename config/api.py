@@ -23,8 +23,9 @@ Every 4xx body is ``{"error": {"code": str, "message": str, "details": {...}}}``
 
 Anything else, a bare ``ValueError`` included, is a bug: a 500.
 
-Also the request-side helper every API view shares: ``StrictSerializer``
-(unknown fields are a 400).
+Also the serializer bases every API app shares: ``StrictSerializer`` for
+request bodies (unknown fields are a 400) and ``OutputSerializer`` for
+what the API shows.
 """
 
 import math
@@ -119,6 +120,24 @@ def exception_handler(exc, context):
         return None
     set_rollback()
     return response
+
+
+class OutputSerializer(serializers.ModelSerializer):
+    """A read-only model serializer whose schema admits the empty string where the model does.
+
+    DRF drops ``allow_blank`` from fields listed in ``read_only_fields``, so
+    a choice field that may be blank (e.g. a run's ``waiting_reason``)
+    would be documented as its enum only, and the empty value it really
+    shows would break the published schema. This keeps ``allow_blank``, so
+    drf-spectacular documents the blank choice too.
+    """
+
+    def include_extra_kwargs(self, kwargs, extra_kwargs):
+        allow_blank = kwargs.get("allow_blank", False)
+        kwargs = super().include_extra_kwargs(kwargs, extra_kwargs)
+        if allow_blank:
+            kwargs["allow_blank"] = True
+        return kwargs
 
 
 class StrictSerializer(serializers.Serializer):

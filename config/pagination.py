@@ -39,6 +39,16 @@ class NewestFirstCursorPagination(CursorPagination):
                 f"Must be a whole number from 1 to {self.max_page_size}."]})
         return int(raw)
 
+    def get_schema_operation_parameters(self, view):
+        """DRF's two parameters, with the bounds of ``page_size`` and what a cursor is."""
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"].update(minimum=1, maximum=self.max_page_size)
+            elif parameter["name"] == self.cursor_query_param:
+                parameter["description"] = "The cursor of the next or previous page, from a page's links."
+        return parameters
+
     def decode_cursor(self, request):
         """DRF's decoding, plus a check that the position fits the ordering field; a bad cursor is a 400."""
         try:

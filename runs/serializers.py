@@ -6,14 +6,14 @@ only check the shape of a request body; the services decide the rest.
 
 from rest_framework import serializers
 
-from config.api import StrictSerializer
+from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
 from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, Session
 from tools.models import ToolCall
 
 
-class AgentSerializer(serializers.ModelSerializer):
+class AgentSerializer(OutputSerializer):
     """An agent definition; anything in its model config that looks like a credential is masked, for everyone."""
 
     class Meta:
@@ -53,7 +53,7 @@ class AgentCreateSerializer(StrictSerializer):
                                             help_text='Tool name to rule: "always", "never" or e.g. "amount > 50".')
 
 
-class RunSerializer(serializers.ModelSerializer):
+class RunSerializer(OutputSerializer):
     """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
 
     ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.engine.completion``);
@@ -91,7 +91,7 @@ class RunCreateSerializer(StrictSerializer):
             self.fields["session"].queryset = Session.objects.filter(owner=request.user)
 
 
-class SessionSerializer(serializers.ModelSerializer):
+class SessionSerializer(OutputSerializer):
     """A session (a conversation thread): its agent by slug, its owner by username, title and metadata."""
 
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
@@ -114,7 +114,7 @@ class SessionCreateSerializer(StrictSerializer):
         "bytes as JSON; Tollgate never reads it."))
 
 
-class MessageSerializer(serializers.ModelSerializer):
+class MessageSerializer(OutputSerializer):
     """One entry of a session's history: ``role`` (user, assistant, tool, system), the text, the
     tool calls an assistant message proposed, the call a tool message answers, and the ``run`` it belongs to."""
 
@@ -128,7 +128,7 @@ class CancelSerializer(StrictSerializer):
     """Body of ``POST /api/runs/{id}/cancel/``: nothing (any field is refused)."""
 
 
-class RunEventSerializer(serializers.ModelSerializer):
+class RunEventSerializer(OutputSerializer):
     """One entry of a run's append-only event log."""
 
     class Meta:
@@ -137,7 +137,7 @@ class RunEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ToolCallSerializer(serializers.ModelSerializer):
+class ToolCallSerializer(OutputSerializer):
     """One tool call of a run: raw and parsed arguments, status, result or error.
 
     ``duplicate_of``: the id of the earlier call whose action this one repeats (it ends as that one ended).
