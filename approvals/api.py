@@ -4,7 +4,9 @@ Decisions go through ``approvals.services`` (``decide_interrupt``,
 ``reconcile_interrupt``), which check that the item is still pending
 (409). An item of a run you may not see is 404 on every verb, like a
 missing one; on one you see, the permission is checked (403) before
-anything else about the item is said.
+anything else about the item is said. Decisions honour ``Idempotency-Key``
+(``config.idempotency``); the list is cursor pages with the filters of
+``approvals.filters``.
 """
 
 from django.core.exceptions import PermissionDenied
