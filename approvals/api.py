@@ -19,8 +19,8 @@ from approvals.filters import InterruptFilter
 from approvals.models import Decision, Interrupt
 from approvals.serializers import ApproveSerializer, InterruptSerializer, ReconcileSerializer, RejectSerializer
 from approvals.services import can_decide, decide_interrupt, reconcile_interrupt
+from config.api import VisibleRowsMixin
 from config.idempotency import IdempotentPostMixin
-from runs.selectors import user_sees_all_runs
 
 DECISION_RESPONSES = {
     200: InterruptSerializer,
@@ -34,20 +34,15 @@ DECISION_RESPONSES = {
     list=extend_schema(summary="List inbox items visible to you, newest first"),
     retrieve=extend_schema(summary="One inbox item"),
 )
-class InterruptViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                        viewsets.GenericViewSet):
     """Inbox items, with the same visibility as their runs; filters in ``approvals.filters``."""
 
     serializer_class = InterruptSerializer
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by")
+    owner_field = "run__requested_by"
     filterset_class = InterruptFilter
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return self.queryset.none()
-        if user_sees_all_runs(user=self.request.user):
-            return self.queryset.all()
-        return self.queryset.filter(run__requested_by=self.request.user)
 
     def _decidable_item(self) -> Interrupt:
         """The item of the URL if visible (else 404) and the user may decide it (else 403)."""

@@ -23,7 +23,8 @@ Every 4xx body is ``{"error": {"code": str, "message": str, "details": {...}}}``
 
 Anything else, a bare ``ValueError`` included, is a bug: a 500.
 
-Also the serializer bases every API app shares: ``StrictSerializer`` for
+Also the visibility of rows (``VisibleRowsMixin``) and the serializer
+bases every API app shares: ``StrictSerializer`` for
 request bodies (unknown fields are a 400) and ``OutputSerializer`` for
 what the API shows.
 """
@@ -40,6 +41,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import set_rollback
 
 from runs.errors import InvalidInput, TollgateError
+from runs.selectors import user_sees_all_runs
 
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
@@ -120,6 +122,24 @@ def exception_handler(exc, context):
         return None
     set_rollback()
     return response
+
+
+class VisibleRowsMixin:
+    """For API viewsets: ``queryset`` narrowed to what the user may see (``runs.selectors``).
+
+    Staff and approvers see every row; anyone else the rows whose
+    ``owner_field`` (e.g. ``requested_by``, ``run__requested_by``) is them.
+    Schema generation (no user) gets none.
+    """
+
+    owner_field: str = ""
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset.none()
+        if user_sees_all_runs(user=self.request.user):
+            return self.queryset.all()
+        return self.queryset.filter(**{self.owner_field: self.request.user})
 
 
 class OutputSerializer(serializers.ModelSerializer):

@@ -64,7 +64,7 @@ def fingerprint(request) -> str:
     if isinstance(data, QueryDict):
         data = dict(data.lists())
     canonical = json.dumps([request.method, request.path, data], sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=False, default=str)
+                           ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -19,6 +19,7 @@ from rest_framework.decorators import action
 from rest_framework.permissions import DjangoModelPermissions, IsAdminUser, IsAuthenticated
 from rest_framework.response import Response
 
+from config.api import VisibleRowsMixin
 from config.idempotency import REPLAYED_HEADER, IdempotentPostMixin
 from config.pagination import EventCursorPagination, OldestFirstCursorPagination
 from runs.engine.agents import create_agent
@@ -26,7 +27,7 @@ from runs.engine.lifecycle import cancel_run, submit_input
 from runs.engine.sessions import open_session
 from runs.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
-from runs.selectors import run_can_cancel, session_messages, user_sees_all_runs
+from runs.selectors import run_can_cancel, session_messages
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
@@ -72,11 +73,12 @@ class AgentViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMo
     list=extend_schema(summary="List runs visible to you"),
     retrieve=extend_schema(summary="One run"),
 )
-class RunViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Runs: start one, read it with its events and tool calls, cancel it."""
 
     serializer_class = RunSerializer
     queryset = Run.objects.select_related("agent", "requested_by")
+    owner_field = "requested_by"
     filterset_class = RunFilter
 
     def get_throttles(self):
@@ -84,12 +86,6 @@ class RunViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
         self.throttle_scope = "runs" if self.action == "create" else None
         return super().get_throttles()
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return self.queryset.none()
-        if user_sees_all_runs(user=self.request.user):
-            return self.queryset.all()
-        return self.queryset.filter(requested_by=self.request.user)
 
     @extend_schema(
         summary="Start a run",
@@ -155,7 +151,7 @@ class RunViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMode
     list=extend_schema(summary="List sessions visible to you"),
     retrieve=extend_schema(summary="One session"),
 )
-class SessionViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class SessionViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                      viewsets.GenericViewSet):
     """Sessions (conversation threads): open one, read it, its message history and its runs.
 
@@ -164,14 +160,9 @@ class SessionViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.Retrieve
 
     serializer_class = SessionSerializer
     queryset = Session.objects.select_related("agent", "owner")
+    owner_field = "owner"
     filterset_class = SessionFilter
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return self.queryset.none()
-        if user_sees_all_runs(user=self.request.user):
-            return self.queryset.all()
-        return self.queryset.filter(owner=self.request.user)
 
     @extend_schema(summary="Open a session", request=SessionCreateSerializer, responses={201: SessionSerializer})
     def create(self, request):
