@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0008_run_death_attribution'),
+        ('runs', '0009_step_state_machine'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
