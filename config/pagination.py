@@ -13,7 +13,8 @@ from datetime import datetime
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from rest_framework.exceptions import NotFound
 from rest_framework.exceptions import ValidationError as APIValidationError
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import BasePagination, CursorPagination
+from rest_framework.response import Response
 
 from config.filters import in_utc
 
@@ -79,3 +80,21 @@ class EventCursorPagination(NewestFirstCursorPagination):
     """A run's events, oldest first, in their ``seq`` order."""
 
     ordering = ("seq",)
+
+
+class WholeListPagination(BasePagination):
+    """For a short, fixed list (the tool registry): all of it as one page, in the same envelope
+    (``next`` and ``previous`` always null), so clients read every list the same way."""
+
+    def paginate_queryset(self, queryset, request, view=None):
+        return list(queryset)
+
+    def get_paginated_response(self, data):
+        return Response({"next": None, "previous": None, "results": data})
+
+    def get_paginated_response_schema(self, schema):
+        return {"type": "object", "required": ["next", "previous", "results"], "properties": {
+            "next": {"type": "string", "nullable": True, "description": "Always null: there is one page."},
+            "previous": {"type": "string", "nullable": True, "description": "Always null."},
+            "results": schema,
+        }}

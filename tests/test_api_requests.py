@@ -171,7 +171,9 @@ def test_agent_credentials_are_masked_for_everyone(demo, api):
 # --- tools and schema -------------------------------------------------------------
 
 def test_tools_list_their_schema_and_policy(demo, api):
-    tools = {t["name"]: t for t in api(demo["requester"]).get("/api/tools/").json()}
+    page = api(demo["requester"]).get("/api/tools/").json()
+    assert (page["next"], page["previous"]) == (None, None)
+    tools = {t["name"]: t for t in page["results"]}
 
     refund = tools["refund"]
     assert (refund["side_effect"], refund["approval"]) == (True, "sum(amount) per target within 30d > 50")
