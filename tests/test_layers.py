@@ -11,7 +11,8 @@ Layers, top to bottom:
 2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
    ``tools.policy``, ``tools.services``;
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
-   ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``;
+   ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``, ``runs.access``
+   (who sees and decides what);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``.
@@ -51,6 +52,7 @@ LAYERS = {
     "runs.wakeups": 1,
     "runs.live": 1,
     "runs.waits": 1,
+    "runs.access": 1,
     "runs.fsm": 0,
     "runs.failpoints": 0,
     "runs.model_output": 0,
