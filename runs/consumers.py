@@ -6,13 +6,14 @@
 * ``RunListConsumer`` at ``ws/runs/``: ``run.update`` of every run the user
   may see (the inbox and run list refresh on them).
 
-Only authenticated users who may see the run (``Run.objects.visible_to``,
-``runs.access``) are accepted; anyone else is closed before the handshake
-completes. Access is then kept per socket as the rule's facts
-(``runs.access.RunAccess``: who the user is, if still logged in, and
-whether they see every run) and checked again against the user as stored now (``current_user``)
-whenever ``runs.access_signals`` says the user's access may have changed
-(a logout, a password change, a deactivation, a change of groups or
+Only authenticated users who may see the run
+(``Run.objects.visible_to``, ``runs.access``) are accepted; anyone else
+is closed before the handshake completes. Access is then kept per socket
+as the rule's facts (``runs.access.RunAccess``: who the user is, if
+still logged in, and whether they see every run) and checked again
+against the user as stored now (``current_user``) whenever
+``runs.access_signals`` says the user's access may have changed (a
+logout, a password change, a deactivation, a change of groups or
 permissions: the ``access.changed`` message to the user's group), and in
 any case before forwarding an event when the last check is older than
 ``TOLLGATE["LIVE_ACCESS_RECHECK_S"]`` seconds (a backstop for changes no

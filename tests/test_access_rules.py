@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from approvals.models import Interrupt
 from approvals.services import can_decide, request_approval, request_reconciliation
-from runs.access import DECIDE_PERMISSION
+from runs.access import DECIDE_PERMISSION, RunAccess
 from runs.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
@@ -150,6 +150,8 @@ def test_visible_to_agrees_with_the_python_rules(world):
         expected_runs = {run.pk for run in runs if _old_run_visible(_fresh(user), run)}
         assert set(Run.objects.visible_to(_fresh(user)).values_list("pk", flat=True)) == expected_runs, name
         assert set(Run.objects.cancellable_by(_fresh(user)).values_list("pk", flat=True)) == expected_runs, name
+        in_memory = RunAccess.of(_fresh(user))  # what a live socket keeps and asks per event
+        assert {run.pk for run in runs if in_memory.sees(run.requested_by_id)} == expected_runs, name
         expected_items = {item.pk for item in items
                           if _old_can_decide(_fresh(user), item) or _old_run_visible(_fresh(user), item.run)}
         assert set(Interrupt.objects.visible_to(_fresh(user)).values_list("pk", flat=True)) == expected_items, name
