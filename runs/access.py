@@ -10,8 +10,8 @@
   (``required_permission``, the tool's ``permission``) and whether the run's
   requester may decide it (``allow_requester``, the tool's
   ``requester_may_decide``: four eyes for side effects unless the tool says
-  otherwise). Both are read per row, so the permission check is a join in
-  SQL (``holds_permission``), not a loop in Python.
+  otherwise). Both are read per row, so the permission check is done in
+  SQL (``holds_permission``), not in a loop in Python.
 * ``Interrupt.objects.visible_to(user)``: items ``user`` may look at, those
   they may decide and those of runs they may see.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import Permission
 from django.db import models
-from django.db.models import BooleanField, CharField, Exists, ExpressionWrapper, OuterRef, Q, Value
+from django.db.models import BooleanField, CharField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Concat
 
 DECIDE_PERMISSION = "approvals.decide_interrupt"
@@ -39,25 +39,24 @@ def _active(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active)
 
 
-def holds_permission(user, permission) -> models.Expression:
-    """A boolean SQL expression: does ``user`` hold ``permission``?
+def holds_permission(user, field: str) -> Q:
+    """A condition on a row: the permission named by its ``field`` (``"app_label.codename"``) is held by ``user``.
 
-    ``permission`` is ``"app_label.codename"`` or an expression giving
-    that per row (``OuterRef("required_permission")``). Gives the same
-    answer as ``user.has_perm`` with Django's ``ModelBackend``, the only
-    backend here that grants permissions: nothing for an inactive or
+    The same answer as ``user.has_perm`` with Django's ``ModelBackend``, the
+    only backend here that grants permissions: nothing for an inactive or
     anonymous user, everything for an active superuser, else what was
-    granted to the user or to one of their groups. Use it in ``filter()``
-    or inside ``Q(...)``.
+    granted to the user or to one of their groups. In SQL: ``field IN (the
+    user's permission names)``, a subquery that does not depend on the row.
     """
     if not _active(user):
-        return Value(False, output_field=BooleanField())
+        return Q(Value(False, output_field=BooleanField()))
     if user.is_superuser:
-        return Value(True, output_field=BooleanField())
+        return Q(Value(True, output_field=BooleanField()))
     granted = (Permission.objects.filter(Q(user=user) | Q(group__user=user))
-               .alias(dotted_name=Concat("content_type__app_label", Value("."), "codename", output_field=CharField()))
-               .filter(dotted_name=permission))
-    return Exists(granted)
+               .annotate(dotted_name=Concat("content_type__app_label", Value("."), "codename",
+                                            output_field=CharField()))
+               .values("dotted_name"))
+    return Q(**{f"{field}__in": granted})
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class InterruptQuerySet(models.QuerySet):
 
     def _decidable(self, user) -> Q:
         requester_rule = Q(allow_requester=True) | ~Q(run__requested_by=user.pk)
-        return Q(holds_permission(user, OuterRef("required_permission"))) & requester_rule
+        return holds_permission(user, "required_permission") & requester_rule
 
     def decidable_by(self, user) -> "InterruptQuerySet":
         """The items ``user`` may resolve: holds the item's ``required_permission`` and, unless the item
@@ -119,9 +118,12 @@ class InterruptQuerySet(models.QuerySet):
 
     def visible_to(self, user) -> "InterruptQuerySet":
         """The items ``user`` may look at: those they may decide, and every item of a run they may see."""
-        if not _active(user):
+        access = RunAccess.of(user)
+        if access.user_id is None:
             return self.none()
-        runs = self.model._meta.get_field("run").related_model.objects.visible_to(user)
+        if access.sees_all:
+            return self.all()
+        runs = access.filter(self.model._meta.get_field("run").related_model.objects.all())
         return self.filter(Q(run__in=runs) | self._decidable(user))
 
     def with_decidable_flag(self, user) -> "InterruptQuerySet":
