@@ -6,7 +6,8 @@
   The rule is ``RunAccess``: two facts about the user, applied in SQL by
   the queryset and in memory by a live socket (no query per event).
 * ``Interrupt.objects.decidable_by(user)`` (``InterruptQuerySet``): the inbox
-  items ``user`` may resolve. The item names the permission it needs
+  items ``user`` may resolve. A question (``input`` item) is answered by the
+  run's requester or by staff. Any other item names the permission it needs
   (``required_permission``, the tool's ``permission``) and whether the run's
   requester may decide it (``allow_requester``, the tool's
   ``requester_may_decide``: four eyes for side effects unless the tool says
@@ -33,6 +34,7 @@ from django.db.models import BooleanField, CharField, ExpressionWrapper, Q, Valu
 from django.db.models.functions import Concat
 
 DECIDE_PERMISSION = "approvals.decide_interrupt"
+INPUT_KIND = "input"  # approvals.models.InterruptKind.INPUT: a question to the run's requester
 
 
 def _active(user) -> bool:
@@ -106,12 +108,16 @@ class InterruptQuerySet(models.QuerySet):
     """``Interrupt.objects``: the rule of who may decide an inbox item, and who may look at one."""
 
     def _decidable(self, user) -> Q:
-        requester_rule = Q(allow_requester=True) | ~Q(run__requested_by=user.pk)
-        return holds_permission(user, "required_permission") & requester_rule
+        own_run = Q(run__requested_by=user.pk)
+        question = Q(kind=INPUT_KIND) if user.is_staff else Q(kind=INPUT_KIND) & own_run
+        permitted = (~Q(kind=INPUT_KIND) & holds_permission(user, "required_permission")
+                     & (Q(allow_requester=True) | ~own_run))
+        return question | permitted
 
     def decidable_by(self, user) -> "InterruptQuerySet":
-        """The items ``user`` may resolve: holds the item's ``required_permission`` and, unless the item
-        has ``allow_requester``, did not request its run. Any status: filter ``pending`` yourself."""
+        """The items ``user`` may resolve. A question (``input`` item): its run's requester, or staff.
+        Any other item: whoever holds its ``required_permission`` and, unless it has
+        ``allow_requester``, did not request its run. Any status: filter ``pending`` yourself."""
         if not _active(user):
             return self.none()
         return self.filter(self._decidable(user))

@@ -18,7 +18,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from approvals.models import Interrupt
-from approvals.services import can_decide, request_approval, request_reconciliation
+from approvals.services import can_decide, request_approval, request_input, request_reconciliation
 from runs.access import DECIDE_PERMISSION, RunAccess
 from runs.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
@@ -33,7 +33,11 @@ SPECIAL_PERMISSION = "tools.approve_large_refund"
 
 def _old_can_decide(user, item: Interrupt) -> bool:
     """The rule ``approvals.services.can_decide`` applied in Python before issue 10."""
-    if not user.is_authenticated or not user.has_perm(item.required_permission):
+    if not user.is_authenticated:
+        return False
+    if item.kind == "input":
+        return user.is_active and (item.run.requested_by_id == user.pk or user.is_staff)
+    if not user.has_perm(item.required_permission):
         return False
     return item.allow_requester or item.run.requested_by_id != user.pk
 
@@ -105,6 +109,10 @@ def world():
         call = ToolCall.objects.create(run=run, step=step, index=len(TOOLS), provider_call_id="gone",
                                        name="unregistered_tool", arguments={}, side_effect=True)
         items.append(request_reconciliation(tool_call=call))
+        # A question of ask_user: the requester's (or staff's) to answer.
+        call = ToolCall.objects.create(run=run, step=step, index=len(TOOLS) + 1, provider_call_id="ask",
+                                       name="ask_user", arguments={"question": "Which order?"})
+        items.append(request_input(tool_call=call, title="Which order?", expires_at=None))
     users["anonymous"] = AnonymousUser()
     return users, items
 
@@ -127,8 +135,10 @@ def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world)
     # The matrix is not degenerate: the rule says yes and no, for different reasons.
     counts = dict(agreed)
     assert counts["superuser"] == len(items)
-    assert counts["stranger"] == counts["staff"] == counts["anonymous"] == 0
+    assert counts["stranger"] == counts["anonymous"] == 0
     assert counts["inactive_approver"] == counts["inactive_superuser"] == 0
+    assert counts["staff"] == 2                                          # the two questions
+    assert counts["requester"] == 1                                      # the question of their own run
     assert counts["direct_approver"] == counts["group_approver"] == 10  # both runs, decide-permission items
     assert counts["special_approver"] == 2                               # the special tool's items only
 
@@ -137,7 +147,7 @@ def test_the_requester_rule_follows_the_tool(world):
     users, items = world
     user = users["approving_requester"]  # holds both permissions and requested one of the runs
     decidable = {(item.run.requested_by == user, item.tool_call.name) for item in items if can_decide(user, item)}
-    assert {name for own, name in decidable if own} == {"read_only", "side_effect_waived"}
+    assert {name for own, name in decidable if own} == {"read_only", "side_effect_waived", "ask_user"}
     assert {name for own, name in decidable if not own} == {
         "side_effect_four_eyes", "read_only", "side_effect_waived", "read_only_strict", "special_permission",
         "unregistered_tool"}
