@@ -40,8 +40,8 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import set_rollback
 
-from runs.errors import InvalidInput, TollgateError
 from runs.access import RunAccess
+from runs.errors import InvalidInput, TollgateError
 
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
