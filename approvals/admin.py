@@ -11,8 +11,9 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Decision, Interrupt, InterruptKind
 from approvals.services import decide_interrupt
-from runs.errors import TollgateError
+from config.error_display import admin_error
 from runs.admin import ReadOnlyAdminMixin
+from runs.errors import TollgateError
 from runs.labels import label
 
 
@@ -71,9 +72,8 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     level=messages.WARNING,
                 )
             except TollgateError as exc:
-                self.message_user(request, _("Item %(item)s was not %(decision)s: %(error)s")
-                                  % {"item": interrupt.pk, "decision": label(decision), "error": exc.message},
-                                  level=messages.ERROR)
+                admin_error(self, request, exc, _("Item %(item)s was not %(decision)s: %(error)s"),
+                            item=interrupt.pk, decision=label(decision))
             else:
                 done += 1
         if done:

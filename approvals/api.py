@@ -1,15 +1,15 @@
 """REST API for the inbox: list items, approve, reject or reconcile them, answer questions.
 
 Decisions go through ``approvals.services`` (``decide_interrupt``,
-``reconcile_interrupt``, ``answer_interrupt``), which check that the item is still pending
-(409). An item of a run you may not see is 404 on every verb, like a
-missing one; on one you see, the permission is checked (403) before
-anything else about the item is said. Decisions honour ``Idempotency-Key``
-(``config.idempotency``); the list is cursor pages with the filters of
-``approvals.filters``.
+``reconcile_interrupt``, ``answer_interrupt``), which check that the item is
+still pending (409). You see the items you may decide and those of runs you
+may see (``Interrupt.objects.visible_to``, ``runs.access``); any other item
+is 404 on every verb, like a missing one. On one you see, the permission
+(``decidable_by``) is checked (403) before anything else about the item is
+said. Decisions honour ``Idempotency-Key`` (``config.idempotency``); the
+list is cursor pages with the filters of ``approvals.filters``.
 """
 
-from django.core.exceptions import PermissionDenied
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
@@ -24,9 +24,10 @@ from approvals.serializers import (
     RejectSerializer,
     RespondSerializer,
 )
-from approvals.services import answer_interrupt, can_decide, decide_interrupt, reconcile_interrupt
+from approvals.services import answer_interrupt, decide_interrupt, reconcile_interrupt
 from config.api import VisibleRowsMixin
 from config.idempotency import IdempotentPostMixin
+from runs.errors import Forbidden
 
 DECISION_RESPONSES = {
     200: InterruptSerializer,
@@ -42,18 +43,22 @@ DECISION_RESPONSES = {
 )
 class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                        viewsets.GenericViewSet):
-    """Inbox items, with the same visibility as their runs; filters in ``approvals.filters``."""
+    """Inbox items you may decide or whose run you may see, each saying whether you may decide it;
+    filters in ``approvals.filters``."""
 
     serializer_class = InterruptSerializer
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by")
-    owner_field = "run__requested_by"
     filterset_class = InterruptFilter
+
+    def visible_rows(self, queryset, user):
+        """Items ``user`` may decide or whose run they may see, each with ``user_may_decide``."""
+        return queryset.visible_to(user).with_decidable_flag(user)
 
     def _decidable_item(self) -> Interrupt:
         """The item of the URL if visible (else 404) and the user may decide it (else 403)."""
         interrupt = self.get_object()
-        if not can_decide(self.request.user, interrupt):
-            raise PermissionDenied("You may not decide this item.")
+        if not interrupt.user_may_decide:
+            raise Forbidden("You may not decide this item.")
         return interrupt
 
     def _decide(self, request, pk, decision: str, body_class):

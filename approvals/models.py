@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 from django_fsm import FSMField, transition
 
+from runs.access import InterruptQuerySet
 from runs.fsm import FSMModel
 
 
@@ -56,6 +57,8 @@ class Interrupt(FSMModel):
     resolved_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = InterruptQuerySet.as_manager()  # decidable_by / visible_to (runs.access)
 
     class Meta:
         ordering = ["-created_at"]

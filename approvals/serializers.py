@@ -33,7 +33,9 @@ class InterruptSerializer(OutputSerializer):
 
     @extend_schema_field(serializers.BooleanField())
     def get_can_decide(self, interrupt: Interrupt) -> bool:
-        return can_decide(self.context["request"].user, interrupt)
+        """``user_may_decide`` when the queryset was annotated (lists: no query per item), else one query."""
+        flag = getattr(interrupt, "user_may_decide", None)
+        return can_decide(self.context["request"].user, interrupt) if flag is None else flag
 
 
 class RejectSerializer(StrictSerializer):

@@ -1,8 +1,10 @@
 """Human decisions: open inbox items, resolve them, resume the run.
 
-Only an authenticated user holding the item's permission resolves an item,
-through ``decide_interrupt``; the web inbox, the REST API and the admin all
-call it. Text in a model's output never reaches this module.
+Only a user the item is decidable by (``Interrupt.objects.decidable_by``,
+``runs.access``) resolves it, through ``decide_interrupt`` or
+``reconcile_interrupt``; the web inbox, the REST API and the admin all call
+them. The permission is checked before anything about the item is said.
+Text in a model's output never reaches this module.
 """
 
 from datetime import timedelta
@@ -96,15 +98,15 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     """A person settles an unknown outcome: the call ``succeeded`` (with ``result``) or failed.
 
     ``evidence`` (required) says what the person checked. The run resumes
-    from the same point. Raises ``Forbidden``, ``TransitionNotAllowed``
+    from the same point. Raises ``Forbidden`` (checked first), ``TransitionNotAllowed``
     (item not pending) and ``InvalidInput`` (no evidence, wrong kind).
     """
+    if not can_decide(user, interrupt):
+        raise Forbidden("You may not reconcile this item.")
     if interrupt.kind != InterruptKind.RECONCILIATION:
         raise InvalidInput("Only reconciliation items can be reconciled.")
     if not (evidence or "").strip():
         raise InvalidInput.for_fields({"evidence": "Say what you checked: evidence is required."})
-    if not can_decide(user, interrupt):
-        raise Forbidden("You may not reconcile this item.")
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
@@ -146,18 +148,13 @@ def expire_interrupt(*, interrupt_id: int, now, actor: str) -> Interrupt | None:
 
 
 def can_decide(user, interrupt: Interrupt) -> bool:
-    """Whether ``user`` may resolve ``interrupt``: permission, and the requester rule.
+    """Whether ``user`` may resolve ``interrupt`` (one query): ``Interrupt.objects.decidable_by``, the one rule.
 
     An input item (a question to the requester) is answered by the run's
-    requester or by staff.
+    requester or by staff; the others need the item's permission and the
+    requester rule (``runs.access``).
     """
-    if not user.is_authenticated:
-        return False
-    if interrupt.kind == InterruptKind.INPUT:
-        return user.is_active and (interrupt.run.requested_by_id == user.pk or user.is_staff)
-    if not user.has_perm(interrupt.required_permission):
-        return False
-    return interrupt.allow_requester or interrupt.run.requested_by_id != user.pk
+    return Interrupt.objects.decidable_by(user).filter(pk=interrupt.pk).exists()
 
 
 def request_input(*, tool_call, title: str, expires_at) -> Interrupt:
@@ -189,13 +186,14 @@ def answer_interrupt(*, interrupt: Interrupt, user, answer: str) -> Interrupt:
     ``answer`` must be non-empty, at most ``MAX_ANSWER_CHARS`` characters
     and, when the question has options, exactly one of them. The item is
     ``resolved`` with decision ``answered`` (``comment`` holds the answer).
-    Raises ``InvalidInput`` (wrong kind, bad answer), ``Forbidden`` (not
-    the requester or staff) and ``TransitionNotAllowed`` (no longer pending).
+    Raises ``Forbidden`` (not the requester or staff; checked first),
+    ``InvalidInput`` (wrong kind, bad answer) and ``TransitionNotAllowed``
+    (no longer pending).
     """
-    if interrupt.kind != InterruptKind.INPUT:
-        raise InvalidInput(f"A {interrupt.kind} item is not answered.")
     if not can_decide(user, interrupt):
         raise Forbidden("You may not answer this item.")
+    if interrupt.kind != InterruptKind.INPUT:
+        raise InvalidInput(f"A {interrupt.kind} item is not answered.")
     answer = (answer or "").strip()
     options = question_options(interrupt)
     if not answer:
@@ -234,16 +232,16 @@ def decide_interrupt(
 
     The tool call becomes ``ready`` (with ``edited_arguments`` if given)
     or ``rejected``; once no item of the run is pending, the run resumes
-    and a worker is woken. Raises ``Forbidden`` (403),
+    and a worker is woken. Raises ``Forbidden`` (403, checked first),
     ``TransitionNotAllowed`` when the item is no longer pending (409) and
     ``InvalidInput`` for edited arguments that break the tool's schema.
     """
+    if not can_decide(user, interrupt):
+        raise Forbidden("You may not decide this item.")
     if decision not in (Decision.APPROVED, Decision.REJECTED):
         raise InvalidInput(f"Unknown decision {decision!r}.")
     if interrupt.kind != InterruptKind.APPROVAL:
         raise InvalidInput(f"A {interrupt.kind} item is not approved or rejected.")
-    if not can_decide(user, interrupt):
-        raise Forbidden("You may not decide this item.")
     actor = actor_for(user)
     with transaction.atomic():
         # Lock the run first: the worker takes the same lock before it puts

@@ -1,9 +1,11 @@
 """Inbox pages: the list of pending items and one item with its decision form.
 
-Views are thin: load through ``approvals.selectors``, call
-``approvals.services.decide_interrupt`` (which checks the permission),
-render. ``PermissionDenied`` becomes the 403 page; deciding an item that is
-no longer pending renders the 409 page.
+Views are thin: load through ``approvals.selectors`` (who sees and
+decides what is ``runs.access``), call ``approvals.services``
+(``decide_interrupt``, ``reconcile_interrupt``, ``answer_interrupt``,
+which check the permission), render. Their errors are shown by
+``config.error_display`` (``Forbidden``: the 403 page, bad input: on the
+form); deciding an item that is no longer pending renders the 409 page.
 """
 
 import json
@@ -19,11 +21,11 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from approvals import selectors
 from approvals.forms import AnswerForm, DecisionForm, ReconcileForm
 from approvals.models import InterruptKind, InterruptStatus
-from approvals.services import answer_interrupt, can_decide, decide_interrupt, question_options, reconcile_interrupt
-from runs.errors import InvalidInput
+from approvals.services import answer_interrupt, decide_interrupt, question_options, reconcile_interrupt
+from config.error_display import error_page, page_error
+from runs.errors import TollgateError
 from runs.labels import label
 from runs.selectors import run_tool_calls, session_messages
-from runs.views import conflict
 from tools.registry import get_tool
 
 
@@ -58,17 +60,19 @@ def interrupt_detail(request, interrupt_id: int):
         form = DecisionForm(data, initial=initial, original_arguments=original)
     status = 200
     if request.method == "POST":
+        back_url = reverse("inbox-item", args=[item.pk])
         if form.is_valid():
             try:
                 _decide(item, request.user, form)
             except (TransitionNotAllowed, ConcurrentTransition):
                 item.refresh_from_db()
-                return conflict(request, title=_("Already decided"), message=_already_decided(item),
-                                back_url=reverse("run-detail", args=[item.run_id]))
-            except InvalidInput as exc:
+                return error_page(request, status=409, title=_("Already decided"), message=_already_decided(item),
+                                  back_url=reverse("run-detail", args=[item.run_id]))
+            except TollgateError as exc:
                 field = "edited_arguments" if "edited_arguments" in form.fields else None
-                for name, messages in (exc.details or {field: [exc.message]}).items():
-                    form.add_error(name if name in form.fields else field, messages)
+                response = page_error(request, exc, form=form, field=field, back_url=back_url)
+                if response is not None:
+                    return response
             else:
                 return redirect("run-detail", run_id=item.run_id)
         status = 400
@@ -78,7 +82,7 @@ def interrupt_detail(request, interrupt_id: int):
         "tool_call": tool_call,
         "tool": tool,
         "form": form,
-        "can_decide": item.status == InterruptStatus.PENDING and can_decide(request.user, item),
+        "can_decide": item.status == InterruptStatus.PENDING and item.user_may_decide,
         "options": question_options(item) if item.kind == InterruptKind.INPUT else [],
         "messages_": session_messages(session_id=item.run.session_id),
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],

@@ -40,8 +40,8 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import set_rollback
 
+from runs.access import RunAccess
 from runs.errors import InvalidInput, TollgateError
-from runs.selectors import user_sees_all_runs
 
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
@@ -125,11 +125,12 @@ def exception_handler(exc, context):
 
 
 class VisibleRowsMixin:
-    """For API viewsets: ``queryset`` narrowed to what the user may see (``runs.selectors``).
+    """For API viewsets: ``queryset`` narrowed to what the user may see (``runs.access.RunAccess``).
 
     Staff and approvers see every row; anyone else the rows whose
-    ``owner_field`` (e.g. ``requested_by``, ``run__requested_by``) is them.
-    Schema generation (no user) gets none.
+    ``owner_field`` (e.g. ``requested_by``, ``owner``) is them. A viewset
+    whose rows follow another rule overrides ``visible_rows``. Schema
+    generation (no user) gets none.
     """
 
     owner_field: str = ""
@@ -137,9 +138,11 @@ class VisibleRowsMixin:
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset.none()
-        if user_sees_all_runs(user=self.request.user):
-            return self.queryset.all()
-        return self.queryset.filter(**{self.owner_field: self.request.user})
+        return self.visible_rows(self.queryset, self.request.user)
+
+    def visible_rows(self, queryset, user):
+        """``queryset`` narrowed to the rows ``user`` may see."""
+        return RunAccess.of(user).filter(queryset, owner_field=self.owner_field)
 
 
 class OutputSerializer(serializers.ModelSerializer):

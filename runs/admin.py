@@ -4,7 +4,8 @@ The admin reads everything and writes through services only:
 
 * ``Agent`` is ordinary configuration and fully editable.
 * ``Run`` is view-only; the only change an admin can make is the
-  "Cancel selected runs" action, which calls ``runs.engine.lifecycle.cancel_run``.
+  "Cancel selected runs" action, which calls ``runs.engine.lifecycle.cancel_run_as``
+  (who may cancel: ``Run.objects.cancellable_by``).
   Its change page shows the timeline (``RunEvent``) and the tool calls inline.
 * ``Step``, ``Message`` and ``RunEvent`` are append-only records written by
   the runtime: no add, no change, no delete.
@@ -20,11 +21,13 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
+from config.error_display import admin_error
 from config.strict_json import StrictJSONFormField
 from runs.engine.agents import config_errors, may_loosen_policy
 from runs.labels import label
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
-from runs.engine.lifecycle import cancel_run
+from runs.engine.lifecycle import cancel_run_as
+from runs.errors import TollgateError
 from tools.models import ToolCall
 
 
@@ -200,7 +203,7 @@ class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    """Runs, view-only; cancelling goes through ``runs.engine.lifecycle.cancel_run``.
+    """Runs, view-only; cancelling goes through ``runs.engine.lifecycle.cancel_run_as``.
 
     No field is editable: ``status`` is a protected FSM field, and the other
     fields are written by the runtime (saving a stale copy here could undo
@@ -260,18 +263,20 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.action(description=gettext_lazy("Cancel selected runs"), permissions=["cancel"])
     def cancel_selected_runs(self, request, queryset):
-        """Cancel each selected run via ``cancel_run``; terminal runs are reported, not touched."""
-        actor = f"user:{request.user.username}"
+        """Cancel each selected run via ``cancel_run_as``; terminal runs and refusals are reported, not touched."""
         cancelled = requested = 0
         for run in queryset.order_by("pk"):
             try:
-                run = cancel_run(run=run, actor=actor, reason="cancelled via admin")
+                run = cancel_run_as(run=run, user=request.user, reason="cancelled via admin")
             except (TransitionNotAllowed, ConcurrentTransition):
                 status = Run.objects.values_list("status", flat=True).get(pk=run.pk)
                 self.message_user(
                     request, _("Run %(run)s was not cancelled: it is %(status)s.") % {"run": run.pk, "status": label(status)},
                     level=messages.WARNING,
                 )
+                continue
+            except TollgateError as exc:
+                admin_error(self, request, exc, _("Run %(run)s was not cancelled: %(error)s"), run=run.pk)
                 continue
             if run.status in ACTIVE_STATUSES:
                 requested += 1

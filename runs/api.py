@@ -1,18 +1,17 @@
 """REST API for agents, runs and sessions: thin views over ``runs.engine`` services.
 
-Visibility (``runs.selectors``): staff and holders of the decide
-permission see every run and session, everyone else only the runs they
-requested and the sessions they own; another user's run or session
-answers 404 on every verb. The requester, staff and decide-permission
-holders may cancel a run. Creating an agent needs staff and the
-``runs.add_agent`` permission, as in the admin. Starting runs has its own
-throttle rate (``runs``). Every POST honours ``Idempotency-Key``
-(``config.idempotency``); lists are cursor pages (``config.pagination``)
-with the filters of ``runs.filters``. Service exceptions become HTTP
-answers in ``config.api.exception_handler``.
+Visibility is ``runs.access`` (``config.api.VisibleRowsMixin``): staff
+and holders of the decide permission see every run and session, everyone
+else only the runs they requested and the sessions they own; another
+user's run or session answers 404 on every verb. Who may cancel is
+``Run.objects.cancellable_by``, checked by ``cancel_run_as``. Creating an
+agent needs staff and the ``runs.add_agent`` permission, as in the admin.
+Starting runs has its own throttle rate (``runs``). Every POST honours
+``Idempotency-Key`` (``config.idempotency``); lists are cursor pages
+(``config.pagination``) with the filters of ``runs.filters``. Service
+exceptions become HTTP answers in ``config.api.exception_handler``.
 """
 
-from django.core.exceptions import PermissionDenied
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -23,11 +22,11 @@ from config.api import VisibleRowsMixin
 from config.idempotency import REPLAYED_HEADER, IdempotentPostMixin
 from config.pagination import EventCursorPagination, OldestFirstCursorPagination
 from runs.engine.agents import create_agent
-from runs.engine.lifecycle import cancel_run, retry_run, submit_input
+from runs.engine.lifecycle import cancel_run_as, retry_run, submit_input
 from runs.engine.sessions import open_session
 from runs.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
-from runs.selectors import run_can_cancel, session_messages
+from runs.selectors import session_messages
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
@@ -40,7 +39,6 @@ from runs.serializers import (
     SessionSerializer,
     ToolCallSerializer,
 )
-from runs.services import actor_for
 
 
 @extend_schema_view(
@@ -148,17 +146,14 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
                               409: OpenApiResponse(description="The run already ended; `details.status` is its status.")})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        """Cancel through ``cancel_run``: at once if queued or waiting, at the next safe point if running.
+        """Cancel through ``cancel_run_as``: at once if queued or waiting, at the next safe point if running.
 
-        Only the requester, staff and decide-permission holders may cancel;
-        the body, if any, must be empty.
+        Only users the run is ``cancellable_by`` may cancel (403); the
+        body, if any, must be empty.
         """
         run = self.get_object()
         CancelSerializer(data=request.data).is_valid(raise_exception=True)
-        user = request.user
-        if not run_can_cancel(user=user, run=run):
-            raise PermissionDenied("You may not cancel this run.")
-        run = cancel_run(run=run, actor=actor_for(user))
+        run = cancel_run_as(run=run, user=request.user)
         return Response(self.get_serializer(run).data)
 
 

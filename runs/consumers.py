@@ -6,12 +6,14 @@
 * ``RunListConsumer`` at ``ws/runs/``: ``run.update`` of every run the user
   may see (the inbox and run list refresh on them).
 
-Only authenticated users who may see the run (``runs.selectors``) are
-accepted; anyone else is closed before the handshake completes. Access
-is then kept as two facts per socket (still logged in; sees every run)
-and checked again against the user as stored now (``current_user``)
-whenever ``runs.access_signals`` says the user's access may have changed
-(a logout, a password change, a deactivation, a change of groups or
+Only authenticated users who may see the run
+(``Run.objects.visible_to``, ``runs.access``) are accepted; anyone else
+is closed before the handshake completes. Access is then kept per socket
+as the rule's facts (``runs.access.RunAccess``: who the user is, if
+still logged in, and whether they see every run) and checked again
+against the user as stored now (``current_user``) whenever
+``runs.access_signals`` says the user's access may have changed (a
+logout, a password change, a deactivation, a change of groups or
 permissions: the ``access.changed`` message to the user's group), and in
 any case before forwarding an event when the last check is older than
 ``TOLLGATE["LIVE_ACCESS_RECHECK_S"]`` seconds (a backstop for changes no
@@ -32,6 +34,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.utils.crypto import constant_time_compare
 
 from runs import selectors
+from runs.access import RunAccess
 from runs.live import RUNS_GROUP, run_group, run_snapshot, user_group
 
 ACCESS_LOST = 4403  # close code: the user may no longer see this
@@ -78,18 +81,16 @@ def _visible_snapshot(user, run_id: int) -> dict | None:
 
 
 @database_sync_to_async
-def _access_now(scope) -> tuple[bool, bool]:
-    """(still logged in, sees every run) for the socket's user as the database has them now."""
-    user = current_user(scope)
-    return user.is_authenticated, selectors.user_sees_all_runs(user=user)
+def _access_now(scope) -> RunAccess:
+    """The access facts of the socket's user as the database has them now."""
+    return RunAccess.of(current_user(scope))
 
 
 class _LiveConsumer(AsyncJsonWebsocketConsumer):
     """What both consumers share: the user's access group and the access facts (see module doc)."""
 
     groups_joined: tuple[str, ...] = ()
-    logged_in = False
-    sees_all = False
+    access = RunAccess(None)
     checked_at = 0.0
 
     async def join(self, *groups: str) -> None:
@@ -107,12 +108,12 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         """Clients have nothing to say; incoming messages are ignored."""
 
     async def check_access(self) -> None:
-        self.logged_in, self.sees_all = await _access_now(self.scope)
+        self.access = await _access_now(self.scope)
         self.checked_at = time.monotonic()
 
     def may_see(self, requested_by: int) -> bool:
         """Whether the access facts let the user see a run requested by user ``requested_by``."""
-        return self.logged_in and (self.sees_all or requested_by == self.scope["user"].pk)
+        return self.access.sees(requested_by)
 
     async def still_allowed(self, requested_by: int) -> bool:
         """``may_see`` after a re-check when the facts are stale; closes the socket (4403) when not."""
@@ -127,14 +128,14 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         """The user's access may have changed: a logout of this very session closes at once, else re-check."""
         session = self.scope.get("session")
         if event.get("ended_session") and session is not None and session.session_key == event["ended_session"]:
-            self.logged_in = False
+            self.access = RunAccess(None)
         else:
             await self.check_access()
         await self.on_access_changed()
 
     async def on_access_changed(self) -> None:
         """Close the socket if the user may no longer use it at all."""
-        if not self.logged_in:
+        if self.access.user_id is None:
             await self.close(code=ACCESS_LOST)
 
 

@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 from django_fsm import FSMField, transition
 
+from runs.access import RunQuerySet
 from runs.fsm import FSMModel
 
 
@@ -208,6 +209,8 @@ class Run(FSMModel):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()  # visible_to / cancellable_by (runs.access)
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,11 +1,11 @@
 """Run pages: list, detail (timeline), start, cancel, and a status JSON for polling.
 
-Views are thin: load through ``runs.selectors``, check visibility, call
-``runs.services``, render.
+Views are thin: load through ``runs.selectors`` (visibility is
+``Run.objects.visible_to``), call the lifecycle services, render. Service
+errors are shown by ``config.error_display``.
 """
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -14,13 +14,15 @@ from django.views.decorators.http import require_GET, require_POST
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.selectors import run_pending_interrupts
+from config.error_display import error_page, page_error
 from runs import selectors
+from runs.access import RunAccess
+from runs.engine.lifecycle import cancel_run_as, start_run
+from runs.errors import TollgateError
 from runs.forms import StartRunForm
 from runs.labels import label
 from runs.live import run_snapshot
-from runs.services import actor_for
-from runs.engine.lifecycle import cancel_run, start_run
-from runs.errors import InvalidInput, TollgateError
+from runs.models import Run
 
 
 def _visible_run_or_404(request, run_id: int):
@@ -30,18 +32,13 @@ def _visible_run_or_404(request, run_id: int):
     return run
 
 
-def conflict(request, *, title: str, message: str, back_url: str):
-    """Render the 409 page: the request clashed with the object's current state."""
-    return render(request, "conflict.html", {"title": title, "message": message, "back_url": back_url}, status=409)
-
-
 @login_required
 @require_GET
 def run_list(request):
     """Runs the user may see, newest first."""
     return render(request, "runs/run_list.html", {
         "runs": selectors.run_list(user=request.user),
-        "sees_all": selectors.user_sees_all_runs(user=request.user),
+        "sees_all": RunAccess.of(request.user).sees_all,
     })
 
 
@@ -56,7 +53,7 @@ def run_detail(request, run_id: int):
         "tool_calls": selectors.run_tool_calls(run=run),
         "pending_items": run_pending_interrupts(run=run),
         "messages_": selectors.session_messages(session_id=run.session_id),
-        "can_cancel": selectors.run_can_cancel(user=request.user, run=run) and not run.is_terminal,
+        "can_cancel": not run.is_terminal and Run.objects.cancellable_by(request.user).filter(pk=run.pk).exists(),
     })
 
 
@@ -70,18 +67,18 @@ def run_status(request, run_id: int):
 @login_required
 @require_POST
 def run_cancel(request, run_id: int):
-    """Ask to cancel the run; 409 page when it already ended."""
+    """Ask to cancel the run (``cancel_run_as``); 409 page when it already ended."""
     run = _visible_run_or_404(request, run_id)
-    if not selectors.run_can_cancel(user=request.user, run=run):
-        raise PermissionDenied(_("Only the requester or staff may cancel this run."))
+    back_url = reverse("run-detail", args=[run.pk])
     try:
-        cancel_run(run=run, actor=actor_for(request.user), reason="cancelled in the browser")
+        cancel_run_as(run=run, user=request.user, reason="cancelled in the browser")
     except (TransitionNotAllowed, ConcurrentTransition):
         run.refresh_from_db()
-        return conflict(request, title=_("Run already finished"),
-                        message=_("Run %(run)s is %(status)s; it can no longer be cancelled.")
-                        % {"run": run.pk, "status": label(run.status)},
-                        back_url=reverse("run-detail", args=[run.pk]))
+        return error_page(request, status=409, title=_("Run already finished"),
+                          message=_("Run %(run)s is %(status)s; it can no longer be cancelled.")
+                          % {"run": run.pk, "status": label(run.status)}, back_url=back_url)
+    except TollgateError as exc:
+        return page_error(request, exc, back_url=back_url)
     return redirect("run-detail", run_id=run.pk)
 
 
@@ -93,9 +90,9 @@ def run_start(request):
         try:
             run = start_run(agent=form.cleaned_data["agent"], user=request.user, input=form.cleaned_data["input"])
         except TollgateError as exc:
-            for field, messages in (exc.details if isinstance(exc, InvalidInput) and exc.details
-                                    else {None: [exc.message]}).items():
-                form.add_error(field if field in form.fields else None, messages)
+            response = page_error(request, exc, form=form, back_url=reverse("run-start"))
+            if response is not None:
+                return response
         else:
             return redirect("run-detail", run_id=run.pk)
     status = 400 if request.method == "POST" else 200

@@ -11,7 +11,8 @@ Layers, top to bottom:
 2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
    ``tools.policy``, ``tools.services``;
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
-   ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``;
+   ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``, ``runs.access``
+   (who sees and decides what);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``.
@@ -51,6 +52,7 @@ LAYERS = {
     "runs.wakeups": 1,
     "runs.live": 1,
     "runs.waits": 1,
+    "runs.access": 1,
     "runs.fsm": 0,
     "runs.failpoints": 0,
     "runs.model_output": 0,
@@ -174,16 +176,26 @@ def test_every_layer_names_modules_that_exist():
 
 
 def test_services_raise_only_the_error_family_on_purpose():
-    """A service that means "bad input" or "not allowed" says so with ``runs.errors``; a bare ValueError is a bug."""
-    services = ["runs/engine/lifecycle.py", "runs/engine/agents.py", "approvals/services.py",
-                *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tools" / "services").glob("*.py"))]
+    """A module that means "bad input" or "not allowed" says so with ``runs.errors``; a bare ValueError is a bug.
+
+    Every module of runs/, tools/ and approvals/ is read. Django's or DRF's
+    ``ValidationError`` belongs in forms, serializers and the API's query
+    parameters; a refusal is ``runs.errors.Forbidden``, never a bare
+    ``PermissionDenied``.
+    """
+    validation_modules = ("forms.py", "serializers.py", "api.py")
     offenders = []
-    for path in services:
-        for node in ast.walk(ast.parse((ROOT / path).read_text())):
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
-                if name in ("ValueError", "ValidationError", "PermissionDenied"):
-                    offenders.append(f"{path}:{node.lineno} raises {name}")
+    for package in ("runs", "tools", "approvals"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            relative = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                    name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
+                    if name in ("ValueError", "PermissionDenied") or (name == "ValidationError"
+                                                                      and path.name not in validation_modules):
+                        offenders.append(f"{relative}:{node.lineno} raises {name}")
     # Executing a call raises ValueError once, inside a try that turns it into an unknown/failed call.
     execution = "tools/services/execution.py"
     assert offenders == ["%s:%d raises ValueError" % (execution, _line_of(execution, "contains a NUL"))]

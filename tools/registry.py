@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import validate_email
 from jsonschema import Draft202012Validator, FormatChecker
 
@@ -177,9 +177,9 @@ _TOOLS: dict[str, Tool] = {}
 
 
 def register(tool: Tool) -> Tool:
-    """Add ``tool`` to the registry. Raises ``ValueError`` if the name is taken."""
+    """Add ``tool`` to the registry. Raises ``ImproperlyConfigured`` if the name is taken by another tool."""
     if tool.name in _TOOLS and _TOOLS[tool.name] is not tool:
-        raise ValueError(f"A tool named {tool.name!r} is already registered.")
+        raise ImproperlyConfigured(f"A tool named {tool.name!r} is already registered.")
     _TOOLS[tool.name] = tool
     return tool
 

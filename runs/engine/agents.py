@@ -19,16 +19,10 @@ from django.db import IntegrityError, transaction
 from runs.engine import completion
 from runs.errors import InvalidInput
 from runs.models import Agent
-from runs.providers.base import ConfigError
-from runs.providers.http_config import config_problems
-from runs.providers.scripted import ScriptedClient
+from runs.providers.registry import model_config_problems
 from tools.policy import InvalidRule, check_rule
 from tools.registry import get_tool
 
-# Providers an agent's ``model`` config may name. A scripted config is
-# checked in full here; an HTTP provider's in everything but its API key,
-# which may be set on the worker machines alone.
-MODEL_PROVIDERS = ("scripted", "openai", "anthropic")
 MAX_TURNS_LIMIT = 1000
 # Largest value of each optional budget (null: no limit); see runs.engine.budgets.
 BUDGET_LIMITS = {
@@ -43,31 +37,6 @@ LOOSEN_PERMISSION = "runs.loosen_approval_policy"
 def may_loosen_policy(user) -> bool:
     """Whether ``user`` (or None) may let an agent's approval rules replace the tools' own."""
     return user is not None and user.is_authenticated and user.has_perm(LOOSEN_PERMISSION)
-
-
-def _model_errors(model) -> list[str]:
-    if not isinstance(model, dict):
-        return ["The model config must be an object with a 'provider'."]
-    provider = model.get("provider")
-    if provider not in MODEL_PROVIDERS:
-        return [f"Unknown model provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}."]
-    if provider != "scripted":
-        return config_problems(model)
-    try:
-        ScriptedClient(model)
-    except ConfigError as exc:
-        return [str(exc)]
-    errors = []
-    for number, turn in enumerate(model["turns"], start=1):
-        if not isinstance(turn, dict):
-            errors.append(f"Turn {number} must be an object.")
-        elif not isinstance(turn.get("content", ""), str):
-            errors.append(f"Turn {number}: 'content' must be a string.")
-        elif not isinstance(turn.get("tool_calls", []), list) or not all(
-            isinstance(call, dict) for call in turn.get("tool_calls", [])
-        ):
-            errors.append(f"Turn {number}: 'tool_calls' must be a list of objects.")
-    return errors
 
 
 def _policy_errors(approval_policy, may_loosen: bool) -> list[str]:
@@ -107,7 +76,7 @@ def config_errors(
             f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
         ]
     policy_errors = _policy_errors(approval_policy, may_loosen)
-    for field, messages in (("model", _model_errors(model)), ("approval_policy", policy_errors)):
+    for field, messages in (("model", model_config_problems(model)), ("approval_policy", policy_errors)):
         if messages:
             errors[field] = messages
     return errors

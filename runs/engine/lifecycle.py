@@ -300,3 +300,14 @@ def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run
             append_event(run, type="cancel_requested", actor=actor, reason=reason)
             return run
         return end_run(run.cancel, actor=actor, reason=reason)
+
+
+def cancel_run_as(*, run: Run, user, reason: str = "cancel requested") -> Run:
+    """``cancel_run`` on behalf of ``user``, who must be allowed to (``Run.objects.cancellable_by``).
+
+    What the API, the run page and the admin call. Raises ``Forbidden``
+    when ``user`` may not cancel ``run``, and what ``cancel_run`` raises.
+    """
+    if not Run.objects.cancellable_by(user).filter(pk=run.pk).exists():
+        raise Forbidden("You may not cancel this run.")
+    return cancel_run(run=run, actor=actor_for(user), reason=reason)

@@ -1,8 +1,10 @@
 """Model providers: turn a context into a final answer or tool calls.
 
-``get_client(config)`` picks the provider named by ``config["provider"]``.
+``get_client(config)`` picks the provider named by ``config["provider"]``;
+the providers are listed in ``runs.providers.registry``.
 """
 
-from runs.providers.base import ModelClient, ModelError, ModelRequest, ModelResponse, get_client
+from runs.providers.base import ModelClient, ModelError, ModelRequest, ModelResponse
+from runs.providers.registry import get_client
 
 __all__ = ["ModelClient", "ModelError", "ModelRequest", "ModelResponse", "get_client"]

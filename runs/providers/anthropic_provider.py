@@ -31,9 +31,10 @@ import anthropic
 import httpx2
 from django.conf import settings
 
-from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse
+from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse, Provider
 from runs.providers.http_config import (
     SDKClientCache,
+    config_problems,
     normalise_finish_reason,
     parse_config,
     read_interruptible as _read_interruptible,
@@ -223,3 +224,6 @@ _CLIENTS = SDKClientCache(anthropic.Anthropic)
 
 def _sdk_client(cfg):
     return _CLIENTS.get(cfg)
+
+
+PROVIDER = Provider(name="anthropic", config_problems=config_problems, client=AnthropicClient)

@@ -1,6 +1,5 @@
-"""The provider-neutral request and response of one model call."""
+"""The provider-neutral request and response of one model call, and what a provider declares."""
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -95,19 +94,16 @@ class ModelClient(Protocol):
     def complete(self, request: ModelRequest) -> ModelResponse: ...
 
 
-# provider name -> "module:class"; imported on first use, so a scripted run
-# never pays for loading the vendor SDKs.
-PROVIDERS = {
-    "scripted": "runs.providers.scripted:ScriptedClient",
-    "openai": "runs.providers.openai_provider:OpenAIClient",
-    "anthropic": "runs.providers.anthropic_provider:AnthropicClient",
-}
+@dataclass(frozen=True)
+class Provider:
+    """What a provider module declares as its ``PROVIDER`` (listed in ``runs.providers.registry``).
 
+    ``name``: what an agent's ``model["provider"]`` says; ``config_problems(config)``:
+    messages for everything wrong with an agent's ``model`` config (a dict), checked
+    before the agent is saved, without the environment (empty list: usable);
+    ``client(config)``: the ``ModelClient`` for one run's calls (may raise ``ConfigError``).
+    """
 
-def get_client(config: dict) -> ModelClient:
-    """The client for an agent's ``model`` config. Raises ``ConfigError``."""
-    name = (config or {}).get("provider", "scripted")
-    if name not in PROVIDERS:
-        raise ConfigError(f"Unknown model provider {name!r}; known: {', '.join(sorted(PROVIDERS))}.")
-    module, cls = PROVIDERS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    name: str
+    config_problems: Callable[[dict], list[str]]
+    client: Callable[[dict], ModelClient]

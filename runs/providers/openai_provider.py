@@ -25,9 +25,10 @@ stream that cannot be understood raises ``MalformedResponse``.
 import httpx
 import openai
 
-from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse
+from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse, Provider
 from runs.providers.http_config import (
     SDKClientCache,
+    config_problems,
     normalise_finish_reason,
     parse_config,
     read_interruptible as _read_interruptible,
@@ -166,3 +167,6 @@ _CLIENTS = SDKClientCache(openai.OpenAI)
 
 def _sdk_client(cfg):
     return _CLIENTS.get(cfg)
+
+
+PROVIDER = Provider(name="openai", config_problems=config_problems, client=OpenAIClient)

@@ -10,7 +10,28 @@ model call, so a resumed or recovered run continues where it was.
 
 import json
 
-from runs.providers.base import ConfigError, ModelError, ModelRequest, ModelResponse
+from runs.providers.base import ConfigError, ModelError, ModelRequest, ModelResponse, Provider
+
+NEEDS_TURNS = "A scripted model config needs a list of 'turns'."
+
+
+def config_problems(config: dict) -> list[str]:
+    """Problems with a scripted ``config``: ``turns`` must be a list of objects whose ``content`` is a
+    string and whose ``tool_calls`` is a list of objects. Empty list: usable."""
+    turns = config.get("turns")
+    if not isinstance(turns, list):
+        return [NEEDS_TURNS]
+    errors = []
+    for number, turn in enumerate(turns, start=1):
+        if not isinstance(turn, dict):
+            errors.append(f"Turn {number} must be an object.")
+        elif not isinstance(turn.get("content", ""), str):
+            errors.append(f"Turn {number}: 'content' must be a string.")
+        elif not isinstance(turn.get("tool_calls", []), list) or not all(
+            isinstance(call, dict) for call in turn.get("tool_calls", [])
+        ):
+            errors.append(f"Turn {number}: 'tool_calls' must be a list of objects.")
+    return errors
 
 
 class ScriptedClient:
@@ -19,7 +40,7 @@ class ScriptedClient:
     def __init__(self, config: dict):
         turns = config.get("turns")
         if not isinstance(turns, list):
-            raise ConfigError("A scripted model config needs a list of 'turns'.")
+            raise ConfigError(NEEDS_TURNS)
         self.turns = turns
 
     def complete(self, request: ModelRequest) -> ModelResponse:
@@ -43,3 +64,6 @@ class ScriptedClient:
             input_tokens=int(usage.get("input_tokens", sum(len(m.get("content") or "") for m in request.messages) // 4)),
             output_tokens=int(usage.get("output_tokens", len(json.dumps(turn)) // 4)),
         )
+
+
+PROVIDER = Provider(name="scripted", config_problems=config_problems, client=ScriptedClient)

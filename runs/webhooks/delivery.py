@@ -41,7 +41,6 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
 from runs.models import Run
-from runs.selectors import run_is_visible
 from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery, WebhookSubscription
 from runs.webhooks.nudges import wake_chain
 from runs.webhooks.urlguard import GuardedBackend, UnsafeURL
@@ -113,8 +112,7 @@ def deliver_chain(subscription_id: int, run_id: int, *, batch: int = CHAIN_BATCH
                     .filter(pk=subscription_id, active=True, owner__is_active=True).first())
     if subscription is None:
         return 0
-    run = Run.objects.filter(pk=run_id).first()
-    visible = run is not None and run_is_visible(user=subscription.owner, run=run)
+    visible = Run.objects.visible_to(subscription.owner).filter(pk=run_id).exists()
     ended = 0
     for _ in range(batch):
         delivery = _claim_head(subscription_id, run_id)

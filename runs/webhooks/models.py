@@ -21,7 +21,7 @@ class EventType(models.TextChoices):
 class WebhookSubscription(models.Model):
     """An owner's endpoint and the event types it wants.
 
-    The owner receives events of the runs they may see (``runs.selectors``),
+    The owner receives events of the runs they may see (``runs.access``),
     checked when an event is fanned out and again before each attempt.
     ``secret`` (``whsec_`` + base64 of 32 random bytes) signs every
     delivery; it is made by the server and shown once, in the answer that

@@ -20,8 +20,8 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 from django.utils import timezone
 
+from runs.access import RunAccess
 from runs.models import RunEvent
-from runs.selectors import run_is_visible
 from runs.webhooks.events import webhook_body, webhook_type
 from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery, WebhookSubscription
 from runs.webhooks.nudges import wake_chain, wake_dispatcher
@@ -55,11 +55,13 @@ def dispatch(*, limit: int = DISPATCH_BATCH) -> int:
             return 0
         subscriptions = list(WebhookSubscription.objects.filter(active=True, owner__is_active=True)
                              .select_related("owner"))
+        access = {s.pk: RunAccess.of(s.owner) for s in subscriptions}  # who sees which runs (runs.access)
         now = timezone.now()
         deliveries = []
         for entry in entries:
             event, kind = entry.event, webhook_type(entry.event)
-            targets = [s for s in subscriptions if kind in s.event_types and run_is_visible(user=s.owner, run=event.run)]
+            targets = [s for s in subscriptions
+                       if kind in s.event_types and access[s.pk].sees(event.run.requested_by_id)]
             if targets:
                 body = webhook_body(event, kind)
                 deliveries += [WebhookDelivery(subscription=s, event_id=event.pk, event_type=kind, run_id=event.run_id,

@@ -1,0 +1,139 @@
+"""Who may see, cancel and decide what: the two querysets every surface asks.
+
+* ``Run.objects.visible_to(user)`` (``RunQuerySet``): the runs ``user`` may
+  see — and so cancel (``cancellable_by``). Staff and holders of
+  ``DECIDE_PERMISSION`` see every run; anyone else the runs they requested.
+  The rule is ``RunAccess``: two facts about the user, applied in SQL by
+  the queryset and in memory by a live socket (no query per event).
+* ``Interrupt.objects.decidable_by(user)`` (``InterruptQuerySet``): the inbox
+  items ``user`` may resolve. A question (``input`` item) is answered by the
+  run's requester or by staff. Any other item names the permission it needs
+  (``required_permission``, the tool's ``permission``) and whether the run's
+  requester may decide it (``allow_requester``, the tool's
+  ``requester_may_decide``: four eyes for side effects unless the tool says
+  otherwise). Both are read per row, so the permission check is done in
+  SQL (``holds_permission``), not in a loop in Python.
+* ``Interrupt.objects.visible_to(user)``: items ``user`` may look at, those
+  they may decide and those of runs they may see.
+
+An inactive or anonymous user sees and decides nothing. API, pages,
+WebSocket consumers, the admin's actions and the engine's cancel ask these
+querysets; a single object is checked with ``.filter(pk=...).exists()``, so
+each rule is written here once (docs/design.md#who-may-see-and-decide).
+
+This module is in the runs kernel (``tests/test_layers.py``): it names the
+approvals app's permission and ``Interrupt`` fields as strings, never by
+import.
+"""
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import Permission
+from django.db import models
+from django.db.models import BooleanField, CharField, ExpressionWrapper, Q, Value
+from django.db.models.functions import Concat
+
+DECIDE_PERMISSION = "approvals.decide_interrupt"
+INPUT_KIND = "input"  # approvals.models.InterruptKind.INPUT: a question to the run's requester
+
+
+def _active(user) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_active)
+
+
+def holds_permission(user, field: str) -> Q:
+    """A condition on a row: the permission named by its ``field`` (``"app_label.codename"``) is held by ``user``.
+
+    The same answer as ``user.has_perm`` with Django's ``ModelBackend``, the
+    only backend here that grants permissions: nothing for an inactive or
+    anonymous user, everything for an active superuser, else what was
+    granted to the user or to one of their groups. In SQL: ``field IN (the
+    user's permission names)``, a subquery that does not depend on the row.
+    """
+    if not _active(user):
+        return Q(Value(False, output_field=BooleanField()))
+    if user.is_superuser:
+        return Q(Value(True, output_field=BooleanField()))
+    granted = (Permission.objects.filter(Q(user=user) | Q(group__user=user))
+               .annotate(dotted_name=Concat("content_type__app_label", Value("."), "codename",
+                                            output_field=CharField()))
+               .values("dotted_name"))
+    return Q(**{f"{field}__in": granted})
+
+
+@dataclass(frozen=True)
+class RunAccess:
+    """Which runs one user sees, read once: ``user_id`` (None: an inactive or anonymous user, who sees
+    nothing) and ``sees_all`` (active staff, or an active holder of ``DECIDE_PERMISSION``); anyone
+    else sees the runs they requested."""
+
+    user_id: int | None
+    sees_all: bool = False
+
+    @classmethod
+    def of(cls, user) -> "RunAccess":
+        """The facts for ``user`` as loaded (``has_perm``: up to two queries, cached on the user)."""
+        if not _active(user):
+            return cls(None)
+        return cls(user.pk, bool(user.is_staff or user.has_perm(DECIDE_PERMISSION)))
+
+    def sees(self, requested_by: int) -> bool:
+        """Whether the user sees a run requested by user ``requested_by`` (in memory)."""
+        return self.user_id is not None and (self.sees_all or requested_by == self.user_id)
+
+    def filter(self, rows: models.QuerySet, *, owner_field: str = "requested_by") -> models.QuerySet:
+        """``rows`` narrowed to those the user sees (in SQL); the same rule as ``sees``.
+
+        ``owner_field`` names the user a row belongs to: a run's
+        ``requested_by`` (the default), a session's ``owner``.
+        """
+        if self.user_id is None:
+            return rows.none()
+        return rows.all() if self.sees_all else rows.filter(**{f"{owner_field}_id": self.user_id})
+
+
+class RunQuerySet(models.QuerySet):
+    """``Run.objects``: the rule of who may see and cancel a run."""
+
+    def visible_to(self, user) -> "RunQuerySet":
+        """The runs ``user`` may see (``RunAccess``): every run for staff and deciders, else the ones they requested."""
+        return RunAccess.of(user).filter(self)
+
+    def cancellable_by(self, user) -> "RunQuerySet":
+        """The runs ``user`` may ask to cancel: those they may see (requester, staff, deciders)."""
+        return self.visible_to(user)
+
+
+class InterruptQuerySet(models.QuerySet):
+    """``Interrupt.objects``: the rule of who may decide an inbox item, and who may look at one."""
+
+    def _decidable(self, user) -> Q:
+        own_run = Q(run__requested_by=user.pk)
+        question = Q(kind=INPUT_KIND) if user.is_staff else Q(kind=INPUT_KIND) & own_run
+        permitted = (~Q(kind=INPUT_KIND) & holds_permission(user, "required_permission")
+                     & (Q(allow_requester=True) | ~own_run))
+        return question | permitted
+
+    def decidable_by(self, user) -> "InterruptQuerySet":
+        """The items ``user`` may resolve. A question (``input`` item): its run's requester, or staff.
+        Any other item: whoever holds its ``required_permission`` and, unless it has
+        ``allow_requester``, did not request its run. Any status: filter ``pending`` yourself."""
+        if not _active(user):
+            return self.none()
+        return self.filter(self._decidable(user))
+
+    def visible_to(self, user) -> "InterruptQuerySet":
+        """The items ``user`` may look at: those they may decide, and every item of a run they may see."""
+        access = RunAccess.of(user)
+        if access.user_id is None:
+            return self.none()
+        if access.sees_all:
+            return self.all()
+        runs = access.filter(self.model._meta.get_field("run").related_model.objects.all())
+        return self.filter(Q(run__in=runs) | self._decidable(user))
+
+    def with_decidable_flag(self, user) -> "InterruptQuerySet":
+        """Each item annotated ``user_may_decide`` (bool): whether it is in ``decidable_by(user)``."""
+        if not _active(user):
+            return self.annotate(user_may_decide=Value(False, output_field=BooleanField()))
+        return self.annotate(user_may_decide=ExpressionWrapper(self._decidable(user), output_field=BooleanField()))

@@ -1,0 +1,215 @@
+"""Issue 10: who may see and decide what is written once, as querysets (runs/access.py).
+
+The querysets must give the answers of the Python rules they replaced
+(kept below as the oracle: ``user.has_perm`` and the requester rule) over
+a matrix of users and of items made the way the engine makes them, from
+tools with each kind of rule; and listing the inbox costs the same number
+of queries however many items it holds.
+"""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser, Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from approvals.models import Interrupt
+from approvals.services import can_decide, request_approval, request_input, request_reconciliation
+from runs.access import DECIDE_PERMISSION, RunAccess
+from runs.errors import Forbidden
+from runs.engine.lifecycle import cancel_run_as
+from runs.models import Agent, Run, Session, Step
+from tools.models import ToolCall
+from tools.registry import Tool
+
+pytestmark = pytest.mark.django_db
+
+SPECIAL_PERMISSION = "tools.approve_large_refund"
+
+
+def _old_can_decide(user, item: Interrupt) -> bool:
+    """The rule ``approvals.services.can_decide`` applied in Python before issue 10."""
+    if not user.is_authenticated:
+        return False
+    if item.kind == "input":
+        return user.is_active and (item.run.requested_by_id == user.pk or user.is_staff)
+    if not user.has_perm(item.required_permission):
+        return False
+    return item.allow_requester or item.run.requested_by_id != user.pk
+
+
+def _old_run_visible(user, run: Run) -> bool:
+    """The rule ``runs.selectors.run_is_visible`` applied before issue 10, plus: an inactive user sees nothing."""
+    if not (user.is_authenticated and user.is_active):
+        return False
+    return run.requested_by_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)
+
+
+def _tool(name: str, **rules) -> Tool:
+    return Tool(name=name, description=name, parameters={"type": "object"}, handler=lambda ctx, args: None, **rules)
+
+
+# Each kind of tool rule an item can be made from: who may decide it follows from these.
+TOOLS = [
+    _tool("side_effect_four_eyes", side_effect=True),                                   # requester may not
+    _tool("read_only", side_effect=False),                                              # requester may
+    _tool("side_effect_waived", side_effect=True, allow_requester_approval=True),       # tool waives four eyes
+    _tool("read_only_strict", side_effect=False, allow_requester_approval=False),       # tool asks for four eyes
+    _tool("special_permission", side_effect=True, permission=SPECIAL_PERMISSION),       # its own permission
+    _tool("nobodys_permission", side_effect=False, permission="tools.granted_to_nobody"),
+]
+
+
+@pytest.fixture
+def world():
+    """Users of every kind, and the items of two runs (one per requester) for every tool rule."""
+    User = get_user_model()
+    decide = Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals")
+    special = Permission.objects.create(codename="approve_large_refund", name="Approve large refunds",
+                                        content_type=ContentType.objects.get_for_model(ToolCall))
+    deciders = Group.objects.create(name="deciders")
+    deciders.permissions.add(decide)
+    specials = Group.objects.create(name="specials")
+    specials.permissions.add(special)
+
+    users = {
+        "superuser": User.objects.create_user("superuser", is_staff=True, is_superuser=True),
+        "staff": User.objects.create_user("staff", is_staff=True),
+        "direct_approver": User.objects.create_user("direct_approver"),
+        "group_approver": User.objects.create_user("group_approver"),
+        "special_approver": User.objects.create_user("special_approver"),
+        "requester": User.objects.create_user("requester"),
+        "approving_requester": User.objects.create_user("approving_requester"),
+        "stranger": User.objects.create_user("stranger"),
+        "inactive_approver": User.objects.create_user("inactive_approver", is_active=False),
+        "inactive_superuser": User.objects.create_user("inactive_superuser", is_superuser=True, is_staff=True,
+                                                       is_active=False),
+    }
+    users["direct_approver"].user_permissions.add(decide)
+    users["group_approver"].groups.add(deciders)
+    users["special_approver"].groups.add(specials)
+    users["approving_requester"].groups.add(deciders, specials)
+    users["inactive_approver"].groups.add(deciders)
+
+    agent = Agent.objects.create(slug="matrix", name="matrix", model={"provider": "scripted", "turns": []})
+    items = []
+    for requester in (users["requester"], users["approving_requester"]):
+        session = Session.objects.create(owner=requester, agent=agent)
+        run = Run.objects.create(session=session, agent=agent, requested_by=requester, input="x")
+        step = Step.objects.create(run=run, index=0)
+        for index, tool in enumerate(TOOLS):
+            call = ToolCall.objects.create(run=run, step=step, index=index, provider_call_id=f"c{index}",
+                                           name=tool.name, arguments={}, side_effect=tool.side_effect)
+            items.append(request_approval(tool_call=call, tool=tool))
+        # A call of a tool no longer registered: reconciliation item with the default permission, four eyes.
+        call = ToolCall.objects.create(run=run, step=step, index=len(TOOLS), provider_call_id="gone",
+                                       name="unregistered_tool", arguments={}, side_effect=True)
+        items.append(request_reconciliation(tool_call=call))
+        # A question of ask_user: the requester's (or staff's) to answer.
+        call = ToolCall.objects.create(run=run, step=step, index=len(TOOLS) + 1, provider_call_id="ask",
+                                       name="ask_user", arguments={"question": "Which order?"})
+        items.append(request_input(tool_call=call, title="Which order?", expires_at=None))
+    users["anonymous"] = AnonymousUser()
+    return users, items
+
+
+def _fresh(user):
+    """The user as a request would load it (no permission cache carried over)."""
+    return user if not user.is_authenticated else get_user_model().objects.get(pk=user.pk)
+
+
+def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world):
+    users, items = world
+    agreed = []
+    for name, user in users.items():
+        expected = {item.pk for item in items if _old_can_decide(_fresh(user), item)}
+        assert set(Interrupt.objects.decidable_by(_fresh(user)).values_list("pk", flat=True)) == expected, name
+        flags = dict(Interrupt.objects.with_decidable_flag(_fresh(user)).values_list("pk", "user_may_decide"))
+        assert {pk for pk, flag in flags.items() if flag} == expected, name
+        assert {item.pk for item in items if can_decide(_fresh(user), item)} == expected, name
+        agreed.append((name, len(expected)))
+    # The matrix is not degenerate: the rule says yes and no, for different reasons.
+    counts = dict(agreed)
+    assert counts["superuser"] == len(items)
+    assert counts["stranger"] == counts["anonymous"] == 0
+    assert counts["inactive_approver"] == counts["inactive_superuser"] == 0
+    assert counts["staff"] == 2                                          # the two questions
+    assert counts["requester"] == 1                                      # the question of their own run
+    assert counts["direct_approver"] == counts["group_approver"] == 10  # both runs, decide-permission items
+    assert counts["special_approver"] == 2                               # the special tool's items only
+
+
+def test_the_requester_rule_follows_the_tool(world):
+    users, items = world
+    user = users["approving_requester"]  # holds both permissions and requested one of the runs
+    decidable = {(item.run.requested_by == user, item.tool_call.name) for item in items if can_decide(user, item)}
+    assert {name for own, name in decidable if own} == {"read_only", "side_effect_waived", "ask_user"}
+    assert {name for own, name in decidable if not own} == {
+        "side_effect_four_eyes", "read_only", "side_effect_waived", "read_only_strict", "special_permission",
+        "unregistered_tool"}
+
+
+def test_visible_to_agrees_with_the_python_rules(world):
+    users, items = world
+    runs = list(Run.objects.all())
+    for name, user in users.items():
+        expected_runs = {run.pk for run in runs if _old_run_visible(_fresh(user), run)}
+        assert set(Run.objects.visible_to(_fresh(user)).values_list("pk", flat=True)) == expected_runs, name
+        assert set(Run.objects.cancellable_by(_fresh(user)).values_list("pk", flat=True)) == expected_runs, name
+        in_memory = RunAccess.of(_fresh(user))  # what a live socket keeps and asks per event
+        assert {run.pk for run in runs if in_memory.sees(run.requested_by_id)} == expected_runs, name
+        expected_items = {item.pk for item in items
+                          if _old_can_decide(_fresh(user), item) or _old_run_visible(_fresh(user), item.run)}
+        assert set(Interrupt.objects.visible_to(_fresh(user)).values_list("pk", flat=True)) == expected_items, name
+    special = users["special_approver"]
+    assert set(Interrupt.objects.visible_to(special).values_list("tool_call__name", flat=True)) == {
+        "special_permission"}  # decides them, so sees them, without seeing the rest of those runs
+
+
+def test_cancel_is_refused_to_whoever_may_not_see_the_run(world):
+    users, items = world
+    run = items[0].run
+    with pytest.raises(Forbidden):
+        cancel_run_as(run=run, user=users["stranger"])
+    run.refresh_from_db()
+    assert run.cancel_requested_at is None and run.status == "queued"
+    assert cancel_run_as(run=run, user=users["group_approver"]).status == "cancelled"
+
+
+def _add_pending_items(run: Run, count: int) -> None:
+    step = run.steps.first()
+    start = run.tool_calls.count()
+    for index in range(start, start + count):
+        call = ToolCall.objects.create(run=run, step=step, index=index, provider_call_id=f"more{index}",
+                                       name="side_effect_four_eyes", arguments={"n": index}, side_effect=True)
+        request_approval(tool_call=call, tool=TOOLS[0])
+
+
+@pytest.mark.parametrize("approver", ["group_approver", "superuser"])
+def test_listing_the_inbox_costs_the_same_queries_for_2_or_22_items(world, client, approver):
+    users, items = world
+    user = users[approver]
+    client.force_login(user)
+    api = APIClient()  # each request loads its user afresh, as in production
+    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+
+    def cost() -> tuple[int, int, int, int]:
+        with CaptureQueriesContext(connection) as page:
+            page_response = client.get(reverse("inbox"))
+        with CaptureQueriesContext(connection) as listing:
+            api_response = api.get("/api/interrupts/", {"status": "pending", "limit": 1000})
+        assert page_response.status_code == api_response.status_code == 200
+        shown = page_response.content.decode().count('class="inbox-item"')
+        listed = api_response.json()
+        listed = listed["results"] if isinstance(listed, dict) else listed
+        return len(page.captured_queries), len(listing.captured_queries), shown, len(listed)
+
+    few = cost()
+    _add_pending_items(items[0].run, 20)
+    many = cost()
+    assert many[2] == few[2] + 20 and many[3] == few[3] + 20  # the new items are listed
+    assert (many[0], many[1]) == (few[0], few[1])
