@@ -45,8 +45,8 @@ from tools.services import reconcile_delay, reconcile_unknown_call, recover_orph
 log = logging.getLogger(__name__)
 
 
-def recover_after_takeover(run: Run, *, actor: str) -> str | None:
-    """Clean up what the run's previous lease holder left in flight (see module doc).
+def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall]) -> str | None:
+    """Clean up what the run's previous lease holder left in flight (see module doc); ``calls``: the run's tool calls.
 
     A takeover that finds work in flight means a worker died on it. When
     the sweeper broke the dead lease it already counted the death and
@@ -61,7 +61,7 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     to reconciliation), else None.
     """
     steps = list(run.steps.filter(status=Step.Status.STARTED))
-    calls = list(run.tool_calls.filter(status=ToolCallStatus.RUNNING))
+    calls = [call for call in calls if call.status == ToolCallStatus.RUNNING]
     if not steps and not calls:
         return None
     with transaction.atomic():
