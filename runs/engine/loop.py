@@ -116,9 +116,8 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
         return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
                     error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
-    for index in range(SLICE_STEPS):
-        if index:  # the first pass uses the run as just loaded
-            known.revalidate()
+    for _ in range(SLICE_STEPS):
+        known.revalidate()
         if run.status != RunStatus.RUNNING:
             return run, False
         if run.cancel_requested_at is not None:
