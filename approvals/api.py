@@ -4,18 +4,19 @@ Decisions go through ``approvals.services`` (``decide_interrupt``,
 ``reconcile_interrupt``, ``answer_interrupt``), which check that the item is still pending
 (409). An item of a run you may not see is 404 on every verb, like a
 missing one; on one you see, the permission is checked (403) before
-anything else about the item is said.
+anything else about the item is said. Decisions honour ``Idempotency-Key``
+(``config.idempotency``); the list is cursor pages with the filters of
+``approvals.filters``.
 """
 
 from django.core.exceptions import PermissionDenied
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
+from approvals.filters import InterruptFilter
+from approvals.models import Decision, Interrupt
 from approvals.serializers import (
     ApproveSerializer,
     InterruptSerializer,
@@ -24,50 +25,29 @@ from approvals.serializers import (
     RespondSerializer,
 )
 from approvals.services import answer_interrupt, can_decide, decide_interrupt, reconcile_interrupt
-from config.api import int_query_param
-from runs.selectors import user_sees_all_runs
+from config.api import VisibleRowsMixin
+from config.idempotency import IdempotentPostMixin
 
 DECISION_RESPONSES = {
     200: InterruptSerializer,
     400: OpenApiResponse(description="Edited arguments do not match the tool's schema."),
     403: OpenApiResponse(description="You may not decide this item."),
-    409: OpenApiResponse(description="The item is no longer pending; the body names its current `status`."),
+    409: OpenApiResponse(description="The item is no longer pending; `details.status` is its current status."),
 }
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List inbox items visible to you", parameters=[
-        OpenApiParameter("status", OpenApiTypes.STR, enum=InterruptStatus.values, description="e.g. pending"),
-        OpenApiParameter("kind", OpenApiTypes.STR, enum=InterruptKind.values),
-        OpenApiParameter("run", OpenApiTypes.INT, description="Only items of this run."),
-    ]),
+    list=extend_schema(summary="List inbox items visible to you, newest first"),
     retrieve=extend_schema(summary="One inbox item"),
 )
-class InterruptViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Inbox items, with the same visibility as their runs."""
+class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                       viewsets.GenericViewSet):
+    """Inbox items, with the same visibility as their runs; filters in ``approvals.filters``."""
 
     serializer_class = InterruptSerializer
-
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by")
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return self.queryset.none()
-        if user_sees_all_runs(user=self.request.user):
-            return self.queryset.all()
-        return self.queryset.filter(run__requested_by=self.request.user)
-
-    def filter_queryset(self, queryset):
-        params = self.request.query_params
-        for name, choices in (("status", InterruptStatus.values), ("kind", InterruptKind.values)):
-            if name in params:
-                if params[name] not in choices:
-                    raise ValidationError({name: f"Must be one of: {', '.join(choices)}."})
-                queryset = queryset.filter(**{name: params[name]})
-        run_id = int_query_param(self.request, "run")
-        if run_id is not None:
-            queryset = queryset.filter(run_id=run_id)
-        return queryset
+    owner_field = "run__requested_by"
+    filterset_class = InterruptFilter
 
     def _decidable_item(self) -> Interrupt:
         """The item of the URL if visible (else 404) and the user may decide it (else 403)."""

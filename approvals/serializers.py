@@ -5,11 +5,11 @@ from rest_framework import serializers
 
 from approvals.models import Interrupt
 from approvals.services import can_decide
-from config.api import StrictSerializer
+from config.api import OutputSerializer, StrictSerializer
 from tools.models import ToolCall
 
 
-class InterruptToolCallSerializer(serializers.ModelSerializer):
+class InterruptToolCallSerializer(OutputSerializer):
     """The tool call an approval item is about: what the model asked for."""
 
     class Meta:
@@ -18,11 +18,11 @@ class InterruptToolCallSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class InterruptSerializer(serializers.ModelSerializer):
+class InterruptSerializer(OutputSerializer):
     """An inbox item; ``can_decide`` says whether the requesting user may resolve it."""
 
     tool_call = InterruptToolCallSerializer(read_only=True)
-    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     can_decide = serializers.SerializerMethodField()
 
     class Meta:

@@ -1,66 +1,163 @@
-"""REST API error mapping shared by every app.
+"""REST API error mapping shared by every app: one error object for every error answer.
+
+Every 4xx body is ``{"error": {"code": str, "message": str, "details": {...}}}``
+(``ERROR_SCHEMA`` in ``config.api_schema`` documents it). What maps to what:
 
 * ``runs.errors.TollgateError`` (what services raise) -> its
-  ``http_status``: ``InvalidInput`` 400 (messages by field, or
-  ``{"detail", "code"}``), ``Forbidden`` 403, ``Conflict`` 409 (e.g.
-  ``session_busy`` naming the ``active_run``);
-* ``TransitionNotAllowed`` / ``ConcurrentTransition`` -> 409 with the
-  object's current status;
-* ``django.core.exceptions.PermissionDenied`` -> 403 and Django's
-  ``ValidationError`` (its validators) -> 400;
-* ``RequestDataTooBig`` (body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``) -> 413.
+  ``http_status``, ``code``, ``message`` and ``details``; the field
+  messages of an ``InvalidInput`` go under ``details["fields"]``;
+  ``SessionBusy`` keeps ``active_run`` in ``details``;
+* ``TransitionNotAllowed`` / ``ConcurrentTransition`` -> 409
+  ``illegal_transition`` with the object's current ``status`` in ``details``;
+* DRF's own exceptions keep their status and code: ``ValidationError`` 400
+  ``invalid`` (``details["fields"]``: messages by field, ``non_field_errors``
+  for the body as a whole), ``ParseError`` 400, ``NotAuthenticated`` /
+  ``AuthenticationFailed`` 401 (with ``WWW-Authenticate``), ``PermissionDenied``
+  403, ``NotFound`` 404, ``MethodNotAllowed`` 405, ``UnsupportedMediaType``
+  415, ``Throttled`` 429 (``Retry-After`` header, ``details["retry_after"]``
+  in seconds);
+* Django's ``PermissionDenied`` -> 403, ``Http404`` -> 404, ``ValidationError``
+  (its validators) -> 400 ``invalid`` with ``details["fields"]``;
+* ``RequestDataTooBig`` (body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``) -> 413
+  ``too_large`` with ``details["limit_bytes"]``.
 
 Anything else, a bare ``ValueError`` included, is a bug: a 500.
 
-Also the request-side helpers every API view shares: ``StrictSerializer``
-(unknown fields are a 400), ``BoundedLimitOffsetPagination`` and
-``int_query_param`` (integer query parameters with bounds).
+Also the visibility of rows (``VisibleRowsMixin``) and the serializer
+bases every API app shares: ``StrictSerializer`` for
+request bodies (unknown fields are a 400) and ``OutputSerializer`` for
+what the API shows.
 """
 
+import math
+
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
+from django.http import Http404
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
-from rest_framework import serializers, status
-from rest_framework.exceptions import ValidationError as APIValidationError
-from rest_framework.pagination import LimitOffsetPagination
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.settings import api_settings
+from rest_framework.views import set_rollback
 
 from runs.errors import InvalidInput, TollgateError
+from runs.selectors import user_sees_all_runs
 
 
-def _conflict(exc) -> dict:
-    """The 409 body: what is not allowed, and the object's current ``status`` when known."""
+def error_body(code: str, message: str, details: dict | None = None) -> dict:
+    """The one error object: ``{"error": {"code", "message", "details"}}``."""
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def _first_message(messages) -> str:
+    """The first message in a DRF error detail (a string, or lists and dicts of them, at any depth)."""
+    stack = [messages]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, dict):
+            stack[:0] = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack[:0] = list(item)
+        else:
+            return str(item)
+    return "Invalid input."
+
+
+def _conflict(exc) -> Response:
+    """409 for a transition the object's state does not allow, naming its current ``status`` when known."""
     obj = getattr(exc, "object", None)
     if obj is None:
-        return {"detail": "Changed by someone else meanwhile; reload and try again.", "code": "illegal_transition"}
+        return Response(error_body("illegal_transition", "Changed by someone else meanwhile; reload and try again."),
+                        status=status.HTTP_409_CONFLICT)
     obj.refresh_from_db()
-    name = obj._meta.verbose_name
-    return {"detail": f"Not allowed: this {name} is {obj.status}.", "code": "illegal_transition", "status": obj.status}
+    return Response(error_body("illegal_transition", f"Not allowed: this {obj._meta.verbose_name} is {obj.status}.",
+                               {"status": obj.status}), status=status.HTTP_409_CONFLICT)
 
 
-def _error_body(exc: TollgateError) -> dict:
-    """The body for a service error: messages by field for ``InvalidInput`` about fields, else
-    ``{"detail", "code", **details}``."""
-    if isinstance(exc, InvalidInput) and exc.details:
-        return exc.details
-    return {"detail": exc.message, "code": exc.code, **exc.details}
+def _service_error(exc: TollgateError) -> Response:
+    """A ``TollgateError``: its status, code, message and details (an ``InvalidInput``'s under ``fields``)."""
+    details = {"fields": exc.details} if isinstance(exc, InvalidInput) and exc.details else exc.details
+    return Response(error_body(exc.code, exc.message, details), status=exc.http_status)
+
+
+def _api_exception(exc: exceptions.APIException) -> Response:
+    """One of DRF's exceptions, with the headers DRF would send (``WWW-Authenticate``, ``Retry-After``)."""
+    headers = {}
+    if auth_header := getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = auth_header
+    if isinstance(exc, exceptions.ValidationError):
+        fields = exc.detail if isinstance(exc.detail, dict) else {api_settings.NON_FIELD_ERRORS_KEY: exc.detail}
+        body = error_body("invalid", _first_message(fields), {"fields": fields})
+    elif isinstance(exc, exceptions.Throttled):
+        wait = max(1, math.ceil(exc.wait or 1))
+        headers["Retry-After"] = str(wait)
+        body = error_body("throttled", f"Too many requests; try again in {wait} seconds.", {"retry_after": wait})
+    else:
+        code = getattr(exc.detail, "code", None) or exc.default_code
+        body = error_body(code, str(exc.detail))
+    return Response(body, status=exc.status_code, headers=headers)
 
 
 def exception_handler(exc, context):
-    """DRF exception handler: service exceptions to HTTP answers (see module doc)."""
+    """DRF exception handler: every known exception to the one error object (see module doc); else None (500)."""
     if isinstance(exc, (TransitionNotAllowed, ConcurrentTransition)):
-        return Response(_conflict(exc), status=status.HTTP_409_CONFLICT)
-    if isinstance(exc, TollgateError):
-        return Response(_error_body(exc), status=exc.http_status)
-    if isinstance(exc, RequestDataTooBig):
+        response = _conflict(exc)
+    elif isinstance(exc, TollgateError):
+        response = _service_error(exc)
+    elif isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return Response({"detail": f"Request body too large: the limit is {limit} bytes.", "code": "too_large"},
-                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
-    if isinstance(exc, ValidationError):
-        detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
-        return Response(detail, status=status.HTTP_400_BAD_REQUEST)
-    return drf_exception_handler(exc, context)
+        response = Response(error_body("too_large", f"Request body too large: the limit is {limit} bytes.",
+                                       {"limit_bytes": limit}), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    elif isinstance(exc, ValidationError):
+        fields = exc.message_dict if hasattr(exc, "error_dict") else {api_settings.NON_FIELD_ERRORS_KEY: exc.messages}
+        response = Response(error_body("invalid", _first_message(fields), {"fields": fields}),
+                            status=status.HTTP_400_BAD_REQUEST)
+    elif isinstance(exc, Http404):
+        response = _api_exception(exceptions.NotFound())
+    elif isinstance(exc, PermissionDenied):
+        response = _api_exception(exceptions.PermissionDenied(*exc.args))
+    elif isinstance(exc, exceptions.APIException):
+        response = _api_exception(exc)
+    else:
+        return None
+    set_rollback()
+    return response
+
+
+class VisibleRowsMixin:
+    """For API viewsets: ``queryset`` narrowed to what the user may see (``runs.selectors``).
+
+    Staff and approvers see every row; anyone else the rows whose
+    ``owner_field`` (e.g. ``requested_by``, ``run__requested_by``) is them.
+    Schema generation (no user) gets none.
+    """
+
+    owner_field: str = ""
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset.none()
+        if user_sees_all_runs(user=self.request.user):
+            return self.queryset.all()
+        return self.queryset.filter(**{self.owner_field: self.request.user})
+
+
+class OutputSerializer(serializers.ModelSerializer):
+    """A read-only model serializer whose schema admits the empty string where the model does.
+
+    DRF drops ``allow_blank`` from fields listed in ``read_only_fields``, so
+    a choice field that may be blank (e.g. a run's ``waiting_reason``)
+    would be documented as its enum only, and the empty value it really
+    shows would break the published schema. This keeps ``allow_blank``, so
+    drf-spectacular documents the blank choice too.
+    """
+
+    def include_extra_kwargs(self, kwargs, extra_kwargs):
+        allow_blank = kwargs.get("allow_blank", False)
+        kwargs = super().include_extra_kwargs(kwargs, extra_kwargs)
+        if allow_blank:
+            kwargs["allow_blank"] = True
+        return kwargs
 
 
 class StrictSerializer(serializers.Serializer):
@@ -76,28 +173,3 @@ class StrictSerializer(serializers.Serializer):
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return super().to_internal_value(data)
-
-
-class BoundedLimitOffsetPagination(LimitOffsetPagination):
-    """``?limit=&offset=`` pages of at most ``max_limit`` items; a larger limit is clamped to it.
-
-    (An offset past the end is an empty page without a query, whatever its size.)
-    """
-
-    max_limit = 1000
-
-
-def int_query_param(request, name: str, *, min_value: int = 1, max_value: int = 2**63 - 1) -> int | None:
-    """The query parameter ``name`` as an int from ``min_value`` to ``max_value``, or None when absent.
-
-    Only ASCII digits (with an optional leading minus) are read, and at
-    most 19 of them. Raises DRF's ``ValidationError`` (400) naming the
-    parameter otherwise.
-    """
-    raw = request.query_params.get(name)
-    if raw is None:
-        return None
-    digits = raw.removeprefix("-")
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 19) or not min_value <= int(raw) <= max_value:
-        raise APIValidationError({name: f"Must be a whole number from {min_value} to {max_value}."})
-    return int(raw)

@@ -4,7 +4,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from approvals.api import InterruptViewSet
-from runs.api import AgentViewSet, RunViewSet
+from runs.api import AgentViewSet, RunViewSet, SessionViewSet
 from runs.api_waits import EventView, run_wait
 from runs.webhooks.api import WebhookDeliveryViewSet, WebhookSubscriptionViewSet
 from tools.api import ToolListView
@@ -12,6 +12,7 @@ from tools.api import ToolListView
 router = SimpleRouter()
 router.register("agents", AgentViewSet, basename="agent")
 router.register("runs", RunViewSet, basename="run")
+router.register("sessions", SessionViewSet, basename="session")
 router.register("interrupts", InterruptViewSet, basename="interrupt")
 router.register("webhooks/deliveries", WebhookDeliveryViewSet, basename="webhook-delivery")
 router.register("webhooks", WebhookSubscriptionViewSet, basename="webhook")

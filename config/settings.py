@@ -46,6 +46,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_filters",
     "channels",
     "django_dramatiq",
     "csp",
@@ -209,9 +211,13 @@ REST_FRAMEWORK = {
     # JSON with a nesting limit and no NaN/Infinity/NUL (config.strict_json).
     "DEFAULT_PARSER_CLASSES": ["config.strict_json.StrictJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Every error answer is {"error": {"code", "message", "details"}}.
     "EXCEPTION_HANDLER": "config.api.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "config.api.BoundedLimitOffsetPagination",
+    # Lists: cursor pages (?cursor=, ?page_size= up to 1000) and
+    # django-filter query parameters (an invalid value is a 400).
+    "DEFAULT_PAGINATION_CLASS": "config.pagination.NewestFirstCursorPagination",
     "PAGE_SIZE": 100,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     # Per user (a token is its user's) and per client address for anonymous
     # requests; starting runs has its own, tighter rate. Over it: 429 with
     # Retry-After. Counted in the default cache (CACHE_URL).
@@ -238,7 +244,20 @@ SPECTACULAR_SETTINGS = {
     # The schema describes every endpoint: only for logged-in users.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "ENUM_NAME_OVERRIDES": {"WebhookEventTypeEnum": "runs.webhooks.models.EventType"},
+    # Swagger UI (/api/docs/) from drf-spectacular-sidecar's static files:
+    # nothing is loaded from another site, so it works under the CSP above.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # The error object and the Idempotency-Key header on every operation.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.api_schema.document_errors_and_idempotency",
+    ],
 }
+
+# Keys sent in an Idempotency-Key header are remembered this long (hours).
+API_IDEMPOTENCY_TTL_HOURS = env.int("API_IDEMPOTENCY_TTL_HOURS", default=24)
 
 # --- Broker and channel layer -------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -351,6 +370,8 @@ TOLLGATE = {
     # Accept plain http:// endpoints (bodies are signed, not encrypted).
     "WEBHOOK_ALLOW_HTTP": env.bool("TOLLGATE_WEBHOOK_ALLOW_HTTP", default=False),
     "WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER": env.int("TOLLGATE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER", default=20),
+    # Largest metadata object of a session, as compact UTF-8 JSON (bytes).
+    "MAX_SESSION_METADATA_BYTES": env.int("TOLLGATE_MAX_SESSION_METADATA_BYTES", default=16_384),
     # --- Model providers (runs.providers.http_config) ---
     # Endpoint profiles an agent's model config names with "endpoint"
     # (default: the provider's name): {"provider", "base_url"?,

@@ -1,10 +1,13 @@
-"""URL map: inbox and run pages, REST API, OpenAPI schema, admin, login, language switch."""
+"""URL map: inbox and run pages, REST API, OpenAPI schema and its docs page, admin, login, language switch."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
+
+from config.api_schema import ApiDocsView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -13,6 +16,8 @@ urlpatterns = [
     # POST /i18n/setlang/ (Django's set_language): the header's language switcher.
     path("i18n/", include("django.conf.urls.i18n")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # A page for people: logged out, it sends them to the login page like every other page.
+    path("api/docs/", login_required(ApiDocsView.as_view(url_name="schema")), name="api-docs"),
     path("api/", include(("config.api_urls", "api"))),
     path("", RedirectView.as_view(pattern_name="inbox", permanent=False), name="home"),
     path("", include("approvals.urls")),

@@ -1,56 +1,53 @@
-"""REST API for agents and runs: thin views over ``runs.services`` and ``runs.engine.agents``.
+"""REST API for agents, runs and sessions: thin views over ``runs.engine`` services.
 
 Visibility (``runs.selectors``): staff and holders of the decide
-permission see every run, everyone else only the runs they requested;
-another user's run answers 404 on every verb. The requester, staff and
-decide-permission holders may cancel a run. Creating an agent needs staff
-and the ``runs.add_agent`` permission, as in the admin. Starting runs has
-its own throttle rate (``runs``). Service exceptions become HTTP answers
-in ``config.api.exception_handler``.
+permission see every run and session, everyone else only the runs they
+requested and the sessions they own; another user's run or session
+answers 404 on every verb. The requester, staff and decide-permission
+holders may cancel a run. Creating an agent needs staff and the
+``runs.add_agent`` permission, as in the admin. Starting runs has its own
+throttle rate (``runs``). Every POST honours ``Idempotency-Key``
+(``config.idempotency``); lists are cursor pages (``config.pagination``)
+with the filters of ``runs.filters``. Service exceptions become HTTP
+answers in ``config.api.exception_handler``.
 """
 
 from django.core.exceptions import PermissionDenied
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
 from rest_framework.permissions import DjangoModelPermissions, IsAdminUser, IsAuthenticated
 from rest_framework.response import Response
 
+from config.api import VisibleRowsMixin
+from config.idempotency import REPLAYED_HEADER, IdempotentPostMixin
+from config.pagination import EventCursorPagination, OldestFirstCursorPagination
 from runs.engine.agents import create_agent
-from runs.models import Agent, Run
-from runs.selectors import run_can_cancel, user_sees_all_runs
+from runs.engine.lifecycle import cancel_run, retry_run, submit_input
+from runs.engine.sessions import open_session
+from runs.filters import RunFilter, SessionFilter
+from runs.models import Agent, Run, Session
+from runs.selectors import run_can_cancel, session_messages
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
     CancelSerializer,
+    MessageSerializer,
     RunCreateSerializer,
     RunEventSerializer,
     RunSerializer,
+    SessionCreateSerializer,
+    SessionSerializer,
     ToolCallSerializer,
 )
 from runs.services import actor_for
-from runs.engine.lifecycle import cancel_run, retry_run, submit_input
-
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-IDEMPOTENCY_KEY_MAX_LENGTH = Run._meta.get_field("idempotency_key").max_length
-
-
-class EventCursorPagination(CursorPagination):
-    """A run's events, oldest first, in stable ``seq`` order; 100 per page unless ``?page_size=``."""
-
-    ordering = "seq"
-    page_size = 100
-    page_size_query_param = "page_size"
-    max_page_size = 1000
 
 
 @extend_schema_view(
     list=extend_schema(summary="List agents"),
     retrieve=extend_schema(summary="One agent"),
 )
-class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class AgentViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Agent definitions: any user may list them; staff with ``runs.add_agent`` may create them."""
 
     queryset = Agent.objects.all()
@@ -76,64 +73,45 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     list=extend_schema(summary="List runs visible to you"),
     retrieve=extend_schema(summary="One run"),
 )
-class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Runs: start one, read it with its events and tool calls, cancel it."""
 
     serializer_class = RunSerializer
     queryset = Run.objects.select_related("agent", "requested_by")
+    owner_field = "requested_by"
+    filterset_class = RunFilter
 
     def get_throttles(self):
         """The default throttles; starting a run also counts against the ``runs`` rate."""
         self.throttle_scope = "runs" if self.action == "create" else None
         return super().get_throttles()
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):  # schema generation: no user
-            return self.queryset.none()
-        if user_sees_all_runs(user=self.request.user):
-            return self.queryset.all()
-        return self.queryset.filter(requested_by=self.request.user)
 
     @extend_schema(
         summary="Start a run",
         request=RunCreateSerializer,
-        parameters=[OpenApiParameter(
-            IDEMPOTENCY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
-            description="Repeating a request with the same key returns the run it created instead of a new one.",
-        )],
         responses={201: RunSerializer,
                    200: OpenApiResponse(RunSerializer, description="supplement: the input joined this busy run."),
-                   409: OpenApiResponse(description="reject: the session already has an active run."),
-                   422: OpenApiResponse(description="The Idempotency-Key was used for a different request.")},
+                   409: OpenApiResponse(description="reject: the session already has an active run "
+                                                    "(`details.active_run`).")},
     )
     def create(self, request):
-        """Start a run (or supplement one) through ``submit_input``; 201 created, 200 supplemented, 422 key reused."""
+        """Start a run (or supplement one) through ``submit_input``; 201 created, 200 supplemented.
+
+        The ``Idempotency-Key`` is also kept on the run, so a key used
+        more than 24 hours ago still answers with the run it started.
+        """
         body = RunCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
-        key, refused = self._idempotency_key(request)
-        if refused:
-            return refused
         data = body.validated_data
         submitted = submit_input(agent=data["agent"], user=request.user, input=data["input"],
-                                 session=data.get("session"), idempotency_key=key,
+                                 session=data.get("session"), idempotency_key=self.idempotency_key,
                                  multitask_strategy=data["multitask_strategy"], start_at=data["start_at"])
         code = status.HTTP_200_OK if submitted.outcome == "supplemented" else status.HTTP_201_CREATED
-        return Response(self.get_serializer(submitted.run).data, status=code)
-
-    @staticmethod
-    def _idempotency_key(request) -> tuple[str | None, Response | None]:
-        """(the ``Idempotency-Key`` header or None, a 400 answer when it is too long)."""
-        key = request.headers.get(IDEMPOTENCY_HEADER) or None
-        if key and len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
-            return None, Response({"detail": f"The {IDEMPOTENCY_HEADER} header is longer than "
-                                             f"{IDEMPOTENCY_KEY_MAX_LENGTH} characters."},
-                                  status=status.HTTP_400_BAD_REQUEST)
-        return key, None
+        headers = {REPLAYED_HEADER: "true"} if submitted.replayed else None
+        return Response(self.get_serializer(submitted.run).data, status=code, headers=headers)
 
     @extend_schema(summary="Retry a failed or cancelled run", request=CancelSerializer,
-                   parameters=[OpenApiParameter(
-                       IDEMPOTENCY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER,
-                       description="Repeating a retry with the same key returns the run it created.")],
                    responses={201: RunSerializer, 403: OpenApiResponse(description="Only the requester may retry."),
                               409: OpenApiResponse(description="The run is not failed or cancelled.")})
     @action(detail=True, methods=["post"])
@@ -145,14 +123,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         """
         run = self.get_object()
         CancelSerializer(data=request.data).is_valid(raise_exception=True)
-        key, refused = self._idempotency_key(request)
-        if refused:
-            return refused
-        submitted = retry_run(run=run, user=request.user, idempotency_key=key)
+        submitted = retry_run(run=run, user=request.user, idempotency_key=self.idempotency_key)
         return Response(self.get_serializer(submitted.run).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="The run's events, in order", responses={200: RunEventSerializer(many=True)})
-    @action(detail=True, methods=["get"], pagination_class=EventCursorPagination)
+    @action(detail=True, methods=["get"], pagination_class=EventCursorPagination, filter_backends=[])
     def events(self, request, pk=None):
         """The run's append-only event log by ``seq`` (cursor-paginated)."""
         run = self.get_object()
@@ -160,7 +135,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return self.get_paginated_response(RunEventSerializer(page, many=True).data)
 
     @extend_schema(summary="The run's tool calls", responses={200: ToolCallSerializer(many=True)})
-    @action(detail=True, methods=["get"], url_path="tool-calls")
+    @action(detail=True, methods=["get"], url_path="tool-calls", pagination_class=OldestFirstCursorPagination,
+            filter_backends=[])
     def tool_calls(self, request, pk=None):
         """Every tool call the model proposed in this run, in order."""
         run = self.get_object()
@@ -169,7 +145,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(summary="Cancel the run", request=CancelSerializer,
                    responses={200: RunSerializer, 403: OpenApiResponse(description="You may not cancel this run."),
-                              409: OpenApiResponse(description="The run already ended; the body names its `status`.")})
+                              409: OpenApiResponse(description="The run already ended; `details.status` is its status.")})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         """Cancel through ``cancel_run``: at once if queued or waiting, at the next safe point if running.
@@ -184,3 +160,45 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise PermissionDenied("You may not cancel this run.")
         run = cancel_run(run=run, actor=actor_for(user))
         return Response(self.get_serializer(run).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List sessions visible to you"),
+    retrieve=extend_schema(summary="One session"),
+)
+class SessionViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     viewsets.GenericViewSet):
+    """Sessions (conversation threads): open one, read it, its message history and its runs.
+
+    Start a run in a session with ``POST /api/runs/`` and ``"session": id``.
+    """
+
+    serializer_class = SessionSerializer
+    queryset = Session.objects.select_related("agent", "owner")
+    owner_field = "owner"
+    filterset_class = SessionFilter
+
+
+    @extend_schema(summary="Open a session", request=SessionCreateSerializer, responses={201: SessionSerializer})
+    def create(self, request):
+        """Open a session of an agent for the requesting user, with a title and metadata (``open_session``)."""
+        body = SessionCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        session = open_session(user=request.user, **body.validated_data)
+        return Response(self.get_serializer(session).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(summary="The session's message history, oldest first", responses={200: MessageSerializer(many=True)})
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstCursorPagination, filter_backends=[])
+    def messages(self, request, pk=None):
+        """Every message of every run of the session, in the order they were written (immutable)."""
+        session = self.get_object()
+        page = self.paginate_queryset(session_messages(session_id=session.pk))
+        return self.get_paginated_response(MessageSerializer(page, many=True).data)
+
+    @extend_schema(summary="The session's runs, newest first", responses={200: RunSerializer(many=True)})
+    @action(detail=True, methods=["get"], filter_backends=[])
+    def runs(self, request, pk=None):
+        """The runs of the session (all its owner's), newest first."""
+        session = self.get_object()
+        page = self.paginate_queryset(session.runs.select_related("agent", "requested_by"))
+        return self.get_paginated_response(RunSerializer(page, many=True).data)

@@ -32,6 +32,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
+from config.api import error_body
+from config.idempotency import IdempotentPostMixin
 from runs.engine.waits import receive_event
 from runs.live import run_group
 from runs.models import RunStatus
@@ -47,7 +49,7 @@ MAX_POLL_S = 1.0
 TIMED_OUT_HEADER = "Wait-Timed-Out"
 
 
-class EventView(APIView):
+class EventView(IdempotentPostMixin, APIView):
     """``POST /api/events/``: an outside system reports an event a run waits for (see module doc)."""
 
     @extend_schema(summary="Deliver an external event to the run waiting on its type and key",
@@ -82,8 +84,8 @@ class _ThrottleRequest:
         self.META = request.META
 
 
-def _unauthorized(detail: str) -> JsonResponse:
-    response = JsonResponse({"detail": detail}, status=401)
+def _unauthorized(code: str, detail: str) -> JsonResponse:
+    response = JsonResponse(error_body(code, detail), status=401)
     response["WWW-Authenticate"] = TokenAuthentication().authenticate_header(None)
     return response
 
@@ -94,16 +96,16 @@ def _authenticate_and_throttle(request):
     try:
         found = TokenAuthentication().authenticate(request)
     except AuthenticationFailed as exc:
-        return None, _unauthorized(str(exc.detail))
+        return None, _unauthorized("authentication_failed", str(exc.detail))
     user = found[0] if found else request.user
     if not user.is_authenticated:
-        return None, _unauthorized("Authentication credentials were not provided.")
+        return None, _unauthorized("not_authenticated", "Authentication credentials were not provided.")
     throttle = UserRateThrottle()
     if not throttle.allow_request(_ThrottleRequest(request, user), None):
-        wait = throttle.wait()
-        response = JsonResponse({"detail": "Request was throttled."}, status=429)
-        if wait is not None:
-            response["Retry-After"] = str(int(wait) + 1)
+        wait = int(throttle.wait() or 0) + 1
+        response = JsonResponse(error_body("throttled", f"Too many requests; try again in {wait} seconds.",
+                                           {"retry_after": wait}), status=429)
+        response["Retry-After"] = str(wait)
         return None, response
     return user, None
 
@@ -175,8 +177,8 @@ async def run_wait(request, run_id: int):
         return refused
     timeout = _timeout_s(request)
     if timeout is None:
-        return JsonResponse({"timeout": [f"Must be a whole number of seconds from 1 to {MAX_WAIT_TIMEOUT_S}."]},
-                            status=400)
+        message = f"Must be a whole number of seconds from 1 to {MAX_WAIT_TIMEOUT_S}."
+        return JsonResponse(error_body("invalid", message, {"fields": {"timeout": [message]}}), status=400)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with _Updates(run_id) as updates:  # joined before the first read, so no update slips between
@@ -187,7 +189,7 @@ async def run_wait(request, run_id: int):
             pause = min(pause * 2, MAX_POLL_S)
             data, settled = await _load(user, run_id)
     if data is None:
-        return JsonResponse({"detail": "No such run."}, status=404)
+        return JsonResponse(error_body("not_found", "No such run."), status=404)
     response = JsonResponse(data)
     response[TIMED_OUT_HEADER] = "false" if settled else "true"
     return response

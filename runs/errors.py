@@ -58,13 +58,26 @@ class Conflict(TollgateError):
 
 
 class IdempotencyKeyReused(TollgateError):
-    """An ``Idempotency-Key`` this user already sent with a different request (422); ``details``: its ``run``."""
+    """An ``Idempotency-Key`` this user already sent with a different request (422).
+
+    ``details``: the ``run`` that key started, when it started one.
+    """
 
     code = "idempotency_key_reused"
     http_status = 422
 
-    def __init__(self, run_id: int):
-        super().__init__("This Idempotency-Key was already used for a different request.", details={"run": run_id})
+    def __init__(self, run_id: int | None = None):
+        super().__init__("This Idempotency-Key was already used for a different request.",
+                         details={"run": run_id} if run_id is not None else None)
+
+
+class IdempotencyKeyInUse(Conflict):
+    """A request with this ``Idempotency-Key`` is still being handled (409); send it again in a moment."""
+
+    code = "idempotency_key_in_use"
+
+    def __init__(self):
+        super().__init__("A request with this Idempotency-Key is still being handled; try again shortly.")
 
 
 class SessionBusy(Conflict):

@@ -8,6 +8,7 @@ in the same database transaction.
 """
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 from django_fsm import FSMField, transition
@@ -66,6 +67,8 @@ class Session(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions")
     agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="sessions")
     title = models.CharField(max_length=200, blank=True)
+    metadata = models.JSONField(
+        default=dict, blank=True, help_text="The client's own JSON object (e.g. a ticket id); never read by the runtime.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -483,3 +486,31 @@ class ExternalEvent(models.Model):
 
     def __str__(self):
         return f"event {self.type} ({self.pk}) for run {self.run_id}"
+
+
+class IdempotentRequest(models.Model):
+    """A mutating API request sent with an ``Idempotency-Key``, and the answer to replay for it.
+
+    Unique per ``(user, scope, key)``: ``scope`` is the endpoint (its URL
+    name), so one key may be used once per endpoint by each user. The
+    insert of this row decides which of two concurrent requests runs
+    (``config.idempotency``). ``fingerprint`` is the sha256 (hex) of the
+    method, path and canonical JSON body. ``response_status`` and
+    ``response_body`` are empty while the request is being handled;
+    ``expires_at`` ends the key's life (24 hours after first use).
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    scope = models.CharField(max_length=200)
+    key = models.CharField(max_length=200)
+    fingerprint = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    started_at = models.DateTimeField(help_text="When the request holding the key began (a stale one is taken over).")
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "scope", "key"], name="idempotent_request_per_user_scope")]
+
+    def __str__(self):
+        return f"{self.scope} {self.key!r} of user {self.user_id}"

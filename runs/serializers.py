@@ -7,14 +7,14 @@ only check the shape of a request body; the services decide the rest.
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from config.api import StrictSerializer
+from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, ExternalEvent, MultitaskStrategy, Run, RunEvent, Session, WaitingReason, WaitStatus
+from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason, WaitStatus
 from tools.models import ToolCall
 
 
-class AgentSerializer(serializers.ModelSerializer):
+class AgentSerializer(OutputSerializer):
     """An agent definition; anything in its model config that looks like a credential is masked, for everyone."""
 
     class Meta:
@@ -54,7 +54,7 @@ class AgentCreateSerializer(StrictSerializer):
                                             help_text='Tool name to rule: "always", "never" or e.g. "amount > 50".')
 
 
-class RunSerializer(serializers.ModelSerializer):
+class RunSerializer(OutputSerializer):
     """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
 
     ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.engine.completion``);
@@ -115,6 +115,39 @@ class RunCreateSerializer(StrictSerializer):
             self.fields["session"].queryset = Session.objects.filter(owner=request.user)
 
 
+class SessionSerializer(OutputSerializer):
+    """A session (a conversation thread): its agent by slug, its owner by username, title and metadata."""
+
+    agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Session
+        fields = ["id", "agent", "owner", "title", "metadata", "created_at"]
+        read_only_fields = fields
+
+
+class SessionCreateSerializer(StrictSerializer):
+    """Body of ``POST /api/sessions/``: the agent's slug, an optional title and metadata object."""
+
+    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.all())
+    title = serializers.CharField(required=False, allow_blank=True, default="",
+                                  max_length=Session._meta.get_field("title").max_length)
+    metadata = serializers.DictField(required=False, default=dict, help_text=(
+        "Your own JSON object (e.g. a ticket id), at most TOLLGATE['MAX_SESSION_METADATA_BYTES'] "
+        "bytes as JSON; Tollgate never reads it."))
+
+
+class MessageSerializer(OutputSerializer):
+    """One entry of a session's history: ``role`` (user, assistant, tool, system), the text, the
+    tool calls an assistant message proposed, the call a tool message answers, and the ``run`` it belongs to."""
+
+    class Meta:
+        model = Message
+        fields = ["id", "run", "role", "content", "tool_calls", "tool_call_id", "created_at"]
+        read_only_fields = fields
+
+
 class CancelSerializer(StrictSerializer):
     """Body of ``POST /api/runs/{id}/cancel/`` (and ``retry/``): nothing (any field is refused)."""
 
@@ -144,7 +177,7 @@ class ExternalEventSerializer(serializers.ModelSerializer):
         return bool(self.context.get("duplicate"))
 
 
-class RunEventSerializer(serializers.ModelSerializer):
+class RunEventSerializer(OutputSerializer):
     """One entry of a run's append-only event log."""
 
     class Meta:
@@ -153,7 +186,7 @@ class RunEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ToolCallSerializer(serializers.ModelSerializer):
+class ToolCallSerializer(OutputSerializer):
     """One tool call of a run: raw and parsed arguments, status, result or error.
 
     ``duplicate_of``: the id of the earlier call whose action this one repeats (it ends as that one ended).

@@ -17,6 +17,26 @@ def create_agent(admin_api, slug: str, turns: list[dict], **extra) -> dict:
     return response.json()
 
 
+def error_of(response, status: int) -> dict:
+    """The error object of an error answer (asserting ``status`` and the shape every error has):
+    ``{"code": str, "message": str, "details": dict}``."""
+    assert response.status_code == status, (response.status_code, response.content[:500])
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"code", "message", "details"}, error
+    assert isinstance(error["code"], str) and isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["details"], dict), error
+    return error
+
+
+def field_errors(response) -> dict:
+    """``{field: [messages]}`` of a 400 about fields (asserting the error shape)."""
+    error = error_of(response, 400)
+    assert error["code"] == "invalid", error
+    return error["details"]["fields"]
+
+
 def start_run(client, agent: str, text: str = "Please refund order 123.", **headers) -> dict:
     """POST a run and return its JSON (asserting 201)."""
     response = client.post("/api/runs/", {"agent": agent, "input": text}, format="json", headers=headers)

@@ -6,7 +6,7 @@ Import the fixtures into a test module to use them.
 import pytest
 
 from approvals.models import Interrupt, InterruptKind
-from runs.models import Agent, Run, RunEvent
+from runs.models import Agent, IdempotentRequest, Run, RunEvent, Session
 from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools import registry
@@ -47,4 +47,6 @@ def stored_state() -> tuple:
         RunEvent.objects.count(),
         tuple(Interrupt.objects.order_by("pk").values_list("pk", "status", "decision", "edited_arguments")),
         tuple(ToolCall.objects.order_by("pk").values_list("pk", "status", "arguments", "result")),
+        tuple(Session.objects.order_by("pk").values_list("pk", "title", "metadata")),
+        IdempotentRequest.objects.count(),
     )

@@ -3,9 +3,10 @@
 Plus the tests' own small tools (``tests.fake_tools``), installed as a
 plug-in app beside the demo's.
 
-DEBUG stays off (the default), so tests see what users see. The key is
-put in the environment before the settings read it, so the processes a
-test starts (workers, servers, ``manage.py`` commands) inherit it.
+DEBUG stays off (the default), so tests see what users see. The key and
+high throttle rates are put in the environment before the settings read
+them, so the processes a test starts (workers, servers, ``manage.py``
+commands) inherit them.
 """
 
 import os
@@ -13,6 +14,10 @@ import os
 from django.core.management.utils import get_random_secret_key
 
 os.environ.setdefault("SECRET_KEY", get_random_secret_key())
+# Throttle rates far above what any test sends (servers a test starts inherit them);
+# the throttle tests set low rates of their own.
+for _rate in ("THROTTLE_USER", "THROTTLE_ANON", "THROTTLE_RUNS"):
+    os.environ.setdefault(_rate, "100000/min")
 
 from config.settings import *  # noqa: E402,F401,F403
 from config.settings import INSTALLED_APPS  # noqa: E402

@@ -10,6 +10,7 @@ from tests.api_helpers import (
     QUERY_CALL,
     REFUND_CALL,
     create_agent,
+    error_of,
     gateway_refunds,
     get_run,
     pending_interrupts,
@@ -40,8 +41,7 @@ def test_second_approval_is_a_conflict_and_changes_nothing(worker, demo, api, wa
 
     again = api(demo["admin"]).post(f"/api/interrupts/{interrupt_id}/approve/", {"comment": "me too"}, format="json")
 
-    assert again.status_code == 409
-    assert again.json()["status"] == "resolved"
+    assert error_of(again, 409)["details"]["status"] == "resolved"
     after = Interrupt.objects.get(pk=interrupt_id)
     assert (after.resolved_by_id, after.comment, after.resolved_at) == (
         before.resolved_by_id, before.comment, before.resolved_at)
@@ -69,8 +69,7 @@ def test_approval_after_cancel_is_a_conflict_and_nothing_runs(worker, demo, api,
     response = api(demo["approver"]).post(f"/api/interrupts/{interrupt_id}/approve/", {}, format="json")
     worker.drain()
 
-    assert response.status_code == 409
-    assert response.json()["status"] == "cancelled"
+    assert error_of(response, 409)["details"]["status"] == "cancelled"
     assert get_run(api(demo["requester"]), run_id)["status"] == "cancelled"
     refund, = [c for c in tool_calls(api(demo["requester"]), run_id) if c["name"] == "refund"]
     assert refund["status"] == "cancelled"
@@ -87,8 +86,8 @@ def test_cancelling_a_completed_run_is_a_conflict_naming_its_status(worker, demo
 
     response = requester.post(f"/api/runs/{run['id']}/cancel/")
 
-    assert response.status_code == 409
-    assert response.json()["status"] == "completed"
+    error = error_of(response, 409)
+    assert (error["code"], error["details"]["status"]) == ("illegal_transition", "completed")
     assert Run.objects.get(pk=run["id"]).cancel_requested_at is None
 
 

@@ -1,6 +1,6 @@
 """An approver may edit arguments, but not past the tool's schema or precondition."""
 
-from tests.api_helpers import pending_interrupts, start_run
+from tests.api_helpers import error_of, field_errors, pending_interrupts, start_run
 
 
 def test_approver_cannot_edit_arguments_past_the_precondition(worker, demo, api):
@@ -11,8 +11,7 @@ def test_approver_cannot_edit_arguments_past_the_precondition(worker, demo, api)
 
     response = approver.post(f"/api/interrupts/{interrupt['id']}/approve/",
                              {"arguments": {"order_id": 123, "amount": 500}}, format="json")
-    assert response.status_code == 400
-    assert "not refundable" in response.json()["detail"]
+    assert "not refundable" in error_of(response, 400)["message"]
     assert pending_interrupts(approver, run["id"])[0]["status"] == "pending"
 
 
@@ -24,6 +23,5 @@ def test_misspelt_edit_field_is_refused_not_ignored(worker, demo, api):
 
     response = approver.post(f"/api/interrupts/{interrupt['id']}/approve/",
                              {"edited_arguments": {"order_id": 123, "amount": 10}}, format="json")
-    assert response.status_code == 400
-    assert response.json() == {"edited_arguments": ["Unknown field."]}
+    assert field_errors(response) == {"edited_arguments": ["Unknown field."]}
     assert pending_interrupts(approver, run["id"])[0]["status"] == "pending"

@@ -7,7 +7,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 
 from runs.models import Agent, Run
-from tests.api_helpers import QUERY_CALL, start_run
+from tests.api_helpers import QUERY_CALL, error_of, field_errors, start_run
 
 SCRIPT = {"provider": "scripted", "turns": [{"tool_calls": [QUERY_CALL]}, {"content": "Done."}]}
 
@@ -22,8 +22,7 @@ def outsider(demo):
 def test_unknown_agent_slug_is_a_bad_request(demo, api):
     response = api(demo["requester"]).post("/api/runs/", {"agent": "no-such-agent", "input": "hi"}, format="json")
 
-    assert response.status_code == 400
-    assert "agent" in response.json()
+    assert "agent" in field_errors(response)
     assert not Run.objects.exists()
 
 
@@ -33,8 +32,7 @@ def test_input_over_the_limit_is_a_bad_request(demo, api, settings):
     response = api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "x" * 101},
                                            format="json")
 
-    assert response.status_code == 400
-    assert "limit is 100" in response.json()["input"][0]
+    assert "limit is 100" in field_errors(response)["input"][0]
     assert not Run.objects.exists()
 
 
@@ -44,8 +42,8 @@ def test_body_over_the_upload_limit_is_refused_as_too_large(demo, api):
     response = api(demo["requester"]).post("/api/runs/", json.dumps({"agent": "refund-order", "input": text}),
                                            content_type="application/json")
 
-    assert response.status_code == 413
-    assert "too large" in response.json()["detail"]
+    error = error_of(response, 413)
+    assert (error["code"], error["details"]["limit_bytes"]) == ("too_large", django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     assert not Run.objects.exists()
 
 
@@ -55,8 +53,7 @@ def test_another_users_session_cannot_be_continued(demo, api, outsider):
     response = api(outsider).post("/api/runs/", {"agent": "refund-order", "input": "hi", "session": run["session"]},
                                   format="json")
 
-    assert response.status_code == 400
-    assert "session" in response.json()
+    assert "session" in field_errors(response)
     assert Run.objects.count() == 1
 
 
@@ -145,8 +142,7 @@ def test_invalid_agent_definitions_are_refused_naming_the_problem(demo, api, cha
 
     response = api(demo["admin"]).post("/api/agents/", body, format="json")
 
-    assert response.status_code == 400
-    assert message in " ".join(response.json()[field])
+    assert message in " ".join(field_errors(response)[field])
     assert not Agent.objects.filter(slug="new-agent").exists()
 
 
@@ -175,7 +171,9 @@ def test_agent_credentials_are_masked_for_everyone(demo, api):
 # --- tools and schema -------------------------------------------------------------
 
 def test_tools_list_their_schema_and_policy(demo, api):
-    tools = {t["name"]: t for t in api(demo["requester"]).get("/api/tools/").json()["results"]}
+    page = api(demo["requester"]).get("/api/tools/").json()
+    assert (page["next"], page["previous"]) == (None, None)
+    tools = {t["name"]: t for t in page["results"]}
 
     refund = tools["refund"]
     assert (refund["side_effect"], refund["approval"]) == (True, "sum(amount) per target within 30d > 50")

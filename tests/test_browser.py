@@ -149,3 +149,19 @@ def test_run_page_shows_not_achieved_beside_the_models_claim(denied_refund_run, 
     verdict_box = page.locator("#run-verdict").bounding_box()
     words_box = page.locator("#run-final-output").bounding_box()
     assert 0 <= words_box["y"] - (verdict_box["y"] + verdict_box["height"]) < 60
+
+
+def test_api_docs_render_every_operation_under_the_csp_from_this_site_only(demo, served, browser):
+    page = _log_in(browser, served, "requester", "requester-demo")
+    requests, complaints = [], []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("console", lambda message: complaints.append(message.text) if message.type == "error" else None)
+
+    page.goto(f"{served}/api/docs/")
+    page.wait_for_selector(".opblock-summary-path")
+
+    paths = {element.text_content().replace("\u200b", "") for element in page.query_selector_all(
+        ".opblock-summary-path")}
+    assert {"/api/runs/", "/api/sessions/{id}/messages/", "/api/interrupts/{id}/approve/"} <= paths
+    assert complaints == [], "no CSP violation or failed load"
+    assert requests and all(url.startswith(served + "/") or url.startswith("data:") for url in requests), requests

@@ -100,7 +100,7 @@ def test_switcher_refuses_a_foreign_next_url(approver_client):
 def test_api_answers_in_english_whatever_the_client_asks(client, demo):
     response = client.get("/api/runs/", HTTP_ACCEPT_LANGUAGE="zh-hans")
     assert response.status_code in (401, 403)
-    assert response.json()["detail"] == "Authentication credentials were not provided."
+    assert response.json()["error"]["message"] == "Authentication credentials were not provided."
     assert response["Content-Language"] == "en"
     client.force_login(demo["requester"])
     response = client.post("/api/runs/", {}, content_type="application/json", HTTP_ACCEPT_LANGUAGE="zh-hans")

@@ -4,6 +4,7 @@ from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.models import Agent, Run, RunStatus
 from runs.engine.lifecycle import start_run
+from tests.api_helpers import error_of
 
 
 def _busy_session(demo, worker):
@@ -73,8 +74,8 @@ def test_interrupt_cancels_the_active_run_and_starts_a_new_one(demo, worker, api
 def test_reject_answers_409_naming_the_active_run(demo, worker, api):
     first = _busy_session(demo, worker)
     response = _post(api, demo, first, "reject")
-    assert response.status_code == 409
-    assert response.json()["active_run"] == first.pk
+    error = error_of(response, 409)
+    assert (error["code"], error["details"]["active_run"]) == ("session_busy", first.pk)
     assert Run.objects.filter(session=first.session).count() == 1
 
 

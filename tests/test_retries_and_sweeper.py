@@ -8,8 +8,8 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
-from runs.models import Agent, RunStatus, WaitingReason
-from runs.engine.recovery import sweep
+from runs.models import Agent, Run, RunStatus, Step, WaitingReason
+from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover, sweep
 from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools import registry
@@ -162,3 +162,46 @@ def test_a_wake_up_held_by_a_dead_consumer_does_not_count_as_waiting(demo, idle_
         consumer.close()
     run.refresh_from_db()
     assert run.status == RunStatus.QUEUED
+
+
+def _die_together(runs, owner, started):
+    """``runs`` were held by worker ``owner``, which died with a step of each started at ``started``."""
+    for run, at in zip(runs, started):
+        Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, lease_owner=owner,
+                                             lease_expires_at=timezone.now() - timedelta(seconds=1))
+        step = Step.objects.create(run=run, index=run.steps.count())
+        Step.objects.filter(pk=step.pk).update(started_at=at)
+
+
+def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_their_deaths(demo, settings):
+    """The killing step runs on for a moment after recording its start: a neighbour's later start proves nothing."""
+    agent = make_agent("co-dying", [{"content": "x"}], tools=["query_order"])
+    neighbour, bystander = (start_run(agent=agent, user=demo["requester"], input="x") for _ in range(2))
+    for death in range(settings.TOLLGATE["MAX_CRASHES_PER_STEP"]):
+        killing_step_started = timezone.now() - timedelta(minutes=5)
+        _die_together([neighbour, bystander], f"worker-{death}",
+                      [killing_step_started, killing_step_started + BLAME_MARGIN / 10])
+        sweep()
+        for run in (neighbour, bystander):  # the worker that takes each run over
+            run.refresh_from_db()
+            assert run.death_blame == "bystander"
+            assert recover_after_takeover(run, actor="worker") is None
+    for run in (neighbour, bystander):
+        run.refresh_from_db()
+        assert (run.crash_streak, run.loss_streak, run.lost_leases, run.death_blame) == (0, 3, 3, "")
+        assert [e.payload["blamed"] for e in run.events.filter(type="recovery")] == [False] * 3
+        assert run.steps.filter(status=Step.Status.DISCARDED).count() == 3
+
+    # Started clearly after every other piece of the dead worker's work: blamed, and the third time ends it.
+    for death in range(settings.TOLLGATE["MAX_CRASHES_PER_STEP"]):
+        other_started = timezone.now() - timedelta(minutes=5)
+        _die_together([neighbour, bystander], f"late-worker-{death}", [other_started, other_started + BLAME_MARGIN])
+        sweep()
+        neighbour.refresh_from_db()
+        bystander.refresh_from_db()
+        assert (neighbour.death_blame, bystander.death_blame) == ("bystander", "culprit")
+        assert recover_after_takeover(neighbour, actor="worker") is None
+        verdict = recover_after_takeover(bystander, actor="worker")
+    assert verdict == "crash_loop"
+    bystander.refresh_from_db()
+    assert (bystander.crash_streak, bystander.loss_streak) == (3, 6)

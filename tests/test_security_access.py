@@ -17,6 +17,7 @@ from rest_framework.throttling import SimpleRateThrottle
 from approvals.models import Interrupt
 from runs.live import publish_run_update
 from runs.models import Agent, Run
+from tests.api_helpers import error_of
 from tests.security_helpers import approval_item, reconciliation_item, stored_state  # noqa: F401
 from tools.demo.data import APPROVERS_GROUP
 
@@ -219,7 +220,10 @@ def test_starting_runs_is_throttled_per_user_with_retry_after(demo, api, monkeyp
     statuses = [client.post("/api/runs/", {"agent": "refund-order", "input": f"refund {i}"}, format="json")
                 for i in range(5)]
     assert [r.status_code for r in statuses] == [201, 201, 201, 429, 429]
-    assert int(statuses[-1]["Retry-After"]) > 0
+    error = error_of(statuses[-1], 429)
+    assert error["code"] == "throttled"
+    assert 0 < int(statuses[-1]["Retry-After"]) <= 60
+    assert error["details"]["retry_after"] == int(statuses[-1]["Retry-After"])
     assert Run.objects.count() == 3
     other = api(outsider).post("/api/runs/", {"agent": "refund-order", "input": "mine"}, format="json")
     assert other.status_code == 201, "another user has a budget of their own"

@@ -27,6 +27,7 @@ from django.urls import reverse
 from runs.admin import AgentAdminForm
 from runs.models import Agent
 from runs.engine.lifecycle import start_run
+from tests.api_helpers import field_errors
 from tests.fakes.llm_server import ReplayServer
 from tests.provider_helpers import llm, run_to_rest  # noqa: F401
 from tools.demo.gateway_server import GatewayHandler, Ledger
@@ -50,8 +51,7 @@ def test_agent_config_naming_a_server_variable_and_host_is_refused(demo, api, li
     model = {"provider": "openai", "model": "m", "base_url": listener.base_url, "api_key_env": "DATABASE_URL_COPY"}
     response = api(demo["admin"]).post("/api/agents/", {"slug": "exfil", "name": "Exfil", "model": model},
                                        format="json")
-    assert response.status_code == 400
-    assert "endpoint" in response.json()["model"][0]
+    assert "endpoint" in field_errors(response)["model"][0]
     assert not Agent.objects.filter(slug="exfil").exists()
 
     form = AgentAdminForm(data={"slug": "exfil", "name": "Exfil", "model": json.dumps(model), "tools": "[]",
@@ -77,7 +77,7 @@ def test_raw_endpoints_only_where_settings_allow_them(demo, api, listener, setti
     assert response.status_code == 201, response.json()
     bad = api(demo["admin"]).post("/api/agents/", {"slug": "raw5", "name": "Raw", "model": {**model, "base_url": 5}},
                                   format="json")
-    assert bad.status_code == 400 and "base_url" in bad.json()["model"][0]
+    assert "base_url" in field_errors(bad)["model"][0]
 
 
 def test_base_url_of_the_wrong_type_is_400(demo, api):
@@ -135,7 +135,7 @@ def test_budgets_are_accepted_at_creation_within_bounds(demo, api):
     for field, value in (("max_model_calls", 0), ("max_total_tokens", 10**13), ("max_cost_usd", "-1"),
                          ("deadline_s", 10**9), ("deadline_s", "soon"), ("max_turns", 10**6)):
         response = admin.post("/api/agents/", {"slug": "over", **base, field: value}, format="json")
-        assert response.status_code == 400 and field in response.json(), (field, value)
+        assert field in field_errors(response), (field, value)
     assert not Agent.objects.filter(slug="over").exists()
 
 

@@ -2,8 +2,8 @@
 
 Hypothesis sends JSON nested far too deep, ``NaN``/``Infinity``, NUL
 characters, huge numbers, wrong types and plain garbage, alone and in the
-fields each endpoint reads. Every answer must be below 500, and a 4xx
-must leave the database as it was. Small ``max_examples`` keep the whole
+fields each endpoint reads. Every answer must be below 500, a 4xx must
+carry the one error object and leave the database as it was. Small ``max_examples`` keep the whole
 module to a few seconds per database.
 """
 
@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from tests.api_helpers import error_of
 from tests.security_helpers import approval_item, reconciliation_item, stored_state  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,6 +56,7 @@ FIELDS = {
     "tools": st.lists(st.sampled_from(["refund", "query_order"]) | value, max_size=2) | value,
     "max_turns": value, "max_model_calls": value, "max_total_tokens": value, "max_cost_usd": value,
     "deadline_s": value, "approval_policy": value, "completion_check": value,
+    "title": text | value, "metadata": st.dictionaries(text, value, max_size=3) | value,
 }
 bodies = st.one_of(
     st.fixed_dictionaries({}, optional=FIELDS).map(lambda body: json.dumps(body, allow_nan=True)),
@@ -83,7 +85,7 @@ def with_known_bad(test):
 def _write_urls(approval, reconciliation) -> dict[str, str]:
     return {"agents": "/api/agents/", "runs": "/api/runs/", "cancel": f"/api/runs/{approval.run_id}/cancel/",
             "approve": f"/api/interrupts/{approval.pk}/approve/", "reject": f"/api/interrupts/{approval.pk}/reject/",
-            "reconcile": f"/api/interrupts/{reconciliation.pk}/reconcile/"}
+            "reconcile": f"/api/interrupts/{reconciliation.pk}/reconcile/", "sessions": "/api/sessions/"}
 
 
 @pytest.fixture
@@ -93,13 +95,15 @@ def still(worker):
     worker.worker.stop()
 
 
-def _check(response, before) -> None:
+def _check(response, before, api: bool = True) -> None:
     assert response.status_code < 500
     if 400 <= response.status_code < 500:
         assert stored_state() == before, response.content[:300]
+        if api:
+            error_of(response, response.status_code)
 
 
-@pytest.mark.parametrize("endpoint", ["agents", "runs", "cancel", "approve", "reject", "reconcile"])
+@pytest.mark.parametrize("endpoint", ["agents", "runs", "cancel", "approve", "reject", "reconcile", "sessions"])
 def test_write_endpoints_never_500_and_write_nothing_on_4xx(demo, api, approval_item, reconciliation_item, still,
                                                            endpoint):
     url = _write_urls(approval_item, reconciliation_item)[endpoint]
@@ -122,7 +126,7 @@ form_text = text | bodies
 
 def _post_form(client, url: str, data: dict):
     before = stored_state()
-    _check(client.post(url, data), before)
+    _check(client.post(url, data), before, api=False)
 
 
 def test_inbox_decision_form_never_500s(client, demo, approval_item, still):
@@ -170,16 +174,26 @@ def test_run_start_form_never_500s(client, demo):
 
 def test_list_query_parameters_never_500(demo, api, approval_item):
     client = api(demo["approver"])
-    params = st.dictionaries(st.sampled_from(["limit", "offset", "run", "status", "kind", "page_size", "cursor"]),
-                             text | st.integers(-(10**40), 10**40).map(str), max_size=4)
+    names = ["run", "status", "kind", "tool", "agent", "session", "waiting_reason", "requested_by", "created_after",
+             "created_before", "page_size", "cursor"]
+    params = st.dictionaries(st.sampled_from(names), text | st.integers(-(10**40), 10**40).map(str), max_size=4)
+    session = approval_item.run.session_id
 
     @FUZZ
-    @example("/api/runs/", {"limit": "9" * 30})
-    @given(path=st.sampled_from(["/api/runs/", "/api/interrupts/", "/api/agents/",
+    @example("/api/runs/", {"page_size": "9" * 30})
+    @example("/api/runs/", {"cursor": "cD05OTk5OTk5OTk5OTk5OTk5OTk5OTk5OQ=="})  # p=9 * 23: fits no field
+    @example("/api/runs/", {"created_after": "9999-12-31T23:59:59-23:59"})
+    @example("/api/sessions/", {"cursor": "cD05OTk5LTEyLTMxVDIzOjU5OjU5LTIzOjU5"})  # that date-time as a position
+    @given(path=st.sampled_from(["/api/runs/", "/api/interrupts/", "/api/agents/", "/api/sessions/",
                                  f"/api/runs/{approval_item.run_id}/events/",
-                                 f"/api/runs/{approval_item.run_id}/tool-calls/"]), query=params)
+                                 f"/api/runs/{approval_item.run_id}/tool-calls/",
+                                 f"/api/sessions/{session}/messages/", f"/api/sessions/{session}/runs/"]),
+           query=params)
     def attempt(path, query):
         cache.clear()
-        assert client.get(path, query).status_code < 500
+        response = client.get(path, query)
+        assert response.status_code < 500
+        if response.status_code >= 400:
+            error_of(response, response.status_code)
 
     attempt()

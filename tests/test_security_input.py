@@ -12,6 +12,7 @@ import pytest
 from approvals.models import Interrupt
 from config.strict_json import StrictJSONError, loads
 from runs.models import Agent, Run
+from tests.api_helpers import error_of, field_errors
 from tests.security_helpers import approval_item, reconciliation_item, stored_state  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,7 +41,7 @@ def test_hostile_json_is_400_with_nothing_written_on_every_write_endpoint(demo, 
     before = stored_state()
     for url in _write_endpoints(approval_item.pk, approval_item.run_id):
         response = api(demo["admin"]).post(url, data=HOSTILE_BODIES[case], content_type="application/json")
-        assert response.status_code == 400, (url, response.content[:300])
+        error_of(response, 400)
         assert "Traceback" not in response.content.decode() and "File \"" not in response.content.decode()
     assert stored_state() == before
 
@@ -50,8 +51,7 @@ def test_approve_with_an_overflowing_amount_is_400_and_nothing_is_saved(demo, ap
     response = api(demo["approver"]).post(f"/api/interrupts/{approval_item.pk}/approve/",
                                           data='{"arguments": {"order_id": 123, "amount": 1e309}}',
                                           content_type="application/json")
-    assert response.status_code == 400
-    assert "too large" in response.json()["detail"]
+    assert "too large" in error_of(response, 400)["message"]
     assert stored_state() == before
     approval_item.refresh_from_db()
     assert (approval_item.status, approval_item.edited_arguments) == ("pending", None)
@@ -84,12 +84,10 @@ def test_inbox_reconcile_form_refuses_hostile_json_with_a_message(client, demo, 
 def test_integer_query_parameters_are_bounded(demo, api):
     client = api(demo["approver"])
     huge = "9" * 30
-    assert client.get(f"/api/runs/?limit={huge}").status_code == 200  # clamped to the page limit
-    assert client.get(f"/api/runs/?offset={huge}").status_code == 200  # past the end: an empty page
-    assert client.get(f"/api/interrupts/?limit={huge}").status_code == 200
-    for bad in (huge, "-1", "²", "1.5", "abc"):
-        response = client.get("/api/interrupts/", {"run": bad})
-        assert response.status_code == 400 and "run" in response.json(), bad
+    for bad in (huge, "0", "-1", "²", "1.5", "abc", "1\x00"):
+        for url, name in (("/api/interrupts/", "run"), ("/api/runs/", "session"), ("/api/runs/", "page_size"),
+                          ("/api/interrupts/", "page_size")):
+            assert name in field_errors(client.get(url, {name: bad})), (url, name, bad)
     assert client.get(f"/api/runs/{huge}/").status_code == 404
     assert client.get(f"/api/interrupts/{huge}/").status_code == 404
 
@@ -116,8 +114,7 @@ def test_misspelt_fields_are_refused_on_every_write_endpoint(demo, api, approval
     ]
     for client, url, body, field in cases:
         response = client.post(url, body, format="json")
-        assert response.status_code == 400, (url, response.json())
-        assert field in response.json(), (url, response.json())
+        assert field in field_errors(response), (url, response.json())
     assert stored_state() == before
 
 
@@ -128,7 +125,7 @@ def test_error_texts_do_not_echo_python_internals(demo, api):
         assert response.status_code == 404
         assert "expected a number" not in response.content.decode()
     response = client.post("/api/runs/", data='{"input": "x",,}', content_type="application/json")
-    assert response.status_code == 400 and "char " not in response.json()["detail"]
+    assert "char " not in error_of(response, 400)["message"]
 
 
 def test_strict_loads_refuses_each_kind_and_accepts_ordinary_json():

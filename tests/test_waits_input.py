@@ -6,7 +6,7 @@ from django.test import Client
 
 from approvals.models import Interrupt
 from runs.models import Run, Step, Wait
-from tests.api_helpers import events, get_run, pending_interrupts, start_run, tool_calls
+from tests.api_helpers import events, field_errors, get_run, pending_interrupts, start_run, tool_calls
 from tests.wait_helpers import sweep_later, tool_result, waiting_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +47,7 @@ def test_question_answered_through_the_api_resumes_the_run_with_the_answer(worke
 
     refused = requester.post(f"/api/interrupts/{item['id']}/respond/", {"answer": "C"}, format="json")
     assert refused.status_code == 400
-    assert "answer" in refused.json()
+    assert "answer" in field_errors(refused)
     assert Interrupt.objects.get(pk=item["id"]).status == "pending"
 
     answered = requester.post(f"/api/interrupts/{item['id']}/respond/", {"answer": "B"}, format="json")

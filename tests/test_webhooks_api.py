@@ -13,6 +13,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from runs.webhooks.models import EventType, WebhookDelivery, WebhookSubscription
+from tests.api_helpers import error_of, field_errors
 from tests.webhook_helpers import (
     refund_needing_approval,
     wait_settled,
@@ -116,8 +117,7 @@ def test_another_users_subscriptions_and_deliveries_are_404(demo, worker, api, s
 ])
 def test_bad_bodies_are_refused_field_by_field(demo, api, body, field):
     response = api(demo["requester"]).post("/api/webhooks/", body, format="json")
-    assert response.status_code == 400
-    assert field in response.json()
+    assert field in field_errors(response)
     assert not WebhookSubscription.objects.exists()
 
 
@@ -127,8 +127,7 @@ def test_subscriptions_per_user_are_bounded(demo, api, settings):
     for _ in range(2):
         assert client.post("/api/webhooks/", {"url": "https://93.184.216.34/"}, format="json").status_code == 201
     response = client.post("/api/webhooks/", {"url": "https://93.184.216.34/"}, format="json")
-    assert response.status_code == 400
-    assert "the most allowed" in response.json()["detail"]
+    assert "the most allowed" in error_of(response, 400)["message"]
     assert WebhookSubscription.objects.count() == 2
 
 
@@ -138,8 +137,7 @@ def test_a_delivery_being_sent_cannot_be_queued_again(demo, api, subscribed):
         subscription_id=created["id"], event_id=1, event_type="run.waiting", run_id=1, event_seq=1, payload={},
         next_attempt_at=timezone.now(), claimed_until=timezone.now() + timedelta(minutes=1))
     response = client.post(f"/api/webhooks/deliveries/{delivery.pk}/redeliver/")
-    assert response.status_code == 409
-    assert "being sent right now" in response.json()["detail"]
+    assert "being sent right now" in error_of(response, 409)["message"]
 
 
 def test_the_admin_shows_answers_hides_the_secret_and_sends_again(demo, worker, subscribed, receiver):

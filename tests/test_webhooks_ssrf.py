@@ -8,6 +8,7 @@ import pytest
 from runs.webhooks import urlguard
 from runs.webhooks.models import WebhookDelivery, WebhookSubscription
 from runs.webhooks.services import create_subscription
+from tests.api_helpers import error_of
 from tests.webhook_helpers import (
     refund_needing_approval,
     subscribe,
@@ -50,8 +51,7 @@ REFUSED = [
 def test_the_api_refuses_a_url_that_is_not_public_with_a_clear_400(demo, api, url, reason):
     response = api(demo["requester"]).post("/api/webhooks/", {"url": url}, format="json")
 
-    assert response.status_code == 400, response.json()
-    message, = response.json()["url"]
+    message, = error_of(response, 400)["details"]["fields"]["url"]
     assert reason in message
     assert not WebhookSubscription.objects.exists()
 
@@ -73,8 +73,7 @@ def test_changing_the_url_is_checked_the_same_way(demo, api):
     created = client.post("/api/webhooks/", {"url": PUBLIC}, format="json").json()
 
     response = client.patch(f"/api/webhooks/{created['id']}/", {"url": "https://169.254.169.254/"}, format="json")
-    assert response.status_code == 400
-    assert "metadata" in response.json()["url"][0]
+    assert "metadata" in error_of(response, 400)["details"]["fields"]["url"][0]
     assert WebhookSubscription.objects.get().url == PUBLIC
 
 

@@ -3,6 +3,7 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 
+from config.pagination import WholeListPagination
 from tools.registry import all_tools
 
 
@@ -20,11 +21,13 @@ class ToolSerializer(serializers.Serializer):
     timeout_s = serializers.FloatField()
 
 
-@extend_schema(summary="List registered tools")
+@extend_schema(summary="List registered tools (all on one page)")
 class ToolListView(generics.ListAPIView):
-    """Every registered tool, by name."""
+    """Every registered tool, by name: the registry is small and fixed, so it is one page."""
 
     serializer_class = ToolSerializer
+    pagination_class = WholeListPagination
+    filter_backends = []
 
     def get_queryset(self):
         return all_tools()

@@ -43,6 +43,11 @@ from tools.registry import get_tool
 from tools.services import reconcile_delay, reconcile_unknown_call, recover_orphaned_call
 
 log = logging.getLogger(__name__)
+# How much later than all other in-flight work of a dead worker a run's work
+# must have started for the death to be blamed on it. A step that kills its
+# worker may still run for some milliseconds after recording its start
+# (more on a loaded machine), while its neighbours record theirs.
+BLAME_MARGIN = timedelta(milliseconds=500)
 
 
 def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall]) -> str | None:
@@ -172,6 +177,9 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
     tool call started last is blamed (a step that kills its worker does so
     soon after it starts), the others are bystanders: their deaths count
     towards ``MAX_LOSSES_PER_STEP`` only. A run that died alone is blamed.
+    When another run's work started less than ``BLAME_MARGIN`` before the
+    last one, the order says nothing (the killing step may be the earlier
+    one, still between its start and the kill): nobody is blamed.
     """
     by_owner: dict[str, list[int]] = {}
     for run_id, owner in dead:
@@ -185,9 +193,9 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
                     latest=Max("started_at")).values_list("run_id", "latest"):
                 if latest is not None and (run_id not in started or latest > started[run_id]):
                     started[run_id] = latest
-        if started:
-            last = max(started.values())
-            blame.update({run_id: at == last for run_id, at in started.items()})
+        starts = sorted(started.values(), reverse=True)
+        clear = len(starts) == 1 or starts[0] - starts[1] >= BLAME_MARGIN
+        blame.update({run_id: clear and at == starts[0] for run_id, at in started.items()})
     return blame
 
 

@@ -14,6 +14,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from config.idempotency import IdempotentPostMixin
 from runs.webhooks.models import DeliveryStatus, WebhookDelivery, WebhookSubscription
 from runs.webhooks.serializers import (
     RedeliverSerializer,
@@ -32,8 +33,8 @@ WRITE_RESPONSES = {400: OpenApiResponse(description="A refused URL (`url`: why) 
     retrieve=extend_schema(summary="One of your webhook subscriptions"),
     destroy=extend_schema(summary="Delete a subscription and its deliveries"),
 )
-class WebhookSubscriptionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
-                                 viewsets.GenericViewSet):
+class WebhookSubscriptionViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                                 mixins.DestroyModelMixin, viewsets.GenericViewSet):
     """Your webhook subscriptions: create, read, change, delete, and their deliveries."""
 
     serializer_class = WebhookSubscriptionSerializer
@@ -84,7 +85,7 @@ class WebhookSubscriptionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixi
 
 
 @extend_schema_view(retrieve=extend_schema(summary="One delivery of your subscriptions"))
-class WebhookDeliveryViewSet(mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class WebhookDeliveryViewSet(IdempotentPostMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Deliveries of your subscriptions: read one, send it again."""
 
     serializer_class = WebhookDeliverySerializer
