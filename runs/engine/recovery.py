@@ -194,7 +194,7 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
                 if latest is not None and (run_id not in started or latest > started[run_id]):
                     started[run_id] = latest
         starts = sorted(started.values(), reverse=True)
-        clear = len(starts) == 1 or starts[0] - starts[1] >= BLAME_MARGIN
+        clear = len(starts) < 2 or starts[0] - starts[1] >= BLAME_MARGIN  # none in flight: nothing to blame
         blame.update({run_id: clear and at == starts[0] for run_id, at in started.items()})
     return blame
 
