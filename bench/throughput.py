@@ -526,7 +526,7 @@ def _langgraph_process(index, processes, orders, database_url, gateway_url, go, 
         return Decimal(response.json()["total"])
 
     def query_order(args: dict) -> dict:
-        row = shop.execute("SELECT total, status, shipped FROM tools_order WHERE number = %s",
+        row = shop.execute("SELECT total, status, shipped FROM demo_order WHERE number = %s",
                            [args["order_id"]]).fetchone()
         if row is None:
             return {"error": "no such order"}
@@ -539,7 +539,7 @@ def _langgraph_process(index, processes, orders, database_url, gateway_url, go, 
         decision = interrupt({"tool": "refund", "arguments": args})  # the run waits here for a person
         if not decision.get("approved"):
             return {"error": "rejected"}
-        total = shop.execute("SELECT total FROM tools_order WHERE number = %s", [args["order_id"]]).fetchone()[0]
+        total = shop.execute("SELECT total FROM demo_order WHERE number = %s", [args["order_id"]]).fetchone()[0]
         if Decimal(str(args["amount"])) > total - refunded(args["order_id"]):
             return {"error": "not refundable"}
         response = gateway.post("/refunds", headers={"Idempotency-Key": key},

@@ -10,12 +10,19 @@ a browser that misses an update catches up on its next load.
 Writers do not publish themselves: they call ``publish_on_commit``, and
 when their transaction commits each run they touched is pushed once, with
 one query for all of them, however many transitions the transaction held.
+
+Sending happens on one event loop per process, in a daemon thread of its
+own (``_Sender``), which every publishing thread hands its messages to.
+``async_to_sync`` would start a thread and an event loop for every call
+from a plain thread (a worker's), and channels_redis keeps its connection
+pools per event loop: every push would open a new Redis connection.
 """
 
+import asyncio
 import logging
+import os
 import threading
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -60,15 +67,50 @@ def run_snapshot(run: Run) -> dict:
     }
 
 
-def _send(groups: list[str], message: dict) -> None:
+# Longest a publisher waits for its messages to be handed to the channel layer (seconds).
+SEND_TIMEOUT_S = 10.0
+
+
+class _Sender:
+    """The process's publishing event loop, started in a daemon thread on first use (again after a fork)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="tollgate-live-sender", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def send(self, layer, sends: list[tuple[str, dict]]) -> None:
+        """``layer.group_send(group, message)`` for each pair, in order; waits until they are done.
+
+        Raises what the layer raised, or ``TimeoutError`` after ``SEND_TIMEOUT_S``.
+        """
+        async def send_all():
+            for group, message in sends:
+                await layer.group_send(group, message)
+
+        asyncio.run_coroutine_threadsafe(send_all(), self._running_loop()).result(SEND_TIMEOUT_S)
+
+
+_sender = _Sender()
+
+
+def _send(sends: list[tuple[str, dict]]) -> None:
+    """Send each ``(group, message)`` pair; never raises (a dead channel layer must not break a run)."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not sends:
         return
     try:
-        for group in groups:
-            async_to_sync(layer.group_send)(group, message)
-    except Exception:  # a dead channel layer must not break a run
-        log.exception("could not publish %s", message.get("type"))
+        _sender.send(layer, sends)
+    except Exception:
+        log.exception("could not publish %s", sends[0][1].get("type"))
 
 
 def publish_run_update(run_id: int) -> None:
@@ -80,8 +122,11 @@ def _publish(run_ids: set[int]) -> None:
     """Send the current snapshots of ``run_ids``, read with one query (none without a channel layer)."""
     if not run_ids or get_channel_layer() is None:
         return
+    sends = []
     for run in Run.objects.filter(pk__in=run_ids).only(*SNAPSHOT_FIELDS):
-        _send([run_group(run.pk), RUNS_GROUP], {"type": "run.update", "run": run_snapshot(run)})
+        message = {"type": "run.update", "run": run_snapshot(run)}
+        sends += [(run_group(run.pk), message), (RUNS_GROUP, message)]
+    _send(sends)
 
 
 def _flush() -> None:
@@ -105,7 +150,7 @@ def publish_on_commit(run_id: int) -> None:
 
 def publish_delta(run_id: int, *, kind: str, data: dict) -> None:
     """Send one streaming event (``text_delta`` or ``tool_call_delta``) of run ``run_id``."""
-    _send([run_group(run_id)], {"type": "run.delta", "kind": kind, "data": data})
+    _send([(run_group(run_id), {"type": "run.delta", "kind": kind, "data": data})])
 
 
 def publish_access_changed(user_ids, *, ended_session: str = "") -> None:
@@ -115,4 +160,4 @@ def publish_access_changed(user_ids, *, ended_session: str = "") -> None:
     sockets close without a check (the session row may not be gone yet).
     """
     message = {"type": "access.changed", "ended_session": ended_session}
-    _send([user_group(user_id) for user_id in user_ids], message)
+    _send([(user_group(user_id), message) for user_id in user_ids])

@@ -45,7 +45,8 @@ def _restore(instance, before: dict) -> None:
                 field.delete_cached_value(instance)
 
 
-def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, **arguments):
+def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
+          **arguments):
     """Apply the bound transition method ``transition`` with ``arguments``, save it, log it, push it.
 
     ``actor`` and ``reason`` (default: the transition's name) go to the
@@ -55,11 +56,16 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     changed the status since the instance was loaded) and ``LeaseLost``
     (this worker's lease on the run was taken over). Then nothing is
     written, and the instance's fields are as they were.
+
+    Inside a caller's transaction the writes go in a savepoint, so the
+    caller may catch these errors and carry on. ``savepoint=False`` saves
+    those two statements for a caller that never does: an error then
+    dooms the caller's whole transaction (Django's ``atomic(savepoint=False)``).
     """
     instance = transition.__self__
     model = type(instance)
     state = transition._django_fsm.field
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         before = _values(instance)
         from_status = state.get_state(instance)
         try:

@@ -90,6 +90,7 @@ def test_heartbeat_keeps_a_long_call_leased(run, settings):
 
 def test_stale_worker_cannot_even_start_a_model_step(run):
     from runs.engine.loop import _model_turn
+    from runs.engine.state import Known
 
     stale = lease.acquire(run.pk, owner="worker-a")
     apply(Run.objects.get(pk=run.pk).start, actor="worker-a")
@@ -97,5 +98,6 @@ def test_stale_worker_cannot_even_start_a_model_step(run):
     lease.acquire(run.pk, owner="worker-b")
     with lease.holding(stale):
         with pytest.raises(LeaseLost):
-            _model_turn(Run.objects.select_related("agent").get(pk=run.pk))
+            stale_run = Run.objects.select_related("agent").get(pk=run.pk)
+            _model_turn(stale_run, Known(stale_run))
     assert not run.steps.exists()

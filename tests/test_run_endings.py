@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
@@ -67,8 +68,9 @@ def test_a_refund_done_before_the_run_ended_is_known_to_the_next_run_and_not_don
     ending = run.events.get(type="transition", to_status=run.status)
     assert ending.payload["effects"] == [{"tool_call": e_call.pk, "name": "refund", "status": "succeeded"}]
 
-    follow_up = start_run(agent=agent, user=demo["requester"], input="Did you refund 123?", session=run.session)
-    Run.objects.filter(pk=follow_up.pk).update(model_calls=1)  # its model starts at the script's second turn
+    with transaction.atomic():  # the worker is woken on commit, when the run already starts at the second turn
+        follow_up = start_run(agent=agent, user=demo["requester"], input="Did you refund 123?", session=run.session)
+        Run.objects.filter(pk=follow_up.pk).update(model_calls=1)  # its model starts at the script's second turn
     worker.drain()
     follow_up.refresh_from_db()
     repeat = ToolCall.objects.get(run=follow_up)

@@ -1,6 +1,6 @@
 """The engine: what advances runs and ends them.
 
-The agent loop (``loop``), the run lifecycle (``lifecycle``: start, begin,
+The agent loop (``loop``, with what it keeps between passes: ``state``), the run lifecycle (``lifecycle``: start, begin,
 end, cancel), takeover recovery and the sweeper (``recovery``), the
 Dramatiq actor (``actors``), and what they consult: context building,
 completion checks, budgets, agent definitions. The engine may import the

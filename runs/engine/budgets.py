@@ -49,17 +49,18 @@ def max_model_calls(agent) -> int:
     return settings.TOLLGATE["DEFAULT_MAX_MODEL_CALLS"]
 
 
-def exhausted_budget(run: Run) -> tuple[str, str] | None:
+def exhausted_budget(run: Run, *, steps: int) -> tuple[str, str] | None:
     """``(failure_type, message)`` for the first exhausted budget of ``run``, else None.
 
     ``failure_type`` is ``budget_exhausted`` (the message names the
-    budget, its limit and the usage) or ``deadline_exceeded``.
+    budget, its limit and the usage) or ``deadline_exceeded``. ``steps``
+    is the run's number of ``Step`` rows (the loop keeps count).
     """
     agent = run.agent
     used_tokens = run.input_tokens + run.output_tokens
     checks = [
         ("max_turns", agent.max_turns, run.model_calls, "model turns"),
-        ("max_model_calls", max_model_calls(agent), run.steps.count(), "model calls"),
+        ("max_model_calls", max_model_calls(agent), steps, "model calls"),
         ("max_total_tokens", agent.max_total_tokens, used_tokens, "tokens"),
     ]
     for name, limit, used, unit in checks:

@@ -158,11 +158,15 @@ def window_tokens(model_config: dict) -> int:
     return int((model_config or {}).get("context_window") or settings.TOLLGATE["CONTEXT_MAX_TOKENS"])
 
 
-def build_context(run: Run) -> Context:
-    """The context for ``run``'s next model call (reads the session history)."""
+def build_context(run: Run, history: list[Message] | None = None) -> Context:
+    """The context for ``run``'s next model call.
+
+    ``history``: the session's messages in id order, if the caller has them
+    loaded (``runs.engine.state``); else they are read.
+    """
     agent = run.agent
     tools = [tool.definition() for tool in tools_for_agent(agent)]
-    stored = list(Message.objects.filter(session_id=run.session_id).order_by("id"))
+    stored = history if history is not None else list(Message.objects.filter(session_id=run.session_id).order_by("id"))
     messages = [as_model_message(m) for m in stored]
     pinned_index = next((i for i, m in enumerate(stored) if m.run_id == run.pk and m.role == "user"), None)
     window = window_tokens(agent.model)

@@ -204,8 +204,8 @@ def begin_run(run: Run, *, actor: str) -> bool:
         return False
     try:
         with transaction.atomic():
-            apply(run.start, actor=actor, reason="picked up by worker")
-            append_message(run, role="user", content=run.input)
+            apply(run.start, actor=actor, reason="picked up by worker", savepoint=False)
+            append_message(run, role="user", content=run.input, fence=False)  # the event above is fenced
     except IntegrityError:  # another run of the session became busy first
         return False
     return True
@@ -244,10 +244,11 @@ def end_run(ending, *, actor: str, reason: str, **kwargs) -> Run:
         list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
         cancel_pending_interrupts(run=run, actor=actor)
         cancel_waits(run, actor=actor)
-        effects = settle_calls_at_run_end(run=run, actor=actor)
-        for call in unknown_calls_for_a_person(run):
+        calls = list(run.tool_calls.order_by("id"))
+        effects = settle_calls_at_run_end(run=run, calls=calls, actor=actor)
+        for call in unknown_calls_for_a_person(calls):
             request_reconciliation(tool_call=call)
-        deliver_tool_results(run)
+        deliver_tool_results(run, calls=calls, fence=False)
         unread = _unread_supplements(run)
         apply(ending, actor=actor, reason=reason, payload={"effects": effects}, **kwargs)
         wake_next_in_session(run.session_id)
@@ -262,8 +263,9 @@ def _unread_supplements(run: Run) -> list[Message]:
     read_upto = last_step.request.get("last_message_id") if last_step else 0
     if read_upto is None:  # a step recorded before reads were tracked
         return []
-    first_input = run.messages.filter(role="user").order_by("id").values_list("id", flat=True).first()
-    return list(run.messages.filter(role="user", id__gt=read_upto).exclude(id=first_input).order_by("id"))
+    inputs = run.messages.filter(role="user")
+    first_input = inputs.order_by("id").values("id")[:1]
+    return list(inputs.filter(id__gt=read_upto).exclude(id__in=first_input).order_by("id"))
 
 
 def _hand_on_unread_input(run: Run, unread: list[Message], *, actor: str, start_next: bool) -> None:

@@ -15,7 +15,14 @@ next thing, committing before the next pass:
 
 Because every decision is re-derived from stored state, a worker that
 picks the run up later (after an approval, or another worker's crash)
-continues from the same point.
+continues from the same point. Within one slice the worker reads the run's
+row before every pass, and the rest (calls, history, steps) only when
+another writer logged an event meanwhile (``runs.engine.state``).
+
+Writes per step: one transaction before the external call (the ``Step``
+row, or the call's ``running`` with its idempotency key) and one after it
+(the answer with its calls and message, or the call's outcome with its
+result message); no transaction stays open across a model or tool call.
 """
 
 import logging
@@ -44,6 +51,7 @@ from runs.engine.recovery import recover_after_takeover
 from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context
 from runs.engine.lifecycle import begin_run, end_run
+from runs.engine.state import Known
 from runs.live import publish_delta
 from runs.services import append_event, append_message, set_phase
 from runs.transitions import apply
@@ -95,17 +103,21 @@ def advance(run_id: int) -> Run | None:
 def _advance_slice(run_id: int) -> tuple[Run, bool]:
     """Up to ``SLICE_STEPS`` steps under the lease; returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
-    if recover_after_takeover(run, actor=ACTOR) == "crash_loop":
-        limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
-        return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
-                    error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
-    if can_proceed(run.start):  # queued, and no cancel requested
+    known = Known(run)
+    if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
+        if not can_proceed(run.start):  # a cancel was requested
+            return run, False
         if run.wake_at is not None and run.wake_at > timezone.now():
             return run, False  # created with a later start_at: the sweeper wakes it then
         if not begin_run(run, actor=ACTOR):
             return run, False  # an older run of the session goes first; its end wakes this one
+        known.started()
+    elif recover_after_takeover(run, actor=ACTOR, calls=known.calls) == "crash_loop":
+        limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
+        return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
+                    error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
     for _ in range(SLICE_STEPS):
-        run.refresh_from_db()
+        known.revalidate()
         if run.status != RunStatus.RUNNING:
             return run, False
         if run.cancel_requested_at is not None:
@@ -114,48 +126,63 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         if passed:
             _fail(run, *passed)
             return run, False
-        if not _step(run):
+        if not _step(run, known):
             return run, False
     return run, True
 
 
-def _step(run: Run) -> bool:
+def _step(run: Run, known: Known) -> bool:
     """Do the one next thing for a running run; False when the run stopped running."""
-    calls = list(run.tool_calls.order_by("id"))
+    calls = known.calls
     ready = [c for c in calls if c.status == S.READY]
     if ready:
-        set_phase(run, Phase.EXECUTING_TOOLS)
-        return _execute(run, ready[0])
+        return _execute(run, known, ready[0])
     if any(c.status == S.UNKNOWN for c in calls):
         return _reconcile(run, [c for c in calls if c.status == S.UNKNOWN])
     if any(c.status == S.AWAITING_APPROVAL for c in calls):
-        return not _wait_for_approval(run)
+        if _wait_for_approval(run):
+            return False
+        known.forget()  # a decision came first: the calls changed
+        return True
     if any(c.status == S.PROPOSED and c.duplicate_of_id for c in calls):
         waiting = settle_joined_calls(run)
+        known.forget()  # settled through instances of their own
         if waiting:
             return _wait_for_original(run, waiting)
-    deliver_tool_results(run)
-    last = run.messages.order_by("-id").first()
+    known.messages_added(deliver_tool_results(run, calls=known.calls, history=known.history))
+    last = next((m for m in reversed(known.history) if m.run_id == run.pk), None)
     if last is not None and last.role == "assistant" and not last.tool_calls and last.content.strip():
         # A final answer is stored but was never judged (its worker died):
         # judge it now rather than asking the model again.
-        return _finish(run, last.content)
-    return _model_turn(run)
+        set_phase(run, Phase.FINALIZING)
+        return _finish(run, known, last.content)
+    return _model_turn(run, known)
 
 
-def _execute(run: Run, call: ToolCall) -> bool:
+def _execute(run: Run, known: Known, call: ToolCall) -> bool:
     """Execute one ready call; after a retryable failure, back off (inline or by waiting).
 
     A call of a waiting tool (``Tool.wait``) runs only once its wait is
-    settled; until then the run waits for it.
+    settled; until then the run waits for it. Once no call of the run owes
+    a result any more, the results go into the history in the transaction
+    that stores this call's outcome.
     """
     tool = get_tool(call.name)
     if tool is not None and tool.wait is not None and not _wait_settled(run, call, tool):
         return False
     failpoint("tool_call_ready", call.name)
-    call = execute_tool_call(call, actor=ACTOR)
-    if run.crash_streak or run.loss_streak:  # the call got through an attempt: the streaks are over
-        Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0)
+    delivered = []
+
+    def with_outcome(call: ToolCall) -> None:  # inside the outcome's transaction, after its fenced event
+        if run.crash_streak or run.loss_streak:  # the call got through an attempt: the streaks are over
+            Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0)
+            run.crash_streak = run.loss_streak = 0
+        owing = any(c.is_pending for c in known.calls)
+        delivered[:] = [] if owing else deliver_tool_results(run, calls=known.calls, history=known.history,
+                                                             fence=False)
+
+    call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome)
+    known.messages_added(delivered)
     if call.status != S.READY:
         return True
     delay = retry_delay(call)
@@ -213,10 +240,15 @@ def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
     """
     with transaction.atomic():
         _lock_and_reread_cancel(run)
-        if not can_proceed(run.wait):
-            _end(run.cancel, reason="cancelled at a safe point (before waiting)")
-            return
-        apply(run.wait, actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
+        _wait_locked(run, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
+
+
+def _wait_locked(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
+    """``_wait`` for a caller whose transaction holds the run's row lock (``_lock_and_reread_cancel``)."""
+    if not can_proceed(run.wait):
+        _end(run.cancel, reason="cancelled at a safe point (before waiting)")
+        return
+    apply(run.wait, actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at, savepoint=False)
 
 
 def _wait_settled(run: Run, call: ToolCall, tool) -> bool:
@@ -236,10 +268,10 @@ def _wait_settled(run: Run, call: ToolCall, tool) -> bool:
 def _wait_for_approval(run: Run) -> bool:
     """Put the run in ``waiting/approval`` unless a decision came in first; True if it waits."""
     with transaction.atomic():
-        list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # decisions take it too
+        _lock_and_reread_cancel(run)  # decisions take the lock too
         if not run.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
             return False
-        _wait(run, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
+        _wait_locked(run, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
     return True
 
 
@@ -252,25 +284,24 @@ def _fail(run: Run, failure_type: str, error: str) -> bool:
     return False
 
 
-def _model_turn(run: Run) -> bool:
+def _model_turn(run: Run, known: Known) -> bool:
     """Call the model once and act on its answer; False when the run stopped running."""
     agent = run.agent
-    exhausted = _exhausted_budget(run)
+    exhausted = _exhausted_budget(run, steps=known.steps)
     if exhausted:
         return _fail(run, *exhausted)
-    set_phase(run, Phase.PREPARING_CONTEXT)
-    request, summary = _model_request(run)
+    request, summary = _model_request(run, known.history)
     with transaction.atomic():
-        lease.check(run.pk)
-        step = Step.objects.create(run=run, index=run.steps.count(), request=summary)
-    set_phase(run, Phase.CALLING_MODEL)
+        set_phase(run, Phase.CALLING_MODEL)  # fenced: no step is stored for a lease taken over
+        step = Step.objects.create(run=run, index=known.steps, request=summary)
+    known.step_added()
     failpoint("model_call_started")
     try:
         # Untrusted: made storable, bad calls marked, before anything is written.
         with storable_errors():
             response = screen_response(get_client(agent.model).complete(request))
     except _MalformedResponse as exc:
-        return _malformed_response(run, step, exc)
+        return _malformed_response(run, known, step, exc)
     except StreamInterrupted as exc:
         return _interrupted_stream(run, step, exc)
     except (ModelError, ConfigError) as exc:
@@ -281,27 +312,33 @@ def _model_turn(run: Run) -> bool:
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
     cost = _call_cost(agent, response)
-    _unique_call_ids(run, step, response.tool_calls)
+    if response.tool_calls:
+        _unique_call_ids(step, response.tool_calls, used=known.session_call_ids)
     # Policy first, outside the transaction: preconditions may do I/O.
     assessments = assess_tool_calls(run=run, calls=response.tool_calls, truncated=response.finish_reason == "length")
     try:
-        return _record_model_answer(run, step, response, cost, assessments)
+        return _record_model_answer(run, known, step, response, cost, assessments)
     except (DataError, IntegrityError) as exc:
         # Deterministic: the same output would be refused again. Never a
         # crash-and-retry loop; the answer is invalid output.
         log.warning("run %s: the database refused the model's answer: %s", run.pk, exc)
         step.refresh_from_db()  # what the rolled-back transaction wrote in memory is gone
-        return _malformed_response(run, step, f"the answer could not be stored ({type(exc).__name__})")
+        return _malformed_response(run, known, step, f"the answer could not be stored ({type(exc).__name__})")
 
 
-def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> bool:
-    """Store one model answer with its usage and tool calls in one transaction; act on a final answer."""
+def _record_model_answer(run: Run, known: Known, step: Step, response, cost, assessments) -> bool:
+    """Store one model answer with its usage and tool calls in one transaction; act on a final answer.
+
+    A final answer leaves the run in phase ``finalizing`` until it is judged.
+    """
+    final = not response.tool_calls and bool(response.content.strip())
+    going_on = None
     with transaction.atomic():
         apply(step.succeed, actor=ACTOR, reason=response.finish_reason,
               payload={"tool_calls": len(response.tool_calls), "input_tokens": response.input_tokens,
                        "output_tokens": response.output_tokens, "cost_usd": str(cost)},
               response=response.as_dict(), input_tokens=response.input_tokens,
-              output_tokens=response.output_tokens, cost_usd=cost, now=timezone.now())
+              output_tokens=response.output_tokens, cost_usd=cost, now=timezone.now(), savepoint=False)
         Run.objects.filter(pk=run.pk).update(
             crash_streak=0,
             loss_streak=0,
@@ -309,35 +346,44 @@ def _record_model_answer(run: Run, step: Step, response, cost, assessments) -> b
             input_tokens=F("input_tokens") + response.input_tokens,
             output_tokens=F("output_tokens") + response.output_tokens,
             cost_usd=F("cost_usd") + cost,
+            **({"phase": Phase.FINALIZING, "updated_at": timezone.now()} if final else {}),
         )
-        append_message(run, role="assistant", content=response.content, tool_calls=[
+        message = append_message(run, role="assistant", content=response.content, fence=False, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])
+        created = []
         if response.tool_calls:
             created = propose_tool_calls(run=run, step=step, calls=response.tool_calls, assessments=assessments,
                                          actor=ACTOR)
             for call in created:  # the inbox items, in the proposal's transaction
                 if call.status == S.AWAITING_APPROVAL:
                     request_approval(tool_call=call, tool=get_tool(call.name))
+            going_on = True
             if all(c.status == S.INVALID for c in created):
-                return _repair_turn(run, "every tool call of the turn was invalid")
-            return True
+                going_on = _repair_turn(run, known, "every tool call of the turn was invalid")
+    known.messages_added([message])
+    known.calls_added(created)
+    if going_on is not None:
+        return going_on
+    if final:
+        run.phase = Phase.FINALIZING
     failpoint("model_call_returned", response.finish_reason)
-    if not response.content.strip():
-        return _repair_turn(run, "the model returned neither text nor tool calls",
+    if not final:
+        return _repair_turn(run, known, "the model returned neither text nor tool calls",
                             tell="Your last reply was empty. Answer or call a tool.")
-    return _finish(run, response.content)
+    return _finish(run, known, response.content)
 
 
-def _unique_call_ids(run: Run, step: Step, calls: list[dict]) -> None:
+def _unique_call_ids(step: Step, calls: list[dict], *, used: set[str]) -> None:
     """Give every call of the turn an id unique in the session, in place, before anything stores it.
 
     Some servers omit ids or reuse ``call_0`` on every turn (and every run
     starts its turns afresh); the stored message, the ToolCall and the tool
     result must all name the same call, and the session's history must never
-    hold two calls under one id.
+    hold two calls under one id. ``used``: the ids the session's calls have
+    (not changed here).
     """
-    used = set(ToolCall.objects.filter(run__session_id=run.session_id).values_list("provider_call_id", flat=True))
+    used = set(used)
     for index, call in enumerate(calls):
         call_id = call.get("id") or f"call_{step.pk}_{index}"
         if call_id in used:
@@ -355,37 +401,38 @@ def _count(run: Run, counter: str) -> int:
     return Run.objects.values_list(counter, flat=True).get(pk=run.pk)
 
 
-def _strike(run: Run, *, counter: str, limit: int, event: str, reason: str, tell: str = "") -> bool:
+def _strike(run: Run, known: Known, *, counter: str, limit: int, event: str, reason: str, tell: str = "") -> bool:
     """Count one more ``counter`` (a Run field) for ``run``; False once it passes ``limit``.
 
     Within the limit the strike is logged as event ``event`` and, with
     ``tell``, the model is told through a runtime message.
     """
+    told = []
     with transaction.atomic():
         count = _count(run, counter)
         if count > limit:
             return False
         append_event(run, type=event, actor=ACTOR, reason=reason, payload={counter: count})
         if tell:
-            append_message(run, role="system", content=tell)
+            told.append(append_message(run, role="system", content=tell, fence=False))
+    known.messages_added(told)
     return True
 
 
-def _repair_turn(run: Run, why: str, tell: str = "") -> bool:
+def _repair_turn(run: Run, known: Known, why: str, tell: str = "") -> bool:
     """Count a turn of invalid output; fail the run once the repair budget is spent."""
     limit = settings.TOLLGATE["MAX_REPAIR_TURNS"]
-    if _strike(run, counter="repair_turns", limit=limit, event="repair", reason=why, tell=tell):
+    if _strike(run, known, counter="repair_turns", limit=limit, event="repair", reason=why, tell=tell):
         return True
     return _fail(run, FailureType.INVALID_MODEL_OUTPUT, f"Invalid model output after {limit} repair turns: {why}.")
 
 
-def _finish(run: Run, content: str) -> bool:
-    """The model gave a final answer: the completion check decides what that means.
+def _finish(run: Run, known: Known, content: str) -> bool:
+    """The model gave a final answer (the run is in phase ``finalizing``): the completion check decides.
 
     A cancel requested before the verdict is committed wins: the run ends
     ``cancelled`` (the answer stays in the history), never ``completed``.
     """
-    set_phase(run, Phase.FINALIZING)
     verdict = completion.evaluate(run)
     if verdict.complete:
         with transaction.atomic():
@@ -397,18 +444,19 @@ def _finish(run: Run, content: str) -> bool:
                  outcome_reason=verdict.reason, final_output=content)
         return False
     limit = settings.TOLLGATE["MAX_INCOMPLETE_NUDGES"]
-    if _strike(run, counter="incomplete_nudges", limit=limit, event="incomplete", reason=verdict.reason,
+    if _strike(run, known, counter="incomplete_nudges", limit=limit, event="incomplete", reason=verdict.reason,
                tell=f"The task is not complete: {verdict.reason}"):
         return True
     return _fail(run, FailureType.INCOMPLETE, f"Not complete after {limit} reminders: {verdict.reason}")
 
 
-def _model_request(run: Run) -> tuple[ModelRequest, dict]:
-    """The request for ``run``'s next model call and its summary for ``Step.request``.
+def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict]:
+    """The request for ``run``'s next model call (``history``: the session's messages) and its summary.
 
-    Streaming deltas go to the run's Channels group (``runs.live``).
+    The summary goes to ``Step.request``; streaming deltas go to the run's
+    Channels group (``runs.live``).
     """
-    context = build_context(run)
+    context = build_context(run, history)
     request = ModelRequest(
         instructions=context.instructions,
         messages=context.messages,
@@ -428,7 +476,7 @@ def _call_cost(agent, response):
     return _cost_usd(agent.model, input_tokens=response.input_tokens, output_tokens=response.output_tokens)
 
 
-def _malformed_response(run: Run, step: Step, exc: Exception) -> bool:
+def _malformed_response(run: Run, known: Known, step: Step, exc: Exception) -> bool:
     """A response that could not be understood: discard it and spend a repair turn.
 
     The step is ``failed`` (it counts toward ``max_model_calls`` but not
@@ -437,7 +485,7 @@ def _malformed_response(run: Run, step: Step, exc: Exception) -> bool:
     """
     apply(step.fail, actor=ACTOR, reason="malformed response", payload={"error": str(exc)}, error=str(exc),
           now=timezone.now())
-    return _repair_turn(run, f"malformed response ({exc})")
+    return _repair_turn(run, known, f"malformed response ({exc})")
 
 
 def _interrupted_stream(run: Run, step: Step, exc: Exception) -> bool:

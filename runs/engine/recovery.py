@@ -50,8 +50,11 @@ log = logging.getLogger(__name__)
 BLAME_MARGIN = timedelta(milliseconds=500)
 
 
-def recover_after_takeover(run: Run, *, actor: str) -> str | None:
+def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None = None) -> str | None:
     """Clean up what the run's previous lease holder left in flight (see module doc).
+
+    ``calls``: the run's tool calls, if the caller has them loaded (the
+    loop does); else the running ones are read.
 
     A takeover that finds work in flight means a worker died on it. When
     the sweeper broke the dead lease it already counted the death and
@@ -66,7 +69,9 @@ def recover_after_takeover(run: Run, *, actor: str) -> str | None:
     to reconciliation), else None.
     """
     steps = list(run.steps.filter(status=Step.Status.STARTED))
-    calls = list(run.tool_calls.filter(status=ToolCallStatus.RUNNING))
+    if calls is None:
+        calls = run.tool_calls.filter(status=ToolCallStatus.RUNNING)
+    calls = [call for call in calls if call.status == ToolCallStatus.RUNNING]
     if not steps and not calls:
         return None
     with transaction.atomic():

@@ -5,12 +5,15 @@ called, then its outcome; retries, and calls found in flight after a worker died
 import json
 import logging
 import random
+from typing import Callable
 
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs.failpoints import failpoint
+from runs.models import Phase
+from runs.services import set_phase
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
@@ -20,7 +23,11 @@ log = logging.getLogger(__name__)
 S = ToolCallStatus
 
 
-def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall:
+OutcomeHook = Callable[[ToolCall], None]
+
+
+def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
+                      with_outcome: OutcomeHook | None = None) -> ToolCall:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
     The tool's precondition is checked again before the first attempt
@@ -32,13 +39,27 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
     idempotent one: the caller waits ``retry_delay`` first); ``unknown``
     (any other side-effecting call that timed out, hit a transient error
     or raised something unexpected: never retried blindly).
+
+    Two transactions at most: ``running`` with the key (and the run's
+    phase ``executing_tools``) before the handler is called, and the
+    outcome after it; ``with_outcome(call)``, if given, is called inside
+    the outcome's transaction, after its fenced event, so the caller's own
+    writes (e.g. the result message) commit with the outcome or not at all.
+    No transaction is open while the handler runs.
     """
+    def outcome(transition, **arguments) -> ToolCall:
+        with transaction.atomic():
+            apply(transition, actor=actor, savepoint=False, **arguments)
+            if with_outcome is not None:
+                with_outcome(tool_call)
+        return tool_call
+
     tool = get_tool(tool_call.name)
     if tool is None:  # removed from the registry since it was proposed: it cannot be sent (again)
         error = f"The tool {tool_call.name!r} is no longer available."
         if tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
-            return apply(tool_call.mark_unknown, actor=actor, error=error)
-        return apply(tool_call.deny, actor=actor, reason="tool no longer registered", error=error)
+            return outcome(tool_call.mark_unknown, error=error)
+        return outcome(tool_call.deny, reason="tool no longer registered", error=error)
     # The world may have changed since the proposal (or the approval). A
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it.
@@ -46,19 +67,19 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
                                                tool_call=tool_call), tool_call.arguments)
         if denial:
-            return apply(tool_call.deny, actor=actor, reason="precondition checked before running",
-                         error=denial)
+            return outcome(tool_call.deny, reason="precondition checked before running", error=denial)
     session_id = tool_call.run.session_id
     key = tool_call.idempotency_key or derive_idempotency_key(session_id, tool_call.name, tool_call.arguments)
-    apply(tool_call.begin, actor=actor, idempotency_key=key, now=timezone.now())
-    earlier = (  # an effect already done in the session is reused; reads are always done afresh
-        ToolCall.objects.filter(run__session_id=session_id, idempotency_key=key, status=S.SUCCEEDED)
-        .exclude(pk=tool_call.pk)
-        .first()
-    )
-    if earlier is not None and tool.side_effect:
-        return apply(tool_call.succeed, actor=actor, reason=f"reused result of call {earlier.pk}",
-                     result=earlier.result, now=timezone.now())
+    with transaction.atomic():
+        set_phase(tool_call.run, Phase.EXECUTING_TOOLS)
+        apply(tool_call.begin, actor=actor, idempotency_key=key, now=timezone.now(), savepoint=False)
+    earlier = None
+    if tool.side_effect:  # an effect already done in the session is reused; reads are always done afresh
+        earlier = (ToolCall.objects.filter(run__session_id=session_id, idempotency_key=key, status=S.SUCCEEDED)
+                   .exclude(pk=tool_call.pk).first())
+    if earlier is not None:
+        return outcome(tool_call.succeed, reason=f"reused result of call {earlier.pk}", result=earlier.result,
+                       now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
                           timeout_s=tool.timeout_s, tool_call=tool_call)
     failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
@@ -70,42 +91,42 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker") -> ToolCall
         # error answer for tools whose external system deduplicates by key.
         may_retry = not tool.side_effect or (tool.idempotent and isinstance(exc, ToolUnavailable))
         if may_retry and tool_call.attempts < tool.max_attempts:
-            return apply(tool_call.requeue, actor=actor, reason="retrying", error=str(exc))
+            return outcome(tool_call.requeue, reason="retrying", error=str(exc))
         if tool.side_effect:
-            return apply(tool_call.mark_unknown, actor=actor, error=f"{type(exc).__name__}: {exc}")
-        return apply(tool_call.fail, actor=actor, now=timezone.now(),
-                     error=f"Gave up after {tool_call.attempts} attempts: {exc}")
+            return outcome(tool_call.mark_unknown, error=f"{type(exc).__name__}: {exc}")
+        return outcome(tool_call.fail, now=timezone.now(), error=f"Gave up after {tool_call.attempts} attempts: {exc}")
     except ToolError as exc:
-        return apply(tool_call.fail, actor=actor, error=str(exc), now=timezone.now())
+        return outcome(tool_call.fail, error=str(exc), now=timezone.now())
     except Exception as exc:
         log.exception("tool %s raised", tool_call.name)  # the details stay in the log
         error = f"The tool failed unexpectedly ({type(exc).__name__})."
         if tool.side_effect:
-            return apply(tool_call.mark_unknown, actor=actor, error=error)
-        return apply(tool_call.fail, actor=actor, error=error, now=timezone.now())
-    return _store_result(tool_call, tool, result, actor=actor)
+            return outcome(tool_call.mark_unknown, error=error)
+        return outcome(tool_call.fail, error=error, now=timezone.now())
+    return _store_result(tool_call, tool, result, outcome)
 
 
-def _store_result(tool_call: ToolCall, tool: Tool, result, *, actor: str) -> ToolCall:
+def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
     """Record a handler's return value: ``succeeded``, unless the value cannot be stored.
 
     A value that is not strict JSON (``Decimal``, NaN, a NUL character) or
     that the database refuses is a deterministic error, never retried: a
     side-effecting call becomes ``unknown`` (its effect may well have
     happened; reconciliation finds out), a read-only one ``failed``.
+    ``outcome(transition, **arguments)`` stores an outcome.
     """
     try:
         text = json.dumps(result, allow_nan=False)
         if "\\u0000" in text:
             raise ValueError("the result contains a NUL character")
-        return apply(tool_call.succeed, actor=actor, result=result, now=timezone.now())
+        return outcome(tool_call.succeed, result=result, now=timezone.now())
     except (TypeError, ValueError, DataError, IntegrityError) as exc:
         log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
         tool_call.refresh_from_db()
         error = f"The tool returned a result that cannot be stored ({type(exc).__name__})."
         if tool.side_effect:
-            return apply(tool_call.mark_unknown, actor=actor, error=error)
-        return apply(tool_call.fail, actor=actor, error=error, now=timezone.now())
+            return outcome(tool_call.mark_unknown, error=error)
+        return outcome(tool_call.fail, error=error, now=timezone.now())
 
 
 def retry_delay(tool_call: ToolCall) -> float:

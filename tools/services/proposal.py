@@ -124,7 +124,7 @@ def propose_tool_calls(
     granted agent rule replaced the tool's gets a ``policy`` event.
     """
     created: list[ToolCall] = []
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # all or nothing: an error ends the caller's transaction too
         _lock_cumulative_scopes(run, assessments)
         for index, (call, assessment) in enumerate(zip(calls, assessments, strict=True)):
             assessment = _judge_with_history(run, assessment)
@@ -150,13 +150,13 @@ def propose_tool_calls(
                 original = assessment.original
                 _join(tool_call, created[original] if isinstance(original, int) else original, actor=actor)
             elif assessment.outcome == "invalidate":
-                apply(tool_call.invalidate, actor=actor, error=assessment.reason)
+                apply(tool_call.invalidate, actor=actor, error=assessment.reason, savepoint=False)
             elif assessment.outcome == "deny":
-                apply(tool_call.deny, actor=actor, error=assessment.reason)
+                apply(tool_call.deny, actor=actor, error=assessment.reason, savepoint=False)
             elif assessment.outcome == "request_approval":
-                apply(tool_call.request_approval, actor=actor, reason=assessment.reason)
+                apply(tool_call.request_approval, actor=actor, reason=assessment.reason, savepoint=False)
             else:
-                apply(tool_call.make_ready, actor=actor, reason=assessment.reason)
+                apply(tool_call.make_ready, actor=actor, reason=assessment.reason, savepoint=False)
             created.append(tool_call)
     return created
 

@@ -16,8 +16,10 @@ from tools.services.arguments import parse_raw_arguments
 S = ToolCallStatus
 
 
-def settle_calls_at_run_end(*, run, actor: str) -> list[dict]:
+def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[dict]:
     """Leave no call of an ending ``run`` in flight; returns its effects (side-effecting calls not without effect).
+
+    ``calls``: the run's tool calls in id order (changed in place).
 
     * never sent (proposed, awaiting approval, ready with no attempt), or a
       re-proposal waiting on its original -> ``cancelled``;
@@ -33,7 +35,9 @@ def settle_calls_at_run_end(*, run, actor: str) -> list[dict]:
     Each effect is ``{"tool_call": id, "name": str, "status": "succeeded" | "unknown"}``.
     """
     now = timezone.now()
-    for tool_call in run.tool_calls.filter(status__in=[S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING]):
+    for tool_call in calls:
+        if tool_call.status not in (S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING):
+            continue
         if tool_call.status == S.RUNNING and not tool_call.side_effect:
             apply(tool_call.fail, actor=actor, error="The run ended while this call was in flight.", now=now)
         elif tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
@@ -45,36 +49,49 @@ def settle_calls_at_run_end(*, run, actor: str) -> list[dict]:
                   error=f"The run ended before attempt {tool_call.attempts + 1}; earlier attempts failed.")
         else:
             apply(tool_call.cancel, actor=actor)
-    unknown = run.tool_calls.filter(status=S.UNKNOWN)
-    for tool_call in unknown:
-        tool = get_tool(tool_call.name)
-        if tool is not None and tool.reconcile is not None:
-            ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_after=now)
-    effects = run.tool_calls.filter(side_effect=True, status__in=[S.SUCCEEDED, S.UNKNOWN]).order_by("id")
-    return [{"tool_call": pk, "name": name, "status": status}
-            for pk, name, status in effects.values_list("id", "name", "status")]
+    hooked = [call.pk for call in calls
+              if call.status == S.UNKNOWN and getattr(get_tool(call.name), "reconcile", None) is not None]
+    if hooked:
+        ToolCall.objects.filter(pk__in=hooked).update(reconcile_after=now)
+    return [{"tool_call": call.pk, "name": call.name, "status": call.status}
+            for call in calls if call.side_effect and call.status in (S.SUCCEEDED, S.UNKNOWN)]
 
 
-def unknown_calls_for_a_person(run) -> list[ToolCall]:
-    """``unknown`` calls of ``run`` whose tool has no ``reconcile`` hook: only a person can settle them."""
-    return [call for call in run.tool_calls.filter(status=S.UNKNOWN)
-            if (tool := get_tool(call.name)) is None or tool.reconcile is None]
+def unknown_calls_for_a_person(calls: list[ToolCall]) -> list[ToolCall]:
+    """The ``unknown`` ones of ``calls`` whose tool has no ``reconcile`` hook: only a person can settle them."""
+    return [call for call in calls
+            if call.status == S.UNKNOWN and ((tool := get_tool(call.name)) is None or tool.reconcile is None)]
 
 
-def deliver_tool_results(run) -> None:
-    """Append a tool message for every finished call of ``run`` that has none yet, in call order.
+def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: list | None = None,
+                         fence: bool = True) -> list:
+    """Append a tool message for every finished call of ``run`` that has none yet, in call order; returns them.
 
     Invalid, denied, rejected, expired and cancelled calls get one too, so
     the model never sees a call id without a result. ``unknown`` calls get
     none: what is known of them is rendered when a context is built
     (``runs.engine.context``), so a later settlement reaches the model.
+    A caller that has them loaded passes ``calls`` (the run's tool calls in
+    id order) and ``history`` (the session's messages); else they are read.
+    ``fence=False``: the caller's transaction makes a fenced write of its
+    own (see ``runs.services.append_message``). Returns the new ``Message`` rows.
     """
-    delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
-    with transaction.atomic():
-        for call in run.tool_calls.order_by("id"):
-            if not call.is_pending and call.provider_call_id not in delivered:
-                append_message(run, role="tool", content=tool_result_content(call),
-                               tool_call_id=call.provider_call_id)
+    if history is None:
+        delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
+    else:
+        delivered = {m.tool_call_id for m in history if m.run_id == run.pk and m.role == "tool"}
+    if calls is None:
+        calls = list(run.tool_calls.order_by("id"))
+    due = [call for call in calls if not call.is_pending and call.provider_call_id not in delivered]
+    if not due:
+        return []
+    notes = _approval_notes(due)
+    # All or nothing (an error ends the caller's transaction too); the first
+    # message's lease check covers the whole transaction.
+    with transaction.atomic(savepoint=False):
+        return [append_message(run, role="tool", content=_content(call, notes.get(call.pk, {})),
+                               tool_call_id=call.provider_call_id, fence=fence and index == 0)
+                for index, call in enumerate(due)]
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
@@ -87,6 +104,11 @@ def tool_result_content(tool_call: ToolCall) -> str:
     approved also carries ``"approval": {"comment", "proposed_arguments",
     "approved_arguments"}`` (the argument pair only when they were edited).
     """
+    return _content(tool_call, _approval_notes([tool_call]).get(tool_call.pk, {}) if tool_call.pk else {})
+
+
+def _content(tool_call: ToolCall, approval: dict) -> str:
+    """``tool_result_content`` of a call whose approval note (``_approval_notes``) is known."""
     if tool_call.status == S.SUCCEEDED:
         body = {"status": tool_call.status, "result": tool_call.result}
     elif tool_call.status in (S.UNKNOWN, S.RUNNING):
@@ -96,22 +118,28 @@ def tool_result_content(tool_call: ToolCall) -> str:
         body = {"status": "pending", "error": "No result yet."}
     else:
         body = {"status": tool_call.status, "error": tool_call.error}
-    approval = _approval_note(tool_call)
     if approval:
         body["approval"] = approval
     return json.dumps(body, default=str)
 
 
-def _approval_note(tool_call: ToolCall) -> dict:
-    """What the approver said and changed, for the model: ``{}`` when no person approved the call."""
-    decision = (tool_call.interrupts.filter(decision="approved")
-                .values("comment", "edited_arguments").first() if tool_call.pk else None)
-    if decision is None:
-        return {}
-    note = {"comment": decision["comment"]} if decision["comment"] else {}
-    edited = decision["edited_arguments"]
-    if edited is not None:
-        proposed, _ = parse_raw_arguments(tool_call.raw_arguments)
-        if proposed != edited:
-            note.update(proposed_arguments=proposed, approved_arguments=edited)
-    return note
+def _approval_notes(tool_calls: list[ToolCall]) -> dict[int, dict]:
+    """What a person who approved each call said and changed, for the model, by call id (one query).
+
+    A call no person approved has no entry; of several approvals the newest speaks.
+    """
+    by_id = {call.pk: call for call in tool_calls}
+    decisions = (ToolCall.objects.filter(pk__in=by_id, interrupts__decision="approved")
+                 .order_by("-interrupts__created_at")
+                 .values_list("pk", "interrupts__comment", "interrupts__edited_arguments"))
+    notes: dict[int, dict] = {}
+    for call_id, comment, edited in decisions:
+        if call_id in notes:
+            continue
+        note = {"comment": comment} if comment else {}
+        if edited is not None:
+            proposed, _ = parse_raw_arguments(by_id[call_id].raw_arguments)
+            if proposed != edited:
+                note.update(proposed_arguments=proposed, approved_arguments=edited)
+        notes[call_id] = note
+    return notes

@@ -1,0 +1,101 @@
+"""What the worker holding a run's lease knows of it between passes of the loop.
+
+The loop re-derives every decision from stored state (docs/design.md#the-loop),
+but reading the whole of it before every pass is waste: while this worker
+holds the lease, the run's tool calls, steps and messages change only
+through this worker, or through a person or process that logs an event on
+the run while doing so (a decision, a settlement, supplemented input, a
+cancel request). ``Known`` keeps what was read, the loop adds what it
+writes, and ``revalidate`` throws it all away as soon as the run's event
+counter shows an event that was not appended through the loop's own
+instance (``runs.services.append_event`` only moves the instance's counter
+over an unbroken series of its own events).
+
+Each part is read from the database the first time it is needed after a
+reload: the run's tool calls (ordered by id, each holding the loop's run
+instance, so their transitions log through it), the session's message
+history (ordered by id), the number of the run's steps and the
+``provider_call_id`` of every call of the session.
+"""
+
+from runs.models import Message, Run
+from tools.models import ToolCall
+
+# Run columns that change while a run is advanced (the foreign keys never do, so the
+# related agent, session and requester stay loaded).
+_MUTABLE_FIELDS = [field.attname for field in Run._meta.concrete_fields if not field.is_relation]
+
+
+class Known:
+    """The loop's knowledge of one run it holds; parts are loaded lazily and dropped by ``forget``."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop everything; each part is read again when next used."""
+        self._calls: list[ToolCall] | None = None
+        self._history: list[Message] | None = None
+        self._steps: int | None = None
+        self._session_call_ids: set[str] | None = None
+
+    def started(self) -> None:
+        """The run was just begun: it has no tool calls and no steps yet (only a running run gets them)."""
+        self._calls, self._steps = [], 0
+
+    def revalidate(self) -> None:
+        """Re-read the run's own columns (one query); forget the rest if another writer logged an event meanwhile.
+
+        Raises ``Run.DoesNotExist`` if the run is gone.
+        """
+        seen = self.run.last_event_seq
+        self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
+        if self.run.last_event_seq != seen:
+            self.forget()
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The run's tool calls, oldest first."""
+        if self._calls is None:
+            self._calls = list(self.run.tool_calls.order_by("id"))
+        return self._calls
+
+    @property
+    def history(self) -> list[Message]:
+        """The session's messages, oldest first."""
+        if self._history is None:
+            self._history = list(Message.objects.filter(session_id=self.run.session_id).order_by("id"))
+        return self._history
+
+    @property
+    def steps(self) -> int:
+        """How many steps (model calls, whatever became of them) the run has."""
+        if self._steps is None:
+            self._steps = self.run.steps.count()
+        return self._steps
+
+    @property
+    def session_call_ids(self) -> set[str]:
+        """The ``provider_call_id`` of every tool call of the session."""
+        if self._session_call_ids is None:
+            self._session_call_ids = set(ToolCall.objects.filter(run__session_id=self.run.session_id)
+                                         .values_list("provider_call_id", flat=True))
+        return self._session_call_ids
+
+    def step_added(self) -> None:
+        """This worker stored a new step."""
+        if self._steps is not None:
+            self._steps += 1
+
+    def messages_added(self, messages: list[Message]) -> None:
+        """This worker appended ``messages`` to the session history."""
+        if self._history is not None:
+            self._history.extend(messages)
+
+    def calls_added(self, calls: list[ToolCall]) -> None:
+        """This worker proposed ``calls``."""
+        if self._calls is not None:
+            self._calls.extend(calls)
+        if self._session_call_ids is not None:
+            self._session_call_ids.update(call.provider_call_id for call in calls)

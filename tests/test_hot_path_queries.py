@@ -1,0 +1,190 @@
+"""Statements and transactions per step of the benchmark's workload (bench/throughput.py), capped.
+
+One run of 5 model calls and 4 tool calls, driven by ``runs.engine.loop.advance``
+in this thread (the in-process worker's code path, with the real demo tools and
+payment gateway): ``query_order`` three times (read-only), ``refund`` of 60.00 on
+an order of 100.00 (needs approval), a final answer. Every statement of the
+worker's connection is recorded and cut into passes of the loop (one per call
+of ``_step``, each with the next pass's look at the run row); each pass is
+classified by the events it logged. The caps are what the hot path costs
+today plus a little headroom, so waste cannot creep back unnoticed. Only data
+statements are counted (SELECT, INSERT, UPDATE, DELETE: the same on both
+databases), and transactions: one per statement outside ``atomic`` and one
+per outermost ``atomic`` block that ran a statement.
+"""
+
+import dataclasses
+import re
+
+import pytest
+from django.db import connection
+
+from approvals.models import Interrupt
+from approvals.services import decide_interrupt
+from runs.engine import loop
+from runs.engine.lifecycle import start_run
+from runs.models import Agent, RunEvent, RunStatus
+from tools import registry
+from tools.demo.models import Order
+
+ORDER = 9001
+QUERY = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": ORDER}}]}
+TURNS = [QUERY, QUERY, QUERY, {"tool_calls": [{"name": "refund", "arguments": {"order_id": ORDER, "amount": 60}}]},
+         {"content": f"Refunded 60.00 on order {ORDER}."}]
+STEPS = 9  # 5 model calls + 4 tool executions
+DATA = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+
+# Per kind of pass: (data statements, transactions, transactions that write) at most. What
+# each costs today (main before this cap: 34-49 statements, 14-20 transactions, 3-7 writing)
+# plus a little headroom; writing transactions exactly: one before the external call and
+# one after it (the final answer adds the run's ending).
+CAPS = {
+    "model turn": (20, 8, 2),
+    "model turn asking for approval": (23, 8, 2),
+    "read-only call": (16, 8, 2),
+    "waiting for approval": (8, 2, 1),
+    "side-effect call after approval": (18, 9, 2),
+    "final answer": (27, 10, 3),
+}
+SLICE_OVERHEAD = (11, 7)  # statements and transactions of a slice outside its passes, at most
+PER_STEP = (22.0, 10.5)  # statements and transactions per step over the whole run (main before: 35.1, 19.2)
+
+
+@dataclasses.dataclass
+class Statement:
+    sql: str
+    transaction: object  # the outermost atomic block it ran in, or a fresh object (autocommit)
+
+
+class Recorder:
+    """Every statement of this thread's connection, cut into the loop's passes."""
+
+    def __init__(self):
+        self.statements: list[Statement] = []
+        self.cuts: list[tuple[int, int]] = []  # (index into statements, run's last_event_seq) at each pass start
+        self.paused = False
+
+    def __call__(self, execute, sql, params, many, context):
+        if not self.paused:
+            block = connection.atomic_blocks[0] if connection.in_atomic_block else object()
+            self.statements.append(Statement(sql, block))
+        return execute(sql, params, many, context)
+
+    def wrap_step(self, step):
+        def recorded(run, *args):
+            self.paused = True
+            seq = type(run).objects.values_list("last_event_seq", flat=True).get(pk=run.pk)
+            self.paused = False
+            self.cuts.append((len(self.statements), seq))
+            return step(run, *args)
+        return recorded
+
+    def wrap_slice(self, advance_slice):
+        def recorded(run_id):
+            try:
+                return advance_slice(run_id)
+            finally:
+                self.slice_ends.append(len(self.statements))
+        self.slice_ends: list[int] = []
+        return recorded
+
+
+def _figures(statements: list[Statement]) -> tuple[int, int, int]:
+    """(data statements, transactions, transactions that wrote) of a stretch of statements."""
+    data = [s for s in statements if DATA.match(s.sql)]
+    blocks = {id(s.transaction): s.transaction for s in data}
+    writing = {id(s.transaction) for s in data if not s.sql.lstrip().upper().startswith("SELECT")}
+    return len(data), len(blocks), len(writing)
+
+
+def _kind(events: list[RunEvent]) -> str:
+    """What a pass did, from the events it logged."""
+    for event in events:
+        if event.type == "model_call" and event.to_status == "succeeded":
+            if event.payload["tool_calls"] == 0:
+                return "final answer"
+            if any(e.type == "interrupt" for e in events):
+                return "model turn asking for approval"
+            return "model turn"
+        if event.type == "tool_call" and event.to_status == "succeeded":
+            return "side-effect call after approval" if event.payload["name"] == "refund" else "read-only call"
+        if event.type == "transition" and event.to_status == "waiting":
+            return "waiting for approval"
+    return "?"
+
+
+def _outside_transactions(function, what: str):
+    """``function`` wrapped to fail if it is called with a database transaction open."""
+    def checked(*args, **kwargs):
+        assert not connection.in_atomic_block, f"{what} called inside a transaction"
+        return function(*args, **kwargs)
+    return checked
+
+
+@pytest.fixture
+def checked_external_calls(monkeypatch):
+    """Model and tool calls (handlers and preconditions, which ask the gateway) must run outside transactions."""
+    get_client = loop.get_client
+
+    def client(config):
+        real = get_client(config)
+        return type("Checked", (), {"complete": staticmethod(_outside_transactions(real.complete, "the model"))})()
+
+    monkeypatch.setattr(loop, "get_client", client)
+    for name in ("query_order", "refund"):
+        tool = registry.get_tool(name)
+        monkeypatch.setitem(registry._TOOLS, name, dataclasses.replace(
+            tool, handler=_outside_transactions(tool.handler, f"{name} handler"),
+            precondition=_outside_transactions(tool.precondition, f"{name} precondition")))
+
+
+def test_each_kind_of_step_stays_within_its_statement_and_transaction_caps(
+        idle_worker, demo, monkeypatch, checked_external_calls):
+    requester = demo["requester"]
+    Order.objects.create(number=ORDER, owner=requester, total="100.00")
+    agent = Agent.objects.create(slug="bench", name="bench", tools=["query_order", "refund"],
+                                 completion_check="refund", model={"provider": "scripted", "turns": TURNS})
+    run = start_run(agent=agent, user=requester, input=f"refund order {ORDER}")
+    recorder = Recorder()
+    monkeypatch.setattr(loop, "_step", recorder.wrap_step(loop._step))
+    monkeypatch.setattr(loop, "_advance_slice", recorder.wrap_slice(loop._advance_slice))
+
+    ends = []  # where each call of advance ended
+    with connection.execute_wrapper(recorder):
+        loop.advance(run.pk)
+        ends.append(len(recorder.statements))
+        recorder.paused = True
+        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+        recorder.paused = False
+        loop.advance(run.pk)
+        ends.append(len(recorder.statements))
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert run.steps.count() == 5 and run.tool_calls.filter(status="succeeded").count() == 4
+
+    events = list(run.events.order_by("seq"))
+    starts = {index for index, _ in recorder.cuts}
+    bounds = sorted(starts | set(recorder.slice_ends) | set(ends) | {0})
+    passes, overhead = [], []
+    for (start, seq), (_, next_seq) in zip(recorder.cuts, recorder.cuts[1:] + [(None, run.last_event_seq)]):
+        stop = min(b for b in bounds if b > start)  # a pass ends where the next one begins, or its slice ends
+        logged = [e for e in events if seq < e.seq <= next_seq]
+        passes.append((_kind(logged), _figures(recorder.statements[start:stop])))
+    for start, stop in zip(bounds, bounds[1:]):  # taking and giving back the lease, loading the run
+        if start not in starts:
+            overhead.append(_figures(recorder.statements[start:stop]))
+
+    report = "\n".join(f"{kind}: {figures}" for kind, figures in passes) + f"\nslice overhead: {overhead}"
+    assert [kind for kind, _ in passes] == ["model turn", "read-only call"] * 3 + [
+        "model turn asking for approval", "waiting for approval", "side-effect call after approval",
+        "final answer"], report
+    for kind, (statements, transactions, writing) in passes:
+        cap = CAPS[kind]
+        assert statements <= cap[0] and transactions <= cap[1] and writing <= cap[2], \
+            f"{kind}: {statements} statements, {transactions} transactions ({writing} writing) over {cap}\n{report}"
+    for statements, transactions, _ in overhead:
+        assert statements <= SLICE_OVERHEAD[0] and transactions <= SLICE_OVERHEAD[1], report
+    total, transactions, _ = _figures(recorder.statements)
+    assert total / STEPS <= PER_STEP[0] and transactions / STEPS <= PER_STEP[1], \
+        f"{total / STEPS:.1f} statements and {transactions / STEPS:.1f} transactions per step\n{report}"

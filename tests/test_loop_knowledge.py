@@ -1,0 +1,104 @@
+"""What the loop keeps between passes never hides another writer's change (runs/engine/state.py).
+
+Each test lets a person act in the middle of a worker's slice, at the point
+where the worker's own copy of the run would go stale: input supplemented
+while a tool runs, and an approval given between the proposal and the wait.
+"""
+
+import dataclasses
+
+import pytest
+from django.db import transaction
+
+from approvals.models import Interrupt
+from approvals.services import decide_interrupt
+from runs.engine import loop
+from runs.engine.lifecycle import start_run, submit_input
+from runs.models import Agent, MultitaskStrategy, Run, RunEvent, RunStatus
+from runs.services import append_event
+from tests.api_helpers import gateway_refunds
+from tools import registry
+
+QUERY = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]}
+REFUND = {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 80}}]}
+
+
+@pytest.fixture
+def requests_seen(monkeypatch):
+    """Every ``ModelRequest`` the loop sends, in order."""
+    seen = []
+    get_client = loop.get_client
+
+    def client(config):
+        real = get_client(config)
+
+        def complete(request):
+            seen.append(request)
+            return real.complete(request)
+
+        return type("Recording", (), {"complete": staticmethod(complete)})()
+
+    monkeypatch.setattr(loop, "get_client", client)
+    return seen
+
+
+def _agent(turns, check: str = "refund") -> Agent:
+    return Agent.objects.create(slug="knowing", name="knowing", tools=["query_order", "refund"],
+                                completion_check=check, model={"provider": "scripted", "turns": turns})
+
+
+def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
+        idle_worker, demo, monkeypatch, requests_seen):
+    agent = _agent([QUERY, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
+    tool = registry.get_tool("query_order")
+
+    def handler(context, arguments):  # a person adds to the conversation while the call is out
+        submit_input(agent=agent, user=demo["requester"], input="and please hurry", session=run.session,
+                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        return tool.handler(context, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
+    loop.advance(run.pk)
+
+    second = requests_seen[1]
+    assert [m["content"] for m in second.messages if m["role"] == "user"] == ["look at order 123", "and please hurry"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert not run.events.filter(type="input", reason__contains="not read").exists()
+
+
+def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(idle_worker, demo, monkeypatch):
+    run = start_run(agent=_agent([REFUND, {"content": "Refunded."}]), user=demo["requester"], input="refund 123")
+    wait_for_approval = loop._wait_for_approval
+
+    def approved_first(run):  # the approver is quicker than the worker's next pass
+        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+        return wait_for_approval(run)
+
+    monkeypatch.setattr(loop, "_wait_for_approval", approved_first)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert not run.events.filter(to_status=RunStatus.WAITING).exists()
+    assert len(gateway_refunds()) == 1
+
+
+def test_an_event_counter_in_memory_moves_only_over_its_own_unbroken_series(run_with_history):
+    mine, theirs = Run.objects.get(pk=run_with_history.pk), Run.objects.get(pk=run_with_history.pk)
+    start = mine.last_event_seq
+    with transaction.atomic():
+        append_event(mine, type="note", actor="worker")
+    with transaction.atomic():
+        append_event(theirs, type="note", actor="user:approver")  # another writer slips in
+        append_event(mine, type="note", actor="worker")
+    assert mine.last_event_seq == start + 1, "the gap shows: the database is at start + 3"
+    assert Run.objects.get(pk=mine.pk).last_event_seq == start + 3
+    assert list(RunEvent.objects.filter(run=mine, seq__gt=start).values_list("seq", flat=True)) == [
+        start + 1, start + 2, start + 3]
+
+
+@pytest.fixture
+def run_with_history(demo):
+    return start_run(agent=_agent([{"content": "Done."}], check="default"), user=demo["requester"], input="hello")
