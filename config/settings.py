@@ -249,9 +249,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # The error object and the Idempotency-Key header on every operation.
+    # The long-poll wait (not a DRF view), then the error object and the
+    # Idempotency-Key header on every operation.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api_waits.document_run_wait",
         "config.api_schema.document_errors_and_idempotency",
     ],
 }
