@@ -27,6 +27,11 @@ def run_events(*, run: Run) -> QuerySet[RunEvent]:
     return run.events.order_by("seq")
 
 
+def run_events_after(*, run_id: int, seq: int) -> QuerySet[RunEvent]:
+    """Run ``run_id``'s events with a ``seq`` above ``seq``, in ``seq`` order (a client resuming the log)."""
+    return RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")
+
+
 def run_tool_calls(*, run: Run):
     """The run's tool calls in the order they were proposed."""
     return run.tool_calls.order_by("id")
