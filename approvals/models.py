@@ -1,5 +1,7 @@
 """The inbox: one model of pending human work (docs/design.md#inbox-item-status)."""
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django_fsm import FSMField, transition
@@ -92,3 +94,31 @@ class Interrupt(FSMModel):
     @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.CANCELLED)
     def cancel(self, *, now):
         self.resolved_at = now
+
+
+def _answer_file_path(answer_file: "AnswerFile", filename: str) -> str:
+    """Where the storage keeps an answer file: ``answers/<run id>/<random>``; the sender's name is never a path."""
+    return f"answers/{answer_file.interrupt.run_id}/{uuid.uuid4().hex}"
+
+
+class AnswerFile(models.Model):
+    """A file a person answered a question (an ``input`` item) with, kept through Django's storage API.
+
+    ``name`` is the file name as sent (no folders), ``content_type`` the
+    type decided from the bytes (``approvals.answer_files``), ``size`` in
+    bytes, ``sha256`` hex of the content. Written once by
+    ``approvals.services.answer_interrupt``; downloaded only by users who
+    may see the run.
+    """
+
+    interrupt = models.OneToOneField(Interrupt, on_delete=models.CASCADE, related_name="answer_file")
+    file = models.FileField(upload_to=_answer_file_path, max_length=300)
+    name = models.CharField(max_length=255)
+    content_type = models.CharField(max_length=100)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"{self.name} ({self.size} bytes) answering item {self.interrupt_id}"

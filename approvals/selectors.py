@@ -6,11 +6,13 @@ Who may decide or look at an item is ``Interrupt.objects.decidable_by`` /
 
 from django.db.models import Count
 
-from approvals.models import Interrupt, InterruptStatus
+from approvals.models import AnswerFile, Interrupt, InterruptStatus
+from runs.models import Run
 
 
 def _with_relations(queryset):
-    return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by")
+    return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by",
+                                   "answer_file")
 
 
 def inbox_items(*, user):
@@ -31,3 +33,9 @@ def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
 def run_pending_interrupts(*, run) -> list[Interrupt]:
     """The run's pending inbox items, oldest first."""
     return list(_with_relations(run.interrupts.filter(status=InterruptStatus.PENDING)).order_by("created_at", "id"))
+
+
+def answer_file_visible(*, user, interrupt_id: int) -> AnswerFile | None:
+    """The file item ``interrupt_id`` was answered with, if ``user`` may see its run (``Run.objects.visible_to``)."""
+    return (AnswerFile.objects.filter(interrupt_id=interrupt_id, interrupt__run__in=Run.objects.visible_to(user))
+            .first())

@@ -192,6 +192,11 @@ WHITENOISE_USE_FINDERS = True
 # Until collectstatic has run, STATIC_ROOT does not exist; the finders serve.
 warnings.filterwarnings("ignore", message="No directory at: .*static", category=UserWarning)
 
+# Uploaded files (answers to questions) are kept through Django's default
+# storage here; nothing serves this folder: downloads go through a view
+# that checks who may see the run.
+MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "var" / "media")
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "inbox"
 LOGOUT_REDIRECT_URL = "login"
@@ -353,6 +358,15 @@ TOLLGATE = {
     "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
+    # --- Files answering a question (ask_user with "file"; approvals.answer_files) ---
+    # Largest file (bytes); a larger one is refused with 413.
+    "ANSWER_FILE_MAX_BYTES": env.int("TOLLGATE_ANSWER_FILE_MAX_BYTES", default=5 * 1024 * 1024),
+    # Content types a file may have, decided from its bytes (a question may
+    # narrow the list, never widen it).
+    "ANSWER_FILE_TYPES": env.list("TOLLGATE_ANSWER_FILE_TYPES", default=[
+        "application/pdf", "image/png", "image/jpeg", "text/plain", "text/csv", "application/json"]),
+    # Characters of a text file's content the model is given with its metadata.
+    "ANSWER_FILE_TEXT_CHARS": env.int("TOLLGATE_ANSWER_FILE_TEXT_CHARS", default=20_000),
     # --- Webhooks (runs.webhooks) ---
     # Seconds between a failed delivery attempt and the next: attempt n+1
     # waits entry n; when the list is used up the delivery is "failed"
