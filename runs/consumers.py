@@ -53,6 +53,7 @@ from runs.serializers import RunEventSerializer
 ACCESS_LOST = 4403  # close code: the user may no longer see this
 BAD_REQUEST = 4400  # close code: the handshake's query is invalid (after_seq)
 EVENTS_PER_READ = 500  # events read from the log per query
+MAX_SEQ = 2**31 - 1  # the largest seq a RunEvent can have (PositiveIntegerField)
 
 
 def current_user(scope):
@@ -221,10 +222,11 @@ def _events_after(run_id: int, seq: int) -> list[dict]:
 
 
 def _after_seq(scope) -> int | None:
-    """The handshake's ``after_seq`` (0 when absent), or None when it is not one whole number from 0 up."""
+    """The handshake's ``after_seq`` (0 when absent), or None when it is not one whole number from 0 to
+    ``MAX_SEQ``."""
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after_seq", ["0"])
     raw = values[-1]
-    if len(values) != 1 or not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
+    if len(values) != 1 or not (raw.isascii() and raw.isdigit() and len(raw) <= 10) or int(raw) > MAX_SEQ:
         return None
     return int(raw)
 

@@ -244,7 +244,8 @@ def test_a_bad_after_seq_closes_with_4400(demo, approval_item):
         await communicator.disconnect()
         return message["code"]
 
-    for query in ("after_seq=-1", "after_seq=x", "after_seq=1&after_seq=2", "after_seq=99999999999"):
+    for query in ("after_seq=-1", "after_seq=x", "after_seq=1&after_seq=2", "after_seq=2147483648",
+                  "after_seq=99999999999", "after_seq=%EF%BC%91"):
         assert scenario(query) == 4400, query
 
 
