@@ -4,9 +4,9 @@ Who may see a run is ``Run.objects.visible_to`` (``runs.access``); these
 functions only load what a page shows.
 """
 
-from django.db.models import QuerySet
+from django.db.models import Max, Prefetch, QuerySet
 
-from runs.models import Agent, Message, Run, RunEvent
+from runs.models import Agent, Message, Run, RunEvent, Wait, WaitStatus
 
 
 def run_list(*, user, limit: int = 200) -> QuerySet[Run]:
@@ -37,3 +37,16 @@ def session_messages(*, session_id: int) -> QuerySet[Message]:
 def agent_choices() -> QuerySet[Agent]:
     """Agents a user can start a run with, by slug."""
     return Agent.objects.order_by("slug")
+
+
+def pending_waits() -> QuerySet[Wait]:
+    """Pending waits, oldest first, each annotated ``interrupt``: the id of the newest inbox item of its
+    tool call (None when it has none; a question's wait has one, the item to answer)."""
+    return Wait.objects.filter(status=WaitStatus.PENDING).annotate(
+        interrupt=Max("tool_call__interrupts__pk")).order_by("id")
+
+
+def with_pending_waits(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """``runs`` with each run's ``pending_waits`` (a list, ``pending_waits()`` rows) loaded by one query
+    for a whole page, so a list shows every run's ``waiting_for`` without a query per run."""
+    return runs.prefetch_related(Prefetch("waits", queryset=pending_waits(), to_attr="pending_waits"))

@@ -10,7 +10,8 @@ from rest_framework import serializers
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason, WaitStatus
+from runs.selectors import pending_waits
+from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason
 from tools.models import ToolCall
 
 
@@ -81,15 +82,18 @@ class RunSerializer(OutputSerializer):
     def get_waiting_for(self, run: Run) -> dict | None:
         if run.status != "waiting":
             return None
-        wait = run.waits.filter(status=WaitStatus.PENDING).order_by("id").first()
+        # A list loads them for the whole page (selectors.with_pending_waits); a single run asks here.
+        waits = getattr(run, "pending_waits", None)
+        if waits is None:
+            waits = pending_waits().filter(run=run)[:1]
+        wait = next(iter(waits), None)
         if wait is None:
             return None
         found = {"kind": wait.kind, "deadline": wait.deadline.isoformat(), "tool_call": wait.tool_call_id}
         if wait.event_type:
             found.update(event_type=wait.event_type, correlation_key=wait.correlation_key)
         if wait.kind == WaitingReason.INPUT:  # the inbox item to answer
-            found["interrupt"] = run.interrupts.filter(tool_call_id=wait.tool_call_id).values_list(
-                "pk", flat=True).order_by("-pk").first()
+            found["interrupt"] = wait.interrupt
         return found
 
 
