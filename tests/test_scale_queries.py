@@ -122,24 +122,22 @@ def _make_due(runs: list[Run], now) -> None:
     Run.objects.filter(pk=backoff.pk).update(wake_at=now - timedelta(seconds=1))
 
 
+def _idle_and_due_pass(runs: list[Run]) -> tuple[int, int]:
+    """Statements of a sweeper pass with nothing due, then of one with an expired item and a due timer among ``runs``."""
+    idle, found = _sweep_statements(timezone.now())
+    assert found == {"reenqueued": 0, "woken": 0, "expired": 0, "reconciled": 0}
+    now = timezone.now()
+    _make_due(runs, now)
+    due, found = _sweep_statements(now)
+    assert (found["woken"], found["expired"]) == (1, 1)
+    return idle, due
+
+
 def test_a_sweeper_pass_costs_the_same_statements_for_5_or_50_waiting_runs(demo, idle_worker):
     Agent.objects.filter(slug="refund-order").update(deadline_s=30 * 86400)  # the deadline check runs, none passes
-    few_runs = add_waiting_runs(5, demo["requester"])
-    idle_few, found = _sweep_statements(timezone.now())
-    assert found == {"reenqueued": 0, "woken": 0, "expired": 0, "reconciled": 0}
-    now = timezone.now()
-    _make_due(few_runs, now)
-    due_few, found = _sweep_statements(now)
-    assert (found["woken"], found["expired"]) == (1, 1)
-
-    many_runs = add_waiting_runs(45, demo["requester"], start=5)
-    idle_many, found = _sweep_statements(timezone.now())
-    assert found == {"reenqueued": 0, "woken": 0, "expired": 0, "reconciled": 0}
-    now = timezone.now()
-    _make_due(many_runs, now)
-    due_many, found = _sweep_statements(now)
-    assert (found["woken"], found["expired"]) == (1, 1)
-    assert (idle_many, due_many) == (idle_few, due_few)
+    few = _idle_and_due_pass(add_waiting_runs(5, demo["requester"]))
+    many = _idle_and_due_pass(add_waiting_runs(45, demo["requester"], start=5))
+    assert many == few
 
 
 def test_a_waiting_run_past_its_agents_deadline_fails_and_one_before_it_waits_on(demo, idle_worker):
