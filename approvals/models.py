@@ -65,6 +65,15 @@ class Interrupt(FSMModel):
     class Meta:
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
+        # The API list's order (created_at, id) with and without its status
+        # filter, and the sweeper's look for pending items past their expiry
+        # (only rows with an expiry, only while pending).
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="interrupt_created"),
+            models.Index(fields=["status", "created_at", "id"], name="interrupt_status_created"),
+            models.Index(fields=["expires_at"], name="interrupt_pending_expiry",
+                         condition=models.Q(status="pending", expires_at__isnull=False)),
+        ]
 
     event_type = "interrupt"
 

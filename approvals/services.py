@@ -112,8 +112,7 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
-        Run.objects.select_for_update().get(pk=interrupt.run_id)
-        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
         settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
@@ -133,14 +132,15 @@ def overdue_interrupts(*, now) -> list[tuple[int, int]]:
     return list(overdue.values_list("pk", "run_id"))
 
 
-def expire_interrupt(*, interrupt_id: int, now, actor: str) -> Interrupt | None:
+def expire_interrupt(*, interrupt_id: int, now, actor: str, run: Run | None = None) -> Interrupt | None:
     """Expire one overdue pending item and its tool call (``awaiting_approval -> expired``).
 
     Returns the item, or None if it was no longer pending. Call inside a
-    transaction that holds the run's row lock; ending the run is the
+    transaction that holds the run's row lock (``run``: that run as locked,
+    if the caller has it, so it is not read again); ending the run is the
     caller's (the engine's sweeper fails it with ``approval_expired``).
     """
-    interrupt = Interrupt.objects.select_for_update().get(pk=interrupt_id)
+    interrupt = _lock_item(interrupt_id, run=run)
     if not can_proceed(interrupt.expire):
         return None
     apply(interrupt.expire, actor=actor, reason="expired", now=now)
@@ -219,8 +219,7 @@ def answer_interrupt(*, interrupt: Interrupt, user, answer: str, file=None) -> I
     stored = None
     try:
         with transaction.atomic():
-            Run.objects.select_for_update().get(pk=interrupt.run_id)
-            interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+            interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
             apply(interrupt.resolve, actor=actor, reason=Decision.ANSWERED, decision=Decision.ANSWERED, user=user,
                   comment=answer, edited_arguments=None, now=timezone.now())
             if checked is not None:
@@ -248,6 +247,23 @@ def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
     return expire_interrupt(interrupt_id=interrupt.pk, now=now, actor=actor)
 
 
+def _lock_item(interrupt_id: int, *, run: Run | None) -> Interrupt:
+    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call loaded;
+    ``run`` (the item's run, already locked by the caller) is attached to both, so events and
+    transitions on them do not read the run again. Raises ``Interrupt.DoesNotExist``."""
+    interrupt = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=interrupt_id)
+    if run is not None and run.pk == interrupt.run_id:
+        interrupt.run = run
+        if interrupt.tool_call is not None:
+            interrupt.tool_call.run = run
+    return interrupt
+
+
+def _lock_run_and_item(interrupt_id: int, *, run_id: int) -> Interrupt:
+    """Lock run ``run_id`` first, then its item ``interrupt_id`` (the order every writer of both keeps)."""
+    return _lock_item(interrupt_id, run=Run.objects.select_for_update().get(pk=run_id))
+
+
 def decide_interrupt(
     *, interrupt: Interrupt, user, decision: str, comment: str = "", edited_arguments: dict | None = None
 ) -> Interrupt:
@@ -269,8 +285,7 @@ def decide_interrupt(
     with transaction.atomic():
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
-        Run.objects.select_for_update().get(pk=interrupt.run_id)
-        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
         apply(interrupt.resolve, actor=actor, reason=decision, decision=decision, user=user, comment=comment,
               edited_arguments=edited_arguments, now=timezone.now())
         if decision == Decision.APPROVED:
