@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('approvals', '0001_initial'),
+        ('approvals', '0002_answerfile'),
         ('runs', '0012_scale_indexes'),
         ('tools', '0006_order_moves_to_demo'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
