@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.error_display import admin_error
-from runs.admin_base import ReadOnlyAdminMixin, all_fields, labelled, truncated, with_remaining_fields
+from runs.admin_base import ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
 from runs.admin_forms import AgentAdminForm
 from runs.admin_inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
 from runs.engine.agents import may_loosen_policy
@@ -118,7 +118,7 @@ class RunAdmin(admin.ModelAdmin):
     """
 
     list_display = (
-        "id", "agent", "requested_by", "status_label", "phase_label", "waiting_reason_label", "outcome_label",
+        "id", "agent", "requested_by", "status_", "phase_", "waiting_reason_", "outcome_",
         "outcome_reason_summary", "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
     )
     list_display_links = ("id",)
@@ -138,16 +138,16 @@ class RunAdmin(admin.ModelAdmin):
             "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome", "outcome_reason", "error",
             "final_output", "cancel_requested_at",
         )}),
-        (gettext_lazy("Usage"), {"fields": (
+        (gettext_lazy("Usage"), {"classes": ["collapse"], "fields": (
             "model_calls", "repair_turns", "incomplete_nudges", "input_tokens", "output_tokens", "last_event_seq",
         )}),
         (gettext_lazy("Times"), {"fields": ("created_at", "updated_at", "started_at", "finished_at")}),
     )
 
-    status_label = labelled("status", gettext_lazy("status"))
-    phase_label = labelled("phase", gettext_lazy("phase"))
-    waiting_reason_label = labelled("waiting_reason", gettext_lazy("waiting for"))
-    outcome_label = labelled("outcome", gettext_lazy("outcome"))
+    status_ = column("status", gettext_lazy("Status"), as_word=True)
+    phase_ = column("phase", gettext_lazy("Phase"), as_word=True)
+    waiting_reason_ = column("waiting_reason", gettext_lazy("Waiting for"), as_word=True)
+    outcome_ = column("outcome", gettext_lazy("Outcome"), as_word=True)
 
     def get_fieldsets(self, request, obj=None):
         return with_remaining_fields(self.base_fieldsets, Run)

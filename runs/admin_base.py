@@ -7,7 +7,7 @@ Used by ``runs.admin``, ``runs.admin_inlines``, ``tools.admin``,
 import json
 
 from django.contrib import admin
-from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.utils import display_for_field, flatten_fieldsets
 from django.core.paginator import Paginator
 from django.db.models import Model
 from django.forms.models import BaseInlineFormSet
@@ -59,17 +59,24 @@ def folded_json(value) -> str:
                                                                         default=str))
 
 
-def labelled(field: str, description) -> staticmethod:
-    """An admin column showing ``field``'s machine value as its page word (``runs.labels.label``), sortable by it.
+def column(field: str, description, *, as_word: bool = False) -> staticmethod:
+    """An admin column (changelist or inline) showing the model field ``field`` under a translatable heading.
 
-    Assign it to a name in a ``ModelAdmin`` or inline class body and list that name.
+    The value is shown as the admin shows that field (datetimes with seconds
+    in the request's zone, booleans as icons, ``-`` when empty); with
+    ``as_word``, a machine value (a status, kind, reason) is shown as its page
+    word (``runs.labels.label``). Sortable by the field. Assign it to a name
+    in a ``ModelAdmin`` or inline class body and list that name.
     """
 
     @admin.display(description=description, ordering=field)
     def show(obj) -> str:
-        return label(getattr(obj, field))
+        value = getattr(obj, field)
+        if as_word:
+            return label(value)
+        return display_for_field(value, obj._meta.get_field(field), admin.site.empty_value_display)
 
-    show.__name__ = f"{field}_label"
+    show.__name__ = field
     return staticmethod(show)
 
 
