@@ -145,6 +145,7 @@ class PagedInlineMixin:
     site_anchor = ""
 
     def get_formset(self, request, obj=None, **kwargs):
+        """The inline's formset class for this request, knowing its page size, query parameter and page asked for."""
         formset = super().get_formset(request, obj, **kwargs)
         formset.per_page = self.per_page
         formset.page_param = f"{formset.get_default_prefix()}_page"

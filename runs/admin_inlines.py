@@ -95,6 +95,7 @@ class InterruptInline(PagedInlineMixin, ReadOnlyAdminMixin, admin.TabularInline)
     expires_at_ = column("expires_at", _("Expires"))
 
     def get_queryset(self, request):
+        """The items with who decided them, in one query."""
         return super().get_queryset(request).select_related("resolved_by")
 
 
