@@ -17,6 +17,7 @@ from django.utils.html import escape
 from approvals.models import Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
 from runs.admin_base import folded_json
+from runs.admin_inlines import SessionRunInline
 from runs.engine.completion import check_names
 from runs.models import Agent, Run, RunEvent, RunStatus, Session, WaitingReason
 from runs.engine.lifecycle import start_run
@@ -430,3 +431,23 @@ def test_admin_speaks_the_browsers_language(admin_web, demo, worker, language, w
     help_words = {"zh-hans": "人工批准", "en": "need a person's approval"}[language]
     assert help_words in agent_page
     assert ("运行" in index) == (language == "zh-hans")  # the app's name
+
+
+def test_a_session_with_a_page_of_its_runs_shown_can_still_be_renamed(admin_web, demo, worker, monkeypatch):
+    monkeypatch.setattr(SessionRunInline, "per_page", 2)
+    session = Session.objects.create(owner=demo["requester"], agent=Agent.objects.get(slug="cancel-order"))
+    for text in ("first", "second", "third"):
+        start_run(agent=session.agent, user=demo["requester"], input=text, session=session)
+        worker.drain()
+    url = change_url(session) + "?runs_page=2"
+    formset = inline_formset(admin_web.get(url), "runs")
+    assert [form.instance.input for form in formset.forms] == ["first"]  # newest first, two a page
+
+    data = {"title": "Cancel order 124", "metadata": "{}"}
+    data.update({f"runs-{key}": value for key, value in formset.management_form.initial.items()})
+    data.update({"runs-0-id": formset.forms[0].instance.pk, "runs-0-session": session.pk})
+    response = admin_web.post(url, data)
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    session.refresh_from_db()
+    assert session.title == "Cancel order 124" and session.runs.count() == 3
