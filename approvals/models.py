@@ -4,6 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.urls import reverse
 from django_fsm import FSMField, transition
 
 from runs.access import InterruptQuerySet
@@ -79,6 +80,10 @@ class Interrupt(FSMModel):
 
     def __str__(self):
         return f"{self.kind} #{self.pk} ({self.status})"
+
+    def get_absolute_url(self) -> str:
+        """The item's page in the inbox on the site."""
+        return reverse("inbox-item", args=[self.pk])
 
     def event_run(self):
         return self.run

@@ -177,6 +177,8 @@ AUTH_PASSWORD_VALIDATORS = [
 LANGUAGE_CODE = "en"
 LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
 LOCALE_PATHS = [BASE_DIR / "config" / "locale"]
+# Datetimes without an explicit format (the admin's) keep their seconds.
+FORMAT_MODULE_PATH = ["config.formats"]
 # Stored in UTC; pages show times in the zone of the browser's
 # "tollgate_tz" cookie (static/js/timezone.js), UTC without one.
 TIME_ZONE = "UTC"

@@ -123,12 +123,18 @@ class StrictJSONFormField(forms.JSONField):
         return forms.fields.JSONString(converted) if isinstance(converted, str) else converted
 
     def bound_data(self, data, initial):
-        """The submitted value for redisplay; text ``loads`` refuses is shown back as typed."""
+        """The submitted text for redisplay, exactly as typed (valid or not), so a form with errors keeps it.
+
+        ``InvalidJSONInput`` is Django's marker for text the widget shows as it is.
+        """
         if self.disabled:
             return initial
         if data is None:
             return None
-        try:
-            return loads(data)
-        except StrictJSONError:
-            return forms.fields.InvalidJSONInput(data)
+        return forms.fields.InvalidJSONInput(data)
+
+    def prepare_value(self, value):
+        """Text for the widget: submitted text as it came, a stored value as indented JSON."""
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json.dumps(value, ensure_ascii=False, indent=2, cls=self.encoder)

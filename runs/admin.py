@@ -6,97 +6,34 @@ The admin reads everything and writes through services only:
 * ``Run`` is view-only; the only change an admin can make is the
   "Cancel selected runs" action, which calls ``runs.engine.lifecycle.cancel_run_as``
   (who may cancel: ``Run.objects.cancellable_by``).
-  Its change page shows the timeline (``RunEvent``) and the tool calls inline.
+  Its change page shows the tool calls, the inbox items and the timeline
+  (``RunEvent``) inline, a page of rows at a time (``runs.admin_inlines``).
 * ``Step``, ``Message`` and ``RunEvent`` are append-only records written by
   the runtime: no add, no change, no delete.
 
-``ReadOnlyAdminMixin`` and ``all_fields`` are shared with ``tools.admin``
-and ``approvals.admin``.
+Runs, sessions and inbox items link to their pages on the site ("View on
+site", their ``get_absolute_url``). Times show seconds, in the time zone the
+browser reported (``config.formats``, ``config.middleware``). The shared
+pieces are in ``runs.admin_base``, the agent form in ``runs.admin_forms``.
 """
 
-from django import forms
 from django.contrib import admin, messages
-from django.db.models import Model
-from django.utils.text import Truncator
+from django.contrib.admin import DateFieldListFilter
 from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.error_display import admin_error
-from config.strict_json import StrictJSONFormField
-from runs.engine.agents import config_errors, may_loosen_policy
-from runs.labels import label
-from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
+from runs.admin_base import ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
+from runs.admin_forms import AgentAdminForm
+from runs.admin_inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
+from runs.engine.agents import may_loosen_policy
 from runs.engine.lifecycle import cancel_run_as
 from runs.errors import TollgateError
-from tools.models import ToolCall
-
-
-def all_fields(model: type[Model]) -> tuple[str, ...]:
-    """Names of every concrete field of ``model``, in declaration order."""
-    return tuple(field.name for field in model._meta.concrete_fields)
-
-
-def truncated(text: str, length: int = 80) -> str:
-    """``text`` on one line, cut to ``length`` characters for a changelist column."""
-    return Truncator(" ".join((text or "").split())).chars(length)
-
-
-def with_remaining_fields(fieldsets, model: type[Model], title: str = "More") -> tuple:
-    """``fieldsets`` plus a last section with every other non-key field of ``model``.
-
-    Keeps a hand-arranged page complete when fields are added to the model.
-    """
-    listed = {name for _, options in fieldsets for name in options["fields"]}
-    rest = tuple(f.name for f in model._meta.concrete_fields if not f.primary_key and f.name not in listed)
-    return tuple(fieldsets) + (((title, {"fields": rest}),) if rest else ())
-
-
-class ReadOnlyAdminMixin:
-    """View-only admin for records only the runtime writes: no add, change or delete.
-
-    Every concrete field is shown read-only (including ``auto_now_add``
-    timestamps, which a form would otherwise hide). Works for ``ModelAdmin``
-    and inlines alike.
-    """
-
-    def get_readonly_fields(self, request, obj=None):
-        return all_fields(self.model)
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+from runs.labels import label
+from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
 
 
 # --- Agent and Session ---------------------------------------------------
-
-
-class AgentAdminForm(forms.ModelForm):
-    """Checks an edited agent the way the API does (``runs.engine.agents.config_errors``, strict JSON).
-
-    ``may_loosen`` is set by ``AgentAdmin.get_form`` from the user's permission.
-    """
-
-    may_loosen = False
-
-    class Meta:
-        model = Agent
-        fields = "__all__"
-        field_classes = {"model": StrictJSONFormField, "tools": StrictJSONFormField,
-                         "approval_policy": StrictJSONFormField}
-
-    def clean(self):
-        data = super().clean()
-        errors = config_errors(model=data.get("model"), tools=data.get("tools") or [],
-                               approval_policy=data.get("approval_policy") or {},
-                               completion_check=data.get("completion_check") or "", may_loosen=self.may_loosen)
-        for field, problems in errors.items():
-            self.add_error(field if field in self.fields else None, problems)
-        return data
 
 
 @admin.register(Agent)
@@ -104,21 +41,26 @@ class AgentAdmin(admin.ModelAdmin):
     """Agent definitions: instructions, provider config, tools, approval policy, budgets."""
 
     form = AgentAdminForm
-    list_display = ("slug", "name", "completion_check", "max_turns", "created_at")
+    list_display = ("slug", "name", "completion_check", "tool_list", "max_turns", "created_at")
     search_fields = ("slug", "name", "instructions")
+    search_help_text = gettext_lazy("Slug, name or instructions.")
     list_filter = ("completion_check",)
     prepopulated_fields = {"slug": ("name",)}
     base_fieldsets = (
         (None, {"fields": ("slug", "name", "instructions")}),
-        ("Model and tools", {"fields": ("model", "tools", "approval_policy")}),
-        ("Budgets and completion", {"fields": ("completion_check", "max_turns")}),
+        (gettext_lazy("Model and tools"), {"fields": ("model", "tools", "approval_policy")}),
+        (gettext_lazy("Budgets and completion"), {"fields": ("completion_check", "max_turns")}),
     )
 
     def get_readonly_fields(self, request, obj=None):
         return tuple(f.name for f in Agent._meta.concrete_fields if not f.editable and not f.primary_key)
 
     def get_fieldsets(self, request, obj=None):
-        return with_remaining_fields(self.base_fieldsets, Agent, "Budgets and more")
+        return with_remaining_fields(self.base_fieldsets, Agent, gettext_lazy("Budgets and more"))
+
+    @admin.display(description=gettext_lazy("tools"))
+    def tool_list(self, agent: Agent) -> str:
+        return ", ".join(agent.tools) if agent.tools else _("all")
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
@@ -132,23 +74,6 @@ class AgentAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
 
 
-class SessionRunInline(ReadOnlyAdminMixin, admin.TabularInline):
-    """The runs of a session, newest first, each linking to its run page."""
-
-    model = Run
-    fields = ("status", "phase", "waiting_reason", "outcome", "failure_type", "input_summary", "created_at")
-    ordering = ("-created_at",)
-    show_change_link = True
-    extra = 0
-
-    def get_readonly_fields(self, request, obj=None):
-        return self.fields
-
-    @admin.display(description=gettext_lazy("input"))
-    def input_summary(self, run: Run) -> str:
-        return truncated(run.input)
-
-
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
     """Conversation threads. Only the title is editable; owner and agent are fixed once created.
@@ -158,8 +83,9 @@ class SessionAdmin(admin.ModelAdmin):
     """
 
     list_display = ("id", "title", "owner", "agent", "created_at")
-    list_filter = ("agent",)
+    list_filter = ("agent", ("created_at", DateFieldListFilter))
     search_fields = ("title", "owner__username", "agent__slug", "=id")
+    search_help_text = gettext_lazy("Title, owner's username, agent's slug or session id.")
     list_select_related = ("owner", "agent")
     date_hierarchy = "created_at"
     raw_id_fields = ("owner",)
@@ -173,32 +99,12 @@ class SessionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def get_view_on_site_url(self, obj=None):
+        """The newest run's page (``Session.get_absolute_url``); none while the session has no run."""
+        return super().get_view_on_site_url(obj) if obj is not None and obj.runs.exists() else None
+
 
 # --- Run -----------------------------------------------------------------
-
-
-class RunEventInline(ReadOnlyAdminMixin, admin.TabularInline):
-    """The run's timeline: every event in ``seq`` order, read-only."""
-
-    model = RunEvent
-    fields = ("seq", "type", "from_status", "to_status", "actor", "reason", "payload", "created_at")
-    ordering = ("seq",)
-    extra = 0
-    verbose_name = "timeline event"
-    verbose_name_plural = "Timeline"
-
-
-class ToolCallInline(ReadOnlyAdminMixin, admin.TabularInline):
-    """The run's tool calls in the order they were proposed, read-only."""
-
-    model = ToolCall
-    fields = ("id", "name", "status", "arguments", "side_effect", "attempts", "error", "created_at", "finished_at")
-    ordering = ("id",)
-    show_change_link = True
-    extra = 0
-
-    def get_readonly_fields(self, request, obj=None):
-        return self.fields
 
 
 @admin.register(Run)
@@ -212,27 +118,36 @@ class RunAdmin(admin.ModelAdmin):
     """
 
     list_display = (
-        "id", "agent", "requested_by", "status", "phase", "waiting_reason", "outcome", "outcome_reason_summary",
-        "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
+        "id", "agent", "requested_by", "status_", "phase_", "waiting_reason_", "outcome_",
+        "outcome_reason_summary", "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
     )
     list_display_links = ("id",)
-    list_filter = ("status", "phase", "waiting_reason", "failure_type", "outcome", "agent")
-    search_fields = ("=id", "input", "final_output", "outcome_reason", "error", "idempotency_key", "requested_by__username", "agent__slug")
+    list_filter = ("status", "waiting_reason", "phase", "failure_type", "outcome", "agent",
+                   ("created_at", DateFieldListFilter), ("finished_at", DateFieldListFilter))
+    search_fields = ("=id", "input", "final_output", "outcome_reason", "error", "idempotency_key",
+                     "requested_by__username", "agent__slug")
+    search_help_text = gettext_lazy(
+        "Run id, requester's username, agent's slug, or words of the input, output, outcome reason or error.")
     list_select_related = ("agent", "requested_by", "session__agent")
     date_hierarchy = "created_at"
     actions = ["cancel_selected_runs"]
-    inlines = [ToolCallInline, RunEventInline]
+    inlines = [ToolCallInline, InterruptInline, RunEventInline]
     base_fieldsets = (
         (None, {"fields": ("session", "agent", "requested_by", "input", "idempotency_key", "retry_of")}),
-        ("State", {"fields": (
+        (gettext_lazy("State"), {"fields": (
             "status", "phase", "waiting_reason", "wake_at", "failure_type", "outcome", "outcome_reason", "error",
             "final_output", "cancel_requested_at",
         )}),
-        ("Usage", {"fields": (
+        (gettext_lazy("Usage"), {"classes": ["collapse"], "fields": (
             "model_calls", "repair_turns", "incomplete_nudges", "input_tokens", "output_tokens", "last_event_seq",
         )}),
-        ("Times", {"fields": ("created_at", "updated_at", "started_at", "finished_at")}),
+        (gettext_lazy("Times"), {"fields": ("created_at", "updated_at", "started_at", "finished_at")}),
     )
+
+    status_ = column("status", gettext_lazy("Status"), as_word=True)
+    phase_ = column("phase", gettext_lazy("Phase"), as_word=True)
+    waiting_reason_ = column("waiting_reason", gettext_lazy("Waiting for"), as_word=True)
+    outcome_ = column("outcome", gettext_lazy("Outcome"), as_word=True)
 
     def get_fieldsets(self, request, obj=None):
         return with_remaining_fields(self.base_fieldsets, Run)

@@ -10,6 +10,7 @@ in the same database transaction.
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
+from django.urls import reverse
 from django.utils import timezone
 from django_fsm import FSMField, transition
 
@@ -82,6 +83,11 @@ class Session(models.Model):
 
     def __str__(self):
         return f"session {self.pk} ({self.agent.slug})"
+
+    def get_absolute_url(self) -> str:
+        """The page of the session's newest run (it shows the whole conversation), or the run list before any run."""
+        newest = self.runs.order_by("-created_at", "-pk").values_list("pk", flat=True).first()
+        return reverse("run-list") if newest is None else reverse("run-detail", args=[newest])
 
 
 class RunStatus(models.TextChoices):
@@ -252,6 +258,10 @@ class Run(FSMModel):
 
     def __str__(self):
         return f"run {self.pk} ({self.status})"
+
+    def get_absolute_url(self) -> str:
+        """The run's page on the site (timeline, tool calls, inbox items)."""
+        return reverse("run-detail", args=[self.pk])
 
     @property
     def is_terminal(self) -> bool:

@@ -1,19 +1,27 @@
 """The Django admin: every page renders, nothing is written but through services."""
 
 import json
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib import admin
+from django.contrib.contenttypes.models import ContentType
 from django.contrib.messages import WARNING
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.test import RequestFactory
 from django.urls import reverse
+from django.utils.html import escape
 
 from approvals.models import Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
-from runs.models import Agent, Run, RunStatus, WaitingReason
+from runs.admin_base import folded_json
+from runs.admin_inlines import SessionRunInline
+from runs.engine.completion import check_names
+from runs.models import Agent, Run, RunEvent, RunStatus, Session, WaitingReason
 from runs.engine.lifecycle import start_run
+from tools.registry import all_tools, get_tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -218,15 +226,228 @@ def test_agent_is_editable(admin_web, demo):
     assert agent.model["provider"] == "scripted"
 
 
+def agent_form_data(agent: Agent, **changes) -> dict:
+    """What the agent's change form posts when nothing is touched, with ``changes`` applied."""
+    data = {"slug": agent.slug, "name": agent.name, "instructions": agent.instructions,
+            "model": json.dumps(agent.model), "tools": list(agent.tools),
+            "approval_policy": json.dumps(agent.approval_policy), "completion_check": agent.completion_check,
+            "max_turns": agent.max_turns}
+    return {**data, **changes}
+
+
 def test_agent_admin_refuses_a_config_a_run_would_trip_over(demo, admin_client):
     agent = Agent.objects.get(slug="refund-order")
-    url = reverse("admin:runs_agent_change", args=[agent.pk])
-    form = {"slug": agent.slug, "name": agent.name, "instructions": "", "model": json.dumps(agent.model),
-            "tools": json.dumps(["query_order", "teleport"]), "approval_policy": json.dumps({"refund": "sometimes"}),
-            "completion_check": "refund", "max_turns": 5}
-    response = admin_client.post(url, form)
+    form = agent_form_data(agent, tools=["query_order", "teleport"],
+                           approval_policy=json.dumps({"refund": "sometimes"}))
+    response = admin_client.post(change_url(agent), form)
     assert response.status_code == 200
-    page = response.content.decode()
-    assert "Unknown tool &#x27;teleport&#x27;" in page and "sometimes" in page
+    errors = response.context["adminform"].form.errors
+    assert errors["tools"] == ["Select a valid choice. teleport is not one of the available choices."]
+    assert "sometimes" in errors["approval_policy"][0]
     agent.refresh_from_db()
     assert agent.tools == ["query_order", "refund"]
+
+
+# --- issue 12: the run page, "View on site", the agent form, zh-Hans ------
+
+
+def inline_formset(response, prefix: str):
+    """The formset of the inline with ``prefix`` (e.g. ``events``) on an admin change page."""
+    return next(inline.formset for inline in response.context["inline_admin_formsets"]
+                if inline.formset.prefix == prefix)
+
+
+def test_run_page_shows_timeline_with_seconds_in_the_browsers_zone_and_folds_long_payloads(admin_web, demo, worker):
+    run = finish_refund(demo, worker)
+    zone = ZoneInfo("Asia/Shanghai")
+    admin_web.cookies["tollgate_tz"] = "Asia/Shanghai"
+
+    response = admin_web.get(change_url(run))
+
+    events = list(run.events.order_by("seq"))
+    assert [form.instance.seq for form in inline_formset(response, "events").forms] == [e.seq for e in events]
+    html = response.content.decode()
+    for event in events:  # to the second, in the browser's zone, not UTC
+        assert event.created_at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S") in html
+    assert 'data-time-zone="Asia/Shanghai"' in html
+    long_payload = next(e.payload for e in events if len(json.dumps(e.payload, ensure_ascii=False)) > 60)
+    folded = folded_json(long_payload)
+    assert folded.startswith('<details class="folded-json"><summary><code>') and folded in html
+    short = next(e for e in events if 0 < len(json.dumps(e.payload)) <= 60 and e.payload)
+    assert f"<code>{escape(json.dumps(short.payload))}</code>" in html
+    assert f'href="/runs/{run.pk}/#timeline"' in html  # the whole timeline on the site
+
+
+def test_run_page_lists_its_inbox_items_with_decision_who_and_links(admin_web, demo, worker):
+    run = finish_refund(demo, worker)
+    item = run.interrupts.get()
+
+    response = admin_web.get(change_url(run))
+
+    form, = inline_formset(response, "interrupts").forms
+    assert form.instance == item
+    html = response.content.decode()
+    row = html[html.index('id="interrupts-0"'):html.index("</tr>", html.index('id="interrupts-0"'))]
+    for text in ("approval", "resolved", "approved", "approver", f'href="{change_url(item)}"',
+                 item.resolved_at.strftime("%Y-%m-%d %H:%M:%S")):
+        assert text in row, text
+    site_link = reverse("admin:view_on_site", args=[ContentType.objects.get_for_model(Interrupt).pk, item.pk])
+    assert f'href="{site_link}"' in row
+    assert site_path(admin_web.get(site_link)) == f"/inbox/{item.pk}/"
+    assert 'name="interrupts-0-status"' not in html  # read-only
+
+
+def test_timeline_shows_fifty_events_a_page(admin_web, demo, worker):
+    run = start_refund(demo, worker)
+    first = run.events.count()
+    with CaptureQueriesContext(connection) as few:
+        admin_web.get(change_url(run))
+    RunEvent.objects.bulk_create(RunEvent(run=run, seq=seq, type="note", actor="system", reason=f"note {seq}")
+                                 for seq in range(first + 1, 131))
+
+    def seqs(query=""):
+        return [form.instance.seq for form in inline_formset(admin_web.get(change_url(run) + query), "events").forms]
+
+    assert seqs() == list(range(1, 51))
+    assert seqs("?events_page=2") == list(range(51, 101))
+    assert seqs("?events_page=3") == list(range(101, 131))
+    assert seqs("?events_page=99") == seqs("?events_page=3")  # past the end: the last page
+    assert seqs("?events_page=x%27") == seqs()  # not a number: the first
+    with CaptureQueriesContext(connection) as many:
+        html = admin_web.get(change_url(run) + "?events_page=2").content.decode()
+    assert len(many) == len(few)  # a page of rows costs the same queries however long the run is
+    assert "51–100 of 130" in html
+    assert 'href="?events_page=1"' in html and 'href="?events_page=3"' in html
+
+
+def site_path(response) -> str:
+    """Where a redirect of the admin's "View on site" leads, as a path of this site."""
+    assert response.status_code == 302
+    return urlsplit(response["Location"]).path
+
+
+@pytest.mark.parametrize("model", [Run, Interrupt, Session])
+def test_view_on_site_leads_to_the_page_on_the_site(admin_web, demo, worker, model):
+    run = finish_refund(demo, worker)
+    later = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    worker.drain()
+    session = Session.objects.create(owner=demo["requester"], agent=run.agent)
+    Run.objects.filter(pk__in=[run.pk, later.pk]).update(session=session)
+    obj = {Run: run, Interrupt: run.interrupts.get(), Session: session}[model]
+    expected = {Run: f"/runs/{run.pk}/", Interrupt: f"/inbox/{obj.pk}/", Session: f"/runs/{later.pk}/"}[model]
+
+    link = reverse("admin:view_on_site", args=[ContentType.objects.get_for_model(model).pk, obj.pk])
+    assert f'href="{link}"' in admin_web.get(change_url(obj)).content.decode()
+    assert site_path(admin_web.get(link)) == expected
+    assert admin_web.get(expected).status_code == 200
+
+
+def test_a_session_without_runs_has_no_view_on_site(admin_web, demo):
+    session = Session.objects.create(owner=demo["requester"], agent=Agent.objects.get(slug="refund-order"))
+
+    html = admin_web.get(change_url(session)).content.decode()
+
+    assert reverse("admin:view_on_site", args=[ContentType.objects.get_for_model(Session).pk, session.pk]) not in html
+
+
+def test_agent_form_offers_the_registered_checks_and_tools(admin_web, demo):
+    agent = Agent.objects.get(slug="refund-order")
+    form = admin_web.get(change_url(agent)).context["adminform"].form
+
+    assert [value for value, _ in form.fields["completion_check"].choices] == check_names()
+    assert [value for value, _ in form.fields["tools"].choices] == [tool.name for tool in all_tools()]
+    labels = dict(form.fields["tools"].choices)
+    assert labels["refund"] == f"refund (changes things; approval: {get_tool('refund').approval})"
+    assert labels["query_order"] == "query_order (read-only; approval: never)"
+    for name in ("model", "approval_policy", "tools", "completion_check"):
+        assert form.fields[name].help_text, name
+
+    response = admin_web.post(change_url(agent), agent_form_data(agent, tools=["query_order", "refund", "send_email"],
+                                                                 completion_check="default"))
+
+    assert response.status_code == 302
+    agent.refresh_from_db()
+    assert (agent.tools, agent.completion_check) == (["query_order", "refund", "send_email"], "default")
+
+
+def test_agent_form_errors_keep_what_was_typed(admin_web, demo):
+    agent = Agent.objects.get(slug="refund-order")
+    typed_policy = '{\n  "refund":   "amount >> 5"\n}'
+    typed_model = '{"provider": "scripted", "turns": [}'
+
+    response = admin_web.post(change_url(agent), agent_form_data(
+        agent, approval_policy=typed_policy, model=typed_model, completion_check="no-such-check", tools=["refund"]))
+
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert set(form.errors) == {"approval_policy", "model", "completion_check"}
+    assert form.errors["model"] == ["Not valid JSON (line 1, column 36)."]
+    assert form.errors["approval_policy"][0].startswith("refund: ")
+    assert len(form.errors["completion_check"]) == 1  # the choice's own message, not a second one
+    html = response.content.decode()
+    assert f">\n{escape(typed_policy)}</textarea>" in html
+    assert f">\n{escape(typed_model)}</textarea>" in html
+    assert 'value="refund" id="id_tools_' in html and html.count(" checked>") == 1
+    agent.refresh_from_db()
+    assert agent.approval_policy == {} and agent.tools == ["query_order", "refund"]
+
+
+def test_agent_form_keeps_a_tool_that_is_no_longer_registered_until_removed(admin_web, demo):
+    agent = Agent.objects.get(slug="refund-order")
+    Agent.objects.filter(pk=agent.pk).update(tools=["refund", "retired_tool"], completion_check="retired_check")
+    agent.refresh_from_db()
+
+    form = admin_web.get(change_url(agent)).context["adminform"].form
+    assert form["tools"].value() == ["refund", "retired_tool"]
+    assert dict(form.fields["tools"].choices)["retired_tool"] == "retired_tool (not registered)"
+    assert form["completion_check"].value() == "retired_check"
+
+    response = admin_web.post(change_url(agent), agent_form_data(agent))
+    errors = response.context["adminform"].form.errors
+    assert errors["tools"] == ["Unknown tool 'retired_tool'."]
+    assert errors["completion_check"][0].startswith("Unknown completion check 'retired_check'")
+
+    response = admin_web.post(change_url(agent), agent_form_data(agent, tools=["refund"], completion_check="refund"))
+    assert response.status_code == 302
+    agent.refresh_from_db()
+    assert agent.tools == ["refund"]
+
+
+@pytest.mark.parametrize("language, words", [
+    ("zh-hans", {"时间线", "收件箱条目", "在站点上查看", "审批", "已批准", "站点管理", "年"}),
+    ("en", {"Timeline", "Inbox items", "View on site", "approval", "approved", "Site administration"}),
+])
+def test_admin_speaks_the_browsers_language(admin_web, demo, worker, language, words):
+    run = finish_refund(demo, worker)
+    agent = run.agent
+
+    run_page = admin_web.get(change_url(run), HTTP_ACCEPT_LANGUAGE=language).content.decode()
+    agent_page = admin_web.get(change_url(agent), HTTP_ACCEPT_LANGUAGE=language).content.decode()
+    index = admin_web.get(reverse("admin:index"), HTTP_ACCEPT_LANGUAGE=language).content.decode()
+
+    assert f'<html lang="{language}"' in run_page
+    for word in words:
+        assert word in run_page + index, word
+    help_words = {"zh-hans": "人工批准", "en": "need a person's approval"}[language]
+    assert help_words in agent_page
+    assert ("运行" in index) == (language == "zh-hans")  # the app's name
+
+
+def test_a_session_with_a_page_of_its_runs_shown_can_still_be_renamed(admin_web, demo, worker, monkeypatch):
+    monkeypatch.setattr(SessionRunInline, "per_page", 2)
+    session = Session.objects.create(owner=demo["requester"], agent=Agent.objects.get(slug="cancel-order"))
+    for text in ("first", "second", "third"):
+        start_run(agent=session.agent, user=demo["requester"], input=text, session=session)
+        worker.drain()
+    url = change_url(session) + "?runs_page=2"
+    formset = inline_formset(admin_web.get(url), "runs")
+    assert [form.instance.input for form in formset.forms] == ["first"]  # newest first, two a page
+
+    data = {"title": "Cancel order 124", "metadata": "{}"}
+    data.update({f"runs-{key}": value for key, value in formset.management_form.initial.items()})
+    data.update({"runs-0-id": formset.forms[0].instance.pk, "runs-0-session": session.pk})
+    response = admin_web.post(url, data)
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    session.refresh_from_db()
+    assert session.title == "Cancel order 124" and session.runs.count() == 3

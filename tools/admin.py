@@ -6,7 +6,7 @@
 from django.contrib import admin
 from django.utils.translation import gettext_lazy
 
-from runs.admin import ReadOnlyAdminMixin, truncated
+from runs.admin_base import ReadOnlyAdminMixin, truncated
 from tools.models import ToolCall
 
 
@@ -19,6 +19,7 @@ class ToolCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     )
     list_filter = ("name", "status", "side_effect", "run__agent")
     search_fields = ("=id", "=run__id", "name", "provider_call_id", "idempotency_key", "raw_arguments", "error")
+    search_help_text = gettext_lazy("Call or run id, tool name, the model's call id, idempotency key, arguments or error.")
     list_select_related = ("run",)
     date_hierarchy = "created_at"
 

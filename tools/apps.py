@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class ToolsConfig(AppConfig):
@@ -9,7 +10,7 @@ class ToolsConfig(AppConfig):
     """
 
     name = "tools"
-    verbose_name = "Tools"
+    verbose_name = _("Tools")
 
     def ready(self):
         # The core's own waiting tools register themselves on import.

@@ -7,8 +7,9 @@ again" calls ``services.redeliver``.
 """
 
 from django.contrib import admin, messages
+from django.utils.translation import gettext as _, gettext_lazy, ngettext
 
-from runs.admin import ReadOnlyAdminMixin, truncated
+from runs.admin_base import ReadOnlyAdminMixin, truncated
 from runs.errors import TollgateError
 from runs.webhooks.models import WebhookDelivery, WebhookSubscription
 from runs.webhooks.services import redeliver, update_subscription
@@ -44,11 +45,11 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     date_hierarchy = "created_at"
     actions = ["redeliver_selected"]
 
-    @admin.display(description="answer")
+    @admin.display(description=gettext_lazy("answer"))
     def response_start(self, delivery: WebhookDelivery) -> str:
         return truncated(delivery.last_response or delivery.last_error, 60)
 
-    @admin.action(description="Send selected deliveries again")
+    @admin.action(description=gettext_lazy("Send selected deliveries again"))
     def redeliver_selected(self, request, queryset):
         """``services.redeliver`` for each selected delivery; refusals are reported per delivery."""
         done = 0
@@ -56,9 +57,10 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             try:
                 redeliver(delivery)
             except TollgateError as exc:
-                self.message_user(request, f"Delivery {delivery.pk} was not queued: {exc.message}",
-                                  level=messages.WARNING)
+                self.message_user(request, _("Delivery %(delivery)s was not queued: %(error)s")
+                                  % {"delivery": delivery.pk, "error": exc.message}, level=messages.WARNING)
             else:
                 done += 1
         if done:
-            self.message_user(request, f"Queued {done} delivery(ies) again.", level=messages.SUCCESS)
+            self.message_user(request, ngettext("Queued %(count)d delivery again.", "Queued %(count)d deliveries again.",
+                                                done) % {"count": done}, level=messages.SUCCESS)

@@ -1,10 +1,11 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class WebhooksConfig(AppConfig):
     name = "runs.webhooks"
     label = "webhooks"
-    verbose_name = "Webhooks"
+    verbose_name = _("Webhooks")
 
     def ready(self):
         # Connecting the outbox to the event log, and declaring the actors

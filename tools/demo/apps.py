@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class DemoConfig(AppConfig):
@@ -6,7 +7,7 @@ class DemoConfig(AppConfig):
 
     name = "tools.demo"
     label = "demo"
-    verbose_name = "Demo shop"
+    verbose_name = _("Demo shop")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
