@@ -4,22 +4,21 @@ Who may decide or look at an item is ``Interrupt.objects.decidable_by`` /
 ``visible_to`` (``runs.access``); these functions only load what a page shows.
 """
 
-from django.db.models import Count
+from collections import defaultdict
+from dataclasses import dataclass, field
 
-from approvals.models import Interrupt, InterruptStatus
+from django.db.models import Count, Q, Subquery
+from django.utils import timezone
+
+from approvals.models import Interrupt, InterruptKind, InterruptStatus
+from runs.models import Agent
+from tools.models import ToolCall
+from tools.registry import Together
+from tools.services.summary import describe_many, judge_groups
 
 
 def _with_relations(queryset):
     return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by")
-
-
-def inbox_items(*, user):
-    """Pending items ``user`` may decide, newest first, in one query whatever their number.
-
-    Each has ``same_action_calls``: how many later calls re-proposed its tool call's action.
-    """
-    return (_with_relations(Interrupt.objects.decidable_by(user).filter(status=InterruptStatus.PENDING))
-            .annotate(same_action_calls=Count("tool_call__duplicates")).order_by("-created_at", "-id"))
 
 
 def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
@@ -31,3 +30,209 @@ def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
 def run_pending_interrupts(*, run) -> list[Interrupt]:
     """The run's pending inbox items, oldest first."""
     return list(_with_relations(run.interrupts.filter(status=InterruptStatus.PENDING)).order_by("created_at", "id"))
+
+
+# --- the inbox list ----------------------------------------------------------
+
+PAGE_SIZE = 25
+COUNT_CAP = 1000  # the navigation counts at most this many items, then says "1000+"
+SORTS = ("expiry", "oldest", "newest")
+FAR_FUTURE_MS = 2 ** 53 - 1  # the order key of an item that never expires (sorts last)
+
+
+@dataclass(frozen=True)
+class InboxFilters:
+    """What the inbox list shows, validated (``approvals.forms.InboxFilterForm``).
+
+    ``sort``: one of ``SORTS``; ``kind``, ``tool`` (tool name), ``agent``
+    (slug), ``requester`` (username): exact matches, "" for any;
+    ``search``: case-insensitive text in the title, the tool's name or the
+    model's arguments, "" for none.
+    """
+
+    sort: str = "expiry"
+    kind: str = ""
+    tool: str = ""
+    agent: str = ""
+    requester: str = ""
+    search: str = ""
+
+
+@dataclass
+class InboxPage:
+    """One page of the inbox: ``rows`` (``Interrupt`` objects with ``description``, ``urgency``,
+    ``order_key``, ``related`` and ``same_action_calls`` set), ``next_after`` (the id to pass as
+    ``after`` for the next page, None on the last one)."""
+
+    rows: list = field(default_factory=list)
+    next_after: int | None = None
+
+
+@dataclass(frozen=True)
+class RelatedCue:
+    """Other pending items on the same target as a row: how many, and the tool's verdict on all of them
+    together (``tools.registry.Together``: ``all_can_succeed`` True / False / None, ``note``)."""
+
+    others: int
+    together: Together
+
+
+def agent_slugs() -> list[str]:
+    """Every agent's slug, sorted (the inbox's agent filter)."""
+    return list(Agent.objects.order_by("slug").values_list("slug", flat=True))
+
+
+def pending_decidable(*, user, filters: InboxFilters = InboxFilters()):
+    """Pending items ``user`` may decide, narrowed by ``filters`` (not ordered)."""
+    items = Interrupt.objects.decidable_by(user).filter(status=InterruptStatus.PENDING)
+    if filters.kind:
+        items = items.filter(kind=filters.kind)
+    if filters.tool:
+        items = items.filter(tool_call__name=filters.tool)
+    if filters.agent:
+        items = items.filter(run__agent__slug=filters.agent)
+    if filters.requester:
+        items = items.filter(run__requested_by__username=filters.requester)
+    if filters.search:
+        items = items.filter(Q(title__icontains=filters.search) | Q(tool_call__name__icontains=filters.search)
+                             | Q(tool_call__raw_arguments__icontains=filters.search))
+    return items
+
+
+def _segments(sort: str, anchor) -> list[tuple[Q, tuple[str, ...]]]:
+    """The keyset of one sort after ``anchor`` (the last row shown, or None): ``[(condition, order)]``.
+
+    Read the segments in turn: "expiring soonest" is the items with an
+    expiry by (expires_at, id), then those that never expire by id; each
+    segment is one range scan of a partial index (``Interrupt.Meta.indexes``),
+    whatever the page's depth.
+    """
+    if sort == "expiry":
+        never = (Q(expires_at__isnull=True), ("id",))
+        if anchor is None:
+            return [(Q(expires_at__isnull=False), ("expires_at", "id")), never]
+        if anchor.expires_at is None:
+            return [(Q(expires_at__isnull=True, id__gt=anchor.pk), ("id",))]
+        at = anchor.expires_at
+        return [(Q(expires_at__gte=at) & ~Q(expires_at=at, id__lte=anchor.pk), ("expires_at", "id")), never]
+    if sort == "oldest":
+        after = Q() if anchor is None else Q(created_at__gte=anchor.created_at) & ~Q(
+            created_at=anchor.created_at, id__lte=anchor.pk)
+        return [(after, ("created_at", "id"))]
+    after = Q() if anchor is None else Q(created_at__lte=anchor.created_at) & ~Q(
+        created_at=anchor.created_at, id__gte=anchor.pk)
+    return [(after, ("-created_at", "-id"))]
+
+
+def inbox_page(*, user, filters: InboxFilters = InboxFilters(), after: int | None = None,
+               size: int = PAGE_SIZE, now=None) -> InboxPage:
+    """The page of pending items ``user`` may decide that follows item ``after`` (None: the first page).
+
+    Keyset pagination: the page is read from where the last one ended (the
+    anchor item's sort key and id), never by counting or skipping rows, so
+    page 1 and page 40,000 cost alike. An ``after`` that names no item
+    (deleted) starts again at the first page. Each row is decorated
+    (``decorate_rows``). A fixed number of queries per page.
+    """
+    anchor = Interrupt.objects.filter(pk=after).order_by().first() if after else None
+    items = pending_decidable(user=user, filters=filters)
+    rows: list = []
+    for condition, order in _segments(filters.sort, anchor):
+        rows += list(_with_relations(items.filter(condition)).order_by(*order)[: size + 1 - len(rows)])
+        if len(rows) > size:
+            break
+    page = InboxPage(rows=rows[:size], next_after=rows[size - 1].pk if len(rows) > size else None)
+    decorate_rows(page.rows, user=user, sort=filters.sort, now=now)
+    return page
+
+
+def rows_of_runs(*, user, run_ids: list[int], filters: InboxFilters = InboxFilters(), now=None) -> list:
+    """The pending items of runs ``run_ids`` that ``user`` may decide and ``filters`` keep, decorated."""
+    rows = list(_with_relations(pending_decidable(user=user, filters=filters).filter(run_id__in=run_ids))
+                .order_by("id"))
+    decorate_rows(rows, user=user, sort=filters.sort, now=now)
+    return rows
+
+
+def urgency(expires_at, now) -> str:
+    """``"overdue"`` (past), ``"urgent"`` (within an hour), ``"soon"`` (within a day), ``"later"``, or
+    ``"never"`` (no expiry): the CSS class of a row's expiry."""
+    if expires_at is None:
+        return "never"
+    left = (expires_at - now).total_seconds()
+    if left <= 0:
+        return "overdue"
+    return "urgent" if left <= 3600 else "soon" if left <= 86400 else "later"
+
+
+def _order_key(item, sort: str) -> tuple[int, int]:
+    """Two integers that sort rows as ``sort`` does, ascending (for the page's live patching)."""
+    if sort == "expiry":
+        expiry = item.expires_at
+        return (int(expiry.timestamp() * 1000) if expiry else FAR_FUTURE_MS), item.pk
+    created = int(item.created_at.timestamp() * 1000)
+    return (created, item.pk) if sort == "oldest" else (-created, -item.pk)
+
+
+def decorate_rows(rows: list, *, user, sort: str = "expiry", now=None) -> None:
+    """Set on each row ``description`` (``tools.services.summary``), ``urgency``, ``order_key``,
+    ``same_action_calls`` (later calls that re-proposed its action) and ``related`` (a ``RelatedCue``,
+    or None when no other pending item ``user`` may decide acts on the same target).
+
+    Four queries at most plus each tool's summary hooks, whatever the number of rows.
+    """
+    now = now or timezone.now()
+    descriptions = describe_many([row.tool_call for row in rows])
+    repeated = dict(ToolCall.objects.filter(duplicate_of_id__in=[r.tool_call_id for r in rows if r.tool_call_id])
+                    .values_list("duplicate_of_id").annotate(n=Count("id")).order_by()) if rows else {}
+    related = _related(rows, user=user)
+    for row, description in zip(rows, descriptions):
+        row.description = description
+        row.urgency = urgency(row.expires_at, now)
+        row.order_key = _order_key(row, sort)
+        row.same_action_calls = repeated.get(row.tool_call_id, 0)
+        row.related = related.get(row.pk)
+
+
+def _related(rows: list, *, user) -> dict[int, RelatedCue]:
+    """``{row id: RelatedCue}`` for the rows with other pending approval items on their target.
+
+    One query reads every pending approval item ``user`` may decide on the
+    rows' targets (a partial index on ``target``); each tool then judges
+    its groups in one call of its ``judge_together`` hook.
+    """
+    targets = {row.target for row in rows if row.target}
+    if not targets:
+        return {}
+    pending = (Interrupt.objects.decidable_by(user)
+               .filter(status=InterruptStatus.PENDING, kind=InterruptKind.APPROVAL, target__in=targets)
+               .order_by().values_list("pk", "target", "tool_call__name", "tool_call__arguments"))
+    groups: dict[str, list] = defaultdict(list)
+    for pk, target, name, arguments in pending:
+        groups[target].append((pk, name, arguments or {}))
+    groups = {target: members for target, members in groups.items() if len(members) > 1}
+    by_tool: dict[str, list[str]] = defaultdict(list)
+    for target, members in groups.items():
+        by_tool[members[0][1]].append(target)
+    verdicts = {}
+    for name, tool_targets in by_tool.items():
+        judged = judge_groups(name, [[arguments for _pk, _name, arguments in groups[t]] for t in tool_targets])
+        verdicts.update(zip(tool_targets, judged))
+    return {row.pk: RelatedCue(others=len(groups[row.target]) - 1, together=verdicts[row.target])
+            for row in rows if row.target in groups}
+
+
+def inbox_counts(*, user) -> dict:
+    """Pending items ``user`` may decide: ``{"total": int, "capped": bool, "by_kind": [(kind, int), ...]}``
+    (kinds with none left out, in ``InterruptKind`` order).
+
+    One grouped COUNT over at most ``COUNT_CAP`` items (so it stays cheap
+    at a million pending items); ``capped`` True means every number is a
+    lower bound (shown "1000+").
+    """
+    first = pending_decidable(user=user).order_by().values("pk")[:COUNT_CAP]
+    counted = dict(Interrupt.objects.filter(pk__in=Subquery(first)).order_by().values_list("kind")
+                   .annotate(n=Count("id")))
+    total = sum(counted.values())
+    return {"total": total, "capped": total >= COUNT_CAP,
+            "by_kind": [(kind, counted[kind]) for kind in InterruptKind.values if counted.get(kind)]}

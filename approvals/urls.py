@@ -6,5 +6,6 @@ from approvals import views
 
 urlpatterns = [
     path("inbox/", views.inbox, name="inbox"),
+    path("inbox/rows/", views.inbox_rows, name="inbox-rows"),
     path("inbox/<int:interrupt_id>/", views.interrupt_detail, name="inbox-item"),
 ]

@@ -5,6 +5,7 @@ opens its item through ``approvals.services.request_approval`` (so rule and
 target are filled as in production), then puts the run to wait.
 """
 
+import json
 from datetime import timedelta
 
 from django.utils import timezone
@@ -36,7 +37,8 @@ def pending_call(*, requester, name: str = "refund", arguments: dict | None = No
     apply(run.start, actor="worker")
     step = Step.objects.create(run=run, index=0)
     call = ToolCall.objects.create(run=run, step=step, index=0, provider_call_id=f"c{run.pk}", name=name,
-                                   arguments=arguments, side_effect=True)
+                                   arguments=arguments, raw_arguments=json.dumps(arguments),
+                                   side_effect=True)
     apply(call.request_approval, actor="worker")
     item = request_approval(tool_call=call, tool=get_tool(name), rule=rule)
     apply(run.wait, actor="worker", waiting_reason="approval")

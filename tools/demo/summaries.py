@@ -40,7 +40,7 @@ def _refunded(numbers: set[int]) -> dict[int, Decimal]:
     totals: dict[int, Decimal] = defaultdict(Decimal)
     if numbers:
         for arguments in ToolCall.objects.filter(name="refund", status=ToolCallStatus.SUCCEEDED,
-                                                 arguments__order_id__in=sorted(numbers)).values_list(
+                                                 arguments__order_id__in=sorted(numbers)).order_by().values_list(
                                                      "arguments", flat=True):
             totals[arguments["order_id"]] += _money(arguments.get("amount")) or Decimal("0")
     return totals
