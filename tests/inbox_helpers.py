@@ -41,10 +41,10 @@ def pending_call(*, requester, name: str = "refund", arguments: dict | None = No
                                    side_effect=True)
     apply(call.request_approval, actor="worker")
     item = request_approval(tool_call=call, tool=get_tool(name), rule=rule)
-    apply(run.wait, actor="worker", waiting_reason="approval")
     changes = {"expires_at": timezone.now() + expires_in if expires_in is not None else None}
     if created_ago is not None:
         changes["created_at"] = timezone.now() - created_ago
     Interrupt.objects.filter(pk=item.pk).update(**changes)
+    apply(run.wait, actor="worker", waiting_reason="approval")  # live pages hear of the item now
     item.refresh_from_db()
     return item

@@ -60,7 +60,7 @@ def summarize_refunds(arguments_list: list[dict]) -> list[Description]:
     described = []
     for arguments in arguments_list:
         number, amount = arguments.get("order_id"), _money(arguments.get("amount"))
-        order, so_far = orders.get(number), refunded.get(number, Decimal("0"))
+        order, so_far = orders.get(number), refunded.get(number, Decimal("0")).quantize(CENTS)
         fields = [(_("Amount"), str(amount)), (_("Order"), str(number))]
         if order is None:
             text = _("Refund %(amount)s on order %(order)s (no such order)") % {"amount": amount, "order": number}
@@ -80,8 +80,8 @@ def judge_refunds(groups: list[list[dict]]) -> list[Together]:
     verdicts = []
     for group in groups:
         number = group[0].get("order_id")
-        asked = sum((_money(a.get("amount")) or Decimal("0") for a in group), Decimal("0"))
-        left = _refundable(orders.get(number), refunded.get(number, Decimal("0")))
+        asked = sum((_money(a.get("amount")) or Decimal("0") for a in group), Decimal("0.00"))
+        left = _refundable(orders.get(number), refunded.get(number, Decimal("0")).quantize(CENTS))
         if left is None:
             verdicts.append(Together(all_can_succeed=None))
             continue
