@@ -66,7 +66,7 @@ def inbox_rows(request):
     """
     form = _filter_form(request.GET)
     run_ids = request.GET.getlist("run")
-    if not form.is_valid() or not 0 < len(run_ids) <= MAX_ROWS or not all(i.isdigit() and len(i) < 19 for i in run_ids):
+    if not form.is_valid() or not 0 < len(run_ids) <= MAX_ROWS or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in run_ids):
         return HttpResponseBadRequest(_("Give 1 to 100 run ids (?run=<id>) and a valid inbox query."))
     filters = _filters(form.cleaned_data)
     rows = selectors.rows_of_runs(user=request.user, run_ids=[int(i) for i in run_ids], filters=filters)

@@ -166,7 +166,7 @@ def test_row_fragments_render_only_what_the_user_may_decide(client, demo, people
     client.force_login(demo["requester"])  # their own run, but four eyes: not theirs to decide
     assert b'class="inbox-item' not in client.get(f"/inbox/rows/?run={item.run_id}").content
 
-    for bad in ("", "?run=x", "?run=1&sort=up", "?" + "&".join(f"run={i}" for i in range(1, 102))):
+    for bad in ("", "?run=x", "?run=\u00b2", "?run=1&sort=up", "?" + "&".join(f"run={i}" for i in range(1, 102))):
         assert client.get("/inbox/rows/" + bad).status_code == 400, bad
     client.logout()
     assert client.get(f"/inbox/rows/?run={item.run_id}").status_code == 302
