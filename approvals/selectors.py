@@ -36,6 +36,7 @@ def run_pending_interrupts(*, run) -> list[Interrupt]:
 
 PAGE_SIZE = 25
 COUNT_CAP = 1000  # the navigation counts at most this many items, then says "1000+"
+RELATED_CAP = 1000  # pending items on a page's targets read for the related cues, at most
 SORTS = ("expiry", "oldest", "newest")
 FAR_FUTURE_MS = 2 ** 53 - 1  # the order key of an item that never expires (sorts last)
 
@@ -71,10 +72,12 @@ class InboxPage:
 @dataclass(frozen=True)
 class RelatedCue:
     """Other pending items on the same target as a row: how many, and the tool's verdict on all of them
-    together (``tools.registry.Together``: ``all_can_succeed`` True / False / None, ``note``)."""
+    together (``tools.registry.Together``: ``all_can_succeed`` True / False / None, ``note``).
+    ``capped``: more were pending than were read (``RELATED_CAP``); ``others`` is then a lower bound."""
 
     others: int
     together: Together
+    capped: bool = False
 
 
 def agent_slugs() -> list[str]:
@@ -197,18 +200,20 @@ def decorate_rows(rows: list, *, user, sort: str = "expiry", now=None) -> None:
 def _related(rows: list, *, user) -> dict[int, RelatedCue]:
     """``{row id: RelatedCue}`` for the rows with other pending approval items on their target.
 
-    One query reads every pending approval item ``user`` may decide on the
-    rows' targets (a partial index on ``target``); each tool then judges
-    its groups in one call of its ``judge_together`` hook.
+    One query reads the pending approval items ``user`` may decide on the
+    rows' targets (a partial index on ``target``), at most ``RELATED_CAP``
+    of them, so a pile-up on one order costs no more; each tool then
+    judges its groups in one call of its ``judge_together`` hook.
     """
     targets = {row.target for row in rows if row.target}
     if not targets:
         return {}
-    pending = (Interrupt.objects.decidable_by(user)
-               .filter(status=InterruptStatus.PENDING, kind=InterruptKind.APPROVAL, target__in=targets)
-               .order_by().values_list("pk", "target", "tool_call__name", "tool_call__arguments"))
+    pending = list(Interrupt.objects.decidable_by(user)
+                   .filter(status=InterruptStatus.PENDING, kind=InterruptKind.APPROVAL, target__in=targets)
+                   .order_by().values_list("pk", "target", "tool_call__name", "tool_call__arguments")[:RELATED_CAP + 1])
+    capped = len(pending) > RELATED_CAP
     groups: dict[str, list] = defaultdict(list)
-    for pk, target, name, arguments in pending:
+    for pk, target, name, arguments in pending[:RELATED_CAP]:
         groups[target].append((pk, name, arguments or {}))
     groups = {target: members for target, members in groups.items() if len(members) > 1}
     by_tool: dict[str, list[str]] = defaultdict(list)
@@ -218,7 +223,9 @@ def _related(rows: list, *, user) -> dict[int, RelatedCue]:
     for name, tool_targets in by_tool.items():
         judged = judge_groups(name, [[arguments for _pk, _name, arguments in groups[t]] for t in tool_targets])
         verdicts.update(zip(tool_targets, judged))
-    return {row.pk: RelatedCue(others=len(groups[row.target]) - 1, together=verdicts[row.target])
+    if capped:  # a group may be incomplete: "all fit" is no longer known; "too much" still holds
+        verdicts = {t: v if v.all_can_succeed is False else Together(None) for t, v in verdicts.items()}
+    return {row.pk: RelatedCue(others=len(groups[row.target]) - 1, together=verdicts[row.target], capped=capped)
             for row in rows if row.target in groups}
 
 

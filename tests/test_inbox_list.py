@@ -170,3 +170,17 @@ def test_row_fragments_render_only_what_the_user_may_decide(client, demo, people
         assert client.get("/inbox/rows/" + bad).status_code == 400, bad
     client.logout()
     assert client.get(f"/inbox/rows/?run={item.run_id}").status_code == 302
+
+
+def test_related_cues_read_a_bounded_number_of_items_and_stay_truthful_when_capped(demo, monkeypatch):
+    for amount in (10, 10, 10):
+        pending_call(requester=demo["requester"], arguments={"order_id": 123, "amount": amount})
+    for amount in (100, 100, 100):
+        pending_call(requester=demo["requester"], arguments={"order_id": 112, "amount": amount})
+    monkeypatch.setattr(selectors, "RELATED_CAP", 5)
+
+    cues = {row.tool_call.arguments["order_id"]: row.related for row in selectors.inbox_page(user=demo["approver"]).rows}
+
+    assert cues[112].capped and cues[123].capped
+    assert cues[112].together.all_can_succeed is False  # even two of them ask more than order 112 holds
+    assert cues[123].together.all_can_succeed is None  # they fit so far, but some were not read
