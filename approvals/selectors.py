@@ -36,6 +36,7 @@ def run_pending_interrupts(*, run) -> list[Interrupt]:
 
 PAGE_SIZE = 25
 COUNT_CAP = 1000  # the navigation counts at most this many items, then says "1000+"
+SCAN_WINDOW = 2000  # items of the order a filtered or searched page looks through, at most
 RELATED_CAP = 1000  # pending items on a page's targets read for the related cues, at most
 SORTS = ("expiry", "oldest", "newest")
 FAR_FUTURE_MS = 2 ** 53 - 1  # the order key of an item that never expires (sorts last)
@@ -63,10 +64,12 @@ class InboxFilters:
 class InboxPage:
     """One page of the inbox: ``rows`` (``Interrupt`` objects with ``description``, ``urgency``,
     ``order_key``, ``related`` and ``same_action_calls`` set), ``next_after`` (the id to pass as
-    ``after`` for the next page, None on the last one)."""
+    ``after`` for the next page, None on the last one), ``window_ended`` (a filtered page stopped
+    after looking through ``SCAN_WINDOW`` items; see ``inbox_page``)."""
 
     rows: list = field(default_factory=list)
     next_after: int | None = None
+    window_ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,17 +139,41 @@ def inbox_page(*, user, filters: InboxFilters = InboxFilters(), after: int | Non
     page 1 and page 40,000 cost alike. An ``after`` that names no item
     (deleted) starts again at the first page. Each row is decorated
     (``decorate_rows``). A fixed number of queries per page.
+
+    With a filter or a search, a page looks through at most ``SCAN_WINDOW``
+    items of the order after the anchor (a rare match must not scan a
+    million rows): when those held too few matches, the page ends early
+    with ``window_ended`` set and ``next_after`` at the last item looked
+    at, so "Next page" looks further.
     """
     anchor = Interrupt.objects.filter(pk=after).order_by().first() if after else None
-    items = pending_decidable(user=user, filters=filters)
+    everything = pending_decidable(user=user)
+    narrowed = pending_decidable(user=user, filters=filters)
+    windowed = narrowed_by(filters)
     rows: list = []
     for condition, order in _segments(filters.sort, anchor):
-        rows += list(_with_relations(items.filter(condition)).order_by(*order)[: size + 1 - len(rows)])
+        need = size + 1 - len(rows)
+        if not windowed:
+            rows += list(_with_relations(narrowed.filter(condition)).order_by(*order)[:need])
+        else:
+            # The window's ids first (one index range scan), then the matches among them by primary key:
+            # a planner given both at once may scan the whole table instead.
+            window = list(everything.filter(condition).order_by(*order).values_list("pk", flat=True)[:SCAN_WINDOW])
+            rows += list(_with_relations(narrowed.filter(pk__in=window)).order_by(*order)[:need])
+            if len(window) == SCAN_WINDOW and len(rows) <= size:  # a full window did not fill the page
+                page = InboxPage(rows=rows, next_after=window[-1], window_ended=True)
+                decorate_rows(page.rows, user=user, sort=filters.sort, now=now)
+                return page
         if len(rows) > size:
             break
     page = InboxPage(rows=rows[:size], next_after=rows[size - 1].pk if len(rows) > size else None)
     decorate_rows(page.rows, user=user, sort=filters.sort, now=now)
     return page
+
+
+def narrowed_by(filters: InboxFilters) -> bool:
+    """Whether ``filters`` narrow the list (any filter or a search), beyond choosing its order."""
+    return any((filters.kind, filters.tool, filters.agent, filters.requester, filters.search))
 
 
 def rows_of_runs(*, user, run_ids: list[int], filters: InboxFilters = InboxFilters(), now=None) -> list:

@@ -51,6 +51,7 @@ def inbox(request):
     return render(request, "approvals/inbox.html", {
         "form": form, "page": page, "page_number": number, "sort": filters.sort,
         "next_query": following.urlencode() if page.next_after else "", "first_query": first.urlencode(),
+        "scan_window": selectors.SCAN_WINDOW,
     })
 
 

@@ -184,3 +184,19 @@ def test_related_cues_read_a_bounded_number_of_items_and_stay_truthful_when_capp
     assert cues[112].capped and cues[123].capped
     assert cues[112].together.all_can_succeed is False  # even two of them ask more than order 112 holds
     assert cues[123].together.all_can_succeed is None  # they fit so far, but some were not read
+
+
+def test_a_filtered_page_looks_through_a_bounded_window_and_the_next_page_goes_on(spread, demo, monkeypatch):
+    # Expiry order: h b c i a d g e f. Only "d" and "f" are send_email calls.
+    ToolCall.objects.filter(pk__in=[spread["d"].tool_call_id, spread["f"].tool_call_id]).update(name="send_email")
+    monkeypatch.setattr(selectors, "SCAN_WINDOW", 3)
+    filters = InboxFilters(tool="send_email")
+
+    first = selectors.inbox_page(user=demo["approver"], filters=filters)
+    assert (_ids(first), first.window_ended, first.next_after) == ([], True, spread["c"].pk)  # looked at h b c
+    second = selectors.inbox_page(user=demo["approver"], filters=filters, after=first.next_after)
+    assert (_ids(second), second.window_ended, second.next_after) == ([spread["d"].pk], True, spread["d"].pk)
+    third = selectors.inbox_page(user=demo["approver"], filters=filters, after=second.next_after)
+    assert (_ids(third), third.window_ended, third.next_after) == ([spread["f"].pk], False, None)  # g e f: the end
+    monkeypatch.setattr(selectors, "SCAN_WINDOW", 100)
+    assert _ids(selectors.inbox_page(user=demo["approver"], filters=filters)) == [spread["d"].pk, spread["f"].pk]
