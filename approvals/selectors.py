@@ -10,15 +10,16 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Q, Subquery
 from django.utils import timezone
 
-from approvals.models import Interrupt, InterruptKind, InterruptStatus
-from runs.models import Agent
+from approvals.models import AnswerFile, Interrupt, InterruptKind, InterruptStatus
+from runs.models import Agent, Run
 from tools.models import ToolCall
 from tools.registry import Together
 from tools.services.summary import describe_many, judge_groups
 
 
 def _with_relations(queryset):
-    return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by")
+    return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by",
+                                   "answer_file")
 
 
 def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
@@ -30,6 +31,12 @@ def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
 def run_pending_interrupts(*, run) -> list[Interrupt]:
     """The run's pending inbox items, oldest first."""
     return list(_with_relations(run.interrupts.filter(status=InterruptStatus.PENDING)).order_by("created_at", "id"))
+
+
+def answer_file_visible(*, user, interrupt_id: int) -> AnswerFile | None:
+    """The file item ``interrupt_id`` was answered with, if ``user`` may see its run (``Run.objects.visible_to``)."""
+    return (AnswerFile.objects.filter(interrupt_id=interrupt_id, interrupt__run__in=Run.objects.visible_to(user))
+            .first())
 
 
 # --- the inbox list ----------------------------------------------------------

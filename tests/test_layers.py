@@ -40,6 +40,7 @@ LAYERS = {
     "runs.providers": 4,
     "approvals.models": 3,
     "approvals.services": 3,
+    "approvals.answer_files": 3,
     "tools.models": 2,
     "tools.registry": 2,
     "tools.policy": 2,
