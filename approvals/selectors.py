@@ -117,7 +117,7 @@ def _segments(sort: str, anchor) -> list[tuple[Q, tuple[str, ...]]]:
 
     Read the segments in turn: "expiring soonest" is the items with an
     expiry by (expires_at, id), then those that never expire by id; each
-    segment is one range scan of a partial index (``Interrupt.Meta.indexes``),
+    segment is one range scan of an index (``Interrupt.Meta.indexes``),
     whatever the page's depth.
     """
     if sort == "expiry":
