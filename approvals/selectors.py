@@ -193,7 +193,7 @@ def rows_of_runs(*, user, run_ids: list[int], filters: InboxFilters = InboxFilte
 
 def urgency(expires_at, now) -> str:
     """``"overdue"`` (past), ``"urgent"`` (within an hour), ``"soon"`` (within a day), ``"later"``, or
-    ``"never"`` (no expiry): the CSS class of a row's expiry."""
+    ``"never"`` (no expiry): a row's ``data-urgency`` (its expiry's colour)."""
     if expires_at is None:
         return "never"
     left = (expires_at - now).total_seconds()

@@ -82,7 +82,7 @@ def test_150_items_sorted_filtered_paged_with_amounts_and_related_cues(waiting_i
     keys = [int(rows.nth(i).get_attribute("data-k1")) for i in range(25)]
     assert keys == sorted(keys)
     first = rows.nth(0)
-    assert "urgency-urgent" in first.get_attribute("class")
+    assert first.get_attribute("data-urgency") == "urgent"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d IST", first.locator("td.expiry").get_attribute("title"))
     # Each row shows amount and order; the rule that fired; requester and agent.
     for i in range(25):
