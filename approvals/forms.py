@@ -71,3 +71,32 @@ class AnswerForm(forms.Form):
 
     answer = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000, required=False)
     file = forms.FileField(required=False, allow_empty_file=True)
+
+
+class InboxFilterForm(forms.Form):
+    """The inbox list's query string: sort, filters, search and the keyset cursor, validated.
+
+    Every field is optional; an invalid one makes the page answer 400 with
+    the form's errors. ``after`` is the id of the last item of the previous
+    page, ``page`` only the number shown (1 + pages turned).
+    """
+
+    SEARCH_CHARS = 100  # a search is one short phrase: bounded work per row
+
+    sort = forms.ChoiceField(required=False, label=_("Sort"), choices=[
+        ("expiry", _("Expiring soonest")), ("oldest", _("Oldest first")), ("newest", _("Newest first"))])
+    kind = forms.ChoiceField(required=False, label=_("Kind"))
+    tool = forms.ChoiceField(required=False, label=_("Tool"))
+    agent = forms.ChoiceField(required=False, label=_("Agent"))
+    requester = forms.CharField(required=False, label=_("Requester"), max_length=150)
+    q = forms.CharField(required=False, label=_("Search"), max_length=SEARCH_CHARS)
+    after = forms.IntegerField(required=False, min_value=1, max_value=2 ** 63 - 1, widget=forms.HiddenInput)
+    page = forms.IntegerField(required=False, min_value=1, max_value=10 ** 9, widget=forms.HiddenInput)
+
+    def __init__(self, *args, kinds=(), tools=(), agents=(), **kwargs):
+        """``kinds``: ``[(value, label)]``; ``tools`` / ``agents``: names and slugs offered."""
+        super().__init__(*args, **kwargs)
+        anything = [("", gettext("any"))]
+        self.fields["kind"].choices = anything + list(kinds)
+        self.fields["tool"].choices = anything + [(name, name) for name in tools]
+        self.fields["agent"].choices = anything + [(slug, slug) for slug in agents]

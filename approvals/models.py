@@ -38,8 +38,13 @@ class Interrupt(FSMModel):
     ``required_permission`` is the Django permission (``app_label.codename``)
     a user needs to resolve it; ``allow_requester`` says whether the run's
     own requester may resolve it. ``edited_arguments`` holds arguments an
-    approver changed before approving. Only ``approvals.services`` changes
-    ``status``; text produced by the model never does.
+    approver changed before approving. ``rule`` is the approval rule that
+    fired (e.g. ``"amount > 50"``; empty for other kinds and for items
+    opened before it was recorded). ``target`` groups pending items acting
+    on the same thing (``tools.services.summary.target_of``: tool name and
+    target value; empty when the tool names no target). Only
+    ``approvals.services`` changes ``status``; text produced by the model
+    never does.
     """
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="interrupts")
@@ -60,6 +65,8 @@ class Interrupt(FSMModel):
     resolved_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    rule = models.TextField(blank=True)
+    target = models.CharField(max_length=200, blank=True)
 
     objects = InterruptQuerySet.as_manager()  # decidable_by / visible_to (runs.access)
 
@@ -67,13 +74,20 @@ class Interrupt(FSMModel):
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
         # The API list's order (created_at, id) with and without its status
-        # filter, and the sweeper's look for pending items past their expiry
-        # (only rows with an expiry, only while pending).
+        # filter (the inbox's "oldest"/"newest" pages read the latter), the
+        # sweeper's look for pending items past their expiry (only rows with
+        # an expiry, only while pending), the inbox's "expiring soonest" pages
+        # (pending by expires_at then id, those that never expire included:
+        # approvals.selectors) and its related-item cues (pending by target).
         indexes = [
             models.Index(fields=["created_at", "id"], name="interrupt_created"),
             models.Index(fields=["status", "created_at", "id"], name="interrupt_status_created"),
             models.Index(fields=["expires_at"], name="interrupt_pending_expiry",
                          condition=models.Q(status="pending", expires_at__isnull=False)),
+            models.Index(fields=["expires_at", "id"], condition=models.Q(status="pending"),
+                         name="interrupt_inbox_expiry"),
+            models.Index(fields=["target"], condition=models.Q(status="pending") & ~models.Q(target=""),
+                         name="interrupt_pending_target"),
         ]
 
     event_type = "interrupt"

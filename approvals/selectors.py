@@ -4,24 +4,22 @@ Who may decide or look at an item is ``Interrupt.objects.decidable_by`` /
 ``visible_to`` (``runs.access``); these functions only load what a page shows.
 """
 
-from django.db.models import Count
+from collections import defaultdict
+from dataclasses import dataclass, field
 
-from approvals.models import AnswerFile, Interrupt, InterruptStatus
-from runs.models import Run
+from django.db.models import Count, Q, Subquery
+from django.utils import timezone
+
+from approvals.models import AnswerFile, Interrupt, InterruptKind, InterruptStatus
+from runs.models import Agent, Run
+from tools.models import ToolCall
+from tools.registry import Together
+from tools.services.summary import describe_many, judge_groups
 
 
 def _with_relations(queryset):
     return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by",
                                    "answer_file")
-
-
-def inbox_items(*, user):
-    """Pending items ``user`` may decide, newest first, in one query whatever their number.
-
-    Each has ``same_action_calls``: how many later calls re-proposed its tool call's action.
-    """
-    return (_with_relations(Interrupt.objects.decidable_by(user).filter(status=InterruptStatus.PENDING))
-            .annotate(same_action_calls=Count("tool_call__duplicates")).order_by("-created_at", "-id"))
 
 
 def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
@@ -39,3 +37,243 @@ def answer_file_visible(*, user, interrupt_id: int) -> AnswerFile | None:
     """The file item ``interrupt_id`` was answered with, if ``user`` may see its run (``Run.objects.visible_to``)."""
     return (AnswerFile.objects.filter(interrupt_id=interrupt_id, interrupt__run__in=Run.objects.visible_to(user))
             .first())
+
+
+# --- the inbox list ----------------------------------------------------------
+
+PAGE_SIZE = 25
+COUNT_CAP = 1000  # the navigation counts at most this many items, then says "1000+"
+SCAN_WINDOW = 2000  # items of the order a filtered or searched page looks through, at most
+RELATED_CAP = 1000  # pending items on a page's targets read for the related cues, at most
+SORTS = ("expiry", "oldest", "newest")
+FAR_FUTURE_MS = 2 ** 53 - 1  # the order key of an item that never expires (sorts last)
+
+
+@dataclass(frozen=True)
+class InboxFilters:
+    """What the inbox list shows, validated (``approvals.forms.InboxFilterForm``).
+
+    ``sort``: one of ``SORTS``; ``kind``, ``tool`` (tool name), ``agent``
+    (slug), ``requester`` (username): exact matches, "" for any;
+    ``search``: case-insensitive text in the title, the tool's name or the
+    model's arguments, "" for none.
+    """
+
+    sort: str = "expiry"
+    kind: str = ""
+    tool: str = ""
+    agent: str = ""
+    requester: str = ""
+    search: str = ""
+
+
+@dataclass
+class InboxPage:
+    """One page of the inbox: ``rows`` (``Interrupt`` objects with ``description``, ``urgency``,
+    ``order_key``, ``related`` and ``same_action_calls`` set), ``next_after`` (the id to pass as
+    ``after`` for the next page, None on the last one), ``window_ended`` (a filtered page stopped
+    after looking through ``SCAN_WINDOW`` items; see ``inbox_page``)."""
+
+    rows: list = field(default_factory=list)
+    next_after: int | None = None
+    window_ended: bool = False
+
+
+@dataclass(frozen=True)
+class RelatedCue:
+    """Other pending items on the same target as a row: how many, and the tool's verdict on all of them
+    together (``tools.registry.Together``: ``all_can_succeed`` True / False / None, ``note``).
+    ``capped``: more were pending than were read (``RELATED_CAP``); ``others`` is then a lower bound."""
+
+    others: int
+    together: Together
+    capped: bool = False
+
+
+def agent_slugs() -> list[str]:
+    """Every agent's slug, sorted (the inbox's agent filter)."""
+    return list(Agent.objects.order_by("slug").values_list("slug", flat=True))
+
+
+def pending_decidable(*, user, filters: InboxFilters = InboxFilters()):
+    """Pending items ``user`` may decide, narrowed by ``filters`` (not ordered)."""
+    items = Interrupt.objects.decidable_by(user).filter(status=InterruptStatus.PENDING)
+    if filters.kind:
+        items = items.filter(kind=filters.kind)
+    if filters.tool:
+        items = items.filter(tool_call__name=filters.tool)
+    if filters.agent:
+        items = items.filter(run__agent__slug=filters.agent)
+    if filters.requester:
+        items = items.filter(run__requested_by__username=filters.requester)
+    if filters.search:
+        items = items.filter(Q(title__icontains=filters.search) | Q(tool_call__name__icontains=filters.search)
+                             | Q(tool_call__raw_arguments__icontains=filters.search))
+    return items
+
+
+def _segments(sort: str, anchor) -> list[tuple[Q, tuple[str, ...]]]:
+    """The keyset of one sort after ``anchor`` (the last row shown, or None): ``[(condition, order)]``.
+
+    Read the segments in turn: "expiring soonest" is the items with an
+    expiry by (expires_at, id), then those that never expire by id; each
+    segment is one range scan of an index (``Interrupt.Meta.indexes``),
+    whatever the page's depth.
+    """
+    if sort == "expiry":
+        never = (Q(expires_at__isnull=True), ("id",))
+        if anchor is None:
+            return [(Q(expires_at__isnull=False), ("expires_at", "id")), never]
+        if anchor.expires_at is None:
+            return [(Q(expires_at__isnull=True, id__gt=anchor.pk), ("id",))]
+        at = anchor.expires_at
+        return [(Q(expires_at__gte=at) & ~Q(expires_at=at, id__lte=anchor.pk), ("expires_at", "id")), never]
+    if sort == "oldest":
+        after = Q() if anchor is None else Q(created_at__gte=anchor.created_at) & ~Q(
+            created_at=anchor.created_at, id__lte=anchor.pk)
+        return [(after, ("created_at", "id"))]
+    after = Q() if anchor is None else Q(created_at__lte=anchor.created_at) & ~Q(
+        created_at=anchor.created_at, id__gte=anchor.pk)
+    return [(after, ("-created_at", "-id"))]
+
+
+def inbox_page(*, user, filters: InboxFilters = InboxFilters(), after: int | None = None,
+               size: int = PAGE_SIZE, now=None) -> InboxPage:
+    """The page of pending items ``user`` may decide that follows item ``after`` (None: the first page).
+
+    Keyset pagination: the page is read from where the last one ended (the
+    anchor item's sort key and id), never by counting or skipping rows, so
+    page 1 and page 40,000 cost alike. An ``after`` that names no item
+    (deleted) starts again at the first page. Each row is decorated
+    (``decorate_rows``). A fixed number of queries per page.
+
+    With a filter or a search, a page looks through at most ``SCAN_WINDOW``
+    items of the order after the anchor (a rare match must not scan a
+    million rows): when those held too few matches, the page ends early
+    with ``window_ended`` set and ``next_after`` at the last item looked
+    at, so "Next page" looks further.
+    """
+    anchor = Interrupt.objects.filter(pk=after).order_by().first() if after else None
+    everything = pending_decidable(user=user)
+    narrowed = pending_decidable(user=user, filters=filters)
+    windowed = narrowed_by(filters)
+    rows: list = []
+    for condition, order in _segments(filters.sort, anchor):
+        need = size + 1 - len(rows)
+        if not windowed:
+            rows += list(_with_relations(narrowed.filter(condition)).order_by(*order)[:need])
+        else:
+            # The window's ids first (one index range scan), then the matches among them by primary key:
+            # a planner given both at once may scan the whole table instead.
+            window = list(everything.filter(condition).order_by(*order).values_list("pk", flat=True)[:SCAN_WINDOW])
+            rows += list(_with_relations(narrowed.filter(pk__in=window)).order_by(*order)[:need])
+            if len(window) == SCAN_WINDOW and len(rows) <= size:  # a full window did not fill the page
+                page = InboxPage(rows=rows, next_after=window[-1], window_ended=True)
+                decorate_rows(page.rows, user=user, sort=filters.sort, now=now)
+                return page
+        if len(rows) > size:
+            break
+    page = InboxPage(rows=rows[:size], next_after=rows[size - 1].pk if len(rows) > size else None)
+    decorate_rows(page.rows, user=user, sort=filters.sort, now=now)
+    return page
+
+
+def narrowed_by(filters: InboxFilters) -> bool:
+    """Whether ``filters`` narrow the list (any filter or a search), beyond choosing its order."""
+    return any((filters.kind, filters.tool, filters.agent, filters.requester, filters.search))
+
+
+def rows_of_runs(*, user, run_ids: list[int], filters: InboxFilters = InboxFilters(), now=None) -> list:
+    """The pending items of runs ``run_ids`` that ``user`` may decide and ``filters`` keep, decorated."""
+    rows = list(_with_relations(pending_decidable(user=user, filters=filters).filter(run_id__in=run_ids))
+                .order_by("id"))
+    decorate_rows(rows, user=user, sort=filters.sort, now=now)
+    return rows
+
+
+def urgency(expires_at, now) -> str:
+    """``"overdue"`` (past), ``"urgent"`` (within an hour), ``"soon"`` (within a day), ``"later"``, or
+    ``"never"`` (no expiry): a row's ``data-urgency`` (its expiry's colour)."""
+    if expires_at is None:
+        return "never"
+    left = (expires_at - now).total_seconds()
+    if left <= 0:
+        return "overdue"
+    return "urgent" if left <= 3600 else "soon" if left <= 86400 else "later"
+
+
+def _order_key(item, sort: str) -> tuple[int, int]:
+    """Two integers that sort rows as ``sort`` does, ascending (for the page's live patching)."""
+    if sort == "expiry":
+        expiry = item.expires_at
+        return (int(expiry.timestamp() * 1000) if expiry else FAR_FUTURE_MS), item.pk
+    created = int(item.created_at.timestamp() * 1000)
+    return (created, item.pk) if sort == "oldest" else (-created, -item.pk)
+
+
+def decorate_rows(rows: list, *, user, sort: str = "expiry", now=None) -> None:
+    """Set on each row ``description`` (``tools.services.summary``), ``urgency``, ``order_key``,
+    ``same_action_calls`` (later calls that re-proposed its action) and ``related`` (a ``RelatedCue``,
+    or None when no other pending item ``user`` may decide acts on the same target).
+
+    Four queries at most plus each tool's summary hooks, whatever the number of rows.
+    """
+    now = now or timezone.now()
+    descriptions = describe_many([row.tool_call for row in rows])
+    repeated = dict(ToolCall.objects.filter(duplicate_of_id__in=[r.tool_call_id for r in rows if r.tool_call_id])
+                    .values_list("duplicate_of_id").annotate(n=Count("id")).order_by()) if rows else {}
+    related = _related(rows, user=user)
+    for row, description in zip(rows, descriptions):
+        row.description = description
+        row.urgency = urgency(row.expires_at, now)
+        row.order_key = _order_key(row, sort)
+        row.same_action_calls = repeated.get(row.tool_call_id, 0)
+        row.related = related.get(row.pk)
+
+
+def _related(rows: list, *, user) -> dict[int, RelatedCue]:
+    """``{row id: RelatedCue}`` for the rows with other pending approval items on their target.
+
+    One query reads the pending approval items ``user`` may decide on the
+    rows' targets (a partial index on ``target``), at most ``RELATED_CAP``
+    of them, so a pile-up on one order costs no more; each tool then
+    judges its groups in one call of its ``judge_together`` hook.
+    """
+    targets = {row.target for row in rows if row.target}
+    if not targets:
+        return {}
+    pending = list(Interrupt.objects.decidable_by(user)
+                   .filter(status=InterruptStatus.PENDING, kind=InterruptKind.APPROVAL, target__in=targets)
+                   .order_by().values_list("pk", "target", "tool_call__name", "tool_call__arguments")[:RELATED_CAP + 1])
+    capped = len(pending) > RELATED_CAP
+    groups: dict[str, list] = defaultdict(list)
+    for pk, target, name, arguments in pending[:RELATED_CAP]:
+        groups[target].append((pk, name, arguments or {}))
+    groups = {target: members for target, members in groups.items() if len(members) > 1}
+    by_tool: dict[str, list[str]] = defaultdict(list)
+    for target, members in groups.items():
+        by_tool[members[0][1]].append(target)
+    verdicts = {}
+    for name, tool_targets in by_tool.items():
+        judged = judge_groups(name, [[arguments for _pk, _name, arguments in groups[t]] for t in tool_targets])
+        verdicts.update(zip(tool_targets, judged))
+    if capped:  # a group may be incomplete: "all fit" is no longer known; "too much" still holds
+        verdicts = {t: v if v.all_can_succeed is False else Together(None) for t, v in verdicts.items()}
+    return {row.pk: RelatedCue(others=len(groups[row.target]) - 1, together=verdicts[row.target], capped=capped)
+            for row in rows if row.target in groups}
+
+
+def inbox_counts(*, user) -> dict:
+    """Pending items ``user`` may decide: ``{"total": int, "capped": bool, "by_kind": [(kind, int), ...]}``
+    (kinds with none left out, in ``InterruptKind`` order).
+
+    One grouped COUNT over at most ``COUNT_CAP`` items (so it stays cheap
+    at a million pending items); ``capped`` True means every number is a
+    lower bound (shown "1000+").
+    """
+    first = pending_decidable(user=user).order_by().values("pk")[:COUNT_CAP]
+    counted = dict(Interrupt.objects.filter(pk__in=Subquery(first)).order_by().values_list("kind")
+                   .annotate(n=Count("id")))
+    total = sum(counted.values())
+    return {"total": total, "capped": total >= COUNT_CAP,
+            "by_kind": [(kind, counted[kind]) for kind in InterruptKind.values if counted.get(kind)]}

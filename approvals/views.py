@@ -1,4 +1,4 @@
-"""Inbox pages: the list of pending items and one item with its decision form.
+"""Inbox pages: the list of pending items (and its rows, for live patching) and one item with its decision form.
 
 Views are thin: load through ``approvals.selectors`` (who sees and
 decides what is ``runs.access``), call ``approvals.services``
@@ -12,7 +12,7 @@ import json
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext as _
@@ -22,21 +22,73 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from approvals import selectors
 from approvals.answer_files import file_rule
 from approvals.downloads import answer_file_response
-from approvals.forms import AnswerForm, DecisionForm, ReconcileForm
+from approvals.forms import AnswerForm, DecisionForm, InboxFilterForm, ReconcileForm
 from approvals.models import InterruptKind, InterruptStatus
 from approvals.services import answer_interrupt, decide_interrupt, question_options, reconcile_interrupt
 from config.error_display import error_page, page_error
 from runs.errors import TollgateError
 from runs.labels import label
 from runs.selectors import run_tool_calls, session_messages
-from tools.registry import get_tool
+from tools.registry import all_tools, get_tool
 
 
 @login_required
 @require_GET
 def inbox(request):
-    """Pending items the user may decide, newest first."""
-    return render(request, "approvals/inbox.html", {"items": selectors.inbox_items(user=request.user)})
+    """Pending items the user may decide, one page (``selectors.inbox_page``), sorted and filtered by the query.
+
+    A bad query string answers 400 with the form's errors and no rows.
+    """
+    form = _filter_form(request.GET)
+    if not form.is_valid():
+        return render(request, "approvals/inbox.html", {"form": form, "page": selectors.InboxPage()}, status=400)
+    data = form.cleaned_data
+    filters = _filters(data)
+    page = selectors.inbox_page(user=request.user, filters=filters, after=data["after"])
+    number = data["page"] or 1
+    following = request.GET.copy()
+    following["after"], following["page"] = page.next_after, number + 1
+    first = request.GET.copy()
+    for key in ("after", "page"):
+        first.pop(key, None)
+    return render(request, "approvals/inbox.html", {
+        "form": form, "page": page, "page_number": number, "sort": filters.sort,
+        "next_query": following.urlencode() if page.next_after else "", "first_query": first.urlencode(),
+        "scan_window": selectors.SCAN_WINDOW,
+    })
+
+
+@login_required
+@require_GET
+def inbox_rows(request):
+    """The rows of the pending items of runs ``?run=<id>`` (up to 100) as the inbox shows them, for live patching.
+
+    Takes the inbox's own sort and filters, so a row that no longer matches
+    is left out (the page removes it). Only items the user may decide
+    (``Interrupt.objects.decidable_by``) are rendered; another user's run
+    gives no row. Also renders the navigation counts. Bad ids: 400.
+    """
+    form = _filter_form(request.GET)
+    run_ids = request.GET.getlist("run")
+    if not form.is_valid() or not 0 < len(run_ids) <= MAX_ROWS or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in run_ids):
+        return HttpResponseBadRequest(_("Give 1 to 100 run ids (?run=<id>) and a valid inbox query."))
+    filters = _filters(form.cleaned_data)
+    rows = selectors.rows_of_runs(user=request.user, run_ids=[int(i) for i in run_ids], filters=filters)
+    return render(request, "approvals/_inbox_rows.html", {"rows": rows, "sort": filters.sort})
+
+
+MAX_ROWS = 100  # run ids one fragment request may name
+
+
+def _filter_form(data) -> InboxFilterForm:
+    return InboxFilterForm(data, kinds=[(kind, label(kind)) for kind in InterruptKind.values],
+                           tools=[tool.name for tool in all_tools()], agents=selectors.agent_slugs())
+
+
+def _filters(data: dict) -> selectors.InboxFilters:
+    return selectors.InboxFilters(sort=data["sort"] or "expiry", kind=data["kind"], tool=data["tool"],
+                                  agent=data["agent"], requester=data["requester"].strip(),
+                                  search=data["q"].strip())
 
 
 @login_required
