@@ -7,4 +7,5 @@ from approvals import views
 urlpatterns = [
     path("inbox/", views.inbox, name="inbox"),
     path("inbox/<int:interrupt_id>/", views.interrupt_detail, name="inbox-item"),
+    path("inbox/<int:interrupt_id>/state/", views.interrupt_state, name="inbox-item-state"),
 ]

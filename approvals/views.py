@@ -13,6 +13,7 @@ import json
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
@@ -38,16 +39,16 @@ def inbox(request):
 
 @login_required
 def interrupt_detail(request, interrupt_id: int):
-    """One item: tool, arguments, the run's conversation and tool results; POST decides it.
+    """One item: what is asked and why, the call's arguments, earlier calls; POST decides it.
 
     Approval items take approve / reject (``decide_interrupt``),
     reconciliation items succeeded / failed with evidence
     (``reconcile_interrupt``), input items an answer: free text, or one
-    button per option (``answer_interrupt``).
+    button per option (``answer_interrupt``). The page listens on the
+    run's WebSocket and swaps the form for ``interrupt_state`` once the
+    item is decided elsewhere.
     """
-    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
-    if item is None:
-        raise Http404("No such inbox item.")
+    item = _visible_item_or_404(request, interrupt_id)
     tool_call = item.tool_call
     data = request.POST if request.method == "POST" else None
     if item.kind == InterruptKind.RECONCILIATION:
@@ -67,7 +68,8 @@ def interrupt_detail(request, interrupt_id: int):
             except (TransitionNotAllowed, ConcurrentTransition):
                 item.refresh_from_db()
                 return error_page(request, status=409, title=_("Already decided"), message=_already_decided(item),
-                                  back_url=reverse("run-detail", args=[item.run_id]))
+                                  back_url=reverse("run-detail", args=[item.run_id]),
+                                  detail=render_to_string("approvals/_item_state.html", {"item": item}, request))
             except TollgateError as exc:
                 field = "edited_arguments" if "edited_arguments" in form.fields else None
                 response = page_error(request, exc, form=form, field=field, back_url=back_url)
@@ -76,24 +78,41 @@ def interrupt_detail(request, interrupt_id: int):
             else:
                 return redirect("run-detail", run_id=item.run_id)
         status = 400
-    tool = get_tool(tool_call.name) if tool_call else None
+    messages_ = list(session_messages(session_id=item.run.session_id))
     return render(request, "approvals/interrupt_detail.html", {
         "item": item,
         "tool_call": tool_call,
-        "tool": tool,
+        "tool": get_tool(tool_call.name) if tool_call else None,
         "form": form,
         "can_decide": item.status == InterruptStatus.PENDING and item.user_may_decide,
         "options": question_options(item) if item.kind == InterruptKind.INPUT else [],
-        "messages_": session_messages(session_id=item.run.session_id),
+        "why": selectors.interrupt_why(item, messages_),
+        "lookup": selectors.reconciliation_lookup(item),
+        "changes": item.argument_changes(),
+        "messages_": messages_,
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
     }, status=status)
 
 
+@login_required
+@require_GET
+def interrupt_state(request, interrupt_id: int):
+    """The item's state as a small fragment for its page's live update: who decided, when, their comment."""
+    return render(request, "approvals/_item_state.html", {"item": _visible_item_or_404(request, interrupt_id)})
+
+
+def _visible_item_or_404(request, interrupt_id: int):
+    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
+    if item is None:
+        raise Http404("No such inbox item.")
+    return item
+
+
 def _already_decided(item) -> str:
-    """The 409 page's message for an item someone resolved meanwhile, in the page's language."""
-    if item.resolved_by:
-        return _("This item is already %(status)s (%(decision)s by %(user)s); nothing was changed.") % {
-            "status": label(item.status), "decision": label(item.decision), "user": item.resolved_by}
+    """The 409 page's message for an item someone resolved meanwhile, in the page's language.
+
+    Who decided, when and with what comment follow it (``approvals/_item_state.html``).
+    """
     return _("This item is already %(status)s; nothing was changed.") % {"status": label(item.status)}
 
 
