@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 from django_fsm import FSMField, transition
 
 from runs.access import InterruptQuerySet
@@ -37,8 +38,13 @@ class Interrupt(FSMModel):
     a user needs to resolve it; ``allow_requester`` says whether the run's
     own requester may resolve it. ``edited_arguments`` holds arguments an
     approver changed before approving (``argument_changes``: what changed;
-    the tool call's ``arguments`` then hold them too). Only ``approvals.services`` changes
-    ``status``; text produced by the model never does.
+    the tool call's ``arguments`` then hold them too). ``rule`` is the approval rule that
+    fired (e.g. ``"amount > 50"``; empty for other kinds and for items
+    opened before it was recorded). ``target`` groups pending items acting
+    on the same thing (``tools.services.summary.target_of``: tool name and
+    target value; empty when the tool names no target). Only
+    ``approvals.services`` changes ``status``; text produced by the model
+    never does.
     """
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="interrupts")
@@ -59,12 +65,23 @@ class Interrupt(FSMModel):
     resolved_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    rule = models.TextField(blank=True)
+    target = models.CharField(max_length=200, blank=True)
 
     objects = InterruptQuerySet.as_manager()  # decidable_by / visible_to (runs.access)
 
     class Meta:
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
+        # The inbox reads pending items in one of three orders and pages by keyset
+        # (approvals.selectors): each order has a partial index over pending items,
+        # so a page costs the same at 100 or 1,000,000 pending items.
+        indexes = [
+            models.Index(fields=["expires_at", "id"], condition=Q(status="pending"), name="interrupt_pending_expiry"),
+            models.Index(fields=["created_at", "id"], condition=Q(status="pending"), name="interrupt_pending_age"),
+            models.Index(fields=["target"], condition=Q(status="pending") & ~Q(target=""),
+                         name="interrupt_pending_target"),
+        ]
 
     event_type = "interrupt"
 

@@ -24,6 +24,7 @@ from runs.wakeups import wake_on_commit
 from tools.registry import Tool, get_tool
 from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
 from tools.services.edits import argument_changes
+from tools.services.summary import target_of
 
 
 def _log_opened(interrupt: Interrupt, *, reason: str) -> None:
@@ -32,8 +33,12 @@ def _log_opened(interrupt: Interrupt, *, reason: str) -> None:
                  payload=interrupt.event_payload({}), to_status=interrupt.status)
 
 
-def request_approval(*, tool_call, tool) -> Interrupt:
+def request_approval(*, tool_call, tool, rule: str = "") -> Interrupt:
     """Open a pending approval item for ``tool_call`` (a ``tools.registry.Tool``).
+
+    ``rule`` is the approval rule that fired (``Assessment.rule``), kept on
+    the item for the inbox; the item's ``target`` groups it with other
+    pending calls on the same thing (``tools.services.summary.target_of``).
 
     It expires after ``TOLLGATE["APPROVAL_TTL_HOURS"]``. The run is moved
     to ``waiting/approval`` by the loop, once every call of the turn has
@@ -49,6 +54,8 @@ def request_approval(*, tool_call, tool) -> Interrupt:
         required_permission=tool.permission,
         allow_requester=tool.requester_may_decide,
         expires_at=timezone.now() + timedelta(hours=settings.TOLLGATE["APPROVAL_TTL_HOURS"]),
+        rule=rule,
+        target=target_of(tool, tool_call.arguments),
     )
     _log_opened(interrupt, reason=_requested("approval", tool))
     return interrupt
@@ -80,6 +87,7 @@ def request_reconciliation(*, tool_call) -> Interrupt:
         title=f"Did {tool_call.name} happen? Its outcome is unknown.",
         required_permission=tool.permission,
         allow_requester=tool.requester_may_decide,
+        target=target_of(tool, tool_call.arguments),
     )
     _log_opened(interrupt, reason=_requested("reconciliation", tool))
     return interrupt

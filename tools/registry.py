@@ -97,6 +97,33 @@ class WaitSpec:
 
 
 @dataclass(frozen=True)
+class Description:
+    """How one pending call reads to a person (``Tool.summarize``; ``tools.services.summary``).
+
+    ``text``: one line, e.g. "Refund 80.00 on order 123 (total 120.00, refunded 0.00)".
+    ``risk_fields``: ``((label, value), ...)``, both str, in the order a
+    person should read them (amount, order, recipient...). ``target``: what
+    the call acts on, for people ("order 123"); empty when it names none.
+    """
+
+    text: str
+    risk_fields: tuple[tuple[str, str], ...] = ()
+    target: str = ""
+
+
+@dataclass(frozen=True)
+class Together:
+    """A tool's verdict on several pending calls on one target (``Tool.judge_together``).
+
+    ``all_can_succeed``: True / False, or None when the tool cannot tell;
+    ``note``: one line saying why ("3 refunds ask 210.00; 95.00 refundable").
+    """
+
+    all_can_succeed: bool | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Tool:
     """One registered tool.
 
@@ -129,6 +156,14 @@ class Tool:
       (``tools.builtin``): before its handler runs, the run waits for what
       the spec names, holding no worker; once that came (or timed out) the
       handler is called with ``ctx.tool_call.wait`` settled.
+    * ``summarize(arguments_list) -> [Description]``: how pending calls read
+      to a person, one ``Description`` per arguments dict, in order. Called
+      once for all the calls of a page, so it reads what it needs in a
+      fixed number of queries (never one per call). None: the fallback,
+      tool name and top-level arguments (``tools.services.summary``).
+    * ``judge_together(groups) -> [Together]``: for each group (a list of
+      the arguments of pending calls on one target), whether they can all
+      succeed (e.g. refunds asking more than is left). Called once per page.
     """
 
     name: str
@@ -147,6 +182,8 @@ class Tool:
     max_attempts: int = 3
     backoff_s: float = 0.5
     wait: Callable[[ToolContext, dict], WaitSpec] | None = None
+    summarize: Callable[[list[dict]], list[Description]] | None = None
+    judge_together: Callable[[list[list[dict]]], list[Together]] | None = None
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -355,9 +355,9 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
         if response.tool_calls:
             created = propose_tool_calls(run=run, step=step, calls=response.tool_calls, assessments=assessments,
                                          actor=ACTOR)
-            for call in created:  # the inbox items, in the proposal's transaction
+            for call, assessment in zip(created, assessments):  # the inbox items, in the proposal's transaction
                 if call.status == S.AWAITING_APPROVAL:
-                    request_approval(tool_call=call, tool=get_tool(call.name))
+                    request_approval(tool_call=call, tool=get_tool(call.name), rule=assessment.rule)
             going_on = True
             if all(c.status == S.INVALID for c in created):
                 going_on = _repair_turn(run, known, "every tool call of the turn was invalid")

@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
-from tools.demo import conf, gateway
+from tools.demo import conf, gateway, summaries
 from tools.demo.models import Order
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolContext, ToolError
@@ -71,6 +71,7 @@ QUERY_ORDER = Tool(
                 "required": ["order_id"], "additionalProperties": False},
     handler=_query_order,
     precondition=_query_order_precondition,
+    summarize=summaries.summarize_order_lookups,
 )
 
 
@@ -107,6 +108,7 @@ CANCEL_ORDER = Tool(
     side_effect=True,
     approval="always",
     precondition=_cancel_precondition,
+    summarize=summaries.summarize_order_cancellations,
 )
 
 
@@ -150,6 +152,8 @@ REFUND = Tool(
     timeout_s=conf.gateway_timeout_s(),
     idempotent=True,
     reconcile=gateway.lookup,
+    summarize=summaries.summarize_refunds,
+    judge_together=summaries.judge_refunds,
 )
 
 
@@ -208,6 +212,7 @@ SEND_EMAIL = Tool(
     side_effect=True,
     approval="always",
     precondition=_send_email_precondition,
+    summarize=summaries.summarize_emails,
 )
 
 # What the demo app registers, in this order.
