@@ -50,9 +50,9 @@ def run_decided_interrupts(*, run) -> list[Interrupt]:
 class Why:
     """Why an item is in the inbox, from the record.
 
-    ``rule``: the approval rule that fired, as logged when the call was
-    assessed (e.g. ``amount > 50``, or ``... (counting earlier calls)``);
-    empty when the log has none. ``tool_rule``/``agent_rule``: the rules
+    ``rule``: the approval rule that fired (e.g. ``amount > 50``), as kept
+    on the item, or for items opened before it was kept, as logged when the
+    call was assessed; empty when neither has it. ``tool_rule``/``agent_rule``: the rules
     of the tool and of the run's agent now (``agent_rule`` empty: none);
     ``granted_by``: who let the agent's rule replace the tool's (empty:
     the agent's rule only adds). ``model_reason``: the text of the model's
@@ -72,22 +72,28 @@ def interrupt_why(item: Interrupt, messages) -> Why | None:
     """``Why`` for an approval item (None for other kinds or without a registered tool).
 
     ``messages``: the session's messages (already loaded by the page), in
-    which the assistant turn holding the call's id is looked up. One query
-    (the assessment event).
+    which the assistant turn holding the call's id is looked up. No query
+    when the item keeps its rule.
     """
     tool_call = item.tool_call
     tool = get_tool(tool_call.name) if tool_call is not None else None
     if item.kind != InterruptKind.APPROVAL or tool is None:
         return None
-    assessed = (RunEvent.objects.filter(run_id=item.run_id, type="tool_call", to_status=ToolCallStatus.AWAITING_APPROVAL,
-                                        payload__tool_call=tool_call.pk)
-                .values_list("reason", flat=True).first() or "")
+    rule = item.rule or _logged_rule(item)
     _rule, granted_by = effective_rule(item.run.agent, tool)
     turn = next((m for m in messages if m.role == "assistant" and m.run_id == item.run_id
                  and any(c.get("id") == tool_call.provider_call_id for c in m.tool_calls or [])), None)
-    return Why(rule=assessed.removeprefix(RULE_PREFIX), tool_rule=tool.approval,
+    return Why(rule=rule, tool_rule=tool.approval,
                agent_rule=item.run.agent.approval_policy.get(tool.name) or "", granted_by=granted_by,
                model_reason=turn.content.strip() if turn else "", message_id=turn.pk if turn else None)
+
+
+def _logged_rule(item: Interrupt) -> str:
+    """The approval rule in the event that put the item's call to wait for approval ("" if none)."""
+    reason = (RunEvent.objects.filter(run_id=item.run_id, type="tool_call", to_status=ToolCallStatus.AWAITING_APPROVAL,
+                                      payload__tool_call=item.tool_call_id)
+              .values_list("reason", flat=True).first() or "")
+    return reason.removeprefix(RULE_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from runs.errors import TollgateError
 from runs.labels import label
 from runs.selectors import run_tool_calls, session_messages
 from tools.registry import get_tool
+from tools.services.summary import describe
 
 
 @login_required
@@ -86,6 +87,7 @@ def interrupt_detail(request, interrupt_id: int):
         "form": form,
         "can_decide": item.status == InterruptStatus.PENDING and item.user_may_decide,
         "options": question_options(item) if item.kind == InterruptKind.INPUT else [],
+        "summary": describe(tool_call) if tool_call and item.kind != InterruptKind.INPUT else None,
         "why": selectors.interrupt_why(item, messages_),
         "lookup": selectors.reconciliation_lookup(item),
         "changes": item.argument_changes(),
