@@ -7,6 +7,7 @@ context (its own cookies: another person) logged in as one user.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from tests.conftest import database_url_for_subprocess, serving
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 30_000
+# Where screenshots go (test artifacts); each test names its own file beside this one.
+SCREENSHOT = Path(os.environ.get("TOLLGATE_SCREENSHOT", "/tmp/tollgate-run.png"))
 
 
 def _use_server_password_hashes(usernames) -> None:

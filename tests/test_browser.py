@@ -9,17 +9,11 @@ shared queue and publishes live updates through the shared Redis channel
 layer. Either way the browser sees the run move live.
 """
 
-import os
-from pathlib import Path
-
 import pytest
 
-from tests.browser_helpers import browser, log_in, served  # noqa: F401  (fixtures)
+from tests.browser_helpers import SCREENSHOT, browser, log_in, served  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-SCREENSHOT = Path(os.environ.get("TOLLGATE_SCREENSHOT", "/tmp/tollgate-run.png"))
-
 
 def test_requester_starts_refund_approver_approves_in_inbox_run_completes_live(demo, worker, served, browser):
     # The requester starts a refund through the form and watches the run page.

@@ -21,7 +21,7 @@ from runs.engine.recovery import sweep
 from runs.models import Agent, Run
 from tests.api_helpers import create_agent
 from tests.api_helpers import start_run as api_start_run
-from tests.browser_helpers import browser, log_in, page_fits, served  # noqa: F401  (fixtures)
+from tests.browser_helpers import SCREENSHOT, browser, log_in, page_fits, served  # noqa: F401  (fixtures)
 from tests.durability import make_agent, refund_turns
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -87,6 +87,7 @@ def test_edit_60_to_40_charges_40_and_every_surface_shows_60_to_40_with_the_comm
     assert event.count() == 1
     _shows_60_to_40(event)
     assert event.locator(".event-comment").text_content() == COMMENT
+    page.screenshot(path=str(SCREENSHOT.with_name("tollgate-run-edited.png")), full_page=True)
 
     # The item page keeps the proposed arguments and shows the change beside who decided.
     page.goto(f"{served}/inbox/{item_id}/")
@@ -109,6 +110,8 @@ def test_edit_60_to_40_charges_40_and_every_surface_shows_60_to_40_with_the_comm
     for path in [f"/inbox/{item_id}/", f"/runs/{run_id}/"]:
         phone.goto(served + path)
         assert page_fits(phone), path
+    phone.goto(f"{served}/inbox/{item_id}/")
+    phone.screenshot(path=str(SCREENSHOT.with_name("tollgate-item-edited-phone.png")), full_page=True)
 
 
 @pytest.fixture
@@ -180,6 +183,7 @@ def test_reconciliation_item_shows_key_and_error_and_the_run_page_no_dangling_ex
     assert page.text_content("#lookup-checks").strip() == "2"
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page.text_content("#lookup-last-check"))
     assert page.query_selector("#reconcile-succeeded") is not None
+    page.screenshot(path=str(SCREENSHOT.with_name("tollgate-item-reconciliation.png")), full_page=True)
 
     page.goto(f"{served}/runs/{run_id}/")
     pending = page.text_content("#pending-items")

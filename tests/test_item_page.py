@@ -211,3 +211,20 @@ def test_an_item_that_never_expires_says_so_on_the_run_page(demo, client):
     page = client.get(reverse("run-detail", args=[item.run_id])).content.decode()
     pending = page[page.index('id="pending-items"'):page.index('id="tool-calls"')]
     assert "does not expire" in pending and "expires in" not in pending
+
+
+def test_item_page_names_who_allowed_an_agent_rule_that_replaces_the_tools(demo, worker, client):
+    agent = Agent.objects.create(
+        slug="loose-refunds", name="Loose", tools=["refund"], completion_check="default",
+        approval_policy={"refund": "amount > 55"}, approval_policy_granted_by=demo["admin"],
+        model={"provider": "scripted", "turns": REFUND_60})
+    run = start_run(agent=agent, user=demo["requester"], input="refund it")
+    worker.drain()
+    item = Interrupt.objects.get(run=run)
+    client.force_login(demo["approver"])
+    page = client.get(reverse("inbox-item", args=[item.pk])).content.decode()
+    rule = page[page.index('id="why-rule"'):page.index("</dd>", page.index('id="why-rule"'))]
+    assert "amount &gt; 55" in rule
+    policy = page[page.index('id="why-policy"'):page.index("</dd>", page.index('id="why-policy"'))]
+    assert "sum(amount) per target within 30d &gt; 50" in policy and "amount &gt; 55" in policy
+    assert 'loosening allowed by <strong class="granted-by">admin</strong>' in policy
