@@ -38,8 +38,8 @@ class Interrupt(FSMModel):
     a user needs to resolve it; ``allow_requester`` says whether the run's
     own requester may resolve it. ``edited_arguments`` holds arguments an
     approver changed before approving (``argument_changes``: what changed;
-    the tool call's ``arguments`` then hold them too). ``rule`` is the approval rule that
-    fired (e.g. ``"amount > 50"``; empty for other kinds and for items
+    the tool call's ``arguments`` then hold them too). ``rule`` is the
+    approval rule that fired (e.g. ``"amount > 50"``; empty for other kinds and for items
     opened before it was recorded). ``target`` groups pending items acting
     on the same thing (``tools.services.summary.target_of``: tool name and
     target value; empty when the tool names no target). Only

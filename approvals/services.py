@@ -242,9 +242,10 @@ def decide_interrupt(
     The tool call becomes ``ready`` (with ``edited_arguments`` if given)
     or ``rejected``; once no item of the run is pending, the run resumes
     and a worker is woken. An approval with edited arguments logs what
-    changed in its event (``changes``, ``tools.services.edits``). Raises ``Forbidden`` (403, checked first),
-    ``TransitionNotAllowed`` when the item is no longer pending (409) and
-    ``InvalidInput`` for edited arguments that break the tool's schema.
+    changed in its event (``changes``, ``tools.services.edits``). Raises
+    ``Forbidden`` (403, checked first), ``TransitionNotAllowed`` when the
+    item is no longer pending (409) and ``InvalidInput`` for edited
+    arguments that break the tool's schema.
     """
     if not can_decide(user, interrupt):
         raise Forbidden("You may not decide this item.")
@@ -258,8 +259,8 @@ def decide_interrupt(
         # the run to wait, so a decision cannot slip in between.
         Run.objects.select_for_update().get(pk=interrupt.run_id)
         interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
-        edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if (
-            decision == Decision.APPROVED and edited_arguments is not None) else {}
+        edited = decision == Decision.APPROVED and edited_arguments is not None
+        edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
         apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
               comment=comment, edited_arguments=edited_arguments, now=timezone.now())
         if decision == Decision.APPROVED:

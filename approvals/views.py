@@ -90,7 +90,6 @@ def interrupt_detail(request, interrupt_id: int):
         "summary": describe(tool_call) if tool_call and item.kind != InterruptKind.INPUT else None,
         "why": selectors.interrupt_why(item, messages_),
         "lookup": selectors.reconciliation_lookup(item),
-        "changes": item.argument_changes(),
         "messages_": messages_,
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
     }, status=status)

@@ -60,9 +60,9 @@ class AgentCreateSerializer(StrictSerializer):
 class DecisionSerializer(OutputSerializer):
     """One decided inbox item of a run: decision, who and when, the comment and the changed arguments."""
 
-    interrupt = serializers.IntegerField(source="pk")
+    interrupt = serializers.IntegerField(source="pk", read_only=True)
     decided_by = serializers.SlugRelatedField(source="resolved_by", slug_field="username", read_only=True)
-    decided_at = serializers.DateTimeField(source="resolved_at")
+    decided_at = serializers.DateTimeField(source="resolved_at", read_only=True)
     changes = serializers.SerializerMethodField()
 
     class Meta:
