@@ -9,6 +9,7 @@ from django_fsm import FSMField, transition
 
 from runs.access import InterruptQuerySet
 from runs.fsm import FSMModel
+from tools.services.edits import argument_changes, proposed_arguments
 
 
 class InterruptKind(models.TextChoices):
@@ -38,8 +39,9 @@ class Interrupt(FSMModel):
     ``required_permission`` is the Django permission (``app_label.codename``)
     a user needs to resolve it; ``allow_requester`` says whether the run's
     own requester may resolve it. ``edited_arguments`` holds arguments an
-    approver changed before approving. ``rule`` is the approval rule that
-    fired (e.g. ``"amount > 50"``; empty for other kinds and for items
+    approver changed before approving (``argument_changes``: what changed;
+    the tool call's ``arguments`` then hold them too). ``rule`` is the
+    approval rule that fired (e.g. ``"amount > 50"``; empty for other kinds and for items
     opened before it was recorded). ``target`` groups pending items acting
     on the same thing (``tools.services.summary.target_of``: tool name and
     target value; empty when the tool names no target). Only
@@ -106,6 +108,16 @@ class Interrupt(FSMModel):
         """The item as the log shows it: id, kind, decision, comment and whether the requester may decide."""
         return {"interrupt": self.pk, "kind": self.kind, "decision": self.decision, "comment": self.comment,
                 "allow_requester": self.allow_requester}
+
+    def proposed_arguments(self) -> dict | None:
+        """The arguments the model proposed for the item's call (None without a call or parsable arguments)."""
+        return proposed_arguments(self.tool_call) if self.tool_call is not None else None
+
+    def argument_changes(self) -> list[dict]:
+        """What the approver changed, per leaf (``tools.services.edits.argument_changes``); [] if nothing."""
+        if self.edited_arguments is None or self.tool_call is None:
+            return []
+        return argument_changes(self.proposed_arguments(), self.edited_arguments)
 
     @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.RESOLVED)
     def resolve(self, *, decision: str, user, comment: str, edited_arguments, now):

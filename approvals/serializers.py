@@ -19,6 +19,11 @@ class InterruptToolCallSerializer(OutputSerializer):
         read_only_fields = fields
 
 
+CHANGES_FIELD = serializers.ListField(child=serializers.DictField(), help_text=(
+    "What the approver changed, one entry per changed leaf: `path` (JSON Pointer), `field` (for people), "
+    "`change` (`changed`, `added` or `removed`), `proposed` and/or `approved` values. Empty: approved as proposed."))
+
+
 class AnswerFileSerializer(OutputSerializer):
     """The file a question was answered with: metadata and ``download``, the path to fetch it from."""
 
@@ -34,20 +39,35 @@ class AnswerFileSerializer(OutputSerializer):
 
 
 class InterruptSerializer(OutputSerializer):
-    """An inbox item; ``can_decide`` says whether the requesting user may resolve it; ``answer_file`` is
-    the file an answered question came with (else null)."""
+    """An inbox item; ``can_decide`` says whether the requesting user may resolve it.
+
+    ``proposed_arguments`` are the model's; ``edited_arguments`` what an
+    approver approved instead (null: approved as proposed); ``changes`` the
+    difference per field (``tools.services.edits``); ``answer_file`` the
+    file an answered question came with (else null).
+    """
 
     tool_call = InterruptToolCallSerializer(read_only=True)
     resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     can_decide = serializers.SerializerMethodField()
+    proposed_arguments = serializers.SerializerMethodField()
+    changes = serializers.SerializerMethodField()
     answer_file = serializers.SerializerMethodField()
 
     class Meta:
         model = Interrupt
-        fields = ["id", "kind", "status", "title", "run", "tool_call", "decision", "comment", "edited_arguments",
-                  "required_permission", "resolved_by", "resolved_at", "expires_at", "created_at", "can_decide",
-                  "answer_file"]
+        fields = ["id", "kind", "status", "title", "run", "tool_call", "decision", "comment", "proposed_arguments",
+                  "edited_arguments", "changes", "required_permission", "resolved_by", "resolved_at", "expires_at",
+                  "created_at", "can_decide", "answer_file"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_proposed_arguments(self, interrupt: Interrupt) -> dict | None:
+        return interrupt.proposed_arguments()
+
+    @extend_schema_field(CHANGES_FIELD)
+    def get_changes(self, interrupt: Interrupt) -> list[dict]:
+        return interrupt.argument_changes()
 
     @extend_schema_field(AnswerFileSerializer(allow_null=True))
     def get_answer_file(self, interrupt: Interrupt) -> dict | None:

@@ -25,6 +25,7 @@ from runs.waits import settle_wait
 from runs.wakeups import wake_on_commit
 from tools.registry import Tool, get_tool
 from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
+from tools.services.edits import argument_changes
 from tools.services.summary import target_of
 
 
@@ -279,9 +280,11 @@ def decide_interrupt(
 
     The tool call becomes ``ready`` (with ``edited_arguments`` if given)
     or ``rejected``; once no item of the run is pending, the run resumes
-    and a worker is woken. Raises ``Forbidden`` (403, checked first),
-    ``TransitionNotAllowed`` when the item is no longer pending (409) and
-    ``InvalidInput`` for edited arguments that break the tool's schema.
+    and a worker is woken. An approval with edited arguments logs what
+    changed in its event (``changes``, ``tools.services.edits``). Raises
+    ``Forbidden`` (403, checked first), ``TransitionNotAllowed`` when the
+    item is no longer pending (409) and ``InvalidInput`` for edited
+    arguments that break the tool's schema.
     """
     if not can_decide(user, interrupt):
         raise Forbidden("You may not decide this item.")
@@ -294,8 +297,10 @@ def decide_interrupt(
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
-        apply(interrupt.resolve, actor=actor, reason=decision, decision=decision, user=user, comment=comment,
-              edited_arguments=edited_arguments, now=timezone.now())
+        edited = decision == Decision.APPROVED and edited_arguments is not None
+        edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
+        apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
+              comment=comment, edited_arguments=edited_arguments, now=timezone.now())
         if decision == Decision.APPROVED:
             approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor)
         else:

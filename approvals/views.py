@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
@@ -30,6 +31,7 @@ from runs.errors import TollgateError
 from runs.labels import label
 from runs.selectors import run_tool_calls, session_messages
 from tools.registry import all_tools, get_tool
+from tools.services.summary import describe
 
 
 @login_required
@@ -93,16 +95,16 @@ def _filters(data: dict) -> selectors.InboxFilters:
 
 @login_required
 def interrupt_detail(request, interrupt_id: int):
-    """One item: tool, arguments, the run's conversation and tool results; POST decides it.
+    """One item: what is asked and why, the call's arguments, earlier calls; POST decides it.
 
     Approval items take approve / reject (``decide_interrupt``),
     reconciliation items succeeded / failed with evidence
     (``reconcile_interrupt``), input items an answer: free text, or one
-    button per option (``answer_interrupt``).
+    button per option (``answer_interrupt``). The page listens on the
+    run's WebSocket and swaps the form for ``interrupt_state`` once the
+    item is decided elsewhere.
     """
-    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
-    if item is None:
-        raise Http404("No such inbox item.")
+    item = _visible_item_or_404(request, interrupt_id)
     tool_call = item.tool_call
     data = request.POST if request.method == "POST" else None
     if item.kind == InterruptKind.RECONCILIATION:
@@ -122,7 +124,8 @@ def interrupt_detail(request, interrupt_id: int):
             except (TransitionNotAllowed, ConcurrentTransition):
                 item.refresh_from_db()
                 return error_page(request, status=409, title=_("Already decided"), message=_already_decided(item),
-                                  back_url=reverse("run-detail", args=[item.run_id]))
+                                  back_url=reverse("run-detail", args=[item.run_id]),
+                                  detail=render_to_string("approvals/_item_state.html", {"item": item}, request))
             except TollgateError as exc:
                 field = "edited_arguments" if "edited_arguments" in form.fields else None
                 response = page_error(request, exc, form=form, field=field, back_url=back_url)
@@ -131,18 +134,20 @@ def interrupt_detail(request, interrupt_id: int):
             else:
                 return redirect("run-detail", run_id=item.run_id)
         status = 400
-    tool = get_tool(tool_call.name) if tool_call else None
+    messages_ = list(session_messages(session_id=item.run.session_id))
     return render(request, "approvals/interrupt_detail.html", {
         "item": item,
         "tool_call": tool_call,
-        "tool": tool,
+        "tool": get_tool(tool_call.name) if tool_call else None,
         "form": form,
         "can_decide": item.status == InterruptStatus.PENDING and item.user_may_decide,
         "options": question_options(item) if item.kind == InterruptKind.INPUT else [],
         "file_rule": file_rule(tool_call.arguments if tool_call else None),
         "file_max_bytes": settings.TOLLGATE["ANSWER_FILE_MAX_BYTES"],
-        "answer_file": getattr(item, "answer_file", None),
-        "messages_": session_messages(session_id=item.run.session_id),
+        "summary": describe(tool_call) if tool_call and item.kind != InterruptKind.INPUT else None,
+        "why": selectors.interrupt_why(item, messages_),
+        "lookup": selectors.reconciliation_lookup(item),
+        "messages_": messages_,
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
     }, status=status)
 
@@ -157,11 +162,25 @@ def answer_file_download(request, interrupt_id: int):
     return answer_file_response(answer_file)
 
 
+@login_required
+@require_GET
+def interrupt_state(request, interrupt_id: int):
+    """The item's state as a small fragment for its page's live update: who decided, when, their comment."""
+    return render(request, "approvals/_item_state.html", {"item": _visible_item_or_404(request, interrupt_id)})
+
+
+def _visible_item_or_404(request, interrupt_id: int):
+    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
+    if item is None:
+        raise Http404("No such inbox item.")
+    return item
+
+
 def _already_decided(item) -> str:
-    """The 409 page's message for an item someone resolved meanwhile, in the page's language."""
-    if item.resolved_by:
-        return _("This item is already %(status)s (%(decision)s by %(user)s); nothing was changed.") % {
-            "status": label(item.status), "decision": label(item.decision), "user": item.resolved_by}
+    """The 409 page's message for an item someone resolved meanwhile, in the page's language.
+
+    Who decided, when and with what comment follow it (``approvals/_item_state.html``).
+    """
     return _("This item is already %(status)s; nothing was changed.") % {"status": label(item.status)}
 
 

@@ -28,9 +28,10 @@ STATUS_TITLES = {400: gettext_lazy("Not possible"), 403: gettext_lazy("Not allow
                  409: gettext_lazy("Not possible now"), 422: gettext_lazy("Not possible")}
 
 
-def error_page(request, *, status: int, title: str, message: str, back_url: str) -> HttpResponse:
-    """The status page: ``title`` (with ``status``), ``message`` and a link to ``back_url``, answered with ``status``."""
-    return render(request, "error.html", {"status": status, "title": title, "message": message,
+def error_page(request, *, status: int, title: str, message: str, back_url: str, detail: str = "") -> HttpResponse:
+    """The status page: ``title`` (with ``status``), ``message``, ``detail`` (HTML rendered from a
+    template, e.g. who decided an item first) and a link to ``back_url``, answered with ``status``."""
+    return render(request, "error.html", {"status": status, "title": title, "message": message, "detail": detail,
                                           "back_url": back_url}, status=status)
 
 

@@ -38,6 +38,7 @@ from runs.serializers import (
     SessionCreateSerializer,
     SessionSerializer,
     ToolCallSerializer,
+    decided_items_prefetch,
 )
 
 
@@ -75,7 +76,8 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
     """Runs: start one, read it with its events and tool calls, cancel it."""
 
     serializer_class = RunSerializer
-    queryset = with_pending_waits(Run.objects.select_related("agent", "requested_by"))
+    queryset = with_pending_waits(Run.objects.select_related("agent", "requested_by")
+                                  .prefetch_related(decided_items_prefetch()))
     owner_field = "requested_by"
     filterset_class = RunFilter
 
@@ -195,5 +197,6 @@ class SessionViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixi
     def runs(self, request, pk=None):
         """The runs of the session (all its owner's), newest first."""
         session = self.get_object()
-        page = self.paginate_queryset(with_pending_waits(session.runs.select_related("agent", "requested_by")))
+        page = self.paginate_queryset(with_pending_waits(session.runs.select_related("agent", "requested_by")
+                                                         .prefetch_related(decided_items_prefetch())))
         return self.get_paginated_response(RunSerializer(page, many=True).data)

@@ -4,9 +4,12 @@ Output serializers are read-only views of the models; input serializers
 only check the shape of a request body; the services decide the rest.
 """
 
+from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from approvals.models import Interrupt, InterruptStatus
+from approvals.serializers import CHANGES_FIELD
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
@@ -55,15 +58,43 @@ class AgentCreateSerializer(StrictSerializer):
                                             help_text='Tool name to rule: "always", "never" or e.g. "amount > 50".')
 
 
+class DecisionSerializer(OutputSerializer):
+    """One decided inbox item of a run: decision, who and when, the comment and the changed arguments."""
+
+    interrupt = serializers.IntegerField(source="pk", read_only=True)
+    decided_by = serializers.SlugRelatedField(source="resolved_by", slug_field="username", read_only=True)
+    decided_at = serializers.DateTimeField(source="resolved_at", read_only=True)
+    changes = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Interrupt
+        fields = ["interrupt", "kind", "tool_call", "decision", "decided_by", "decided_at", "comment", "changes"]
+        read_only_fields = fields
+
+    @extend_schema_field(CHANGES_FIELD)
+    def get_changes(self, interrupt: Interrupt) -> list[dict]:
+        return interrupt.argument_changes()
+
+
+def decided_items_prefetch() -> Prefetch:
+    """Prefetch of a run's decided inbox items (as ``decided_items``) for ``RunSerializer.decisions``."""
+    items = (Interrupt.objects.filter(status=InterruptStatus.RESOLVED).select_related("resolved_by", "tool_call")
+             .order_by("resolved_at", "id"))
+    return Prefetch("interrupts", queryset=items, to_attr="decided_items")
+
+
 class RunSerializer(OutputSerializer):
     """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
 
     ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.engine.completion``);
     ``final_output`` is the model's own last words, not a verdict.
+    ``decisions`` are the run's decided inbox items, oldest first: who
+    decided what, when, their comment and what they changed.
     """
 
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    decisions = serializers.SerializerMethodField()
     waiting_for = serializers.SerializerMethodField(
         help_text="The pending wait of a waiting run (input, external_event, scheduled): kind, deadline, the "
                   "tool call; for a question the inbox item to answer (interrupt), for an event wait the "
@@ -75,8 +106,16 @@ class RunSerializer(OutputSerializer):
                   "outcome_reason", "session", "agent",
                   "requested_by", "input", "final_output", "error", "wake_at", "cancel_requested_at", "retry_of",
                   "model_calls", "input_tokens", "output_tokens", "created_at", "updated_at", "started_at",
-                  "finished_at"]
+                  "finished_at", "decisions"]
         read_only_fields = fields
+
+    @extend_schema_field(DecisionSerializer(many=True))
+    def get_decisions(self, run: Run) -> list[dict]:
+        """From ``decided_items`` when the queryset prefetched them (``decided_items_prefetch``), else one query."""
+        items = getattr(run, "decided_items", None)
+        if items is None:
+            items = decided_items_prefetch().queryset.filter(run=run)
+        return DecisionSerializer(items, many=True).data
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_waiting_for(self, run: Run) -> dict | None:

@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
-from approvals.selectors import run_pending_interrupts
+from approvals.selectors import run_decided_interrupts, run_pending_interrupts
 from config.error_display import error_page, page_error
 from runs import selectors
 from runs.access import RunAccess
@@ -45,13 +45,14 @@ def run_list(request):
 @login_required
 @require_GET
 def run_detail(request, run_id: int):
-    """One run: status fields, timeline, tool calls, pending inbox items, cancel."""
+    """One run: status fields, timeline, tool calls, pending and decided inbox items, cancel."""
     run = _visible_run_or_404(request, run_id)
     return render(request, "runs/run_detail.html", {
         "run": run,
         "events": selectors.run_events(run=run),
         "tool_calls": selectors.run_tool_calls(run=run),
         "pending_items": run_pending_interrupts(run=run),
+        "decided_items": run_decided_interrupts(run=run),
         "messages_": selectors.session_messages(session_id=run.session_id),
         "can_cancel": not run.is_terminal and Run.objects.cancellable_by(request.user).filter(pk=run.pk).exists(),
     })

@@ -18,7 +18,7 @@ import pytest
 from approvals.models import Interrupt
 from runs.models import Agent, RunStatus
 from runs.engine.lifecycle import start_run
-from tests.test_browser import TIMEOUT_MS, browser, served  # noqa: F401 (fixtures)
+from tests.browser_helpers import TIMEOUT_MS, browser, served  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

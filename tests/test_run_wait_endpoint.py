@@ -11,7 +11,7 @@ from rest_framework.authtoken.models import Token
 
 from runs.models import Run
 from tests.api_helpers import start_run
-from tests.test_browser import served  # noqa: F401  (the fixture: manage.py serve, i.e. Daphne)
+from tests.browser_helpers import served  # noqa: F401  (the fixture: manage.py serve, i.e. Daphne)
 from tests.wait_helpers import waiting_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,6 +7,11 @@ value, which is what model-produced text needs.
 import json
 
 from django import template
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.html import format_html
+from django.utils.timesince import timeuntil
+from django.utils.translation import gettext as _
 
 from runs import labels
 
@@ -40,3 +45,39 @@ def labels_json() -> str:
     safe: the template escapes it like any attribute value.
     """
     return json.dumps(labels.labels_in_active_language(), ensure_ascii=False)
+
+
+@register.filter
+def json_value(value) -> str:
+    """One value for people: a string as it is, anything else as compact JSON (``60``, ``true``, ``{"a": 1}``)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@register.filter
+def argument_fields(arguments) -> list[dict]:
+    """A call's top-level arguments as ``[{"name", "value", "text"}]`` for a field list.
+
+    ``text`` is True for strings (shown as text, line breaks kept: an
+    email's body reads as a letter, not as a JSON string with ``\\n``);
+    other values are shown as JSON. Not a dict (unparsed arguments): [].
+    """
+    if not isinstance(arguments, dict):
+        return []
+    return [{"name": name, "value": value, "text": isinstance(value, str)} for name, value in arguments.items()]
+
+
+@register.simple_tag
+def expiry(expires_at) -> str:
+    """When an inbox item expires, for people: "expires in 2 days" (exact time, in the page's time zone,
+    on hover), "expiry passed" for a past time, "does not expire" without one (reconciliation items)."""
+    if expires_at is None:
+        return format_html('<span class="expiry never">{}</span>', _("does not expire"))
+    exact = date_format(timezone.localtime(expires_at), "Y-m-d H:i:s") + " " + timezone.get_current_timezone_name()
+    if expires_at <= timezone.now():
+        words = _("expiry passed")
+    else:
+        words = _("expires in %(left)s") % {"left": timeuntil(expires_at)}
+    return format_html('<span class="expiry" title="{}"><time datetime="{}">{}</time></span>', exact,
+                       expires_at.isoformat(), words)

@@ -12,6 +12,7 @@ One job per module; the names imported here are what the layers above use:
 * ``assessment``: what the policy decides for each proposed call (writes nothing);
 * ``proposal``: recording the calls of a turn, cumulative rules under lock, re-proposals;
 * ``decisions``: approved, rejected or expired by the inbox;
+* ``edits``: what an approver changed, proposed → approved per leaf;
 * ``execution``: running a ready call, retries, calls left in flight by a dead worker;
 * ``reconciliation``: unknown outcomes, by the tool's hook or a person;
 * ``results``: result messages for the model, and no call left in flight when a run ends.

@@ -11,7 +11,7 @@ from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import PENDING_STATUSES
 from tools.registry import get_tool
-from tools.services.arguments import parse_raw_arguments
+from tools.services.edits import proposed_arguments
 
 S = ToolCallStatus
 
@@ -138,7 +138,7 @@ def _approval_notes(tool_calls: list[ToolCall]) -> dict[int, dict]:
             continue
         note = {"comment": comment} if comment else {}
         if edited is not None:
-            proposed, _ = parse_raw_arguments(by_id[call_id].raw_arguments)
+            proposed = proposed_arguments(by_id[call_id])
             if proposed != edited:
                 note.update(proposed_arguments=proposed, approved_arguments=edited)
         notes[call_id] = note

@@ -1,0 +1,76 @@
+"""What the real-browser tests share: the served app, headless Chromium, logging in.
+
+``served`` runs ``manage.py serve`` (Daphne: HTTP, WebSockets, static
+files) against the test database and the test payment gateway; ``browser``
+is Debian's Chromium driven by Playwright; ``log_in`` opens a new browser
+context (its own cookies: another person) logged in as one user.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import database_url_for_subprocess, serving
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TIMEOUT_MS = 30_000
+# Where screenshots go (test artifacts); each test names its own file beside this one.
+SCREENSHOT = Path(os.environ.get("TOLLGATE_SCREENSHOT", "/tmp/tollgate-run.png"))
+
+
+def _use_server_password_hashes(usernames) -> None:
+    """Store the demo passwords with PBKDF2: the tests' MD5-only hasher setting is not the server's."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    hasher = PBKDF2PasswordHasher()
+    for user in get_user_model().objects.filter(username__in=usernames):
+        user.password = hasher.encode(f"{user.username}-demo", hasher.salt(), iterations=1000)
+        user.save(update_fields=["password"])
+
+
+@pytest.fixture
+def served(demo, payment_gateway, tmp_path):
+    """Base URL of ``manage.py serve`` running against the test database and the test gateway."""
+    _use_server_password_hashes(demo)
+    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
+           "PYTHONUNBUFFERED": "1"}
+    log_path = tmp_path / "serve.log"
+    try:
+        with serving(env, log_path) as base:
+            yield base
+    finally:
+        if os.environ.get("TOLLGATE_SHOW_SERVE_LOG"):
+            print(log_path.read_text())
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=os.environ.get("TOLLGATE_CHROMIUM", "/usr/bin/chromium"),
+                                    args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def log_in(browser, base: str, username: str, password: str, *, width: int = 1280, height: int = 900):
+    """A new browser context (its own cookies) logged in as ``username``: its page, on the inbox."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    page.goto(base + "/")
+    assert "/accounts/login/" in page.url  # every page needs a login
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("#login")
+    page.wait_for_url(base + "/inbox/")
+    return page
+
+
+def page_fits(page) -> bool:
+    """Whether the page's document is no wider than its viewport (it does not scroll sideways)."""
+    return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
