@@ -62,6 +62,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A body framed by Transfer-Encoding (chunked) would be read as empty: 411.
+    "config.middleware.LengthRequiredMiddleware",
     # Static files (WhiteNoise): only files it indexed at start-up are
     # served, so no request path is ever joined onto a directory.
     "whitenoise.middleware.WhiteNoiseMiddleware",
