@@ -29,11 +29,11 @@ from rest_framework import status
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.response import Response
-from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from config.api import error_body
 from config.idempotency import IdempotentPostMixin
+from config.throttles import UserRateThrottle
 from runs.engine.waits import receive_event
 from runs.live import run_group
 from runs.models import RunStatus
