@@ -8,13 +8,10 @@ the same request again with its ``Idempotency-Key`` still answers with the
 run it made.
 """
 
-import threading
-
 import pytest
-from django.db import connection
 
 from runs.models import Run
-from tests.api_helpers import error_of, get_run, start_run
+from tests.api_helpers import all_at_once, error_of, get_run, start_run
 from tests.wait_helpers import waiting_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,26 +28,6 @@ def cancelled_run(demo, api, worker) -> dict:
     assert requester.post(f"/api/runs/{run['id']}/cancel/", {}, format="json").status_code == 200
     assert get_run(requester, run["id"])["status"] == "cancelled"
     return run
-
-
-def _all_at_once(count: int, send) -> list:
-    """``send(n)`` from ``count`` threads released together; their answers in order."""
-    start = threading.Barrier(count)
-    answers = [None] * count
-
-    def go(n):
-        try:
-            start.wait(timeout=10)
-            answers[n] = send(n)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=go, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return answers
 
 
 def test_a_run_is_retried_once_and_a_second_retry_names_the_first(demo, api, cancelled_run):
@@ -70,7 +47,7 @@ def test_retries_sent_at_once_without_a_key_make_one_run(demo, api, cancelled_ru
     clients = [api(demo["requester"]) for _ in range(6)]
     url = f"/api/runs/{cancelled_run['id']}/retry/"
 
-    answers = _all_at_once(len(clients), lambda n: clients[n].post(url, {}, format="json"))
+    answers = all_at_once(len(clients), lambda n: clients[n].post(url, {}, format="json"))
 
     made = [a for a in answers if a.status_code == 201]
     assert len(made) == 1, [(a.status_code, a.content[:200]) for a in answers]

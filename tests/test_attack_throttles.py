@@ -9,15 +9,13 @@ In the PostgreSQL + Redis pass the counters are in that Redis.
 """
 
 import os
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection
 from rest_framework.throttling import SimpleRateThrottle
 
 from runs.models import Run
-from tests.api_helpers import error_of
+from tests.api_helpers import all_at_once, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,26 +37,6 @@ def shared_counters(settings):
     cache.clear()
 
 
-def _burst(clients, send) -> list:
-    """``send(client)`` from one thread per client, all released at once; the answers."""
-    start = threading.Barrier(len(clients))
-    answers = [None] * len(clients)
-
-    def go(n):
-        try:
-            start.wait(timeout=10)
-            answers[n] = send(clients[n])
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=go, args=(n,)) for n in range(len(clients))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return answers
-
-
 def _refused_as_throttled(answers, allowed_status: int) -> None:
     assert Counter(a.status_code for a in answers) == {allowed_status: RATE, 429: BURST - RATE}
     for answer in answers:
@@ -73,8 +51,8 @@ def test_a_burst_of_run_starts_gets_exactly_the_rate_through(demo, api, monkeypa
                                                                "runs": f"{RATE}/min"})
     clients = [api(demo["requester"]) for _ in range(BURST)]
 
-    answers = _burst(clients, lambda client: client.post("/api/runs/", {"agent": "refund-order", "input": "Refund."},
-                                                         format="json"))
+    answers = all_at_once(BURST, lambda n: clients[n].post("/api/runs/", {"agent": "refund-order", "input": "Refund."},
+                                                           format="json"))
 
     _refused_as_throttled(answers, 201)
     assert Run.objects.count() == RATE
@@ -85,6 +63,6 @@ def test_a_burst_of_reads_gets_exactly_the_user_rate_through(demo, api, monkeypa
                                                                "user": f"{RATE}/min"})
     clients = [api(demo["requester"]) for _ in range(BURST)]
 
-    answers = _burst(clients, lambda client: client.get("/api/agents/"))
+    answers = all_at_once(BURST, lambda n: clients[n].get("/api/agents/"))
 
     _refused_as_throttled(answers, 200)
