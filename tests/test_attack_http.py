@@ -103,3 +103,10 @@ def test_a_bug_under_api_outside_drf_is_a_500_in_the_error_shape(demo, monkeypat
 
     error = error_of(response, 500)
     assert error["code"] == "server_error" and "secret" not in response.content.decode()
+
+
+def test_the_schema_documents_411_on_every_post(demo, api):
+    schema = api(demo["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+
+    posts = [(path, ops["post"]) for path, ops in schema["paths"].items() if "post" in ops]
+    assert posts and all("411" in operation["responses"] for _, operation in posts)
