@@ -23,6 +23,11 @@ Every 4xx body is ``{"error": {"code": str, "message": str, "details": {...}}}``
 
 Anything else, a bare ``ValueError`` included, is a bug: a 500.
 
+Errors Django answers itself, outside any API view (a path under ``/api/``
+that matches no route, a 500, a ``SuspiciousOperation``), get the same
+object from ``django_error_handler`` (``config.urls`` installs it as
+``handler400`` ... ``handler500``); pages keep Django's own answers.
+
 Also the visibility of rows (``VisibleRowsMixin``) and the serializer
 bases every API app shares: ``StrictSerializer`` for
 request bodies (unknown fields are a 400) and ``OutputSerializer`` for
@@ -33,7 +38,8 @@ import math
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
@@ -122,6 +128,35 @@ def exception_handler(exc, context):
         return None
     set_rollback()
     return response
+
+
+API_PREFIX = "/api/"
+# Django's handler for each status, and the API's code and message for it.
+_DJANGO_ERRORS = {
+    400: (defaults.bad_request, "bad_request", "Bad request."),
+    403: (defaults.permission_denied, "permission_denied", "You do not have permission to perform this action."),
+    404: (defaults.page_not_found, "not_found", "Not found."),
+    500: (defaults.server_error, "server_error", "Internal server error."),
+}
+
+
+def django_error_handler(status_code: int):
+    """A view for ``config.urls``'s ``handler<status_code>`` (400, 403, 404 or 500): errors Django answers
+    outside DRF, in the API's shape.
+
+    Under ``/api/`` the body is ``error_body(code, message)``, saying
+    nothing of the exception (it may be a bug's); elsewhere Django's default
+    view (``django.views.defaults``) answers with the site's templates.
+    """
+    page_view, code, message = _DJANGO_ERRORS[status_code]
+
+    def handler(request, exception=None):
+        if request.path_info.startswith(API_PREFIX):
+            return JsonResponse(error_body(code, message), status=status_code)
+        return page_view(request) if exception is None else page_view(request, exception)
+
+    handler.__name__ = f"handler{status_code}"
+    return handler
 
 
 class VisibleRowsMixin:

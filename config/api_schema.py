@@ -47,8 +47,9 @@ ANY_OPERATION = {
 WITH_ID = {"404": "No such object, or not one you may see."}
 WITH_BODY = {
     "409": "The object's state does not allow it now, or a request with this Idempotency-Key is still being handled.",
+    "411": "The body came without a Content-Length (Transfer-Encoding: chunked is not accepted).",
     "413": "Request body too large.",
-    "415": "Only application/json bodies are accepted.",
+    "415": "Only application/json bodies, in a text charset (UTF-8), are accepted.",
     "422": "This Idempotency-Key was already used for a different request.",
 }
 IDEMPOTENCY_PARAMETER = {

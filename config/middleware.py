@@ -1,4 +1,7 @@
-"""Request middleware for languages and time zones (README "Languages and time zones").
+"""Request middleware: bodies without a length, languages and time zones (README "Languages and time zones").
+
+* ``LengthRequiredMiddleware``: a request whose body is framed by
+  ``Transfer-Encoding`` (chunked) instead of ``Content-Length`` is a 411.
 
 * ``ApiInEnglishMiddleware``: the REST API answers in English whatever the
   client's ``Accept-Language`` (after Django's ``LocaleMiddleware``, which
@@ -13,10 +16,37 @@ import functools
 import zoneinfo
 
 from django.conf import settings
+from django.http import HttpResponse, JsonResponse
 from django.utils import timezone, translation
 
+from config.api import API_PREFIX, error_body
+
 TIME_ZONE_COOKIE = "tollgate_tz"
-API_PREFIX = "/api/"
+
+
+class LengthRequiredMiddleware:
+    """Answer 411 to a request that carries ``Transfer-Encoding`` (e.g. a chunked body).
+
+    Django reads a body only as far as its ``Content-Length`` says, and
+    takes a missing one as 0: a chunked body would be read as empty, so an
+    approval sent with edited arguments would approve the model's own
+    arguments, and a comment or answer would be lost. Refusing is the
+    safe choice (RFC 9110's 411 Length Required); a request with both
+    headers is refused too (RFC 9112 6.1: such framing is ambiguous). Under
+    ``/api/`` the body is the API's error object, code ``length_required``.
+    """
+
+    MESSAGE = "Send the request body with a Content-Length header; Transfer-Encoding (chunked) is not accepted."
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if "HTTP_TRANSFER_ENCODING" not in request.META:
+            return self.get_response(request)
+        if request.path_info.startswith(API_PREFIX):
+            return JsonResponse(error_body("length_required", self.MESSAGE), status=411)
+        return HttpResponse(self.MESSAGE, status=411, content_type="text/plain; charset=utf-8")
 
 
 class ApiInEnglishMiddleware:

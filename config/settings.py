@@ -62,6 +62,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A body framed by Transfer-Encoding (chunked) would be read as empty: 411.
+    "config.middleware.LengthRequiredMiddleware",
     # Static files (WhiteNoise): only files it indexed at start-up are
     # served, so no request path is ever joined onto a directory.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -229,10 +231,11 @@ REST_FRAMEWORK = {
     # Per user (a token is its user's) and per client address for anonymous
     # requests; starting runs has its own, tighter rate. Over it: 429 with
     # Retry-After. Counted in the default cache (CACHE_URL).
+    # DRF's, each deciding one request per key at a time (config.throttles).
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
-        "rest_framework.throttling.ScopedRateThrottle",
+        "config.throttles.AnonRateThrottle",
+        "config.throttles.UserRateThrottle",
+        "config.throttles.ScopedRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("THROTTLE_ANON", default="60/min"),

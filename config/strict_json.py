@@ -1,20 +1,24 @@
 """Strict JSON for request bodies and form fields: what the database and the tools can take.
 
 Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, turns
-``1e309`` into ``inf``, parses integers of any size and recurses without
-limit (a body nested ~1000 deep raises ``RecursionError``); PostgreSQL
-refuses ``\\u0000`` in text and JSON. ``loads`` refuses all of these with
-``StrictJSONError`` (a ``ValueError``) and a message fit for the requester.
+``1e309`` into ``inf``, parses integers of any size, recurses without
+limit (a body nested ~1000 deep raises ``RecursionError``) and turns an
+escaped lone surrogate (``"\\ud800"``) into a string that cannot be
+encoded as UTF-8 (so it can be neither stored nor sent back in an error);
+PostgreSQL refuses ``\\u0000`` in text and JSON. ``loads`` refuses all of
+these with ``StrictJSONError`` (a ``ValueError``) and a message fit for the
+requester.
 ``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
 ``StrictJSONFormField`` the form field (admin JSON fields).
 """
 
 import json
 import math
+import re
 
 from django import forms
 from django.conf import settings
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import JSONParser
 
 # Deepest nesting of objects and arrays accepted (the top level counts 1).
@@ -22,6 +26,9 @@ MAX_DEPTH = 32
 # Integers outside a signed 64-bit range are refused: no database column
 # or tool argument here holds more, and SQLite raises on larger ones.
 MAX_INT = 2**63 - 1
+# Code points of UTF-16 surrogates: valid in no UTF-8 text (a pair escaped
+# in JSON decodes to one character outside this range, so only lone ones remain).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class StrictJSONError(ValueError):
@@ -45,8 +52,18 @@ def _bounded_int(text: str) -> int:
     return value
 
 
+def _check_text(text: str) -> None:
+    """Raise ``StrictJSONError`` for a NUL character or a lone surrogate in a key or string."""
+    if "\x00" in text:
+        raise StrictJSONError("The JSON contains a NUL character (\\u0000).")
+    if found := _SURROGATE.search(text):
+        raise StrictJSONError(f"The JSON contains a lone surrogate (\\u{ord(found.group()):04x}), "
+                              "which is not a character.")
+
+
 def check_value(value, *, max_depth: int = MAX_DEPTH) -> None:
-    """Check an already-decoded JSON value: nesting at most ``max_depth``, no NUL character, finite numbers.
+    """Check an already-decoded JSON value: nesting at most ``max_depth``, no NUL character or lone
+    surrogate, finite numbers.
 
     Raises ``StrictJSONError``. Iterative, so any depth is checked without
     recursion.
@@ -59,14 +76,12 @@ def check_value(value, *, max_depth: int = MAX_DEPTH) -> None:
                 raise StrictJSONError(f"The JSON is nested too deeply (more than {max_depth} levels).")
             if isinstance(item, dict):
                 for key, child in item.items():
-                    if "\x00" in key:
-                        raise StrictJSONError("The JSON contains a NUL character (\\u0000).")
+                    _check_text(key)
                     stack.append((child, depth + 1))
             else:
                 stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, str):
-            if "\x00" in item:
-                raise StrictJSONError("The JSON contains a NUL character (\\u0000).")
+            _check_text(item)
         elif isinstance(item, float) and not math.isfinite(item):
             raise StrictJSONError("NaN and infinite numbers are not allowed.")
         elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_INT:
@@ -77,8 +92,8 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH):
     """Decode ``text`` as strict JSON (see module doc); returns the value.
 
     Raises ``StrictJSONError`` for malformed JSON, ``NaN``/``Infinity``,
-    numbers that overflow a float or a 64-bit integer, NUL characters and
-    nesting deeper than ``max_depth``.
+    numbers that overflow a float or a 64-bit integer, NUL characters, lone
+    surrogates and nesting deeper than ``max_depth``.
     """
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
@@ -95,14 +110,25 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH):
 
 
 class StrictJSONParser(JSONParser):
-    """DRF's JSON parser on ``loads``: a refused body is a 400 ``ParseError`` saying why."""
+    """DRF's JSON parser on ``loads``: a refused body is a 400 ``ParseError`` saying why.
+
+    The body is decoded with the ``charset`` of its ``Content-Type`` (UTF-8
+    without one). Django keeps any charset Python has a codec for, text or
+    not; one that is no text encoding (``rot13``, ``zlib``, ``base64``, ...)
+    is a 415, and bytes the charset cannot decode (whatever ``UnicodeError``
+    its codec raises) a 400.
+    """
 
     def parse(self, stream, media_type=None, parser_context=None):
-        """Parse the request body; raises ``ParseError`` (400) for anything ``loads`` refuses."""
+        """Parse the request body; raises ``ParseError`` (400) for anything ``loads`` refuses or
+        the charset cannot decode, ``UnsupportedMediaType`` (415) for a charset that is no text encoding."""
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
             return loads(stream.read().decode(encoding))
-        except UnicodeDecodeError:
+        except LookupError:  # bytes.decode refuses codecs that do not decode bytes to text
+            raise UnsupportedMediaType(media_type, detail=f"The charset {encoding} is not a text encoding; "
+                                                          "send UTF-8.") from None
+        except UnicodeError:  # UnicodeDecodeError, and the bare UnicodeError of e.g. punycode
             raise ParseError(f"The body is not valid {encoding}.") from None
         except StrictJSONError as exc:
             raise ParseError(f"JSON parse error: {exc}") from None

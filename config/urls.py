@@ -7,6 +7,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from config.api import django_error_handler
 from config.api_schema import ApiDocsView
 
 urlpatterns = [
@@ -23,3 +24,9 @@ urlpatterns = [
     path("", include("approvals.urls")),
     path("", include("runs.urls")),
 ]
+
+# Errors Django answers outside the API's views: JSON in the API's shape under /api/.
+handler400 = django_error_handler(400)
+handler403 = django_error_handler(403)
+handler404 = django_error_handler(404)
+handler500 = django_error_handler(500)

@@ -113,7 +113,8 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
 
     @extend_schema(summary="Retry a failed or cancelled run", request=CancelSerializer,
                    responses={201: RunSerializer, 403: OpenApiResponse(description="Only the requester may retry."),
-                              409: OpenApiResponse(description="The run is not failed or cancelled.")})
+                              409: OpenApiResponse(description="The run is not failed or cancelled, or it was "
+                                                                   "retried already (`details.retry`).")})
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
         """A new run with ``retry_of`` set: same session, agent and input (``retry_run``); the body must be empty.
@@ -124,7 +125,8 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
         run = self.get_object()
         CancelSerializer(data=request.data).is_valid(raise_exception=True)
         submitted = retry_run(run=run, user=request.user, idempotency_key=self.idempotency_key)
-        return Response(self.get_serializer(submitted.run).data, status=status.HTTP_201_CREATED)
+        headers = {REPLAYED_HEADER: "true"} if submitted.replayed else None
+        return Response(self.get_serializer(submitted.run).data, status=status.HTTP_201_CREATED, headers=headers)
 
     @extend_schema(summary="The run's events, in order", responses={200: RunEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=EventCursorPagination, filter_backends=[])

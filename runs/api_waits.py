@@ -25,17 +25,17 @@ import logging
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.http import JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.response import Response
-from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
 from config.api import error_body
 from config.idempotency import IdempotentPostMixin
+from config.throttles import UserRateThrottle
 from runs.engine.waits import receive_event
 from runs.live import run_group
 from runs.models import RunStatus
@@ -171,9 +171,17 @@ class _Updates:
             await asyncio.sleep(timeout)
 
 
-@require_GET
+@csrf_exempt  # it only reads, and refuses every other method itself (else CSRF's HTML 403 came first)
 async def run_wait(request, run_id: int):
-    """``GET /api/runs/{id}/wait/?timeout=``: the run once it is waiting or has ended, or at the timeout (see module doc)."""
+    """``GET /api/runs/{id}/wait/?timeout=``: the run once it is waiting or has ended, or at the timeout (see module doc).
+
+    Any other method is a 405 in the API's error shape, with ``Allow: GET``.
+    """
+    if request.method != "GET":
+        response = JsonResponse(error_body("method_not_allowed", f"Method {request.method!r} not allowed."),
+                                status=405)
+        response["Allow"] = "GET"
+        return response
     user, refused = await _authenticate_and_throttle(request)
     if refused is not None:
         return refused

@@ -5,6 +5,8 @@ only check the shape of a request body; the services decide the rest.
 """
 
 from django.db.models import Prefetch
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -136,6 +138,24 @@ class RunSerializer(OutputSerializer):
         return found
 
 
+class OffsetDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 date and time that must carry its UTC offset (``Z`` or ``+08:00``): without one it is a 400.
+
+    DRF's ``DateTimeField`` reads a time without an offset in the server's
+    zone, so ``2026-12-01T09:00`` would silently mean 09:00 UTC to a client
+    who meant its own 09:00.
+    """
+
+    default_error_messages = {**serializers.DateTimeField.default_error_messages,
+                              "naive": "Give a date and time with a UTC offset (e.g. Z or +08:00)."}
+
+    def to_internal_value(self, value):
+        parsed = super().to_internal_value(value)  # a malformed value fails here
+        if isinstance(value, str) and timezone.is_naive(parse_datetime(value.strip()) or parsed):
+            self.fail("naive")
+        return parsed
+
+
 class RunCreateSerializer(StrictSerializer):
     """Body of ``POST /api/runs/``: the agent's slug, the input, optionally a session to continue."""
 
@@ -146,7 +166,7 @@ class RunCreateSerializer(StrictSerializer):
     multitask_strategy = serializers.ChoiceField(
         choices=MultitaskStrategy.values, default=MultitaskStrategy.ENQUEUE,
         help_text="If the session has an active run: enqueue (default), supplement, interrupt or reject (409).")
-    start_at = serializers.DateTimeField(
+    start_at = OffsetDateTimeField(
         required=False, allow_null=True, default=None,
         help_text="ISO 8601 with offset: the run stays queued (waiting_reason scheduled) until then; at most "
                   "TOLLGATE['MAX_WAIT_S'] ahead. A past time starts it at once.")

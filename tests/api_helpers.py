@@ -1,4 +1,8 @@
-"""Helpers shared by the REST API tests: define scripted agents, start runs, read them back."""
+"""Helpers shared by the REST API tests: define scripted agents, start runs, read them back, send at once."""
+
+import threading
+
+from django.db import connection
 
 from runs.models import Run
 from tools.demo import gateway
@@ -77,3 +81,26 @@ def tool_messages(run_id: int) -> list[str]:
 def gateway_refunds() -> list[dict]:
     """Every refund the payment gateway made: ``[{"refund_id", "idempotency_key", "order_id", "amount"}]``."""
     return gateway.ledger()["refunds"]
+
+
+def all_at_once(count: int, send) -> list:
+    """``send(n)`` for n in 0..count-1, each from its own thread, all released together; the answers in order.
+
+    Each thread closes its database connection when done.
+    """
+    start = threading.Barrier(count)
+    answers = [None] * count
+
+    def go(n):
+        try:
+            start.wait(timeout=10)
+            answers[n] = send(n)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=go, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return answers

@@ -6,11 +6,9 @@ concurrent sends decided once by the unique row; errors release the key;
 keys expire after 24 hours.
 """
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.urls import URLPattern, URLResolver
 from django.utils import timezone
 
@@ -18,7 +16,7 @@ from approvals.models import Interrupt
 from config import api_urls
 from config.idempotency import IdempotentPostMixin
 from runs.models import IdempotentRequest, Run, RunEvent, Session
-from tests.api_helpers import error_of, field_errors, gateway_refunds, start_run
+from tests.api_helpers import all_at_once, error_of, field_errors, gateway_refunds, start_run
 from tests.security_helpers import approval_item  # noqa: F401
 
 KEY = {"Idempotency-Key": "decide-7f3a"}
@@ -187,21 +185,7 @@ def test_a_malformed_key_is_a_bad_request(demo, api, key):
 
 def test_concurrent_sends_with_one_key_are_carried_out_once(demo, api, approval_item, worker):
     clients = [api(demo["approver"]) for _ in range(4)]
-    start = threading.Barrier(len(clients))
-    answers = [None] * len(clients)
-
-    def send(n):
-        try:
-            start.wait(timeout=10)
-            answers[n] = _approve(clients[n], approval_item)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=send, args=(n,)) for n in range(len(clients))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    answers = all_at_once(len(clients), lambda n: _approve(clients[n], approval_item))
     worker.drain()
 
     carried_out = [a for a in answers if a.status_code == 200 and "Idempotent-Replayed" not in a]

@@ -174,18 +174,29 @@ def retry_run(*, run: Run, user, idempotency_key: str | None = None) -> Submitte
     """Start a new run that retries a failed or cancelled ``run``: same session, agent and input, ``retry_of`` set.
 
     Only the run's requester may retry it (``Forbidden`` otherwise); any
-    other status is a ``Conflict``. The new run is enqueued behind any
+    other status is a ``Conflict``. A run is retried once: when it already
+    has a retry, that is a ``Conflict`` naming it (``details["retry"]``;
+    retry the retry instead), unless this is the same request again (the
+    same ``idempotency_key``), which answers with the retry it made. The
+    old run's row is locked while this is decided, so two retries sent at
+    once make one run. The new run is enqueued behind any
     active run of the session. Side effects the old run achieved are not
     done again: re-proposed, they are the same action in the same session
     and get the stored result (docs/design.md#outcomes); reads run afresh.
     """
     if run.requested_by_id != user.pk:
         raise Forbidden("Only the run's requester may retry it.")
-    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
-        raise Conflict(f"Only a failed or cancelled run can be retried; run {run.pk} is {run.status}.",
-                       details={"status": run.status})
-    return submit_input(agent=run.agent, user=user, input=run.input, session=run.session,
-                        idempotency_key=idempotency_key, retry_of=run)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)  # one retry decided at a time
+        if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise Conflict(f"Only a failed or cancelled run can be retried; run {run.pk} is {run.status}.",
+                           details={"status": run.status})
+        earlier = run.retries.order_by("pk").first()
+        if earlier is not None and not (idempotency_key and earlier.idempotency_key == idempotency_key):
+            raise Conflict(f"Run {run.pk} was already retried by run {earlier.pk}; retry that run instead.",
+                           details={"status": run.status, "retry": earlier.pk})
+        return submit_input(agent=run.agent, user=user, input=run.input, session=run.session,
+                            idempotency_key=idempotency_key, retry_of=run)
 
 
 def start_run(**kwargs) -> Run:

@@ -21,7 +21,10 @@ Refused, whatever the port:
   included — those are allowed with ``TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]``.
 
 IPv4 addresses inside IPv6 ones (``::ffff:a.b.c.d``, 6to4, Teredo, NAT64
-``64:ff9b::/96``) are judged as the IPv4 address too.
+``64:ff9b::/96``) are judged as the IPv4 address too. Any other IPv6
+address outside global unicast ``2000::/3`` (RFC 4291 2.4), such as the
+deprecated IPv4-compatible ``::a.b.c.d`` (``::127.0.0.1``), which Python's
+``is_global`` calls global, is refused as reserved.
 ``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` lists host names (exact) and
 addresses or networks (``10.1.2.0/24``) an operator trusts: they pass
 every check above. Plain ``http`` needs
@@ -50,6 +53,7 @@ METADATA = [ipaddress.ip_network(net) for net in ("169.254.0.0/16", "fe80::/10",
 PRIVATE = [ipaddress.ip_network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                   "100.64.0.0/10", "fc00::/7")]
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
 HINT = ("Webhooks go to public addresses only; an operator may allow hosts with TOLLGATE_WEBHOOK_ALLOWED_HOSTS "
         "or private networks with TOLLGATE_WEBHOOK_ALLOW_PRIVATE_NETWORKS.")
 
@@ -119,7 +123,7 @@ def refusal(address: IPAddress, trusted_networks=()) -> str | None:
         for inner in filter(None, embedded):
             if reason := refusal(inner, trusted_networks):
                 return reason
-        if address.ipv4_mapped:
+        if address.ipv4_mapped or address in NAT64:  # judged above as the IPv4 address it carries
             return None
     if address.is_loopback or address.is_unspecified:
         return "a loopback address (this machine)"
@@ -131,7 +135,7 @@ def refusal(address: IPAddress, trusted_networks=()) -> str | None:
         return "a multicast address"
     if _within(address, PRIVATE):
         return None if settings.TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"] else "a private network address"
-    if not address.is_global:
+    if not address.is_global or (address.version == 6 and address not in GLOBAL_UNICAST_V6):
         return "a reserved or private address"
     return None
 

@@ -1,0 +1,71 @@
+"""The REST API's throttles: DRF's per-user, per-address and scoped rates, counted one request at a time.
+
+DRF's ``SimpleRateThrottle`` reads a key's request history from the cache,
+decides, and writes the history back: two requests that read it at the
+same moment both see room for one more, so a burst sent at once (from
+several server processes sharing ``CACHE_URL``) got far more than the
+rate through. ``SerializedRateThrottle`` makes that read-decide-write
+one step per key with a short lock in the same cache (``cache.add``, an
+atomic set-if-absent in Redis and in the in-process cache), the approach
+of a lock around a read-modify-write; the rates, the sliding window and
+``Retry-After`` stay DRF's.
+
+A request that cannot take the lock within ``LOCK_WAIT_S`` (the key is
+that busy, or a process died holding it: the lock expires after
+``LOCK_TIMEOUT_S``) is throttled with a wait of one second.
+"""
+
+import time
+import uuid
+
+from rest_framework import throttling
+
+
+class SerializedRateThrottle(throttling.SimpleRateThrottle):
+    """DRF's ``SimpleRateThrottle``, but one request of a key decides at a time (module doc).
+
+    Listed after DRF's own class in a throttle's bases, so that class's
+    ``allow_request`` (e.g. the scoped one choosing its rate) runs first
+    and reaches this one through ``super()``.
+    """
+
+    LOCK_TIMEOUT_S = 2
+    LOCK_WAIT_S = 1.0
+    LOCK_POLL_S = 0.002
+    contended = False
+
+    def allow_request(self, request, view):
+        """DRF's decision, taken while holding the key's lock; False (wait 1 s) if the lock stays taken."""
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        lock, token = f"{key}:lock", uuid.uuid4().hex
+        deadline = time.monotonic() + self.LOCK_WAIT_S
+        while not self.cache.add(lock, token, self.LOCK_TIMEOUT_S):
+            if time.monotonic() >= deadline:
+                self.contended = True
+                return False
+            time.sleep(self.LOCK_POLL_S)
+        try:
+            return super().allow_request(request, view)
+        finally:
+            if self.cache.get(lock) == token:  # not a lock that expired and was taken meanwhile
+                self.cache.delete(lock)
+
+    def wait(self):
+        """Seconds until the next request may pass: DRF's estimate, or 1 when the lock was not to be had."""
+        return 1.0 if self.contended else super().wait()
+
+
+class AnonRateThrottle(throttling.AnonRateThrottle, SerializedRateThrottle):
+    """Anonymous requests, per client address (rate ``anon``)."""
+
+
+class UserRateThrottle(throttling.UserRateThrottle, SerializedRateThrottle):
+    """Every request of a user or their token (rate ``user``)."""
+
+
+class ScopedRateThrottle(throttling.ScopedRateThrottle, SerializedRateThrottle):
+    """Views with a ``throttle_scope`` (starting runs: ``runs``)."""
