@@ -89,7 +89,13 @@ class RunAccess:
         """
         if self.user_id is None:
             return rows.none()
-        return rows.all() if self.sees_all else rows.filter(**{f"{owner_field}_id": self.user_id})
+        return rows.all() if self.sees_all else rows.filter(self.condition(owner_field))
+
+    def condition(self, owner_field: str = "requested_by") -> Q:
+        """The rule as a condition on a row, for a user who sees only their own: ``owner_field``
+        (a field or a path through relations, e.g. ``run__requested_by``) is the user. Anyone else
+        (no user, or ``sees_all``) is narrowed by ``filter``."""
+        return Q(**{f"{owner_field}_id": self.user_id})
 
 
 class RunQuerySet(models.QuerySet):
@@ -129,8 +135,9 @@ class InterruptQuerySet(models.QuerySet):
             return self.none()
         if access.sees_all:
             return self.all()
-        runs = access.filter(self.model._meta.get_field("run").related_model.objects.all())
-        return self.filter(Q(run__in=runs) | self._decidable(user))
+        # The run's requester on the joined run row, not ``run IN (the user's runs)``: a list in
+        # created order then stops after a page instead of first hashing every run of the user.
+        return self.filter(access.condition("run__requested_by") | self._decidable(user))
 
     def with_decidable_flag(self, user) -> "InterruptQuerySet":
         """Each item annotated ``user_may_decide`` (bool): whether it is in ``decidable_by(user)``."""
