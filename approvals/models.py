@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
 from runs.access import InterruptQuerySet
@@ -57,12 +58,23 @@ class Interrupt(FSMModel):
     resolved_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who said they are handling it (approvals.claims): it informs, it does not stop others deciding.
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="claimed_interrupts"
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # When the claimer was told it is about to expire (approvals.notifications): sent once per claim.
+    expiry_warning_sent_at = models.DateTimeField(null=True, blank=True)
 
     objects = InterruptQuerySet.as_manager()  # decidable_by / visible_to (runs.access)
 
     class Meta:
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
+        indexes = [  # the history page (approvals.selectors.decided_items): newest decisions, all or one person's
+            models.Index(fields=["status", "-resolved_at"], name="interrupt_status_resolved"),
+            models.Index(fields=["resolved_by", "-resolved_at"], name="interrupt_resolver_resolved"),
+        ]
 
     event_type = "interrupt"
 
@@ -92,3 +104,20 @@ class Interrupt(FSMModel):
     @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.CANCELLED)
     def cancel(self, *, now):
         self.resolved_at = now
+
+
+class NotificationPreference(models.Model):
+    """Which emails a user wants (``approvals.notifications``); a user without a row gets all of them.
+
+    ``language``: the language of their emails (a code of ``settings.LANGUAGES``;
+    blank: ``settings.LANGUAGE_CODE``).
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preference")
+    new_item = models.BooleanField(_("an item for me arrives"), default=True)
+    claimed_expiring = models.BooleanField(_("an item I claimed is about to expire"), default=True)
+    run_expired = models.BooleanField(_("my run failed because its approval expired"), default=True)
+    language = models.CharField(_("language of my emails"), max_length=16, blank=True, choices=settings.LANGUAGES)
+
+    def __str__(self):
+        return f"notification preferences of {self.user}"

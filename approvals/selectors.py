@@ -4,13 +4,22 @@ Who may decide or look at an item is ``Interrupt.objects.decidable_by`` /
 ``visible_to`` (``runs.access``); these functions only load what a page shows.
 """
 
+from datetime import date, datetime, time, timedelta
+
 from django.db.models import Count
+from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
 
 
 def _with_relations(queryset):
-    return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by")
+    return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by",
+                                   "claimed_by")
+
+
+def assigned_to(queryset, user, assigned: str | None):
+    """The inbox's "assigned to me" hook: ``assigned == "me"`` keeps the items ``user`` claimed; else all."""
+    return queryset.filter(claimed_by=user) if assigned == "me" else queryset
 
 
 def inbox_items(*, user):
@@ -31,3 +40,43 @@ def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
 def run_pending_interrupts(*, run) -> list[Interrupt]:
     """The run's pending inbox items, oldest first."""
     return list(_with_relations(run.interrupts.filter(status=InterruptStatus.PENDING)).order_by("created_at", "id"))
+
+
+def _day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min))
+
+
+def decided_items(*, user, mine: bool = False, decision: str = "", tool: str = "", day_from: date | None = None,
+                  day_to: date | None = None):
+    """Resolved items ``user`` may look at, most recently decided first (a queryset, for a paginator).
+
+    ``mine``: only those ``user`` decided. ``decision``: one ``Decision``
+    value. ``tool``: the tool call's name. ``day_from`` / ``day_to``:
+    resolved on or after / on or before these days (inclusive, in the
+    current time zone). The ordering is served by the indexes on
+    ``(status, -resolved_at)`` and ``(resolved_by, -resolved_at)``.
+    """
+    items = Interrupt.objects.visible_to(user).filter(status=InterruptStatus.RESOLVED)
+    if mine:
+        items = items.filter(resolved_by=user)
+    if decision:
+        items = items.filter(decision=decision)
+    if tool:
+        items = items.filter(tool_call__name=tool)
+    if day_from:
+        items = items.filter(resolved_at__gte=_day_start(day_from))
+    if day_to:
+        items = items.filter(resolved_at__lt=_day_start(day_to) + timedelta(days=1))
+    return _with_relations(items).order_by("-resolved_at", "-id")
+
+
+def changed_arguments(proposed, approved) -> list[tuple[str, object, object]]:
+    """``(field, proposed value, approved value)`` for each top-level argument an approver changed, by name.
+
+    Empty when nothing was edited (``approved`` is None). A field added or
+    removed shows None on the side that lacks it.
+    """
+    if approved is None or not isinstance(proposed, dict) or not isinstance(approved, dict):
+        return []
+    return [(key, proposed.get(key), approved.get(key)) for key in sorted(proposed.keys() | approved.keys())
+            if proposed.get(key) != approved.get(key) or (key in proposed) != (key in approved)]

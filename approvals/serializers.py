@@ -23,12 +23,14 @@ class InterruptSerializer(OutputSerializer):
 
     tool_call = InterruptToolCallSerializer(read_only=True)
     resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    claimed_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     can_decide = serializers.SerializerMethodField()
 
     class Meta:
         model = Interrupt
         fields = ["id", "kind", "status", "title", "run", "tool_call", "decision", "comment", "edited_arguments",
-                  "required_permission", "resolved_by", "resolved_at", "expires_at", "created_at", "can_decide"]
+                  "required_permission", "resolved_by", "resolved_at", "expires_at", "created_at", "can_decide",
+                  "claimed_by", "claimed_at"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.BooleanField())

@@ -32,8 +32,9 @@ from tools.registry import get_tool
 @login_required
 @require_GET
 def inbox(request):
-    """Pending items the user may decide, newest first."""
-    return render(request, "approvals/inbox.html", {"items": selectors.inbox_items(user=request.user)})
+    """Pending items the user may decide, newest first; ``?assigned=me``: only those they claimed."""
+    items = selectors.assigned_to(selectors.inbox_items(user=request.user), request.user, request.GET.get("assigned"))
+    return render(request, "approvals/inbox.html", {"items": items})
 
 
 @login_required
