@@ -10,6 +10,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
+from config.strict_json import StrictJSONError, loads
 
 
 def _with_relations(queryset):
@@ -70,13 +71,21 @@ def decided_items(*, user, mine: bool = False, decision: str = "", tool: str = "
     return _with_relations(items).order_by("-resolved_at", "-id")
 
 
-def changed_arguments(proposed, approved) -> list[tuple[str, object, object]]:
+def changed_arguments(tool_call, approved) -> list[tuple[str, object, object]]:
     """``(field, proposed value, approved value)`` for each top-level argument an approver changed, by name.
 
-    Empty when nothing was edited (``approved`` is None). A field added or
-    removed shows None on the side that lacks it.
+    The proposal is the model's text (``tool_call.raw_arguments``, kept
+    verbatim: ``arguments`` holds the edited ones once approved). Empty when
+    nothing was edited (``approved`` is None) or the proposal is unreadable.
+    A field added or removed shows None on the side that lacks it.
     """
-    if approved is None or not isinstance(proposed, dict) or not isinstance(approved, dict):
+    if approved is None or tool_call is None or not isinstance(approved, dict):
+        return []
+    try:
+        proposed = loads(tool_call.raw_arguments)
+    except StrictJSONError:
+        return []
+    if not isinstance(proposed, dict):
         return []
     return [(key, proposed.get(key), approved.get(key)) for key in sorted(proposed.keys() | approved.keys())
             if proposed.get(key) != approved.get(key) or (key in proposed) != (key in approved)]

@@ -37,8 +37,7 @@ def decided(request):
                                     day_from=day_from, day_to=day_to)
     page = Paginator(items, PAGE_SIZE).get_page(request.GET.get("page"))
     for item in page:
-        item.changes = selectors.changed_arguments(item.tool_call.arguments if item.tool_call else None,
-                                                   item.edited_arguments)
+        item.changes = selectors.changed_arguments(item.tool_call, item.edited_arguments)
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "approvals/decided.html", {"form": form, "page": page, "query": query.urlencode()},
