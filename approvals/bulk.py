@@ -20,6 +20,7 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt
+from config.strict_json import MAX_INT
 from runs.errors import InvalidInput, TollgateError
 from runs.models import Run
 
@@ -42,11 +43,13 @@ def fingerprint(interrupt: Interrupt) -> str:
 
 
 def _checked_ids(ids) -> list[int]:
-    """The ids as ints, first occurrence kept; ``InvalidInput`` if none, too many or not numbers."""
+    """The ids as ints, first occurrence kept; ``InvalidInput`` if none, too many or not ids (1 to ``MAX_INT``)."""
     try:
         ordered = list(dict.fromkeys(int(i) for i in ids))
     except (TypeError, ValueError):
-        raise InvalidInput.for_fields({"items": "Item ids must be numbers."}) from None
+        ordered = [0]
+    if any(not 1 <= pk <= MAX_INT for pk in ordered):
+        raise InvalidInput.for_fields({"items": "Item ids must be whole numbers from 1 up."})
     if not ordered:
         raise InvalidInput.for_fields({"items": "Select at least one item."})
     if len(ordered) > MAX_BULK_ITEMS:
