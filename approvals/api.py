@@ -6,7 +6,8 @@ still pending (409). You see the items you may decide and those of runs you
 may see (``Interrupt.objects.visible_to``, ``runs.access``); any other item
 is 404 on every verb, like a missing one. On one you see, the permission
 (``decidable_by``) is checked (403) before anything else about the item is
-said. Claims (``approvals.claims``) inform, they lock nothing. Decisions and claims honour ``Idempotency-Key`` (``config.idempotency``); the
+said. Claims (``approvals.claims``) inform, they lock nothing. Decisions and
+claims honour ``Idempotency-Key`` (``config.idempotency``); the
 list is cursor pages with the filters of ``approvals.filters``.
 """
 

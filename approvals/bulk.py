@@ -100,7 +100,8 @@ def plan_bulk(*, user, ids, shown: dict[str, str] | None = None) -> BulkPlan:
             items.append(interrupt)
     tools = sorted({i.tool_call.name for i in items})
     if len(tools) > 1:
-        raise InvalidInput.for_fields({"items": f"Select items of one tool at a time (these are of {', '.join(tools)})."})
+        raise InvalidInput.for_fields(
+            {"items": f"Select items of one tool at a time (these are of {', '.join(tools)})."})
     return BulkPlan(items=items, left_out=left_out)
 
 
@@ -115,7 +116,7 @@ class BulkOutcome:
 
 
 def decide_bulk(*, user, decision: str, comment: str, expected: dict[int, str]) -> list[BulkOutcome]:
-    """Decide each item of ``expected`` (``{item id (int or digits): fingerprint shown}``) as ``decision``, with ``comment``.
+    """Decide each item of ``expected`` (``{item id, int or digits: fingerprint shown}``) as ``decision``.
 
     ``decision`` is ``approved`` or ``rejected``; a rejection needs a
     comment (the model is told it). Each item is decided in its own
@@ -147,11 +148,11 @@ def _decide_one(pk: int, *, user, decision: str, comment: str, shown: str) -> Bu
         with transaction.atomic():
             run_id = Interrupt.objects.values_list("run_id", flat=True).get(pk=pk)
             run = Run.objects.select_for_update().get(pk=run_id)
-            interrupt = Interrupt.objects.select_for_update().select_related("tool_call").get(pk=pk)
+            interrupt = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=pk)
+            if run.is_terminal or run.cancel_requested_at is not None:  # first: it also cancels the items
+                return BulkOutcome(pk, False, RUN_ENDED, run.status)
             if interrupt.status != InterruptStatus.PENDING:
                 return BulkOutcome(pk, False, NOT_PENDING, interrupt.status)
-            if run.is_terminal or run.cancel_requested_at is not None:
-                return BulkOutcome(pk, False, RUN_ENDED, run.status)
             if fingerprint(interrupt) != shown:
                 return BulkOutcome(pk, False, CHANGED)
             decide_interrupt(interrupt=interrupt, user=user, decision=decision, comment=comment)

@@ -19,11 +19,12 @@ from runs.services import actor_for, append_event
 
 
 def _locked_pending(interrupt: Interrupt, user) -> Interrupt:
-    """The item locked (after its run), if ``user`` may decide it (else ``Forbidden``) and it is pending (else ``Conflict``)."""
+    """The item locked (after its run), if ``user`` may decide it (else ``Forbidden``) and it is pending
+    (else ``Conflict``)."""
     if not Interrupt.objects.decidable_by(user).filter(pk=interrupt.pk).exists():
         raise Forbidden("You may not claim this item.")
     Run.objects.select_for_update().get(pk=interrupt.run_id)  # the run first, as every decision locks
-    locked = Interrupt.objects.select_for_update().select_related("claimed_by").get(pk=interrupt.pk)
+    locked = Interrupt.objects.select_for_update(of=("self",)).select_related("claimed_by").get(pk=interrupt.pk)
     if locked.status != InterruptStatus.PENDING:
         raise Conflict("The item is no longer pending.", details={"status": locked.status})
     return locked

@@ -113,7 +113,8 @@ class NotificationPreference(models.Model):
     blank: ``settings.LANGUAGE_CODE``).
     """
 
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preference")
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="notification_preference")
     new_item = models.BooleanField(_("an item for me arrives"), default=True)
     claimed_expiring = models.BooleanField(_("an item I claimed is about to expire"), default=True)
     run_expired = models.BooleanField(_("my run failed because its approval expired"), default=True)

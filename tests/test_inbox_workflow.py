@@ -45,7 +45,7 @@ def test_bulk_approve_decides_each_item_once_and_skips_one_whose_run_was_cancell
 
     assert result.status_code == 200
     body = result.content.decode()
-    assert re.search(rf'class="bulk-skipped" data-interrupt-id="{items[1].pk}" data-reason="not_pending"', body)
+    assert re.search(rf'class="bulk-skipped" data-interrupt-id="{items[1].pk}" data-reason="run_ended"', body)
     assert [i.decision for i in Interrupt.objects.filter(pk__in=[items[0].pk, items[2].pk])] == ["approved"] * 2
     assert {(r["order_id"], r["amount"]) for r in gateway_refunds()} == {(101, "55.00"), (103, "55.00")}
     for item in (items[0], items[2]):
@@ -161,8 +161,9 @@ def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(cl
 
     client.force_login(demo["approver"])
     assert f'data-interrupt-id="{item.pk}"' in client.get(reverse("inbox"), {"assigned": "me"}).content.decode()
-    assert "Being handled by <strong>approver</strong>" in client.get(
-        reverse("inbox-item", args=[item.pk])).content.decode()
+    item_page = client.get(reverse("inbox-item", args=[item.pk])).content.decode()
+    assert "Being handled by <strong>approver</strong>" in item_page
+    assert re.search(r'id="item-goes-to">For the group\(s\): approvers<', item_page)
 
     decided = approver.post(f"/api/interrupts/{item.pk}/reject/", {"comment": "no"}, format="json")
     assert decided.status_code == 200  # a claim informs; it locks nothing
