@@ -11,9 +11,13 @@ claims honour ``Idempotency-Key`` (``config.idempotency``); the
 list is cursor pages with the filters of ``approvals.filters``.
 """
 
+from django.conf import settings
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from approvals.claims import claim_interrupt, unclaim_interrupt
@@ -26,10 +30,13 @@ from approvals.serializers import (
     RejectSerializer,
     RespondSerializer,
 )
+from approvals.downloads import answer_file_response
+from approvals.selectors import answer_file_visible
 from approvals.services import answer_interrupt, decide_interrupt, reconcile_interrupt
 from config.api import VisibleRowsMixin
 from config.idempotency import IdempotentPostMixin
-from runs.errors import Forbidden
+from config.strict_json import StrictJSONParser
+from runs.errors import Forbidden, TooLarge
 
 DECISION_RESPONSES = {
     200: InterruptSerializer,
@@ -45,6 +52,19 @@ CLAIM_RESPONSES = {
 }
 
 
+class BoundedMultiPartParser(MultiPartParser):
+    """``multipart/form-data`` for answers with a file; a body declared larger than the file limit plus
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is refused (413) before it is parsed."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        request = parser_context["request"]
+        limit = settings.TOLLGATE["ANSWER_FILE_MAX_BYTES"] + settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        if declared.isdigit() and int(declared) > limit:
+            raise TooLarge(f"Request body too large: the limit is {limit} bytes.", details={"limit_bytes": limit})
+        return super().parse(stream, media_type, parser_context)
+
+
 @extend_schema_view(
     list=extend_schema(summary="List inbox items visible to you, newest first"),
     retrieve=extend_schema(summary="One inbox item"),
@@ -55,7 +75,7 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     filters in ``approvals.filters``."""
 
     serializer_class = InterruptSerializer
-    queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by")
+    queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by", "answer_file")
     filterset_class = InterruptFilter
 
     def visible_rows(self, queryset, user):
@@ -130,15 +150,31 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
         return Response(self.get_serializer(interrupt).data)
 
     @extend_schema(summary="Answer a question (an input item); the answer is the ask_user call's result",
-                   request=RespondSerializer, responses={
+                   request={"application/json": RespondSerializer, "multipart/form-data": RespondSerializer},
+                   responses={
                        **DECISION_RESPONSES,
-                       400: OpenApiResponse(description="Empty answer, or not one of the question's options."),
-                       403: OpenApiResponse(description="Only the run's requester or staff may answer.")})
-    @action(detail=True, methods=["post"])
+                       400: OpenApiResponse(description="Empty answer, not one of the question's options, or a "
+                                                        "file missing, not taken or of a refused type."),
+                       403: OpenApiResponse(description="Only the run's requester or staff may answer."),
+                       413: OpenApiResponse(description="The file (or the body) is over the size limit.")})
+    @action(detail=True, methods=["post"], parser_classes=[StrictJSONParser, BoundedMultiPartParser])
     def respond(self, request, pk=None):
-        """Answer an input item; the run resumes with the answer as the tool result."""
+        """Answer an input item, with a file if the question allows one; the run resumes with the answer
+        (and the file's metadata) as the tool result."""
         interrupt = self._decidable_item()
         body = RespondSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        interrupt = answer_interrupt(interrupt=interrupt, user=request.user, answer=body.validated_data["answer"])
+        interrupt = answer_interrupt(interrupt=interrupt, user=request.user, answer=body.validated_data["answer"],
+                                     file=body.validated_data.get("file"))
         return Response(self.get_serializer(interrupt).data)
+
+    @extend_schema(summary="Download the file a question was answered with",
+                   responses={(200, "*/*"): OpenApiTypes.BINARY,
+                              404: OpenApiResponse(description="No such item, not one you may see, or no file.")})
+    @action(detail=True, methods=["get"], url_path="file", filter_backends=[])
+    def file(self, request, pk=None):
+        """The item's answer file as an attachment (``nosniff``), for users who may see its run."""
+        answer_file = answer_file_visible(user=request.user, interrupt_id=self.get_object().pk)
+        if answer_file is None:
+            raise Http404("No file.")
+        return answer_file_response(answer_file)

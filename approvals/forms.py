@@ -65,10 +65,13 @@ class ReconcileForm(forms.Form):
 class AnswerForm(forms.Form):
     """Answer a question (an input item): free text, or one of the question's options (a button each).
 
-    The options are checked again by ``approvals.services.answer_interrupt``.
+    With a file when the question allows one (the page shows the input only
+    then). ``approvals.services.answer_interrupt`` checks the options, that
+    there is an answer or a file, and the file.
     """
 
-    answer = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000)
+    answer = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000, required=False)
+    file = forms.FileField(required=False, allow_empty_file=True)
 
 
 class DecidedFilterForm(forms.Form):

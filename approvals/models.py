@@ -1,5 +1,7 @@
 """The inbox: one model of pending human work (docs/design.md#inbox-item-status)."""
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -71,7 +73,15 @@ class Interrupt(FSMModel):
     class Meta:
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
-        indexes = [  # the history page (approvals.selectors.decided_items): newest decisions, all or one person's
+        # The API list's order (created_at, id) with and without its status
+        # filter, and the sweeper's look for pending items past their expiry
+        # (only rows with an expiry, only while pending); the history page
+        # (approvals.selectors.decided_items): newest decisions, all or one person's.
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="interrupt_created"),
+            models.Index(fields=["status", "created_at", "id"], name="interrupt_status_created"),
+            models.Index(fields=["expires_at"], name="interrupt_pending_expiry",
+                         condition=models.Q(status="pending", expires_at__isnull=False)),
             models.Index(fields=["status", "-resolved_at"], name="interrupt_status_resolved"),
             models.Index(fields=["resolved_by", "-resolved_at"], name="interrupt_resolver_resolved"),
         ]
@@ -104,6 +114,34 @@ class Interrupt(FSMModel):
     @transition(field=status, source=InterruptStatus.PENDING, target=InterruptStatus.CANCELLED)
     def cancel(self, *, now):
         self.resolved_at = now
+
+
+def _answer_file_path(answer_file: "AnswerFile", filename: str) -> str:
+    """Where the storage keeps an answer file: ``answers/<run id>/<random>``; the sender's name is never a path."""
+    return f"answers/{answer_file.interrupt.run_id}/{uuid.uuid4().hex}"
+
+
+class AnswerFile(models.Model):
+    """A file a person answered a question (an ``input`` item) with, kept through Django's storage API.
+
+    ``name`` is the file name as sent (no folders), ``content_type`` the
+    type decided from the bytes (``approvals.answer_files``), ``size`` in
+    bytes, ``sha256`` hex of the content. Written once by
+    ``approvals.services.answer_interrupt``; downloaded only by users who
+    may see the run.
+    """
+
+    interrupt = models.OneToOneField(Interrupt, on_delete=models.CASCADE, related_name="answer_file")
+    file = models.FileField(upload_to=_answer_file_path, max_length=300)
+    name = models.CharField(max_length=255)
+    content_type = models.CharField(max_length=100)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"{self.name} ({self.size} bytes) answering item {self.interrupt_id}"
 
 
 class NotificationPreference(models.Model):

@@ -9,13 +9,14 @@ from datetime import date, datetime, time, timedelta
 from django.db.models import Count
 from django.utils import timezone
 
-from approvals.models import Interrupt, InterruptStatus
+from approvals.models import AnswerFile, Interrupt, InterruptStatus
 from config.strict_json import StrictJSONError, loads
+from runs.models import Run
 
 
 def _with_relations(queryset):
     return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by",
-                                   "claimed_by")
+                                   "claimed_by", "answer_file")
 
 
 def assigned_to(queryset, user, assigned: str | None):
@@ -89,3 +90,9 @@ def changed_arguments(tool_call, approved) -> list[tuple[str, object, object]]:
         return []
     return [(key, proposed.get(key), approved.get(key)) for key in sorted(proposed.keys() | approved.keys())
             if proposed.get(key) != approved.get(key) or (key in proposed) != (key in approved)]
+
+
+def answer_file_visible(*, user, interrupt_id: int) -> AnswerFile | None:
+    """The file item ``interrupt_id`` was answered with, if ``user`` may see its run (``Run.objects.visible_to``)."""
+    return (AnswerFile.objects.filter(interrupt_id=interrupt_id, interrupt__run__in=Run.objects.visible_to(user))
+            .first())

@@ -1,9 +1,10 @@
 """REST representations of inbox items and the bodies of decisions."""
 
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from approvals.models import Interrupt
+from approvals.models import AnswerFile, Interrupt
 from approvals.services import can_decide
 from config.api import OutputSerializer, StrictSerializer
 from tools.models import ToolCall
@@ -18,20 +19,41 @@ class InterruptToolCallSerializer(OutputSerializer):
         read_only_fields = fields
 
 
+class AnswerFileSerializer(OutputSerializer):
+    """The file a question was answered with: metadata and ``download``, the path to fetch it from."""
+
+    download = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AnswerFile
+        fields = ["id", "name", "content_type", "size", "sha256", "created_at", "download"]
+        read_only_fields = fields
+
+    def get_download(self, answer_file: AnswerFile) -> str:
+        return reverse("api:interrupt-file", args=[answer_file.interrupt_id])
+
+
 class InterruptSerializer(OutputSerializer):
-    """An inbox item; ``can_decide`` says whether the requesting user may resolve it."""
+    """An inbox item; ``can_decide`` says whether the requesting user may resolve it; ``answer_file`` is
+    the file an answered question came with (else null)."""
 
     tool_call = InterruptToolCallSerializer(read_only=True)
     resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     claimed_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     can_decide = serializers.SerializerMethodField()
+    answer_file = serializers.SerializerMethodField()
 
     class Meta:
         model = Interrupt
         fields = ["id", "kind", "status", "title", "run", "tool_call", "decision", "comment", "edited_arguments",
                   "required_permission", "resolved_by", "resolved_at", "expires_at", "created_at", "can_decide",
-                  "claimed_by", "claimed_at"]
+                  "claimed_by", "claimed_at", "answer_file"]
         read_only_fields = fields
+
+    @extend_schema_field(AnswerFileSerializer(allow_null=True))
+    def get_answer_file(self, interrupt: Interrupt) -> dict | None:
+        answer_file = getattr(interrupt, "answer_file", None)
+        return AnswerFileSerializer(answer_file).data if answer_file is not None else None
 
     @extend_schema_field(serializers.BooleanField())
     def get_can_decide(self, interrupt: Interrupt) -> bool:
@@ -54,10 +76,16 @@ class ApproveSerializer(RejectSerializer):
 
 
 class RespondSerializer(StrictSerializer):
-    """Body of an answer to an input item: the answer (one of the question's options, when it has them)."""
+    """Body of an answer to an input item: the answer (one of the question's options, when it has them),
+    and a file when the question allows one (multipart/form-data)."""
 
-    answer = serializers.CharField(max_length=10_000, allow_blank=True,
-                                   help_text="Given to the model as the ask_user call's result.")
+    answer = serializers.CharField(max_length=10_000, allow_blank=True, required=False, default="",
+                                   help_text="Given to the model as the ask_user call's result; may be empty "
+                                             "when a file comes with it.")
+    file = serializers.FileField(required=False, allow_empty_file=True, use_url=False,
+                                 help_text="Only in a multipart/form-data body, when the question allows a file; "
+                                           "at most TOLLGATE['ANSWER_FILE_MAX_BYTES'] bytes (else 413) of an "
+                                           "accepted type (else 400).")
 
 
 class ReconcileSerializer(StrictSerializer):

@@ -10,12 +10,13 @@ Text in a model's output never reaches this module.
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.files.base import ContentFile
 from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from approvals import notifications
-from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
+from approvals import answer_files, notifications
+from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus
 from runs.errors import Forbidden, InvalidInput
 from runs.models import Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
@@ -113,8 +114,7 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
-        Run.objects.select_for_update().get(pk=interrupt.run_id)
-        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
         settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
@@ -134,14 +134,15 @@ def overdue_interrupts(*, now) -> list[tuple[int, int]]:
     return list(overdue.values_list("pk", "run_id"))
 
 
-def expire_interrupt(*, interrupt_id: int, now, actor: str) -> Interrupt | None:
+def expire_interrupt(*, interrupt_id: int, now, actor: str, run: Run | None = None) -> Interrupt | None:
     """Expire one overdue pending item and its tool call (``awaiting_approval -> expired``).
 
     Returns the item, or None if it was no longer pending. Call inside a
-    transaction that holds the run's row lock; ending the run is the
+    transaction that holds the run's row lock (``run``: that run as locked,
+    if the caller has it, so it is not read again); ending the run is the
     caller's (the engine's sweeper fails it with ``approval_expired``).
     """
-    interrupt = Interrupt.objects.select_for_update().get(pk=interrupt_id)
+    interrupt = _lock_item(interrupt_id, run=run)
     if not can_proceed(interrupt.expire):
         return None
     apply(interrupt.expire, actor=actor, reason="expired", now=now)
@@ -183,15 +184,21 @@ def question_options(interrupt: Interrupt) -> list[str]:
 MAX_ANSWER_CHARS = 10_000
 
 
-def answer_interrupt(*, interrupt: Interrupt, user, answer: str) -> Interrupt:
-    """Answer an input item: the answer becomes its tool call's result and the run resumes.
+def answer_interrupt(*, interrupt: Interrupt, user, answer: str, file=None) -> Interrupt:
+    """Answer an input item: the answer (and file) becomes its tool call's result and the run resumes.
 
-    ``answer`` must be non-empty, at most ``MAX_ANSWER_CHARS`` characters
-    and, when the question has options, exactly one of them. The item is
+    ``answer`` must be at most ``MAX_ANSWER_CHARS`` characters and, when
+    the question has options, exactly one of them; it may be empty only
+    when a ``file`` (a Django ``UploadedFile``) comes with it. A file must
+    be allowed by the question (``approvals.answer_files``: ``file``
+    ``optional`` or ``required``, type and size); it is stored through
+    Django's storage API as an ``AnswerFile`` and the result holds its
+    metadata (``"file"``, see ``answer_files.summary``). The item is
     ``resolved`` with decision ``answered`` (``comment`` holds the answer).
     Raises ``Forbidden`` (not the requester or staff; checked first),
-    ``InvalidInput`` (wrong kind, bad answer) and ``TransitionNotAllowed``
-    (no longer pending).
+    ``InvalidInput`` (wrong kind, bad answer, a file missing, not allowed
+    or of a refused type), ``TooLarge`` (a file over the size limit) and
+    ``TransitionNotAllowed`` (no longer pending); nothing is stored then.
     """
     if not can_decide(user, interrupt):
         raise Forbidden("You may not answer this item.")
@@ -199,21 +206,35 @@ def answer_interrupt(*, interrupt: Interrupt, user, answer: str) -> Interrupt:
         raise InvalidInput(f"A {interrupt.kind} item is not answered.")
     answer = (answer or "").strip()
     options = question_options(interrupt)
-    if not answer:
+    rule = answer_files.file_rule(interrupt.tool_call.arguments if interrupt.tool_call else None)
+    checked = answer_files.check(file, rule) if file is not None else None
+    if not answer and checked is None:
         raise InvalidInput.for_fields({"answer": "The answer must not be empty."})
     if len(answer) > MAX_ANSWER_CHARS:
         raise InvalidInput.for_fields({"answer": f"The answer is over {MAX_ANSWER_CHARS} characters."})
     if options and answer not in options:
         raise InvalidInput.for_fields({"answer": f"Choose one of: {', '.join(options)}."})
+    if rule.mode == "required" and checked is None:
+        raise InvalidInput.for_fields({"file": "This question needs a file."})
     actor = actor_for(user)
-    with transaction.atomic():
-        Run.objects.select_for_update().get(pk=interrupt.run_id)
-        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
-        apply(interrupt.resolve, actor=actor, reason=Decision.ANSWERED, decision=Decision.ANSWERED, user=user,
-              comment=answer, edited_arguments=None, now=timezone.now())
-        wait = Wait.objects.get(tool_call_id=interrupt.tool_call_id)
-        settle_wait(wait, status=WaitStatus.DONE, actor=actor,
-                    result={"answer": answer, "answered_by": user.get_username()})
+    result = {"answer": answer, "answered_by": user.get_username()}
+    stored = None
+    try:
+        with transaction.atomic():
+            interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+            apply(interrupt.resolve, actor=actor, reason=Decision.ANSWERED, decision=Decision.ANSWERED, user=user,
+                  comment=answer, edited_arguments=None, now=timezone.now())
+            if checked is not None:
+                stored = AnswerFile(interrupt=interrupt, name=checked.name, content_type=checked.content_type,
+                                    size=checked.size, sha256=checked.sha256, uploaded_by=user)
+                stored.file.save(checked.name, ContentFile(checked.content), save=True)
+                result["file"] = answer_files.summary(stored, checked.content)
+            wait = Wait.objects.get(tool_call_id=interrupt.tool_call_id)
+            settle_wait(wait, status=WaitStatus.DONE, actor=actor, result=result)
+    except BaseException:
+        if stored is not None and stored.file.name:  # the row rolled back; the stored bytes go too
+            stored.file.storage.delete(stored.file.name)
+        raise
     return interrupt
 
 
@@ -226,6 +247,23 @@ def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
     if interrupt is None:
         return None
     return expire_interrupt(interrupt_id=interrupt.pk, now=now, actor=actor)
+
+
+def _lock_item(interrupt_id: int, *, run: Run | None) -> Interrupt:
+    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call loaded;
+    ``run`` (the item's run, already locked by the caller) is attached to both, so events and
+    transitions on them do not read the run again. Raises ``Interrupt.DoesNotExist``."""
+    interrupt = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=interrupt_id)
+    if run is not None and run.pk == interrupt.run_id:
+        interrupt.run = run
+        if interrupt.tool_call is not None:
+            interrupt.tool_call.run = run
+    return interrupt
+
+
+def _lock_run_and_item(interrupt_id: int, *, run_id: int) -> Interrupt:
+    """Lock run ``run_id`` first, then its item ``interrupt_id`` (the order every writer of both keeps)."""
+    return _lock_item(interrupt_id, run=Run.objects.select_for_update().get(pk=run_id))
 
 
 def decide_interrupt(
@@ -249,8 +287,7 @@ def decide_interrupt(
     with transaction.atomic():
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
-        Run.objects.select_for_update().get(pk=interrupt.run_id)
-        interrupt = Interrupt.objects.select_for_update().get(pk=interrupt.pk)
+        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
         apply(interrupt.resolve, actor=actor, reason=decision, decision=decision, user=user, comment=comment,
               edited_arguments=edited_arguments, now=timezone.now())
         if decision == Decision.APPROVED:

@@ -11,4 +11,5 @@ urlpatterns = [
     path("inbox/preferences/", workflow_views.notification_preferences, name="notification-preferences"),
     path("inbox/<int:interrupt_id>/", views.interrupt_detail, name="inbox-item"),
     path("inbox/<int:interrupt_id>/claim/", workflow_views.claim, name="inbox-item-claim"),
+    path("inbox/<int:interrupt_id>/file/", views.answer_file_download, name="inbox-item-file"),
 ]

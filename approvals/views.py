@@ -10,6 +10,7 @@ form); deciding an item that is no longer pending renders the 409 page.
 
 import json
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
@@ -19,6 +20,8 @@ from django.views.decorators.http import require_GET
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals import selectors
+from approvals.answer_files import file_rule
+from approvals.downloads import answer_file_response
 from approvals.forms import AnswerForm, DecisionForm, ReconcileForm
 from approvals.models import InterruptKind, InterruptStatus
 from approvals.services import answer_interrupt, decide_interrupt, question_options, reconcile_interrupt
@@ -54,7 +57,7 @@ def interrupt_detail(request, interrupt_id: int):
     if item.kind == InterruptKind.RECONCILIATION:
         form = ReconcileForm(data)
     elif item.kind == InterruptKind.INPUT:
-        form = AnswerForm(data)
+        form = AnswerForm(data, request.FILES if data is not None else None)
     else:
         original = tool_call.arguments if tool_call else None
         initial = {"edited_arguments": json.dumps(original, indent=2, ensure_ascii=False)} if original is not None else {}
@@ -85,9 +88,22 @@ def interrupt_detail(request, interrupt_id: int):
         "form": form,
         "can_decide": item.status == InterruptStatus.PENDING and item.user_may_decide,
         "options": question_options(item) if item.kind == InterruptKind.INPUT else [],
+        "file_rule": file_rule(tool_call.arguments if tool_call else None),
+        "file_max_bytes": settings.TOLLGATE["ANSWER_FILE_MAX_BYTES"],
+        "answer_file": getattr(item, "answer_file", None),
         "messages_": session_messages(session_id=item.run.session_id),
         "prior_calls": [c for c in run_tool_calls(run=item.run) if tool_call is None or c.pk != tool_call.pk],
     }, status=status)
+
+
+@login_required
+@require_GET
+def answer_file_download(request, interrupt_id: int):
+    """The file an item was answered with, as an attachment, for users who may see its run (else 404)."""
+    answer_file = selectors.answer_file_visible(user=request.user, interrupt_id=interrupt_id)
+    if answer_file is None:
+        raise Http404("No such file.")
+    return answer_file_response(answer_file)
 
 
 def _already_decided(item) -> str:
@@ -101,7 +117,7 @@ def _already_decided(item) -> str:
 def _decide(item, user, form) -> None:
     """Call the service that resolves ``item`` with the validated ``form``."""
     if item.kind == InterruptKind.INPUT:
-        answer_interrupt(interrupt=item, user=user, answer=form.cleaned_data["answer"])
+        answer_interrupt(interrupt=item, user=user, answer=form.cleaned_data["answer"], file=form.cleaned_data["file"])
     elif item.kind == InterruptKind.RECONCILIATION:
         reconcile_interrupt(interrupt=item, user=user, succeeded=form.cleaned_data["outcome"] == "succeeded",
                             evidence=form.cleaned_data["evidence"], result=form.cleaned_data["result"])

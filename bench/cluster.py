@@ -1,4 +1,5 @@
-"""Processes the benchmarks start against PostgreSQL + Redis (shared by chaos.py and throughput.py).
+"""Processes the benchmarks start against PostgreSQL + Redis (shared by chaos.py and throughput.py),
+and the Django set-up every benchmark process shares (``prepare_django``).
 
 ``Cluster`` starts the demo payment gateway, ``manage.py rundramatiq``
 worker groups, the sweeper and an API server (Daphne), each in its own
@@ -7,6 +8,7 @@ all on ``stop()``.
 """
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -49,6 +51,36 @@ def require_postgres_and_redis(name: str) -> bool:
         return True
     print(f"{name}: set DATABASE_URL (PostgreSQL) and REDIS_URL", file=sys.stderr)
     return False
+
+
+def prepare_django(name: str, extra_env: dict | None = None, *, demo: bool = True) -> None:
+    """Set the environment of a benchmark named ``name``, set Django up, migrate and (``demo``) load the demo.
+
+    The broker and channel-layer namespaces default to ``tollgate-<name>-bench``
+    (kept when the caller set them), the API rates are lifted (one user
+    drives the benchmark; its rate would otherwise be what is measured),
+    ``extra_env`` is added on top, and a ``SECRET_KEY`` of this invocation
+    is made unless one is given or ``DEBUG`` is on. Child processes started
+    afterwards inherit all of it.
+    """
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DRAMATIQ_NAMESPACE": os.environ.get("DRAMATIQ_NAMESPACE", f"tollgate-{name}-bench"),
+        "CHANNELS_PREFIX": os.environ.get("CHANNELS_PREFIX", f"tollgate-{name}-bench"),
+        "THROTTLE_USER": "1000000/min",
+        "THROTTLE_RUNS": "1000000/min",
+        **(extra_env or {}),
+    })
+    if not os.environ.get("SECRET_KEY") and os.environ.get("DEBUG", "").lower() not in ("1", "true", "yes", "on"):
+        os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    if demo:
+        call_command("demo", force=True, stdout=open(os.devnull, "w"))
 
 
 class Cluster:

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import secrets
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster import Cluster, free_port, healthy, require_postgres_and_redis, wait_for  # noqa: E402
+from bench.cluster import Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for  # noqa: E402
 from bench.throughput import percentile, tree_cpu_s  # noqa: E402
 
 BENCH_USER = "live-bench"
@@ -156,23 +155,7 @@ def main() -> int:
     args = parse_args()
     if not require_postgres_and_redis("live"):
         return 2
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "CHANNELS_PREFIX": os.environ.get("CHANNELS_PREFIX", "tollgate-live-bench"),
-        "DRAMATIQ_NAMESPACE": os.environ.get("DRAMATIQ_NAMESPACE", "tollgate-live-bench"),
-        "THROTTLE_USER": "1000000/min",
-        "THROTTLE_RUNS": "1000000/min",
-        "ALLOWED_HOSTS": "127.0.0.1,localhost",
-    })
-    if not os.environ.get("SECRET_KEY") and os.environ.get("DEBUG", "").lower() not in ("1", "true", "yes", "on"):
-        os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    call_command("demo", force=True, stdout=open(os.devnull, "w"))
+    prepare_django("live", {"ALLOWED_HOSTS": "127.0.0.1,localhost"})
     run_ids, session_key, token = prepare(args.runs)
     port = free_port()
     cluster = Cluster(dict(os.environ), 0, 1, Path(tempfile.mkdtemp(prefix="tollgate-live-")))

@@ -11,32 +11,37 @@ waiting runs (default 1,000,000) with a realistic spread:
   reconciliation (an ``unknown`` call and its item, no expiry), 3 % in
   retry backoff and 3 % on a schedule (``wake_at`` within the next 7 days,
   none due);
-* ``--due`` (default 50) of the approval items are already past their
-  expiry and ``--due`` backoffs are due, so the first sweeper pass has
-  real work (the later ones find what a live system's sweeper would).
+* every fourth agent has a deadline (60 days: none passes), so the
+  sweeper's deadline check runs as it would.
 
 Rows go in with set-based ``INSERT ... SELECT FROM generate_series`` (every
 column not given gets its model field's default, so fields added later
-need no change here). Then it measures,
-in this process with Django's test client (no network; the server-side
-time of each request), ``--repeat`` times each:
+need no change here). Then it measures, in this process with Django's
+test client (no network; the server-side time of each request),
+``--repeat`` times each, as an approver (who sees every run) and as one of
+the 50 requesters (who sees their own):
 
-* the inbox page (``/inbox/``) as an approver, and the run list page;
-* the API lists: ``/api/interrupts/?status=pending`` and
-  ``/api/runs/?status=waiting``;
+* the inbox page (``/inbox/``) and the run list page (``/runs/``);
+* the API lists in their default order (newest first) with the common
+  filters: runs (``status``, ``waiting_reason``, ``agent``), inbox items
+  (``status``), sessions, one run's events;
 * one approval (``POST /api/interrupts/<id>/approve/``), each on another item;
-* one sweeper pass (``runs.engine.recovery.sweep``);
+* one sweeper pass (``runs.engine.recovery.sweep``) with nothing due, and
+  one with ``--due`` (default 50) each of approvals past their expiry,
+  retry backoffs past their ``wake_at`` and running runs whose lease
+  expired (a dead worker's), made due again before each pass (not timed);
 
 and prints p50/p95 in ms, queries per request, this process's peak RSS
-before and after the measurements (flat memory: no growth with N), and
-``EXPLAIN (ANALYZE, BUFFERS)`` of the slowest statement of each kind.
+before and after the measurements (flat memory: no growth with N), and with
+``--explain`` a summary of ``EXPLAIN (ANALYZE, BUFFERS)`` of the slowest
+statement of each (its plan nodes and their actual rows and time).
 Not a test: nothing here asserts a speed.
 """
 
 import argparse
 import os
+import re
 import resource
-import secrets
 import statistics
 import sys
 import time
@@ -45,20 +50,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster import require_postgres_and_redis  # noqa: E402
+from bench.cluster import prepare_django, require_postgres_and_redis  # noqa: E402
 from bench.throughput import percentile  # noqa: E402
 
 REQUESTERS = 50
 AGENTS = 20
+DEADLINE_S = 60 * 86400  # every fourth agent's; none of the runs reaches it
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1_000_000, help="waiting runs to insert (default 1,000,000)")
-    parser.add_argument("--due", type=int, default=50, help="expired approvals and due backoffs for the sweeper")
+    parser.add_argument("--due", type=int, default=50,
+                        help="expired approvals, due backoffs and expired leases per sweeper pass (default 50)")
     parser.add_argument("--repeat", type=int, default=20, help="measurements per figure")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the slowest statements")
     parser.add_argument("--keep", action="store_true", help="reuse rows a previous invocation inserted")
+    parser.add_argument("--skip", action="append", default=[], metavar="TEXT",
+                        help="leave out the figures whose title contains TEXT (repeatable), e.g. --skip inbox")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where one sweeper pass with due work spends its time (cProfile, top 25)")
     return parser.parse_args()
 
 
@@ -118,7 +129,8 @@ def populate(args) -> None:
     agents = [Agent.objects.get_or_create(
         slug=f"scale-agent-{i}", defaults={"name": f"Scale agent {i}", "model": template.model,
                                            "tools": template.tools, "approval_policy": template.approval_policy,
-                                           "instructions": template.instructions})[0].pk
+                                           "instructions": template.instructions,
+                                           "deadline_s": DEADLINE_S if i % 4 == 0 else None})[0].pk
               for i in range(AGENTS)]
     n = args.runs
     with_items = n * 94 // 100
@@ -162,24 +174,39 @@ def populate(args) -> None:
 
 
 def make_due(due: int) -> None:
-    """Make ``due`` approvals overdue and ``due`` backoffs due, for the sweeper; then ANALYZE."""
+    """Make ``due`` more approvals overdue, ``due`` more backoffs due and ``due`` more leases expired.
+
+    The approvals are pending ones (lowest ids; the approval figure takes the
+    highest); the leases are those of runs waiting on a schedule, made
+    ``running`` under a worker that is gone (a test of a dead worker's runs).
+    """
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("UPDATE approvals_interrupt SET expires_at = now() - interval '1 minute' WHERE id IN "
-                       "(SELECT id FROM approvals_interrupt WHERE kind = 'approval' ORDER BY id LIMIT %s)", [due])
+                       "(SELECT id FROM approvals_interrupt WHERE status = 'pending' AND kind = 'approval' "
+                       "ORDER BY id LIMIT %s)", [due])
         cursor.execute("UPDATE runs_run SET wake_at = now() - interval '5 seconds' WHERE id IN "
-                       "(SELECT id FROM runs_run WHERE waiting_reason = 'retry_backoff' ORDER BY id LIMIT %s)", [due])
-        cursor.execute("ANALYZE")
+                       "(SELECT id FROM runs_run WHERE waiting_reason = 'retry_backoff' AND status = 'waiting' "
+                       "AND wake_at > now() ORDER BY id LIMIT %s)", [due])
+        cursor.execute("UPDATE runs_run SET status = 'running', waiting_reason = '', wake_at = NULL, "
+                       "lease_owner = 'scale-dead-worker', lease_token = lease_token + 1, "
+                       "lease_expires_at = now() - interval '1 minute' WHERE id IN "
+                       "(SELECT id FROM runs_run WHERE waiting_reason = 'scheduled' AND status = 'waiting' "
+                       "ORDER BY id LIMIT %s)", [due])
 
 
-def timed(fn, repeat: int) -> tuple[list[float], list[int], list]:
-    """Run ``fn`` ``repeat`` times; (ms each, queries each, the captured queries of the slowest)."""
+def timed(fn, repeat: int, before_each=None) -> tuple[list[float], list[int], list]:
+    """Run ``fn`` ``repeat`` times (``before_each()`` first each time, not timed);
+    (ms each, queries each, the captured queries of the slowest)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     times, counts, slowest, worst = [], [], [], -1.0
     for i in range(repeat):
+        if before_each is not None:
+            before_each()
+        connection.queries_log.clear()  # it keeps 9,000 at most: counting must not start at that limit
         with CaptureQueriesContext(connection) as captured:
             began = time.perf_counter()
             fn(i)
@@ -191,22 +218,35 @@ def timed(fn, repeat: int) -> tuple[list[float], list[int], list]:
     return times, counts, slowest
 
 
+PLAN_NODE = re.compile(r"^(\s*)(?:->  )?([A-Z][A-Za-z ]+?(?: using \S+)?(?: on \S+)?)\s+\(cost=[^)]*\)"
+                       r"\s+\(actual time=[\d.]+\.\.([\d.]+) rows=(\d+) loops=(\d+)\)")
+
+
 def explain(queries: list, title: str) -> None:
+    """Print a summary of ``EXPLAIN (ANALYZE, BUFFERS)`` of the slowest SELECT in ``queries``:
+    each plan node (indented as in the plan) with its actual rows, loops and time, and the execution time."""
     from django.db import connection
 
     reads = [q for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
     if not reads:
         return
     query = max(reads, key=lambda q: float(q["time"]))
-    print(f"\n  EXPLAIN of the slowest statement of {title} ({float(query['time']) * 1000:.1f} ms):")
-    print("    " + query["sql"][:600])
+    print(f"\n  {title}: slowest statement {float(query['time']) * 1000:.1f} ms: {query['sql'][:160]}...")
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + query["sql"])
-        for (line,) in cursor.fetchall():
-            print("    " + line)
+        lines = [line for (line,) in cursor.fetchall()]
+    for line in lines:
+        node = PLAN_NODE.match(line)
+        if node:
+            indent, name, ms, rows, loops = node.groups()
+            print(f"    {' ' * (len(indent) // 3)}{name}: rows {rows} x{loops}, {ms} ms")
+        elif line.strip().startswith(("Index Cond", "Filter", "Sort Key", "Execution Time")):
+            depth = (len(line) - len(line.lstrip())) // 3
+            print(f"    {' ' * depth}  {line.strip()[:150]}")
 
 
 def measure(args) -> None:
+    """Time each figure ``args.repeat`` times and print them (see module doc)."""
     from django.contrib.auth import get_user_model
     from django.test import Client
     from django.utils import timezone
@@ -214,76 +254,113 @@ def measure(args) -> None:
 
     from approvals.models import Interrupt, InterruptKind, InterruptStatus
     from runs.engine.recovery import sweep
+    from runs.models import Run
 
-    approver = get_user_model().objects.get(username="approver")
-    page = Client()
-    page.force_login(approver)
-    api = APIClient()
-    api.force_authenticate(approver)
+    users = get_user_model().objects
+    clients = {}
+    for who, user in (("approver", users.get(username="approver")), ("requester", users.get(username="scale-requester-7"))):
+        page, api = Client(), APIClient()
+        page.force_login(user)
+        api.force_authenticate(user)
+        clients[who] = (page, api)
     pending = list(Interrupt.objects.filter(status=InterruptStatus.PENDING, kind=InterruptKind.APPROVAL,
                                             expires_at__gt=timezone.now()).order_by("-id")
                    .values_list("pk", flat=True)[:args.repeat])
+    some_run = Run.objects.filter(input="scale bench").order_by("-id").values_list("pk", flat=True).first()
 
-    def get(client, url):
+    def get(who, url, api=True):
+        client = clients[who][1 if api else 0]
+
         def call(_):
             response = client.get(url)
             assert response.status_code == 200, (url, response.status_code)
         return call
 
     def approve(i):
-        response = api.post(f"/api/interrupts/{pending[i]}/approve/", {"comment": "scale bench"}, format="json")
+        response = clients["approver"][1].post(f"/api/interrupts/{pending[i]}/approve/", {"comment": "scale bench"},
+                                               format="json")
         assert response.status_code == 200, response.content[:300]
 
+    done = []
+
+    def sweep_due(_):
+        done.append(sweep())  # fewer woken or re-sent once the bench's backoffs or schedules run out
+
     figures = [
-        ("inbox page /inbox/", get(page, "/inbox/")),
-        ("run list page /runs/", get(page, "/runs/")),
-        ("API /api/interrupts/?status=pending", get(api, "/api/interrupts/?status=pending")),
-        ("API /api/runs/?status=waiting", get(api, "/api/runs/?status=waiting")),
-        ("one approval (API POST)", approve),
-        ("one sweeper pass", lambda _: sweep()),
+        ("approver: inbox page /inbox/", get("approver", "/inbox/", api=False), None),
+        ("approver: run list page /runs/", get("approver", "/runs/", api=False), None),
+        ("requester: run list page /runs/", get("requester", "/runs/", api=False), None),
+        ("approver: API /api/runs/", get("approver", "/api/runs/"), None),
+        ("approver: API /api/runs/?status=waiting", get("approver", "/api/runs/?status=waiting"), None),
+        ("approver: API /api/runs/?waiting_reason=reconciliation",
+         get("approver", "/api/runs/?waiting_reason=reconciliation"), None),
+        ("approver: API /api/runs/?agent=scale-agent-7", get("approver", "/api/runs/?agent=scale-agent-7"), None),
+        ("requester: API /api/runs/", get("requester", "/api/runs/"), None),
+        ("approver: API /api/interrupts/", get("approver", "/api/interrupts/"), None),
+        ("approver: API /api/interrupts/?status=pending", get("approver", "/api/interrupts/?status=pending"), None),
+        ("requester: API /api/interrupts/", get("requester", "/api/interrupts/"), None),
+        ("approver: API /api/sessions/", get("approver", "/api/sessions/"), None),
+        ("requester: API /api/sessions/", get("requester", "/api/sessions/"), None),
+        ("approver: API /api/runs/<id>/events/", get("approver", f"/api/runs/{some_run}/events/"), None),
+        ("one approval (API POST, committed)", approve, None),
+        ("one sweeper pass, nothing due", lambda _: sweep(), None),
+        (f"one sweeper pass, {args.due} overdue approvals + {args.due} due backoffs + {args.due} expired leases",
+         sweep_due, lambda: make_due(args.due)),
     ]
+    sweep()  # what the insert left due (nothing but its own backlog)
     rss_before = peak_rss_mib()
     slowest = {}
-    for title, fn in figures:
-        fn(0) if title.startswith(("inbox", "run list", "API")) else None  # warm caches, not counted
-        times, counts, queries = timed(fn, args.repeat)
+    for title, fn, before_each in figures:
+        if any(text in title for text in args.skip):
+            continue
+        if before_each is None and not title.startswith(("one approval", "one sweeper")):
+            fn(0)  # warm caches, not counted
+        times, counts, queries = timed(fn, args.repeat, before_each)
         slowest[title] = queries
         print(f"  {title}: p50 {percentile(times, 50):.1f} ms, p95 {percentile(times, 95):.1f} ms, "
               f"max {max(times):.1f} ms; {statistics.median(counts):.0f} queries", flush=True)
+    if done:
+        print(f"  (the passes with due work did, in total: {', '.join(f'{key} {sum(d[key] for d in done)}' for key in done[0])})")
     print(f"  peak RSS of this process: {rss_before:.0f} MiB before the measurements, {peak_rss_mib():.0f} MiB after")
     if args.explain:
         for title, queries in slowest.items():
             explain(queries, title)
+    if args.profile:
+        profile_sweep(args.due)
+
+
+def profile_sweep(due: int) -> None:
+    """Print the 25 functions with the most cumulative time in one sweeper pass with ``due`` of each kind due."""
+    import cProfile
+    import pstats
+
+    from runs.engine.recovery import sweep
+
+    make_due(due)
+    profiler = cProfile.Profile()
+    profiler.runcall(sweep)
+    print(f"\n  one sweeper pass with {due} of each kind due, by cumulative time:")
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
 
 
 def main() -> int:
     args = parse_args()
     if not require_postgres_and_redis("scale"):
         return 2
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DRAMATIQ_NAMESPACE": os.environ.get("DRAMATIQ_NAMESPACE", "tollgate-scale-bench"),
-        "CHANNELS_PREFIX": os.environ.get("CHANNELS_PREFIX", "tollgate-scale-bench"),
-        "THROTTLE_USER": "1000000/min",
-        "THROTTLE_RUNS": "1000000/min",
-        "ALLOWED_HOSTS": "testserver,127.0.0.1",
-    })
-    if not os.environ.get("SECRET_KEY") and os.environ.get("DEBUG", "").lower() not in ("1", "true", "yes", "on"):
-        os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
-    import django
-
-    django.setup()
+    prepare_django("scale", {"ALLOWED_HOSTS": "testserver,127.0.0.1"}, demo=False)
     from django.core.management import call_command
+    from django.db import connection
 
     from runs.models import Run
 
-    call_command("migrate", verbosity=0)
     if not args.keep or not Run.objects.filter(input="scale bench").exists():
         call_command("demo", force=True, stdout=open(os.devnull, "w"))
         print(f"scale: inserting {args.runs:,} waiting runs", flush=True)
         populate(args)
-        make_due(args.due)
-    print(f"scale: {Run.objects.filter(status='waiting').count():,} waiting runs; {os.cpu_count()} CPUs", flush=True)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    print(f"scale: {Run.objects.filter(status='waiting').count():,} waiting runs; {os.cpu_count()} CPUs, "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     measure(args)
     return 0
 

@@ -74,7 +74,7 @@ from urllib.parse import urlparse, urlunparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster import Cluster, free_port, healthy, require_postgres_and_redis, wait_for  # noqa: E402
+from bench.cluster import Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for  # noqa: E402
 
 STEPS_PER_RUN = 9  # 5 model calls + 4 tool executions
 ORDER_TOTAL = Decimal("100.00")
@@ -674,27 +674,8 @@ def main() -> int:
     if not require_postgres_and_redis("throughput"):
         return 2
     gateway_port = free_port()
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "GATEWAY_URL": f"http://127.0.0.1:{gateway_port}",
-        "DRAMATIQ_NAMESPACE": os.environ.get("DRAMATIQ_NAMESPACE", "tollgate-bench"),
-        "CHANNELS_PREFIX": os.environ.get("CHANNELS_PREFIX", "tollgate-bench"),
-        # The approver and the driver are one user each: the API's per-user
-        # rates would otherwise be the bottleneck under test.
-        "THROTTLE_USER": "1000000/min",
-        "THROTTLE_RUNS": "1000000/min",
-    })
-    if not os.environ.get("SECRET_KEY") and os.environ.get("DEBUG", "").lower() not in ("1", "true", "yes", "on"):
-        os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)  # this invocation's own; shared by its processes
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-    call_command("demo", force=True, stdout=open(os.devnull, "w"))
+    prepare_django("throughput", {"GATEWAY_URL": f"http://127.0.0.1:{gateway_port}"})
     database = Database()
     lg_processes = [args.workers] if args.langgraph_processes is None else args.langgraph_processes
 

@@ -1,9 +1,14 @@
 """ASGI entry point: Django for HTTP, Channels for the run WebSockets.
 
-WebSockets authenticate with the Django session cookie
-(``AuthMiddlewareStack``), must come from an allowed host
-(``AllowedHostsOriginValidator``) and from the very origin, port
-included, they were sent to (``config.origin.SameOriginValidator``).
+Two kinds of WebSocket, each with its own authentication:
+
+* ``ws/api/...`` (integrators, ``runs.routing.integrator_websocket_urlpatterns``):
+  the REST API's token only (``config.ws_token.TokenAuthMiddleware``);
+  cookies are never read, so no Origin is needed or checked.
+* everything else (browsers): the Django session cookie
+  (``AuthMiddlewareStack``), from an allowed host
+  (``AllowedHostsOriginValidator``) and from the very origin, port
+  included, it was sent to (``config.origin.SameOriginValidator``).
 """
 
 import os
@@ -18,12 +23,17 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
 from config.origin import SameOriginValidator  # noqa: E402
-from runs.routing import websocket_urlpatterns  # noqa: E402
+from config.ws_token import TokenAuthMiddleware  # noqa: E402
+from runs.routing import integrator_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": AllowedHostsOriginValidator(
-        SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
+    "websocket": URLRouter([
+        re_path(r"^ws/api/", TokenAuthMiddleware(URLRouter(integrator_websocket_urlpatterns))),
+        re_path(r"^", AllowedHostsOriginValidator(
+            SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))))),
+    ]),
 })

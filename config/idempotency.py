@@ -7,7 +7,7 @@ in Stripe's and the IETF draft "The Idempotency-Key HTTP Header Field":
 * scope: one user and one endpoint (its URL name, e.g. ``api:interrupt-approve``);
   the same key on another endpoint is another key;
 * same key, same request (sha256 of the method, the path and the body as
-  canonical JSON): the stored answer is replayed, status and body, with the
+  canonical JSON; a multipart file by its name, size and sha256): the stored answer is replayed, status and body, with the
   header ``Idempotent-Replayed: true``; the request is not carried out again;
 * same key, different request (another body, or another object of the
   same endpoint): 422 ``idempotency_key_reused``;
@@ -31,6 +31,7 @@ import json
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 from django.http import QueryDict
 from django.utils import timezone
@@ -58,11 +59,26 @@ def request_key(request) -> str | None:
     return key
 
 
+def _file_digest(upload) -> dict:
+    """An uploaded file as the fingerprint sees it: name, size and sha256 of the content (read, then rewound)."""
+    digest = hashlib.sha256()
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    upload.seek(0)
+    return {"file": upload.name, "size": upload.size, "sha256": digest.hexdigest()}
+
+
 def fingerprint(request) -> str:
-    """sha256 (hex) of the method, the path and the body as canonical JSON (sorted keys, no spaces)."""
+    """sha256 (hex) of the method, the path and the body as canonical JSON (sorted keys, no spaces).
+
+    A multipart body counts with its form fields and, for each file, its
+    name, size and the sha256 of its content: the same file sent again is
+    the same request, another file is another.
+    """
     data = request.data
     if isinstance(data, QueryDict):
-        data = dict(data.lists())
+        data = {name: [_file_digest(value) if isinstance(value, UploadedFile) else value for value in values]
+                for name, values in data.lists()}
     canonical = json.dumps([request.method, request.path, data], sort_keys=True, separators=(",", ":"),
                            ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()

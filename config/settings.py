@@ -192,6 +192,11 @@ WHITENOISE_USE_FINDERS = True
 # Until collectstatic has run, STATIC_ROOT does not exist; the finders serve.
 warnings.filterwarnings("ignore", message="No directory at: .*static", category=UserWarning)
 
+# Uploaded files (answers to questions) are kept through Django's default
+# storage here; nothing serves this folder: downloads go through a view
+# that checks who may see the run.
+MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "var" / "media")
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "inbox"
 LOGOUT_REDIRECT_URL = "login"
@@ -249,9 +254,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # The error object and the Idempotency-Key header on every operation.
+    # The long-poll wait (not a DRF view), then the error object and the
+    # Idempotency-Key header on every operation.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api_waits.document_run_wait",
         "config.api_schema.document_errors_and_idempotency",
     ],
 }
@@ -290,6 +297,18 @@ else:
     DRAMATIQ_BROKER = {"BROKER": "dramatiq.brokers.stub.StubBroker", "OPTIONS": {}, "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE}
     # In-memory, but safe to publish to from the in-process worker's threads.
     CHANNEL_LAYERS = {"default": {"BACKEND": "runs.channel_layers.LoopSafeInMemoryChannelLayer"}}
+
+# An idle worker's Redis consumer looks for messages again after at most
+# this many milliseconds (backing off from 5 ms): the Redis broker polls,
+# it has no blocking fetch. Dramatiq's default, 1,000 ms, was most of the
+# time from an approval to its tool's start. Lower costs an idle worker
+# more Redis round trips (two queues, one look each per interval). Dramatiq
+# reads it from the environment when ``dramatiq.worker`` is imported;
+# ``rundramatiq`` execs the ``dramatiq`` command, which inherits it.
+DRAMATIQ_POLL_MS = env.int("DRAMATIQ_POLL_MS", default=20)
+if not 1 <= DRAMATIQ_POLL_MS <= 60_000:
+    raise ImproperlyConfigured("DRAMATIQ_POLL_MS must be from 1 to 60000 (milliseconds).")
+os.environ.setdefault("dramatiq_worker_timeout", str(DRAMATIQ_POLL_MS))
 
 DRAMATIQ_TASKS_DATABASE = "default"
 DRAMATIQ_AUTODISCOVER_MODULES = ["engine.actors"]
@@ -356,6 +375,15 @@ TOLLGATE = {
     "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
+    # --- Files answering a question (ask_user with "file"; approvals.answer_files) ---
+    # Largest file (bytes); a larger one is refused with 413.
+    "ANSWER_FILE_MAX_BYTES": env.int("TOLLGATE_ANSWER_FILE_MAX_BYTES", default=5 * 1024 * 1024),
+    # Content types a file may have, decided from its bytes (a question may
+    # narrow the list, never widen it).
+    "ANSWER_FILE_TYPES": env.list("TOLLGATE_ANSWER_FILE_TYPES", default=[
+        "application/pdf", "image/png", "image/jpeg", "text/plain", "text/csv", "application/json"]),
+    # Characters of a text file's content the model is given with its metadata.
+    "ANSWER_FILE_TEXT_CHARS": env.int("TOLLGATE_ANSWER_FILE_TEXT_CHARS", default=20_000),
     # --- Webhooks (runs.webhooks) ---
     # Seconds between a failed delivery attempt and the next: attempt n+1
     # waits entry n; when the list is used up the delivery is "failed"

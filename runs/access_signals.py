@@ -8,7 +8,9 @@ query. Reported, each once the change is committed:
 * any save of a user (password, ``is_active``, ``is_staff`` ...);
 * a change of a user's groups or own permissions, from either side
   (``user.groups.add(...)`` or ``group.user_set.remove(...)``);
-* a change of a group's permissions: every member is told.
+* a change of a group's permissions: every member is told;
+* a deleted API token (``rest_framework.authtoken``): its user's
+  token-authenticated sockets (``config.ws_token``) close.
 
 Changes made around the ORM (raw SQL, a deleted session row) are caught
 by the consumers' periodic re-check (``TOLLGATE["LIVE_ACCESS_RECHECK_S"]``).
@@ -18,7 +20,8 @@ Connected by ``runs.apps.RunsConfig.ready``.
 from django.contrib.auth import get_user_model, user_logged_out
 from django.contrib.auth.models import Group
 from django.db import transaction
-from django.db.models.signals import m2m_changed, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
+from rest_framework.authentication import TokenAuthentication
 
 from runs.live import publish_access_changed
 
@@ -60,6 +63,10 @@ def _group_permissions_changed(sender, instance, action, reverse, pk_set, **kwar
     _tell(get_user_model().objects.filter(groups__in=groups).values_list("pk", flat=True))
 
 
+def _token_deleted(sender, instance, **kwargs):
+    _tell([instance.user_id])
+
+
 def connect() -> None:
     """Connect the receivers (idempotent: each has a ``dispatch_uid``)."""
     user_model = get_user_model()
@@ -70,3 +77,5 @@ def connect() -> None:
                         dispatch_uid="tollgate-live-user-permissions")
     m2m_changed.connect(_group_permissions_changed, sender=Group.permissions.through,
                         dispatch_uid="tollgate-live-group-permissions")
+    post_delete.connect(_token_deleted, sender=TokenAuthentication().get_model(),
+                        dispatch_uid="tollgate-live-token-deleted")

@@ -26,7 +26,7 @@ from runs.engine.lifecycle import cancel_run_as, retry_run, submit_input
 from runs.engine.sessions import open_session
 from runs.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
-from runs.selectors import session_messages
+from runs.selectors import session_messages, with_pending_waits
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
@@ -75,7 +75,7 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
     """Runs: start one, read it with its events and tool calls, cancel it."""
 
     serializer_class = RunSerializer
-    queryset = Run.objects.select_related("agent", "requested_by")
+    queryset = with_pending_waits(Run.objects.select_related("agent", "requested_by"))
     owner_field = "requested_by"
     filterset_class = RunFilter
 
@@ -195,5 +195,5 @@ class SessionViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixi
     def runs(self, request, pk=None):
         """The runs of the session (all its owner's), newest first."""
         session = self.get_object()
-        page = self.paginate_queryset(session.runs.select_related("agent", "requested_by"))
+        page = self.paginate_queryset(with_pending_waits(session.runs.select_related("agent", "requested_by")))
         return self.get_paginated_response(RunSerializer(page, many=True).data)

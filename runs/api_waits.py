@@ -14,7 +14,9 @@
   latest after a backoff of 50 ms doubling to 1 s, for updates the channel
   layer cannot carry (another process with the in-memory layer).
   Authentication is DRF's token or the session; another user's run is a
-  404; the API's per-user throttle applies.
+  404; the API's per-user throttle applies. drf-spectacular only sees
+  DRF views, so ``document_run_wait`` (a postprocessing hook) adds this
+  one to ``/api/schema/``.
 """
 
 import asyncio
@@ -193,3 +195,47 @@ async def run_wait(request, run_id: int):
     response = JsonResponse(data)
     response[TIMED_OUT_HEADER] = "false" if settled else "true"
     return response
+
+
+# --- the wait endpoint in /api/schema/ ---------------------------------------------------
+
+WAIT_PATH = "/api/runs/{run_id}/wait/"
+WAIT_OPERATION = {
+    "operationId": "runs_wait",
+    "summary": "Wait until the run is waiting or has ended",
+    "description": ("Answers with the run (as `GET /api/runs/{id}/`) as soon as it is waiting or has ended, or "
+                    f"when `timeout` seconds have passed; the `{TIMED_OUT_HEADER}` header says which."),
+    "tags": ["runs"],
+    "parameters": [
+        {"in": "path", "name": "run_id", "required": True, "schema": {"type": "integer"},
+         "description": "The run's id."},
+        {"in": "query", "name": "timeout", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_WAIT_TIMEOUT_S,
+                    "default": DEFAULT_WAIT_TIMEOUT_S},
+         "description": "Longest wait in seconds."},
+    ],
+    "responses": {
+        "200": {
+            "description": "The run, waiting or ended, or as it is at the timeout.",
+            "headers": {TIMED_OUT_HEADER: {
+                "required": True, "schema": {"type": "string", "enum": ["true", "false"]},
+                "description": "`true`: the timeout passed before the run was waiting or ended."}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}},
+        },
+    },
+}
+
+
+def document_run_wait(result, generator, request, public):
+    """drf-spectacular postprocessing hook: add ``GET /api/runs/{run_id}/wait/`` (``WAIT_OPERATION``) to the document.
+
+    The operation's security is that of ``GET /api/runs/{id}/`` (the same
+    authentication); the error statuses are added by
+    ``config.api_schema.document_errors_and_idempotency``, which runs after.
+    """
+    paths = result.setdefault("paths", {})
+    retrieve = paths.get("/api/runs/{id}/", {}).get("get", {})
+    operation = {**WAIT_OPERATION, **({"security": retrieve["security"]} if "security" in retrieve else {})}
+    paths[WAIT_PATH] = {"get": operation}
+    result["paths"] = dict(sorted(paths.items()))
+    return result

@@ -5,6 +5,16 @@
   ``runs.live`` publishes to the run's group.
 * ``RunListConsumer`` at ``ws/runs/``: ``run.update`` of every run the user
   may see (the inbox and run list refresh on them).
+* ``RunEventsConsumer`` at ``ws/api/runs/<id>/?after_seq=N`` (integrators,
+  API token: ``config.ws_token``): what ``RunConsumer`` sends, plus every
+  event of the run's log after ``seq`` N (default 0: all), in ``seq``
+  order, as ``{"type": "run.event", "event": {...}}`` (the fields of
+  ``GET /api/runs/{id}/events/``), first the stored ones, then each new
+  one once committed. It joins the run's ``run-events`` group before it
+  reads the log and reads the log again on every notice, sending only
+  what follows the last ``seq`` it sent: an event committed during the
+  first read is sent once, none is skipped. A bad ``after_seq`` closes
+  the socket with 4400 after the handshake.
 
 Only authenticated users who may see the run
 (``Run.objects.visible_to``, ``runs.access``) are accepted; anyone else
@@ -25,6 +35,7 @@ The consumers are thin: load, check, forward. They never change a run.
 
 import time
 from importlib import import_module
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -33,11 +44,16 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.models import AnonymousUser
 from django.utils.crypto import constant_time_compare
 
+from config.ws_token import SUBPROTOCOL, token_owner
 from runs import selectors
 from runs.access import RunAccess
-from runs.live import RUNS_GROUP, run_group, run_snapshot, user_group
+from runs.live import RUNS_GROUP, run_events_group, run_group, run_snapshot, user_group
+from runs.serializers import RunEventSerializer
 
 ACCESS_LOST = 4403  # close code: the user may no longer see this
+BAD_REQUEST = 4400  # close code: the handshake's query is invalid (after_seq)
+EVENTS_PER_READ = 500  # events read from the log per query
+MAX_SEQ = 2**31 - 1  # the largest seq a RunEvent can have (PositiveIntegerField)
 
 
 def current_user(scope):
@@ -45,14 +61,19 @@ def current_user(scope):
 
     With a session (browsers): the session is read again from its store,
     so a logout (session deleted), a login as someone else or a password
-    change (session hash) counts. Without one (tests, other
-    authentication): the scope's user reloaded by id. Inactive users are
-    anonymous. Synchronous: call through ``database_sync_to_async``.
+    change (session hash) counts. With an API token (integrators): the
+    token must still exist and belong to the same user. Without either
+    (tests, other authentication): the scope's user reloaded by id.
+    Inactive users are anonymous. Synchronous: call through
+    ``database_sync_to_async``.
     """
     anonymous = AnonymousUser()
     user = scope.get("user")
     if user is None or not user.is_authenticated:
         return anonymous
+    if scope.get("auth_token"):
+        owner = token_owner(scope["auth_token"])
+        return owner if owner is not None and owner.pk == user.pk else anonymous
     session = scope.get("session")
     if session is None:
         fresh = get_user_model().objects.filter(pk=user.pk, is_active=True).first()
@@ -92,13 +113,14 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
     groups_joined: tuple[str, ...] = ()
     access = RunAccess(None)
     checked_at = 0.0
+    subprotocol: str | None = None  # selected in the handshake's answer
 
     async def join(self, *groups: str) -> None:
         """Join ``groups`` and the user's access group, then accept the socket."""
         self.groups_joined = (*groups, user_group(self.scope["user"].pk))
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
+        await self.accept(self.subprotocol)
 
     async def disconnect(self, code):
         for group in self.groups_joined:
@@ -144,6 +166,10 @@ class RunConsumer(_LiveConsumer):
 
     requested_by = None
 
+    def groups_of(self, run_id: int) -> tuple[str, ...]:
+        """The groups a socket of run ``run_id`` joins (besides the user's)."""
+        return (run_group(run_id),)
+
     async def connect(self):
         user = self.scope.get("user")
         run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -153,7 +179,7 @@ class RunConsumer(_LiveConsumer):
             return
         self.requested_by = snapshot["requested_by"]
         await self.check_access()
-        await self.join(run_group(run_id))
+        await self.join(*self.groups_of(run_id))
         await self.send_json({"type": "run.update", "run": snapshot})
 
     async def on_access_changed(self) -> None:
@@ -186,3 +212,59 @@ class RunListConsumer(_LiveConsumer):
             return
         if self.may_see(run["requested_by"]):
             await self.send_json({"type": "run.update", "run": run})
+
+
+@database_sync_to_async
+def _events_after(run_id: int, seq: int) -> list[dict]:
+    """Up to ``EVENTS_PER_READ`` events of run ``run_id`` with ``seq`` above ``seq``, in order, as the API shows them."""
+    events = selectors.run_events_after(run_id=run_id, seq=seq)[:EVENTS_PER_READ]
+    return RunEventSerializer(events, many=True).data
+
+
+def _after_seq(scope) -> int | None:
+    """The handshake's ``after_seq`` (0 when absent), or None when it is not one whole number from 0 to
+    ``MAX_SEQ``."""
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after_seq", ["0"])
+    raw = values[-1]
+    if len(values) != 1 or not (raw.isascii() and raw.isdigit() and len(raw) <= 10) or int(raw) > MAX_SEQ:
+        return None
+    return int(raw)
+
+
+class RunEventsConsumer(RunConsumer):
+    """One run for integrators: snapshots, deltas and the event log from ``after_seq`` on (see module doc)."""
+
+    run_id = 0
+    last_seq = 0  # the highest seq sent
+
+    def groups_of(self, run_id: int) -> tuple[str, ...]:
+        return (*super().groups_of(run_id), run_events_group(run_id))
+
+    async def connect(self):
+        if SUBPROTOCOL in (self.scope.get("subprotocols") or ()):
+            self.subprotocol = SUBPROTOCOL
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        await super().connect()
+        if not self.groups_joined:  # refused
+            return
+        after = _after_seq(self.scope)
+        if after is None:
+            await self.close(code=BAD_REQUEST)
+            return
+        self.last_seq = after
+        await self.send_new_events()
+
+    async def send_new_events(self) -> None:
+        """Send every event after ``last_seq`` from the log, in order, moving ``last_seq``."""
+        while True:
+            events = await _events_after(self.run_id, self.last_seq)
+            for event in events:
+                await self.send_json({"type": "run.event", "event": event})
+                self.last_seq = event["seq"]
+            if len(events) < EVENTS_PER_READ:
+                return
+
+    async def run_event(self, event):
+        """The log reached ``event["seq"]``: send what this socket has not sent yet."""
+        if event["seq"] > self.last_seq and await self.still_allowed(self.requested_by):
+            await self.send_new_events()

@@ -50,6 +50,13 @@ class NotFound(TollgateError):
     http_status = 404
 
 
+class TooLarge(TollgateError):
+    """Something sent is over its size limit (413); ``details``: ``limit_bytes`` and the ``field`` at fault."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class Conflict(TollgateError):
     """The object's state does not allow it now (409)."""
 

@@ -1,13 +1,19 @@
 """Push run changes to browsers and integrators over Channels.
 
 Groups: ``run-<id>`` (one run's page and WebSocket), ``runs`` (the run
-list and the inbox) and ``user-<id>`` (every socket of one user, told
-``access.changed`` when that user's access may have changed). Messages are ``{"type": "run.update", "run": {...}}``
+list and the inbox), ``user-<id>`` (every socket of one user, told
+``access.changed`` when that user's access may have changed) and
+``run-events-<id>`` (the integrators' sockets of one run, told
+``{"type": "run.event", "seq": N}`` when events up to ``seq`` N were
+committed; they read the events themselves from the log, so a message
+lost, repeated or sent for a transaction that rolled back costs nothing
+but a read). Messages are ``{"type": "run.update", "run": {...}}``
 with the fields of ``run_snapshot``, and ``{"type": "run.delta", ...}`` for
 streamed model output. Publishing never changes a run and never raises:
 a browser that misses an update catches up on its next load.
 
-Writers do not publish themselves: they call ``publish_on_commit``, and
+Writers do not publish themselves: they call ``publish_on_commit`` (and
+``runs.services.append_event`` calls ``publish_event_on_commit``), and
 when their transaction commits each run they touched is pushed once, with
 one query for all of them, however many transitions the transaction held.
 
@@ -40,6 +46,11 @@ def run_group(run_id: int) -> str:
 
 
 RUNS_GROUP = "runs"
+
+
+def run_events_group(run_id: int) -> str:
+    """The Channels group of the integrators' event sockets of one run (``run.event`` notices)."""
+    return f"run-events-{run_id}"
 
 
 def user_group(user_id: int) -> str:
@@ -118,20 +129,24 @@ def publish_run_update(run_id: int) -> None:
     _publish({run_id})
 
 
-def _publish(run_ids: set[int]) -> None:
-    """Send the current snapshots of ``run_ids``, read with one query (none without a channel layer)."""
-    if not run_ids or get_channel_layer() is None:
+def _publish(run_ids: set[int], event_seqs: dict[int, int] | None = None) -> None:
+    """Send the current snapshots of ``run_ids`` (read with one query) and a ``run.event`` notice per
+    ``event_seqs`` entry (run id: highest new ``seq``), in one hand-over; nothing without a channel layer."""
+    if not (run_ids or event_seqs) or get_channel_layer() is None:
         return
     sends = []
-    for run in Run.objects.filter(pk__in=run_ids).only(*SNAPSHOT_FIELDS):
+    for run in Run.objects.filter(pk__in=run_ids).only(*SNAPSHOT_FIELDS) if run_ids else ():
         message = {"type": "run.update", "run": run_snapshot(run)}
         sends += [(run_group(run.pk), message), (RUNS_GROUP, message)]
+    sends += [(run_events_group(run_id), {"type": "run.event", "seq": seq})
+              for run_id, seq in sorted((event_seqs or {}).items())]
     _send(sends)
 
 
 def _flush() -> None:
     run_ids, _touched.run_ids = getattr(_touched, "run_ids", set()), set()
-    _publish(run_ids)
+    event_seqs, _touched.event_seqs = getattr(_touched, "event_seqs", {}), {}
+    _publish(run_ids, event_seqs)
 
 
 def publish_on_commit(run_id: int) -> None:
@@ -145,6 +160,19 @@ def publish_on_commit(run_id: int) -> None:
     if not hasattr(_touched, "run_ids"):
         _touched.run_ids = set()
     _touched.run_ids.add(run_id)
+    transaction.on_commit(_flush, robust=True)
+
+
+def publish_event_on_commit(run_id: int, seq: int) -> None:
+    """Tell run ``run_id``'s event sockets, once the transaction commits, that its log reached ``seq``.
+
+    Coalesced with ``publish_on_commit`` (one notice per run, the highest
+    ``seq``; no query). After a rollback the notice goes out with the
+    thread's next commit: the sockets find nothing new in the log.
+    """
+    if not hasattr(_touched, "event_seqs"):
+        _touched.event_seqs = {}
+    _touched.event_seqs[run_id] = max(seq, _touched.event_seqs.get(run_id, 0))
     transaction.on_commit(_flush, robust=True)
 
 

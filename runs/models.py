@@ -74,6 +74,11 @@ class Session(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [  # the list's order, alone and per owner (who sees what) and agent (a filter)
+            models.Index(fields=["created_at", "id"], name="session_created"),
+            models.Index(fields=["owner", "created_at", "id"], name="session_owner_created"),
+            models.Index(fields=["agent", "created_at", "id"], name="session_agent_created"),
+        ]
 
     def __str__(self):
         return f"session {self.pk} ({self.agent.slug})"
@@ -225,6 +230,24 @@ class Run(FSMModel):
                 condition=models.Q(idempotency_key__isnull=False),
                 name="run_idempotency_key_per_user",
             ),
+        ]
+        # Lists read newest first, (created_at, id) descending, narrowed by
+        # who may see them and by the common filters; the sweeper reads the
+        # few rows with a timer, and waiting runs by agent and start for
+        # deadlines. Each one is an index scan that stops after a page or
+        # at the first row not yet due, however many runs wait
+        # (docs/design.md#scale-of-the-waiting-set). None covers updated_at:
+        # every save changes it, and an index on it would cost every update.
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="run_created"),
+            models.Index(fields=["requested_by", "created_at", "id"], name="run_requester_created"),
+            models.Index(fields=["status", "created_at", "id"], name="run_status_created"),
+            models.Index(fields=["agent", "created_at", "id"], name="run_agent_created"),
+            models.Index(fields=["waiting_reason", "created_at", "id"], name="run_reason_created",
+                         condition=~models.Q(waiting_reason="")),
+            models.Index(fields=["wake_at"], name="run_wake_at_set", condition=models.Q(wake_at__isnull=False)),
+            models.Index(fields=["agent", "started_at"], name="run_waiting_started",
+                         condition=models.Q(status="waiting")),
         ]
 
     def __str__(self):

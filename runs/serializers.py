@@ -10,7 +10,8 @@ from rest_framework import serializers
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason, WaitStatus
+from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason
+from runs.selectors import PENDING_WAITS, pending_waits
 from tools.models import ToolCall
 
 
@@ -79,17 +80,20 @@ class RunSerializer(OutputSerializer):
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_waiting_for(self, run: Run) -> dict | None:
+        """The first pending wait: prefetched (``runs.selectors.with_pending_waits``), else read with one query."""
         if run.status != "waiting":
             return None
-        wait = run.waits.filter(status=WaitStatus.PENDING).order_by("id").first()
+        waits = getattr(run, PENDING_WAITS, None)
+        if waits is None:
+            waits = pending_waits().filter(run=run)[:1]
+        wait = next(iter(waits), None)
         if wait is None:
             return None
         found = {"kind": wait.kind, "deadline": wait.deadline.isoformat(), "tool_call": wait.tool_call_id}
         if wait.event_type:
             found.update(event_type=wait.event_type, correlation_key=wait.correlation_key)
         if wait.kind == WaitingReason.INPUT:  # the inbox item to answer
-            found["interrupt"] = run.interrupts.filter(tool_call_id=wait.tool_call_id).values_list(
-                "pk", flat=True).order_by("-pk").first()
+            found["interrupt"] = wait.interrupt_id
         return found
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from runs import lease
 from runs.lease import LeaseLost, current_token, fenced
-from runs.live import publish_on_commit
+from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
 from runs.wakeups import wake_on_commit
 
@@ -47,13 +47,14 @@ def append_event(
     since the instance last knew the counter: a reader that finds the
     database's counter equal to the instance's knows every event since
     was appended through that instance (``runs.engine.state`` relies on it).
+    Once committed, the run's event sockets are told (``runs.live``).
     """
     seq = _next_seq(run.pk)
     if seq is None:
         raise LeaseLost(f"run {run.pk}: lease lost; event {type!r} refused")
     if run.last_event_seq == seq - 1:
         run.last_event_seq = seq
-    return RunEvent.objects.create(
+    event = RunEvent.objects.create(
         run=run,
         seq=seq,
         type=type,
@@ -63,6 +64,8 @@ def append_event(
         from_status=from_status,
         to_status=to_status,
     )
+    publish_event_on_commit(run.pk, seq)
+    return event
 
 
 def _next_seq(run_id: int) -> int | None:

@@ -9,11 +9,15 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from approvals.models import Interrupt
 from runs.models import Run
 from tests.api_helpers import field_errors, start_run
 from tests.security_helpers import approval_item  # noqa: F401
+from tests.wait_helpers import waiting_agent
 
 
 @pytest.fixture
@@ -130,3 +134,23 @@ def test_other_lists_are_cursor_pages_too(demo, api, approval_item, worker):
         page = client.get(path, {"page_size": 1}).json()
         assert set(page) == {"next", "previous", "results"} and len(page["results"]) == 1, path
         assert "cursor=" in (page["next"] or ""), path
+
+
+def test_waiting_for_costs_the_same_queries_for_two_runs_or_six(demo, api, worker):
+    agent = waiting_agent(api(demo["admin"]), "asks", {"name": "ask_user", "arguments": {"question": "A or B?"}})
+    requester = api(demo["requester"])
+
+    def listing_queries(runs: int) -> int:
+        for _ in range(runs - Run.objects.count()):
+            start_run(requester, agent, "Which one?")
+        worker.drain()
+        with CaptureQueriesContext(connection) as queries:
+            page = requester.get("/api/runs/").json()["results"]
+        assert len(page) == runs and {run["status"] for run in page} == {"waiting"}
+        for run in page:  # the prefetched answer is the right one
+            item = Interrupt.objects.get(run_id=run["id"], kind="input")
+            assert run["waiting_for"]["kind"] == "input"
+            assert (run["waiting_for"]["interrupt"], run["waiting_for"]["tool_call"]) == (item.pk, item.tool_call_id)
+        return len(queries)
+
+    assert listing_queries(2) == listing_queries(6)

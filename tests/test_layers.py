@@ -43,6 +43,7 @@ LAYERS = {
     "approvals.notifications": 3,
     "approvals.claims": 3,
     "approvals.bulk": 3,
+    "approvals.answer_files": 3,
     "tools.models": 2,
     "tools.registry": 2,
     "tools.policy": 2,

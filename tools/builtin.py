@@ -1,8 +1,12 @@
 """Built-in waiting tools the core provides to any agent that lists them (docs/design.md#waits).
 
-* ``ask_user`` {question, options?}: the run waits ``input`` on an inbox
-  item of kind ``input`` addressed to the run's requester (staff may answer
-  too); the answer is the call's result (``{"answer", "answered_by"}``).
+* ``ask_user`` {question, options?, file?, file_types?}: the run waits
+  ``input`` on an inbox item of kind ``input`` addressed to the run's
+  requester (staff may answer too); the answer is the call's result
+  (``{"answer", "answered_by"}``, plus ``"file"`` when the question allowed
+  one, ``file`` ``optional`` or ``required``, and one came: its metadata and
+  a text file's text, ``approvals.answer_files``). ``file_types`` narrows the
+  operator's ``TOLLGATE["ANSWER_FILE_TYPES"]``, never widens it.
 * ``wait_for_event`` {event_type, correlation_key?, timeout_s}: the run
   waits ``external_event`` until ``POST /api/events/`` brings that type
   and key; the payload is the call's result. Without a key one is
@@ -36,6 +40,8 @@ KEY_PATTERN = "^[A-Za-z0-9_.:-]+$"
 MAX_QUESTION_CHARS = 2000
 MAX_OPTION_CHARS = 200
 MAX_OPTIONS = 20
+MAX_FILE_TYPES = 20
+MIME_PATTERN = "^[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*$"
 
 
 def settled_result(ctx: ToolContext, arguments: dict):
@@ -59,21 +65,36 @@ def _ask_user_wait(ctx: ToolContext, args: dict) -> WaitSpec:
     return WaitSpec(kind=WaitingReason.INPUT, deadline=timezone.now() + ttl, title=args["question"][:300])
 
 
+def _ask_user_precondition(ctx: ToolContext, args: dict) -> str | None:
+    accepted = settings.TOLLGATE["ANSWER_FILE_TYPES"]
+    refused = [t for t in args.get("file_types", []) if t not in accepted]
+    if refused:
+        return f"File types {', '.join(refused)} are not accepted here; choose among {', '.join(accepted)}."
+    return None
+
+
 ASK_USER = register(Tool(
     name="ask_user",
     description="Ask the person who started the run a question and wait for the answer. With options, "
-                "the answer is exactly one of them. The result is {\"answer\": ..., \"answered_by\": ...}.",
+                "the answer is exactly one of them. With file \"optional\" or \"required\" the person may or "
+                "must attach a file (of file_types, if given). The result is {\"answer\": ..., \"answered_by\": "
+                "...} and, with a file, \"file\": {id, name, content_type, size, sha256, and for text files text "
+                "and text_truncated}.",
     parameters={
         "type": "object",
         "properties": {
             "question": {"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_CHARS},
             "options": {"type": "array", "minItems": 2, "maxItems": MAX_OPTIONS, "uniqueItems": True,
                         "items": {"type": "string", "minLength": 1, "maxLength": MAX_OPTION_CHARS}},
+            "file": {"type": "string", "enum": ["none", "optional", "required"], "default": "none"},
+            "file_types": {"type": "array", "minItems": 1, "maxItems": MAX_FILE_TYPES, "uniqueItems": True,
+                           "items": {"type": "string", "maxLength": 100, "pattern": MIME_PATTERN}},
         },
         "required": ["question"],
         "additionalProperties": False,
     },
     handler=settled_result,
+    precondition=_ask_user_precondition,
     wait=_ask_user_wait,
 ))
 

@@ -35,7 +35,7 @@ from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run
 from runs.engine.waits import end_due_waits
 from runs.lease import fenced
-from runs.models import TERMINAL_STATUSES, FailureType, Run, RunStatus, Step
+from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, Step
 from runs.services import append_event
 from runs.transitions import apply
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
@@ -138,21 +138,28 @@ def fail_waiting_runs_past_deadline(*, now) -> int:
 
     A waiting run reaches no safe point of the loop, so the sweeper keeps
     the deadline for it: a run may wait for a person, but not past its deadline.
+    Asked per agent that has a deadline, so each query reads only the runs
+    whose deadline passed (index ``run_waiting_started``), never every
+    waiting run: one query per such agent, whatever the number of runs.
     """
     failed = 0
-    waiting = Run.objects.filter(status=RunStatus.WAITING, agent__deadline_s__isnull=False, started_at__isnull=False)
-    for run in waiting.select_related("agent"):
-        passed = deadline_passed(run, now=now)
-        if passed is None:
-            continue
-        with transaction.atomic():
-            locked = Run.objects.select_for_update().select_related("agent").get(pk=run.pk)
-            if locked.status != RunStatus.WAITING:
-                continue
-            failure_type, error = passed
-            end_run(locked.fail, actor="sweeper", reason=error, failure_type=failure_type, error=error)
-        failed += 1
+    for agent_id, deadline_s in Agent.objects.filter(deadline_s__isnull=False).values_list("pk", "deadline_s"):
+        started_before = now - timedelta(seconds=deadline_s)
+        past = Run.objects.filter(status=RunStatus.WAITING, agent_id=agent_id, started_at__lte=started_before)
+        failed += sum(_fail_past_deadline(run_id, now=now) for run_id in past.values_list("pk", flat=True))
     return failed
+
+
+def _fail_past_deadline(run_id: int, *, now) -> bool:
+    """Fail waiting run ``run_id`` if its deadline passed (checked again under its row lock); whether it did."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().select_related("agent").get(pk=run_id)
+        passed = deadline_passed(locked, now=now)
+        if locked.status != RunStatus.WAITING or passed is None:
+            return False
+        failure_type, error = passed
+        end_run(locked.fail, actor="sweeper", reason=error, failure_type=failure_type, error=error)
+    return True
 
 
 def expire_overdue_approvals(*, now) -> int:
@@ -166,7 +173,7 @@ def expire_overdue_approvals(*, now) -> int:
     for interrupt_id, run_id in overdue_interrupts(now=now):
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
-            if expire_interrupt(interrupt_id=interrupt_id, now=now, actor="sweeper") is None:
+            if expire_interrupt(interrupt_id=interrupt_id, now=now, actor="sweeper", run=run) is None:
                 continue
             if not run.is_terminal:
                 end_run(run.fail, actor="sweeper", reason="approval expired",
