@@ -82,8 +82,12 @@ class Interrupt(FSMModel):
             models.Index(fields=["status", "created_at", "id"], name="interrupt_status_created"),
             models.Index(fields=["expires_at"], name="interrupt_pending_expiry",
                          condition=models.Q(status="pending", expires_at__isnull=False)),
-            models.Index(fields=["status", "-resolved_at"], name="interrupt_status_resolved"),
-            models.Index(fields=["resolved_by", "-resolved_at"], name="interrupt_resolver_resolved"),
+            models.Index(fields=["status", "-resolved_at", "-id"], name="interrupt_status_resolved"),
+            models.Index(fields=["resolved_by", "-resolved_at", "-id"], name="interrupt_resolver_resolved"),
+            # the sweeper's look for claimed items about to expire (approvals.notifications)
+            models.Index(fields=["expires_at"], name="interrupt_claimed_expiry",
+                         condition=models.Q(status="pending", claimed_by__isnull=False,
+                                            expiry_warning_sent_at__isnull=True)),
         ]
 
     event_type = "interrupt"

@@ -56,7 +56,7 @@ def decided_items(*, user, mine: bool = False, decision: str = "", tool: str = "
     value. ``tool``: the tool call's name. ``day_from`` / ``day_to``:
     resolved on or after / on or before these days (inclusive, in the
     current time zone). The ordering is served by the indexes on
-    ``(status, -resolved_at)`` and ``(resolved_by, -resolved_at)``.
+    ``(status, -resolved_at, -id)`` and ``(resolved_by, -resolved_at, -id)``.
     """
     items = Interrupt.objects.visible_to(user).filter(status=InterruptStatus.RESOLVED)
     if mine:
