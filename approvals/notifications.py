@@ -21,6 +21,7 @@ failure to queue or to send is logged and swallowed: it never breaks a run. Each
 message is written in its recipient's language (``NotificationPreference.language``).
 """
 
+import json
 import logging
 from datetime import timedelta
 
@@ -31,10 +32,12 @@ from django.core.mail import EmailMessage, get_connection
 from django.db import transaction
 from django.urls import reverse
 from django.utils import translation
+from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 
 from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
+from runs.masking import mask_credentials
 from runs.wakeups import ADVANCE_QUEUE
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,8 @@ log = logging.getLogger(__name__)
 NEW_ITEM, CLAIMED_EXPIRING, RUN_EXPIRED = "new_item", "claimed_expiring", "run_expired"
 NOTIFY_ACTOR = "send_notification"  # declared by runs.engine.actors, named here (this layer never imports it)
 NOTIFY_QUEUE = ADVANCE_QUEUE
+# An email shows this much of a call's arguments (credentials masked): the item page has them all.
+MAX_ARGUMENT_CHARS = 500
 
 
 def _wanting(users, kind: str) -> list:
@@ -86,7 +91,9 @@ def _item_text(interrupt: Interrupt) -> str:
                  "run": interrupt.run_id, "agent": interrupt.run.agent.slug,
                  "requester": interrupt.run.requested_by.get_username()}]
     if call is not None:
-        lines.append(_("Tool: %(tool)s; arguments: %(arguments)s") % {"tool": call.name, "arguments": call.arguments})
+        arguments = json.dumps(mask_credentials(call.arguments), ensure_ascii=False, sort_keys=True)
+        lines.append(_("Tool: %(tool)s; arguments: %(arguments)s") % {
+            "tool": call.name, "arguments": Truncator(arguments).chars(MAX_ARGUMENT_CHARS)})
     lines.append(_link("inbox-item", interrupt.pk))
     return "\n".join(lines)
 

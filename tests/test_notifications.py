@@ -42,6 +42,7 @@ def test_each_approver_gets_one_email_for_a_new_item_and_the_four_eyes_requester
     assert item.title in message.subject
     assert f"/inbox/{item.pk}/" in message.body and "refund" in message.body
     assert "requester" in message.body  # who asked, so the approver can judge without opening it
+    assert '"amount": 80' in message.body and '"order_id": 123' in message.body
     assert sent_to("requester@example.com") == []  # the refund is four-eyes: the requester may not decide it
 
 
