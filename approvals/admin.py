@@ -17,7 +17,7 @@ from approvals.forms import BulkDecisionForm
 from approvals.models import Decision, Interrupt
 from config.error_display import admin_error
 from runs.admin import ReadOnlyAdminMixin
-from runs.errors import InvalidInput, TollgateError
+from runs.errors import Forbidden, InvalidInput, TollgateError
 from runs.labels import label
 
 
@@ -66,6 +66,9 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                                                             expected=form.expected()))
                 return None
             plan = plan_bulk(user=request.user, ids=queryset.values_list("pk", flat=True))
+            self._report_left_out(request, decision, plan.left_out)
+            if not plan.items:
+                return None
         except TollgateError as exc:
             if not (form.is_bound and isinstance(exc, InvalidInput) and "comment" in exc.details):
                 admin_error(self, request, exc, _("Nothing was %(decision)s: %(error)s"), decision=label(decision))
@@ -77,6 +80,17 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             "plan": plan, "form": form, "action": action, "decision": decision,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         })
+
+    def _report_left_out(self, request, decision: str, left_out) -> None:
+        """Before the confirmation page: a refusal (an item one may see here but not decide) as an error,
+        as ``decide_interrupt`` words it; any other item left out as a warning."""
+        for pk, reason in left_out:
+            if reason == GONE:
+                admin_error(self, request, Forbidden("You may not decide this item."),
+                            _("Item %(item)s was not %(decision)s: %(error)s"), item=pk, decision=label(decision))
+            else:
+                self.message_user(request, _("Item %(item)s was not %(decision)s: %(reason)s.") % {
+                    "item": pk, "decision": label(decision), "reason": skip_reason(reason)}, level=messages.WARNING)
 
     def _report(self, request, decision: str, outcomes) -> None:
         """One message per skipped item (warning) and one for the decided ones (success)."""

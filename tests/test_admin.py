@@ -214,15 +214,15 @@ def test_reject_action_needs_a_comment_and_skips_an_item_decided_meanwhile(admin
     worker.drain()  # both runs go on (one approved, one told why not) before the worker stops
 
 
-def test_reject_action_on_a_decided_item_lists_it_as_left_out(admin_web, demo, worker):
+def test_reject_action_on_a_decided_item_warns_and_changes_nothing(admin_web, demo, worker):
     run = start_refund(demo, worker)
     interrupt = run.interrupts.get()
     decide_interrupt(interrupt=interrupt, user=demo["approver"], decision="approved")
 
-    page = action(admin_web, Interrupt, "reject_selected", [interrupt])
+    response = action(admin_web, Interrupt, "reject_selected", [interrupt])
 
-    assert 'id="admin-bulk-nothing"' in page.content.decode()
-    assert f"Item {interrupt.pk}: no longer pending" in page.content.decode()
+    assert warnings_of(response) == [f"Item {interrupt.pk} was not rejected: no longer pending."]
+    assert response.templates[0].name != "admin/approvals/interrupt/bulk_confirm.html"  # nothing left to confirm
     interrupt.refresh_from_db()
     assert (interrupt.decision, interrupt.resolved_by) == ("approved", demo["approver"])
 
