@@ -1,19 +1,23 @@
 """Django admin for the inbox (docs/design.md#surfaces).
 
-Inbox items are view-only; "Approve" and "Reject" are admin actions that call
-``approvals.services.decide_interrupt``, which checks the item's permission
-and the requester rule, resolves the tool call and resumes the run.
+Inbox items are view-only; "Approve" and "Reject" are admin actions that
+show a confirmation page with a comment, then decide each item through
+``approvals.bulk`` (``decide_interrupt`` per item: the item's permission and
+the requester rule, the tool call resolved, the run resumed), skipping and
+reporting any item that changed meanwhile.
 """
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _, gettext_lazy, ngettext
-from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
-from approvals.models import Decision, Interrupt, InterruptKind
-from approvals.services import decide_interrupt
+from approvals.bulk import CHANGED, GONE, NOT_PENDING, RUN_ENDED, decide_bulk, plan_bulk
+from approvals.forms import BulkDecisionForm
+from approvals.models import Decision, Interrupt
 from config.error_display import admin_error
 from runs.admin import ReadOnlyAdminMixin
-from runs.errors import TollgateError
+from runs.errors import Forbidden, InvalidInput, TollgateError
 from runs.labels import label
 
 
@@ -29,11 +33,11 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     list_display = (
         "id", "kind", "status", "title", "run", "tool_call", "requested_by", "decision", "resolved_by",
-        "created_at", "expires_at",
+        "claimed_by", "created_at", "expires_at",
     )
     list_filter = ("kind", "status", "decision", "required_permission", "run__agent")
     search_fields = ("=id", "=run__id", "title", "comment", "required_permission", "run__requested_by__username")
-    list_select_related = ("run__requested_by", "tool_call", "resolved_by")
+    list_select_related = ("run__requested_by", "tool_call", "resolved_by", "claimed_by")
     date_hierarchy = "created_at"
     actions = ["approve_selected", "reject_selected"]
 
@@ -43,41 +47,72 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.action(description=gettext_lazy("Approve selected items"))
     def approve_selected(self, request, queryset):
-        """Approve each selected approval item via ``decide_interrupt``."""
-        self._decide(request, queryset, Decision.APPROVED)
+        """Approve the selected items after a confirmation page with a comment (``approvals.bulk``)."""
+        return self._decide(request, queryset, Decision.APPROVED)
 
     @admin.action(description=gettext_lazy("Reject selected items"))
     def reject_selected(self, request, queryset):
-        """Reject each selected approval item via ``decide_interrupt``."""
-        self._decide(request, queryset, Decision.REJECTED)
+        """Reject the selected items after a confirmation page with a comment (``approvals.bulk``)."""
+        return self._decide(request, queryset, Decision.REJECTED)
 
-    def _decide(self, request, queryset, decision: str) -> None:
-        done = 0
-        for interrupt in queryset.select_related("run", "tool_call").order_by("pk"):
-            if interrupt.kind != InterruptKind.APPROVAL:
-                self.message_user(
-                    request,
-                    _("Item %(item)s is of kind “%(kind)s”; only approval items can be decided here.")
-                    % {"item": interrupt.pk, "kind": label(interrupt.kind)},
-                    level=messages.WARNING,
-                )
-                continue
-            try:
-                decide_interrupt(interrupt=interrupt, user=request.user, decision=decision, comment="via admin")
-            except (TransitionNotAllowed, ConcurrentTransition):
-                status = Interrupt.objects.values_list("status", flat=True).get(pk=interrupt.pk)
-                self.message_user(
-                    request, _("Item %(item)s was not %(decision)s: it is %(status)s.")
-                    % {"item": interrupt.pk, "decision": label(decision), "status": label(status)},
-                    level=messages.WARNING,
-                )
-            except TollgateError as exc:
-                admin_error(self, request, exc, _("Item %(item)s was not %(decision)s: %(error)s"),
-                            item=interrupt.pk, decision=label(decision))
+    def _decide(self, request, queryset, decision: str):
+        """First the confirmation page (``plan_bulk``); its POST (``confirm``) decides via ``decide_bulk``."""
+        action = "approve_selected" if decision == Decision.APPROVED else "reject_selected"
+        form = BulkDecisionForm(request.POST if "confirm" in request.POST else None, initial={"decision": decision})
+        try:
+            if form.is_bound and form.is_valid():
+                self._report(request, decision, decide_bulk(user=request.user, decision=decision,
+                                                            comment=form.cleaned_data["comment"],
+                                                            expected=form.expected()))
+                return None
+            plan = plan_bulk(user=request.user, ids=queryset.values_list("pk", flat=True))
+            self._report_left_out(request, decision, plan.left_out)
+            if not plan.items:
+                return None
+        except TollgateError as exc:
+            if not (form.is_bound and isinstance(exc, InvalidInput) and "comment" in exc.details):
+                admin_error(self, request, exc, _("Nothing was %(decision)s: %(error)s"), decision=label(decision))
+                return None
+            form.add_error("comment", exc.details["comment"])
+            plan = plan_bulk(user=request.user, ids=form.expected(), shown=form.expected())
+        return TemplateResponse(request, "admin/approvals/interrupt/bulk_confirm.html", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "title": _("Confirm the decisions"),
+            "plan": plan, "form": form, "action": action, "decision": decision,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        })
+
+    def _report_left_out(self, request, decision: str, left_out) -> None:
+        """Before the confirmation page: a refusal (an item one may see here but not decide) as an error,
+        as ``decide_interrupt`` words it; any other item left out as a warning."""
+        for pk, reason in left_out:
+            if reason == GONE:
+                admin_error(self, request, Forbidden("You may not decide this item."),
+                            _("Item %(item)s was not %(decision)s: %(error)s"), item=pk, decision=label(decision))
             else:
-                done += 1
+                self.message_user(request, _("Item %(item)s was not %(decision)s: %(reason)s.") % {
+                    "item": pk, "decision": label(decision), "reason": skip_reason(reason)}, level=messages.WARNING)
+
+    def _report(self, request, decision: str, outcomes) -> None:
+        """One message per skipped item (warning) and one for the decided ones (success)."""
+        for outcome in outcomes:
+            if not outcome.decided:
+                self.message_user(request, _("Item %(item)s was not %(decision)s: %(reason)s.") % {
+                    "item": outcome.interrupt_id, "decision": label(decision),
+                    "reason": skip_reason(outcome.skipped, outcome.detail)}, level=messages.WARNING)
+        done = sum(outcome.decided for outcome in outcomes)
         if done:
             done_message = (ngettext("Approved %(count)d item.", "Approved %(count)d items.", done)
                             if decision == Decision.APPROVED
                             else ngettext("Rejected %(count)d item.", "Rejected %(count)d items.", done))
             self.message_user(request, done_message % {"count": done}, level=messages.SUCCESS)
+
+
+def skip_reason(code: str, detail: str = "") -> str:
+    """Why ``approvals.bulk`` skipped an item, in the current language (``detail``: a status or an error)."""
+    reasons = {
+        GONE: _("not found, or not yours to decide"),
+        NOT_PENDING: _("it is %(status)s") % {"status": label(detail)} if detail else _("no longer pending"),
+        RUN_ENDED: _("its run was cancelled or has ended"),
+        CHANGED: _("it changed after the confirmation page was shown"),
+    }
+    return reasons.get(code) or detail or _("it cannot be decided here")

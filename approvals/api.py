@@ -6,7 +6,8 @@ still pending (409). You see the items you may decide and those of runs you
 may see (``Interrupt.objects.visible_to``, ``runs.access``); any other item
 is 404 on every verb, like a missing one. On one you see, the permission
 (``decidable_by``) is checked (403) before anything else about the item is
-said. Decisions honour ``Idempotency-Key`` (``config.idempotency``); the
+said. Claims (``approvals.claims``) inform, they lock nothing. Decisions and
+claims honour ``Idempotency-Key`` (``config.idempotency``); the
 list is cursor pages with the filters of ``approvals.filters``.
 """
 
@@ -19,6 +20,7 @@ from rest_framework.decorators import action
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
+from approvals.claims import claim_interrupt, unclaim_interrupt
 from approvals.filters import InterruptFilter
 from approvals.models import Decision, Interrupt
 from approvals.serializers import (
@@ -41,6 +43,12 @@ DECISION_RESPONSES = {
     400: OpenApiResponse(description="Edited arguments do not match the tool's schema."),
     403: OpenApiResponse(description="You may not decide this item."),
     409: OpenApiResponse(description="The item is no longer pending; `details.status` is its current status."),
+}
+
+CLAIM_RESPONSES = {
+    200: InterruptSerializer,
+    403: OpenApiResponse(description="You may not decide this item, or unclaim another person's claim."),
+    409: OpenApiResponse(description="The item is not pending, or someone else claimed it (`details.claimed_by`)."),
 }
 
 
@@ -123,6 +131,22 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
             evidence=body.validated_data["evidence"],
             result=body.validated_data["result"],
         )
+        return Response(self.get_serializer(interrupt).data)
+
+    @extend_schema(summary="Claim the item: you are handling it (others may still decide it)", request=None,
+                   responses=CLAIM_RESPONSES)
+    @action(detail=True, methods=["post"])
+    def claim(self, request, pk=None):
+        """Claim the item (``approvals.claims.claim_interrupt``); claiming your own claim again changes nothing."""
+        interrupt = claim_interrupt(interrupt=self._decidable_item(), user=request.user)
+        return Response(self.get_serializer(interrupt).data)
+
+    @extend_schema(summary="Drop the claim on the item (its claimer, or staff)", request=None,
+                   responses=CLAIM_RESPONSES)
+    @action(detail=True, methods=["post"])
+    def unclaim(self, request, pk=None):
+        """Drop the claim (``approvals.claims.unclaim_interrupt``); an unclaimed item stays as it is."""
+        interrupt = unclaim_interrupt(interrupt=self._decidable_item(), user=request.user)
         return Response(self.get_serializer(interrupt).data)
 
     @extend_schema(summary="Answer a question (an input item); the answer is the ask_user call's result",

@@ -3,6 +3,7 @@
 from django import forms
 from django.utils.translation import gettext, gettext_lazy as _
 
+from approvals.models import Decision, NotificationPreference
 from config.strict_json import StrictJSONError, loads
 
 
@@ -89,6 +90,7 @@ class InboxFilterForm(forms.Form):
     tool = forms.ChoiceField(required=False, label=_("Tool"))
     agent = forms.ChoiceField(required=False, label=_("Agent"))
     requester = forms.CharField(required=False, label=_("Requester"), max_length=150)
+    assigned = forms.ChoiceField(required=False, label=_("Assigned"), choices=[("", _("anyone")), ("me", _("to me"))])
     q = forms.CharField(required=False, label=_("Search"), max_length=SEARCH_CHARS)
     after = forms.IntegerField(required=False, min_value=1, max_value=2 ** 63 - 1, widget=forms.HiddenInput)
     page = forms.IntegerField(required=False, min_value=1, max_value=10 ** 9, widget=forms.HiddenInput)
@@ -100,3 +102,44 @@ class InboxFilterForm(forms.Form):
         self.fields["kind"].choices = anything + list(kinds)
         self.fields["tool"].choices = anything + [(name, name) for name in tools]
         self.fields["agent"].choices = anything + [(slug, slug) for slug in agents]
+
+
+class DecidedFilterForm(forms.Form):
+    """Filters of the history page (``approvals.selectors.decided_items``); every field optional.
+
+    ``when``: ``today``, or empty to use ``day_from`` / ``day_to``.
+    """
+
+    who = forms.ChoiceField(required=False, choices=[("", _("anyone")), ("me", _("me"))], label=_("Decided by"))
+    decision = forms.ChoiceField(required=False, label=_("Decision"))
+    tool = forms.CharField(required=False, max_length=100, label=_("Tool"))
+    when = forms.ChoiceField(required=False, choices=[("", _("any day")), ("today", _("today"))], label=_("When"))
+    day_from = forms.DateField(required=False, label=_("From"), widget=forms.DateInput(attrs={"type": "date"}))
+    day_to = forms.DateField(required=False, label=_("To"), widget=forms.DateInput(attrs={"type": "date"}))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["decision"].choices = [("", _("any"))] + list(Decision.choices)
+
+
+class BulkDecisionForm(forms.Form):
+    """The confirmation page's answer: ``decision`` and one ``comment`` for every item listed.
+
+    The items and their fingerprints come as ``item`` / ``fingerprint-<id>``
+    fields, read by ``expected``.
+    """
+
+    decision = forms.ChoiceField(choices=[("approved", _("Approve")), ("rejected", _("Reject"))])
+    comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}), max_length=5000)
+
+    def expected(self) -> dict[str, str]:
+        """``{item id (as sent): fingerprint}`` for each ``item`` field; the service checks the ids."""
+        return {pk: self.data.get(f"fingerprint-{pk}", "") for pk in self.data.getlist("item")}
+
+
+class NotificationPreferenceForm(forms.ModelForm):
+    """Which emails a user wants, and in which language (``approvals.models.NotificationPreference``)."""
+
+    class Meta:
+        model = NotificationPreference
+        fields = ["new_item", "claimed_expiring", "run_expired", "language"]

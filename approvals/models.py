@@ -5,6 +5,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
+from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
 from runs.access import InterruptQuerySet
@@ -69,6 +70,13 @@ class Interrupt(FSMModel):
     created_at = models.DateTimeField(auto_now_add=True)
     rule = models.TextField(blank=True)
     target = models.CharField(max_length=200, blank=True)
+    # Who said they are handling it (approvals.claims): it informs, it does not stop others deciding.
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="claimed_interrupts"
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # When the claimer was told it is about to expire (approvals.notifications): sent once per claim.
+    expiry_warning_sent_at = models.DateTimeField(null=True, blank=True)
 
     objects = InterruptQuerySet.as_manager()  # decidable_by / visible_to (runs.access)
 
@@ -80,7 +88,9 @@ class Interrupt(FSMModel):
         # sweeper's look for pending items past their expiry (only rows with
         # an expiry, only while pending), the inbox's "expiring soonest" pages
         # (pending by expires_at then id, those that never expire included:
-        # approvals.selectors) and its related-item cues (pending by target).
+        # approvals.selectors), its related-item cues (pending by target) and
+        # the history page (approvals.selectors.decided_items): newest
+        # decisions, all or one person's.
         indexes = [
             models.Index(fields=["created_at", "id"], name="interrupt_created"),
             models.Index(fields=["status", "created_at", "id"], name="interrupt_status_created"),
@@ -90,6 +100,12 @@ class Interrupt(FSMModel):
                          name="interrupt_inbox_expiry"),
             models.Index(fields=["target"], condition=models.Q(status="pending") & ~models.Q(target=""),
                          name="interrupt_pending_target"),
+            models.Index(fields=["status", "-resolved_at", "-id"], name="interrupt_status_resolved"),
+            models.Index(fields=["resolved_by", "-resolved_at", "-id"], name="interrupt_resolver_resolved"),
+            # the sweeper's look for claimed items about to expire (approvals.notifications)
+            models.Index(fields=["expires_at"], name="interrupt_claimed_expiry",
+                         condition=models.Q(status="pending", claimed_by__isnull=False,
+                                            expiry_warning_sent_at__isnull=True)),
         ]
 
     event_type = "interrupt"
@@ -162,3 +178,21 @@ class AnswerFile(models.Model):
 
     def __str__(self):
         return f"{self.name} ({self.size} bytes) answering item {self.interrupt_id}"
+
+
+class NotificationPreference(models.Model):
+    """Which emails a user wants (``approvals.notifications``); a user without a row gets all of them.
+
+    ``language``: the language of their emails (a code of ``settings.LANGUAGES``;
+    blank: ``settings.LANGUAGE_CODE``).
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="notification_preference")
+    new_item = models.BooleanField(_("an item for me arrives"), default=True)
+    claimed_expiring = models.BooleanField(_("an item I claimed is about to expire"), default=True)
+    run_expired = models.BooleanField(_("my run failed because its approval expired"), default=True)
+    language = models.CharField(_("language of my emails"), max_length=16, blank=True, choices=settings.LANGUAGES)
+
+    def __str__(self):
+        return f"notification preferences of {self.user}"

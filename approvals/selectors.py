@@ -6,6 +6,7 @@ Who may decide or look at an item is ``Interrupt.objects.decidable_by`` /
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta
 
 from django.db.models import Count, Q, Subquery
 from django.utils import timezone
@@ -22,7 +23,12 @@ RULE_PREFIX = "approval rule: "
 
 def _with_relations(queryset):
     return queryset.select_related("run", "run__agent", "run__requested_by", "tool_call", "resolved_by",
-                                   "answer_file")
+                                   "claimed_by", "answer_file")
+
+
+def assigned_to(queryset, user, assigned: str | None):
+    """The inbox's "assigned to me" hook: ``assigned == "me"`` keeps the items ``user`` claimed; else all."""
+    return queryset.filter(claimed_by=user) if assigned == "me" else queryset
 
 
 def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
@@ -34,6 +40,34 @@ def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
 def run_pending_interrupts(*, run) -> list[Interrupt]:
     """The run's pending inbox items, oldest first."""
     return list(_with_relations(run.interrupts.filter(status=InterruptStatus.PENDING)).order_by("created_at", "id"))
+
+
+def _day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min))
+
+
+def decided_items(*, user, mine: bool = False, decision: str = "", tool: str = "", day_from: date | None = None,
+                  day_to: date | None = None):
+    """Resolved items ``user`` may look at, most recently decided first (a queryset, for a paginator).
+
+    ``mine``: only those ``user`` decided. ``decision``: one ``Decision``
+    value. ``tool``: the tool call's name. ``day_from`` / ``day_to``:
+    resolved on or after / on or before these days (inclusive, in the
+    current time zone). The ordering is served by the indexes on
+    ``(status, -resolved_at, -id)`` and ``(resolved_by, -resolved_at, -id)``.
+    """
+    items = Interrupt.objects.visible_to(user).filter(status=InterruptStatus.RESOLVED)
+    if mine:
+        items = items.filter(resolved_by=user)
+    if decision:
+        items = items.filter(decision=decision)
+    if tool:
+        items = items.filter(tool_call__name=tool)
+    if day_from:
+        items = items.filter(resolved_at__gte=_day_start(day_from))
+    if day_to:
+        items = items.filter(resolved_at__lt=_day_start(day_to) + timedelta(days=1))
+    return _with_relations(items).order_by("-resolved_at", "-id")
 
 
 def answer_file_visible(*, user, interrupt_id: int) -> AnswerFile | None:
@@ -59,7 +93,8 @@ class InboxFilters:
     ``sort``: one of ``SORTS``; ``kind``, ``tool`` (tool name), ``agent``
     (slug), ``requester`` (username): exact matches, "" for any;
     ``search``: case-insensitive text in the title, the tool's name or the
-    model's arguments, "" for none.
+    model's arguments, "" for none; ``assigned``: ``"me"`` for the items the
+    user claimed (``assigned_to``), "" for any.
     """
 
     sort: str = "expiry"
@@ -68,6 +103,7 @@ class InboxFilters:
     agent: str = ""
     requester: str = ""
     search: str = ""
+    assigned: str = ""
 
 
 @dataclass
@@ -109,6 +145,7 @@ def pending_decidable(*, user, filters: InboxFilters = InboxFilters()):
         items = items.filter(run__agent__slug=filters.agent)
     if filters.requester:
         items = items.filter(run__requested_by__username=filters.requester)
+    items = assigned_to(items, user, filters.assigned)
     if filters.search:
         items = items.filter(Q(title__icontains=filters.search) | Q(tool_call__name__icontains=filters.search)
                              | Q(tool_call__raw_arguments__icontains=filters.search))
@@ -183,7 +220,7 @@ def inbox_page(*, user, filters: InboxFilters = InboxFilters(), after: int | Non
 
 def narrowed_by(filters: InboxFilters) -> bool:
     """Whether ``filters`` narrow the list (any filter or a search), beyond choosing its order."""
-    return any((filters.kind, filters.tool, filters.agent, filters.requester, filters.search))
+    return any((filters.kind, filters.tool, filters.agent, filters.requester, filters.search, filters.assigned))
 
 
 def rows_of_runs(*, user, run_ids: list[int], filters: InboxFilters = InboxFilters(), now=None) -> list:

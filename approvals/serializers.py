@@ -49,6 +49,7 @@ class InterruptSerializer(OutputSerializer):
 
     tool_call = InterruptToolCallSerializer(read_only=True)
     resolved_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    claimed_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     can_decide = serializers.SerializerMethodField()
     proposed_arguments = serializers.SerializerMethodField()
     changes = serializers.SerializerMethodField()
@@ -58,7 +59,7 @@ class InterruptSerializer(OutputSerializer):
         model = Interrupt
         fields = ["id", "kind", "status", "title", "run", "tool_call", "decision", "comment", "proposed_arguments",
                   "edited_arguments", "changes", "required_permission", "resolved_by", "resolved_at", "expires_at",
-                  "created_at", "can_decide", "answer_file"]
+                  "created_at", "can_decide", "claimed_by", "claimed_at", "answer_file"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.JSONField(allow_null=True))

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from approvals import answer_files
+from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus
 from runs.errors import Forbidden, InvalidInput
 from runs.models import Run, Wait, WaitingReason, WaitStatus
@@ -30,9 +30,11 @@ from tools.services.summary import target_of
 
 
 def _log_opened(interrupt: Interrupt, *, reason: str) -> None:
-    """The event of a new item (its later changes are transitions, logged by ``runs.transitions.apply``)."""
+    """The event of a new item (its later changes are transitions, logged by ``runs.transitions.apply``),
+    and its email to the people it is for, once the transaction commits (``approvals.notifications``)."""
     append_event(interrupt.run, type=interrupt.event_type, actor="worker", reason=reason,
                  payload=interrupt.event_payload({}), to_status=interrupt.status)
+    notifications.new_item_on_commit(interrupt)
 
 
 def request_approval(*, tool_call, tool, rule: str = "") -> Interrupt:

@@ -90,7 +90,7 @@ def _filter_form(data) -> InboxFilterForm:
 def _filters(data: dict) -> selectors.InboxFilters:
     return selectors.InboxFilters(sort=data["sort"] or "expiry", kind=data["kind"], tool=data["tool"],
                                   agent=data["agent"], requester=data["requester"].strip(),
-                                  search=data["q"].strip())
+                                  search=data["q"].strip(), assigned=data["assigned"])
 
 
 @login_required

@@ -365,6 +365,11 @@ TOLLGATE = {
     "MAX_INCOMPLETE_NUDGES": env.int("TOLLGATE_MAX_INCOMPLETE_NUDGES", default=2),
     # Default hours before a pending approval expires.
     "APPROVAL_TTL_HOURS": env.int("TOLLGATE_APPROVAL_TTL_HOURS", default=72),
+    # --- Notifications (approvals.notifications) ---
+    # The address of this site as people reach it, for the links in emails.
+    "SITE_URL": env.str("TOLLGATE_SITE_URL", default="http://127.0.0.1:8000"),
+    # The claimer of a pending item is told this many hours before it expires (once).
+    "CLAIM_EXPIRY_WARNING_HOURS": env.float("TOLLGATE_CLAIM_EXPIRY_WARNING_HOURS", default=4.0),
     # --- Waits (runs.engine.waits, tools.builtin) ---
     # Hours before a question to the requester (ask_user) expires unanswered.
     "INPUT_TTL_HOURS": env.int("TOLLGATE_INPUT_TTL_HOURS", default=72),

@@ -28,7 +28,8 @@ import.
 
 from dataclasses import dataclass
 
-from django.contrib.auth.models import Permission
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 from django.db import models
 from django.db.models import BooleanField, CharField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Concat
@@ -144,3 +145,32 @@ class InterruptQuerySet(models.QuerySet):
         if not _active(user):
             return self.annotate(user_may_decide=Value(False, output_field=BooleanField()))
         return self.annotate(user_may_decide=ExpressionWrapper(self._decidable(user), output_field=BooleanField()))
+
+
+def users_who_may_decide(interrupt):
+    """The active users ``interrupt`` is for (a ``User`` queryset): the same rule as ``decidable_by``, per user.
+
+    An ``input`` item is a question to its run's requester: only them (staff
+    may answer too, but the question is not addressed to them). Any other
+    item: superusers and the holders of its ``required_permission``
+    (granted to them or to one of their groups), less the run's requester
+    unless ``allow_requester``. ``interrupt`` needs ``run`` loaded or loadable.
+    """
+    users = get_user_model().objects.filter(is_active=True)
+    requester = interrupt.run.requested_by_id
+    if interrupt.kind == INPUT_KIND:
+        return users.filter(pk=requester)
+    app_label, _, codename = interrupt.required_permission.partition(".")
+    permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename)
+    holders = Q(is_superuser=True) | Q(user_permissions__in=permission) | Q(groups__permissions__in=permission)
+    users = users.filter(pk__in=get_user_model().objects.filter(holders).values("pk"))
+    return users if interrupt.allow_requester else users.exclude(pk=requester)
+
+
+def groups_that_may_decide(interrupt):
+    """The Django groups whose members may decide ``interrupt`` (a ``Group`` queryset; none for an input item)."""
+    if interrupt.kind == INPUT_KIND:
+        return Group.objects.none()
+    app_label, _, codename = interrupt.required_permission.partition(".")
+    return Group.objects.filter(permissions__content_type__app_label=app_label,
+                                permissions__codename=codename).order_by("name")

@@ -1,6 +1,7 @@
 """The Django admin: every page renders, nothing is written but through services."""
 
 import json
+import re
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
@@ -167,20 +168,58 @@ def test_cancel_action_leaves_a_completed_run_completed_and_warns(admin_web, dem
     assert run.events.count() == events_before
 
 
-def test_approve_action_resolves_the_item_and_the_run_finishes(admin_web, demo, worker):
+def confirm(client, name: str, page, comment: str):
+    """POST the admin's confirmation page back as its form would: every hidden field, and ``comment``."""
+    fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.content.decode())
+    data = {}
+    for key, value in fields:
+        data.setdefault(key, []).append(value)
+    return client.post(changelist_url(Interrupt), {**data, "comment": comment}, follow=True)
+
+
+def test_approve_action_asks_for_confirmation_then_decides_with_the_comment(admin_web, demo, worker):
     run = start_refund(demo, worker)
     interrupt = run.interrupts.get()
 
-    response = action(admin_web, Interrupt, "approve_selected", [interrupt])
+    page = action(admin_web, Interrupt, "approve_selected", [interrupt])
 
-    assert response.status_code == 200
+    assert page.status_code == 200
+    assert page.templates[0].name == "admin/approvals/interrupt/bulk_confirm.html"
+    assert f'name="fingerprint-{interrupt.pk}"' in page.content.decode()
+    interrupt.refresh_from_db()
+    assert interrupt.status == InterruptStatus.PENDING  # nothing decided before the confirmation
+
+    response = confirm(admin_web, "approve_selected", page, "checked the order")
+
     assert warnings_of(response) == []
     interrupt.refresh_from_db()
-    assert (interrupt.status, interrupt.decision, interrupt.comment) == (InterruptStatus.RESOLVED, "approved", "via admin")
+    assert (interrupt.status, interrupt.decision, interrupt.comment) == (
+        InterruptStatus.RESOLVED, "approved", "checked the order")
     assert interrupt.resolved_by == demo["admin"]
+    assert run.events.filter(type="interrupt", actor="user:admin", reason="approved").count() == 1
     worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
+
+
+def test_reject_action_needs_a_comment_and_skips_an_item_decided_meanwhile(admin_web, demo, worker):
+    first, second = start_refund(demo, worker), start_refund(demo, worker)
+    items = [first.interrupts.get(), second.interrupts.get()]
+    page = action(admin_web, Interrupt, "reject_selected", items)
+
+    again = confirm(admin_web, "reject_selected", page, "   ")
+    assert "a rejection needs a comment" in again.content.decode()
+    assert Interrupt.objects.filter(pk__in=[i.pk for i in items], status=InterruptStatus.PENDING).count() == 2
+
+    decide_interrupt(interrupt=items[0], user=demo["approver"], decision="approved")  # after the page was shown
+    response = confirm(admin_web, "reject_selected", again, "wrong order")
+
+    assert warnings_of(response) == [f"Item {items[0].pk} was not rejected: it is resolved."]
+    for item in items:
+        item.refresh_from_db()
+    assert (items[0].decision, items[0].resolved_by) == ("approved", demo["approver"])
+    assert (items[1].decision, items[1].comment, items[1].resolved_by) == ("rejected", "wrong order", demo["admin"])
+    worker.drain()  # both runs go on (one approved, one told why not) before the worker stops
 
 
 def test_reject_action_on_a_decided_item_warns_and_changes_nothing(admin_web, demo, worker):
@@ -190,7 +229,8 @@ def test_reject_action_on_a_decided_item_warns_and_changes_nothing(admin_web, de
 
     response = action(admin_web, Interrupt, "reject_selected", [interrupt])
 
-    assert warnings_of(response) == [f"Item {interrupt.pk} was not rejected: it is resolved."]
+    assert warnings_of(response) == [f"Item {interrupt.pk} was not rejected: no longer pending."]
+    assert response.templates[0].name != "admin/approvals/interrupt/bulk_confirm.html"  # nothing left to confirm
     interrupt.refresh_from_db()
     assert (interrupt.decision, interrupt.resolved_by) == ("approved", demo["approver"])
 

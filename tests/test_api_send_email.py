@@ -17,7 +17,7 @@ def test_demo_contract_email_is_sent_after_legal_check_and_approval(worker, demo
     run = start_run(requester, "send-contract-email", "Send the customer their contract.")
     worker.drain()
     assert get_run(requester, run["id"])["waiting_reason"] == "approval"
-    assert mail.outbox == []
+    assert [m for m in mail.outbox if m.to == ["customer@example.com"]] == []  # the approvers' notices aside
 
     interrupt, = pending_interrupts(approver, run["id"])
     assert interrupt["tool_call"]["name"] == "send_email"
@@ -26,8 +26,7 @@ def test_demo_contract_email_is_sent_after_legal_check_and_approval(worker, demo
 
     run = get_run(requester, run["id"])
     assert (run["status"], run["outcome"]) == ("completed", "achieved")
-    sent, = mail.outbox
-    assert sent.to == ["customer@example.com"]
+    sent, = [m for m in mail.outbox if m.to == ["customer@example.com"]]  # once, besides the approvers' notices
     send_call, = [c for c in tool_calls(requester, run["id"]) if c["name"] == "send_email"]
     assert sent.extra_headers["X-Idempotency-Key"] == send_call["idempotency_key"]
 
@@ -44,7 +43,7 @@ def test_email_claimed_as_sent_without_send_email_never_completes(worker, demo, 
     assert run["outcome"] != "achieved"
     told = Run.objects.get(pk=run["id"]).messages.filter(role="system").values_list("content", flat=True)
     assert told and all("not complete" in text for text in told)
-    assert mail.outbox == []
+    assert [m for m in mail.outbox if m.to == ["customer@example.com"]] == []  # the approvers' notices aside
 
 
 def test_send_email_before_legal_check_is_denied_and_sends_nothing(worker, demo, api):
@@ -62,7 +61,7 @@ def test_send_email_before_legal_check_is_denied_and_sends_nothing(worker, demo,
     assert legal["status"] == "succeeded"
     assert second_send["status"] == "awaiting_approval"
     assert get_run(requester, run["id"])["waiting_reason"] == "approval"
-    assert mail.outbox == []
+    assert [m for m in mail.outbox if m.to == ["customer@example.com"]] == []  # the approvers' notices aside
 
 
 def test_legal_check_of_one_text_does_not_clear_sending_another(worker, demo, api):
@@ -76,5 +75,5 @@ def test_legal_check_of_one_text_does_not_clear_sending_another(worker, demo, ap
 
     legal, send = tool_calls(requester, run["id"])
     assert (legal["status"], send["status"]) == ("succeeded", "denied")
-    assert mail.outbox == []
+    assert [m for m in mail.outbox if m.to == ["customer@example.com"]] == []  # the approvers' notices aside
 

@@ -180,6 +180,13 @@ LIST_QUERIES = {
     "sweeper: scheduled starts due": lambda user: Run.objects.filter(status="queued", wake_at__lte=timezone.now()),
     "sweeper: items past expiry": lambda user: Interrupt.objects.filter(
         status="pending", expires_at__lte=timezone.now()).exclude(kind="input"),
+    "decided items (history)": lambda user: Interrupt.objects.filter(status="resolved").order_by(
+        "-resolved_at", "-id")[:50],
+    "items one person decided": lambda user: Interrupt.objects.filter(status="resolved", resolved_by=user).order_by(
+        "-resolved_at", "-id")[:50],
+    "sweeper: claimed items about to expire": lambda user: Interrupt.objects.filter(
+        status="pending", claimed_by__isnull=False, expiry_warning_sent_at__isnull=True,
+        expires_at__gt=timezone.now(), expires_at__lte=timezone.now() + timedelta(hours=4)),
     "sweeper: waiting runs past a deadline": lambda user: Run.objects.filter(
         status="waiting", agent_id=1, started_at__lte=timezone.now()),
 }

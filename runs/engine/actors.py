@@ -7,6 +7,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
+from approvals.notifications import NOTIFY_ACTOR, send_queued
 from runs.lease import LeaseLost
 from runs.models import FailureType, Run
 from runs.engine.lifecycle import end_run
@@ -52,3 +53,9 @@ def _fail_unless_taken_over(run_id: int, exc: Exception) -> None:
     end_run(run.fail, actor="worker", reason="internal error",
             failure_type=FailureType.INTERNAL_ERROR,
             error=f"An internal error stopped the run ({type(exc).__name__}); operators find it in the log.")
+
+
+@dramatiq.actor(actor_name=NOTIFY_ACTOR, max_retries=0, time_limit=5 * 60 * 1000)
+def send_notification(kind: str, interrupt_id: int) -> None:
+    """Send one email notification about item ``interrupt_id`` (``approvals.notifications.send_queued``)."""
+    send_queued(kind, interrupt_id)

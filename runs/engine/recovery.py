@@ -24,6 +24,7 @@ from django.db.models import F, Max, Q
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from approvals.notifications import run_expired_on_commit, warn_claimed_items_expiring
 from approvals.services import (
     close_reconciliation_items,
     expire_interrupt,
@@ -165,7 +166,8 @@ def expire_overdue_approvals(*, now) -> int:
     """Expire pending items past ``expires_at`` and fail their runs (``approval_expired``); returns how many expired.
 
     Each item is expired, and its run ended, in one transaction that first
-    takes the run's row lock (as a person's decision does).
+    takes the run's row lock (as a person's decision does); the requester's
+    email goes after it commits (``approvals.notifications``).
     """
     count = 0
     for interrupt_id, run_id in overdue_interrupts(now=now):
@@ -177,6 +179,7 @@ def expire_overdue_approvals(*, now) -> int:
                 end_run(run.fail, actor="sweeper", reason="approval expired",
                         failure_type=FailureType.APPROVAL_EXPIRED,
                         error=f"Inbox item {interrupt_id} expired before anyone decided.")
+                run_expired_on_commit(interrupt_id)
             count += 1
     return count
 
@@ -247,7 +250,8 @@ def sweep(*, now=None) -> dict:
     """One pass of the sweeper; returns counts ``{"reenqueued", "woken", "expired", "reconciled"}``.
 
     Safe to run from any number of processes at once: waking a worker is
-    harmless (leases decide who advances) and transitions are guarded.
+    harmless (leases decide who advances) and transitions are guarded. It
+    also warns the claimers of items about to expire (once per item).
     """
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
@@ -293,6 +297,7 @@ def sweep(*, now=None) -> dict:
         woken += 1
 
     expired = expire_overdue_approvals(now=now) + fail_waiting_runs_past_deadline(now=now)
+    warn_claimed_items_expiring(now=now)
     reconciled = reconcile_after_run_end(now=now)
     if reenqueued or woken or expired or reconciled:
         log.info("sweep: reenqueued=%s woken=%s expired=%s reconciled=%s", reenqueued, woken, expired, reconciled)

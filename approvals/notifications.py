@@ -1,0 +1,194 @@
+"""Emails about inbox items (docs/design.md#notifications), through Django's mail API.
+
+Three kinds, each one a ``NotificationPreference`` flag (on for a user
+without a row):
+
+* ``new_item``: an item arrived that the user may decide (its recipients are
+  ``runs.access.users_who_may_decide``: never the requester of a four-eyes
+  item). One connection carries the messages to all of them.
+* ``claimed_expiring``: an item the user claimed expires within
+  ``TOLLGATE["CLAIM_EXPIRY_WARNING_HOURS"]``; the sweeper asks
+  (``warn_claimed_items_expiring``), and ``Interrupt.expiry_warning_sent_at``
+  makes it once per claim, even with two sweepers.
+* ``run_expired``: an approval expired and failed the run; to its requester.
+
+The first two are queued when the caller's transaction commits
+(``transaction.on_commit``: never for work rolled back) as a message to
+the ``send_notification`` actor (``runs.engine.actors``), so the worker
+that opened the item or the sweeper that failed the run spends no query
+and no time on mail, and never sends while a run's row lock is held. A
+failure to queue or to send is logged and swallowed: it never breaks a run. Each
+message is written in its recipient's language (``NotificationPreference.language``).
+"""
+
+import json
+import logging
+from datetime import timedelta
+
+import dramatiq
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import EmailMessage, get_connection
+from django.db import transaction
+from django.urls import reverse
+from django.utils import translation
+from django.utils.text import Truncator
+from django.utils.translation import gettext as _
+
+from approvals.models import Interrupt, InterruptStatus, NotificationPreference
+from runs.access import users_who_may_decide
+from runs.masking import mask_credentials
+from runs.wakeups import ADVANCE_QUEUE
+
+log = logging.getLogger(__name__)
+
+NEW_ITEM, CLAIMED_EXPIRING, RUN_EXPIRED = "new_item", "claimed_expiring", "run_expired"
+NOTIFY_ACTOR = "send_notification"  # declared by runs.engine.actors, named here (this layer never imports it)
+NOTIFY_QUEUE = ADVANCE_QUEUE
+# An email shows this much of a call's arguments (credentials masked): the item page has them all.
+MAX_ARGUMENT_CHARS = 500
+
+
+def _wanting(users, kind: str) -> list:
+    """``users`` (a queryset) with an email address who did not turn ``kind`` off, each with ``.email_language``."""
+    preferences = {p.user_id: p for p in NotificationPreference.objects.filter(user__in=users)}
+    wanted = []
+    for user in users.exclude(email=""):
+        preference = preferences.get(user.pk)
+        if preference is not None and not getattr(preference, kind):
+            continue
+        user.email_language = (preference.language if preference is not None else "") or settings.LANGUAGE_CODE
+        wanted.append(user)
+    return wanted
+
+
+def _link(name: str, *args) -> str:
+    return settings.TOLLGATE["SITE_URL"].rstrip("/") + reverse(name, args=args)
+
+
+def _message(user, write) -> EmailMessage:
+    """One email to ``user``: ``write()`` returns ``(subject, body)``, called in the user's language."""
+    with translation.override(user.email_language):
+        subject, body = write()
+    return EmailMessage(subject=subject, body=body, to=[user.email])
+
+
+def _send(messages: list[EmailMessage], what: str) -> int:
+    """Send ``messages`` over one connection; returns how many went. Errors are logged, never raised."""
+    if not messages:
+        return 0
+    try:
+        return get_connection().send_messages(messages) or 0
+    except Exception:
+        log.exception("sending %s email(s) about %s failed", len(messages), what)
+        return 0
+
+
+def _item_text(interrupt: Interrupt) -> str:
+    call = interrupt.tool_call
+    lines = [interrupt.title,
+             _("Run %(run)s of agent %(agent)s, requested by %(requester)s.") % {
+                 "run": interrupt.run_id, "agent": interrupt.run.agent.slug,
+                 "requester": interrupt.run.requested_by.get_username()}]
+    if call is not None:
+        arguments = json.dumps(mask_credentials(call.arguments), ensure_ascii=False, sort_keys=True)
+        lines.append(_("Tool: %(tool)s; arguments: %(arguments)s") % {
+            "tool": call.name, "arguments": Truncator(arguments).chars(MAX_ARGUMENT_CHARS)})
+    lines.append(_link("inbox-item", interrupt.pk))
+    return "\n".join(lines)
+
+
+def send_new_item(interrupt_id: int) -> int:
+    """Tell each user who may decide item ``interrupt_id`` (and wants it) that it arrived; returns emails sent."""
+    interrupt = Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").get(pk=interrupt_id)
+    if interrupt.status != InterruptStatus.PENDING:
+        return 0
+
+    def write():
+        return (_("[Tollgate] Waiting for you: %(title)s") % {"title": interrupt.title},
+                _("A new inbox item waits for your decision.") + "\n\n" + _item_text(interrupt))
+
+    recipients = _wanting(users_who_may_decide(interrupt), NEW_ITEM)
+    return _send([_message(user, write) for user in recipients], f"new item {interrupt_id}")
+
+
+def new_item_on_commit(interrupt: Interrupt) -> None:
+    """Queue ``send_new_item`` for ``interrupt`` once the current transaction commits."""
+    _queue_on_commit(NEW_ITEM, interrupt.pk)
+
+
+def send_run_expired(interrupt_id: int) -> int:
+    """Tell the requester of item ``interrupt_id``'s run that its expiry failed the run; returns emails sent."""
+    interrupt = Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").get(pk=interrupt_id)
+    requester = get_user_model().objects.filter(pk=interrupt.run.requested_by_id, is_active=True)
+
+    def write():
+        return (_("[Tollgate] Run %(run)s failed: its approval expired") % {"run": interrupt.run_id},
+                _("Nobody decided this item before it expired, so the run failed.") + "\n\n"
+                + _item_text(interrupt) + "\n" + _link("run-detail", interrupt.run_id))
+
+    return _send([_message(user, write) for user in _wanting(requester, RUN_EXPIRED)], f"expired item {interrupt_id}")
+
+
+def run_expired_on_commit(interrupt_id: int) -> None:
+    """Queue ``send_run_expired`` once the current transaction (the one failing the run) commits."""
+    _queue_on_commit(RUN_EXPIRED, interrupt_id)
+
+
+def warn_claimed_items_expiring(*, now) -> int:
+    """Email each claimer of a pending item expiring within the warning window, once; returns emails sent.
+
+    The window is ``TOLLGATE["CLAIM_EXPIRY_WARNING_HOURS"]`` before
+    ``expires_at``. Each item is marked (``expiry_warning_sent_at``, a
+    conditional UPDATE) before its mail goes, so concurrent sweepers send it
+    once; a mail that fails is logged and not retried.
+    """
+    window = timedelta(hours=settings.TOLLGATE["CLAIM_EXPIRY_WARNING_HOURS"])
+    due = Interrupt.objects.filter(status=InterruptStatus.PENDING, claimed_by__isnull=False,
+                                   expiry_warning_sent_at__isnull=True, expires_at__gt=now,
+                                   expires_at__lte=now + window)
+    sent = 0
+    for interrupt in due.select_related("run__agent", "run__requested_by", "tool_call", "claimed_by"):
+        if not Interrupt.objects.filter(pk=interrupt.pk, expiry_warning_sent_at__isnull=True).update(
+                expiry_warning_sent_at=now):
+            continue  # another sweeper took it
+
+        def write(interrupt=interrupt):
+            left = interrupt.expires_at - now
+            return (_("[Tollgate] Expiring soon: %(title)s") % {"title": interrupt.title},
+                    _("An item you claimed expires in %(minutes)d minutes; if nobody decides it, its run fails.")
+                    % {"minutes": left.total_seconds() // 60} + "\n\n" + _item_text(interrupt))
+
+        claimer = get_user_model().objects.filter(pk=interrupt.claimed_by_id, is_active=True)
+        sent += _send([_message(user, write) for user in _wanting(claimer, CLAIMED_EXPIRING)],
+                      f"claimed item {interrupt.pk}")
+    return sent
+
+
+def _queue_on_commit(kind: str, interrupt_id: int) -> None:
+    def queue():
+        broker = dramatiq.get_broker()
+        broker.declare_queue(NOTIFY_QUEUE)  # idempotent; a process that declared no actor may still send
+        broker.enqueue(dramatiq.Message(queue_name=NOTIFY_QUEUE, actor_name=NOTIFY_ACTOR,
+                                        args=(kind, interrupt_id), kwargs={}, options={}))
+
+    transaction.on_commit(queue, robust=True)  # a broker that is down is logged, never raised
+
+
+def send_queued(kind: str, interrupt_id: int) -> int:
+    """Send one queued notification (the actor's work): ``kind`` ``new_item`` or ``run_expired``; returns emails sent.
+
+    Any error (a query, a template, the mail server) is logged, never raised.
+    """
+    senders = {NEW_ITEM: send_new_item, RUN_EXPIRED: send_run_expired}
+    try:
+        return senders[kind](interrupt_id)
+    except Exception:
+        log.exception("notification %s for item %s failed", kind, interrupt_id)
+        return 0
+
+
+def preferences_of(user) -> NotificationPreference:
+    """``user``'s preferences (unsaved defaults, all on, if they never set them)."""
+    return NotificationPreference.objects.filter(user=user).first() or NotificationPreference(user=user)
+

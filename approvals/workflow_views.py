@@ -1,0 +1,71 @@
+"""Inbox pages around the decisions: the history of decided items, claims, email preferences.
+
+Thin like ``approvals.views``: read through ``approvals.selectors``, change
+through ``approvals.claims`` and the preference form, render.
+"""
+
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from approvals import selectors
+from approvals.claims import claim_interrupt, unclaim_interrupt
+from approvals.forms import DecidedFilterForm, NotificationPreferenceForm
+from approvals.notifications import preferences_of
+from config.error_display import page_error
+from runs.errors import TollgateError
+
+PAGE_SIZE = 50
+
+
+@login_required
+@require_GET
+def decided(request):
+    """Decided items the user may see, newest decision first, filtered and paginated (``PAGE_SIZE`` a page)."""
+    form = DecidedFilterForm(request.GET)
+    filters = form.cleaned_data if form.is_valid() else {}
+    today = timezone.localdate()
+    day_from, day_to = filters.get("day_from"), filters.get("day_to")
+    if filters.get("when") == "today":
+        day_from = day_to = today
+    items = selectors.decided_items(user=request.user, mine=filters.get("who") == "me",
+                                    decision=filters.get("decision", ""), tool=filters.get("tool", ""),
+                                    day_from=day_from, day_to=day_to)
+    page = Paginator(items, PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(request, "approvals/decided.html", {"form": form, "page": page, "query": query.urlencode()},
+                  status=200 if form.is_valid() else 400)
+
+
+@login_required
+@require_POST
+def claim(request, interrupt_id: int):
+    """Claim (``action=claim``) or unclaim (``action=unclaim``) an item, then back to its page."""
+    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
+    back_url = reverse("inbox-item", args=[interrupt_id])
+    if item is None:
+        raise Http404("No such inbox item.")
+    change = unclaim_interrupt if request.POST.get("action") == "unclaim" else claim_interrupt
+    try:
+        change(interrupt=item, user=request.user)
+    except TollgateError as exc:
+        return page_error(request, exc, back_url=back_url)
+    return redirect(back_url)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def notification_preferences(request):
+    """The user's email preferences (all on until they change them)."""
+    form = NotificationPreferenceForm(request.POST or None, instance=preferences_of(request.user))
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        return redirect(reverse("notification-preferences") + "?saved=1")
+    return render(request, "approvals/preferences.html", {"form": form, "saved": "saved" in request.GET},
+                  status=400 if form.is_bound and not form.is_valid() else 200)
+

@@ -1,0 +1,184 @@
+"""Issue 12: bulk decisions after a confirmation page, the history of decided items, claims.
+
+Through Django's test client and the REST API against the demo data, the
+real worker and the test payment gateway.
+"""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.bulk import decide_bulk, fingerprint, plan_bulk
+from approvals.models import Interrupt, InterruptStatus
+from approvals.services import decide_interrupt
+from runs.engine.lifecycle import cancel_run
+from runs.models import RunStatus
+from tests.api_helpers import error_of, gateway_refunds, start_run
+from tests.workflow_helpers import refund_items
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def hidden_fields(page) -> dict:
+    fields = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.content.decode()):
+        fields.setdefault(name, []).append(value)
+    return fields
+
+
+def test_bulk_approve_decides_each_item_once_and_skips_one_whose_run_was_cancelled(
+        client, api, demo, worker, payment_gateway):
+    items = refund_items(api, demo, worker, orders=(101, 102, 103))
+    client.force_login(demo["approver"])
+
+    page = client.get(reverse("inbox-bulk"), {"item": [i.pk for i in items]})
+    assert page.status_code == 200
+    assert page.content.decode().count('class="bulk-item"') == 3
+    assert all(Interrupt.objects.get(pk=i.pk).status == InterruptStatus.PENDING for i in items)  # nothing yet
+
+    cancel_run(run=items[1].run, actor="user:requester")  # after the page was shown
+    result = client.post(reverse("inbox-bulk"), {**hidden_fields(page), "decision": "approved", "comment": "ok"})
+    worker.drain()
+
+    assert result.status_code == 200
+    body = result.content.decode()
+    assert re.search(rf'class="bulk-skipped" data-interrupt-id="{items[1].pk}" data-reason="run_ended"', body)
+    assert [i.decision for i in Interrupt.objects.filter(pk__in=[items[0].pk, items[2].pk])] == ["approved"] * 2
+    assert {(r["order_id"], r["amount"]) for r in gateway_refunds()} == {(101, "55.00"), (103, "55.00")}
+    for item in (items[0], items[2]):
+        item.run.refresh_from_db()
+        assert item.run.status == RunStatus.COMPLETED
+        assert item.run.events.filter(type="interrupt", actor="user:approver", reason="approved").count() == 1
+
+
+def test_an_item_whose_arguments_changed_after_the_page_is_skipped(api, demo, worker):
+    items = refund_items(api, demo, worker, orders=(101, 102))
+    plan = plan_bulk(user=demo["approver"], ids=[i.pk for i in items])
+    shown = {i.pk: i.fingerprint for i in plan.items}
+    call = items[0].tool_call
+    call.arguments = {**call.arguments, "amount": 60}
+    call.save(update_fields=["arguments"])
+
+    outcomes = decide_bulk(user=demo["approver"], decision="rejected", comment="not now", expected=shown)
+
+    assert [(o.interrupt_id, o.decided, o.skipped) for o in outcomes] == [
+        (items[0].pk, False, "changed"), (items[1].pk, True, "")]
+    assert Interrupt.objects.get(pk=items[0].pk).status == InterruptStatus.PENDING
+    assert Interrupt.objects.get(pk=items[1].pk).comment == "not now"
+    worker.drain()
+
+
+def test_bulk_refuses_mixed_tools_a_rejection_without_comment_and_items_one_may_not_decide(
+        client, api, demo, worker):
+    [refund] = refund_items(api, demo, worker, orders=(101,))
+    run = start_run(api(demo["requester"]), "send-contract-email")
+    worker.drain()
+    email = Interrupt.objects.get(run_id=run["id"])
+    client.force_login(demo["approver"])
+
+    mixed = client.get(reverse("inbox-bulk"), {"item": [refund.pk, email.pk]})
+    assert mixed.status_code == 400 and "one tool at a time" in mixed.content.decode()
+
+    page = client.get(reverse("inbox-bulk"), {"item": [refund.pk]})
+    again = client.post(reverse("inbox-bulk"), {**hidden_fields(page), "decision": "rejected", "comment": ""})
+    assert again.status_code == 400 and "a rejection needs a comment" in again.content.decode()
+    assert Interrupt.objects.get(pk=refund.pk).status == InterruptStatus.PENDING
+
+    client.force_login(demo["requester"])  # four eyes: the requester may not decide the refund
+    page = client.get(reverse("inbox-bulk"), {"item": [refund.pk]})
+    assert 'id="bulk-nothing"' in page.content.decode()
+    forged = client.post(reverse("inbox-bulk"), {"item": [refund.pk], f"fingerprint-{refund.pk}": fingerprint(refund),
+                                                 "decision": "approved"})
+    assert 'data-reason="gone"' in forged.content.decode()
+    assert Interrupt.objects.get(pk=refund.pk).status == InterruptStatus.PENDING
+    assert client.get(reverse("inbox-bulk"), {"item": ["x"]}).status_code == 400
+
+
+def test_history_filters_by_who_decision_day_and_tool_and_shows_the_edit(client, api, demo, worker):
+    items = refund_items(api, demo, worker, orders=(101, 102, 103))
+    decide_interrupt(interrupt=items[0], user=demo["approver"], decision="approved", comment="smaller",
+                     edited_arguments={"order_id": 101, "amount": 40})
+    decide_interrupt(interrupt=items[1], user=demo["admin"], decision="rejected", comment="no")
+    Interrupt.objects.filter(pk=items[1].pk).update(resolved_at=timezone.now() - timedelta(days=3))
+    client.force_login(demo["approver"])
+
+    def listed(**query):
+        page = client.get(reverse("inbox-decided"), query)
+        assert page.status_code == 200
+        return [int(pk) for pk in re.findall(r'class="decided-item" data-interrupt-id="(\d+)"', page.content.decode())]
+
+    assert listed() == [items[0].pk, items[1].pk]  # the most recent decision first; pending items not listed
+    assert listed(who="me") == [items[0].pk]
+    assert listed(decision="rejected") == [items[1].pk]
+    assert listed(when="today") == [items[0].pk]
+    day = (timezone.localdate() - timedelta(days=3)).isoformat()
+    assert listed(day_from=day, day_to=day) == [items[1].pk]
+    assert listed(tool="send_email") == []
+    page = client.get(reverse("inbox-decided")).content.decode()
+    assert re.search(r"<code>amount</code>: 55 → 40", page) and "smaller" in page
+    assert client.get(reverse("inbox-decided"), {"day_from": "yesterday"}).status_code == 400
+
+    client.force_login(demo["requester"])  # sees the items of their own runs
+    assert listed() == [items[0].pk, items[1].pk]
+    worker.drain()
+
+
+def test_history_is_paginated(client, demo, worker, api, monkeypatch):
+    from approvals import workflow_views
+
+    monkeypatch.setattr(workflow_views, "PAGE_SIZE", 2)
+    items = refund_items(api, demo, worker, orders=(101, 102, 103))
+    for item in items:
+        decide_interrupt(interrupt=item, user=demo["approver"], decision="rejected", comment="no")
+    client.force_login(demo["approver"])
+
+    first = client.get(reverse("inbox-decided"), {"decision": "rejected"}).content.decode()
+    second = client.get(reverse("inbox-decided"), {"decision": "rejected", "page": 2}).content.decode()
+
+    assert first.count('class="decided-item"') == 2 and second.count('class="decided-item"') == 1
+    assert "decision=rejected&amp;page=2" in first
+    worker.drain()
+
+
+def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(client, api, demo, worker):
+    [item] = refund_items(api, demo, worker, orders=(101,))
+    approver, admin = api(demo["approver"]), api(demo["admin"])
+    key = {"Idempotency-Key": "claim-1"}
+
+    first = approver.post(f"/api/interrupts/{item.pk}/claim/", headers=key)
+    replay = approver.post(f"/api/interrupts/{item.pk}/claim/", headers=key)
+    assert first.status_code == 200 and first.json()["claimed_by"] == "approver"
+    assert replay.headers["Idempotent-Replayed"] == "true" and replay.json() == first.json()
+    assert item.run.events.filter(type="claim").count() == 1
+
+    assert error_of(admin.post(f"/api/interrupts/{item.pk}/claim/"), 409)["details"]["claimed_by"] == "approver"
+    assert error_of(api(demo["requester"]).post(f"/api/interrupts/{item.pk}/claim/"), 403)
+    assert [i["id"] for i in approver.get("/api/interrupts/", {"assigned": "me"}).json()["results"]] == [item.pk]
+    assert admin.get("/api/interrupts/", {"assigned": "me"}).json()["results"] == []
+
+    client.force_login(demo["approver"])
+    assert f'data-interrupt-id="{item.pk}"' in client.get(reverse("inbox"), {"assigned": "me"}).content.decode()
+    item_page = client.get(reverse("inbox-item", args=[item.pk])).content.decode()
+    assert "Being handled by <strong>approver</strong>" in item_page
+    assert re.search(r'id="item-goes-to">For the group\(s\): approvers<', item_page)
+
+    decided = approver.post(f"/api/interrupts/{item.pk}/reject/", {"comment": "no"}, format="json")
+    assert decided.status_code == 200  # a claim informs; it locks nothing
+    assert error_of(approver.post(f"/api/interrupts/{item.pk}/unclaim/"), 409)["details"]["status"] == "resolved"
+    worker.drain()
+
+
+def test_unclaim_by_the_claimer_or_staff_only(client, api, demo, worker, django_user_model):
+    [item] = refund_items(api, demo, worker, orders=(101,))
+    other = django_user_model.objects.create_user("other-approver")
+    other.groups.add(*demo["approver"].groups.all())
+    api(demo["approver"]).post(f"/api/interrupts/{item.pk}/claim/")
+
+    assert error_of(api(other).post(f"/api/interrupts/{item.pk}/unclaim/"), 403)
+    client.force_login(demo["admin"])
+    response = client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "unclaim"})
+    assert response.status_code == 302
+    assert api(other).post(f"/api/interrupts/{item.pk}/claim/").json()["claimed_by"] == "other-approver"
