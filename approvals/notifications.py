@@ -39,6 +39,7 @@ from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
 from runs.masking import mask_credentials
 from runs.wakeups import ADVANCE_QUEUE
+from tools.services.summary import describe
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def _item_text(interrupt: Interrupt) -> str:
                  "run": interrupt.run_id, "agent": interrupt.run.agent.slug,
                  "requester": interrupt.run.requested_by.get_username()}]
     if call is not None:
+        lines.append(describe(call).text)
         arguments = json.dumps(mask_credentials(call.arguments), ensure_ascii=False, sort_keys=True)
         lines.append(_("Tool: %(tool)s; arguments: %(arguments)s") % {
             "tool": call.name, "arguments": Truncator(arguments).chars(MAX_ARGUMENT_CHARS)})

@@ -23,7 +23,7 @@ from approvals.models import Interrupt
 from runs.models import Run
 from tests.api_helpers import error_of
 from tests.security_helpers import approval_item, stored_state  # noqa: F401
-from tests.test_browser import served  # noqa: F401
+from tests.browser_helpers import served  # noqa: F401
 from tools.models import ToolCall
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from django.db import connection
 from approvals.models import AnswerFile
 from runs.models import Run
 from tests.api_helpers import pending_interrupts, start_run
-from tests.test_browser import _log_in, browser, served  # noqa: F401 - fixtures
+from tests.browser_helpers import browser, log_in, served  # noqa: F401 - fixtures
 from tests.wait_helpers import tool_result, waiting_agent
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -62,7 +62,7 @@ def test_the_requester_answers_with_a_file_in_the_browser_and_downloads_it(asked
     upload = tmp_path / "statement.csv"
     upload.write_bytes(CSV)
 
-    page = _log_in(browser, served, "requester", "requester-demo")
+    page = log_in(browser, served, "requester", "requester-demo")
     page.goto(f"{served}/inbox/{item['id']}/")
     assert "text/csv" in page.text_content("#file-rule")
     page.set_input_files("#id_file", str(upload))

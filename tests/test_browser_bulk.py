@@ -9,7 +9,7 @@ import pytest
 from approvals.models import Interrupt
 from runs.engine.lifecycle import cancel_run
 from runs.models import RunEvent, RunStatus
-from tests.test_browser import _log_in, browser, served  # noqa: F401  (fixtures and helper shared with it)
+from tests.browser_helpers import browser, log_in, served  # noqa: F401 (fixtures)
 from tests.workflow_helpers import refund_items
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -25,7 +25,7 @@ def test_bulk_approve_five_after_a_confirmation_page_and_skip_the_cancelled_one(
         six_refunds, demo, worker, payment_gateway, served, browser, monkeypatch):
     # Playwright's sync API runs an event loop in this thread; the ORM calls below are plain blocking ones.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    approver = _log_in(browser, served, "approver", "approver-demo")
+    approver = log_in(browser, served, "approver", "approver-demo")
     for item in six_refunds:
         approver.check(f'input.bulk-select[value="{item.pk}"]')
     approver.click("#bulk-decide")

@@ -134,7 +134,9 @@ def test_no_page_is_wider_than_a_phone(waiting_refund, served, browser, language
     page.goto(served + "/accounts/login/")
     _assert_fits(page, "login")
     _log_in(page, served, "admin")
-    for path in ["/inbox/", f"/inbox/{item.pk}/", "/runs/", f"/runs/{run.pk}/", "/runs/new/", "/admin/"]:
+    pages = ["/inbox/", f"/inbox/{item.pk}/", "/inbox/decided/", f"/inbox/bulk/?item={item.pk}", "/inbox/preferences/",
+             "/runs/", f"/runs/{run.pk}/", "/runs/new/", "/admin/"]
+    for path in pages:
         page.goto(served + path)
         _assert_fits(page, path)
         if not path.startswith("/admin/"):

@@ -17,7 +17,7 @@ from playwright.sync_api import expect
 
 from runs.engine.lifecycle import cancel_run
 from tests.inbox_helpers import agent, pending_call
-from tests.test_browser import browser, served  # noqa: F401 (fixtures)
+from tests.browser_helpers import browser, served  # noqa: F401 (fixtures)
 from tests.test_browser_i18n import PHONE, _assert_fits, _context, _log_in
 from tools.demo.models import Order
 

@@ -19,7 +19,7 @@ from approvals.services import decide_interrupt
 from runs.engine.agents import create_agent
 from runs.engine.lifecycle import start_run
 from runs.models import Agent, RunStatus
-from tests.test_browser import TIMEOUT_MS, browser, served  # noqa: F401 (fixtures)
+from tests.browser_helpers import TIMEOUT_MS, browser, served  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -60,6 +60,12 @@ def test_a_tool_without_a_hook_reads_as_its_name_and_top_level_arguments(people)
     assert describe(_call("no_such_tool", None)) == Description(text="no_such_tool")
 
 
+def test_the_fallback_line_masks_credentials(people):
+    description = describe(_call("fake_transfer", {"to": "acct-9", "api_key": "sk-live-0123456789abcdef"}))
+    assert "sk-live-0123456789abcdef" not in description.text
+    assert dict(description.risk_fields)["api_key"] == "***"
+
+
 def test_pending_refunds_on_one_order_are_judged_together(demo):
     Order.objects.filter(number=110).update(total=Decimal("95.00"))
     fit, too_much = judge_groups("refund", [[{"order_id": 110, "amount": 40}, {"order_id": 110, "amount": 55}],

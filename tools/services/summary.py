@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections import defaultdict
 
+from runs.masking import mask_credentials
 from tools.registry import Description, Together, get_tool
 from tools.services.arguments import canonical_value
 
@@ -39,7 +40,8 @@ def _fallback(name: str, arguments, tool) -> Description:
     """The summary of a call whose tool has no ``summarize`` hook (or is unknown): name and top-level arguments."""
     if not isinstance(arguments, dict):
         return Description(text=name, risk_fields=())
-    fields = tuple((str(key), _short(value)) for key, value in list(arguments.items())[:FALLBACK_FIELDS])
+    shown = mask_credentials(arguments)  # a fallback line may reach an email or a list: no secrets in it
+    fields = tuple((str(key), _short(value)) for key, value in list(shown.items())[:FALLBACK_FIELDS])
     text = f"{name}(" + ", ".join(f"{key}={value}" for key, value in fields) + ")"
     target = ""
     if tool is not None and tool.target_key and tool.target_key in arguments:
