@@ -56,6 +56,23 @@ def idle_worker(transactional_db):
     yield run_worker
     run_worker.worker.stop()
     broker.flush_all()
+    _forget_taken_messages(broker)
+
+
+def _forget_taken_messages(broker) -> None:
+    """Zero the in-memory queues' count of messages taken but never acknowledged.
+
+    A stopped worker drops what it had prefetched without acknowledging it,
+    so Python's ``Queue`` would count those messages as unfinished for good
+    and the next test's ``drain()`` would wait on them until it timed out.
+    Only the StubBroker (no ``REDIS_URL``) has such queues; Redis keeps its
+    own state and is flushed above.
+    """
+    for queue in getattr(broker, "queues", {}).values():
+        if hasattr(queue, "all_tasks_done"):
+            with queue.all_tasks_done:
+                queue.unfinished_tasks = 0
+                queue.all_tasks_done.notify_all()
 
 
 @pytest.fixture
