@@ -17,6 +17,7 @@ import dramatiq
 import httpx
 import pytest
 from dramatiq import Worker
+from dramatiq.brokers.stub import StubBroker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -68,11 +69,12 @@ def _forget_taken_messages(broker) -> None:
     Only the StubBroker (no ``REDIS_URL``) has such queues; Redis keeps its
     own state and is flushed above.
     """
-    for queue in getattr(broker, "queues", {}).values():
-        if hasattr(queue, "all_tasks_done"):
-            with queue.all_tasks_done:
-                queue.unfinished_tasks = 0
-                queue.all_tasks_done.notify_all()
+    if not isinstance(broker, StubBroker):
+        return
+    for queue in broker.queues.values():
+        with queue.all_tasks_done:
+            queue.unfinished_tasks = 0
+            queue.all_tasks_done.notify_all()
 
 
 @pytest.fixture
