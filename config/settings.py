@@ -165,6 +165,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {
         "NAME": os.environ.setdefault("TOLLGATE_SQLITE_TEST_DB", f"/tmp/tollgate-test-{os.getpid()}.sqlite3")
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Each process keeps its connections in a psycopg pool (Django's
+    # ``OPTIONS["pool"]``): a fresh PostgreSQL backend costs milliseconds of
+    # CPU on both sides (fork, authentication, catalogue caches), once per
+    # request or worker message without it. Statements are bound on the
+    # server and prepared after their 5th use on a connection, so the hot
+    # path's few statement shapes are parsed and planned once per connection.
+    # DATABASE_POOL_MAX_SIZE bounds each process (worker threads + 2 is enough).
+    if env.bool("DATABASE_POOL", default=True):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=1),
+            "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=20),
+            "timeout": env.float("DATABASE_POOL_TIMEOUT_S", default=30.0),
+        }
+    if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
+        DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
