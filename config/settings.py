@@ -303,14 +303,18 @@ if REDIS_URL:
         "OPTIONS": {"url": REDIS_URL, "namespace": env.str("DRAMATIQ_NAMESPACE", default="tollgate")},
         "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE,
     }
+    # Live pushes go over Redis pub/sub (channels_redis's RedisPubSubChannelLayer):
+    # a group send is one PUBLISH, and each ASGI process that has sockets in
+    # the group hands the message to them itself. Nothing is stored for a
+    # socket that is not listening, which suits pushes that a client re-reads
+    # on reconnect anyway. The list-based RedisChannelLayer costs a worker
+    # several Redis commands per group per push, and the run list's group
+    # reaches every open list page.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {
-                # redis-py's pool refuses (not waits) past max_connections, which
-                # defaults to 100: a burst of WebSocket connects would fail with 1011.
-                "hosts": [{"address": REDIS_URL,
-                           "max_connections": env.int("CHANNELS_REDIS_MAX_CONNECTIONS", default=1000)}],
+                "hosts": [REDIS_URL],
                 "prefix": env.str("CHANNELS_PREFIX", default="tollgate"),
             },
         }
