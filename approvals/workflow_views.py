@@ -6,7 +6,6 @@ through ``approvals.claims`` and the preference form, render.
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -15,6 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from approvals import selectors
 from approvals.claims import claim_interrupt, unclaim_interrupt
 from approvals.forms import DecidedFilterForm, NotificationPreferenceForm
+from approvals.lookups import visible_item_or_404
 from approvals.notifications import preferences_of
 from config.error_display import page_error
 from runs.errors import TollgateError
@@ -46,10 +46,8 @@ def decided(request):
 @require_POST
 def claim(request, interrupt_id: int):
     """Claim (``action=claim``) or unclaim (``action=unclaim``) an item, then back to its page."""
-    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
+    item = visible_item_or_404(request, interrupt_id)
     back_url = reverse("inbox-item", args=[interrupt_id])
-    if item is None:
-        raise Http404("No such inbox item.")
     change = unclaim_interrupt if request.POST.get("action") == "unclaim" else claim_interrupt
     try:
         change(interrupt=item, user=request.user)

@@ -183,3 +183,21 @@ def test_unclaim_by_the_claimer_or_staff_only(client, api, demo, worker, django_
     response = client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "unclaim"})
     assert response.status_code == 302
     assert api(other).post(f"/api/interrupts/{item.pk}/claim/").json()["claimed_by"] == "other-approver"
+
+
+def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim(client, api, demo, worker,
+                                                                                django_user_model):
+    """One lookup (``approvals.lookups``) answers every inbox page: an unseen item and no item look the same."""
+    [item] = refund_items(api, demo, worker, orders=(101,))
+    client.force_login(django_user_model.objects.create_user("stranger"))
+    missing = Interrupt.objects.order_by("-pk").first().pk + 1
+
+    for pk in (item.pk, missing):
+        assert client.post(reverse("inbox-item-claim", args=[pk]), {"action": "claim"}).status_code == 404
+        assert client.get(reverse("inbox-item", args=[pk])).status_code == 404
+        assert client.get(reverse("inbox-item-state", args=[pk])).status_code == 404
+    assert Interrupt.objects.get(pk=item.pk).claimed_by is None
+
+    client.force_login(demo["approver"])  # the control: one who may see it claims it
+    assert client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "claim"}).status_code == 302
+    assert Interrupt.objects.get(pk=item.pk).claimed_by == demo["approver"]
