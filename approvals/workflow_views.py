@@ -1,7 +1,7 @@
 """Inbox pages around the decisions: the history of decided items, claims, email preferences.
 
 Thin like ``approvals.views``: read through ``approvals.selectors``, change
-through ``approvals.claims`` and the preference form, render.
+through ``approvals.claims`` and ``approvals.notifications.save_preferences``, render.
 """
 
 from django.contrib.auth.decorators import login_required
@@ -15,9 +15,9 @@ from approvals import selectors
 from approvals.claims import claim_interrupt, unclaim_interrupt
 from approvals.forms import DecidedFilterForm, NotificationPreferenceForm
 from approvals.lookups import visible_item_or_404
-from approvals.notifications import preferences_of
-from config.error_display import page_error
-from runs.errors import TollgateError
+from approvals.notifications import preferences_of, save_preferences
+from config.error_display import page_error, show_in_form
+from runs.errors import InvalidInput, TollgateError
 
 PAGE_SIZE = 50
 
@@ -59,11 +59,15 @@ def claim(request, interrupt_id: int):
 @login_required
 @require_http_methods(["GET", "POST"])
 def notification_preferences(request):
-    """The user's email preferences (all on until they change them)."""
+    """The user's email preferences (all on until they change them), stored by ``notifications.save_preferences``."""
     form = NotificationPreferenceForm(request.POST or None, instance=preferences_of(request.user))
     if request.method == "POST" and form.is_valid():
-        form.save()
-        return redirect(reverse("notification-preferences") + "?saved=1")
+        try:
+            save_preferences(user=request.user, **form.cleaned_data)
+        except InvalidInput as exc:
+            show_in_form(form, exc)
+        else:
+            return redirect(reverse("notification-preferences") + "?saved=1")
     return render(request, "approvals/preferences.html", {"form": form, "saved": "saved" in request.GET},
                   status=400 if form.is_bound and not form.is_valid() else 200)
 
