@@ -242,7 +242,14 @@ REST_FRAMEWORK = {
         "user": env.str("THROTTLE_USER", default="600/min"),
         "runs": env.str("THROTTLE_RUNS", default="30/min"),
     },
+    # How many proxies of our own stand in front and append to
+    # X-Forwarded-For: the client's address is the entry that many places
+    # from its end. 0 (the default): the header is the client's to write, so
+    # it is ignored and the connection's address (REMOTE_ADDR) counts.
+    "NUM_PROXIES": env.int("TOLLGATE_TRUSTED_PROXIES", default=0),
 }
+if not 0 <= REST_FRAMEWORK["NUM_PROXIES"] <= 10:
+    raise ImproperlyConfigured("TOLLGATE_TRUSTED_PROXIES must be from 0 to 10 (proxies of your own in front).")
 
 # The throttle counters live here: in-process by default; give every server
 # process the same one in production (e.g. CACHE_URL=redis://host:6379/1).
