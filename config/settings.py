@@ -397,6 +397,12 @@ TOLLGATE = {
         "application/pdf", "image/png", "image/jpeg", "text/plain", "text/csv", "application/json"]),
     # Characters of a text file's content the model is given with its metadata.
     "ANSWER_FILE_TEXT_CHARS": env.int("TOLLGATE_ANSWER_FILE_TEXT_CHARS", default=20_000),
+    # --- Integrators' WebSockets (config.ws_throttle) ---
+    # Connection attempts allowed per API token offered and per client
+    # address (DRF's rate syntax: <count>/<s|min|hour|day>); one over either
+    # is closed with code 4429. Counted in the default cache (CACHE_URL).
+    "WS_CONNECT_RATES": {"token": env.str("THROTTLE_WS_TOKEN", default="30/min"),
+                         "address": env.str("THROTTLE_WS_ADDRESS", default="60/min")},
     # --- Webhooks (runs.webhooks) ---
     # Seconds between a failed delivery attempt and the next: attempt n+1
     # waits entry n; when the list is used up the delivery is "failed"
