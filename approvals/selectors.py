@@ -121,9 +121,11 @@ def decided_page(*, user, filters: DecidedFilters = DecidedFilters(), after: int
     item's ``(resolved_at, id)``, in ``NEWEST_DECIDED`` order (``before``:
     the ``size`` items just newer than the anchor), never by counting or
     skipping rows. Neither cursor, or one naming no decided item: the first
-    page. Whether a page lies beyond each end is one ``EXISTS`` (or the row
-    read past ``size``); the total is counted up to ``COUNT_CAP`` only. At
-    most five queries, whatever the page's depth or the number of items.
+    page; so is ``before`` an item with at most ``size`` newer ones (the
+    first page, filled). Whether a page lies beyond each end is one
+    ``EXISTS`` (or the row read past ``size``); the total is counted up to
+    ``COUNT_CAP`` only. At most four queries, whatever the page's depth or
+    the number of items.
     """
     items = decided_items(user=user, filters=filters)
     counted = items.order_by().values("pk")[:COUNT_CAP + 1].count()
@@ -131,19 +133,20 @@ def decided_page(*, user, filters: DecidedFilters = DecidedFilters(), after: int
     cursor = before or after
     anchor = (Interrupt.objects.filter(pk=cursor, status=InterruptStatus.RESOLVED).order_by()
               .only("pk", "resolved_at").first() if cursor else None)
-    if anchor is None or not before:
-        shown = items.filter(_older_than(anchor)) if anchor is not None else items
-        rows = list(_with_relations(shown).order_by(*NEWEST_DECIDED)[:size + 1])
-        page.rows = rows[:size]
-        page.next_after = page.rows[-1].pk if len(rows) > size else None
-        newer = anchor is not None and page.rows and items.filter(_newer_than(page.rows[0])).exists()
-        page.previous_before = page.rows[0].pk if newer else None
-    else:
+    if anchor is not None and before:
         rows = list(_with_relations(items.filter(_newer_than(anchor))).order_by("resolved_at", "id")[:size + 1])
-        page.rows = rows[:size][::-1]
-        page.previous_before = page.rows[0].pk if len(rows) > size else None
-        older = page.rows and items.filter(_older_than(page.rows[-1])).exists()
-        page.next_after = page.rows[-1].pk if older else None
+        if len(rows) > size:
+            page.rows = rows[:size][::-1]
+            page.previous_before = page.rows[0].pk
+            page.next_after = page.rows[-1].pk if items.filter(_older_than(page.rows[-1])).exists() else None
+            return page
+        anchor = None  # no more than a page is newer: that is the first page, shown whole
+    shown = items.filter(_older_than(anchor)) if anchor is not None else items
+    rows = list(_with_relations(shown).order_by(*NEWEST_DECIDED)[:size + 1])
+    page.rows = rows[:size]
+    page.next_after = page.rows[-1].pk if len(rows) > size else None
+    newer = anchor is not None and page.rows and items.filter(_newer_than(page.rows[0])).exists()
+    page.previous_before = page.rows[0].pk if newer else None
     return page
 
 

@@ -161,19 +161,24 @@ def test_history_pages_by_keyset_forward_and_back(client, demo, worker, api):
     for item in items:
         decide_interrupt(interrupt=item, user=demo["approver"], decision="rejected", comment="no")
     size = selectors.HISTORY_PAGE_SIZE
-    _decided_before(Interrupt.objects.get(pk=items[0].pk), size + 8)  # ties at one instant cross the page's end
+    _decided_before(Interrupt.objects.get(pk=items[0].pk), 2 * size + 8)  # ties at one instant cross page ends
     expected = list(Interrupt.objects.filter(status=InterruptStatus.RESOLVED).order_by("-resolved_at", "-id")
                     .values_list("pk", flat=True))
     client.force_login(demo["approver"])
 
     first, body = _history(client, {"decision": "rejected"})
     assert first == expected[:size] and _link(body, "decided-previous") is None
-    assert f"{size + 10} decided items" in body
+    assert f"{2 * size + 10} decided items" in body
     following = _link(body, "decided-next")
     assert "decision=rejected" in following and "page=2" in following
 
     second, body = _history(client, following)
-    assert second == expected[size:] and _link(body, "decided-next") is None and "Page 2" in body
+    assert second == expected[size:2 * size] and "Page 2" in body
+    third, body = _history(client, _link(body, "decided-next"))
+    assert third == expected[2 * size:] and _link(body, "decided-next") is None and "Page 3" in body
+
+    back, body = _history(client, _link(body, "decided-previous"))  # read backwards from the third page's first row
+    assert back == second and "Page 2" in body and _link(body, "decided-next") and _link(body, "decided-previous")
     back, body = _history(client, _link(body, "decided-previous"))
     assert back == first and _link(body, "decided-previous") is None and "Page 1" in body
 
