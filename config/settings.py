@@ -258,7 +258,14 @@ REST_FRAMEWORK = {
         "user": env.str("THROTTLE_USER", default="600/min"),
         "runs": env.str("THROTTLE_RUNS", default="30/min"),
     },
+    # How many proxies of our own stand in front and append to
+    # X-Forwarded-For: the client's address is the entry that many places
+    # from its end. 0 (the default): the header is the client's to write, so
+    # it is ignored and the connection's address (REMOTE_ADDR) counts.
+    "NUM_PROXIES": env.int("TOLLGATE_TRUSTED_PROXIES", default=0),
 }
+if not 0 <= REST_FRAMEWORK["NUM_PROXIES"] <= 10:
+    raise ImproperlyConfigured("TOLLGATE_TRUSTED_PROXIES must be from 0 to 10 (proxies of your own in front).")
 
 # The throttle counters live here: in-process by default; give every server
 # process the same one in production (e.g. CACHE_URL=redis://host:6379/1).
@@ -410,6 +417,12 @@ TOLLGATE = {
         "application/pdf", "image/png", "image/jpeg", "text/plain", "text/csv", "application/json"]),
     # Characters of a text file's content the model is given with its metadata.
     "ANSWER_FILE_TEXT_CHARS": env.int("TOLLGATE_ANSWER_FILE_TEXT_CHARS", default=20_000),
+    # --- Integrators' WebSockets (config.ws_throttle) ---
+    # Connection attempts allowed per API token offered and per client
+    # address (DRF's rate syntax: <count>/<s|min|hour|day>); one over either
+    # is closed with code 4429. Counted in the default cache (CACHE_URL).
+    "WS_CONNECT_RATES": {"token": env.str("THROTTLE_WS_TOKEN", default="30/min"),
+                         "address": env.str("THROTTLE_WS_ADDRESS", default="60/min")},
     # --- Webhooks (runs.webhooks) ---
     # Seconds between a failed delivery attempt and the next: attempt n+1
     # waits entry n; when the list is used up the delivery is "failed"
