@@ -17,7 +17,7 @@ from django_fsm import can_proceed
 
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus
-from runs.errors import Forbidden, InvalidInput
+from runs.errors import Expired, Forbidden, InvalidInput
 from runs.models import Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
 from runs.transitions import apply
@@ -159,11 +159,12 @@ def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interru
     """``expire_interrupt`` for an item the caller has locked (after its run) and loaded with its tool call.
 
     For a sweeper that loads many items at once; returns the item, or None
-    if it was no longer pending.
+    if it was no longer pending. The writes take no savepoint: an error
+    aborts the caller's whole transaction (as the sweeper wants).
     """
     if not can_proceed(interrupt.expire):
         return None
-    apply(interrupt.expire, actor=actor, reason="expired", now=now)
+    apply(interrupt.expire, actor=actor, reason="expired", now=now, savepoint=False)
     if interrupt.tool_call is not None and interrupt.kind == InterruptKind.APPROVAL:
         expire_tool_call(tool_call=interrupt.tool_call, actor=actor)
     return interrupt
@@ -294,8 +295,10 @@ def decide_interrupt(
     and a worker is woken. An approval with edited arguments logs what
     changed in its event (``changes``, ``tools.services.edits``). Raises
     ``Forbidden`` (403, checked first), ``TransitionNotAllowed`` when the
-    item is no longer pending (409) and ``InvalidInput`` for edited
-    arguments that break the tool's schema.
+    item is no longer pending (409), ``Expired`` (409) when it is past its
+    ``expires_at`` (still pending until the sweeper expires it and fails
+    the run, as for an item nobody decided) and ``InvalidInput`` for
+    edited arguments that break the tool's schema.
     """
     if not can_decide(user, interrupt):
         raise Forbidden("You may not decide this item.")
@@ -308,6 +311,7 @@ def decide_interrupt(
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        _refuse_if_expired(interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
         apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
@@ -318,6 +322,14 @@ def decide_interrupt(
             reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor)
         _resume_if_unblocked(interrupt.run, actor=actor)
     return interrupt
+
+
+def _refuse_if_expired(interrupt: Interrupt) -> None:
+    """Raise ``Expired`` for a pending item whose ``expires_at`` has passed (by this server's clock)."""
+    if interrupt.status == InterruptStatus.PENDING and interrupt.expires_at is not None \
+            and interrupt.expires_at <= timezone.now():
+        raise Expired(f"Inbox item {interrupt.pk} expired at {interrupt.expires_at.isoformat()}; "
+                      "it can no longer be decided.", details={"expires_at": interrupt.expires_at.isoformat()})
 
 
 def _resume_if_unblocked(run, *, actor: str) -> None:

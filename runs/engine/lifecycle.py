@@ -313,11 +313,12 @@ def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None
     cancel was requested.
 
     ``reads``: what ``load_endings`` loaded of the run, by a caller that
-    holds the run's row lock and ends many runs in one transaction; then
-    the run is neither locked nor read again here.
+    holds the run's row lock and ends many runs in one transaction, which
+    any error here aborts whole; then the run is neither locked nor read
+    again here, and no savepoint is taken for the ending.
     """
     run = ending.__self__
-    with transaction.atomic():
+    with transaction.atomic(savepoint=reads is None):
         if reads is None:
             list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
         cancel_pending_interrupts(run=run, actor=actor, pending=reads and reads.items)
@@ -328,7 +329,7 @@ def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None
             request_reconciliation(tool_call=call)
         deliver_tool_results(run, calls=calls, history=reads and reads.tool_messages, fence=False)
         unread = _unread_supplements(run, reads)
-        apply(ending, actor=actor, reason=reason, payload={"effects": effects}, **kwargs)
+        apply(ending, actor=actor, reason=reason, payload={"effects": effects}, savepoint=reads is None, **kwargs)
         if reads is None:
             wake_next_in_session(run.session_id)
         elif reads.next_queued is not None:

@@ -322,7 +322,7 @@ def wake_due_runs(*, now, limit: int | None = None) -> int:
                 if not can_proceed(run.wake) or run.wake_at > now:  # moved on, or its timer moved
                     continue
                 end_due_waits(run, now=now, actor="sweeper", due=waits.get(run.pk, []))
-                apply(run.wake, actor="sweeper", reason=f"wake_at passed ({run.waiting_reason})")
+                apply(run.wake, actor="sweeper", reason=f"wake_at passed ({run.waiting_reason})", savepoint=False)
                 wake_on_commit(run.pk)
                 woken += 1
     return woken
