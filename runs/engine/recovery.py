@@ -287,7 +287,7 @@ def start_scheduled_runs(*, now, limit: int | None = None) -> int:
     first, at most ``limit`` (default ``SWEEP_BATCH``), ``ITEMS_PER_TRANSACTION``
     per transaction.
     """
-    due = list(Run.objects.filter(status=RunStatus.QUEUED, wake_at__lte=now).order_by("wake_at", "id")
+    due = list(Run.objects.filter(status=RunStatus.QUEUED, wake_at__lte=now).order_by("wake_at")
                .values_list("pk", "wake_at")[:_limit(limit)])
     started = 0
     for chunk in _chunks(due):
@@ -311,7 +311,7 @@ def wake_due_runs(*, now, limit: int | None = None) -> int:
     row locks taken in id order, their due waits read with one query. A run
     that moved on or whose timer moved since it was found is left alone.
     """
-    due = list(Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now).order_by("wake_at", "id")
+    due = list(Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now).order_by("wake_at")
                .values_list("pk", flat=True)[:_limit(limit)])
     woken = 0
     for chunk in _chunks(due):
