@@ -250,7 +250,7 @@ class EndingReads:
 
 
 def load_endings(runs: list[Run]) -> dict[int, EndingReads]:
-    """``{run id: EndingReads}`` for ``runs``, with one query per kind of row whatever their number (8).
+    """``{run id: EndingReads}`` for ``runs``, with one query per kind of row whatever their number (7).
 
     Call inside a transaction holding the runs' row locks (the pending
     items are locked here, after them). For callers that end many runs at
@@ -321,13 +321,13 @@ def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None
     with transaction.atomic(savepoint=reads is None):
         if reads is None:
             list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
-        cancel_pending_interrupts(run=run, actor=actor, pending=reads and reads.items)
-        cancel_waits(run, actor=actor, pending=reads and reads.waits)
+        cancel_pending_interrupts(run=run, actor=actor, pending=reads.items if reads else None)
+        cancel_waits(run, actor=actor, pending=reads.waits if reads else None)
         calls = reads.calls if reads else list(run.tool_calls.order_by("id"))
         effects = settle_calls_at_run_end(run=run, calls=calls, actor=actor)
         for call in unknown_calls_for_a_person(calls):
             request_reconciliation(tool_call=call)
-        deliver_tool_results(run, calls=calls, history=reads and reads.tool_messages, fence=False)
+        deliver_tool_results(run, calls=calls, history=reads.tool_messages if reads else None, fence=False)
         unread = _unread_supplements(run, reads)
         apply(ending, actor=actor, reason=reason, payload={"effects": effects}, savepoint=reads is None, **kwargs)
         if reads is None:

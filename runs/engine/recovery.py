@@ -292,7 +292,7 @@ def start_scheduled_runs(*, now, limit: int | None = None) -> int:
     started = 0
     for chunk in _chunks(due):
         with transaction.atomic():
-            claimed = {run_id: wake_at for run_id, wake_at in chunk
+            claimed = {run_id: wake_at for run_id, wake_at in sorted(chunk)  # rows locked in id order
                        if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, wake_at=wake_at).update(
                            wake_at=None, waiting_reason="", updated_at=now)}
             for run in Run.objects.filter(pk__in=claimed).order_by("pk") if claimed else ():
