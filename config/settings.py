@@ -365,6 +365,11 @@ TOLLGATE = {
     # At most this many runs are sent back per sweeper pass (the rest wait
     # for the next pass), so recovery never floods the broker.
     "SWEEP_MAX_RESENDS": env.int("TOLLGATE_SWEEP_MAX_RESENDS", default=500),
+    # At most this many due items of each kind per sweeper pass (expired
+    # approvals, timers, scheduled starts, deadlines, reconciliations after
+    # a run ended), oldest first; the rest wait for the next pass, so a
+    # pass stays short however much falls due at once.
+    "SWEEP_BATCH": env.int("TOLLGATE_SWEEP_BATCH", default=200),
     # Retry backoffs up to this many seconds are slept in the worker;
     # longer ones put the run in waiting/retry_backoff with wake_at.
     "INLINE_BACKOFF_MAX_S": env.float("TOLLGATE_INLINE_BACKOFF_MAX_S", default=2.0),
