@@ -6,12 +6,15 @@ sweeper, and lets a fresh worker finish the run. The payment gateway is a
 real separate process; its ledger shows whether anything happened twice.
 """
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt, reconcile_interrupt
-from runs.models import Agent, RunStatus, Step, WaitingReason
-from runs.engine.recovery import sweep
+from runs.models import Agent, Run, RunStatus, Step, WaitingReason
+from runs.engine.recovery import BLAME_MARGIN, sweep
 from runs.engine.lifecycle import start_run
 from tests.durability import make_agent, refund_turns, wait_for_lease_expiry
 from tools.models import ToolCall, ToolCallStatus
@@ -136,3 +139,45 @@ def test_waiting_run_keeps_waiting_through_a_sweep(demo, worker):
     run.refresh_from_db()
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.APPROVAL)
     assert counts == {"reenqueued": 0, "woken": 0, "expired": 0, "reconciled": 0}
+
+
+def _neighbour_blamed_for(run, neighbour):
+    """``neighbour`` died in ``run``'s worker too, its step started ``BLAME_MARGIN`` after ``run``'s refund: the
+    sweeper will blame the neighbour and count ``run`` a bystander."""
+    owner = Run.objects.values_list("lease_owner", flat=True).get(pk=run.pk)
+    call_started = ToolCall.objects.values_list("started_at", flat=True).get(run=run, name="refund")
+    Run.objects.filter(pk=neighbour.pk).update(status=RunStatus.RUNNING, lease_owner=owner,
+                                               lease_expires_at=timezone.now() - timedelta(seconds=1))
+    step = Step.objects.create(run=neighbour, index=neighbour.steps.count())
+    Step.objects.filter(pk=step.pk).update(started_at=call_started + BLAME_MARGIN)
+
+
+def test_sends_a_bystander_lost_to_a_neighbours_crashes_leave_its_retries_whole(
+    demo, idle_worker, worker_process, payment_gateway
+):
+    # The chaos run's flake: twice a refund had just started (running, not yet sent) in a worker that a
+    # neighbour's step killed; as a bystander it was sent again each time, but those two cut-off sends
+    # still counted against max_attempts (3), so the gateway's first answer, a 503 that is retried
+    # otherwise, left it unknown; the gateway had no trace, a person settled it failed, the run failed.
+    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    run = _start(demo, agent)
+    neighbour = _start(demo, make_agent("neighbour", [{"content": "Done."}], tools=[]))
+    for attempt in (1, 2):  # worker_process: the real actor in a process that SIGKILLs itself at the failpoint
+        assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
+        _neighbour_blamed_for(run, neighbour)
+        wait_for_lease_expiry(run.pk)
+        sweep()
+        assert Run.objects.values_list("death_blame", flat=True).get(pk=run.pk) == "bystander"
+    assert payment_gateway.ledger()["requests_per_key"] == {}  # neither send left the worker
+
+    payment_gateway.faults(script=["error_before_commit"])
+    idle_worker.worker.start()
+    idle_worker.drain()
+    run.refresh_from_db()
+
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert (call.status, call.attempts) == (ToolCallStatus.SUCCEEDED, 4)
+    assert [e.payload["blamed"] for e in run.events.filter(type="recovery")] == [False, False]
+    assert [r["idempotency_key"] for r in _charges(payment_gateway)] == [call.idempotency_key]
+    assert payment_gateway.ledger()["requests_per_key"] == {call.idempotency_key: 2}

@@ -12,11 +12,12 @@ from approvals.services import reconcile_interrupt
 from runs.errors import InvalidInput
 from runs.models import RunStatus, WaitingReason
 from runs.engine.recovery import sweep
-from runs.engine.lifecycle import start_run
+from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import make_agent, refund_turns
 from tools import registry
+from tools.demo import gateway
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import Tool, ToolTimeout
+from tools.registry import Tool, ToolTimeout, ToolUnavailable
 
 
 @pytest.fixture
@@ -28,6 +29,19 @@ def fast_refund(monkeypatch):
 def _refund_run(demo):
     agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
     return start_run(agent=agent, user=demo["requester"], input="refund order 123")
+
+
+def _refund_refused_after_the_timeout(demo, worker, payment_gateway, monkeypatch, *, reconcile):
+    """Drain a refund run (0.5 s timeout with ``fast_refund``; ``reconcile`` as the tool's hook) whose first send
+    the gateway refuses with a 503 that comes after 1.0 s, so the client sees a timeout. Returns (run, refund call).
+    """
+    payment_gateway.faults(script=["error_before_commit"], latency_s=1.0)
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(registry.get_tool("refund"),
+                                                                       reconcile=reconcile))
+    run = _refund_run(demo)
+    worker.drain()
+    run.refresh_from_db()
+    return run, ToolCall.objects.get(run=run, name="refund")
 
 
 def test_gateway_timeout_after_commit_is_reconciled_to_succeeded_with_one_charge(
@@ -62,6 +76,59 @@ def test_5xx_from_the_gateway_is_sent_again_with_the_same_key(demo, worker, paym
     ledger = payment_gateway.ledger()
     assert [r["idempotency_key"] for r in ledger["refunds"]] == [call.idempotency_key]
     assert ledger["requests_per_key"] == {call.idempotency_key: 2}
+
+
+def test_a_503_that_comes_after_the_timeout_is_sent_again_once_the_gateway_shows_no_trace(
+    demo, worker, payment_gateway, fast_refund, monkeypatch
+):
+    # The chaos run's flake: the gateway refused the first send (503, nothing charged) but its answer came
+    # after the client's timeout, so the call became unknown with attempts left. The gateway has no
+    # trace of the key: the refund did not happen, and the key deduplicates, so it is sent again under
+    # the same key rather than left to a person who can only say "failed".
+    lookups = []
+
+    def lookup_once_the_gateway_is_fast_again(key):
+        lookups.append(key)
+        payment_gateway.faults()  # the slow spell is over
+        return gateway.lookup(key)
+
+    run, call = _refund_refused_after_the_timeout(demo, worker, payment_gateway, monkeypatch,
+                                                  reconcile=lookup_once_the_gateway_is_fast_again)
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert (call.status, call.attempts) == (ToolCallStatus.SUCCEEDED, 2)
+    statuses = list(run.events.filter(type="tool_call", payload__tool_call=call.pk).values_list("to_status", flat=True))
+    assert statuses == ["proposed", "ready", "running", "unknown", "ready", "running", "succeeded"]
+    assert lookups == [call.idempotency_key]
+    ledger = payment_gateway.ledger()
+    assert [r["idempotency_key"] for r in ledger["refunds"]] == [call.idempotency_key]
+    assert ledger["requests_per_key"] == {call.idempotency_key: 2}
+    assert not Interrupt.objects.filter(run=run, kind=InterruptKind.RECONCILIATION).exists()
+
+
+def test_no_resend_when_the_hook_could_not_ask_nor_once_the_run_has_ended(
+    demo, worker, payment_gateway, fast_refund, monkeypatch, settings
+):
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_BACKOFF_S": 60.0}
+    lookups = []
+
+    def unreachable_at_first(key):
+        lookups.append(key)
+        if len(lookups) == 1:
+            raise ToolUnavailable("payment gateway unreachable")
+        return gateway.lookup(key)
+
+    run, call = _refund_refused_after_the_timeout(demo, worker, payment_gateway, monkeypatch,
+                                                  reconcile=unreachable_at_first)
+    assert (call.status, call.attempts) == (ToolCallStatus.UNKNOWN, 1), "an unanswered lookup proves nothing"
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
+
+    cancel_run(run=run, actor="user:requester")
+    assert sweep()["reconciled"] == 1  # the gateway answers 404 now, but the run has ended: nothing is sent
+
+    call.refresh_from_db()
+    assert (call.status, call.attempts) == (ToolCallStatus.UNKNOWN, 1)
+    assert len(lookups) == 2
+    assert payment_gateway.ledger() == {"refunds": [], "requests_per_key": {call.idempotency_key: 1}}
 
 
 def test_hook_that_keeps_finding_nothing_hands_the_call_to_a_person(demo, worker, payment_gateway, settings):

@@ -144,8 +144,9 @@ def test_an_unknown_refund_of_a_cancelled_run_is_still_looked_up_and_settled(dem
         lookups.append(key)
         return Reconciliation("not_found") if len(lookups) == 1 else gateway.lookup(key)
 
+    # One attempt: a call with attempts left that the hook cannot find is sent again instead (same key).
     monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(
-        registry.get_tool("refund"), timeout_s=0.5, reconcile=slow_to_answer))
+        registry.get_tool("refund"), timeout_s=0.5, reconcile=slow_to_answer, max_attempts=1))
     payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
     agent = make_agent("unknown-then-cancel", [{"tool_calls": [refund(123, 30)]}, {"content": "ok"}],
                        tools=["refund"])
@@ -389,8 +390,9 @@ def test_a_persons_item_is_closed_when_the_sweeper_settles_its_call(demo, worker
                                                                     settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 1}
     visible = []
+    # One attempt: a call with attempts left that the hook cannot find is sent again instead (same key).
     monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(
-        registry.get_tool("refund"), timeout_s=0.5,
+        registry.get_tool("refund"), timeout_s=0.5, max_attempts=1,
         reconcile=lambda key: gateway.lookup(key) if visible else Reconciliation("not_found")))
     payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
     agent = make_agent("item-closed", [{"tool_calls": [refund(123, 30)]}, {"content": "ok"}], tools=["refund"])

@@ -147,7 +147,8 @@ class Tool:
     * ``timeout_s``: seconds a call may take; the handler must honour it
       (it is in ``ToolContext.timeout_s``) and raise ``ToolTimeout``.
     * ``idempotent``: the external system deduplicates by our idempotency
-      key, so a call interrupted by a crash may be sent again.
+      key, so a call interrupted by a crash may be sent again, and so may
+      an ``unknown`` one its ``reconcile`` hook finds no trace of.
     * ``reconcile(idempotency_key) -> Reconciliation``: asks the external
       system what became of a call whose outcome is unknown.
     * ``max_attempts`` / ``backoff_s``: retry policy for read-only tools

@@ -195,8 +195,9 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
 
 
 def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
-    """Settle unknown outcomes: the tool's hook first, else a person; the run waits meanwhile."""
-    verdicts = {call.pk: reconcile_unknown_call(call, actor=ACTOR) for call in unknown}
+    """Settle unknown outcomes: the tool's hook first (a call it may send again is ``ready`` for the next
+    pass), else a person; the run waits meanwhile."""
+    verdicts = {call.pk: reconcile_unknown_call(call, actor=ACTOR, resend=True) for call in unknown}
     later = [call for call in unknown if verdicts[call.pk] == "later"]
     people = [call for call in unknown if verdicts[call.pk] == "person"]
     if not later and not people:

@@ -43,7 +43,7 @@ from runs.transitions import apply
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
-from tools.services import reconcile_delay, reconcile_unknown_call, recover_orphaned_call
+from tools.services import charged_attempts, reconcile_delay, reconcile_unknown_call, recover_orphaned_call
 
 log = logging.getLogger(__name__)
 # How much later than all other in-flight work of a dead worker a run's work
@@ -100,7 +100,7 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None
     if run.crash_streak >= limits["MAX_CRASHES_PER_STEP"] or run.loss_streak >= limits["MAX_LOSSES_PER_STEP"]:
         return "crash_loop"
     # A call whose worker died on its last allowed attempt, in a run blamed for this death: the same.
-    if blamed and any(call.attempts >= getattr(get_tool(call.name), "max_attempts", 1) for call in calls):
+    if blamed and any(charged_attempts(call) >= getattr(get_tool(call.name), "max_attempts", 1) for call in calls):
         return "crash_loop"  # the call stays running: ending the run hands it to reconciliation
     for call in calls:  # a bystander's sends cut off by a neighbour's crash do not use up its attempts
         recover_orphaned_call(call, actor=actor, spare_attempts=not blamed)

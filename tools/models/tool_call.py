@@ -142,9 +142,10 @@ class ToolCall(FSMModel):
         self.attempts += 1
         self.started_at = now
 
-    @transition(field=status, source=S.RUNNING, target=S.READY)
+    @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.READY)
     def requeue(self, error: str):
-        """Send again: only for read-only or idempotent tools (retry, crash recovery)."""
+        """Send again: only for read-only or idempotent tools (retry, crash recovery), and, from
+        ``unknown``, for an idempotent call the external system shows no trace of (reconciliation)."""
         self.error = error
 
     @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.SUCCEEDED)

@@ -21,7 +21,7 @@ One job per module; the names imported here are what the layers above use:
 from tools.services.arguments import action_identity, canonical_value, derive_idempotency_key
 from tools.services.assessment import assess_tool_calls
 from tools.services.decisions import approve_tool_call, expire_tool_call, reject_tool_call
-from tools.services.execution import execute_tool_call, recover_orphaned_call, retry_delay
+from tools.services.execution import charged_attempts, execute_tool_call, recover_orphaned_call, retry_delay
 from tools.services.proposal import propose_tool_calls, settle_joined_calls
 from tools.services.reconciliation import reconcile_delay, reconcile_unknown_call, settle_unknown_call
 from tools.services.results import (
@@ -36,6 +36,7 @@ __all__ = [
     "approve_tool_call",
     "assess_tool_calls",
     "canonical_value",
+    "charged_attempts",
     "deliver_tool_results",
     "derive_idempotency_key",
     "execute_tool_call",

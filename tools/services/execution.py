@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs.failpoints import failpoint
-from runs.models import Phase
+from runs.models import Phase, RunEvent
 from runs.services import set_phase
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
@@ -90,7 +90,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
         # Sending again is safe for read-only tools, and after an explicit
         # error answer for tools whose external system deduplicates by key.
         may_retry = not tool.side_effect or (tool.idempotent and isinstance(exc, ToolUnavailable))
-        if may_retry and tool_call.attempts < tool.max_attempts:
+        if may_retry and charged_attempts(tool_call) < tool.max_attempts:
             return outcome(tool_call.requeue, reason="retrying", error=str(exc))
         if tool.side_effect:
             return outcome(tool_call.mark_unknown, error=f"{type(exc).__name__}: {exc}")
@@ -138,20 +138,38 @@ def retry_delay(tool_call: ToolCall) -> float:
     return random.uniform(0, tool.backoff_s * 2 ** max(tool_call.attempts - 1, 0))
 
 
+def charged_attempts(tool_call: ToolCall) -> int:
+    """How many sends of ``tool_call`` count against its tool's ``max_attempts``.
+
+    ``attempts`` counts every send, those cut off by a worker's death too;
+    a send cut off while the run was a bystander of another run's crash (a
+    ``recovery`` event with ``"blamed": false`` that names the call, see
+    ``runs.engine.recovery.recover_after_takeover``) is not held against
+    the call. One query; asked only after a failed send or a death.
+    """
+    if not tool_call.attempts:
+        return 0
+    spared = sum(1 for payload in RunEvent.objects.filter(run_id=tool_call.run_id, type="recovery")
+                 .values_list("payload", flat=True)
+                 if payload.get("blamed") is False and tool_call.pk in payload.get("tool_calls", []))
+    return tool_call.attempts - spared
+
+
 def recover_orphaned_call(tool_call: ToolCall, *, actor: str, spare_attempts: bool = False) -> ToolCall:
     """A call found ``running`` by a worker that just took the run's lease (its caller died).
 
     Read-only and idempotent tools are sent again (``ready``, same key)
-    while ``attempts < max_attempts`` -- attempts count the sends cut off by
-    crashes too. Past that, a read-only call fails and a side-effecting one
-    becomes ``unknown`` (reconciliation), like any other side-effecting call.
+    while ``charged_attempts < max_attempts`` -- attempts count the sends
+    cut off by crashes too, except a bystander's. Past that, a read-only
+    call fails and a side-effecting one becomes ``unknown``
+    (reconciliation), like any other side-effecting call.
     ``spare_attempts``: the death was another run's doing (a bystander), so
     a resendable call is sent again whatever its attempts (the run's
     ``loss_streak`` bounds that).
     """
     tool = get_tool(tool_call.name)
     resendable = tool is not None and (not tool.side_effect or tool.idempotent)
-    if resendable and (spare_attempts or tool_call.attempts < tool.max_attempts):
+    if resendable and (spare_attempts or charged_attempts(tool_call) < tool.max_attempts):
         return apply(tool_call.requeue, actor=actor, reason="retrying after a worker crash",
                      error="The worker running this call stopped; sending it again.")
     if not tool_call.side_effect:

@@ -11,19 +11,30 @@ from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall
 from tools.registry import Reconciliation, get_tool
+from tools.services.execution import charged_attempts
 
 log = logging.getLogger(__name__)
 
 
-def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> str:
+def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> str:
     """Ask the tool's ``reconcile`` hook about an ``unknown`` call.
 
     Returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
-    call is now too), ``"later"`` (no trace yet, or the external system
-    could not be asked: try again after ``reconcile_delay``) or
-    ``"person"`` (the tool has no hook, or ``RECONCILE_MAX_TRIES`` tries
-    found nothing: only a person can settle it). A hook that raises counts
-    as a try that learned nothing; nothing is ever guessed.
+    call is now too), ``"resend"`` (see below: the call is ``ready``
+    again), ``"later"`` (no trace yet, or the external system could not
+    be asked: try again after ``reconcile_delay``) or ``"person"`` (the
+    tool has no hook, or ``RECONCILE_MAX_TRIES`` tries found nothing: only
+    a person can settle it). A hook that raises counts as a try that
+    learned nothing; nothing is ever guessed.
+
+    ``resend``: the caller holds the run's lease and sends ``ready`` calls
+    next (the loop; never once the run has ended). Then a call of an
+    ``idempotent`` tool with attempts left (``charged_attempts < max_attempts``)
+    that the external system answered it has no trace of is requeued, to
+    be sent again under the same idempotency key, as after a crash: the
+    key makes a late first send and the new one a single effect, and the
+    answer settles the call (e.g. a 503 that came after the client's
+    timeout left a refund ``unknown`` that never happened).
     """
     tool = get_tool(tool_call.name)
     if tool is None or tool.reconcile is None:
@@ -43,6 +54,11 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str) -> str:
         apply(tool_call.fail, actor=actor, reason="reconciled automatically",
               error=found.error or "The external system reports that the call failed.", now=timezone.now())
         return "settled"
+    if resend and found.status == "not_found" and not found.error and tool.idempotent \
+            and charged_attempts(tool_call) < tool.max_attempts:
+        apply(tool_call.requeue, actor=actor, reason="no trace at the external system: sending again, same key",
+              error="The external system has no trace of this call; it is sent again under the same key.")
+        return "resend"
     with transaction.atomic():
         append_event(tool_call.run, type="reconciliation", actor=actor, reason=found.error or "not found yet",
                      payload={"tool_call": tool_call.pk, "try": tool_call.reconcile_attempts})
