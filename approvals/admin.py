@@ -4,17 +4,20 @@ Inbox items are view-only; "Approve" and "Reject" are admin actions that
 show a confirmation page with a comment, then decide each item through
 ``approvals.bulk`` (``decide_interrupt`` per item: the item's permission and
 the requester rule, the tool call resolved, the run resumed), skipping and
-reporting any item that changed meanwhile.
+reporting any item that changed meanwhile. Answer files are view-only too:
+their metadata, and a link to the download that checks who may see the run.
 """
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext as _, gettext_lazy, ngettext
 
 from approvals.bulk import CHANGED, GONE, NOT_PENDING, RUN_ENDED, decide_bulk, plan_bulk
 from approvals.forms import BulkDecisionForm
-from approvals.models import Decision, Interrupt
+from approvals.models import AnswerFile, Decision, Interrupt
 from config.error_display import admin_error
 from runs.admin import ReadOnlyAdminMixin
 from runs.errors import Forbidden, InvalidInput, TollgateError
@@ -105,6 +108,32 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                             if decision == Decision.APPROVED
                             else ngettext("Rejected %(count)d item.", "Rejected %(count)d items.", done))
             self.message_user(request, done_message % {"count": done}, level=messages.SUCCESS)
+
+
+@admin.register(AnswerFile)
+class AnswerFileAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Files that answered questions, view-only: name, size, type, uploader and the inbox item.
+
+    Neither the contents nor the storage path are shown: "Download" goes
+    to the item page's download (``inbox-item-file``), which serves the
+    file only to users who may see its run (``selectors.answer_file_visible``).
+    """
+
+    list_display = ("id", "name", "size", "content_type", "uploaded_by", "item", "created_at")
+    list_select_related = ("uploaded_by", "interrupt")
+    search_fields = ("name", "=interrupt__id", "=interrupt__run__id", "uploaded_by__username")
+    date_hierarchy = "created_at"
+    fields = ("name", "size", "content_type", "sha256", "uploaded_by", "item", "created_at", "download")
+
+    @admin.display(description=gettext_lazy("inbox item"), ordering="interrupt")
+    def item(self, answer_file: AnswerFile):
+        return format_html('<a href="{}">{}</a>', reverse("admin:approvals_interrupt_change",
+                                                          args=[answer_file.interrupt_id]), answer_file.interrupt)
+
+    @admin.display(description=gettext_lazy("download"))
+    def download(self, answer_file: AnswerFile):
+        return format_html('<a href="{}" class="answer-file-download">{}</a>',
+                           reverse("inbox-item-file", args=[answer_file.interrupt_id]), _("Download"))
 
 
 def skip_reason(code: str, detail: str = "") -> str:

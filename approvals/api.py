@@ -42,7 +42,8 @@ DECISION_RESPONSES = {
     200: InterruptSerializer,
     400: OpenApiResponse(description="Edited arguments do not match the tool's schema."),
     403: OpenApiResponse(description="You may not decide this item."),
-    409: OpenApiResponse(description="The item is no longer pending; `details.status` is its current status."),
+    409: OpenApiResponse(description="The item is no longer pending (`details.status` is its current status), "
+                                     "or an approval is past its expiry (code `expired`, `details.expires_at`)."),
 }
 
 CLAIM_RESPONSES = {

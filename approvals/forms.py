@@ -105,9 +105,11 @@ class InboxFilterForm(forms.Form):
 
 
 class DecidedFilterForm(forms.Form):
-    """Filters of the history page (``approvals.selectors.decided_items``); every field optional.
+    """Filters and keyset cursor of the history page (``approvals.selectors.decided_page``); every field optional.
 
     ``when``: ``today``, or empty to use ``day_from`` / ``day_to``.
+    ``after`` / ``before``: the id of the last / first item of the page one
+    came from (one of them at most); ``page`` only the number shown.
     """
 
     who = forms.ChoiceField(required=False, choices=[("", _("anyone")), ("me", _("me"))], label=_("Decided by"))
@@ -116,10 +118,19 @@ class DecidedFilterForm(forms.Form):
     when = forms.ChoiceField(required=False, choices=[("", _("any day")), ("today", _("today"))], label=_("When"))
     day_from = forms.DateField(required=False, label=_("From"), widget=forms.DateInput(attrs={"type": "date"}))
     day_to = forms.DateField(required=False, label=_("To"), widget=forms.DateInput(attrs={"type": "date"}))
+    after = forms.IntegerField(required=False, min_value=1, max_value=2 ** 63 - 1, widget=forms.HiddenInput)
+    before = forms.IntegerField(required=False, min_value=1, max_value=2 ** 63 - 1, widget=forms.HiddenInput)
+    page = forms.IntegerField(required=False, min_value=1, max_value=10 ** 9, widget=forms.HiddenInput)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["decision"].choices = [("", _("any"))] + list(Decision.choices)
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("after") and cleaned.get("before"):
+            raise forms.ValidationError(gettext("Give at most one of after and before."))
+        return cleaned
 
 
 class BulkDecisionForm(forms.Form):

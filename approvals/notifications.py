@@ -37,6 +37,7 @@ from django.utils.translation import gettext as _
 
 from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
+from runs.errors import InvalidInput
 from runs.masking import mask_credentials
 from runs.wakeups import ADVANCE_QUEUE
 from tools.services.summary import describe
@@ -194,3 +195,20 @@ def preferences_of(user) -> NotificationPreference:
     """``user``'s preferences (unsaved defaults, all on, if they never set them)."""
     return NotificationPreference.objects.filter(user=user).first() or NotificationPreference(user=user)
 
+
+
+def save_preferences(*, user, new_item: bool, claimed_expiring: bool, run_expired: bool,
+                     language: str = "") -> NotificationPreference:
+    """Store which emails ``user`` wants (the flags of ``NotificationPreference``) and their ``language``.
+
+    One row per user, made on the first save and updated after. ``language``:
+    "" (the site's ``LANGUAGE_CODE``) or a code of ``settings.LANGUAGES``;
+    anything else raises ``InvalidInput`` (field ``language``) and stores
+    nothing. Returns the saved row.
+    """
+    if language and language not in dict(settings.LANGUAGES):
+        raise InvalidInput.for_fields({"language": f"Unknown language {language!r}."})
+    preference, _created = NotificationPreference.objects.update_or_create(user=user, defaults={
+        "new_item": bool(new_item), "claimed_expiring": bool(claimed_expiring), "run_expired": bool(run_expired),
+        "language": language})
+    return preference

@@ -46,28 +46,108 @@ def _day_start(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min))
 
 
-def decided_items(*, user, mine: bool = False, decision: str = "", tool: str = "", day_from: date | None = None,
-                  day_to: date | None = None):
-    """Resolved items ``user`` may look at, most recently decided first (a queryset, for a paginator).
+@dataclass(frozen=True)
+class DecidedFilters:
+    """What the history page shows, validated (``approvals.forms.DecidedFilterForm``).
 
-    ``mine``: only those ``user`` decided. ``decision``: one ``Decision``
-    value. ``tool``: the tool call's name. ``day_from`` / ``day_to``:
-    resolved on or after / on or before these days (inclusive, in the
-    current time zone). The ordering is served by the indexes on
+    ``mine``: only the items the user decided. ``decision``: one
+    ``Decision`` value, "" for any. ``tool``: the tool call's name, "" for
+    any. ``day_from`` / ``day_to``: resolved on or after / on or before
+    these days (inclusive, in the current time zone), None for no bound.
+    """
+
+    mine: bool = False
+    decision: str = ""
+    tool: str = ""
+    day_from: date | None = None
+    day_to: date | None = None
+
+
+@dataclass
+class DecidedPage:
+    """One page of the history: ``rows`` (``Interrupt`` objects, most recently decided first),
+    ``next_after`` (the id to pass as ``after`` for the older page, None on the last one),
+    ``previous_before`` (the id to pass as ``before`` for the newer page, None on the first one),
+    ``count`` (the items matching, at most ``COUNT_CAP``) and ``capped`` (more match than that)."""
+
+    rows: list = field(default_factory=list)
+    next_after: int | None = None
+    previous_before: int | None = None
+    count: int = 0
+    capped: bool = False
+
+
+HISTORY_PAGE_SIZE = 50
+NEWEST_DECIDED = ("-resolved_at", "-id")  # the history's order (index interrupt_status_resolved)
+
+
+def decided_items(*, user, filters: DecidedFilters = DecidedFilters()):
+    """Resolved items ``user`` may look at, narrowed by ``filters`` (a queryset, not ordered).
+
+    In ``NEWEST_DECIDED`` order they are served by the indexes on
     ``(status, -resolved_at, -id)`` and ``(resolved_by, -resolved_at, -id)``.
     """
     items = Interrupt.objects.visible_to(user).filter(status=InterruptStatus.RESOLVED)
-    if mine:
+    if filters.mine:
         items = items.filter(resolved_by=user)
-    if decision:
-        items = items.filter(decision=decision)
-    if tool:
-        items = items.filter(tool_call__name=tool)
-    if day_from:
-        items = items.filter(resolved_at__gte=_day_start(day_from))
-    if day_to:
-        items = items.filter(resolved_at__lt=_day_start(day_to) + timedelta(days=1))
-    return _with_relations(items).order_by("-resolved_at", "-id")
+    if filters.decision:
+        items = items.filter(decision=filters.decision)
+    if filters.tool:
+        items = items.filter(tool_call__name=filters.tool)
+    if filters.day_from:
+        items = items.filter(resolved_at__gte=_day_start(filters.day_from))
+    if filters.day_to:
+        items = items.filter(resolved_at__lt=_day_start(filters.day_to) + timedelta(days=1))
+    return items
+
+
+def _older_than(item) -> Q:
+    """Items after ``item`` in ``NEWEST_DECIDED`` order: decided earlier, or at the same time with a smaller id."""
+    at = item.resolved_at
+    return Q(resolved_at__lte=at) & ~Q(resolved_at=at, id__gte=item.pk)
+
+
+def _newer_than(item) -> Q:
+    """Items before ``item`` in ``NEWEST_DECIDED`` order (the reverse of ``_older_than``)."""
+    at = item.resolved_at
+    return Q(resolved_at__gte=at) & ~Q(resolved_at=at, id__lte=item.pk)
+
+
+def decided_page(*, user, filters: DecidedFilters = DecidedFilters(), after: int | None = None,
+                 before: int | None = None, size: int = HISTORY_PAGE_SIZE) -> DecidedPage:
+    """The page of the history (``decided_items``) older than item ``after``, or newer than item ``before``.
+
+    Keyset pagination like ``inbox_page``: a page is read from its anchor
+    item's ``(resolved_at, id)``, in ``NEWEST_DECIDED`` order (``before``:
+    the ``size`` items just newer than the anchor), never by counting or
+    skipping rows. Neither cursor, or one naming no decided item: the first
+    page; so is ``before`` an item with at most ``size`` newer ones (the
+    first page, filled). Whether a page lies beyond each end is one
+    ``EXISTS`` (or the row read past ``size``); the total is counted up to
+    ``COUNT_CAP`` only. At most four queries, whatever the page's depth or
+    the number of items.
+    """
+    items = decided_items(user=user, filters=filters)
+    counted = items.order_by().values("pk")[:COUNT_CAP + 1].count()
+    page = DecidedPage(count=min(counted, COUNT_CAP), capped=counted > COUNT_CAP)
+    cursor = before or after
+    anchor = (Interrupt.objects.filter(pk=cursor, status=InterruptStatus.RESOLVED).order_by()
+              .only("pk", "resolved_at").first() if cursor else None)
+    if anchor is not None and before:
+        rows = list(_with_relations(items.filter(_newer_than(anchor))).order_by("resolved_at", "id")[:size + 1])
+        if len(rows) > size:
+            page.rows = rows[:size][::-1]
+            page.previous_before = page.rows[0].pk
+            page.next_after = page.rows[-1].pk if items.filter(_older_than(page.rows[-1])).exists() else None
+            return page
+        anchor = None  # no more than a page is newer: that is the first page, shown whole
+    shown = items.filter(_older_than(anchor)) if anchor is not None else items
+    rows = list(_with_relations(shown).order_by(*NEWEST_DECIDED)[:size + 1])
+    page.rows = rows[:size]
+    page.next_after = page.rows[-1].pk if len(rows) > size else None
+    newer = anchor is not None and page.rows and items.filter(_newer_than(page.rows[0])).exists()
+    page.previous_before = page.rows[0].pk if newer else None
+    return page
 
 
 def answer_file_visible(*, user, interrupt_id: int) -> AnswerFile | None:

@@ -18,7 +18,7 @@ from django_fsm import can_proceed
 
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus
-from runs.errors import Forbidden, InvalidInput
+from runs.errors import Expired, Forbidden, InvalidInput
 from runs.models import Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
 from runs.transitions import apply
@@ -133,15 +133,16 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     return interrupt
 
 
-def overdue_interrupts(*, now) -> list[tuple[int, int]]:
+def overdue_interrupts(*, now, limit: int | None = None) -> list[tuple[int, int]]:
     """``(item id, run id)`` of pending approval items whose ``expires_at`` has passed (for the sweeper).
 
-    Input items are left out: their wait ends them at the same moment
-    (``expire_input_item``), and the run goes on instead of failing.
+    The longest overdue first (index ``interrupt_pending_expiry``), at most
+    ``limit`` of them. Input items are left out: their wait ends them at
+    the same moment (``expire_input_item``), and the run goes on instead of failing.
     """
     overdue = Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now).exclude(
-        kind=InterruptKind.INPUT)
-    return list(overdue.values_list("pk", "run_id"))
+        kind=InterruptKind.INPUT).order_by("expires_at", "id")
+    return list(overdue.values_list("pk", "run_id")[:limit])
 
 
 def expire_interrupt(*, interrupt_id: int, now, actor: str, run: Run | None = None) -> Interrupt | None:
@@ -152,10 +153,19 @@ def expire_interrupt(*, interrupt_id: int, now, actor: str, run: Run | None = No
     if the caller has it, so it is not read again); ending the run is the
     caller's (the engine's sweeper fails it with ``approval_expired``).
     """
-    interrupt = _lock_item(interrupt_id, run=run)
+    return expire_locked_interrupt(_lock_item(interrupt_id, run=run), now=now, actor=actor)
+
+
+def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interrupt | None:
+    """``expire_interrupt`` for an item the caller has locked (after its run) and loaded with its tool call.
+
+    For a sweeper that loads many items at once; returns the item, or None
+    if it was no longer pending. The writes take no savepoint: an error
+    aborts the caller's whole transaction (as the sweeper wants).
+    """
     if not can_proceed(interrupt.expire):
         return None
-    apply(interrupt.expire, actor=actor, reason="expired", now=now)
+    apply(interrupt.expire, actor=actor, reason="expired", now=now, savepoint=False)
     if interrupt.tool_call is not None and interrupt.kind == InterruptKind.APPROVAL:
         expire_tool_call(tool_call=interrupt.tool_call, actor=actor)
     return interrupt
@@ -286,8 +296,10 @@ def decide_interrupt(
     and a worker is woken. An approval with edited arguments logs what
     changed in its event (``changes``, ``tools.services.edits``). Raises
     ``Forbidden`` (403, checked first), ``TransitionNotAllowed`` when the
-    item is no longer pending (409) and ``InvalidInput`` for edited
-    arguments that break the tool's schema.
+    item is no longer pending (409), ``Expired`` (409) when it is past its
+    ``expires_at`` (still pending until the sweeper expires it and fails
+    the run, as for an item nobody decided) and ``InvalidInput`` for
+    edited arguments that break the tool's schema.
     """
     if not can_decide(user, interrupt):
         raise Forbidden(_("You may not decide this item."))
@@ -300,6 +312,7 @@ def decide_interrupt(
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        _refuse_if_expired(interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
         apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
@@ -310,6 +323,14 @@ def decide_interrupt(
             reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor)
         _resume_if_unblocked(interrupt.run, actor=actor)
     return interrupt
+
+
+def _refuse_if_expired(interrupt: Interrupt) -> None:
+    """Raise ``Expired`` for a pending item whose ``expires_at`` has passed (by this server's clock)."""
+    if interrupt.status == InterruptStatus.PENDING and interrupt.expires_at is not None \
+            and interrupt.expires_at <= timezone.now():
+        raise Expired(f"Inbox item {interrupt.pk} expired at {interrupt.expires_at.isoformat()}; "
+                      "it can no longer be decided.", details={"expires_at": interrupt.expires_at.isoformat()})
 
 
 def _resume_if_unblocked(run, *, actor: str) -> None:
@@ -323,12 +344,27 @@ def _resume_if_unblocked(run, *, actor: str) -> None:
         wake_on_commit(run.pk)
 
 
-def cancel_pending_interrupts(*, run, actor: str) -> None:
+def pending_items_locked(run_ids) -> list[Interrupt]:
+    """The pending items of the runs ``run_ids``, locked (``SELECT ... FOR UPDATE`` of their rows), newest first.
+
+    Call inside a transaction that already holds those runs' row locks
+    (runs first, then items: the order every writer of both keeps).
+    """
+    return list(Interrupt.objects.select_for_update(of=("self",)).filter(
+        run_id__in=run_ids, status=InterruptStatus.PENDING).order_by("-created_at", "-id"))
+
+
+def cancel_pending_interrupts(*, run, actor: str, pending: list[Interrupt] | None = None) -> None:
     """Cancel the pending approval and input items of ``run`` (the run is ending).
 
     Reconciliation items stay pending: the effect they ask about may have
-    happened, whatever becomes of the run.
+    happened, whatever becomes of the run. ``pending``: the run's items as
+    the caller loaded them under its lock (``pending_items_locked``); the
+    ones still pending in memory are cancelled. Else they are read here.
     """
-    pending = run.interrupts.select_for_update().filter(status=InterruptStatus.PENDING)
-    for interrupt in pending.exclude(kind=InterruptKind.RECONCILIATION):
-        apply(interrupt.cancel, actor=actor, reason="run cancelled", now=timezone.now())
+    if pending is None:
+        pending = pending_items_locked([run.pk])
+    for interrupt in pending:
+        if interrupt.status == InterruptStatus.PENDING and interrupt.kind != InterruptKind.RECONCILIATION:
+            interrupt.run = run
+            apply(interrupt.cancel, actor=actor, reason="run cancelled", now=timezone.now())

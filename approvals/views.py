@@ -24,6 +24,7 @@ from approvals import selectors
 from approvals.answer_files import file_rule
 from approvals.downloads import answer_file_response
 from approvals.forms import AnswerForm, DecisionForm, InboxFilterForm, ReconcileForm
+from approvals.lookups import visible_item_or_404
 from approvals.models import InterruptKind, InterruptStatus
 from approvals.services import answer_interrupt, decide_interrupt, question_options, reconcile_interrupt
 from config.error_display import error_page, page_error
@@ -104,7 +105,7 @@ def interrupt_detail(request, interrupt_id: int):
     run's WebSocket and swaps the form for ``interrupt_state`` once the
     item is decided elsewhere.
     """
-    item = _visible_item_or_404(request, interrupt_id)
+    item = visible_item_or_404(request, interrupt_id)
     tool_call = item.tool_call
     data = request.POST if request.method == "POST" else None
     if item.kind == InterruptKind.RECONCILIATION:
@@ -166,14 +167,7 @@ def answer_file_download(request, interrupt_id: int):
 @require_GET
 def interrupt_state(request, interrupt_id: int):
     """The item's state as a small fragment for its page's live update: who decided, when, their comment."""
-    return render(request, "approvals/_item_state.html", {"item": _visible_item_or_404(request, interrupt_id)})
-
-
-def _visible_item_or_404(request, interrupt_id: int):
-    item = selectors.interrupt_get_visible(user=request.user, interrupt_id=interrupt_id)
-    if item is None:
-        raise Http404("No such inbox item.")
-    return item
+    return render(request, "approvals/_item_state.html", {"item": visible_item_or_404(request, interrupt_id)})
 
 
 def _already_decided(item) -> str:

@@ -165,6 +165,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {
         "NAME": os.environ.setdefault("TOLLGATE_SQLITE_TEST_DB", f"/tmp/tollgate-test-{os.getpid()}.sqlite3")
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Each process keeps its connections in a psycopg pool (Django's
+    # ``OPTIONS["pool"]``): a fresh PostgreSQL backend costs milliseconds of
+    # CPU on both sides (fork, authentication, catalogue caches), once per
+    # request or worker message without it. Statements are bound on the
+    # server and prepared after their 5th use on a connection, so the hot
+    # path's few statement shapes are parsed and planned once per connection.
+    # DATABASE_POOL_MAX_SIZE bounds each process (worker threads + 2 is enough).
+    if env.bool("DATABASE_POOL", default=True):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=1),
+            "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=20),
+            "timeout": env.float("DATABASE_POOL_TIMEOUT_S", default=30.0),
+        }
+    if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
+        DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -242,7 +258,14 @@ REST_FRAMEWORK = {
         "user": env.str("THROTTLE_USER", default="600/min"),
         "runs": env.str("THROTTLE_RUNS", default="30/min"),
     },
+    # How many proxies of our own stand in front and append to
+    # X-Forwarded-For: the client's address is the entry that many places
+    # from its end. 0 (the default): the header is the client's to write, so
+    # it is ignored and the connection's address (REMOTE_ADDR) counts.
+    "NUM_PROXIES": env.int("TOLLGATE_TRUSTED_PROXIES", default=0),
 }
+if not 0 <= REST_FRAMEWORK["NUM_PROXIES"] <= 10:
+    raise ImproperlyConfigured("TOLLGATE_TRUSTED_PROXIES must be from 0 to 10 (proxies of your own in front).")
 
 # The throttle counters live here: in-process by default; give every server
 # process the same one in production (e.g. CACHE_URL=redis://host:6379/1).
@@ -287,14 +310,18 @@ if REDIS_URL:
         "OPTIONS": {"url": REDIS_URL, "namespace": env.str("DRAMATIQ_NAMESPACE", default="tollgate")},
         "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE,
     }
+    # Live pushes go over Redis pub/sub (channels_redis's RedisPubSubChannelLayer):
+    # a group send is one PUBLISH, and each ASGI process that has sockets in
+    # the group hands the message to them itself. Nothing is stored for a
+    # socket that is not listening, which suits pushes that a client re-reads
+    # on reconnect anyway. The list-based RedisChannelLayer costs a worker
+    # several Redis commands per group per push, and the run list's group
+    # reaches every open list page.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {
-                # redis-py's pool refuses (not waits) past max_connections, which
-                # defaults to 100: a burst of WebSocket connects would fail with 1011.
-                "hosts": [{"address": REDIS_URL,
-                           "max_connections": env.int("CHANNELS_REDIS_MAX_CONNECTIONS", default=1000)}],
+                "hosts": [REDIS_URL],
                 "prefix": env.str("CHANNELS_PREFIX", default="tollgate"),
             },
         }
@@ -338,6 +365,11 @@ TOLLGATE = {
     # At most this many runs are sent back per sweeper pass (the rest wait
     # for the next pass), so recovery never floods the broker.
     "SWEEP_MAX_RESENDS": env.int("TOLLGATE_SWEEP_MAX_RESENDS", default=500),
+    # At most this many due items of each kind per sweeper pass (expired
+    # approvals, timers, scheduled starts, deadlines, reconciliations after
+    # a run ended), oldest first; the rest wait for the next pass, so a
+    # pass stays short however much falls due at once.
+    "SWEEP_BATCH": env.int("TOLLGATE_SWEEP_BATCH", default=200),
     # Retry backoffs up to this many seconds are slept in the worker;
     # longer ones put the run in waiting/retry_backoff with wake_at.
     "INLINE_BACKOFF_MAX_S": env.float("TOLLGATE_INLINE_BACKOFF_MAX_S", default=2.0),
@@ -390,6 +422,12 @@ TOLLGATE = {
         "application/pdf", "image/png", "image/jpeg", "text/plain", "text/csv", "application/json"]),
     # Characters of a text file's content the model is given with its metadata.
     "ANSWER_FILE_TEXT_CHARS": env.int("TOLLGATE_ANSWER_FILE_TEXT_CHARS", default=20_000),
+    # --- Integrators' WebSockets (config.ws_throttle) ---
+    # Connection attempts allowed per API token offered and per client
+    # address (DRF's rate syntax: <count>/<s|min|hour|day>); one over either
+    # is closed with code 4429. Counted in the default cache (CACHE_URL).
+    "WS_CONNECT_RATES": {"token": env.str("THROTTLE_WS_TOKEN", default="30/min"),
+                         "address": env.str("THROTTLE_WS_ADDRESS", default="60/min")},
     # --- Webhooks (runs.webhooks) ---
     # Seconds between a failed delivery attempt and the next: attempt n+1
     # waits entry n; when the list is used up the delivery is "failed"

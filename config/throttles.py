@@ -60,7 +60,9 @@ class SerializedRateThrottle(throttling.SimpleRateThrottle):
 
 
 class AnonRateThrottle(throttling.AnonRateThrottle, SerializedRateThrottle):
-    """Anonymous requests, per client address (rate ``anon``)."""
+    """Anonymous requests, per client address (rate ``anon``): ``REMOTE_ADDR``, or with
+    ``NUM_PROXIES`` (``TOLLGATE_TRUSTED_PROXIES``) above 0 the X-Forwarded-For entry that many places
+    from its end (DRF's ``get_ident``); a client's own X-Forwarded-For never counts."""
 
 
 class UserRateThrottle(throttling.UserRateThrottle, SerializedRateThrottle):

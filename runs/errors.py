@@ -64,6 +64,13 @@ class Conflict(TollgateError):
     http_status = 409
 
 
+class Expired(Conflict):
+    """Its time ran out (409), e.g. a decision on an inbox item past its ``expires_at`` that the sweeper
+    has not expired yet. ``details``: ``expires_at`` (ISO 8601)."""
+
+    code = "expired"
+
+
 class IdempotencyKeyReused(TollgateError):
     """An ``Idempotency-Key`` this user already sent with a different request (422).
 

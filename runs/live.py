@@ -12,10 +12,19 @@ with the fields of ``run_snapshot``, and ``{"type": "run.delta", ...}`` for
 streamed model output. Publishing never changes a run and never raises:
 a browser that misses an update catches up on its next load.
 
-Writers do not publish themselves: they call ``publish_on_commit`` (and
-``runs.services.append_event`` calls ``publish_event_on_commit``), and
-when their transaction commits each run they touched is pushed once, with
-one query for all of them, however many transitions the transaction held.
+Writers do not publish themselves: they call ``publish_on_commit`` with
+the run instance they changed (and ``runs.services.append_event`` calls
+``publish_event_on_commit``), and when their transaction commits each run
+they touched is pushed once, however many transitions the transaction
+held. The snapshot is taken from that instance, without a query: every
+writer changes a run through the instance it holds, under the run's row
+lock or lease, so at commit the instance holds what was committed. Only a
+run touched through two different instances in one transaction is read
+back from the database (one query for all such runs).
+
+Each snapshot carries ``seq``, the run's event counter that its state
+reflects. Pushes from different processes may arrive in any order; a
+client keeps the snapshot with the highest ``seq`` (``static/js/run.js``).
 
 Sending happens on one event loop per process, in a daemon thread of its
 own (``_Sender``), which every publishing thread hands its messages to.
@@ -59,13 +68,15 @@ def user_group(user_id: int) -> str:
 
 
 SNAPSHOT_FIELDS = ("id", "requested_by", "status", "phase", "waiting_reason", "failure_type", "outcome",
-                   "outcome_reason", "final_output", "updated_at")
+                   "outcome_reason", "final_output", "updated_at", "last_event_seq")
 
 
-def run_snapshot(run: Run) -> dict:
-    """The live view of a run: ids (run, requesting user), status fields and timestamps (ISO 8601)."""
+def run_snapshot(run: Run, *, seq: int | None = None) -> dict:
+    """The live view of a run: ids (run, requesting user), status fields, timestamps (ISO 8601) and
+    ``seq``, the event counter the state reflects (default ``run.last_event_seq``)."""
     return {
         "id": run.pk,
+        "seq": run.last_event_seq if seq is None else seq,
         "requested_by": run.requested_by_id,
         "status": run.status,
         "phase": run.phase,
@@ -125,41 +136,53 @@ def _send(sends: list[tuple[str, dict]]) -> None:
 
 
 def publish_run_update(run_id: int) -> None:
-    """Send the current snapshot of run ``run_id`` to its group and the list group."""
-    _publish({run_id})
+    """Send the current snapshot of run ``run_id`` (read from the database) to its group and the list group."""
+    _publish({run_id: None})
 
 
-def _publish(run_ids: set[int], event_seqs: dict[int, int] | None = None) -> None:
-    """Send the current snapshots of ``run_ids`` (read with one query) and a ``run.event`` notice per
-    ``event_seqs`` entry (run id: highest new ``seq``), in one hand-over; nothing without a channel layer."""
-    if not (run_ids or event_seqs) or get_channel_layer() is None:
+def _publish(runs: dict[int, Run | None], event_seqs: dict[int, int] | None = None) -> None:
+    """Send a snapshot of each of ``runs`` (run id: the instance to snapshot, or None to read it, all
+    such with one query) and a ``run.event`` notice per ``event_seqs`` entry (run id: highest new
+    ``seq``), in one hand-over; nothing without a channel layer."""
+    event_seqs = event_seqs or {}
+    if not (runs or event_seqs) or get_channel_layer() is None:
         return
+    unread = [run_id for run_id, run in runs.items() if run is None]
+    read = {run.pk: run for run in Run.objects.filter(pk__in=unread).only(*SNAPSHOT_FIELDS)} if unread else {}
     sends = []
-    for run in Run.objects.filter(pk__in=run_ids).only(*SNAPSHOT_FIELDS) if run_ids else ():
-        message = {"type": "run.update", "run": run_snapshot(run)}
-        sends += [(run_group(run.pk), message), (RUNS_GROUP, message)]
+    for run_id in sorted(runs):
+        run = runs[run_id] or read.get(run_id)
+        if run is None:  # deleted meanwhile
+            continue
+        seq = max(run.last_event_seq, event_seqs.get(run_id, 0))
+        message = {"type": "run.update", "run": run_snapshot(run, seq=seq)}
+        sends += [(run_group(run_id), message), (RUNS_GROUP, message)]
     sends += [(run_events_group(run_id), {"type": "run.event", "seq": seq})
-              for run_id, seq in sorted((event_seqs or {}).items())]
+              for run_id, seq in sorted(event_seqs.items())]
     _send(sends)
 
 
 def _flush() -> None:
-    run_ids, _touched.run_ids = getattr(_touched, "run_ids", set()), set()
+    runs, _touched.runs = getattr(_touched, "runs", {}), {}
     event_seqs, _touched.event_seqs = getattr(_touched, "event_seqs", {}), {}
-    _publish(run_ids, event_seqs)
+    _publish(runs, event_seqs)
 
 
-def publish_on_commit(run_id: int) -> None:
-    """Push run ``run_id``'s snapshot once the current transaction commits (at once outside one).
+def publish_on_commit(run: Run) -> None:
+    """Push ``run``'s snapshot, taken from this instance, once the current transaction commits (at once
+    outside one).
 
     Coalesced: every run touched in one transaction is pushed once, by the
-    first of the transaction's callbacks to run, with one query for all of
-    them. A run touched in a transaction that rolled back is pushed with
-    the next commit of the same thread: a spare push of a fresh snapshot.
+    first of the transaction's callbacks to run. A run touched through two
+    different instances is read back instead (either may lack the other's
+    changes). A run touched in a transaction that rolled back is pushed
+    with the next commit of the same thread: a spare push, whose ``seq``
+    is not above what the log holds.
     """
-    if not hasattr(_touched, "run_ids"):
-        _touched.run_ids = set()
-    _touched.run_ids.add(run_id)
+    if not hasattr(_touched, "runs"):
+        _touched.runs = {}
+    held = _touched.runs.get(run.pk, run)
+    _touched.runs[run.pk] = run if held is run else None
     transaction.on_commit(_flush, robust=True)
 
 

@@ -99,7 +99,7 @@ def set_phase(run: Run, phase: str) -> None:
     if fenced(Run.objects.filter(pk=run.pk), run.pk).update(phase=phase, updated_at=now) != 1:
         raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
     run.phase, run.updated_at = phase, now
-    publish_on_commit(run.pk)
+    publish_on_commit(run)
 
 
 def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, tool_call_id: str = "",

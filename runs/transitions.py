@@ -88,5 +88,5 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
         except BaseException:
             _restore(instance, before)
             raise
-        publish_on_commit(run.pk)
+        publish_on_commit(run)
     return instance

@@ -40,9 +40,13 @@ def settle_wait(wait: Wait, *, status: str, actor: str, result=None, error: str 
     return True
 
 
-def cancel_waits(run: Run, *, actor: str) -> int:
-    """Cancel every pending wait of ``run`` (it is ending); returns how many. An event key it held is free again."""
-    pending = list(run.waits.filter(status=WaitStatus.PENDING))
+def cancel_waits(run: Run, *, actor: str, pending: list[Wait] | None = None) -> int:
+    """Cancel every pending wait of ``run`` (it is ending); returns how many. An event key it held is free again.
+
+    ``pending``: the run's pending waits, if the caller loaded them under the run's lock; else they are read.
+    """
+    if pending is None:
+        pending = list(run.waits.filter(status=WaitStatus.PENDING))
     for wait in pending:
         settle_wait(wait, status=WaitStatus.CANCELLED, actor=actor, error="The run ended first.", resume=False)
     return len(pending)

@@ -16,7 +16,7 @@ from django.core.management.utils import get_random_secret_key
 os.environ.setdefault("SECRET_KEY", get_random_secret_key())
 # Throttle rates far above what any test sends (servers a test starts inherit them);
 # the throttle tests set low rates of their own.
-for _rate in ("THROTTLE_USER", "THROTTLE_ANON", "THROTTLE_RUNS"):
+for _rate in ("THROTTLE_USER", "THROTTLE_ANON", "THROTTLE_RUNS", "THROTTLE_WS_TOKEN", "THROTTLE_WS_ADDRESS"):
     os.environ.setdefault(_rate, "100000/min")
 
 from config.settings import *  # noqa: E402,F401,F403

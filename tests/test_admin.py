@@ -7,6 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.contrib.messages import WARNING
 from django.db import connection
@@ -15,13 +16,14 @@ from django.test import RequestFactory
 from django.urls import reverse
 from django.utils.html import escape
 
-from approvals.models import Interrupt, InterruptStatus
+from approvals.models import AnswerFile, Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
 from runs.admin_base import folded_json
 from runs.admin_inlines import SessionRunInline
 from runs.engine.completion import check_names
 from runs.models import Agent, Run, RunEvent, RunStatus, Session, WaitingReason
 from runs.engine.lifecycle import start_run
+from tests.answer_file_helpers import CSV, answered_with_file
 from tools.registry import all_tools, get_tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,6 +62,13 @@ def start_demo_runs(demo, worker) -> None:
     worker.drain()
 
 
+@pytest.fixture
+def media_root(settings, tmp_path):
+    """Answer files stored under a fresh folder."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
+
+
 def changelist_url(model) -> str:
     return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
 
@@ -80,9 +89,10 @@ def warnings_of(response) -> list[str]:
     return [m.message for m in response.context["messages"] if m.level == WARNING]
 
 
-def test_every_changelist_and_change_page_answers_200(admin_web, demo, worker):
+def test_every_changelist_and_change_page_answers_200(admin_web, demo, worker, api, media_root):
     finish_refund(demo, worker)
     start_demo_runs(demo, worker)
+    answered_with_file(worker, demo, api)
 
     for model in admin.site._registry:
         response = admin_web.get(changelist_url(model))
@@ -105,11 +115,13 @@ def changelist_query_counts(client) -> dict[str, int]:
     return counts
 
 
-def test_changelists_do_not_query_per_row(admin_web, demo, worker):
+def test_changelists_do_not_query_per_row(admin_web, demo, worker, api, media_root):
     finish_refund(demo, worker)
+    answered_with_file(worker, demo, api, "asks-first")
     with_one_run = changelist_query_counts(admin_web)
     start_demo_runs(demo, worker)
     start_demo_runs(demo, worker)
+    answered_with_file(worker, demo, api, "asks-second")
 
     assert changelist_query_counts(admin_web) == with_one_run
 
@@ -243,6 +255,30 @@ def test_audit_records_cannot_be_added_changed_or_deleted(admin_web, demo, worke
         assert admin_web.get(reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_add")).status_code == 403
         assert admin_web.post(change_url(obj), {}).status_code == 403, model
         assert "delete_selected" not in model_admin.get_actions(_request_for(demo["admin"])), model
+
+
+def test_answer_files_are_read_only_and_download_only_through_the_checked_view(admin_web, demo, worker, api,
+                                                                                media_root):
+    answer_file = answered_with_file(worker, demo, api)
+    model_admin = admin.site._registry[AnswerFile]
+
+    listed = admin_web.get(changelist_url(AnswerFile)).content.decode()
+    page = admin_web.get(change_url(answer_file)).content.decode()
+
+    item_url = reverse("admin:approvals_interrupt_change", args=[answer_file.interrupt_id])
+    for shown in ("statement.csv", "text/csv", "requester", escape(item_url)):
+        assert shown in listed, shown
+    download = reverse("inbox-item-file", args=[answer_file.interrupt_id])
+    assert f'href="{download}"' in page and answer_file.sha256 in page
+    for hidden in (answer_file.file.name, CSV.decode().splitlines()[1]):  # neither the stored path nor the contents
+        assert hidden not in listed and hidden not in page, hidden
+    assert admin_web.get(reverse("admin:approvals_answerfile_add")).status_code == 403
+    assert admin_web.post(change_url(answer_file), {"name": "other.csv"}).status_code == 403
+    assert "delete_selected" not in model_admin.get_actions(_request_for(demo["admin"]))
+    assert AnswerFile.objects.get(pk=answer_file.pk).name == "statement.csv"
+    assert b"".join(admin_web.get(download).streaming_content) == CSV  # the admin may see the run
+    admin_web.force_login(get_user_model().objects.create_user("stranger"))
+    assert admin_web.get(download).status_code == 404  # the link is the item page's: it checks who sees the run
 
 
 def _request_for(user):

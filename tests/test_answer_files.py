@@ -12,16 +12,17 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import transaction
 from django.test import Client
 
 from approvals.models import AnswerFile, Interrupt
 from runs.models import Run
-from tests.api_helpers import error_of, field_errors, get_run, pending_interrupts, start_run
+from tests.answer_file_helpers import CSV, answered_with_file, asking, respond
+from tests.api_helpers import error_of, field_errors, get_run, start_run
 from tests.wait_helpers import tool_result, waiting_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CSV = b"order,amount\n123,80.00\n"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + b"\x00" * 40
 PDF = b"%PDF-1.4\n1 0 obj\n<<>>\nendobj\ntrailer\n<<>>\n%%EOF\n"
 
@@ -36,26 +37,9 @@ def _stored_files(root: Path) -> list[Path]:
     return [path for path in root.rglob("*") if path.is_file()] if root.exists() else []
 
 
-def _asking(worker, demo, api, slug: str, **arguments) -> tuple[int, int]:
-    """(run id, item id) of a run of a new agent waiting on ``ask_user`` with ``arguments``."""
-    call = {"name": "ask_user", "arguments": {"question": "Send the statement, please.", **arguments}}
-    agent = waiting_agent(api(demo["admin"]), slug, call, final="Thanks.")
-    run = start_run(api(demo["requester"]), agent, "Check my statement.")
-    worker.drain()
-    item, = pending_interrupts(api(demo["requester"]), run["id"])
-    return run["id"], item["id"]
-
-
 @pytest.fixture
 def csv_question(worker, demo, api):
-    return _asking(worker, demo, api, "asks-csv", file="required", file_types=["text/csv", "application/pdf"])
-
-
-def _respond(client, item_id: int, answer: str = "", file=None, **headers):
-    body = {"answer": answer}
-    if file is not None:
-        body["file"] = file
-    return client.post(f"/api/interrupts/{item_id}/respond/", body, format="multipart", headers=headers)
+    return asking(worker, demo, api, "asks-csv", file="required", file_types=["text/csv", "application/pdf"])
 
 
 def test_an_api_answer_with_a_file_stores_it_and_the_model_reads_its_metadata_and_text(
@@ -63,7 +47,7 @@ def test_an_api_answer_with_a_file_stores_it_and_the_model_reads_its_metadata_an
     run_id, item_id = csv_question
     requester = api(demo["requester"])
 
-    response = _respond(requester, item_id, "Here it is.", SimpleUploadedFile("../../etc/statement.csv", CSV, "text/csv"))
+    response = respond(requester, item_id, "Here it is.", SimpleUploadedFile("../../etc/statement.csv", CSV, "text/csv"))
 
     assert response.status_code == 200, response.content
     sha = hashlib.sha256(CSV).hexdigest()
@@ -107,16 +91,16 @@ def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, demo, api, csv
     run_id, item_id = csv_question
     requester = api(demo["requester"])
 
-    too_big = _respond(requester, item_id, "Big.", SimpleUploadedFile("big.csv", b"a,b\n" * 300, "text/csv"))
+    too_big = respond(requester, item_id, "Big.", SimpleUploadedFile("big.csv", b"a,b\n" * 300, "text/csv"))
     body_limit = 1024 + settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    way_too_big = _respond(requester, item_id, "Bigger.",
+    way_too_big = respond(requester, item_id, "Bigger.",
                            SimpleUploadedFile("huge.csv", b"a,b\n" * (body_limit // 4 + 1), "text/csv"))
 
     assert error_of(too_big, 413)["details"] == {"limit_bytes": 1024, "field": "file"}
     assert error_of(way_too_big, 413)["details"] == {"limit_bytes": body_limit}  # refused before parsing the body
     assert Interrupt.objects.get(pk=item_id).status == "pending"
     assert not AnswerFile.objects.exists() and _stored_files(media_root) == []
-    assert _respond(requester, item_id, "Small.", SimpleUploadedFile("s.csv", CSV, "text/csv")).status_code == 200
+    assert respond(requester, item_id, "Small.", SimpleUploadedFile("s.csv", CSV, "text/csv")).status_code == 200
 
 
 @pytest.mark.parametrize("name, content, declared", [
@@ -129,7 +113,7 @@ def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, demo, api, csv
 def test_a_file_of_a_refused_type_is_400_and_nothing_is_stored(worker, demo, api, csv_question, media_root,
                                                                  name, content, declared):
     _, item_id = csv_question
-    response = _respond(api(demo["requester"]), item_id, "Here.", SimpleUploadedFile(name, content, declared))
+    response = respond(api(demo["requester"]), item_id, "Here.", SimpleUploadedFile(name, content, declared))
 
     assert "file" in field_errors(response)
     assert Interrupt.objects.get(pk=item_id).status == "pending"
@@ -141,8 +125,8 @@ def test_a_required_file_must_come_and_a_question_without_one_takes_none(worker,
     requester = api(demo["requester"])
     assert "file" in field_errors(requester.post(f"/api/interrupts/{item_id}/respond/", {"answer": "No file."},
                                                  format="json"))
-    _, plain_item = _asking(worker, demo, api, "asks-plain")
-    refused = _respond(requester, plain_item, "Also a file.", SimpleUploadedFile("s.csv", CSV, "text/csv"))
+    _, plain_item = asking(worker, demo, api, "asks-plain")
+    refused = respond(requester, plain_item, "Also a file.", SimpleUploadedFile("s.csv", CSV, "text/csv"))
     assert "file" in field_errors(refused)
     assert not AnswerFile.objects.exists()
 
@@ -160,7 +144,7 @@ def test_the_question_cannot_widen_the_accepted_types(worker, demo, api):
 
 def test_only_users_who_may_see_the_run_download_the_file(worker, demo, api, csv_question):
     _, item_id = csv_question
-    assert _respond(api(demo["requester"]), item_id, "", SimpleUploadedFile("s.csv", CSV, "text/csv")).status_code == 200
+    assert respond(api(demo["requester"]), item_id, "", SimpleUploadedFile("s.csv", CSV, "text/csv")).status_code == 200
     stranger = get_user_model().objects.create_user("stranger", password="x")
 
     for user in (demo["requester"], demo["approver"]):  # the requester, and a decider (sees every run)
@@ -184,7 +168,7 @@ def test_idempotency_key_works_with_a_multipart_answer(worker, demo, api, csv_qu
     requester = api(demo["requester"])
 
     def send(content: bytes):
-        return _respond(requester, item_id, "Here.", SimpleUploadedFile("s.csv", content, "text/csv"),
+        return respond(requester, item_id, "Here.", SimpleUploadedFile("s.csv", content, "text/csv"),
                         **{"Idempotency-Key": "answer-1"})
 
     first, again = send(CSV), send(CSV)
@@ -198,11 +182,40 @@ def test_idempotency_key_works_with_a_multipart_answer(worker, demo, api, csv_qu
 
 def test_text_given_to_the_model_is_cut_at_the_limit(worker, demo, api, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "ANSWER_FILE_TEXT_CHARS": 10}
-    run_id, item_id = _asking(worker, demo, api, "asks-json", file="optional", file_types=["application/json"])
+    run_id, item_id = asking(worker, demo, api, "asks-json", file="optional", file_types=["application/json"])
     body = json.dumps({"accounts": ["A", "B"]}).encode()
-    assert _respond(api(demo["requester"]), item_id, "", SimpleUploadedFile("a.json", body, "application/json")
+    assert respond(api(demo["requester"]), item_id, "", SimpleUploadedFile("a.json", body, "application/json")
                     ).status_code == 200
     worker.drain()
     shown = tool_result(run_id, "ask_user")["result"]["file"]
     assert (shown["content_type"], shown["text"], shown["text_truncated"]) == ("application/json", body.decode()[:10],
                                                                                True)
+
+
+def test_deleting_the_run_deletes_its_answer_file_once_committed_and_a_rollback_keeps_it(worker, demo, api,
+                                                                                          media_root):
+    stored = answered_with_file(worker, demo, api)
+    path = media_root / stored.file.name
+    assert path.read_bytes() == CSV
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Run.objects.filter(pk=stored.interrupt.run_id).delete()  # cascades: run → item → answer file
+        assert not AnswerFile.objects.filter(pk=stored.pk).exists()
+        assert path.exists()  # nothing leaves the disk before the commit
+        raise RuntimeError("roll the delete back")
+    assert AnswerFile.objects.filter(pk=stored.pk).exists() and path.read_bytes() == CSV
+
+    Run.objects.get(pk=stored.interrupt.run_id).delete()
+
+    assert not AnswerFile.objects.filter(pk=stored.pk).exists()
+    assert _stored_files(media_root) == []
+
+
+def test_deleting_the_item_or_the_row_alone_deletes_the_file_too(worker, demo, api, media_root):
+    first = answered_with_file(worker, demo, api, "asks-first")
+    second = answered_with_file(worker, demo, api, "asks-second")
+
+    Interrupt.objects.filter(pk=first.interrupt_id).delete()
+    AnswerFile.objects.get(pk=second.pk).delete()
+
+    assert not AnswerFile.objects.exists() and _stored_files(media_root) == []

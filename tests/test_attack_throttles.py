@@ -12,7 +12,11 @@ import os
 from collections import Counter
 
 import pytest
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
 from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.views import APIView
 
 from runs.models import Run
 from tests.api_helpers import all_at_once, error_of
@@ -66,3 +70,44 @@ def test_a_burst_of_reads_gets_exactly_the_user_rate_through(demo, api, monkeypa
     answers = all_at_once(BURST, lambda n: clients[n].get("/api/agents/"))
 
     _refused_as_throttled(answers, 200)
+
+
+class _OpenView(APIView):
+    """An endpoint anyone may call, with the settings' throttles (every API endpoint of the product needs a login,
+    and DRF checks that before the throttles)."""
+
+    permission_classes = [AllowAny]
+
+    def get(self, request):
+        return Response({"ok": True})
+
+
+def _anonymous_statuses(addresses) -> Counter:
+    """Status codes of one anonymous GET per ``(REMOTE_ADDR, X-Forwarded-For)`` in ``addresses``."""
+    view, factory = _OpenView.as_view(), APIRequestFactory()
+    return Counter(view(factory.get("/open/", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded)).status_code
+                   for remote, forwarded in addresses)
+
+
+def test_a_made_up_x_forwarded_for_per_request_does_not_escape_the_anonymous_throttle(monkeypatch, shared_counters):
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES,
+                                                               "anon": f"{RATE}/min"})
+
+    rotating = _anonymous_statuses(("198.51.100.7", f"203.0.113.{n}") for n in range(BURST))
+
+    assert rotating == {200: RATE, 429: BURST - RATE}
+    assert _anonymous_statuses([("198.51.100.8", "203.0.113.1")]) == {200: 1}  # another connection: its own count
+
+
+def test_behind_trusted_proxies_the_entry_they_appended_counts_not_the_clients_own(monkeypatch, settings,
+                                                                                    shared_counters):
+    """``TOLLGATE_TRUSTED_PROXIES=1``: the last X-Forwarded-For entry (written by our proxy) is the client."""
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES,
+                                                               "anon": f"{RATE}/min"})
+    proxy = "10.0.0.1"
+
+    rotating = _anonymous_statuses((proxy, f"203.0.113.{n}, 192.0.2.5") for n in range(BURST))
+
+    assert rotating == {200: RATE, 429: BURST - RATE}
+    assert _anonymous_statuses([(proxy, "203.0.113.1, 192.0.2.6")]) == {200: 1}  # another client behind the proxy

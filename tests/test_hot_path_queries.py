@@ -35,19 +35,20 @@ STEPS = 9  # 5 model calls + 4 tool executions
 DATA = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 
 # Per kind of pass: (data statements, transactions, transactions that write) at most. What
-# each costs today (main before this cap: 34-49 statements, 14-20 transactions, 3-7 writing)
-# plus a little headroom; writing transactions exactly: one before the external call and
-# one after it (the final answer adds the run's ending).
+# each costs today plus one of headroom (main before the first cap: 34-49 statements, 14-20
+# transactions, 3-7 writing; before live pushes were taken from memory: 20-27 statements);
+# writing transactions exactly: one before the external call and one after it (the final
+# answer adds the run's ending).
 CAPS = {
-    "model turn": (20, 8, 2),
-    "model turn asking for approval": (23, 8, 2),
-    "read-only call": (16, 8, 2),
-    "waiting for approval": (8, 2, 1),
-    "side-effect call after approval": (18, 9, 2),
-    "final answer": (27, 10, 3),
+    "model turn": (18, 7, 2),
+    "model turn asking for approval": (21, 6, 2),
+    "read-only call": (14, 7, 2),
+    "waiting for approval": (7, 2, 1),
+    "side-effect call after approval": (16, 8, 2),
+    "final answer": (24, 7, 3),
 }
-SLICE_OVERHEAD = (11, 7)  # statements and transactions of a slice outside its passes, at most
-PER_STEP = (22.0, 10.5)  # statements and transactions per step over the whole run (main before: 35.1, 19.2)
+SLICE_OVERHEAD = (10, 7)  # statements and transactions of a slice outside its passes, at most
+PER_STEP = (19.5, 8.0)  # statements and transactions per step over the whole run (main before: 35.1, 19.2)
 
 
 @dataclasses.dataclass

@@ -4,13 +4,17 @@ Through Django's test client and the REST API against the demo data, the
 real worker and the test payment gateway.
 """
 
+import html
 import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals import selectors
 from approvals.bulk import decide_bulk, fingerprint, plan_bulk
 from approvals.models import Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
@@ -127,20 +131,90 @@ def test_history_filters_by_who_decision_day_and_tool_and_shows_the_edit(client,
     worker.drain()
 
 
-def test_history_is_paginated(client, demo, worker, api, monkeypatch):
-    from approvals import workflow_views
+def _decided_before(item, count: int, *, tie: int = 7) -> None:
+    """``count`` more rejected items on ``item``'s run and call, decided before it, ``tie`` of them at each instant
+    (inserted at once: the history only reads rows, however they were decided)."""
+    Interrupt.objects.bulk_create([
+        Interrupt(run_id=item.run_id, tool_call_id=item.tool_call_id, kind=item.kind, title=f"older {n}",
+                  status=InterruptStatus.RESOLVED, decision="rejected", comment="no", resolved_by=item.resolved_by,
+                  resolved_at=item.resolved_at - timedelta(seconds=1 + n // tie))
+        for n in range(count)])
 
-    monkeypatch.setattr(workflow_views, "PAGE_SIZE", 2)
-    items = refund_items(api, demo, worker, orders=(101, 102, 103))
+
+def _history(client, query) -> tuple[list[int], str]:
+    """The item ids the history page lists for ``query`` (a dict or an encoded query string), and its HTML."""
+    page = client.get(reverse("inbox-decided") + "?" + query) if isinstance(query, str) else client.get(
+        reverse("inbox-decided"), query)
+    assert page.status_code == 200
+    body = page.content.decode()
+    return [int(pk) for pk in re.findall(r'class="decided-item" data-interrupt-id="(\d+)"', body)], body
+
+
+def _link(body: str, link_id: str) -> str | None:
+    """The query string of the page's link ``link_id`` (unescaped), or None when the page has no such link."""
+    found = re.search(rf'<a href="\?([^"]*)"[^>]* id="{link_id}"', body)
+    return html.unescape(found.group(1)) if found else None
+
+
+def test_history_pages_by_keyset_forward_and_back(client, demo, worker, api):
+    items = refund_items(api, demo, worker, orders=(101, 102))
     for item in items:
         decide_interrupt(interrupt=item, user=demo["approver"], decision="rejected", comment="no")
+    size = selectors.HISTORY_PAGE_SIZE
+    _decided_before(Interrupt.objects.get(pk=items[0].pk), 2 * size + 8)  # ties at one instant cross page ends
+    expected = list(Interrupt.objects.filter(status=InterruptStatus.RESOLVED).order_by("-resolved_at", "-id")
+                    .values_list("pk", flat=True))
     client.force_login(demo["approver"])
 
-    first = client.get(reverse("inbox-decided"), {"decision": "rejected"}).content.decode()
-    second = client.get(reverse("inbox-decided"), {"decision": "rejected", "page": 2}).content.decode()
+    first, body = _history(client, {"decision": "rejected"})
+    assert first == expected[:size] and _link(body, "decided-previous") is None
+    assert f"{2 * size + 10} decided items" in body
+    following = _link(body, "decided-next")
+    assert "decision=rejected" in following and "page=2" in following
 
-    assert first.count('class="decided-item"') == 2 and second.count('class="decided-item"') == 1
-    assert "decision=rejected&amp;page=2" in first
+    second, body = _history(client, following)
+    assert second == expected[size:2 * size] and "Page 2" in body
+    third, body = _history(client, _link(body, "decided-next"))
+    assert third == expected[2 * size:] and _link(body, "decided-next") is None and "Page 3" in body
+
+    back, body = _history(client, _link(body, "decided-previous"))  # read backwards from the third page's first row
+    assert back == second and "Page 2" in body and _link(body, "decided-next") and _link(body, "decided-previous")
+    back, body = _history(client, _link(body, "decided-previous"))
+    assert back == first and _link(body, "decided-previous") is None and "Page 1" in body
+
+    assert _history(client, {"decision": "approved"})[0] == []  # the filters hold on every page
+    assert client.get(reverse("inbox-decided"), {"after": 1, "before": 2}).status_code == 400
+    worker.drain()
+
+
+def test_history_counts_at_most_the_cap_and_its_queries_do_not_grow_with_the_rows(client, demo, worker, api,
+                                                                                  monkeypatch):
+    [item] = refund_items(api, demo, worker, orders=(101,))
+    decide_interrupt(interrupt=item, user=demo["approver"], decision="rejected", comment="no")
+    item = Interrupt.objects.get(pk=item.pk)
+    size = selectors.HISTORY_PAGE_SIZE
+    client.force_login(demo["approver"])
+
+    def queries_of_first_and_deeper_page() -> tuple[int, int]:
+        """Statements of the first page and of one after a cursor; each read of the items is bounded (LIMIT)
+        and skips nothing (no OFFSET), so none costs more as the history grows."""
+        counts = []
+        for query in ({}, {"after": item.pk, "page": 2}):
+            with CaptureQueriesContext(connection) as queries:
+                _history(client, query)
+            counts.append(len(queries))
+            reads = [q["sql"] for q in queries.captured_queries if '"approvals_interrupt"' in q["sql"]]
+            assert len(reads) >= 2 and all("LIMIT" in sql and "OFFSET" not in sql for sql in reads), reads
+        return tuple(counts)
+
+    _decided_before(item, 2 * size)
+    with_few = queries_of_first_and_deeper_page()
+    _decided_before(item, 6 * size)
+    assert queries_of_first_and_deeper_page() == with_few
+
+    monkeypatch.setattr(selectors, "COUNT_CAP", 5 * size)
+    assert f"More than {5 * size} decided items" in _history(client, {})[1]
+    assert "0 decided items" in _history(client, {"decision": "approved"})[1]  # under the cap: the number itself
     worker.drain()
 
 
@@ -183,3 +257,21 @@ def test_unclaim_by_the_claimer_or_staff_only(client, api, demo, worker, django_
     response = client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "unclaim"})
     assert response.status_code == 302
     assert api(other).post(f"/api/interrupts/{item.pk}/claim/").json()["claimed_by"] == "other-approver"
+
+
+def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim(client, api, demo, worker,
+                                                                                django_user_model):
+    """One lookup (``approvals.lookups``) answers every inbox page: an unseen item and no item look the same."""
+    [item] = refund_items(api, demo, worker, orders=(101,))
+    client.force_login(django_user_model.objects.create_user("stranger"))
+    missing = Interrupt.objects.order_by("-pk").first().pk + 1
+
+    for pk in (item.pk, missing):
+        assert client.post(reverse("inbox-item-claim", args=[pk]), {"action": "claim"}).status_code == 404
+        assert client.get(reverse("inbox-item", args=[pk])).status_code == 404
+        assert client.get(reverse("inbox-item-state", args=[pk])).status_code == 404
+    assert Interrupt.objects.get(pk=item.pk).claimed_by is None
+
+    client.force_login(demo["approver"])  # the control: one who may see it claims it
+    assert client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "claim"}).status_code == 302
+    assert Interrupt.objects.get(pk=item.pk).claimed_by == demo["approver"]

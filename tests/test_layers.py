@@ -45,6 +45,7 @@ LAYERS = {
     "approvals.claims": 3,
     "approvals.bulk": 3,
     "approvals.answer_files": 3,
+    "approvals.answer_file_cleanup": 3,
     "tools.models": 2,
     "tools.registry": 2,
     "tools.policy": 2,

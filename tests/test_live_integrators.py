@@ -13,9 +13,11 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
+from config.ws_throttle import ConnectThrottleMiddleware
 from runs import consumers
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Run, RunEvent
@@ -31,14 +33,19 @@ def _key(user) -> str:
     return Token.objects.get_or_create(user=user)[0].key
 
 
-def _socket(path: str, *, token: str | None = None, headers=(), subprotocols=None) -> WebsocketCommunicator:
-    """A handshake as a program sends it: Host, no Origin, no cookie, unless ``headers`` add them."""
+def _socket(path: str, *, token: str | None = None, headers=(), subprotocols=None,
+            client: str | None = None) -> WebsocketCommunicator:
+    """A handshake as a program sends it: Host, no Origin, no cookie, unless ``headers`` add them;
+    from address ``client`` when given (the server's ``scope["client"]``)."""
     from config.asgi import application
 
     sent = [(b"host", b"testserver"), *headers]
     if token is not None:
         sent.append((b"authorization", f"Token {token}".encode()))
-    return WebsocketCommunicator(application, path, headers=sent, subprotocols=subprotocols)
+    communicator = WebsocketCommunicator(application, path, headers=sent, subprotocols=subprotocols)
+    if client is not None:
+        communicator.scope["client"] = (client, 50000)
+    return communicator
 
 
 def _seqs(run_id: int) -> list[int]:
@@ -284,3 +291,62 @@ def test_losing_the_permission_closes_a_deciders_socket(demo, approval_item):
 def test_the_socket_streams_on_while_access_holds(demo, approval_item):
     message = _closed_after(demo, approval_item.run_id, demo["requester"], lambda: None)
     assert message["type"] == "websocket.send" and '"after the change"' in message["text"]
+
+
+def _outcome(communicator):
+    """``"open"`` (accepted, the log follows), ``"refused"`` (at the handshake) or the close code sent at once."""
+    @async_to_sync
+    async def attempt():
+        connected, _ = await communicator.connect()
+        if not connected:
+            result = "refused"
+        else:
+            first = await communicator.receive_output(timeout=10)
+            result = first["code"] if first["type"] == "websocket.close" else "open"
+        await communicator.disconnect()
+        return result
+
+    return attempt()
+
+
+def test_connection_attempts_are_limited_per_token_and_per_address(demo, approval_item, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "WS_CONNECT_RATES": {"token": "3/hour", "address": "5/hour"}}
+    path = f"/ws/api/runs/{approval_item.run_id}/"
+    key, other_key = _key(demo["requester"]), _key(demo["approver"])
+
+    # One token from a new address each time: the token's own count stops it.
+    assert [_outcome(_socket(path, token=key, client=f"192.0.2.{n}")) for n in range(4)] == ["open"] * 3 + [4429]
+    assert _outcome(_socket(path, token=other_key, client="192.0.2.9")) == "open"
+
+    # Guessed tokens from one address: refused one by one, then the address is over its rate (before any lookup).
+    guesses = [_outcome(_socket(path, token=f"{n:040d}", client="198.51.100.9")) for n in range(6)]
+    assert guesses == ["refused"] * 5 + [4429]
+    third_key = _key(demo["admin"])
+    assert _outcome(_socket(path, token=third_key, client="198.51.100.9")) == 4429  # a good token does not help
+    made_up = [(b"x-forwarded-for", b"203.0.113.1")]  # nor does a made-up X-Forwarded-For
+    assert _outcome(_socket(path, token=third_key, client="198.51.100.9", headers=made_up)) == 4429
+    assert _outcome(_socket(path, token=third_key, client="198.51.100.10")) == "open"  # another address
+
+
+def test_a_refused_attempt_answers_the_subprotocol_offered_and_a_bad_rate_stops_the_start(demo, approval_item,
+                                                                                          settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "WS_CONNECT_RATES": {"token": "1/day", "address": "100/day"}}
+    key = _key(demo["requester"])
+
+    @async_to_sync
+    async def offer_twice():
+        answers = []
+        for _ in range(2):
+            communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/",
+                                   subprotocols=["tollgate", f"tollgate.token.{key}"])
+            answers.append(await communicator.connect())
+            if answers[-1][0]:
+                first = await communicator.receive_output(timeout=10)
+                answers[-1] += (first.get("code"),)
+            await communicator.disconnect()
+        return answers
+
+    assert offer_twice() == [(True, "tollgate", None), (True, "tollgate", 4429)]
+    settings.TOLLGATE = {**settings.TOLLGATE, "WS_CONNECT_RATES": {"token": "many/min", "address": "100/day"}}
+    with pytest.raises(ImproperlyConfigured):
+        ConnectThrottleMiddleware(None)

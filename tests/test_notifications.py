@@ -10,13 +10,15 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core import mail
+from django.urls import reverse
 
 from approvals.claims import claim_interrupt
 from approvals.models import Interrupt, NotificationPreference
-from approvals.notifications import send_queued
+from approvals.notifications import save_preferences, send_queued
 from runs.access import users_who_may_decide
 from runs.engine.lifecycle import start_run
 from runs.engine.recovery import sweep
+from runs.errors import InvalidInput
 from runs.models import Agent, RunStatus
 from tests.conftest import free_port
 
@@ -118,3 +120,25 @@ def test_a_failing_mail_server_never_breaks_the_run(demo, worker, settings, capl
     assert item.run.status == RunStatus.WAITING
     assert mail.outbox == []
     assert "new item" in caplog.text and "failed" in caplog.text
+
+
+def test_preferences_are_saved_by_the_service_one_row_per_user_and_a_bad_language_stores_nothing(client, demo):
+    approver = demo["approver"]
+    first = save_preferences(user=approver, new_item=False, claimed_expiring=True, run_expired=True, language="zh-hans")
+    again = save_preferences(user=approver, new_item=True, claimed_expiring=False, run_expired=True, language="")
+    assert first.pk == again.pk and NotificationPreference.objects.filter(user=approver).count() == 1
+    stored = NotificationPreference.objects.get(user=approver)
+    assert (stored.new_item, stored.claimed_expiring, stored.run_expired, stored.language) == (True, False, True, "")
+
+    with pytest.raises(InvalidInput) as refused:
+        save_preferences(user=demo["admin"], new_item=False, claimed_expiring=False, run_expired=False, language="xx")
+    assert "language" in refused.value.details and not NotificationPreference.objects.filter(user=demo["admin"]).exists()
+
+    client.force_login(demo["admin"])  # the page stores through the service
+    page = client.post(reverse("notification-preferences"), {"claimed_expiring": "on", "language": "zh-hans"})
+    assert page.status_code == 302 and page.url.endswith("?saved=1")
+    stored = NotificationPreference.objects.get(user=demo["admin"])
+    assert (stored.new_item, stored.claimed_expiring, stored.run_expired, stored.language) == (False, True, False,
+                                                                                                "zh-hans")
+    assert client.post(reverse("notification-preferences"), {"language": "xx"}).status_code == 400
+    assert NotificationPreference.objects.get(user=demo["admin"]).language == "zh-hans"

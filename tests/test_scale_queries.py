@@ -176,10 +176,12 @@ LIST_QUERIES = {
     "sessions a requester sees": lambda user: Session.objects.filter(owner=user).order_by("-created_at", "-id")[:100],
     "items, newest first": lambda user: Interrupt.objects.order_by("-created_at", "-id")[:100],
     "pending items": lambda user: Interrupt.objects.filter(status="pending").order_by("-created_at", "-id")[:100],
-    "sweeper: timers due": lambda user: Run.objects.filter(status="waiting", wake_at__lte=timezone.now()),
-    "sweeper: scheduled starts due": lambda user: Run.objects.filter(status="queued", wake_at__lte=timezone.now()),
+    "sweeper: timers due": lambda user: Run.objects.filter(
+        status="waiting", wake_at__lte=timezone.now()).order_by("wake_at")[:200],
+    "sweeper: scheduled starts due": lambda user: Run.objects.filter(
+        status="queued", wake_at__lte=timezone.now()).order_by("wake_at")[:200],
     "sweeper: items past expiry": lambda user: Interrupt.objects.filter(
-        status="pending", expires_at__lte=timezone.now()).exclude(kind="input"),
+        status="pending", expires_at__lte=timezone.now()).exclude(kind="input").order_by("expires_at", "id")[:200],
     "decided items (history)": lambda user: Interrupt.objects.filter(status="resolved").order_by(
         "-resolved_at", "-id")[:50],
     "items one person decided": lambda user: Interrupt.objects.filter(status="resolved", resolved_by=user).order_by(
@@ -188,7 +190,7 @@ LIST_QUERIES = {
         status="pending", claimed_by__isnull=False, expiry_warning_sent_at__isnull=True,
         expires_at__gt=timezone.now(), expires_at__lte=timezone.now() + timedelta(hours=4)),
     "sweeper: waiting runs past a deadline": lambda user: Run.objects.filter(
-        status="waiting", agent_id=1, started_at__lte=timezone.now()),
+        status="waiting", agent_id=1, started_at__lte=timezone.now()).order_by("started_at")[:200],
 }
 
 

@@ -302,10 +302,39 @@ def test_a_transaction_pushes_each_run_it_touched_once_after_commit(running, peo
             await layer.group_add(run_group(run_id), channels[run_id])
         before_commit, snapshots = await database_sync_to_async(several_transitions_in_one_transaction)()
         assert before_commit == [], "nothing is pushed before the commit"
-        assert len(snapshots) == 1, "one query reads every run the commit touched"
+        assert snapshots == [], "the snapshots come from the instances the transaction changed"
         received = {run_id: await receive_all(channel) for run_id, channel in channels.items()}
         assert [m["run"]["status"] for m in received[run.pk]] == ["waiting"]
         assert [m["run"]["status"] for m in received[other.pk]] == ["cancelled"]
         assert received[run.pk][0]["run"]["phase"] == ""
+        stored = await database_sync_to_async(lambda: dict(Run.objects.filter(pk__in=channels).values_list(
+            "pk", "last_event_seq")))()
+        assert {run_id: messages[0]["run"]["seq"] for run_id, messages in received.items()} == stored
+
+    scenario()
+
+
+def test_a_run_changed_through_two_instances_is_pushed_as_stored(running, people):
+    """Neither instance holds both changes: the push reads the run back (one query) rather than guess."""
+    run, _ = running
+    layer = get_channel_layer()
+
+    def two_instances_in_one_transaction():
+        with CaptureQueriesContext(connection) as queries:
+            with transaction.atomic():
+                set_phase(run, "calling_model")
+                apply(Run.objects.get(pk=run.pk).wait, actor="worker", waiting_reason="approval")
+        return [q for q in queries if 'FROM "runs_run" WHERE "runs_run"."id" IN' in q["sql"]]
+
+    @async_to_sync
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add(run_group(run.pk), channel)
+        snapshots = await database_sync_to_async(two_instances_in_one_transaction)()
+        message = await asyncio.wait_for(layer.receive(channel), 5)
+        assert len(snapshots) == 1
+        assert (message["run"]["status"], message["run"]["waiting_reason"]) == ("waiting", "approval")
+        stored = await database_sync_to_async(lambda: Run.objects.get(pk=run.pk).last_event_seq)()
+        assert message["run"]["seq"] == stored
 
     scenario()

@@ -6,14 +6,15 @@ API views, inbox views, admin actions, the loop and the sweeper call these;
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from approvals.services import cancel_pending_interrupts, request_reconciliation
+from approvals.services import cancel_pending_interrupts, pending_items_locked, request_reconciliation
 from runs.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
 from runs.models import (
     ACTIVE_STATUSES,
@@ -25,12 +26,16 @@ from runs.models import (
     RunEvent,
     RunStatus,
     Session,
+    Step,
+    Wait,
     WaitingReason,
+    WaitStatus,
 )
 from runs.services import actor_for, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
 from runs.waits import cancel_waits
 from runs.wakeups import wake_on_commit
+from tools.models import ToolCall
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 
 
@@ -223,7 +228,64 @@ def begin_run(run: Run, *, actor: str) -> bool:
     return True
 
 
-def end_run(ending, *, actor: str, reason: str, **kwargs) -> Run:
+@dataclass
+class EndingReads:
+    """What ``end_run`` reads of a run before ending it, loaded for many runs at once (``load_endings``).
+
+    ``items``: its pending inbox items, locked, newest first; ``waits``: its
+    pending waits; ``calls``: its tool calls by id; ``tool_messages``: its
+    tool-result messages; ``read_upto``: the ``last_message_id`` its last
+    finished model call read (0: none finished; None: not tracked);
+    ``inputs``: ids of its user messages, ascending; ``next_queued``: the
+    oldest queued run of its session, or None. Changing these objects
+    (expiring an item, a call) before ``end_run`` is how a caller tells it.
+    """
+
+    items: list = field(default_factory=list)
+    waits: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
+    tool_messages: list = field(default_factory=list)
+    read_upto: int | None = 0
+    inputs: list[int] = field(default_factory=list)
+    next_queued: int | None = None
+
+
+def load_endings(runs: list[Run]) -> dict[int, EndingReads]:
+    """``{run id: EndingReads}`` for ``runs``, with one query per kind of row whatever their number (7).
+
+    Call inside a transaction holding the runs' row locks (the pending
+    items are locked here, after them). For callers that end many runs at
+    once (the sweeper); the runs' calls are attached to their run objects.
+    """
+    by_id = {run.pk: run for run in runs}
+    reads = {run_id: EndingReads() for run_id in by_id}
+    for item in pending_items_locked(list(by_id)):
+        reads[item.run_id].items.append(item)
+    for wait in Wait.objects.filter(run_id__in=by_id, status=WaitStatus.PENDING).order_by("id"):
+        reads[wait.run_id].waits.append(wait)
+    for call in ToolCall.objects.filter(run_id__in=by_id).order_by("id"):
+        call.run = by_id[call.run_id]
+        reads[call.run_id].calls.append(call)
+    for message in Message.objects.filter(run_id__in=by_id, role="tool").only("run_id", "role", "tool_call_id"):
+        reads[message.run_id].tool_messages.append(message)
+    steps = Step.objects.filter(run_id__in=by_id, status__in=[Step.Status.SUCCEEDED, Step.Status.FAILED])
+    seen = set()
+    for run_id, read_upto in steps.order_by("run_id", "-index").values_list("run_id", "request__last_message_id"):
+        if run_id not in seen:
+            seen.add(run_id)
+            reads[run_id].read_upto = read_upto
+    for run_id, message_id in Message.objects.filter(run_id__in=by_id, role="user").order_by("id").values_list(
+            "run_id", "id"):
+        reads[run_id].inputs.append(message_id)
+    sessions = {run.session_id for run in runs}
+    first_queued = dict(Run.objects.filter(session_id__in=sessions, status=RunStatus.QUEUED).order_by()
+                        .values("session_id").annotate(first=Min("id")).values_list("session_id", "first"))
+    for run in runs:
+        reads[run.pk].next_queued = first_queued.get(run.session_id)
+    return reads
+
+
+def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None, **kwargs) -> Run:
     """End a run with ``ending``, its bound ``complete``, ``fail`` or ``cancel`` transition: the one ending path.
 
     In one transaction, before the transition:
@@ -250,27 +312,41 @@ def end_run(ending, *, actor: str, reason: str, **kwargs) -> Run:
     reason=..., failure_type=..., error=...)``. Raises
     ``TransitionNotAllowed`` for a terminal run, or a ``complete`` after a
     cancel was requested.
+
+    ``reads``: what ``load_endings`` loaded of the run, by a caller that
+    holds the run's row lock and ends many runs in one transaction, which
+    any error here aborts whole; then the run is neither locked nor read
+    again here, and no savepoint is taken for the ending.
     """
     run = ending.__self__
-    with transaction.atomic():
-        list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
-        cancel_pending_interrupts(run=run, actor=actor)
-        cancel_waits(run, actor=actor)
-        calls = list(run.tool_calls.order_by("id"))
+    with transaction.atomic(savepoint=reads is None):
+        if reads is None:
+            list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
+        cancel_pending_interrupts(run=run, actor=actor, pending=reads.items if reads else None)
+        cancel_waits(run, actor=actor, pending=reads.waits if reads else None)
+        calls = reads.calls if reads else list(run.tool_calls.order_by("id"))
         effects = settle_calls_at_run_end(run=run, calls=calls, actor=actor)
         for call in unknown_calls_for_a_person(calls):
             request_reconciliation(tool_call=call)
-        deliver_tool_results(run, calls=calls, fence=False)
-        unread = _unread_supplements(run)
-        apply(ending, actor=actor, reason=reason, payload={"effects": effects}, **kwargs)
-        wake_next_in_session(run.session_id)
+        deliver_tool_results(run, calls=calls, history=reads.tool_messages if reads else None, fence=False)
+        unread = _unread_supplements(run, reads)
+        apply(ending, actor=actor, reason=reason, payload={"effects": effects}, savepoint=reads is None, **kwargs)
+        if reads is None:
+            wake_next_in_session(run.session_id)
+        elif reads.next_queued is not None:
+            wake_on_commit(reads.next_queued)
         if unread:
             _hand_on_unread_input(run, unread, actor=actor, start_next=ending.__func__ is Run.complete)
         return run
 
 
-def _unread_supplements(run: Run) -> list[Message]:
-    """User messages supplemented into ``run`` after its last model call read the history."""
+def _unread_supplements(run: Run, reads: EndingReads | None = None) -> list[Message]:
+    """User messages supplemented into ``run`` after its last model call read the history (``reads``: as loaded)."""
+    if reads is not None:
+        if reads.read_upto is None:
+            return []
+        unread = [message_id for message_id in reads.inputs[1:] if message_id > reads.read_upto]
+        return list(Message.objects.filter(pk__in=unread).order_by("id")) if unread else []
     last_step = run.steps.filter(status__in=["succeeded", "failed"]).order_by("-index").first()
     read_upto = last_step.request.get("last_message_id") if last_step else 0
     if read_upto is None:  # a step recorded before reads were tracked

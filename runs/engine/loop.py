@@ -333,6 +333,7 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     """
     final = not response.tool_calls and bool(response.content.strip())
     going_on = None
+    now = timezone.now()
     with transaction.atomic():
         apply(step.succeed, actor=ACTOR, reason=response.finish_reason,
               payload={"tool_calls": len(response.tool_calls), "input_tokens": response.input_tokens,
@@ -346,8 +347,10 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
             input_tokens=F("input_tokens") + response.input_tokens,
             output_tokens=F("output_tokens") + response.output_tokens,
             cost_usd=F("cost_usd") + cost,
-            **({"phase": Phase.FINALIZING, "updated_at": timezone.now()} if final else {}),
+            **({"phase": Phase.FINALIZING, "updated_at": now} if final else {}),
         )
+        if final:  # the instance is what the commit's live push shows (runs.live)
+            run.phase, run.updated_at = Phase.FINALIZING, now
         message = append_message(run, role="assistant", content=response.content, fence=False, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])
@@ -365,8 +368,6 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     known.calls_added(created)
     if going_on is not None:
         return going_on
-    if final:
-        run.phase = Phase.FINALIZING
     failpoint("model_call_returned", response.finish_reason)
     if not final:
         return _repair_turn(run, known, "the model returned neither text nor tool calls",

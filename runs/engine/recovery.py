@@ -11,7 +11,9 @@ The sweeper finds what nobody is advancing: active runs whose lease
 expired (their worker died), queued or running runs that lost their broker
 message, waiting runs whose ``wake_at`` passed (ending their waits that
 are due first: ``runs.engine.waits.end_due_waits``), queued runs whose
-``start_at`` came, and approvals past their deadline.
+``start_at`` came, and approvals past their deadline. Each kind of due
+work is read with one query, capped per pass (``SWEEP_BATCH``) and handled
+several items per transaction (``ITEMS_PER_TRANSACTION``).
 """
 
 import logging
@@ -27,13 +29,13 @@ from django_fsm import can_proceed
 from approvals.notifications import run_expired_on_commit, warn_claimed_items_expiring
 from approvals.services import (
     close_reconciliation_items,
-    expire_interrupt,
+    expire_locked_interrupt,
     overdue_interrupts,
     request_reconciliation,
 )
 from runs.engine.budgets import deadline_passed
-from runs.engine.lifecycle import end_run
-from runs.engine.waits import end_due_waits
+from runs.engine.lifecycle import end_run, load_endings
+from runs.engine.waits import due_waits, end_due_waits
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, Step
 from runs.services import append_event
@@ -49,6 +51,10 @@ log = logging.getLogger(__name__)
 # worker may still run for some milliseconds after recording its start
 # (more on a loaded machine), while its neighbours record theirs.
 BLAME_MARGIN = timedelta(milliseconds=500)
+# Due items the sweeper handles in one transaction: fewer commits and round
+# trips per item, while the run locks it holds together stay few and short
+# (a crash rolls back at most this many; the next pass does them again).
+ITEMS_PER_TRANSACTION = 25
 
 
 def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None = None) -> str | None:
@@ -101,19 +107,21 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None
     return None
 
 
-def reconcile_after_run_end(*, now) -> int:
+def reconcile_after_run_end(*, now, limit: int | None = None) -> int:
     """Ask the reconcile hooks about ``unknown`` calls of runs that have ended; returns how many were asked.
 
-    Each call due (``reconcile_after <= now``) is claimed with one
-    conditional UPDATE, so two sweepers never ask about it at once. A call
-    the hook settles is done; one it cannot find yet is asked again after
-    ``reconcile_delay``; after ``RECONCILE_MAX_TRIES`` a person's
-    reconciliation item is opened.
+    Each call due (``reconcile_after <= now``; the longest due first, at
+    most ``limit``, default ``SWEEP_BATCH``: the rest wait for the next
+    pass) is claimed with one conditional UPDATE, so two sweepers never ask
+    about it at once. A call the hook settles is done; one it cannot find
+    yet is asked again after ``reconcile_delay``; after
+    ``RECONCILE_MAX_TRIES`` a person's reconciliation item is opened.
     """
+    limit = _limit(limit)
     due = ToolCall.objects.filter(status=ToolCallStatus.UNKNOWN, reconcile_after__lte=now,
-                                  run__status__in=TERMINAL_STATUSES)
+                                  run__status__in=TERMINAL_STATUSES).order_by("reconcile_after", "id")
     asked = 0
-    for call in due.select_related("run"):
+    for call in due.select_related("run")[:limit]:
         claim_until = now + timedelta(seconds=settings.TOLLGATE["LEASE_TTL_S"])
         if not ToolCall.objects.filter(pk=call.pk, reconcile_after=call.reconcile_after).update(
                 reconcile_after=claim_until):
@@ -133,54 +141,98 @@ def reconcile_after_run_end(*, now) -> int:
     return asked
 
 
-def fail_waiting_runs_past_deadline(*, now) -> int:
+def _limit(limit: int | None) -> int:
+    """``limit``, or ``TOLLGATE["SWEEP_BATCH"]``: how many due items of one kind a pass handles."""
+    return settings.TOLLGATE["SWEEP_BATCH"] if limit is None else limit
+
+
+def _chunks(items: list, size: int = ITEMS_PER_TRANSACTION):
+    """``items`` in consecutive slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _locked_runs(run_ids, *, with_agent: bool = False) -> dict[int, Run]:
+    """``{id: run}`` of the runs ``run_ids`` that still exist, row-locked in id order (one statement).
+
+    Every batch of the sweeper locks its runs in this order and each other
+    writer locks one run at a time, so two of them never wait on each other
+    in a circle. ``with_agent``: the agent row is read along (not locked).
+    """
+    runs = Run.objects.select_for_update(of=("self",)).filter(pk__in=run_ids).order_by("pk")
+    return {run.pk: run for run in (runs.select_related("agent") if with_agent else runs)}
+
+
+def fail_waiting_runs_past_deadline(*, now, limit: int | None = None) -> int:
     """Fail waiting runs whose agent's ``deadline_s`` has passed (``deadline_exceeded``); returns how many.
 
     A waiting run reaches no safe point of the loop, so the sweeper keeps
     the deadline for it: a run may wait for a person, but not past its deadline.
     Asked per agent that has a deadline, so each query reads only the runs
     whose deadline passed (index ``run_waiting_started``), never every
-    waiting run: one query per such agent, whatever the number of runs.
+    waiting run: one query per such agent, whatever the number of runs; at
+    most ``limit`` runs (default ``SWEEP_BATCH``), the rest next pass. They
+    are failed ``ITEMS_PER_TRANSACTION`` at a time, each checked again
+    under its row lock and ended by ``end_run`` as ``expire_overdue_approvals`` does.
     """
-    failed = 0
+    limit, due = _limit(limit), []
     for agent_id, deadline_s in Agent.objects.filter(deadline_s__isnull=False).values_list("pk", "deadline_s"):
+        if len(due) >= limit:
+            break
         started_before = now - timedelta(seconds=deadline_s)
         past = Run.objects.filter(status=RunStatus.WAITING, agent_id=agent_id, started_at__lte=started_before)
-        failed += sum(_fail_past_deadline(run_id, now=now) for run_id in past.values_list("pk", flat=True))
+        due += past.order_by("started_at").values_list("pk", flat=True)[:limit - len(due)]
+    failed = 0
+    for chunk in _chunks(due):
+        with transaction.atomic():
+            runs = _locked_runs(chunk, with_agent=True)
+            reads = load_endings(list(runs.values()))
+            for run in runs.values():
+                passed = deadline_passed(run, now=now)
+                if run.status != RunStatus.WAITING or passed is None:
+                    continue
+                failure_type, error = passed
+                end_run(run.fail, actor="sweeper", reason=error, failure_type=failure_type, error=error,
+                        reads=reads[run.pk])
+                failed += 1
     return failed
 
 
-def _fail_past_deadline(run_id: int, *, now) -> bool:
-    """Fail waiting run ``run_id`` if its deadline passed (checked again under its row lock); whether it did."""
-    with transaction.atomic():
-        locked = Run.objects.select_for_update().select_related("agent").get(pk=run_id)
-        passed = deadline_passed(locked, now=now)
-        if locked.status != RunStatus.WAITING or passed is None:
-            return False
-        failure_type, error = passed
-        end_run(locked.fail, actor="sweeper", reason=error, failure_type=failure_type, error=error)
-    return True
-
-
-def expire_overdue_approvals(*, now) -> int:
+def expire_overdue_approvals(*, now, limit: int | None = None) -> int:
     """Expire pending items past ``expires_at`` and fail their runs (``approval_expired``); returns how many expired.
 
-    Each item is expired, and its run ended, in one transaction that first
-    takes the run's row lock (as a person's decision does); the requester's
-    email goes after it commits (``approvals.notifications``).
+    The longest overdue first, at most ``limit`` (default ``SWEEP_BATCH``);
+    the rest are left to the next pass. ``ITEMS_PER_TRANSACTION`` items
+    share a transaction, which first takes their runs' row locks (in id
+    order; a person's decision takes the run's lock too), then loads what
+    ending those runs needs with one query per kind of row
+    (``load_endings``). Each item is then expired and its run ended exactly
+    as if alone: the same events and transitions, in the same order. The
+    requesters' emails go after commit (``approvals.notifications``).
     """
     count = 0
-    for interrupt_id, run_id in overdue_interrupts(now=now):
+    for chunk in _chunks(overdue_interrupts(now=now, limit=_limit(limit))):
         with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run_id)
-            if expire_interrupt(interrupt_id=interrupt_id, now=now, actor="sweeper", run=run) is None:
-                continue
-            if not run.is_terminal:
-                end_run(run.fail, actor="sweeper", reason="approval expired",
-                        failure_type=FailureType.APPROVAL_EXPIRED,
-                        error=f"Inbox item {interrupt_id} expired before anyone decided.")
-                run_expired_on_commit(interrupt_id)
-            count += 1
+            runs = _locked_runs({run_id for _, run_id in chunk})
+            reads = load_endings(list(runs.values()))
+            for interrupt_id, run_id in chunk:
+                if run_id not in runs:
+                    continue
+                run, loaded = runs[run_id], reads[run_id]
+                item = next((item for item in loaded.items if item.pk == interrupt_id), None)
+                if item is None:  # decided or cancelled since it was found
+                    continue
+                item.run = run
+                if item.tool_call_id is not None:
+                    item.tool_call = next(call for call in loaded.calls if call.pk == item.tool_call_id)
+                if expire_locked_interrupt(item, now=now, actor="sweeper") is None:
+                    continue
+                if not run.is_terminal:
+                    end_run(run.fail, actor="sweeper", reason="approval expired",
+                            failure_type=FailureType.APPROVAL_EXPIRED,
+                            error=f"Inbox item {interrupt_id} expired before anyone decided.", reads=loaded)
+                    run_expired_on_commit(interrupt_id)
+                count += 1
     return count
 
 
@@ -226,24 +278,54 @@ def _restart_delay_ms(crash_streak: int) -> int:
     return int(random.uniform(0, settings.TOLLGATE["CRASH_BACKOFF_S"] * 2 ** crash_streak) * 1000)
 
 
-def start_scheduled_runs(*, now) -> int:
+def start_scheduled_runs(*, now, limit: int | None = None) -> int:
     """Wake queued runs whose ``start_at`` (``wake_at``) has come; returns how many.
 
     Each is claimed with one conditional UPDATE (``wake_at`` and the
     ``scheduled`` reason cleared), so it is sent once whatever the number of
-    sweepers; from then on it is an ordinary queued run.
+    sweepers; from then on it is an ordinary queued run. The earliest
+    first, at most ``limit`` (default ``SWEEP_BATCH``), ``ITEMS_PER_TRANSACTION``
+    per transaction.
     """
+    due = list(Run.objects.filter(status=RunStatus.QUEUED, wake_at__lte=now).order_by("wake_at")
+               .values_list("pk", "wake_at")[:_limit(limit)])
     started = 0
-    for run_id, wake_at in Run.objects.filter(status=RunStatus.QUEUED, wake_at__lte=now).values_list("pk", "wake_at"):
+    for chunk in _chunks(due):
         with transaction.atomic():
-            if not Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, wake_at=wake_at).update(
-                    wake_at=None, waiting_reason="", updated_at=now):
-                continue
-            append_event(Run.objects.get(pk=run_id), type="schedule", actor="sweeper", reason="start_at reached",
-                         payload={"start_at": wake_at.isoformat()})
-            wake_on_commit(run_id)
-        started += 1
+            claimed = {run_id: wake_at for run_id, wake_at in sorted(chunk)  # rows locked in id order
+                       if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, wake_at=wake_at).update(
+                           wake_at=None, waiting_reason="", updated_at=now)}
+            for run in Run.objects.filter(pk__in=claimed).order_by("pk") if claimed else ():
+                append_event(run, type="schedule", actor="sweeper", reason="start_at reached",
+                             payload={"start_at": claimed[run.pk].isoformat()})
+                wake_on_commit(run.pk)
+        started += len(claimed)
     return started
+
+
+def wake_due_runs(*, now, limit: int | None = None) -> int:
+    """Wake waiting runs whose ``wake_at`` passed: their due waits end (``end_due_waits``), ``wake``, enqueued.
+
+    Returns how many were woken. The earliest first, at most ``limit``
+    (default ``SWEEP_BATCH``), ``ITEMS_PER_TRANSACTION`` per transaction: their
+    row locks taken in id order, their due waits read with one query. A run
+    that moved on or whose timer moved since it was found is left alone.
+    """
+    due = list(Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now).order_by("wake_at")
+               .values_list("pk", flat=True)[:_limit(limit)])
+    woken = 0
+    for chunk in _chunks(due):
+        with transaction.atomic():
+            runs = _locked_runs(chunk)
+            waits = due_waits(list(runs), now=now)
+            for run in runs.values():
+                if not can_proceed(run.wake) or run.wake_at > now:  # moved on, or its timer moved
+                    continue
+                end_due_waits(run, now=now, actor="sweeper", due=waits.get(run.pk, []))
+                apply(run.wake, actor="sweeper", reason=f"wake_at passed ({run.waiting_reason})", savepoint=False)
+                wake_on_commit(run.pk)
+                woken += 1
+    return woken
 
 
 def sweep(*, now=None) -> dict:
@@ -251,7 +333,10 @@ def sweep(*, now=None) -> dict:
 
     Safe to run from any number of processes at once: waking a worker is
     harmless (leases decide who advances) and transitions are guarded. It
-    also warns the claimers of items about to expire (once per item).
+    also warns the claimers of items about to expire (once per item). A
+    pass is bounded: at most ``SWEEP_MAX_RESENDS`` re-sends and
+    ``SWEEP_BATCH`` due items of each other kind; what is left over is the
+    next pass's.
     """
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
@@ -285,17 +370,7 @@ def sweep(*, now=None) -> dict:
                 wake_on_commit(run_id, delay_ms=_restart_delay_ms(crash_streak) if lease_expired_at else None)
                 reenqueued += 1
 
-    woken = start_scheduled_runs(now=now)
-    for run in Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now):
-        with transaction.atomic():
-            locked = Run.objects.select_for_update().get(pk=run.pk)
-            if not can_proceed(locked.wake) or locked.wake_at > now:  # moved on, or its timer moved
-                continue
-            end_due_waits(locked, now=now, actor="sweeper")
-            apply(locked.wake, actor="sweeper", reason=f"wake_at passed ({locked.waiting_reason})")
-            wake_on_commit(locked.pk)
-        woken += 1
-
+    woken = start_scheduled_runs(now=now) + wake_due_runs(now=now)
     expired = expire_overdue_approvals(now=now) + fail_waiting_runs_past_deadline(now=now)
     warn_claimed_items_expiring(now=now)
     reconciled = reconcile_after_run_end(now=now)

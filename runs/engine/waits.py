@@ -84,15 +84,26 @@ def _woke(deadline, now) -> dict:
     return {"waited_until": deadline.isoformat(), "woke_at": now.isoformat()}
 
 
-def end_due_waits(run: Run, *, now, actor: str) -> int:
+def due_waits(run_ids, *, now) -> dict[int, list[Wait]]:
+    """``{run id: its pending waits whose deadline passed by now}`` for ``run_ids``, with their calls (one query)."""
+    due: dict[int, list[Wait]] = {}
+    for wait in Wait.objects.filter(run_id__in=run_ids, status=WaitStatus.PENDING, deadline__lte=now).select_related(
+            "tool_call").order_by("id"):
+        due.setdefault(wait.run_id, []).append(wait)
+    return due
+
+
+def end_due_waits(run: Run, *, now, actor: str, due: list[Wait] | None = None) -> int:
     """End the pending waits of ``run`` whose deadline passed by ``now``; returns how many.
 
     For the sweeper, which holds the run's row lock and resumes the run
     afterwards. A scheduled wait is ``done``; a question's wait times out
     and its inbox item expires; an event wait times out. The call then
     fails with the reason (``TIMEOUT_ERRORS``) and the run goes on.
+    ``due``: those waits, if the caller loaded them (``due_waits``) under the lock.
     """
-    due = list(run.waits.filter(status=WaitStatus.PENDING, deadline__lte=now).select_related("tool_call"))
+    if due is None:
+        due = due_waits([run.pk], now=now).get(run.pk, [])
     for wait in due:
         if wait.kind == WaitingReason.SCHEDULED:
             settle_wait(wait, status=WaitStatus.DONE, actor=actor, result=_woke(wait.deadline, now), resume=False,

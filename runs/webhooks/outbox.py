@@ -7,13 +7,16 @@ with the event itself, and an event committed is never missed, whenever
 the process dies. (A cursor over event ids would not do: ids are taken
 when rows are inserted, not when they commit, so a reader could pass an
 id whose transaction commits later.) Events appended while no subscription
-is active are not recorded at all.
+is active are not recorded at all; whether one is, is asked once per
+transaction (``_subscriptions_active``), not once per event.
 
 ``dispatch`` turns entries into deliveries and deletes them in one
 transaction; entries another dispatcher holds are skipped
 (``SKIP LOCKED``), so any number may run. It is woken after each commit
 that recorded an entry, and run by the sweeper as a backstop.
 """
+
+import threading
 
 from django.db import transaction
 from django.db.models.signals import post_save
@@ -34,10 +37,46 @@ def record_event(sender, instance: RunEvent, created: bool, raw: bool = False, *
     """Put a new event that maps to a webhook type into the outbox (same transaction), and wake the dispatcher on commit."""
     if raw or not created or webhook_type(instance) is None:
         return
-    if not WebhookSubscription.objects.filter(active=True).exists():
+    if not _subscriptions_active():
         return
     OutboxEntry.objects.create(event=instance)
     transaction.on_commit(wake_dispatcher, robust=True)
+
+
+class _Asked:
+    """A do-nothing commit hook that marks the transaction in which ``_subscriptions_active`` last asked."""
+
+    def __call__(self) -> None:
+        pass
+
+
+_asked = threading.local()  # (marker, its place in the connection's commit hooks, the answer)
+
+
+def _subscriptions_active() -> bool:
+    """Whether any subscription is active: asked once per transaction of this thread (every time outside one).
+
+    A transaction's events commit together, so they are recorded or not
+    together: the first event of a transaction asks the database, the
+    others reuse its answer. The answer is tied to a no-op commit hook
+    (``transaction.on_commit``): Django drops a transaction's hooks when it
+    commits or rolls back (and a savepoint's when that rolls back), so once
+    the hook is gone from its place in ``connection.run_on_commit`` the
+    answer is stale and the database is asked again.
+    """
+    connection = transaction.get_connection()
+    hooks = connection.run_on_commit
+    known = getattr(_asked, "known", None)
+    if connection.in_atomic_block and known is not None:
+        marker, place, answer = known
+        if place < len(hooks) and hooks[place][1] is marker:
+            return answer
+    answer = WebhookSubscription.objects.filter(active=True).exists()
+    if connection.in_atomic_block:
+        marker = _Asked()
+        transaction.on_commit(marker)
+        _asked.known = (marker, len(connection.run_on_commit) - 1, answer)
+    return answer
 
 
 def dispatch(*, limit: int = DISPATCH_BATCH) -> int:

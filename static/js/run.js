@@ -32,6 +32,7 @@
   var refreshAgain = false;
   var retryDelay = 1000;
   var pollTimer = null;
+  var seenSeq = -1;                     // event counter of the newest snapshot applied
 
   var labels = {};
   try { labels = JSON.parse(root.dataset.labels); } catch (e) { /* raw values */ }
@@ -82,6 +83,11 @@
 
   function apply(run) {
     if (!run || String(run.id) !== String(runId)) { return; }
+    // Pushes from different processes may arrive out of order: an older state never replaces a newer one.
+    if (typeof run.seq === "number") {
+      if (run.seq < seenSeq) { return; }
+      seenSeq = run.seq;
+    }
     setText("run-phase", run.phase);
     setText("run-waiting-reason", run.waiting_reason);
     if (run.status !== shown) {

@@ -36,5 +36,9 @@ def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str) -> ToolCa
 
 
 def expire_tool_call(*, tool_call: ToolCall, actor: str) -> ToolCall:
-    """Nobody decided in time: ``awaiting_approval -> expired``."""
-    return apply(tool_call.expire, actor=actor)
+    """Nobody decided in time: ``awaiting_approval -> expired``.
+
+    Only the sweeper calls it, in a transaction that any error aborts
+    whole: no savepoint (``runs.transitions.apply``).
+    """
+    return apply(tool_call.expire, actor=actor, savepoint=False)

@@ -14,6 +14,8 @@ from tools.registry import get_tool
 from tools.services.edits import proposed_arguments
 
 S = ToolCallStatus
+# Reached only before any approval (from proposed or awaiting_approval): such a call has no approval note.
+NEVER_APPROVED = (S.INVALID, S.REJECTED, S.EXPIRED)
 
 
 def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[dict]:
@@ -127,8 +129,11 @@ def _approval_notes(tool_calls: list[ToolCall]) -> dict[int, dict]:
     """What a person who approved each call said and changed, for the model, by call id (one query).
 
     A call no person approved has no entry; of several approvals the newest speaks.
+    Calls in ``NEVER_APPROVED`` statuses are not asked about (no query when all are).
     """
-    by_id = {call.pk: call for call in tool_calls}
+    by_id = {call.pk: call for call in tool_calls if call.status not in NEVER_APPROVED}
+    if not by_id:
+        return {}
     decisions = (ToolCall.objects.filter(pk__in=by_id, interrupts__decision="approved")
                  .order_by("-interrupts__created_at")
                  .values_list("pk", "interrupts__comment", "interrupts__edited_arguments"))
