@@ -89,7 +89,7 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         as ``decide_interrupt`` words it; any other item left out as a warning."""
         for pk, reason in left_out:
             if reason == GONE:
-                admin_error(self, request, Forbidden("You may not decide this item."),
+                admin_error(self, request, Forbidden(_("You may not decide this item.")),
                             _("Item %(item)s was not %(decision)s: %(error)s"), item=pk, decision=label(decision))
             else:
                 self.message_user(request, _("Item %(item)s was not %(decision)s: %(reason)s.") % {

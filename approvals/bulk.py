@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.utils.translation import gettext as _
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
@@ -49,11 +50,12 @@ def _checked_ids(ids) -> list[int]:
     except (TypeError, ValueError):
         ordered = [0]
     if any(not 1 <= pk <= MAX_INT for pk in ordered):
-        raise InvalidInput.for_fields({"items": "Item ids must be whole numbers from 1 up."})
+        raise InvalidInput.for_fields({"items": _("Item ids must be whole numbers from 1 up.")})
     if not ordered:
-        raise InvalidInput.for_fields({"items": "Select at least one item."})
+        raise InvalidInput.for_fields({"items": _("Select at least one item.")})
     if len(ordered) > MAX_BULK_ITEMS:
-        raise InvalidInput.for_fields({"items": f"Select at most {MAX_BULK_ITEMS} items at a time."})
+        raise InvalidInput.for_fields({"items": _("Select at most %(limit)s items at a time.")
+                                                % {"limit": MAX_BULK_ITEMS}})
     return ordered
 
 
@@ -101,7 +103,7 @@ def plan_bulk(*, user, ids, shown: dict[str, str] | None = None) -> BulkPlan:
     tools = sorted({i.tool_call.name for i in items})
     if len(tools) > 1:
         raise InvalidInput.for_fields(
-            {"items": f"Select items of one tool at a time (these are of {', '.join(tools)})."})
+            {"items": _("Select items of one tool at a time (these are of %(tools)s).") % {"tools": ", ".join(tools)}})
     return BulkPlan(items=items, left_out=left_out)
 
 
@@ -127,10 +129,10 @@ def decide_bulk(*, user, decision: str, comment: str, expected: dict[int, str]) 
     Raises ``InvalidInput`` (bad decision, missing comment, bad ids).
     """
     if decision not in (Decision.APPROVED, Decision.REJECTED):
-        raise InvalidInput.for_fields({"decision": f"Unknown decision {decision!r}."})
+        raise InvalidInput.for_fields({"decision": _("Unknown decision %(decision)s.") % {"decision": repr(decision)}})
     comment = (comment or "").strip()
     if decision == Decision.REJECTED and not comment:
-        raise InvalidInput.for_fields({"comment": "Say why: a rejection needs a comment."})
+        raise InvalidInput.for_fields({"comment": _("Say why: a rejection needs a comment.")})
     ids = _checked_ids(expected)
     shown = {int(pk): value for pk, value in expected.items()}
     decidable = set(Interrupt.objects.decidable_by(user).filter(pk__in=ids).values_list("pk", flat=True))

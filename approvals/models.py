@@ -10,28 +10,29 @@ from django_fsm import FSMField, transition
 
 from runs.access import InterruptQuerySet
 from runs.fsm import FSMModel
+from runs.labels import choice
 from tools.services.edits import argument_changes, proposed_arguments
 
 
 class InterruptKind(models.TextChoices):
-    APPROVAL = "approval"
-    INPUT = "input"
-    RECONCILIATION = "reconciliation"
+    APPROVAL = choice("approval")
+    INPUT = choice("input")
+    RECONCILIATION = choice("reconciliation")
 
 
 class InterruptStatus(models.TextChoices):
-    PENDING = "pending"
-    RESOLVED = "resolved"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
+    PENDING = choice("pending")
+    RESOLVED = choice("resolved")
+    EXPIRED = choice("expired")
+    CANCELLED = choice("cancelled")
 
 
 class Decision(models.TextChoices):
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    ANSWERED = "answered"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
+    APPROVED = choice("approved")
+    REJECTED = choice("rejected")
+    ANSWERED = choice("answered")
+    SUCCEEDED = choice("succeeded")
+    FAILED = choice("failed")
 
 
 class Interrupt(FSMModel):
@@ -50,37 +51,44 @@ class Interrupt(FSMModel):
     never does.
     """
 
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="interrupts")
+    run = models.ForeignKey("runs.Run", verbose_name=_("run"), on_delete=models.CASCADE, related_name="interrupts")
     tool_call = models.ForeignKey(
-        "tools.ToolCall", null=True, blank=True, on_delete=models.CASCADE, related_name="interrupts"
+        "tools.ToolCall", verbose_name=_("tool call"), null=True, blank=True, on_delete=models.CASCADE,
+        related_name="interrupts",
     )
-    kind = models.CharField(max_length=32, choices=InterruptKind.choices)
-    status = FSMField(default=InterruptStatus.PENDING, choices=InterruptStatus.choices, protected=True, db_index=True)
-    title = models.CharField(max_length=300)
-    required_permission = models.CharField(max_length=200, default="approvals.decide_interrupt")
-    allow_requester = models.BooleanField(default=True)
-    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
-    comment = models.TextField(blank=True)
-    edited_arguments = models.JSONField(null=True, blank=True)
+    kind = models.CharField(_("kind"), max_length=32, choices=InterruptKind.choices)
+    status = FSMField(_("status"), default=InterruptStatus.PENDING, choices=InterruptStatus.choices, protected=True,
+                      db_index=True)
+    title = models.CharField(_("title"), max_length=300)
+    required_permission = models.CharField(_("required permission"), max_length=200,
+                                           default="approvals.decide_interrupt")
+    allow_requester = models.BooleanField(_("allow requester"), default=True)
+    decision = models.CharField(_("decision"), max_length=16, choices=Decision.choices, blank=True)
+    comment = models.TextField(_("comment"), blank=True)
+    edited_arguments = models.JSONField(_("edited arguments"), null=True, blank=True)
     resolved_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="resolved_interrupts"
+        settings.AUTH_USER_MODEL, verbose_name=_("resolved by"), null=True, blank=True, on_delete=models.PROTECT,
+        related_name="resolved_interrupts",
     )
-    resolved_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    rule = models.TextField(blank=True)
-    target = models.CharField(max_length=200, blank=True)
+    resolved_at = models.DateTimeField(_("resolved at"), null=True, blank=True)
+    expires_at = models.DateTimeField(_("expires at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    rule = models.TextField(_("rule"), blank=True)
+    target = models.CharField(_("target"), max_length=200, blank=True)
     # Who said they are handling it (approvals.claims): it informs, it does not stop others deciding.
     claimed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="claimed_interrupts"
+        settings.AUTH_USER_MODEL, verbose_name=_("claimed by"), null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="claimed_interrupts",
     )
-    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True)
     # When the claimer was told it is about to expire (approvals.notifications): sent once per claim.
-    expiry_warning_sent_at = models.DateTimeField(null=True, blank=True)
+    expiry_warning_sent_at = models.DateTimeField(_("expiry warning sent at"), null=True, blank=True)
 
     objects = InterruptQuerySet.as_manager()  # decidable_by / visible_to (runs.access)
 
     class Meta:
+        verbose_name = _("inbox item")
+        verbose_name_plural = _("inbox items")
         ordering = ["-created_at"]
         permissions = [("decide_interrupt", "Can approve, reject, answer or reconcile inbox items")]
         # The API list's order (created_at, id) with and without its status
@@ -167,14 +175,20 @@ class AnswerFile(models.Model):
     may see the run.
     """
 
-    interrupt = models.OneToOneField(Interrupt, on_delete=models.CASCADE, related_name="answer_file")
-    file = models.FileField(upload_to=_answer_file_path, max_length=300)
-    name = models.CharField(max_length=255)
-    content_type = models.CharField(max_length=100)
-    size = models.PositiveBigIntegerField()
-    sha256 = models.CharField(max_length=64)
-    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
+    interrupt = models.OneToOneField(Interrupt, verbose_name=_("inbox item"), on_delete=models.CASCADE,
+                                     related_name="answer_file")
+    file = models.FileField(_("file"), upload_to=_answer_file_path, max_length=300)
+    name = models.CharField(_("name"), max_length=255)
+    content_type = models.CharField(_("content type"), max_length=100)
+    size = models.PositiveBigIntegerField(_("size (bytes)"))
+    sha256 = models.CharField(_("SHA-256"), max_length=64)
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("uploaded by"), on_delete=models.PROTECT,
+                                    related_name="+")
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("answer file")
+        verbose_name_plural = _("answer files")
 
     def __str__(self):
         return f"{self.name} ({self.size} bytes) answering item {self.interrupt_id}"
@@ -187,12 +201,16 @@ class NotificationPreference(models.Model):
     blank: ``settings.LANGUAGE_CODE``).
     """
 
-    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, verbose_name=_("user"), on_delete=models.CASCADE,
                                 related_name="notification_preference")
     new_item = models.BooleanField(_("an item for me arrives"), default=True)
     claimed_expiring = models.BooleanField(_("an item I claimed is about to expire"), default=True)
     run_expired = models.BooleanField(_("my run failed because its approval expired"), default=True)
     language = models.CharField(_("language of my emails"), max_length=16, blank=True, choices=settings.LANGUAGES)
+
+    class Meta:
+        verbose_name = _("notification preference")
+        verbose_name_plural = _("notification preferences")
 
     def __str__(self):
         return f"notification preferences of {self.user}"

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django_fsm import can_proceed
 
 from approvals import answer_files, notifications
@@ -301,7 +302,7 @@ def decide_interrupt(
     edited arguments that break the tool's schema.
     """
     if not can_decide(user, interrupt):
-        raise Forbidden("You may not decide this item.")
+        raise Forbidden(_("You may not decide this item."))
     if decision not in (Decision.APPROVED, Decision.REJECTED):
         raise InvalidInput(f"Unknown decision {decision!r}.")
     if interrupt.kind != InterruptKind.APPROVAL:

@@ -226,10 +226,13 @@ class StepAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The conversation history of sessions; append-only."""
 
-    list_display = ("id", "session_id", "run_id", "role", "content_summary", "tool_call_id", "created_at")
+    list_display = ("id", "session_id_", "run_id_", "role", "content_summary", "tool_call_id", "created_at")
     list_filter = ("role", "run__agent")
     search_fields = ("content", "tool_call_id", "=run__id", "=session__id")
     date_hierarchy = "created_at"
+
+    session_id_ = column("session_id", gettext_lazy("session"))
+    run_id_ = column("run_id", gettext_lazy("run"))
 
     @admin.display(description=gettext_lazy("content"))
     def content_summary(self, message: Message) -> str:

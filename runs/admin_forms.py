@@ -18,7 +18,7 @@ import json
 
 from django import forms
 from django.conf import settings
-from django.utils.translation import gettext as _
+from django.utils.translation import gettext as _, gettext_lazy
 
 from config.strict_json import StrictJSONFormField
 from runs.engine import completion
@@ -69,8 +69,9 @@ class AgentAdminForm(forms.ModelForm):
 
     may_loosen = False
 
-    tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
-    completion_check = forms.ChoiceField()
+    tools = forms.MultipleChoiceField(label=gettext_lazy("Tools"), required=False,
+                                      widget=forms.CheckboxSelectMultiple)
+    completion_check = forms.ChoiceField(label=gettext_lazy("Completion check"))
 
     class Meta:
         model = Agent

@@ -3,9 +3,9 @@
 The database, the API and the live WebSocket keep the values themselves
 (``waiting``, ``awaiting_approval``, ...); pages show them through
 ``LABELS``, translated into the page's language (Django's gettext, the
-catalogue in ``config/locale``). The models' ``choices`` are left as they
-are: a label there would be a migration for every enumeration and would
-change nothing the API returns.
+catalogue in ``config/locale``). The models' ``choices`` take their labels
+from here too (``choice``), so the admin's columns and filters use the same
+words; the API still returns the values.
 
 One value has one word whichever enumeration it comes from (``failed`` is
 a run's, a tool call's and a reconciliation's), so templates need not say
@@ -13,6 +13,7 @@ which enumeration they show. ``tests/test_i18n.py`` checks that every value
 of the shown enumerations has a label here.
 """
 
+from django.utils.functional import Promise
 from django.utils.translation import pgettext_lazy
 
 LABELS = {
@@ -58,6 +59,24 @@ LABELS = {
     "rejected": pgettext_lazy("state", "rejected"),
     "answered": pgettext_lazy("state", "answered"),
     "succeeded": pgettext_lazy("state", "succeeded"),
+    # Step.status
+    "started": pgettext_lazy("state", "started"),
+    "discarded": pgettext_lazy("state", "discarded"),
+    # Wait.status
+    "done": pgettext_lazy("state", "done"),
+    "timed_out": pgettext_lazy("state", "timed out"),
+    "refused": pgettext_lazy("state", "refused"),
+    # WebhookDelivery.status and .event_type
+    "delivered": pgettext_lazy("state", "delivered"),
+    "run.waiting": pgettext_lazy("state", "run waiting"),
+    "run.completed": pgettext_lazy("state", "run completed"),
+    "run.failed": pgettext_lazy("state", "run failed"),
+    "run.cancelled": pgettext_lazy("state", "run cancelled"),
+    "interrupt.created": pgettext_lazy("state", "inbox item created"),
+    "interrupt.resolved": pgettext_lazy("state", "inbox item resolved"),
+    "tool_call.unknown": pgettext_lazy("state", "tool call outcome unknown"),
+    # the demo shop's Order.status
+    "open": pgettext_lazy("state", "open"),
     # ToolCall.status
     "proposed": pgettext_lazy("state", "proposed"),
     "invalid": pgettext_lazy("state", "invalid"),
@@ -71,6 +90,14 @@ LABELS = {
     "tool": pgettext_lazy("state", "tool"),
     "system": pgettext_lazy("state", "system"),
 }
+
+
+def choice(value: str) -> tuple[str, Promise]:
+    """``(value, its lazy label)``: a member of a model's ``TextChoices``, e.g. ``QUEUED = choice("queued")``.
+
+    Raises ``KeyError`` (at import) for a value without a label here.
+    """
+    return value, LABELS[value]
 
 
 def label(value) -> str:

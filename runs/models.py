@@ -12,10 +12,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
 from runs.access import RunQuerySet
 from runs.fsm import FSMModel
+from runs.labels import choice
 
 
 class Agent(models.Model):
@@ -32,30 +34,35 @@ class Agent(models.Model):
     ``completion_check`` names a check in ``runs.engine.completion``.
     """
 
-    slug = models.SlugField(unique=True)
-    name = models.CharField(max_length=200)
-    instructions = models.TextField(blank=True)
-    model = models.JSONField(default=dict)
-    tools = models.JSONField(default=list, blank=True)
-    approval_policy = models.JSONField(default=dict, blank=True)
+    slug = models.SlugField(_("slug"), unique=True)
+    name = models.CharField(_("name"), max_length=200)
+    instructions = models.TextField(_("instructions"), blank=True)
+    model = models.JSONField(_("model"), default=dict)
+    tools = models.JSONField(_("tools"), default=list, blank=True)
+    approval_policy = models.JSONField(_("approval policy"), default=dict, blank=True)
     approval_policy_granted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, editable=False, on_delete=models.PROTECT,
-        related_name="+", help_text="Who allowed this policy to replace (and so loosen) the tools' own rules.")
-    completion_check = models.CharField(max_length=100, default="default")
-    max_turns = models.PositiveIntegerField(default=20)
+        settings.AUTH_USER_MODEL, verbose_name=_("approval policy granted by"), null=True, blank=True, editable=False,
+        on_delete=models.PROTECT, related_name="+",
+        help_text=_("Who allowed this policy to replace (and so loosen) the tools' own rules."))
+    completion_check = models.CharField(_("completion check"), max_length=100, default="default")
+    max_turns = models.PositiveIntegerField(_("max turns"), default=20)
     # Budgets checked before every model call (runs.engine.budgets); null: no limit.
     max_model_calls = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Model calls per run, counting failed and discarded ones; empty: TOLLGATE['DEFAULT_MAX_MODEL_CALLS'].")
+        _("max model calls"), null=True, blank=True,
+        help_text=_("Model calls per run, counting failed and discarded ones; "
+                    "empty: TOLLGATE['DEFAULT_MAX_MODEL_CALLS']."))
     max_total_tokens = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="Input plus output tokens per run.")
+        _("max total tokens"), null=True, blank=True, help_text=_("Input plus output tokens per run."))
     max_cost_usd = models.DecimalField(
-        max_digits=12, decimal_places=6, null=True, blank=True,
-        help_text="US dollars per run, priced by TOLLGATE['MODEL_PRICES'].")
+        _("max cost (USD)"), max_digits=12, decimal_places=6, null=True, blank=True,
+        help_text=_("US dollars per run, priced by TOLLGATE['MODEL_PRICES']."))
     deadline_s = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Seconds of wall-clock time from the run's start.")
-    created_at = models.DateTimeField(auto_now_add=True)
+        _("deadline (seconds)"), null=True, blank=True, help_text=_("Seconds of wall-clock time from the run's start."))
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("agent")
+        verbose_name_plural = _("agents")
         ordering = ["slug"]
         permissions = [("loosen_approval_policy", "Can let an agent's approval rules replace the tools' own")]
 
@@ -66,14 +73,18 @@ class Agent(models.Model):
 class Session(models.Model):
     """A long-lived conversation thread; it outlives each of its runs."""
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_sessions")
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="sessions")
-    title = models.CharField(max_length=200, blank=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("owner"), on_delete=models.CASCADE,
+                              related_name="agent_sessions")
+    agent = models.ForeignKey(Agent, verbose_name=_("agent"), on_delete=models.PROTECT, related_name="sessions")
+    title = models.CharField(_("title"), max_length=200, blank=True)
     metadata = models.JSONField(
-        default=dict, blank=True, help_text="The client's own JSON object (e.g. a ticket id); never read by the runtime.")
-    created_at = models.DateTimeField(auto_now_add=True)
+        _("metadata"), default=dict, blank=True,
+        help_text=_("The client's own JSON object (e.g. a ticket id); never read by the runtime."))
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("session")
+        verbose_name_plural = _("sessions")
         ordering = ["-created_at"]
         indexes = [  # the list's order, alone and per owner (who sees what) and agent (a filter)
             models.Index(fields=["created_at", "id"], name="session_created"),
@@ -91,12 +102,12 @@ class Session(models.Model):
 
 
 class RunStatus(models.TextChoices):
-    QUEUED = "queued"
-    RUNNING = "running"
-    WAITING = "waiting"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    QUEUED = choice("queued")
+    RUNNING = choice("running")
+    WAITING = choice("waiting")
+    COMPLETED = choice("completed")
+    FAILED = choice("failed")
+    CANCELLED = choice("cancelled")
 
 
 ACTIVE_STATUSES = [RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING]
@@ -106,33 +117,33 @@ TERMINAL_STATUSES = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
 
 
 class Phase(models.TextChoices):
-    TRIAGING = "triaging"
-    PREPARING_CONTEXT = "preparing_context"
-    CALLING_MODEL = "calling_model"
-    EXECUTING_TOOLS = "executing_tools"
-    FINALIZING = "finalizing"
+    TRIAGING = choice("triaging")
+    PREPARING_CONTEXT = choice("preparing_context")
+    CALLING_MODEL = choice("calling_model")
+    EXECUTING_TOOLS = choice("executing_tools")
+    FINALIZING = choice("finalizing")
 
 
 class WaitingReason(models.TextChoices):
-    APPROVAL = "approval"
-    INPUT = "input"
-    RECONCILIATION = "reconciliation"
-    RETRY_BACKOFF = "retry_backoff"
-    SCHEDULED = "scheduled"
-    EXTERNAL_EVENT = "external_event"
+    APPROVAL = choice("approval")
+    INPUT = choice("input")
+    RECONCILIATION = choice("reconciliation")
+    RETRY_BACKOFF = choice("retry_backoff")
+    SCHEDULED = choice("scheduled")
+    EXTERNAL_EVENT = choice("external_event")
 
 
 class FailureType(models.TextChoices):
-    MODEL_ERROR = "model_error"
-    INVALID_MODEL_OUTPUT = "invalid_model_output"
-    TOOL_ERROR = "tool_error"
-    PERMISSION_DENIED = "permission_denied"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    APPROVAL_EXPIRED = "approval_expired"
-    INCOMPLETE = "incomplete"
-    INTERNAL_ERROR = "internal_error"
-    CRASH_LOOP = "crash_loop"
+    MODEL_ERROR = choice("model_error")
+    INVALID_MODEL_OUTPUT = choice("invalid_model_output")
+    TOOL_ERROR = choice("tool_error")
+    PERMISSION_DENIED = choice("permission_denied")
+    BUDGET_EXHAUSTED = choice("budget_exhausted")
+    DEADLINE_EXCEEDED = choice("deadline_exceeded")
+    APPROVAL_EXPIRED = choice("approval_expired")
+    INCOMPLETE = choice("incomplete")
+    INTERNAL_ERROR = choice("internal_error")
+    CRASH_LOOP = choice("crash_loop")
 
 
 class MultitaskStrategy(models.TextChoices):
@@ -145,8 +156,8 @@ class MultitaskStrategy(models.TextChoices):
 
 
 class Outcome(models.TextChoices):
-    ACHIEVED = "achieved"
-    NOT_ACHIEVED = "not_achieved"
+    ACHIEVED = choice("achieved")
+    NOT_ACHIEVED = choice("not_achieved")
 
 
 def _no_cancel_requested(run: "Run") -> bool:
@@ -175,55 +186,65 @@ class Run(FSMModel):
     turns spent on invalid output and on "not complete yet" feedback.
     """
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="runs")
-    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_runs")
-    input = models.TextField()
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
-    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
+    session = models.ForeignKey(Session, verbose_name=_("session"), on_delete=models.CASCADE, related_name="runs")
+    agent = models.ForeignKey(Agent, verbose_name=_("agent"), on_delete=models.PROTECT, related_name="runs")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("requested by"),
+                                     on_delete=models.PROTECT, related_name="requested_runs")
+    input = models.TextField(_("input"))
+    idempotency_key = models.CharField(_("idempotency key"), max_length=200, null=True, blank=True)
+    retry_of = models.ForeignKey("self", verbose_name=_("retry of"), null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="retries")
 
-    status = FSMField(default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True, db_index=True)
-    phase = models.CharField(max_length=32, choices=Phase.choices, blank=True)
-    waiting_reason = models.CharField(max_length=32, choices=WaitingReason.choices, blank=True)
-    wake_at = models.DateTimeField(null=True, blank=True)
-    failure_type = models.CharField(max_length=32, choices=FailureType.choices, blank=True)
-    outcome = models.CharField(max_length=32, choices=Outcome.choices, blank=True)
+    status = FSMField(_("status"), default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True, db_index=True)
+    phase = models.CharField(_("phase"), max_length=32, choices=Phase.choices, blank=True)
+    waiting_reason = models.CharField(_("waiting reason"), max_length=32, choices=WaitingReason.choices, blank=True)
+    wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
+    failure_type = models.CharField(_("failure type"), max_length=32, choices=FailureType.choices, blank=True)
+    outcome = models.CharField(_("outcome"), max_length=32, choices=Outcome.choices, blank=True)
     outcome_reason = models.TextField(
-        blank=True, help_text="Why the completion check decided the outcome (runs.engine.completion), e.g. the call that failed.")
-    error = models.TextField(blank=True)
-    final_output = models.TextField(blank=True)
+        _("outcome reason"), blank=True,
+        help_text=_("Why the completion check decided the outcome (runs.engine.completion), "
+                    "e.g. the call that failed."))
+    error = models.TextField(_("error"), blank=True)
+    final_output = models.TextField(_("final output"), blank=True)
 
-    model_calls = models.PositiveIntegerField(default=0)
-    repair_turns = models.PositiveIntegerField(default=0)
-    incomplete_nudges = models.PositiveIntegerField(default=0)
-    input_tokens = models.PositiveIntegerField(default=0)
-    output_tokens = models.PositiveIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
-    last_event_seq = models.PositiveIntegerField(default=0)
+    model_calls = models.PositiveIntegerField(_("model calls"), default=0)
+    repair_turns = models.PositiveIntegerField(_("repair turns"), default=0)
+    incomplete_nudges = models.PositiveIntegerField(_("incomplete nudges"), default=0)
+    input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
+    output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
+    cost_usd = models.DecimalField(_("cost (USD)"), max_digits=12, decimal_places=6, default=0)
+    last_event_seq = models.PositiveIntegerField(_("last event seq"), default=0)
     lost_leases = models.PositiveIntegerField(
-        default=0, help_text="Times a worker died holding this run with a step or tool call in flight.")
+        _("lost leases"), default=0,
+        help_text=_("Times a worker died holding this run with a step or tool call in flight."))
     crash_streak = models.PositiveIntegerField(
-        default=0, help_text="Such deaths since the run last made progress; TOLLGATE['MAX_CRASHES_PER_STEP'] ends it.")
+        _("crash streak"), default=0,
+        help_text=_("Such deaths since the run last made progress; TOLLGATE['MAX_CRASHES_PER_STEP'] ends it."))
     loss_streak = models.PositiveIntegerField(
-        default=0, help_text="Deaths with work in flight since the last progress, blamed on this run or not; "
-                             "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it.")
+        _("loss streak"), default=0,
+        help_text=_("Deaths with work in flight since the last progress, blamed on this run or not; "
+                    "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it."))
     death_blame = models.CharField(
-        max_length=16, blank=True,
-        help_text="How the sweeper counted the run's last death: culprit or bystander (empty: not counted yet).")
+        _("death blame"), max_length=16, blank=True,
+        help_text=_("How the sweeper counted the run's last death: culprit or bystander (empty: not counted yet)."))
 
-    lease_owner = models.CharField(max_length=200, blank=True)
-    lease_token = models.PositiveBigIntegerField(default=0, help_text="Fencing token; grows with every acquisition.")
-    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    lease_owner = models.CharField(_("lease owner"), max_length=200, blank=True)
+    lease_token = models.PositiveBigIntegerField(_("lease token"), default=0,
+                                                 help_text=_("Fencing token; grows with every acquisition."))
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True, db_index=True)
 
-    cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     objects = RunQuerySet.as_manager()  # visible_to / cancellable_by (runs.access)
 
     class Meta:
+        verbose_name = _("run")
+        verbose_name_plural = _("runs")
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(
@@ -345,26 +366,28 @@ class Step(FSMModel):
     """
 
     class Status(models.TextChoices):
-        STARTED = "started"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-        DISCARDED = "discarded"
+        STARTED = choice("started")
+        SUCCEEDED = choice("succeeded")
+        FAILED = choice("failed")
+        DISCARDED = choice("discarded")
 
     event_type = "model_call"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
-    index = models.PositiveIntegerField()
-    status = FSMField(max_length=16, choices=Status.choices, default=Status.STARTED, protected=True)
-    request = models.JSONField(default=dict)
-    response = models.JSONField(default=dict)
-    input_tokens = models.PositiveIntegerField(default=0)
-    output_tokens = models.PositiveIntegerField(default=0)
-    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=0)
-    error = models.TextField(blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField(_("index"))
+    status = FSMField(_("status"), max_length=16, choices=Status.choices, default=Status.STARTED, protected=True)
+    request = models.JSONField(_("request"), default=dict)
+    response = models.JSONField(_("response"), default=dict)
+    input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
+    output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
+    cost_usd = models.DecimalField(_("cost (USD)"), max_digits=12, decimal_places=6, default=0)
+    error = models.TextField(_("error"), blank=True)
+    started_at = models.DateTimeField(_("started at"), auto_now_add=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("step")
+        verbose_name_plural = _("steps")
         ordering = ["run", "index"]
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="step_index_per_run")]
 
@@ -412,15 +435,17 @@ class Message(models.Model):
     (tool) names the call it answers.
     """
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages")
-    role = models.CharField(max_length=16)
-    content = models.TextField(blank=True)
-    tool_calls = models.JSONField(default=list, blank=True)
-    tool_call_id = models.CharField(max_length=100, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    session = models.ForeignKey(Session, verbose_name=_("session"), on_delete=models.CASCADE, related_name="messages")
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(_("role"), max_length=16)
+    content = models.TextField(_("content"), blank=True)
+    tool_calls = models.JSONField(_("tool calls"), default=list, blank=True)
+    tool_call_id = models.CharField(_("tool call id"), max_length=100, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
         ordering = ["id"]
 
     def __str__(self):
@@ -435,17 +460,19 @@ class RunEvent(models.Model):
     are set. ``actor`` is ``system``, ``worker`` or ``user:<username>``.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
-    seq = models.PositiveIntegerField()
-    type = models.CharField(max_length=32)
-    from_status = models.CharField(max_length=32, blank=True)
-    to_status = models.CharField(max_length=32, blank=True)
-    actor = models.CharField(max_length=200)
-    reason = models.TextField(blank=True)
-    payload = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField(_("seq"))
+    type = models.CharField(_("type"), max_length=32)
+    from_status = models.CharField(_("from status"), max_length=32, blank=True)
+    to_status = models.CharField(_("to status"), max_length=32, blank=True)
+    actor = models.CharField(_("actor"), max_length=200)
+    reason = models.TextField(_("reason"), blank=True)
+    payload = models.JSONField(_("payload"), default=dict, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("run event")
+        verbose_name_plural = _("run events")
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="event_seq_per_run")]
 
@@ -454,11 +481,11 @@ class RunEvent(models.Model):
 
 
 class WaitStatus(models.TextChoices):
-    PENDING = "pending"  # the run waits for it
-    DONE = "done"  # answered, received, or the time came: ``result`` is the tool call's result
-    TIMED_OUT = "timed_out"  # nothing came by ``deadline``: the tool call fails with ``error``
-    REFUSED = "refused"  # could not be opened (e.g. the event key is taken): the tool call fails with ``error``
-    CANCELLED = "cancelled"  # the run ended first
+    PENDING = choice("pending")  # the run waits for it
+    DONE = choice("done")  # answered, received, or the time came: ``result`` is the tool call's result
+    TIMED_OUT = choice("timed_out")  # nothing came by ``deadline``: the tool call fails with ``error``
+    REFUSED = choice("refused")  # could not be opened (e.g. the event key is taken): the call fails with ``error``
+    CANCELLED = choice("cancelled")  # the run ended first
 
 
 class Wait(models.Model):
@@ -474,19 +501,24 @@ class Wait(models.Model):
     type + key pair belongs to one wait only.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits")
-    tool_call = models.OneToOneField("tools.ToolCall", on_delete=models.CASCADE, related_name="wait")
-    kind = models.CharField(max_length=32, choices=WaitingReason.choices)
-    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING, db_index=True)
-    event_type = models.CharField(max_length=100, blank=True)
-    correlation_key = models.CharField(max_length=200, blank=True)
-    deadline = models.DateTimeField(help_text="When the wait ends: the time itself (scheduled), else its timeout.")
-    result = models.JSONField(null=True, blank=True, help_text="The tool call's result once done.")
-    error = models.TextField(blank=True, help_text="Why the tool call fails (timed out, refused).")
-    created_at = models.DateTimeField(auto_now_add=True)
-    settled_at = models.DateTimeField(null=True, blank=True)
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="waits")
+    tool_call = models.OneToOneField("tools.ToolCall", verbose_name=_("tool call"), on_delete=models.CASCADE,
+                                     related_name="wait")
+    kind = models.CharField(_("kind"), max_length=32, choices=WaitingReason.choices)
+    status = models.CharField(_("status"), max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING,
+                              db_index=True)
+    event_type = models.CharField(_("event type"), max_length=100, blank=True)
+    correlation_key = models.CharField(_("correlation key"), max_length=200, blank=True)
+    deadline = models.DateTimeField(_("deadline"),
+                                    help_text=_("When the wait ends: the time itself (scheduled), else its timeout."))
+    result = models.JSONField(_("result"), null=True, blank=True, help_text=_("The tool call's result once done."))
+    error = models.TextField(_("error"), blank=True, help_text=_("Why the tool call fails (timed out, refused)."))
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    settled_at = models.DateTimeField(_("settled at"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("wait")
+        verbose_name_plural = _("waits")
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint(
@@ -508,15 +540,18 @@ class ExternalEvent(models.Model):
     call's result.
     """
 
-    type = models.CharField(max_length=100)
-    key = models.CharField(max_length=200)
-    payload = models.JSONField(default=dict, blank=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="external_events")
-    wait = models.OneToOneField(Wait, on_delete=models.CASCADE, related_name="event")
-    received_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    received_at = models.DateTimeField(auto_now_add=True)
+    type = models.CharField(_("type"), max_length=100)
+    key = models.CharField(_("key"), max_length=200)
+    payload = models.JSONField(_("payload"), default=dict, blank=True)
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="external_events")
+    wait = models.OneToOneField(Wait, verbose_name=_("wait"), on_delete=models.CASCADE, related_name="event")
+    received_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("received by"), on_delete=models.PROTECT,
+                                    related_name="+")
+    received_at = models.DateTimeField(_("received at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("external event")
+        verbose_name_plural = _("external events")
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["type", "key"], name="external_event_type_key")]
 
@@ -536,16 +571,20 @@ class IdempotentRequest(models.Model):
     ``expires_at`` ends the key's life (24 hours after first use).
     """
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    scope = models.CharField(max_length=200)
-    key = models.CharField(max_length=200)
-    fingerprint = models.CharField(max_length=64)
-    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
-    response_body = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
-    started_at = models.DateTimeField(help_text="When the request holding the key began (a stale one is taken over).")
-    expires_at = models.DateTimeField(db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("user"), on_delete=models.CASCADE,
+                             related_name="+")
+    scope = models.CharField(_("scope"), max_length=200)
+    key = models.CharField(_("key"), max_length=200)
+    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
+    response_body = models.JSONField(_("response body"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    started_at = models.DateTimeField(
+        _("started at"), help_text=_("When the request holding the key began (a stale one is taken over)."))
+    expires_at = models.DateTimeField(_("expires at"), db_index=True)
 
     class Meta:
+        verbose_name = _("idempotent request")
+        verbose_name_plural = _("idempotent requests")
         constraints = [models.UniqueConstraint(fields=["user", "scope", "key"], name="idempotent_request_per_user_scope")]
 
     def __str__(self):

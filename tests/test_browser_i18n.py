@@ -5,6 +5,7 @@ tests/test_browser.py), with one refund run waiting for approval:
 
 * the pages and Django's admin follow the browser's Accept-Language
   (Simplified Chinese or English), and the header's switcher overrides it;
+  the admin's run page shows its fields and inlines in Chinese;
 * at 390×844 (a phone) no page is wider than the screen, and the header's
   "Log out" and language buttons stay on it;
 * times are shown, and labelled, in the zone the browser reports.
@@ -117,6 +118,19 @@ def test_header_switcher_changes_the_language_and_stays_on_the_page(waiting_refu
     assert page.get_attribute("#language-en", "aria-current") == "true"
     page.click("#language-zh-hans")
     page.wait_for_selector("#timeline h2:text-is('时间线')")
+
+
+def test_admin_run_page_in_chinese(waiting_refund, served, browser):  # noqa: F811
+    run, _, _ = waiting_refund
+    page = _context(browser, extra_http_headers={"Accept-Language": "zh-hans"}).new_page()
+    _log_in(page, served, "admin")
+    page.goto(f"{served}/admin/runs/run/{run.pk}/change/")
+    assert page.text_content("#content h1") == "查看 运行"
+    assert [page.text_content(f"#{prefix}-heading").strip() for prefix in ("tool_calls", "interrupts", "events")] == [
+        "工具调用", "收件箱条目", "时间线"]
+    assert page.locator("label:text-is('幂等键:')").count() == 1
+    assert page.locator("#tool_calls-group td", has_text="等待审批").count() == 1
+    assert "Idempotency key" not in page.text_content("#content")
 
 
 def _assert_fits(page, what: str) -> None:

@@ -15,7 +15,8 @@ Layers, top to bottom:
    (who sees and decides what);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.providers.base`` (the model-call
-   shapes and errors), ``config.strict_json``.
+   shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
+   pages and choices show for machine values).
 
 Every ``import`` counts, including those inside functions: an import
 placed in a function to dodge a cycle is still an upward import.
@@ -66,6 +67,7 @@ LAYERS = {
     "config.strict_json": 0,
     "runs.masking": 0,
     "runs.errors": 0,
+    "runs.labels": 0,
 }
 SURFACE = 5
 # Installed apps the product must run without; only their own modules may import them.

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Callable
 
+from django.utils.translation import gettext as _
+
 _OPS = {
     ">": operator.gt,
     ">=": operator.ge,
@@ -78,7 +80,7 @@ Clause = bool | Threshold | Cumulative  # a bool is ``always`` (True) or ``never
 def parse_rule(rule: str) -> tuple[Clause, ...]:
     """The clauses of ``rule``, in order. Raises ``InvalidRule``."""
     if not isinstance(rule, str) or not rule.strip():
-        raise InvalidRule(f"Approval rule {rule!r} is empty.")
+        raise InvalidRule(_("Approval rule %(rule)s is empty.") % {"rule": repr(rule)})
     return tuple(_parse_clause(part) for part in re.split(r"\s+or\s+", rule.strip()))
 
 
@@ -92,10 +94,10 @@ def _parse_clause(text: str) -> Clause:
         argument, scope, amount, unit, op, literal = match.groups()
         window_s = int(amount) * _UNIT_SECONDS[unit] if amount else None
         return Cumulative(argument, scope, window_s, op, Decimal(literal))
-    raise InvalidRule(
-        f"Approval clause {text!r} is not 'always', 'never', '<argument> <op> <number>' or "
+    raise InvalidRule(_(
+        "Approval clause %(clause)s is not 'always', 'never', '<argument> <op> <number>' or "
         "'sum(<argument>)|count per run|user|target [within <n>s|m|h|d] >|>= <number>'."
-    )
+    ) % {"clause": repr(text)})
 
 
 def check_rule(rule: str, *, target_key: str = "") -> None:
@@ -105,7 +107,8 @@ def check_rule(rule: str, *, target_key: str = "") -> None:
     """
     for clause in parse_rule(rule):
         if isinstance(clause, Cumulative) and clause.scope == "target" and not target_key:
-            raise InvalidRule(f"Approval rule {rule!r} counts 'per target', but the tool declares no target key.")
+            raise InvalidRule(_("Approval rule %(rule)s counts 'per target', but the tool declares no target key.")
+                              % {"rule": repr(rule)})
 
 
 def cumulative_clauses(rule: str) -> list[Cumulative]:

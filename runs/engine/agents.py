@@ -8,6 +8,10 @@ or completion check, or a malformed approval rule.
 An agent's approval rules add to the tools' own (see ``runs.models.Agent``);
 only a user with ``LOOSEN_PERMISSION`` may make them replace the tools'
 rules, and is recorded as the one who granted that.
+
+Messages are in the active language (gettext at the time of the check): the
+admin's and the pages' language, English under ``/api/``
+(``config.middleware.ApiInEnglishMiddleware``). Error codes do not change.
 """
 
 from decimal import Decimal, InvalidOperation
@@ -15,6 +19,7 @@ from decimal import Decimal, InvalidOperation
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
+from django.utils.translation import gettext as _
 
 from runs.engine import completion
 from runs.errors import InvalidInput
@@ -39,23 +44,32 @@ def may_loosen_policy(user) -> bool:
     return user is not None and user.is_authenticated and user.has_perm(LOOSEN_PERMISSION)
 
 
+def _unknown_tool(name) -> str:
+    return _("Unknown tool %(tool)s.") % {"tool": repr(name)}
+
+
+def _slug_taken(slug: str) -> str:
+    return _("An agent with slug %(slug)s already exists.") % {"slug": repr(slug)}
+
+
 def _policy_errors(approval_policy, may_loosen: bool) -> list[str]:
     if not isinstance(approval_policy, dict):
-        return ["The approval policy must be an object mapping tool names to rules."]
+        return [_("The approval policy must be an object mapping tool names to rules.")]
     errors = []
     for tool_name, rule in approval_policy.items():
         tool = get_tool(tool_name)
         if tool is None:
-            errors.append(f"Unknown tool {tool_name!r}.")
+            errors.append(_unknown_tool(tool_name))
             continue
         try:
             check_rule(rule if isinstance(rule, str) else "", target_key=tool.target_key)
         except InvalidRule as exc:
-            errors.append(f"{tool_name}: {exc}")
+            errors.append(_("%(tool)s: %(problem)s") % {"tool": tool_name, "problem": exc})
             continue
         if rule == "never" and tool.approval != "never" and not may_loosen:
-            errors.append(f"{tool_name}: an agent's rule can only add approvals; switching them off "
-                          f"needs the {LOOSEN_PERMISSION} permission.")
+            errors.append(_("%(tool)s: an agent's rule can only add approvals; switching them off "
+                            "needs the %(permission)s permission.")
+                          % {"tool": tool_name, "permission": LOOSEN_PERMISSION})
     return errors
 
 
@@ -70,10 +84,11 @@ def config_errors(
     errors: dict[str, list[str]] = {}
     unknown = [tool for tool in tools if get_tool(tool) is None]
     if unknown:
-        errors["tools"] = [f"Unknown tool {tool!r}." for tool in unknown]
+        errors["tools"] = [_unknown_tool(tool) for tool in unknown]
     if completion_check not in completion.check_names():
         errors["completion_check"] = [
-            f"Unknown completion check {completion_check!r}; known: {', '.join(completion.check_names())}."
+            _("Unknown completion check %(check)s; known: %(known)s.")
+            % {"check": repr(completion_check), "known": ", ".join(completion.check_names())}
         ]
     policy_errors = _policy_errors(approval_policy, may_loosen)
     for field, messages in (("model", model_config_problems(model)), ("approval_policy", policy_errors)):
@@ -96,8 +111,8 @@ def _budget_errors(budgets: dict) -> dict[str, list[str]]:
         else:
             ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= limit
         if not ok:
-            errors[field] = [f"{field} must be a number from {0 if field == 'max_cost_usd' else 1} to {limit}, "
-                             f"or null for no limit."]
+            errors[field] = [_("%(field)s must be a number from %(low)s to %(high)s, or null for no limit.")
+                             % {"field": field, "low": 0 if field == "max_cost_usd" else 1, "high": limit}]
     return errors
 
 
@@ -142,11 +157,11 @@ def create_agent(
     except ValidationError as exc:
         errors["slug"] = exc.messages
     if not errors.get("slug") and Agent.objects.filter(slug=slug).exists():
-        errors["slug"] = [f"An agent with slug {slug!r} already exists."]
+        errors["slug"] = [_slug_taken(slug)]
     if not (name or "").strip():
-        errors["name"] = ["The name must not be empty."]
+        errors["name"] = [_("The name must not be empty.")]
     if not isinstance(max_turns, int) or not 1 <= max_turns <= MAX_TURNS_LIMIT:
-        errors["max_turns"] = [f"max_turns must be an integer from 1 to {MAX_TURNS_LIMIT}."]
+        errors["max_turns"] = [_("max_turns must be an integer from 1 to %(high)s.") % {"high": MAX_TURNS_LIMIT}]
     errors.update(_budget_errors(budgets))
     may_loosen = may_loosen_policy(user)
     errors.update(config_errors(model=model, tools=tools, approval_policy=approval_policy,
@@ -163,4 +178,4 @@ def create_agent(
                 approval_policy_granted_by=user if may_loosen and approval_policy else None,
             )
     except IntegrityError:
-        raise InvalidInput.for_fields({"slug": [f"An agent with slug {slug!r} already exists."]}) from None
+        raise InvalidInput.for_fields({"slug": [_slug_taken(slug)]}) from None

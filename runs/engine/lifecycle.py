@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Min
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from approvals.services import cancel_pending_interrupts, pending_items_locked, request_reconciliation
 from runs.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
@@ -398,5 +399,5 @@ def cancel_run_as(*, run: Run, user, reason: str = "cancel requested") -> Run:
     when ``user`` may not cancel ``run``, and what ``cancel_run`` raises.
     """
     if not Run.objects.cancellable_by(user).filter(pk=run.pk).exists():
-        raise Forbidden("You may not cancel this run.")
+        raise Forbidden(_("You may not cancel this run."))
     return cancel_run(run=run, actor=actor_for(user), reason=reason)

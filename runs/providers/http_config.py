@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
+from django.utils.translation import gettext as _
 
 from runs.masking import mask_string
 from runs.providers.base import ConfigError, MalformedResponse, ModelError, StreamInterrupted
@@ -76,15 +77,20 @@ def _profiles() -> dict:
     return settings.TOLLGATE.get("MODEL_ENDPOINTS") or {}
 
 
+def _known() -> str:
+    """The endpoint profiles' names for a message, or "none"."""
+    return ", ".join(sorted(_profiles())) or "none"
+
+
 def _url_problem(url) -> str | None:
     if not isinstance(url, str):
-        return "'base_url' must be a string."
+        return _("'base_url' must be a string.")
     try:
         parts = urlsplit(url)
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        return "'base_url' must be an http:// or https:// URL."
+        return _("'base_url' must be an http:// or https:// URL.")
     return None
 
 
@@ -100,40 +106,42 @@ def config_problems(config: dict) -> list[str]:
     problems = []
     unknown = sorted(str(key) for key in set(config) - KNOWN_KEYS)
     if unknown:
-        problems.append(f"Unknown key(s) in the model config: {', '.join(unknown)}.")
+        problems.append(_("Unknown key(s) in the model config: %(keys)s.") % {"keys": ", ".join(unknown)})
     model = config.get("model")
     if not isinstance(model, str) or not model:
-        problems.append(f"The {provider} model config needs a 'model' name.")
+        problems.append(_("The %(provider)s model config needs a 'model' name.") % {"provider": provider})
     raw = [key for key in RAW_ENDPOINT_KEYS if key in config]
     if raw and not settings.TOLLGATE.get("ALLOW_AGENT_ENDPOINTS"):
-        problems.append(f"{' and '.join(repr(k) for k in raw)} may not be set in an agent: name an endpoint "
-                        f"profile with 'endpoint' (known: {', '.join(sorted(_profiles())) or 'none'}).")
+        problems.append(_("%(keys)s may not be set in an agent: name an endpoint profile with 'endpoint' "
+                          "(known: %(known)s).") % {"keys": " and ".join(repr(k) for k in raw), "known": _known()})
     elif raw:
         if "endpoint" in config:
-            problems.append("Give either 'endpoint' or 'base_url'/'api_key_env', not both.")
+            problems.append(_("Give either 'endpoint' or 'base_url'/'api_key_env', not both."))
         if "base_url" in config and (problem := _url_problem(config["base_url"])):
             problems.append(problem)
         key_env = config.get("api_key_env")
         if "api_key_env" in config and (not isinstance(key_env, str) or not key_env):
-            problems.append("'api_key_env' must be the name of an environment variable.")
+            problems.append(_("'api_key_env' must be the name of an environment variable."))
     if not raw or "endpoint" in config:
         name = config.get("endpoint", provider)
         profile = _profiles().get(name) if isinstance(name, str) else None
         if not isinstance(profile, dict):
-            problems.append(f"Unknown model endpoint {name!r}; known: {', '.join(sorted(_profiles())) or 'none'}.")
+            problems.append(_("Unknown model endpoint %(name)s; known: %(known)s.")
+                            % {"name": repr(name), "known": _known()})
         elif profile.get("provider") != provider:
-            problems.append(f"The model endpoint {name!r} is for provider {profile.get('provider')!r}, "
-                            f"not {provider!r}.")
+            problems.append(_("The model endpoint %(name)s is for provider %(other)s, not %(provider)s.") % {
+                "name": repr(name), "other": repr(profile.get("provider")), "provider": repr(provider)})
     if "stream" in config and not isinstance(config["stream"], bool):
-        problems.append("'stream' must be true or false.")
+        problems.append(_("'stream' must be true or false."))
     for key, kind in _NUMBERS.items():
         value = config.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-            problems.append(f"'{key}' must be a {'whole ' if kind is int else ''}number.")
+            message = _("'%(key)s' must be a whole number.") if kind is int else _("'%(key)s' must be a number.")
+            problems.append(message % {"key": key})
         elif value < 0:
-            problems.append(f"'{key}' must not be negative.")
+            problems.append(_("'%(key)s' must not be negative.") % {"key": key})
     return problems
 
 

@@ -10,6 +10,7 @@ calls ``model_config_problems``; the loop calls ``get_client``.
 import importlib
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext as _
 
 from runs.providers.base import ConfigError, ModelClient, Provider
 
@@ -35,7 +36,8 @@ def register_provider(name: str, module: str) -> None:
 
 def unknown_provider_message(name) -> str:
     """The message for a provider name nobody declared, listing the known ones."""
-    return f"Unknown model provider {name!r}; known: {', '.join(PROVIDER_MODULES)}."
+    return _("Unknown model provider %(provider)s; known: %(known)s.") % {
+        "provider": repr(name), "known": ", ".join(PROVIDER_MODULES)}
 
 
 def get_provider(name: str) -> Provider:
@@ -56,7 +58,7 @@ def model_config_problems(config) -> list[str]:
     that provider's ``config_problems``.
     """
     if not isinstance(config, dict):
-        return ["The model config must be an object with a 'provider'."]
+        return [_("The model config must be an object with a 'provider'.")]
     try:
         provider = get_provider(config.get("provider"))
     except ConfigError as exc:

@@ -10,9 +10,11 @@ model call, so a resumed or recovered run continues where it was.
 
 import json
 
+from django.utils.translation import gettext as _, gettext_noop
+
 from runs.providers.base import ConfigError, ModelError, ModelRequest, ModelResponse, Provider
 
-NEEDS_TURNS = "A scripted model config needs a list of 'turns'."
+NEEDS_TURNS = gettext_noop("A scripted model config needs a list of 'turns'.")
 
 
 def config_problems(config: dict) -> list[str]:
@@ -20,17 +22,17 @@ def config_problems(config: dict) -> list[str]:
     string and whose ``tool_calls`` is a list of objects. Empty list: usable."""
     turns = config.get("turns")
     if not isinstance(turns, list):
-        return [NEEDS_TURNS]
+        return [_(NEEDS_TURNS)]
     errors = []
     for number, turn in enumerate(turns, start=1):
         if not isinstance(turn, dict):
-            errors.append(f"Turn {number} must be an object.")
+            errors.append(_("Turn %(number)s must be an object.") % {"number": number})
         elif not isinstance(turn.get("content", ""), str):
-            errors.append(f"Turn {number}: 'content' must be a string.")
+            errors.append(_("Turn %(number)s: 'content' must be a string.") % {"number": number})
         elif not isinstance(turn.get("tool_calls", []), list) or not all(
             isinstance(call, dict) for call in turn.get("tool_calls", [])
         ):
-            errors.append(f"Turn {number}: 'tool_calls' must be a list of objects.")
+            errors.append(_("Turn %(number)s: 'tool_calls' must be a list of objects.") % {"number": number})
     return errors
 
 

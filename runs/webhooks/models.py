@@ -2,20 +2,22 @@
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
+from runs.labels import choice
 from runs.models import RunEvent
 
 
 class EventType(models.TextChoices):
     """What a subscription can ask for; ``runs.webhooks.events`` says which ``RunEvent`` rows map to each."""
 
-    RUN_WAITING = "run.waiting"
-    RUN_COMPLETED = "run.completed"
-    RUN_FAILED = "run.failed"
-    RUN_CANCELLED = "run.cancelled"
-    INTERRUPT_CREATED = "interrupt.created"
-    INTERRUPT_RESOLVED = "interrupt.resolved"
-    TOOL_CALL_UNKNOWN = "tool_call.unknown"
+    RUN_WAITING = choice("run.waiting")
+    RUN_COMPLETED = choice("run.completed")
+    RUN_FAILED = choice("run.failed")
+    RUN_CANCELLED = choice("run.cancelled")
+    INTERRUPT_CREATED = choice("interrupt.created")
+    INTERRUPT_RESOLVED = choice("interrupt.resolved")
+    TOOL_CALL_UNKNOWN = choice("tool_call.unknown")
 
 
 class WebhookSubscription(models.Model):
@@ -28,18 +30,22 @@ class WebhookSubscription(models.Model):
     created the subscription. It is kept as it is because signing needs it.
     """
 
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("owner"), on_delete=models.CASCADE,
                               related_name="webhook_subscriptions")
-    url = models.URLField(max_length=2000, help_text="http(s) endpoint; checked against this server and "
-                                                     "private networks (runs.webhooks.urlguard).")
-    event_types = models.JSONField(default=list, help_text="Event type names, e.g. [\"run.completed\"].")
-    secret = models.CharField(max_length=100, editable=False)
-    active = models.BooleanField(default=True, help_text="An inactive subscription gets no new deliveries; "
-                                                         "its pending ones wait until it is active again.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    url = models.URLField(_("URL"), max_length=2000, help_text=_("http(s) endpoint; checked against this server and "
+                                                                 "private networks (runs.webhooks.urlguard)."))
+    event_types = models.JSONField(_("event types"), default=list,
+                                   help_text=_("Event type names, e.g. [\"run.completed\"]."))
+    secret = models.CharField(_("secret"), max_length=100, editable=False)
+    active = models.BooleanField(_("active"), default=True,
+                                 help_text=_("An inactive subscription gets no new deliveries; "
+                                             "its pending ones wait until it is active again."))
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
+        verbose_name = _("webhook subscription")
+        verbose_name_plural = _("webhook subscriptions")
         ordering = ["id"]
 
     def __str__(self):
@@ -47,9 +53,9 @@ class WebhookSubscription(models.Model):
 
 
 class DeliveryStatus(models.TextChoices):
-    PENDING = "pending"  # not delivered yet: waiting its turn, its next attempt, or being sent
-    DELIVERED = "delivered"  # the endpoint answered 2xx
-    FAILED = "failed"  # given up after the whole retry schedule (or the owner may no longer see the run)
+    PENDING = choice("pending")  # not delivered yet: waiting its turn, its next attempt, or being sent
+    DELIVERED = choice("delivered")  # the endpoint answered 2xx
+    FAILED = choice("failed")  # given up after the whole retry schedule (or the owner may no longer see the run)
 
 
 class WebhookDelivery(models.Model):
@@ -65,28 +71,31 @@ class WebhookDelivery(models.Model):
     address, ...).
     """
 
-    subscription = models.ForeignKey(WebhookSubscription, on_delete=models.CASCADE, related_name="deliveries")
-    event_id = models.PositiveBigIntegerField()
-    event_type = models.CharField(max_length=32, choices=EventType.choices)
-    run_id = models.PositiveBigIntegerField()
-    event_seq = models.PositiveIntegerField()
-    payload = models.JSONField()
-    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
-    attempt_count = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField()
-    claimed_until = models.DateTimeField(null=True, blank=True)
-    claim_token = models.PositiveBigIntegerField(default=0)
-    last_attempt_at = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_response = models.TextField(blank=True)
-    last_error = models.TextField(blank=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    subscription = models.ForeignKey(WebhookSubscription, verbose_name=_("subscription"), on_delete=models.CASCADE,
+                                     related_name="deliveries")
+    event_id = models.PositiveBigIntegerField(_("event id"))
+    event_type = models.CharField(_("event type"), max_length=32, choices=EventType.choices)
+    run_id = models.PositiveBigIntegerField(_("run id"))
+    event_seq = models.PositiveIntegerField(_("event seq"))
+    payload = models.JSONField(_("payload"))
+    status = models.CharField(_("status"), max_length=16, choices=DeliveryStatus.choices,
+                              default=DeliveryStatus.PENDING)
+    attempt_count = models.PositiveIntegerField(_("attempts"), default=0)
+    next_attempt_at = models.DateTimeField(_("next attempt at"))
+    claimed_until = models.DateTimeField(_("claimed until"), null=True, blank=True)
+    claim_token = models.PositiveBigIntegerField(_("claim token"), default=0)
+    last_attempt_at = models.DateTimeField(_("last attempt at"), null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(_("last status code"), null=True, blank=True)
+    last_response = models.TextField(_("last response"), blank=True)
+    last_error = models.TextField(_("last error"), blank=True)
+    delivered_at = models.DateTimeField(_("delivered at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
+        verbose_name = _("webhook delivery")
+        verbose_name_plural = _("webhook deliveries")
         ordering = ["-id"]
-        verbose_name_plural = "webhook deliveries"
         constraints = [models.UniqueConstraint(fields=["subscription", "event_id"], name="one_delivery_per_event")]
         indexes = [
             models.Index(fields=["subscription", "run_id", "status", "event_seq"], name="delivery_chain"),
@@ -109,12 +118,13 @@ class OutboxEntry(models.Model):
     that creates its deliveries (``runs.webhooks.outbox.dispatch``).
     """
 
-    event = models.OneToOneField(RunEvent, on_delete=models.CASCADE, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
+    event = models.OneToOneField(RunEvent, verbose_name=_("event"), on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
+        verbose_name = _("outbox entry")
+        verbose_name_plural = _("outbox entries")
         ordering = ["id"]
-        verbose_name_plural = "outbox entries"
 
     def __str__(self):
         return f"outbox entry for event {self.event_id}"

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from runs.errors import Conflict, InvalidInput
 from runs.webhooks.delivery import new_secret
@@ -82,14 +83,15 @@ def redeliver(delivery: WebhookDelivery) -> WebhookDelivery:
     now = timezone.now()
     subscription = delivery.subscription
     if not subscription.active:
-        raise Conflict("The subscription is inactive; activate it before sending deliveries again.")
+        raise Conflict(_("The subscription is inactive; activate it before sending deliveries again."))
     with transaction.atomic():
         reset = (WebhookDelivery.objects.filter(pk=delivery.pk)
                  .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
                  .update(status=DeliveryStatus.PENDING, attempt_count=0, next_attempt_at=now, claimed_until=None,
                          delivered_at=None, updated_at=now))
         if not reset:
-            raise Conflict(f"Delivery {delivery.pk} is being sent right now; try again when the attempt ends.")
+            raise Conflict(_("Delivery %(delivery)s is being sent right now; try again when the attempt ends.")
+                           % {"delivery": delivery.pk})
         transaction.on_commit(lambda: wake_chain(delivery.subscription_id, delivery.run_id), robust=True)
     delivery.refresh_from_db()
     return delivery

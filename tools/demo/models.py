@@ -7,22 +7,28 @@ The table was ``tools_order`` until the demo became an app of its own
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from runs.labels import choice
 
 
 class Order(models.Model):
     """A shop order. ``number`` is what customers and the model call it."""
 
     class Status(models.TextChoices):
-        OPEN = "open"
-        CANCELLED = "cancelled"
+        OPEN = choice("open")
+        CANCELLED = choice("cancelled")
 
-    number = models.PositiveIntegerField(unique=True)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="orders")
-    total = models.DecimalField(max_digits=10, decimal_places=2)
-    shipped = models.BooleanField(default=False)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    number = models.PositiveIntegerField(_("number"), unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("owner"), on_delete=models.CASCADE,
+                              related_name="orders")
+    total = models.DecimalField(_("total"), max_digits=10, decimal_places=2)
+    shipped = models.BooleanField(_("shipped"), default=False)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.OPEN)
 
     class Meta:
+        verbose_name = _("order")
+        verbose_name_plural = _("orders")
         ordering = ["number"]
 
     def __str__(self):

@@ -1,6 +1,7 @@
 """A row per approval-rule scope, locked while a cumulative rule is judged."""
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 
 class PolicyLock(models.Model):
@@ -12,7 +13,11 @@ class PolicyLock(models.Model):
     proposals cannot both be judged without the other's call.
     """
 
-    key = models.CharField(max_length=100, unique=True)
+    key = models.CharField(_("key"), max_length=100, unique=True)
+
+    class Meta:
+        verbose_name = _("policy lock")
+        verbose_name_plural = _("policy locks")
 
     def __str__(self):
         return self.key

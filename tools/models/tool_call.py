@@ -1,24 +1,26 @@
 """The ToolCall model and its state machine (docs/design.md#tool-call-status)."""
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 from django_fsm import RETURN_VALUE, FSMField, transition
 
 from runs.fsm import FSMModel
+from runs.labels import choice
 
 
 class ToolCallStatus(models.TextChoices):
-    PROPOSED = "proposed"
-    INVALID = "invalid"
-    DENIED = "denied"
-    AWAITING_APPROVAL = "awaiting_approval"
-    READY = "ready"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    UNKNOWN = "unknown"
+    PROPOSED = choice("proposed")
+    INVALID = choice("invalid")
+    DENIED = choice("denied")
+    AWAITING_APPROVAL = choice("awaiting_approval")
+    READY = choice("ready")
+    REJECTED = choice("rejected")
+    EXPIRED = choice("expired")
+    CANCELLED = choice("cancelled")
+    RUNNING = choice("running")
+    SUCCEEDED = choice("succeeded")
+    FAILED = choice("failed")
+    UNKNOWN = choice("unknown")
 
 
 S = ToolCallStatus
@@ -54,31 +56,34 @@ class ToolCall(FSMModel):
     original ends, without being assessed or executed itself.
     """
 
-    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="tool_calls")
-    step = models.ForeignKey("runs.Step", on_delete=models.CASCADE, related_name="tool_calls")
-    index = models.PositiveIntegerField(help_text="Position within the model turn.")
-    provider_call_id = models.CharField(max_length=100)
-    name = models.CharField(max_length=100)
-    raw_arguments = models.TextField(blank=True)
-    arguments = models.JSONField(null=True, blank=True)
-    status = FSMField(default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
-    side_effect = models.BooleanField(default=False)
-    action_key = models.CharField(max_length=64, blank=True, db_index=True)
-    duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT,
-                                     related_name="duplicates", help_text="The earlier call of the same action.")
-    idempotency_key = models.CharField(max_length=80, blank=True, db_index=True)
-    attempts = models.PositiveIntegerField(default=0)
-    reconcile_attempts = models.PositiveIntegerField(default=0)
+    run = models.ForeignKey("runs.Run", verbose_name=_("run"), on_delete=models.CASCADE, related_name="tool_calls")
+    step = models.ForeignKey("runs.Step", verbose_name=_("step"), on_delete=models.CASCADE, related_name="tool_calls")
+    index = models.PositiveIntegerField(_("index"), help_text=_("Position within the model turn."))
+    provider_call_id = models.CharField(_("provider call id"), max_length=100)
+    name = models.CharField(_("tool"), max_length=100)
+    raw_arguments = models.TextField(_("raw arguments"), blank=True)
+    arguments = models.JSONField(_("arguments"), null=True, blank=True)
+    status = FSMField(_("status"), default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
+    side_effect = models.BooleanField(_("side effect"), default=False)
+    action_key = models.CharField(_("action key"), max_length=64, blank=True, db_index=True)
+    duplicate_of = models.ForeignKey("self", verbose_name=_("duplicate of"), null=True, blank=True,
+                                     on_delete=models.PROTECT, related_name="duplicates",
+                                     help_text=_("The earlier call of the same action."))
+    idempotency_key = models.CharField(_("idempotency key"), max_length=80, blank=True, db_index=True)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    reconcile_attempts = models.PositiveIntegerField(_("reconcile attempts"), default=0)
     reconcile_after = models.DateTimeField(
-        null=True, blank=True, db_index=True,
-        help_text="For an unknown call of a run that has ended: when the sweeper asks the reconcile hook next.")
-    result = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+        _("reconcile after"), null=True, blank=True, db_index=True,
+        help_text=_("For an unknown call of a run that has ended: when the sweeper asks the reconcile hook next."))
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     class Meta:
+        verbose_name = _("tool call")
+        verbose_name_plural = _("tool calls")
         ordering = ["run", "id"]
 
     def __str__(self):
