@@ -259,10 +259,12 @@ def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
 
 
 def _lock_item(interrupt_id: int, *, run: Run | None) -> Interrupt:
-    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call loaded;
-    ``run`` (the item's run, already locked by the caller) is attached to both, so events and
-    transitions on them do not read the run again. Raises ``Interrupt.DoesNotExist``."""
-    interrupt = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=interrupt_id)
+    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call and
+    answer file loaded (the answer shows both); ``run`` (the item's run, already locked by the caller)
+    is attached to both, so events and transitions on them do not read the run again. Raises
+    ``Interrupt.DoesNotExist``."""
+    interrupt = (Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
+                 .get(pk=interrupt_id))
     if run is not None and run.pk == interrupt.run_id:
         interrupt.run = run
         if interrupt.tool_call is not None:
@@ -301,24 +303,30 @@ def decide_interrupt(
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
+        # No savepoints inside: any error undoes the whole decision.
         apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
-              comment=comment, edited_arguments=edited_arguments, now=timezone.now())
+              comment=comment, edited_arguments=edited_arguments, now=timezone.now(), savepoint=False)
         if decision == Decision.APPROVED:
-            approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor)
+            approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor,
+                              savepoint=False)
         else:
-            reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor)
-        _resume_if_unblocked(interrupt.run, actor=actor)
+            reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor, savepoint=False)
+        _resume_if_unblocked(interrupt.run, actor=actor, savepoint=False)
     return interrupt
 
 
-def _resume_if_unblocked(run, *, actor: str) -> None:
-    """Resume ``run`` if it waits for people and none of its items is pending any more."""
-    run.refresh_from_db()
+def _resume_if_unblocked(run, *, actor: str, savepoint: bool = True) -> None:
+    """Resume ``run`` if it waits for people and none of its items is pending any more.
+
+    ``run`` is the row the caller locked (``_lock_run_and_item``), kept current
+    by the transitions applied through it, so it is not read again.
+    ``savepoint``: as in ``runs.transitions.apply``.
+    """
     if run.interrupts.filter(status=InterruptStatus.PENDING).exists():
         return
     # waiting for an approval or a settlement (a wait for an answer or an event ends with its wait)
     if run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) and can_proceed(run.resume):
-        apply(run.resume, actor=actor, reason="resumed after decision")
+        apply(run.resume, actor=actor, reason="resumed after decision", savepoint=savepoint)
         wake_on_commit(run.pk)
 
 
