@@ -124,11 +124,13 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        resumes = _unblocks(interrupt)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
         settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
                             evidence=evidence, actor=actor)
-        _resume_if_unblocked(interrupt.run, actor=actor)
+        if resumes:
+            apply(interrupt.run.resume, actor=actor, reason="resumed after decision")
     return interrupt
 
 
@@ -301,6 +303,7 @@ def decide_interrupt(
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        resumes = _unblocks(interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
         # No savepoints inside: any error undoes the whole decision.
@@ -311,23 +314,27 @@ def decide_interrupt(
                               savepoint=False)
         else:
             reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor, savepoint=False)
-        _resume_if_unblocked(interrupt.run, actor=actor, savepoint=False)
+        if resumes:
+            apply(interrupt.run.resume, actor=actor, reason="resumed after decision", savepoint=False)
     return interrupt
 
 
-def _resume_if_unblocked(run, *, actor: str, savepoint: bool = True) -> None:
-    """Resume ``run`` if it waits for people and none of its items is pending any more.
+def _unblocks(interrupt: Interrupt) -> bool:
+    """Whether resolving ``interrupt`` lets its run resume: the run waits for people and no other
+    item of it is pending. Call with both rows locked (``_lock_run_and_item``: nothing else can
+    change either until commit), before the item's transition.
 
-    ``run`` is the row the caller locked (``_lock_run_and_item``), kept current
-    by the transitions applied through it, so it is not read again.
-    ``savepoint``: as in ``runs.transitions.apply``.
+    If so, the worker's wake-up is queued for the commit at once, ahead of the live push that
+    the transitions queue (commit hooks run in order): the worker need not wait for the push.
     """
-    if run.interrupts.filter(status=InterruptStatus.PENDING).exists():
-        return
+    run = interrupt.run
     # waiting for an approval or a settlement (a wait for an answer or an event ends with its wait)
-    if run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) and can_proceed(run.resume):
-        apply(run.resume, actor=actor, reason="resumed after decision", savepoint=savepoint)
-        wake_on_commit(run.pk)
+    if run.waiting_reason not in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) or not can_proceed(run.resume):
+        return False
+    if run.interrupts.filter(status=InterruptStatus.PENDING).exclude(pk=interrupt.pk).exists():
+        return False
+    wake_on_commit(run.pk)
+    return True
 
 
 def cancel_pending_interrupts(*, run, actor: str) -> None:

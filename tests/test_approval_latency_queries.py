@@ -8,6 +8,8 @@ Two stretches of the path from "approve" to the refund's ``ToolCall.started_at``
 * the worker's resume: the ``advance_run`` actor from the message until the
   refund's handler is called (``running`` committed with its key).
 
+And the decision's commit sends the worker's wake-up before the live push.
+
 Only data statements are counted (SELECT, INSERT, UPDATE, DELETE: the same
 on both databases); savepoints are counted apart, and a decision needs
 none (an error undoes all of it). The caps are what each stretch costs
@@ -20,6 +22,7 @@ pays them once), the request 22, the resume 15.
 import dataclasses
 import re
 
+import dramatiq
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -28,6 +31,7 @@ from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.engine import loop
 from runs.engine.actors import advance_run
+from runs import live
 from runs.engine.lifecycle import start_run
 from runs.models import Agent, RunStatus
 from tools import registry
@@ -135,3 +139,15 @@ def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, d
     assert run.tool_calls.get().status == ToolCallStatus.SUCCEEDED
     assert len(reached) == 1
     assert recorder.data(stop=reached[0]) <= RESUME_CAP, "\n".join(recorder.sql[:reached[0]])
+
+
+def test_the_workers_wake_up_leaves_before_the_live_push(waiting_runs, demo, monkeypatch):
+    run = waiting_runs()
+    item = Interrupt.objects.get(run=run)
+    sent = []
+    broker = dramatiq.get_broker()
+    enqueue, send = broker.enqueue, live._send
+    monkeypatch.setattr(broker, "enqueue", lambda message, **kw: sent.append("wake-up") or enqueue(message, **kw))
+    monkeypatch.setattr(live, "_send", lambda sends: sent.append("live push") or send(sends))
+    decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+    assert sent[:2] == ["wake-up", "live push"], sent
