@@ -13,10 +13,10 @@ And the decision's commit sends the worker's wake-up before the live push.
 Only data statements are counted (SELECT, INSERT, UPDATE, DELETE: the same
 on both databases); savepoints are counted apart, and a decision needs
 none (an error undoes all of it). The caps are what each stretch costs
-today. Main before them: the decision 16 data statements and 3 savepoints
+today. Main before them: the decision 15 data statements and 3 savepoints
 (with the user's permissions inside a subquery that PostgreSQL planned
 anew every time: now two reads, cached on the user object, so a request
-pays them once), the request 22, the resume 15.
+pays them once), the request 21, the resume 14.
 """
 
 import dataclasses
@@ -44,16 +44,15 @@ SAVEPOINT = re.compile(r"^\s*SAVEPOINT\b", re.IGNORECASE)
 # Data statements at most. The decision: the user's permissions (2, read once per user object),
 # may they decide it (1), the run and the item locked (2), three transitions (item, call, run:
 # the event's sequence number and the event, then the row: 3 each), "any webhook subscriber?" (1),
-# "another item pending?" (1), the live push's read of the run after commit (1).
-DECISION_CAP = 17
+# "another item pending?" (1).
+DECISION_CAP = 16
 # The request: token auth (1), the permissions (2), the item as the API shows it (1), then the
-# decision as above without the permissions (15).
-REQUEST_CAP = 19
+# decision as above without the permissions (14).
+REQUEST_CAP = 18
 # The resume: the lease with its new token (1), the run (1), its calls and any step in flight
 # (2), the refund's precondition and idempotency key (2), ``running`` with its event and the
-# run's phase (4), the live push's read of the run after that commit (1), the look for an earlier
-# result of the same key (1).
-RESUME_CAP = 12
+# run's phase (4), the look for an earlier result of the same key (1).
+RESUME_CAP = 11
 
 
 class Recorder:
