@@ -90,6 +90,12 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
             raise Forbidden("You may not decide this item.")
         return interrupt
 
+    def _item_response(self, interrupt: Interrupt) -> Response:
+        """The item after a verb of the user's, who may decide it (``_decidable_item`` checked, and
+        ``decidable_by`` does not depend on the status), so ``can_decide`` needs no query."""
+        interrupt.user_may_decide = True
+        return Response(self.get_serializer(interrupt).data)
+
     def _decide(self, request, pk, decision: str, body_class):
         interrupt = self._decidable_item()
         body = body_class(data=request.data)
@@ -101,7 +107,7 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
             comment=body.validated_data["comment"],
             edited_arguments=body.validated_data.get("arguments"),
         )
-        return Response(self.get_serializer(interrupt).data)
+        return self._item_response(interrupt)
 
     @extend_schema(summary="Approve, optionally with edited arguments", request=ApproveSerializer,
                    responses=DECISION_RESPONSES)
@@ -132,7 +138,7 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
             evidence=body.validated_data["evidence"],
             result=body.validated_data["result"],
         )
-        return Response(self.get_serializer(interrupt).data)
+        return self._item_response(interrupt)
 
     @extend_schema(summary="Claim the item: you are handling it (others may still decide it)", request=None,
                    responses=CLAIM_RESPONSES)
@@ -140,7 +146,7 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     def claim(self, request, pk=None):
         """Claim the item (``approvals.claims.claim_interrupt``); claiming your own claim again changes nothing."""
         interrupt = claim_interrupt(interrupt=self._decidable_item(), user=request.user)
-        return Response(self.get_serializer(interrupt).data)
+        return self._item_response(interrupt)
 
     @extend_schema(summary="Drop the claim on the item (its claimer, or staff)", request=None,
                    responses=CLAIM_RESPONSES)
@@ -148,7 +154,7 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     def unclaim(self, request, pk=None):
         """Drop the claim (``approvals.claims.unclaim_interrupt``); an unclaimed item stays as it is."""
         interrupt = unclaim_interrupt(interrupt=self._decidable_item(), user=request.user)
-        return Response(self.get_serializer(interrupt).data)
+        return self._item_response(interrupt)
 
     @extend_schema(summary="Answer a question (an input item); the answer is the ask_user call's result",
                    request={"application/json": RespondSerializer, "multipart/form-data": RespondSerializer},
@@ -167,7 +173,7 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
         body.is_valid(raise_exception=True)
         interrupt = answer_interrupt(interrupt=interrupt, user=request.user, answer=body.validated_data["answer"],
                                      file=body.validated_data.get("file"))
-        return Response(self.get_serializer(interrupt).data)
+        return self._item_response(interrupt)
 
     @extend_schema(summary="Download the file a question was answered with",
                    responses={(200, "*/*"): OpenApiTypes.BINARY,

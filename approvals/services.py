@@ -125,11 +125,13 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        resumes = _unblocks(interrupt)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
         settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
                             evidence=evidence, actor=actor)
-        _resume_if_unblocked(interrupt.run, actor=actor)
+        if resumes:
+            apply(interrupt.run.resume, actor=actor, reason="resumed after decision")
     return interrupt
 
 
@@ -270,10 +272,12 @@ def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
 
 
 def _lock_item(interrupt_id: int, *, run: Run | None) -> Interrupt:
-    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call loaded;
-    ``run`` (the item's run, already locked by the caller) is attached to both, so events and
-    transitions on them do not read the run again. Raises ``Interrupt.DoesNotExist``."""
-    interrupt = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=interrupt_id)
+    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call and
+    answer file loaded (the answer shows both); ``run`` (the item's run, already locked by the caller)
+    is attached to both, so events and transitions on them do not read the run again. Raises
+    ``Interrupt.DoesNotExist``."""
+    interrupt = (Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
+                 .get(pk=interrupt_id))
     if run is not None and run.pk == interrupt.run_id:
         interrupt.run = run
         if interrupt.tool_call is not None:
@@ -313,15 +317,19 @@ def decide_interrupt(
         # the run to wait, so a decision cannot slip in between.
         interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
         _refuse_if_expired(interrupt)
+        resumes = _unblocks(interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
+        # No savepoints inside: any error undoes the whole decision.
         apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
-              comment=comment, edited_arguments=edited_arguments, now=timezone.now())
+              comment=comment, edited_arguments=edited_arguments, now=timezone.now(), savepoint=False)
         if decision == Decision.APPROVED:
-            approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor)
+            approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor,
+                              savepoint=False)
         else:
-            reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor)
-        _resume_if_unblocked(interrupt.run, actor=actor)
+            reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor, savepoint=False)
+        if resumes:
+            apply(interrupt.run.resume, actor=actor, reason="resumed after decision", savepoint=False)
     return interrupt
 
 
@@ -333,15 +341,22 @@ def _refuse_if_expired(interrupt: Interrupt) -> None:
                       "it can no longer be decided.", details={"expires_at": interrupt.expires_at.isoformat()})
 
 
-def _resume_if_unblocked(run, *, actor: str) -> None:
-    """Resume ``run`` if it waits for people and none of its items is pending any more."""
-    run.refresh_from_db()
-    if run.interrupts.filter(status=InterruptStatus.PENDING).exists():
-        return
+def _unblocks(interrupt: Interrupt) -> bool:
+    """Whether resolving ``interrupt`` lets its run resume: the run waits for people and no other
+    item of it is pending. Call with both rows locked (``_lock_run_and_item``: nothing else can
+    change either until commit), before the item's transition.
+
+    If so, the worker's wake-up is queued for the commit at once, ahead of the live push that
+    the transitions queue (commit hooks run in order): the worker need not wait for the push.
+    """
+    run = interrupt.run
     # waiting for an approval or a settlement (a wait for an answer or an event ends with its wait)
-    if run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) and can_proceed(run.resume):
-        apply(run.resume, actor=actor, reason="resumed after decision")
-        wake_on_commit(run.pk)
+    if run.waiting_reason not in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) or not can_proceed(run.resume):
+        return False
+    if run.interrupts.filter(status=InterruptStatus.PENDING).exclude(pk=interrupt.pk).exists():
+        return False
+    wake_on_commit(run.pk)
+    return True
 
 
 def pending_items_locked(run_ids) -> list[Interrupt]:

@@ -305,9 +305,14 @@ _DRAMATIQ_MIDDLEWARE = [
     "django_dramatiq.middleware.DbConnectionsMiddleware",
 ]
 if REDIS_URL:
+    # Dramatiq's Redis broker with a doorbell per queue (runs/brokers.py): an
+    # idle consumer blocks on it (BLPOP) and fetches as soon as a message is
+    # enqueued, instead of sleeping out DRAMATIQ_POLL_MS; with nothing to do
+    # it looks at the queue itself every DRAMATIQ_IDLE_WAIT_MS.
     DRAMATIQ_BROKER = {
-        "BROKER": "dramatiq.brokers.redis.RedisBroker",
-        "OPTIONS": {"url": REDIS_URL, "namespace": env.str("DRAMATIQ_NAMESPACE", default="tollgate")},
+        "BROKER": "runs.brokers.NotifyingRedisBroker",
+        "OPTIONS": {"url": REDIS_URL, "namespace": env.str("DRAMATIQ_NAMESPACE", default="tollgate"),
+                    "idle_wait_ms": env.int("DRAMATIQ_IDLE_WAIT_MS", default=1000)},
         "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE,
     }
     # Live pushes go over Redis pub/sub (channels_redis's RedisPubSubChannelLayer):
@@ -331,16 +336,19 @@ else:
     # In-memory, but safe to publish to from the in-process worker's threads.
     CHANNEL_LAYERS = {"default": {"BACKEND": "runs.channel_layers.LoopSafeInMemoryChannelLayer"}}
 
-# An idle worker's Redis consumer looks for messages again after at most
-# this many milliseconds (backing off from 5 ms): the Redis broker polls,
-# it has no blocking fetch. Dramatiq's default, 1,000 ms, was most of the
-# time from an approval to its tool's start. Lower costs an idle worker
-# more Redis round trips (two queues, one look each per interval). Dramatiq
+# Dramatiq's worker timeout: a consumer with no room for more messages, or
+# one holding delayed messages whose time has not come, looks again after
+# at most this many milliseconds (an idle one with Redis waits on its
+# doorbell instead, see above; with Dramatiq's plain Redis broker every idle
+# consumer would poll at this interval). Dramatiq's default, 1,000 ms, was
+# most of the time from an approval to its tool's start. Dramatiq
 # reads it from the environment when ``dramatiq.worker`` is imported;
 # ``rundramatiq`` execs the ``dramatiq`` command, which inherits it.
 DRAMATIQ_POLL_MS = env.int("DRAMATIQ_POLL_MS", default=20)
 if not 1 <= DRAMATIQ_POLL_MS <= 60_000:
     raise ImproperlyConfigured("DRAMATIQ_POLL_MS must be from 1 to 60000 (milliseconds).")
+if REDIS_URL and not 1 <= DRAMATIQ_BROKER["OPTIONS"]["idle_wait_ms"] <= 60_000:
+    raise ImproperlyConfigured("DRAMATIQ_IDLE_WAIT_MS must be from 1 to 60000 (milliseconds).")
 os.environ.setdefault("dramatiq_worker_timeout", str(DRAMATIQ_POLL_MS))
 
 DRAMATIQ_TASKS_DATABASE = "default"

@@ -50,6 +50,9 @@ class Lease:
     owner: str
 
 
+ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
+
+
 def ttl() -> timedelta:
     """The lease time-to-live (``TOLLGATE["LEASE_TTL_S"]`` seconds)."""
     return timedelta(seconds=settings.TOLLGATE["LEASE_TTL_S"])
@@ -58,18 +61,31 @@ def ttl() -> timedelta:
 def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
     """Take the lease of a queued or running run whose lease is free or expired.
 
-    Returns None when another worker holds it or the run is waiting or
-    finished (a waiting run needs a person or a timer, not a worker).
+    Returns None when another worker holds it or the run is waiting,
+    finished or gone (a waiting run needs a person or a timer, not a
+    worker). One statement (``UPDATE ... RETURNING`` the new token) where
+    the database can return rows from a write, else an UPDATE and a SELECT.
     """
     now = timezone.now()
-    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-    updated = Run.objects.filter(free, pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(
-        lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=now + ttl()
-    )
-    if updated != 1:
-        return None
-    token = Run.objects.values_list("lease_token", flat=True).get(pk=run_id)
-    return Lease(run_id=run_id, token=token, owner=owner)
+    expires_at = now + ttl()
+    if not connection.features.can_return_columns_from_insert:
+        free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
+                lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
+            return None
+        token = Run.objects.values_list("lease_token", flat=True).get(pk=run_id)
+        return Lease(run_id=run_id, token=token, owner=owner)
+    quote, meta = connection.ops.quote_name, Run._meta
+    pk, status, lease_owner, token, expires = (quote(meta.get_field(name).column) for name in (
+        "id", "status", "lease_owner", "lease_token", "lease_expires_at"))
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(meta.db_table)} SET {lease_owner} = %s, {token} = {token} + 1, {expires} = %s "
+            f"WHERE {pk} = %s AND {status} IN (%s, %s) AND ({expires} IS NULL OR {expires} < %s) RETURNING {token}",
+            [owner, adapt(expires_at), run_id, *ACTIVE, adapt(now)])
+        row = cursor.fetchone()
+    return Lease(run_id=run_id, token=row[0], owner=owner) if row else None
 
 
 def renew(lease: Lease) -> bool:

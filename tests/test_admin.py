@@ -223,8 +223,10 @@ def test_reject_action_needs_a_comment_and_skips_an_item_decided_meanwhile(admin
     assert "a rejection needs a comment" in again.content.decode()
     assert Interrupt.objects.filter(pk__in=[i.pk for i in items], status=InterruptStatus.PENDING).count() == 2
 
+    worker.worker.pause()  # the approved run must not have ended (refund done) by the time the action runs
     decide_interrupt(interrupt=items[0], user=demo["approver"], decision="approved")  # after the page was shown
     response = confirm(admin_web, "reject_selected", again, "wrong order")
+    worker.worker.resume()
 
     assert warnings_of(response) == [f"Item {items[0].pk} was not rejected: it is resolved."]
     for item in items:

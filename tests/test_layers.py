@@ -14,7 +14,7 @@ Layers, top to bottom:
    ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``, ``runs.access``
    (who sees and decides what);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
-   ``runs.channel_layers``, ``runs.providers.base`` (the model-call
+   ``runs.channel_layers``, ``runs.brokers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
    pages and choices show for machine values).
 
@@ -63,6 +63,7 @@ LAYERS = {
     "runs.failpoints": 0,
     "runs.model_output": 0,
     "runs.channel_layers": 0,
+    "runs.brokers": 0,
     "runs.providers.base": 0,
     "config.strict_json": 0,
     "runs.masking": 0,

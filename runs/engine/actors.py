@@ -27,11 +27,9 @@ def advance_run(run_id: int) -> None:
     exception fails the run with ``internal_error`` rather than leaving it
     stuck.
     """
-    if not Run.objects.filter(pk=run_id).exists():
-        log.warning("run %s does not exist; dropping the message", run_id)
-        return
     try:
-        advance(run_id)
+        if advance(run_id) is None and not Run.objects.filter(pk=run_id).exists():  # asked only when not taken
+            log.warning("run %s does not exist; dropping the message", run_id)
     except (LeaseLost, ConcurrentTransition) as exc:
         log.info("run %s changed under this worker (%s); leaving it", run_id, exc)
     except DatabaseError:

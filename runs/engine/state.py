@@ -30,7 +30,9 @@ class Known:
     """The loop's knowledge of one run it holds; parts are loaded lazily and dropped by ``forget``."""
 
     def __init__(self, run: Run):
+        """``run``: the row as just read (the slice's start), so the first ``revalidate`` need not read it again."""
         self.run = run
+        self._fresh = True
         self.forget()
 
     def forget(self) -> None:
@@ -47,8 +49,13 @@ class Known:
     def revalidate(self) -> None:
         """Re-read the run's own columns (one query); forget the rest if another writer logged an event meanwhile.
 
+        The first call reads nothing: the row was read a moment before, and
+        since then only this worker wrote to it (through the same instance).
         Raises ``Run.DoesNotExist`` if the run is gone.
         """
+        if self._fresh:
+            self._fresh = False
+            return
         seen = self.run.last_event_seq
         self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
         if self.run.last_event_seq != seen:

@@ -7,10 +7,11 @@ from tools.registry import ToolContext, get_tool
 from tools.services.arguments import action_identity
 
 
-def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str) -> ToolCall:
+def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str,
+                      savepoint: bool = True) -> ToolCall:
     """Approved by a person: ``awaiting_approval -> ready``, with edited arguments if given.
 
-    Raises ``InvalidInput`` when edited arguments break the tool's schema or
+    ``savepoint``: as in ``runs.transitions.apply``. Raises ``InvalidInput`` when edited arguments break the tool's schema or
     its precondition (checked again: the approver must not get around it).
     """
     action_key = ""
@@ -26,13 +27,15 @@ def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str
             raise InvalidInput(f"Edited arguments are not allowed: {denial}")
         if tool_call.action_key:  # the action is now what the person approved, not what was proposed
             action_key = action_identity(tool_call.run.session_id, tool_call.name, arguments)
-    return apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key)
+    return apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key,
+                 savepoint=savepoint)
 
 
-def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str) -> ToolCall:
-    """Rejected by a person: ``awaiting_approval -> rejected``; the model hears why."""
+def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str, savepoint: bool = True) -> ToolCall:
+    """Rejected by a person: ``awaiting_approval -> rejected``; the model hears why (``savepoint``: as in
+    ``runs.transitions.apply``)."""
     error = "A person rejected this call." + (f" Comment: {comment}" if comment else "")
-    return apply(tool_call.reject, actor=actor, error=error)
+    return apply(tool_call.reject, actor=actor, error=error, savepoint=savepoint)
 
 
 def expire_tool_call(*, tool_call: ToolCall, actor: str) -> ToolCall:

@@ -1,0 +1,152 @@
+"""Statements between an approval and its tool's start, capped (issue 13's latency target).
+
+Two stretches of the path from "approve" to the refund's ``ToolCall.started_at``:
+
+* the decision: ``approvals.services.decide_interrupt`` on its own, and the
+  whole REST request (``POST /api/interrupts/<id>/approve/``: token auth,
+  the item's lookup, the decision, its commit hooks, the answer);
+* the worker's resume: the ``advance_run`` actor from the message until the
+  refund's handler is called (``running`` committed with its key).
+
+And the decision's commit sends the worker's wake-up before the live push.
+
+Only data statements are counted (SELECT, INSERT, UPDATE, DELETE: the same
+on both databases); savepoints are counted apart, and a decision needs
+none (an error undoes all of it). The caps are what each stretch costs
+today. Main before them: the decision 15 data statements and 3 savepoints
+(with the user's permissions inside a subquery that PostgreSQL planned
+anew every time: now two reads, cached on the user object, so a request
+pays them once), the request 21, the resume 14.
+"""
+
+import dataclasses
+import re
+
+import dramatiq
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from approvals.models import Interrupt
+from approvals.services import decide_interrupt
+from runs.engine import loop
+from runs.engine.actors import advance_run
+from runs import live
+from runs.engine.lifecycle import start_run
+from runs.models import Agent, RunStatus
+from tools import registry
+from tools.demo.models import Order
+from tools.models import ToolCallStatus
+
+DATA = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+SAVEPOINT = re.compile(r"^\s*SAVEPOINT\b", re.IGNORECASE)
+
+# Data statements at most. The decision: the user's permissions (2, read once per user object),
+# may they decide it (1), the run and the item locked (2), three transitions (item, call, run:
+# the event's sequence number and the event, then the row: 3 each), "any webhook subscriber?" (1),
+# "another item pending?" (1).
+DECISION_CAP = 16
+# The request: token auth (1), the permissions (2), the item as the API shows it (1), then the
+# decision as above without the permissions (14).
+REQUEST_CAP = 18
+# The resume: the lease with its new token (1), the run (1), its calls and any step in flight
+# (2), the refund's precondition and idempotency key (2), ``running`` with its event and the
+# run's phase (4), the look for an earlier result of the same key (1).
+RESUME_CAP = 11
+
+
+class Recorder:
+    """SQL of every statement this thread's connection runs."""
+
+    def __init__(self):
+        self.sql: list[str] = []
+
+    def __call__(self, execute, sql, params, many, context):
+        self.sql.append(sql)
+        return execute(sql, params, many, context)
+
+    def data(self, start: int = 0, stop: int | None = None) -> int:
+        return sum(1 for sql in self.sql[start:stop] if DATA.match(sql))
+
+    def savepoints(self) -> int:
+        return sum(1 for sql in self.sql if SAVEPOINT.match(sql))
+
+
+@pytest.fixture
+def waiting_runs(idle_worker, demo):
+    """``make()`` -> a run of the demo refund (60.00 of an order of 100.00) waiting for its approval."""
+    numbers = iter(range(9101, 9200))
+
+    def make():
+        number = next(numbers)
+        Order.objects.create(number=number, owner=demo["requester"], total="100.00")
+        refund = {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]}
+        agent = Agent.objects.create(slug=f"latency-{number}", name="latency", tools=["refund"],
+                                     completion_check="refund",
+                                     model={"provider": "scripted", "turns": [refund, {"content": "Refunded."}]})
+        run = start_run(agent=agent, user=demo["requester"], input=f"refund order {number}")
+        loop.advance(run.pk)
+        run.refresh_from_db()
+        assert (run.status, run.waiting_reason) == (RunStatus.WAITING, "approval")
+        return run
+
+    return make
+
+
+def test_a_decision_stays_within_its_statement_cap_and_takes_no_savepoint(waiting_runs):
+    run = waiting_runs()
+    approver = get_user_model().objects.get(username="approver")  # fresh: its permissions are not read yet
+    item = Interrupt.objects.get(run=run)
+    recorder = Recorder()
+    with connection.execute_wrapper(recorder):
+        decide_interrupt(interrupt=item, user=approver, decision="approved")
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+    assert recorder.data() <= DECISION_CAP, "\n".join(recorder.sql)
+    assert recorder.savepoints() == 0, "\n".join(recorder.sql)
+
+
+def test_an_approval_request_stays_within_its_statement_cap(waiting_runs, api, demo):
+    run = waiting_runs()
+    item = Interrupt.objects.get(run=run)
+    client = api(demo["approver"])  # its token exists before the request
+    recorder = Recorder()
+    with connection.execute_wrapper(recorder):
+        response = client.post(f"/api/interrupts/{item.pk}/approve/", {"comment": "ok"}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "resolved" and response.json()["can_decide"] is True
+    assert recorder.data() <= REQUEST_CAP, "\n".join(recorder.sql)
+    assert recorder.savepoints() == 0, "\n".join(recorder.sql)
+
+
+def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, demo, monkeypatch):
+    run = waiting_runs()
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+    recorder = Recorder()
+    reached = []
+    refund = registry.get_tool("refund")
+
+    def handler(context, arguments):
+        reached.append(len(recorder.sql))
+        return refund.handler(context, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(refund, handler=handler))
+    with connection.execute_wrapper(recorder):
+        advance_run.fn(run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert run.tool_calls.get().status == ToolCallStatus.SUCCEEDED
+    assert len(reached) == 1
+    assert recorder.data(stop=reached[0]) <= RESUME_CAP, "\n".join(recorder.sql[:reached[0]])
+
+
+def test_the_workers_wake_up_leaves_before_the_live_push(waiting_runs, demo, monkeypatch):
+    run = waiting_runs()
+    item = Interrupt.objects.get(run=run)
+    sent = []
+    broker = dramatiq.get_broker()
+    enqueue, send = broker.enqueue, live._send
+    monkeypatch.setattr(broker, "enqueue", lambda message, **kw: sent.append("wake-up") or enqueue(message, **kw))
+    monkeypatch.setattr(live, "_send", lambda sends: sent.append("live push") or send(sends))
+    decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+    assert sent[:2] == ["wake-up", "live push"], sent
