@@ -108,6 +108,10 @@ class Interrupt(FSMModel):
                          name="interrupt_inbox_expiry"),
             models.Index(fields=["target"], condition=models.Q(status="pending") & ~models.Q(target=""),
                          name="interrupt_pending_target"),
+            # the questions waiting for their requester (the navigation's counts of a user who decides no
+            # approvals): without it PostgreSQL walks every pending approval to find them
+            models.Index(fields=["run"], condition=models.Q(status="pending", kind="input"),
+                         name="interrupt_pending_input"),
             models.Index(fields=["status", "-resolved_at", "-id"], name="interrupt_status_resolved"),
             models.Index(fields=["resolved_by", "-resolved_at", "-id"], name="interrupt_resolver_resolved"),
             # the sweeper's look for claimed items about to expire (approvals.notifications)
