@@ -138,12 +138,14 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
 def overdue_interrupts(*, now, limit: int | None = None) -> list[tuple[int, int]]:
     """``(item id, run id)`` of pending approval items whose ``expires_at`` has passed (for the sweeper).
 
-    The longest overdue first (index ``interrupt_pending_expiry``), at most
-    ``limit`` of them. Input items are left out: their wait ends them at
+    The longest overdue first, at most ``limit`` of them, ordered by
+    ``expires_at`` alone: either partial index of pending items on it
+    (``interrupt_pending_expiry``, ``interrupt_inbox_expiry``) then serves
+    the order without a sort, whichever the planner picks. Input items are left out: their wait ends them at
     the same moment (``expire_input_item``), and the run goes on instead of failing.
     """
     overdue = Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now).exclude(
-        kind=InterruptKind.INPUT).order_by("expires_at", "id")
+        kind=InterruptKind.INPUT).order_by("expires_at")
     return list(overdue.values_list("pk", "run_id")[:limit])
 
 

@@ -181,7 +181,7 @@ LIST_QUERIES = {
     "sweeper: scheduled starts due": lambda user: Run.objects.filter(
         status="queued", wake_at__lte=timezone.now()).order_by("wake_at")[:200],
     "sweeper: items past expiry": lambda user: Interrupt.objects.filter(
-        status="pending", expires_at__lte=timezone.now()).exclude(kind="input").order_by("expires_at", "id")[:200],
+        status="pending", expires_at__lte=timezone.now()).exclude(kind="input").order_by("expires_at")[:200],
     "decided items (history)": lambda user: Interrupt.objects.filter(status="resolved").order_by(
         "-resolved_at", "-id")[:50],
     "items one person decided": lambda user: Interrupt.objects.filter(status="resolved", resolved_by=user).order_by(
