@@ -285,6 +285,29 @@ def load_endings(runs: list[Run]) -> dict[int, EndingReads]:
     return reads
 
 
+def ending_reads(run: Run, *, calls: list, history: list, read_upto: int | None) -> EndingReads:
+    """``EndingReads`` of one run whose caller holds its row lock and knows the rest as it is stored.
+
+    ``calls``: the run's tool calls in id order; ``history``: its session's
+    messages in id order; ``read_upto``: the ``last_message_id`` of its last
+    finished model call. Valid only when no other writer changed the run
+    since the caller read them (the run's event counter shows it: every
+    such writer logs an event). Three queries: the pending items (locked),
+    the pending waits and the session's oldest queued run.
+    """
+    following = (Run.objects.filter(session_id=run.session_id, status=RunStatus.QUEUED).order_by("id")
+                 .values_list("id", flat=True).first())
+    return EndingReads(
+        items=pending_items_locked([run.pk]),
+        waits=list(Wait.objects.filter(run=run, status=WaitStatus.PENDING).order_by("id")),
+        calls=calls,
+        tool_messages=[message for message in history if message.run_id == run.pk and message.role == "tool"],
+        read_upto=read_upto,
+        inputs=[message.pk for message in history if message.run_id == run.pk and message.role == "user"],
+        next_queued=following,
+    )
+
+
 def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None, **kwargs) -> Run:
     """End a run with ``ending``, its bound ``complete``, ``fail`` or ``cancel`` transition: the one ending path.
 
@@ -313,8 +336,8 @@ def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None
     ``TransitionNotAllowed`` for a terminal run, or a ``complete`` after a
     cancel was requested.
 
-    ``reads``: what ``load_endings`` loaded of the run, by a caller that
-    holds the run's row lock and ends many runs in one transaction, which
+    ``reads``: what ``load_endings`` (or ``ending_reads``) loaded of the
+    run, by a caller that holds the run's row lock and whose transaction
     any error here aborts whole; then the run is neither locked nor read
     again here, and no savepoint is taken for the ending.
     """

@@ -50,7 +50,7 @@ from runs.providers.base import StreamInterrupted
 from runs.engine.recovery import recover_after_takeover
 from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context
-from runs.engine.lifecycle import begin_run, end_run
+from runs.engine.lifecycle import begin_run, end_run, ending_reads
 from runs.engine.state import Known
 from runs.live import publish_delta
 from runs.services import append_event, append_message, set_phase
@@ -227,9 +227,17 @@ def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
     return False
 
 
-def _lock_and_reread_cancel(run: Run) -> None:
-    """Take the run's row lock (as ``cancel_run`` does) and re-read whether a cancel was requested."""
-    run.refresh_from_db(fields=["cancel_requested_at"], from_queryset=Run.objects.select_for_update())
+def _lock_and_reread_cancel(run: Run) -> bool:
+    """Take the run's row lock (as ``cancel_run`` does) and re-read whether a cancel was requested.
+
+    Returns True when no other writer logged an event on the run since
+    ``run`` last knew its counter (``runs.services.append_event``), i.e.
+    what the loop knows of the run (``Known``) still holds.
+    """
+    cancel_requested_at, seq = (Run.objects.select_for_update().filter(pk=run.pk).order_by()
+                                .values_list("cancel_requested_at", "last_event_seq").get())
+    run.cancel_requested_at = cancel_requested_at
+    return seq == run.last_event_seq
 
 
 def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
@@ -373,7 +381,7 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     if not final:
         return _repair_turn(run, known, "the model returned neither text nor tool calls",
                             tell="Your last reply was empty. Answer or call a tool.")
-    return _finish(run, known, response.content)
+    return _finish(run, known, response.content, read_upto=step.request.get("last_message_id"))
 
 
 def _unique_call_ids(step: Step, calls: list[dict], *, used: set[str]) -> None:
@@ -429,21 +437,27 @@ def _repair_turn(run: Run, known: Known, why: str, tell: str = "") -> bool:
     return _fail(run, FailureType.INVALID_MODEL_OUTPUT, f"Invalid model output after {limit} repair turns: {why}.")
 
 
-def _finish(run: Run, known: Known, content: str) -> bool:
+def _finish(run: Run, known: Known, content: str, *, read_upto: int | None = None) -> bool:
     """The model gave a final answer (the run is in phase ``finalizing``): the completion check decides.
 
     A cancel requested before the verdict is committed wins: the run ends
     ``cancelled`` (the answer stays in the history), never ``completed``.
+    ``read_upto``: the ``last_message_id`` the answering model call read,
+    when the caller knows it; then, if no other writer logged an event on
+    the run meanwhile, the ending takes what the loop knows of the run
+    instead of reading it again (``lifecycle.ending_reads``).
     """
     verdict = completion.evaluate(run)
     if verdict.complete:
         with transaction.atomic():
-            _lock_and_reread_cancel(run)
+            unchanged = _lock_and_reread_cancel(run)
             if not can_proceed(run.complete):  # a cancel was accepted first: it wins
                 _end(run.cancel, reason="cancelled before the final answer was accepted")
                 return False
+            reads = (ending_reads(run, calls=known.calls, history=known.history, read_upto=read_upto)
+                     if unchanged and read_upto is not None else None)
             _end(run.complete, reason=f"{verdict.outcome}: {verdict.reason}", outcome=verdict.outcome,
-                 outcome_reason=verdict.reason, final_output=content)
+                 outcome_reason=verdict.reason, final_output=content, reads=reads)
         return False
     limit = settings.TOLLGATE["MAX_INCOMPLETE_NUDGES"]
     if _strike(run, known, counter="incomplete_nudges", limit=limit, event="incomplete", reason=verdict.reason,
