@@ -102,3 +102,30 @@ def test_an_event_counter_in_memory_moves_only_over_its_own_unbroken_series(run_
 @pytest.fixture
 def run_with_history(demo):
     return start_run(agent=_agent([{"content": "Done."}], check="default"), user=demo["requester"], input="hello")
+
+
+def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(idle_worker, demo, monkeypatch):
+    """The ending takes what the loop knows only while the run's counter shows no other writer: input
+    that arrives while the model writes its final answer is never read by it, so it starts the next run."""
+    agent = _agent([{"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
+    get_client = loop.get_client
+
+    def client(config):
+        real = get_client(config)
+
+        def complete(request):
+            submit_input(agent=agent, user=demo["requester"], input="and order 124 too", session=run.session,
+                         multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+            return real.complete(request)
+
+        return type("Interrupted", (), {"complete": staticmethod(complete)})()
+
+    monkeypatch.setattr(loop, "get_client", client)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    event = run.events.get(type="input", reason__startswith="supplemented input was not read")
+    following = Run.objects.get(pk=event.payload["run"])
+    assert following.input == "and order 124 too" and following.status == RunStatus.QUEUED
