@@ -129,3 +129,29 @@ def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(id
     event = run.events.get(type="input", reason__startswith="supplemented input was not read")
     following = Run.objects.get(pk=event.payload["run"])
     assert following.input == "and order 124 too" and following.status == RunStatus.QUEUED
+
+
+def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker, demo, monkeypatch):
+    """``Known.revalidate`` reads only the event counter, so every write of the loop's own to the run row
+    must show in its instance: counters after a model call, a repair turn, a tool call, an approval."""
+    lease_columns = {"lease_owner", "lease_token", "lease_expires_at"}
+    fields = [f.attname for f in Run._meta.concrete_fields if not f.is_relation and f.attname not in lease_columns]
+    agent = _agent([QUERY, {"content": ""}, REFUND, {"content": "Refunded."}])
+    run = start_run(agent=agent, user=demo["requester"], input="refund 80 on order 123")
+    compared = []
+    step = loop._step
+
+    def checked(run, known):
+        stored = Run.objects.values(*fields).get(pk=run.pk)
+        assert {name: getattr(run, name) for name in fields} == stored
+        compared.append(run.model_calls)
+        return step(run, known)
+
+    monkeypatch.setattr(loop, "_step", checked)
+    loop.advance(run.pk)
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome, run.repair_turns) == (RunStatus.COMPLETED, "achieved", 1)
+    assert compared[-1] == 3 and len(compared) >= 7  # the passes after each model call were compared

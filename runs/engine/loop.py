@@ -358,7 +358,14 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
             cost_usd=F("cost_usd") + cost,
             **({"phase": Phase.FINALIZING, "updated_at": now} if final else {}),
         )
-        if final:  # the instance is what the commit's live push shows (runs.live)
+        # The instance stays what the row holds (runs.engine.state: only the lease's writes go unseen),
+        # and is what the commit's live push shows (runs.live).
+        run.crash_streak = run.loss_streak = 0
+        run.model_calls += 1
+        run.input_tokens += response.input_tokens
+        run.output_tokens += response.output_tokens
+        run.cost_usd += cost
+        if final:
             run.phase, run.updated_at = Phase.FINALIZING, now
         message = append_message(run, role="assistant", content=response.content, fence=False, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
@@ -408,7 +415,9 @@ def _count(run: Run, counter: str) -> int:
     """Add one to ``counter`` (a Run field) under the lease; returns the new count. Call inside a transaction."""
     lease.check(run.pk)
     Run.objects.filter(pk=run.pk).update(**{counter: F(counter) + 1})
-    return Run.objects.values_list(counter, flat=True).get(pk=run.pk)
+    count = Run.objects.values_list(counter, flat=True).get(pk=run.pk)
+    setattr(run, counter, count)
+    return count
 
 
 def _strike(run: Run, known: Known, *, counter: str, limit: int, event: str, reason: str, tell: str = "") -> bool:

@@ -47,8 +47,14 @@ class Known:
         self._calls, self._steps = [], 0
 
     def revalidate(self) -> None:
-        """Re-read the run's own columns (one query); forget the rest if another writer logged an event meanwhile.
+        """Read the run's event counter (one query); if another writer logged an event meanwhile, re-read the
+        run's own columns (a second query) and forget the rest.
 
+        The counter is enough: every column the loop decides by changes only
+        through this worker's instance or together with another writer's
+        event (a cancel request, a decision, a settlement, an ending). Only
+        the lease's columns change without one (the sweeper breaking a lease
+        that ran out), and this worker's next fenced write finds that out.
         The first call reads nothing: the row was read a moment before, and
         since then only this worker wrote to it (through the same instance).
         Raises ``Run.DoesNotExist`` if the run is gone.
@@ -56,9 +62,9 @@ class Known:
         if self._fresh:
             self._fresh = False
             return
-        seen = self.run.last_event_seq
-        self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
-        if self.run.last_event_seq != seen:
+        seq = Run.objects.filter(pk=self.run.pk).values_list("last_event_seq", flat=True).get()
+        if seq != self.run.last_event_seq:
+            self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
             self.forget()
 
     @property
