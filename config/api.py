@@ -179,6 +179,14 @@ class VisibleRowsMixin:
         """``queryset`` narrowed to the rows ``user`` may see."""
         return RunAccess.of(user).filter(queryset, owner_field=self.owner_field)
 
+    def filter_queryset(self, queryset):
+        """The filter backends narrow lists only: an item (``/<id>/`` and its actions) is found by its id.
+
+        DRF applies them in ``get_object`` too, which built the list's whole
+        filter set for every item request (and let a list parameter hide an item).
+        """
+        return queryset if getattr(self, "detail", False) else super().filter_queryset(queryset)
+
 
 class OutputSerializer(serializers.ModelSerializer):
     """A read-only model serializer whose schema admits the empty string where the model does.

@@ -19,11 +19,21 @@ What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
 """
 
 import copy
+import pickle
 
 from django.db import transaction
 
 from runs.live import publish_on_commit
 from runs.services import append_event
+
+
+def _copy(value):
+    """A deep copy of a JSON field's value: a pickle round trip (several times faster than
+    ``copy.deepcopy`` for nested dicts and lists), ``deepcopy`` for what pickle refuses."""
+    try:
+        return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return copy.deepcopy(value)
 
 
 def _values(instance) -> dict:
@@ -32,7 +42,7 @@ def _values(instance) -> dict:
     for field in instance._meta.concrete_fields:
         if field.attname in instance.__dict__:
             value = instance.__dict__[field.attname]
-            values[field.attname] = copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+            values[field.attname] = _copy(value) if isinstance(value, (dict, list)) else value
     return values
 
 

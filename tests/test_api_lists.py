@@ -98,6 +98,19 @@ def test_interrupt_filters(demo, api, approval_item):
     assert _ids(approver, "/api/interrupts/", kind="reconciliation") == set()
 
 
+def test_list_filters_neither_hide_nor_refuse_an_item(demo, api, approval_item, runs):
+    """Filters narrow lists; an item and its actions are found by id alone (and its visibility)."""
+    approver = api(demo["approver"])
+    item = approval_item.pk
+
+    assert approver.get(f"/api/interrupts/{item}/", {"status": "resolved"}).json()["id"] == item
+    assert approver.get(f"/api/interrupts/{item}/", {"status": "no such status"}).status_code == 200
+    assert approver.get(f"/api/runs/{runs['refund']}/", {"status": "completed"}).json()["id"] == runs["refund"]
+    response = approver.post(f"/api/interrupts/{item}/approve/?kind=reconciliation", {}, format="json")
+    assert response.status_code == 200 and response.json()["status"] == "resolved"
+    assert api(demo["requester"]).get(f"/api/runs/{runs['own']}/").status_code == 404  # still not visible
+
+
 def test_cursor_pages_walk_every_run_newest_first_and_back(demo, api):
     client = api(demo["requester"])
     created = [start_run(client, "refund-order", f"Refund order {n}.")["id"] for n in range(7)]
