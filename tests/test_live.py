@@ -86,6 +86,39 @@ def test_run_list_socket_forwards_only_visible_runs(run, demo):
     scenario()
 
 
+def test_forwarding_a_message_takes_no_turn_in_the_sync_thread(run, demo, monkeypatch):
+    """A message forwarded to a socket costs no hop into the thread Django's views share: Channels'
+    own dispatch swept stale database connections there before every message of every socket."""
+    import channels.consumer
+
+    sweeps = []
+    sweep = channels.consumer.aclose_old_connections
+
+    async def counted():
+        sweeps.append(1)
+        await sweep()
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted)
+
+    @async_to_sync
+    async def scenario():
+        from channels.db import database_sync_to_async
+
+        sockets = [_communicator("/ws/runs/", demo["approver"]) for _ in range(3)]
+        for socket in sockets:
+            assert (await socket.connect())[0]
+        for _ in range(4):
+            await database_sync_to_async(publish_run_update)(run.pk)
+        for socket in sockets:
+            for _ in range(4):
+                assert (await socket.receive_json_from(timeout=5))["run"]["id"] == run.pk
+        for socket in sockets:
+            await socket.disconnect()
+        assert sweeps == []  # 3 connects, 12 forwarded messages, 3 disconnects: Channels' dispatch swept 18 times
+
+    scenario()
+
+
 def _cross_thread_latency(layer) -> float | None:
     """Seconds from a publish in this thread to its receipt in another thread's loop (None: not within 2 s)."""
     received = {}
