@@ -156,6 +156,29 @@ def test_only_deduplicated_calls_get_a_fresh_key_after_a_failure(people, worker,
     assert [t["transfer_id"] for t in transfers()] == [1] and sent[1].result["transfer_id"] == 1
 
 
+def test_an_approved_edit_to_an_action_done_before_reuses_its_result(people, worker, monkeypatch):
+    """The approver edits a transfer into one the session already made: its result is reused, nothing is sent."""
+    small = {"name": "fake_transfer", "arguments": {"account": "acct-1", "amount": 5}}
+    large = {"name": "fake_transfer", "arguments": {"account": "acct-1", "amount": 20}}
+    sent = []
+    tool = registry.get_tool("fake_transfer")
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(
+        tool, handler=lambda ctx, arguments: sent.append(ctx.idempotency_key) or tool.handler(ctx, arguments)))
+    agent = make_agent("edit-to-done", [{"tool_calls": [small]}, {"tool_calls": [large]}, {"content": "Done."}],
+                       tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
+    worker.drain()
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved",
+                     edited_arguments={"account": "acct-1", "amount": 5})
+    worker.drain()
+
+    first, second = ToolCall.objects.filter(run=run).order_by("id")
+    assert (first.status, second.status) == (ToolCallStatus.SUCCEEDED, ToolCallStatus.SUCCEEDED)
+    assert second.idempotency_key == first.idempotency_key and second.result == first.result
+    assert sent == [first.idempotency_key] and len(transfers()) == 1
+    assert run.events.filter(reason=f"reused result of call {first.pk}").exists()
+
+
 def _fails_once(handler):
     """``handler``, raising ``ToolError`` the first time it is called."""
     calls = []
