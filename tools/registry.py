@@ -66,7 +66,10 @@ class Reconciliation:
 class ToolContext:
     """What a handler or precondition may know: the run, its requester, the key.
 
-    ``idempotency_key`` is empty for preconditions; ``tool_call`` (the
+    ``idempotency_key`` is empty for preconditions; a read-only tool's
+    calls are never deduplicated, so unless the tool is ``idempotent`` its
+    key names the action only (it is the same after a failed call, see
+    ``tools.services.execution``). ``tool_call`` (the
     ``ToolCall``) is None while a call is assessed (none is stored yet), and
     set when it is checked again before running and when it runs.
     """

@@ -149,7 +149,8 @@ def _step(run: Run, known: Known) -> bool:
         known.forget()  # settled through instances of their own
         if waiting:
             return _wait_for_original(run, waiting)
-    known.messages_added(deliver_tool_results(run, calls=known.calls, history=known.history))
+    known.messages_added(deliver_tool_results(run, calls=known.calls, history=known.history,
+                                              never_asked=known.assessed_here))
     last = next((m for m in reversed(known.history) if m.run_id == run.pk), None)
     if last is not None and last.role == "assistant" and not last.tool_calls and last.content.strip():
         # A final answer is stored but was never judged (its worker died):
@@ -179,9 +180,10 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
             run.crash_streak = run.loss_streak = 0
         owing = any(c.is_pending for c in known.calls)
         delivered[:] = [] if owing else deliver_tool_results(run, calls=known.calls, history=known.history,
-                                                             fence=False)
+                                                             fence=False, never_asked=known.assessed_here)
 
-    call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome)
+    # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
+    call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, assessed_now=call.pk in known.assessed_here)
     known.messages_added(delivered)
     if call.status != S.READY:
         return True

@@ -16,10 +16,16 @@ reload: the run's tool calls (ordered by id, each holding the loop's run
 instance, so their transitions log through it), the session's message
 history (ordered by id), the number of the run's steps and the
 ``provider_call_id`` of every call of the session.
+
+``Known`` also remembers which calls this worker proposed ``ready`` in this
+slice (assessed moments ago, no approval asked): until another writer's
+event is seen, their precondition need not be checked again before a
+read-only one runs, and no approval note need be looked up for them
+(``runs.engine.loop._execute``).
 """
 
 from runs.models import Message, Run
-from tools.models import ToolCall
+from tools.models import ToolCall, ToolCallStatus
 
 # Run columns that change while a run is advanced (the foreign keys never do, so the
 # related agent, session and requester stay loaded).
@@ -41,6 +47,7 @@ class Known:
         self._history: list[Message] | None = None
         self._steps: int | None = None
         self._session_call_ids: set[str] | None = None
+        self._assessed_here: set[int] = set()
 
     def started(self) -> None:
         """The run was just begun: it has no tool calls and no steps yet (only a running run gets them)."""
@@ -106,9 +113,20 @@ class Known:
         if self._history is not None:
             self._history.extend(messages)
 
+    @property
+    def assessed_here(self) -> frozenset[int]:
+        """Ids of the calls this worker proposed ``ready`` in this slice, no other writer's event seen since.
+
+        Such a call was assessed (schema, precondition, approval rule) a
+        moment ago and never asked for approval: a ``ready`` call cannot go
+        back to ``awaiting_approval``. Emptied by ``forget``.
+        """
+        return frozenset(self._assessed_here)
+
     def calls_added(self, calls: list[ToolCall]) -> None:
-        """This worker proposed ``calls``."""
+        """This worker proposed ``calls`` (as they stand right after the proposal's transaction)."""
         if self._calls is not None:
             self._calls.extend(calls)
+        self._assessed_here.update(call.pk for call in calls if call.status == ToolCallStatus.READY)
         if self._session_call_ids is not None:
             self._session_call_ids.update(call.provider_call_id for call in calls)

@@ -52,7 +52,7 @@ def _order_view(order: Order) -> dict:
 # --- query_order -------------------------------------------------------------
 
 def _query_order_precondition(ctx: ToolContext, args: dict) -> str | None:
-    if _own_order(ctx, args["order_id"]) is None:
+    if not Order.objects.filter(number=args["order_id"], owner=ctx.user).exists():  # no row need be built
         return f"Order {args['order_id']} does not exist or does not belong to the requester."
     return None
 

@@ -18,7 +18,7 @@ One job per module; the names imported here are what the layers above use:
 * ``results``: result messages for the model, and no call left in flight when a run ends.
 """
 
-from tools.services.arguments import action_identity, canonical_value, derive_idempotency_key
+from tools.services.arguments import action_identity, canonical_value, idempotency_key_base
 from tools.services.assessment import assess_tool_calls
 from tools.services.decisions import approve_tool_call, expire_tool_call, reject_tool_call
 from tools.services.execution import charged_attempts, execute_tool_call, recover_orphaned_call, retry_delay
@@ -38,9 +38,9 @@ __all__ = [
     "canonical_value",
     "charged_attempts",
     "deliver_tool_results",
-    "derive_idempotency_key",
     "execute_tool_call",
     "expire_tool_call",
+    "idempotency_key_base",
     "propose_tool_calls",
     "reconcile_delay",
     "reconcile_unknown_call",

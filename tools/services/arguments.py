@@ -1,5 +1,5 @@
 """A call's arguments: read strictly from the model's text, written one canonical way, and the
-identity of the action they describe (the key that links re-proposals, and the idempotency key).
+identity of the action they describe (the key that links re-proposals, and the idempotency key's base).
 """
 
 import hashlib
@@ -7,7 +7,6 @@ import json
 from decimal import Decimal
 
 from runs.model_output import UnsafeArguments, parse_arguments
-from tools.models import ToolCall, ToolCallStatus
 
 
 def canonical_value(value):
@@ -39,20 +38,19 @@ def action_identity(session_id: int, name: str, arguments: dict) -> str:
     return _digest(str(session_id), name, _canonical_json(arguments))
 
 
-def derive_idempotency_key(session_id: int, name: str, arguments: dict) -> str:
-    """The idempotency key for executing ``name(arguments)`` in a session.
+def idempotency_key_base(session_id: int, name: str, arguments: dict) -> str:
+    """The idempotency key of ``name(arguments)`` in a session before any failure: ``"<tool>-s<session>-<hex>"``.
 
-    ``"<tool>-s<session>-<first 32 hex digits of the identity>"``, followed
-    by ``-<n>`` when ``n`` earlier calls sent under that key definitely
-    failed: a fresh attempt after a failure must not be answered with the
-    stored failure. The same action executed again (a re-send after a crash,
-    a re-proposal, a follow-up run) gets the same key, so it takes effect
-    at most once.
+    ``<hex>``: the first 32 hex digits of ``action_identity``; at most 80
+    characters. The same action executed again (a re-send after a crash, a
+    re-proposal, a follow-up run) gets the same key, so it takes effect at
+    most once. For a tool whose calls are deduplicated by key (side-effecting
+    or ``idempotent``) the key sent is this base followed by ``-<n>`` when
+    ``n`` earlier calls of the session definitely failed under it, so that a
+    fresh attempt after a failure is not answered with the stored failure
+    (``tools.services.execution``; no query here).
     """
-    base = f"{name[:30]}-s{session_id}-{action_identity(session_id, name, arguments)[:32]}"
-    failed = ToolCall.objects.filter(run__session_id=session_id, status=ToolCallStatus.FAILED, idempotency_key__startswith=base)
-    generation = failed.count()
-    return f"{base}-{generation}" if generation else base
+    return f"{name[:30]}-s{session_id}-{action_identity(session_id, name, arguments)[:32]}"
 
 
 def parse_raw_arguments(raw) -> tuple[dict | None, str]:

@@ -17,7 +17,7 @@ from runs.services import set_phase
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
-from tools.services.arguments import derive_idempotency_key
+from tools.services.arguments import idempotency_key_base
 
 log = logging.getLogger(__name__)
 S = ToolCallStatus
@@ -27,12 +27,20 @@ OutcomeHook = Callable[[ToolCall], None]
 
 
 def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
-                      with_outcome: OutcomeHook | None = None) -> ToolCall:
+                      with_outcome: OutcomeHook | None = None, assessed_now: bool = False) -> ToolCall:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
     The tool's precondition is checked again before the first attempt
-    (``denied`` if it no longer holds). Outcomes: ``succeeded`` (result stored; a result already stored for
-    the same key in this run is reused, not executed again); ``failed``
+    (``denied`` if it no longer holds), as the world may have changed since
+    the proposal or the approval; except for a read-only call the caller
+    says was ``assessed_now`` (proposed ready moments ago by the same
+    worker, nothing in between: ``runs.engine.state.Known.assessed_here``).
+    A side-effecting call is always checked again: an earlier call of the
+    same turn may have changed what it relies on.
+
+    Outcomes: ``succeeded`` (result stored; a side-effecting call finding
+    a call of the session that succeeded under its key reuses that result,
+    nothing is executed again); ``failed``
     (``ToolError``; for read-only tools also after ``max_attempts``
     transient failures); ``ready`` again (a transient failure with
     attempts left, of a read-only tool, or ``ToolUnavailable`` from an
@@ -63,22 +71,18 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
     # The world may have changed since the proposal (or the approval). A
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it.
-    if tool.precondition and tool_call.attempts == 0:
+    if tool.precondition and tool_call.attempts == 0 and (tool.side_effect or not assessed_now):
         denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
                                                tool_call=tool_call), tool_call.arguments)
         if denial:
             return outcome(tool_call.deny, reason="precondition checked before running", error=denial)
-    session_id = tool_call.run.session_id
-    key = tool_call.idempotency_key or derive_idempotency_key(session_id, tool_call.name, tool_call.arguments)
+    key, reusable = _key_and_reusable_result(tool_call, tool)
     with transaction.atomic():
         set_phase(tool_call.run, Phase.EXECUTING_TOOLS)
         apply(tool_call.begin, actor=actor, idempotency_key=key, now=timezone.now(), savepoint=False)
-    earlier = None
-    if tool.side_effect:  # an effect already done in the session is reused; reads are always done afresh
-        earlier = (ToolCall.objects.filter(run__session_id=session_id, idempotency_key=key, status=S.SUCCEEDED)
-                   .exclude(pk=tool_call.pk).first())
-    if earlier is not None:
-        return outcome(tool_call.succeed, reason=f"reused result of call {earlier.pk}", result=earlier.result,
+    if reusable is not None:
+        earlier_id, result = reusable
+        return outcome(tool_call.succeed, reason=f"reused result of call {earlier_id}", result=result,
                        now=timezone.now())
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
                           timeout_s=tool.timeout_s, tool_call=tool_call)
@@ -104,6 +108,36 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.fail, error=error, now=timezone.now())
     return _store_result(tool_call, tool, result, outcome)
+
+
+def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tuple[int, object] | None]:
+    """(key, reusable): the idempotency key to send ``tool_call`` under, and ``(call id, result)`` of a call
+    of the session that succeeded under that key, whose result is reused instead of executing again (or None).
+
+    One query at most. A call sent before keeps its key. Otherwise the key
+    is the action's (``idempotency_key_base``), followed by ``-<n>`` after
+    ``n`` definite failures under it when the tool's calls are deduplicated
+    by key (side-effecting or ``idempotent`` tools): a fresh attempt must
+    not be answered with the stored failure. Calls of other read-only tools
+    are never deduplicated, not here and not by an external system, so
+    nothing is counted for them. Only side-effecting calls reuse a result;
+    reads are always done afresh.
+    """
+    session_id = tool_call.run.session_id
+    key = tool_call.idempotency_key or idempotency_key_base(session_id, tool_call.name, tool_call.arguments)
+    numbered = not tool_call.idempotency_key and (tool.side_effect or tool.idempotent)
+    if not numbered and not tool.side_effect:
+        return key, None
+    # Keys are the base or ``<base>-<n>``: one prefix match finds both kinds of earlier call.
+    statuses = ([S.FAILED] if numbered else []) + ([S.SUCCEEDED] if tool.side_effect else [])
+    earlier = list(ToolCall.objects.filter(run__session_id=session_id, idempotency_key__startswith=key,
+                                           status__in=statuses)
+                   .exclude(pk=tool_call.pk).order_by("pk").values_list("pk", "status", "idempotency_key", "result"))
+    if numbered:
+        failures = sum(1 for _, status, _, _ in earlier if status == S.FAILED)
+        key = f"{key}-{failures}" if failures else key
+    return key, next(((pk, result) for pk, status, used, result in earlier
+                      if status == S.SUCCEEDED and used == key), None)
 
 
 def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:

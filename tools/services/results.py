@@ -1,6 +1,7 @@
 """What calls leave for the model and for the run's end: result messages, and no call left in flight."""
 
 import json
+from collections.abc import Collection
 
 from django.db import transaction
 from django.utils import timezone
@@ -66,7 +67,7 @@ def unknown_calls_for_a_person(calls: list[ToolCall]) -> list[ToolCall]:
 
 
 def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: list | None = None,
-                         fence: bool = True) -> list:
+                         fence: bool = True, never_asked: Collection[int] = ()) -> list:
     """Append a tool message for every finished call of ``run`` that has none yet, in call order; returns them.
 
     Invalid, denied, rejected, expired and cancelled calls get one too, so
@@ -76,7 +77,10 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
     A caller that has them loaded passes ``calls`` (the run's tool calls in
     id order) and ``history`` (the session's messages); else they are read.
     ``fence=False``: the caller's transaction makes a fenced write of its
-    own (see ``runs.services.append_message``). Returns the new ``Message`` rows.
+    own (see ``runs.services.append_message``). ``never_asked``: ids of calls
+    the caller knows never asked for approval (e.g. proposed ``ready`` by
+    the same worker: ``runs.engine.state.Known.assessed_here``); no approval
+    note is looked up for them. Returns the new ``Message`` rows.
     """
     if history is None:
         delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
@@ -87,7 +91,7 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
     due = [call for call in calls if not call.is_pending and call.provider_call_id not in delivered]
     if not due:
         return []
-    notes = _approval_notes(due)
+    notes = _approval_notes(due, never_asked=never_asked)
     # All or nothing (an error ends the caller's transaction too); the first
     # message's lease check covers the whole transaction.
     with transaction.atomic(savepoint=False):
@@ -125,13 +129,14 @@ def _content(tool_call: ToolCall, approval: dict) -> str:
     return json.dumps(body, default=str)
 
 
-def _approval_notes(tool_calls: list[ToolCall]) -> dict[int, dict]:
+def _approval_notes(tool_calls: list[ToolCall], *, never_asked: Collection[int] = ()) -> dict[int, dict]:
     """What a person who approved each call said and changed, for the model, by call id (one query).
 
     A call no person approved has no entry; of several approvals the newest speaks.
-    Calls in ``NEVER_APPROVED`` statuses are not asked about (no query when all are).
+    Calls in ``NEVER_APPROVED`` statuses and those whose id is in
+    ``never_asked`` are not asked about (no query when all are).
     """
-    by_id = {call.pk: call for call in tool_calls if call.status not in NEVER_APPROVED}
+    by_id = {call.pk: call for call in tool_calls if call.status not in NEVER_APPROVED and call.pk not in never_asked}
     if not by_id:
         return {}
     decisions = (ToolCall.objects.filter(pk__in=by_id, interrupts__decision="approved")
