@@ -117,7 +117,7 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
     subprotocol: str | None = None  # selected in the handshake's answer
 
     async def dispatch(self, message):
-        """Hand ``message`` to its handler (raises ``ValueError`` for a type without one).
+        """Hand ``message`` to its handler (a type without one goes to Channels, which raises ``ValueError``).
 
         Unlike Channels' own ``dispatch``, without closing stale database
         connections first: that runs in the one thread Django's synchronous
@@ -129,7 +129,8 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         """
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
+            await super().dispatch(message)
+            return
         await handler(message)
 
     async def join(self, *groups: str) -> None:

@@ -131,6 +131,67 @@ def test_a_side_effect_is_checked_again_in_the_same_slice(demo, worker, checks, 
     assert [r["amount"] for r in payment_gateway.ledger()["refunds"]] == ["30.00"]
 
 
+def test_a_read_after_a_side_effect_of_the_same_slice_is_checked_again(demo, worker, checks, payment_gateway):
+    """Refund first, then a read of the same turn: the refund may have changed what the read relies on."""
+    Order.objects.create(number=9101, owner=demo["requester"], total="40.00")
+    turn = {"tool_calls": [{"name": "refund", "arguments": {"order_id": 9101, "amount": 30}},
+                           {"name": "query_order", "arguments": {"order_id": 9101}}]}
+    agent = make_agent("refund-then-read", [turn, {"content": "Done."}], tools=["refund", "query_order"])
+    run = start_run(agent=agent, user=demo["requester"], input="refund, then look")
+    worker.drain()
+
+    refund, read = ToolCall.objects.filter(run=run).order_by("id")
+    assert checks == [("refund", "assessed"), ("query_order", "assessed"), ("refund", "rechecked"),
+                      ("query_order", "rechecked")]
+    assert refund.status == read.status == ToolCallStatus.SUCCEEDED
+    assert read.result["refundable_amount"] == "10.00"
+
+
+def test_a_read_after_another_writers_event_in_the_same_slice_is_checked_again(demo, idle_worker, monkeypatch, checks):
+    """Input supplemented while the first read runs is another writer's event: the second read is re-checked."""
+    from runs.engine.lifecycle import submit_input
+
+    reads = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}},
+                            {"name": "query_order", "arguments": {"order_id": 124}}]}
+    agent = make_agent("two-reads", [reads, {"content": "Looked."}], tools=["query_order"])
+    run = start_run(agent=agent, user=demo["requester"], input="look at both")
+    tool = registry.get_tool("query_order")
+
+    def handler(ctx, arguments):
+        if arguments["order_id"] == 123:
+            submit_input(agent=agent, user=demo["requester"], input="quickly please", session=run.session,
+                         multitask_strategy="supplement")
+        return tool.handler(ctx, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
+    loop.advance(run.pk)
+
+    assert checks == [("query_order", "assessed")] * 2 + [("query_order", "rechecked")]
+    assert [c.status for c in ToolCall.objects.filter(run=run).order_by("id")] == [ToolCallStatus.SUCCEEDED] * 2
+
+
+def test_an_approved_calls_note_is_told_alongside_calls_that_never_asked(demo, idle_worker):
+    """Results delivered together: the calls that never asked skip the note lookup, the approved one keeps it."""
+    from tools.services import deliver_tool_results
+
+    refund = {"name": "refund", "arguments": {"order_id": 123, "amount": 70}}
+    agent = make_agent("mixed-notes", [{"tool_calls": [refund]}, QUERY, {"content": "Done."}],
+                       tools=["refund", "query_order"], check="refund")
+    run = start_run(agent=agent, user=demo["requester"], input="refund then look")
+    loop.advance(run.pk)
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved",
+                     comment="Fine by me.")
+    loop.advance(run.pk)
+    approved, read = ToolCall.objects.filter(run=run).order_by("id")
+    run.messages.filter(role="tool").delete()  # deliver both again, in one batch
+
+    delivered = deliver_tool_results(run, never_asked=frozenset({read.pk}))
+
+    told = {message.tool_call_id: json.loads(message.content) for message in delivered}
+    assert told[approved.provider_call_id]["approval"] == {"comment": "Fine by me."}
+    assert "approval" not in told[read.provider_call_id]
+
+
 # --- idempotency keys: numbered after failures only where something deduplicates by them ------------
 
 

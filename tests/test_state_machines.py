@@ -338,3 +338,18 @@ def test_a_run_changed_through_two_instances_is_pushed_as_stored(running, people
         assert message["run"]["seq"] == stored
 
     scenario()
+
+
+def test_json_values_are_copied_deeply_even_when_pickle_refuses_them():
+    """``apply`` snapshots JSON values before a transition; what pickle cannot copy is deep-copied."""
+    from runs.transitions import _copy
+
+    def local():
+        return 1
+
+    plain = {"amount": "60.00", "lines": [{"sku": "a"}]}
+    odd = {"hook": local, "lines": [{"sku": "a"}]}  # a local function: pickle refuses it
+    for value in (plain, odd):
+        copied = _copy(value)
+        assert copied == value
+        assert copied["lines"] is not value["lines"] and copied["lines"][0] is not value["lines"][0]

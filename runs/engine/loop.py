@@ -16,8 +16,9 @@ next thing, committing before the next pass:
 Because every decision is re-derived from stored state, a worker that
 picks the run up later (after an approval, or another worker's crash)
 continues from the same point. Within one slice the worker reads the run's
-row before every pass, and the rest (calls, history, steps) only when
-another writer logged an event meanwhile (``runs.engine.state``).
+event counter before every pass, and the run's row and the rest (calls,
+history, steps) again only when another writer logged an event meanwhile
+(``runs.engine.state``).
 
 Writes per step: one transaction before the external call (the ``Step``
 row, or the call's ``running`` with its idempotency key) and one after it
@@ -185,6 +186,8 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
     # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
     call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, assessed_now=call.pk in known.assessed_here)
     known.messages_added(delivered)
+    if call.side_effect and call.attempts:  # sent: whatever it changed, the reads after it are checked again
+        known.effect_done()
     if call.status != S.READY:
         return True
     delay = retry_delay(call)

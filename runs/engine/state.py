@@ -119,9 +119,14 @@ class Known:
 
         Such a call was assessed (schema, precondition, approval rule) a
         moment ago and never asked for approval: a ``ready`` call cannot go
-        back to ``awaiting_approval``. Emptied by ``forget``.
+        back to ``awaiting_approval``. Emptied by ``forget`` and ``effect_done``.
         """
         return frozenset(self._assessed_here)
+
+    def effect_done(self) -> None:
+        """A side-effecting call ran: the world the slice's proposals were assessed in may have changed,
+        so no call counts as ``assessed_here`` any more (their preconditions are checked again)."""
+        self._assessed_here.clear()
 
     def calls_added(self, calls: list[ToolCall]) -> None:
         """This worker proposed ``calls`` (as they stand right after the proposal's transaction)."""

@@ -23,8 +23,13 @@ ORDER_ID = {"type": "integer", "minimum": 1, "description": "The order number."}
 BLOCKED_PHRASES = ("guarantee", "no liability", "unlimited")
 
 
+def _orders_of(ctx: ToolContext, order_id: int):
+    """The requester's order ``order_id`` as a queryset (empty when it is not theirs or does not exist)."""
+    return Order.objects.filter(number=order_id, owner=ctx.user)
+
+
 def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
-    return Order.objects.filter(number=order_id, owner=ctx.user).first()
+    return _orders_of(ctx, order_id).first()
 
 
 def _refundable(order: Order) -> Decimal:
@@ -52,7 +57,7 @@ def _order_view(order: Order) -> dict:
 # --- query_order -------------------------------------------------------------
 
 def _query_order_precondition(ctx: ToolContext, args: dict) -> str | None:
-    if not Order.objects.filter(number=args["order_id"], owner=ctx.user).exists():  # no row need be built
+    if not _orders_of(ctx, args["order_id"]).exists():  # no row need be built
         return f"Order {args['order_id']} does not exist or does not belong to the requester."
     return None
 
