@@ -131,13 +131,11 @@ def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(id
     assert following.input == "and order 124 too" and following.status == RunStatus.QUEUED
 
 
-def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker, demo, monkeypatch):
-    """``Known.revalidate`` reads only the event counter, so every write of the loop's own to the run row
-    must show in its instance: counters after a model call, a repair turn, a tool call, an approval."""
+def _compare_at_every_pass(monkeypatch) -> list[int]:
+    """Make every pass first assert that the loop's run instance holds what the row holds (the lease's
+    columns aside); returns the list of ``model_calls`` seen at each pass."""
     lease_columns = {"lease_owner", "lease_token", "lease_expires_at"}
     fields = [f.attname for f in Run._meta.concrete_fields if not f.is_relation and f.attname not in lease_columns]
-    agent = _agent([QUERY, {"content": ""}, REFUND, {"content": "Refunded."}])
-    run = start_run(agent=agent, user=demo["requester"], input="refund 80 on order 123")
     compared = []
     step = loop._step
 
@@ -148,6 +146,15 @@ def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker,
         return step(run, known)
 
     monkeypatch.setattr(loop, "_step", checked)
+    return compared
+
+
+def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker, demo, monkeypatch):
+    """``Known.revalidate`` reads only the event counter, so every write of the loop's own to the run row
+    must show in its instance: counters after a model call, a repair turn, a tool call, an approval."""
+    agent = _agent([QUERY, {"content": ""}, REFUND, {"content": "Refunded."}])
+    run = start_run(agent=agent, user=demo["requester"], input="refund 80 on order 123")
+    compared = _compare_at_every_pass(monkeypatch)
     loop.advance(run.pk)
     decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
     loop.advance(run.pk)
@@ -155,3 +162,30 @@ def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker,
     run.refresh_from_db()
     assert (run.status, run.outcome, run.repair_turns) == (RunStatus.COMPLETED, "achieved", 1)
     assert compared[-1] == 3 and len(compared) >= 7  # the passes after each model call were compared
+
+
+def test_a_model_answer_the_database_refuses_leaves_no_unstored_value_in_the_instance(
+        idle_worker, demo, monkeypatch):
+    """The answer's transaction rolls back after the instance took its counters in; the loop carries on
+    (a repair turn) and must not decide by what was never stored."""
+    from django.db import DataError
+
+    agent = _agent([{"content": "Done."}, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=demo["requester"], input="look")
+    compared = _compare_at_every_pass(monkeypatch)
+    append_message = loop.append_message
+    refused = []
+
+    def refusing(run, **fields):
+        if fields.get("role") == "assistant" and not refused:
+            refused.append(fields["content"])
+            raise DataError("value too long for type character varying")
+        return append_message(run, **fields)
+
+    monkeypatch.setattr(loop, "append_message", refusing)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert refused == ["Done."] and run.status == RunStatus.COMPLETED
+    assert run.repair_turns == 1 and run.model_calls == 1  # the refused answer's call was never counted
+    assert compared == [0, 0]

@@ -337,6 +337,7 @@ def _model_turn(run: Run, known: Known) -> bool:
         # crash-and-retry loop; the answer is invalid output.
         log.warning("run %s: the database refused the model's answer: %s", run.pk, exc)
         step.refresh_from_db()  # what the rolled-back transaction wrote in memory is gone
+        known.reload()
         return _malformed_response(run, known, step, f"the answer could not be stored ({type(exc).__name__})")
 
 

@@ -41,6 +41,16 @@ class Known:
         self._fresh = True
         self.forget()
 
+    def reload(self) -> None:
+        """Re-read the run's own columns and forget the rest (one query now, the rest when next used).
+
+        For a caller that carries on after a rolled-back transaction: the
+        instance may hold values (counters, the event counter) that were
+        never stored, which ``revalidate`` cannot see.
+        """
+        self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
+        self.forget()
+
     def forget(self) -> None:
         """Drop everything; each part is read again when next used."""
         self._calls: list[ToolCall] | None = None
