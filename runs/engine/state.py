@@ -70,8 +70,13 @@ class Known:
         The counter is enough: every column the loop decides by changes only
         through this worker's instance or together with another writer's
         event (a cancel request, a decision, a settlement, an ending). Only
-        the lease's columns change without one (the sweeper breaking a lease
-        that ran out), and this worker's next fenced write finds that out.
+        the sweeper writes without one, when it breaks a lease that ran out:
+        the lease's columns and the crash accounting (``crash_streak``,
+        ``loss_streak``, ``lost_leases``, ``death_blame``). Those are for the
+        worker that takes the run over next, which reads them then; this
+        worker keeps the streaks it read at its own takeover (it clears
+        those once a call gets through) and must not clear the sweeper's,
+        and its lease ends at the next takeover (its fenced writes fail).
         The first call reads nothing: the row was read a moment before, and
         since then only this worker wrote to it (through the same instance).
         Raises ``Run.DoesNotExist`` if the run is gone.
