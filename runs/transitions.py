@@ -20,11 +20,12 @@ What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
 
 import copy
 import pickle
+from typing import Callable
 
 from django.db import transaction
 
 from runs.live import publish_on_commit
-from runs.services import append_event
+from runs.services import Event, RunColumns, append_events
 
 
 def _copy(value):
@@ -56,6 +57,7 @@ def _restore(instance, before: dict) -> None:
 
 
 def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
+          columns: RunColumns | None = None, logged_before: Callable[[object], list[Event]] | None = None,
           **arguments):
     """Apply the bound transition method ``transition`` with ``arguments``, save it, log it, push it.
 
@@ -66,6 +68,18 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     changed the status since the instance was loaded) and ``LeaseLost``
     (this worker's lease on the run was taken over). Then nothing is
     written, and the instance's fields are as they were.
+
+    ``columns`` (``runs.services.RunColumns``): run columns written by the
+    same fenced UPDATE that reserves the event's seq, so a transaction that
+    also changes the run (a phase, counters) writes the run row once.
+    ``logged_before(instance)``: events logged just ahead of the
+    transition's own, with the same reservation and INSERT.
+
+    An instance not yet in the database is inserted already past the
+    transition (its events name its id, so the INSERT comes first; a
+    refused event still rolls it back): e.g. a tool call stored in its
+    assessed status, logged ``proposed`` then the assessment by
+    ``logged_before``, so the log tells the same story as two writes would.
 
     Inside a caller's transaction the writes go in a savepoint, so the
     caller may catch these errors and carry on. ``savepoint=False`` saves
@@ -78,25 +92,25 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     with transaction.atomic(savepoint=savepoint):
         before = _values(instance)
         from_status = state.get_state(instance)
+        new = instance._state.adding
         try:
             transition(**arguments)
             after = _values(instance)
             changed = [field.name for field in model._meta.concrete_fields
                        if field.attname in after and after[field.attname] != before.get(field.attname)]
             stamped = [field.name for field in model._meta.concrete_fields if getattr(field, "auto_now", False)]
+            if new:
+                instance.save()
             run = instance.event_run()
-            append_event(
-                run,
-                type=instance.event_type,
-                actor=actor,
-                reason=reason or transition.__name__,
-                payload={**instance.event_payload(arguments), **(payload or {})},
-                from_status=from_status,
-                to_status=state.get_state(instance),
-            )
-            instance.save(update_fields=changed + [name for name in stamped if name not in changed])
+            event = Event(type=instance.event_type, actor=actor, reason=reason or transition.__name__,
+                          payload={**instance.event_payload(arguments), **(payload or {})},
+                          from_status=from_status, to_status=state.get_state(instance))
+            append_events(run, [*(logged_before(instance) if logged_before else []), event], columns=columns)
+            if not new:
+                instance.save(update_fields=changed + [name for name in stamped if name not in changed])
         except BaseException:
             _restore(instance, before)
+            instance._state.adding = new
             raise
         publish_on_commit(run)
     return instance
