@@ -1,8 +1,9 @@
 """The runs kernel's writes: the event log, phases, the message history.
 
-Every event goes through ``append_event``; every change of a state
-machine's status goes through ``runs.transitions.apply``, which builds on
-it. Each function runs in (or joins) a database transaction; work that
+Every event goes through ``append_events`` (``append_event`` for one),
+which reserves a transaction's seqs and writes its run columns in one
+fenced UPDATE; every change of a state machine's status goes through
+``runs.transitions.apply``, which builds on it. Each function runs in (or joins) a database transaction; work that
 must only happen after commit (waking a worker, pushing to browsers) is
 deferred with ``transaction.on_commit``. Starting, ending and cancelling
 runs is the engine's (``runs.engine.lifecycle``).
@@ -103,16 +104,18 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     if columns is not None:
         for name, value in columns.values.items():
             setattr(run, name, value)
-    saved = RunEvent.objects.bulk_create([
-        RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
-                 payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
-        for seq, event in enumerate(events, start=first)
-    ])
-    for event in saved:
-        post_save.send(sender=RunEvent, instance=event, created=True, update_fields=None, raw=False,
-                       using=event._state.db)
+    rows = [RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
+                     payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
+            for seq, event in enumerate(events, start=first)]
+    if len(rows) == 1:  # the common case; save() is lighter than bulk_create for one row
+        rows[0].save(force_insert=True)
+    else:
+        RunEvent.objects.bulk_create(rows)  # one INSERT; it sends no signals, so they are sent here
+        for row in rows:
+            post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
+                           using=row._state.db)
     publish_event_on_commit(run.pk, last)
-    return saved
+    return rows
 
 
 def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:

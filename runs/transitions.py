@@ -5,13 +5,14 @@ and, in one database transaction (joining the caller's):
 
 1. the method changes the instance in memory (django-fsm checks the
    source state and the ``conditions=`` guards first);
-2. the event is appended to the run's log (``runs.services.append_event``:
-   the next ``seq``, fenced by the worker's lease), before any row of the
-   machine is written, so a worker whose lease was taken over writes
-   nothing;
+2. the event is appended to the run's log (``runs.services.append_events``:
+   the next ``seq``, fenced by the worker's lease, with any run columns the
+   caller passes in the same UPDATE), before any row of the machine is
+   written, so a worker whose lease was taken over writes nothing;
 3. only the fields the transition changed are saved, with any ``auto_now``
    field (``updated_at``); the status is compared with the one loaded
-   (django-fsm's optimistic locking);
+   (django-fsm's optimistic locking). An instance not yet stored is
+   inserted instead, before step 2 (its events name its id);
 4. a live push of the run is scheduled for commit (``runs.live``), once per
    run however many transitions the transaction holds.
 
