@@ -14,6 +14,7 @@ import dataclasses
 from django.db import connection
 from django.db.models import F
 from django.db.models.signals import post_save
+from django_fsm import ConcurrentTransition
 from django.utils import timezone
 
 from runs import lease
@@ -44,14 +45,19 @@ class Event:
 class RunColumns:
     """Run columns written by the same fenced UPDATE that reserves the events' seqs.
 
-    ``values``: field name -> new value (set on the instance too);
+    ``values``: field name -> new value (set on the instance too; the
+    status only as ``runs.transitions.apply`` has already set it);
     ``increments``: field name -> number added to the stored value (the
-    instance keeps what it read, as with ``F()`` updates). Concrete,
-    non-relational fields of ``Run`` only; never ``last_event_seq``.
+    instance keeps what it read, as with ``F()`` updates); ``expected``:
+    field name -> the value the row must still hold, else nothing is
+    written (e.g. the status a transition starts from: optimistic
+    locking). Concrete, non-relational fields of ``Run`` only; never
+    ``last_event_seq``.
     """
 
     values: dict = dataclasses.field(default_factory=dict)
     increments: dict = dataclasses.field(default_factory=dict)
+    expected: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if "last_event_seq" in self.values or "last_event_seq" in self.increments:
@@ -84,7 +90,10 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     concurrent writers of the same run's log, so the seqs stay gapless and
     in commit order. In a worker holding the run's lease it is fenced:
     raises ``LeaseLost`` (rolling back the caller's transaction) if the
-    lease was taken over. Must be called inside ``transaction.atomic``.
+    lease was taken over. With ``columns.expected``, raises
+    ``ConcurrentTransition`` if the row no longer holds those values (and
+    the lease, if any, is still this worker's). Then nothing is written.
+    Must be called inside ``transaction.atomic``.
 
     ``run.last_event_seq`` in memory moves to the last new ``seq`` only when
     it was just below the first, i.e. when no other writer's event came in
@@ -95,15 +104,21 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     would (the webhook outbox listens), and, once committed, the run's
     event sockets are told (``runs.live``).
     """
+    if columns is not None and columns.values.get("status", run.status) != run.status:
+        raise TypeError("a run's status changes only through runs.transitions.apply (which sets it first)")
     last = _reserve(run, len(events), columns)
     if last is None:
-        raise LeaseLost(f"run {run.pk}: lease lost; {', '.join(repr(e.type) for e in events)} refused")
+        refused = ", ".join(repr(e.type) for e in events)
+        if columns is not None and columns.expected and _lease_still_held(run.pk):
+            raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
+        raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
     first = last - len(events) + 1
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
     if columns is not None:
         for name, value in columns.values.items():
-            setattr(run, name, value)
+            if getattr(run, name) != value:  # a transition's own fields are set already
+                setattr(run, name, value)
     rows = [RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
                      payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
             for seq, event in enumerate(events, start=first)]
@@ -122,14 +137,15 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
     """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
     Returns the new counter, or None if the row was not written (the lease
-    was taken over, or the run is gone). One statement
+    was taken over, an expected value changed, or the run is gone). One statement
     (``UPDATE ... RETURNING``) where the database can return rows from a
     write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
     """
     values = columns.values if columns is not None else {}
     increments = {"last_event_seq": count, **(columns.increments if columns is not None else {})}
+    expected = columns.expected if columns is not None else {}
     if not connection.features.can_return_columns_from_insert:
-        written = fenced(Run.objects.filter(pk=run.pk), run.pk).update(
+        written = fenced(Run.objects.filter(pk=run.pk, **expected), run.pk).update(
             **values, **{name: F(name) + amount for name, amount in increments.items()})
         if written != 1:
             return None
@@ -148,6 +164,10 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
     seq, pk, token_column = (quote(meta.get_field(name).column) for name in ("last_event_seq", "id", "lease_token"))
     sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {pk} = %s"
     params.append(run.pk)
+    for name, value in expected.items():
+        field = meta.get_field(name)
+        sql += f" AND {quote(field.column)} = %s"
+        params.append(field.get_db_prep_value(value, connection))
     token = current_token(run.pk)
     if token is not None:
         sql += f" AND {token_column} = %s"
@@ -156,6 +176,12 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
         cursor.execute(sql + f" RETURNING {seq}", params)
         row = cursor.fetchone()
     return row[0] if row else None
+
+
+def _lease_still_held(run_id: int) -> bool:
+    """Whether the run's row still carries this thread's lease token (True when it holds none)."""
+    token = current_token(run_id)
+    return token is None or Run.objects.filter(pk=run_id, lease_token=token).exists()
 
 
 def set_phase(run: Run, phase: str) -> None:

@@ -11,8 +11,10 @@ and, in one database transaction (joining the caller's):
    written, so a worker whose lease was taken over writes nothing;
 3. only the fields the transition changed are saved, with any ``auto_now``
    field (``updated_at``); the status is compared with the one loaded
-   (django-fsm's optimistic locking). An instance not yet stored is
-   inserted instead, before step 2 (its events name its id);
+   (django-fsm's optimistic locking). A run's own transition is written
+   by step 2's UPDATE instead (its fields with the counter, the status
+   compared there); an instance not yet stored is inserted before step 2
+   (its events name its id);
 4. a live push of the run is scheduled for commit (``runs.live``), once per
    run however many transitions the transaction holds.
 
@@ -55,6 +57,19 @@ def _restore(instance, before: dict) -> None:
             instance.__dict__[field.attname] = before[field.attname]
             if field.is_relation and field.is_cached(instance):
                 field.delete_cached_value(instance)
+
+
+def _with_own_fields(run, columns: RunColumns | None, changed: list[str], stamped: list[str], state: str,
+                     from_status: str) -> RunColumns:
+    """``columns`` plus a run's own transition: the fields it changed, its ``auto_now`` stamps, and its
+    status still ``from_status`` (django-fsm's optimistic lock, as its ``save`` would check)."""
+    values = dict(columns.values) if columns is not None else {}
+    for name in changed:
+        values[name] = getattr(run, name)
+    for name in stamped:
+        values[name] = run._meta.get_field(name).pre_save(run, add=False)
+    return RunColumns(values=values, increments=columns.increments if columns is not None else {},
+                      expected={**(columns.expected if columns is not None else {}), state: from_status})
 
 
 def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
@@ -103,11 +118,17 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             if new:
                 instance.save()
             run = instance.event_run()
+            saved_with_event = run is instance and not new and not any(
+                model._meta.get_field(name).is_relation for name in changed)
+            if saved_with_event:  # the run's own transition: its columns ride on the event's UPDATE
+                columns = _with_own_fields(instance, columns, changed, stamped, state.name, from_status)
             event = Event(type=instance.event_type, actor=actor, reason=reason or transition.__name__,
                           payload={**instance.event_payload(arguments), **(payload or {})},
                           from_status=from_status, to_status=state.get_state(instance))
             append_events(run, [*(logged_before(instance) if logged_before else []), event], columns=columns)
-            if not new:
+            if saved_with_event:
+                instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
+            elif not new:
                 instance.save(update_fields=changed + [name for name in stamped if name not in changed])
         except BaseException:
             _restore(instance, before)

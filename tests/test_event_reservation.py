@@ -140,3 +140,36 @@ def test_a_new_call_whose_events_the_fence_refuses_is_not_stored_and_stays_unsav
     assert not ToolCall.objects.filter(run=run).exists()
     assert not run.events.filter(type="tool_call").exists()
     assert (call.pk, call._state.adding, call.status) == (None, True, S.PROPOSED)
+
+
+def test_a_runs_own_transition_is_written_by_its_events_update(run):
+    held = lease.acquire(run.pk, owner="worker-a")
+    mine = Run.objects.get(pk=run.pk)
+    with lease.holding(held), CaptureQueriesContext(connection) as captured:
+        apply(mine.start, actor="worker")
+    assert len(_run_row_writes(captured)) == 1
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.phase, stored.started_at, stored.updated_at) == (
+        mine.status, mine.phase, mine.started_at, mine.updated_at)
+    assert stored.status == "running" and stored.started_at is not None and stored.updated_at > run.updated_at
+    assert run.events.get(seq=stored.last_event_seq).to_status == "running"
+
+
+def test_a_stale_copy_under_a_held_lease_is_refused_as_a_concurrent_transition(run):
+    from django_fsm import ConcurrentTransition
+
+    held = lease.acquire(run.pk, owner="worker-a")
+    stale = Run.objects.get(pk=run.pk)
+    apply(Run.objects.get(pk=run.pk).cancel, actor="user:requester")  # a person, no lease
+    seq = Run.objects.get(pk=run.pk).last_event_seq
+    with lease.holding(held), pytest.raises(ConcurrentTransition):
+        apply(stale.start, actor="worker")
+    assert (stale.status, stale.started_at) == ("queued", None), "left as it was loaded"
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.last_event_seq) == ("cancelled", seq)
+
+
+def test_a_status_cannot_be_written_around_the_state_machine(run):
+    with pytest.raises(TypeError), transaction.atomic():
+        append_events(run, [Event(type="note", actor="x")], columns=RunColumns(values={"status": "completed"}))
+    assert Run.objects.get(pk=run.pk).status == "queued"
