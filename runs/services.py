@@ -3,9 +3,10 @@
 Every event goes through ``append_events`` (``append_event`` for one),
 which reserves a transaction's seqs and writes its run columns in one
 fenced UPDATE; every change of a state machine's status goes through
-``runs.transitions.apply``, which builds on it. Each function runs in (or joins) a database transaction; work that
-must only happen after commit (waking a worker, pushing to browsers) is
-deferred with ``transaction.on_commit``. Starting, ending and cancelling
+``runs.transitions.apply``, which builds on it. Each function runs in (or
+joins) a database transaction; work that must only happen after commit
+(waking a worker, pushing to browsers) is deferred with
+``transaction.on_commit``. Starting, ending and cancelling
 runs is the engine's (``runs.engine.lifecycle``).
 """
 
@@ -14,8 +15,8 @@ import dataclasses
 from django.db import connection
 from django.db.models import F
 from django.db.models.signals import post_save
-from django_fsm import ConcurrentTransition
 from django.utils import timezone
+from django_fsm import ConcurrentTransition
 
 from runs import lease
 from runs.lease import LeaseLost, current_token, fenced
@@ -137,9 +138,9 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
     """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
     Returns the new counter, or None if the row was not written (the lease
-    was taken over, an expected value changed, or the run is gone). One statement
-    (``UPDATE ... RETURNING``) where the database can return rows from a
-    write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
+    was taken over, an expected value changed, or the run is gone). One
+    statement (``UPDATE ... RETURNING``) where the database can return rows
+    from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
     """
     values = columns.values if columns is not None else {}
     increments = {"last_event_seq": count, **(columns.increments if columns is not None else {})}

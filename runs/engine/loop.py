@@ -351,8 +351,9 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     now = timezone.now()
     # The run's usage counters go with the step's event, in the UPDATE that reserves its seq;
     # the instance takes the phase, as the commit's live push shows it (runs.live).
+    finalizing = {"phase": Phase.FINALIZING, "updated_at": now} if final else {}
     usage = RunColumns(
-        values={"crash_streak": 0, "loss_streak": 0, **({"phase": Phase.FINALIZING, "updated_at": now} if final else {})},
+        values={"crash_streak": 0, "loss_streak": 0, **finalizing},
         increments={"model_calls": 1, "input_tokens": response.input_tokens,
                     "output_tokens": response.output_tokens, "cost_usd": cost},
     )

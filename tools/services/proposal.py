@@ -166,7 +166,7 @@ def _assessed(tool_call: ToolCall, assessment: Assessment) -> tuple:
 
 def _proposal_events(tool_call: ToolCall, *, call: dict, assessment: Assessment, loosened: bool,
                      actor: str) -> list[Event]:
-    """The events of a stored call's proposal: ``proposed``, and a ``policy`` event if a loosened rule let it through."""
+    """A stored call's proposal events: ``proposed``, and ``policy`` if a loosened rule let it through."""
     payload = {"tool_call": tool_call.pk, "name": tool_call.name}
     if call.get("original_id"):
         payload["original_id"] = call["original_id"]
