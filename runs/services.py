@@ -48,8 +48,9 @@ class RunColumns:
 
     ``values``: field name -> new value (set on the instance too; the
     status only as ``runs.transitions.apply`` has already set it);
-    ``increments``: field name -> number added to the stored value (the
-    instance keeps what it read, as with ``F()`` updates); ``expected``:
+    ``increments``: field name -> number added to the stored value and to
+    the instance's (which mirrors the row under a lease:
+    ``runs.engine.state``); ``expected``:
     field name -> the value the row must still hold, else nothing is
     written (e.g. the status a transition starts from: optimistic
     locking). Concrete, non-relational fields of ``Run`` only; never
@@ -120,6 +121,8 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
         for name, value in columns.values.items():
             if getattr(run, name) != value:  # a transition's own fields are set already
                 setattr(run, name, value)
+        for name, amount in columns.increments.items():
+            setattr(run, name, getattr(run, name) + amount)
     rows = [RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
                      payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
             for seq, event in enumerate(events, start=first)]

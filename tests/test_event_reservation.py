@@ -73,9 +73,9 @@ def test_run_columns_are_written_with_the_events_seqs_in_one_fenced_statement_or
     assert [(e.seq, e.reason) for e in events] == [(before.last_event_seq + 1, "first"),
                                                     (before.last_event_seq + 2, "second")]
     assert list(run.events.filter(type="note").values_list("pk", "seq")) == [(e.pk, e.seq) for e in events]
-    # The instance takes the values and its own unbroken series of seqs; added counts stay as read.
-    assert (mine.phase, mine.last_event_seq, mine.model_calls) == (
-        Phase.EXECUTING_TOOLS, before.last_event_seq + 2, before.model_calls)
+    # The instance mirrors the row: the values, the added amounts and its own unbroken series of seqs.
+    assert (mine.phase, mine.last_event_seq, mine.model_calls, mine.cost_usd) == (
+        Phase.EXECUTING_TOOLS, before.last_event_seq + 2, before.model_calls + 1, before.cost_usd + Decimal("0.0125"))
 
 
 def test_every_event_of_one_reservation_reaches_the_webhook_outbox(demo):

@@ -37,7 +37,7 @@ DATA = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 # Per kind of pass: (data statements, transactions, transactions that write) at most. What
 # each costs today plus one of headroom (main before the first cap: 34-49 statements, 14-20
 # transactions, 3-7 writing; before live pushes were taken from memory: 20-27 statements;
-# before a transaction's events and run columns shared one fenced UPDATE: 17, 20, 13, 6, 15, 23);
+# before a transaction's events and run columns shared one fenced UPDATE: 17, 20, 13, 6, 15, 18);
 # writing transactions exactly: one before the external call and one after it (the final
 # answer adds the run's ending). Read-only call before the precondition re-check, the key's
 # failure count and the approval-note query were left out: 13 statements, 6 transactions;

@@ -349,8 +349,9 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     final = not response.tool_calls and bool(response.content.strip())
     going_on = None
     now = timezone.now()
-    # The run's usage counters go with the step's event, in the UPDATE that reserves its seq;
-    # the instance takes the phase, as the commit's live push shows it (runs.live).
+    # The run's usage counters go with the step's event, in the UPDATE that reserves its seq; the
+    # instance takes them too: it stays what the row holds (runs.engine.state) and is what the
+    # commit's live push shows (runs.live).
     finalizing = {"phase": Phase.FINALIZING, "updated_at": now} if final else {}
     usage = RunColumns(
         values={"crash_streak": 0, "loss_streak": 0, **finalizing},
