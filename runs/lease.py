@@ -3,7 +3,7 @@
 A worker takes a run's lease with one conditional UPDATE (free or expired
 lease, run still active); ``lease_token`` grows by one on every
 acquisition. While the lease is held, ``current_token()`` names it, and the
-services that write for the worker (``append_event``, ``append_message``,
+services that write for the worker (``append_events``, ``append_message``,
 ``set_phase``) do so only if the row still carries that token, raising
 ``LeaseLost`` otherwise — which rolls the whole transaction back. A worker
 that was paused, partitioned or just slow past its lease therefore changes

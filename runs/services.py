@@ -1,16 +1,22 @@
 """The runs kernel's writes: the event log, phases, the message history.
 
-Every event goes through ``append_event``; every change of a state
-machine's status goes through ``runs.transitions.apply``, which builds on
-it. Each function runs in (or joins) a database transaction; work that
-must only happen after commit (waking a worker, pushing to browsers) is
-deferred with ``transaction.on_commit``. Starting, ending and cancelling
+Every event goes through ``append_events`` (``append_event`` for one),
+which reserves a transaction's seqs and writes its run columns in one
+fenced UPDATE; every change of a state machine's status goes through
+``runs.transitions.apply``, which builds on it. Each function runs in (or
+joins) a database transaction; work that must only happen after commit
+(waking a worker, pushing to browsers) is deferred with
+``transaction.on_commit``. Starting, ending and cancelling
 runs is the engine's (``runs.engine.lifecycle``).
 """
 
+import dataclasses
+
 from django.db import connection
 from django.db.models import F
+from django.db.models.signals import post_save
 from django.utils import timezone
+from django_fsm import ConcurrentTransition
 
 from runs import lease
 from runs.lease import LeaseLost, current_token, fenced
@@ -24,6 +30,42 @@ def actor_for(user) -> str:
     return f"user:{user.get_username()}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One event for ``append_events``: the columns of a ``RunEvent`` the caller chooses (not ``run``, ``seq``)."""
+
+    type: str
+    actor: str
+    reason: str = ""
+    payload: dict | None = None
+    from_status: str = ""
+    to_status: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunColumns:
+    """Run columns written by the same fenced UPDATE that reserves the events' seqs.
+
+    ``values``: field name -> new value (set on the instance too; the
+    status only as ``runs.transitions.apply`` has already set it);
+    ``increments``: field name -> number added to the stored value and to
+    the instance's (which mirrors the row under a lease:
+    ``runs.engine.state``); ``expected``:
+    field name -> the value the row must still hold, else nothing is
+    written (e.g. the status a transition starts from: optimistic
+    locking). Concrete, non-relational fields of ``Run`` only; never
+    ``last_event_seq``.
+    """
+
+    values: dict = dataclasses.field(default_factory=dict)
+    increments: dict = dataclasses.field(default_factory=dict)
+    expected: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if "last_event_seq" in self.values or "last_event_seq" in self.increments:
+            raise TypeError("last_event_seq is the event counter: append_events moves it")
+
+
 def append_event(
     run: Run,
     *,
@@ -33,57 +75,104 @@ def append_event(
     payload: dict | None = None,
     from_status: str = "",
     to_status: str = "",
+    columns: RunColumns | None = None,
 ) -> RunEvent:
-    """Append one event to ``run``'s log with the next ``seq``.
+    """Append one event to ``run``'s log with the next ``seq``; returns it (``append_events`` of one)."""
+    event = Event(type=type, actor=actor, reason=reason, payload=payload, from_status=from_status, to_status=to_status)
+    return append_events(run, [event], columns=columns)[0]
 
-    The counter lives on the run row and is bumped with one UPDATE, which
-    also serialises concurrent writers of the same run's log. In a worker
-    holding the run's lease the UPDATE is fenced: raises ``LeaseLost``
-    (rolling back the caller's transaction) if the lease was taken over.
+
+def append_events(run: Run, events: list[Event], *, columns: RunColumns | None = None) -> list[RunEvent]:
+    """Append ``events`` (at least one) to ``run``'s log, in order, with the next seqs; returns them saved.
+
+    The counter lives on the run row: one UPDATE adds ``len(events)`` to it
+    (and writes ``columns``, if given, in the same statement), then one
+    INSERT stores the events, so a transaction that changes the run and
+    logs what it did writes the run row once. The UPDATE also serialises
+    concurrent writers of the same run's log, so the seqs stay gapless and
+    in commit order. In a worker holding the run's lease it is fenced:
+    raises ``LeaseLost`` (rolling back the caller's transaction) if the
+    lease was taken over. With ``columns.expected``, raises
+    ``ConcurrentTransition`` if the row no longer holds those values (and
+    the lease, if any, is still this worker's). Then nothing is written.
     Must be called inside ``transaction.atomic``.
 
-    ``run.last_event_seq`` in memory moves to the new ``seq`` only when it
-    was ``seq - 1``, i.e. when no other writer's event came in between
-    since the instance last knew the counter: a reader that finds the
-    database's counter equal to the instance's knows every event since
+    ``run.last_event_seq`` in memory moves to the last new ``seq`` only when
+    it was just below the first, i.e. when no other writer's event came in
+    between since the instance last knew the counter: a reader that finds
+    the database's counter equal to the instance's knows every event since
     was appended through that instance (``runs.engine.state`` relies on it).
-    Once committed, the run's event sockets are told (``runs.live``).
+    Each event is announced with ``post_save`` (created), as ``save()``
+    would (the webhook outbox listens), and, once committed, the run's
+    event sockets are told (``runs.live``).
     """
-    seq = _next_seq(run.pk)
-    if seq is None:
-        raise LeaseLost(f"run {run.pk}: lease lost; event {type!r} refused")
-    if run.last_event_seq == seq - 1:
-        run.last_event_seq = seq
-    event = RunEvent.objects.create(
-        run=run,
-        seq=seq,
-        type=type,
-        actor=actor,
-        reason=reason,
-        payload=payload or {},
-        from_status=from_status,
-        to_status=to_status,
-    )
-    publish_event_on_commit(run.pk, seq)
-    return event
+    if columns is not None and columns.values.get("status", run.status) != run.status:
+        raise TypeError("a run's status changes only through runs.transitions.apply (which sets it first)")
+    last = _reserve(run, len(events), columns)
+    if last is None:
+        refused = ", ".join(repr(e.type) for e in events)
+        if columns is not None and columns.expected and _lease_still_held(run.pk):
+            raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
+        raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
+    first = last - len(events) + 1
+    if run.last_event_seq == first - 1:
+        run.last_event_seq = last
+    if columns is not None:
+        for name, value in columns.values.items():
+            if getattr(run, name) != value:  # a transition's own fields are set already
+                setattr(run, name, value)
+        for name, amount in columns.increments.items():
+            setattr(run, name, getattr(run, name) + amount)
+    rows = [RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
+                     payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
+            for seq, event in enumerate(events, start=first)]
+    if len(rows) == 1:  # the common case; save() is lighter than bulk_create for one row
+        rows[0].save(force_insert=True)
+    else:
+        RunEvent.objects.bulk_create(rows)  # one INSERT; it sends no signals, so they are sent here
+        for row in rows:
+            post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
+                           using=row._state.db)
+    publish_event_on_commit(run.pk, last)
+    return rows
 
 
-def _next_seq(run_id: int) -> int | None:
-    """Add one to the run's ``last_event_seq`` (fenced by this thread's lease); the new value, None if refused.
+def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
+    """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
-    One statement (``UPDATE ... RETURNING``) where the database can return
-    rows from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
+    Returns the new counter, or None if the row was not written (the lease
+    was taken over, an expected value changed, or the run is gone). One
+    statement (``UPDATE ... RETURNING``) where the database can return rows
+    from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
     """
+    values = columns.values if columns is not None else {}
+    increments = {"last_event_seq": count, **(columns.increments if columns is not None else {})}
+    expected = columns.expected if columns is not None else {}
     if not connection.features.can_return_columns_from_insert:
-        if fenced(Run.objects.filter(pk=run_id), run_id).update(last_event_seq=F("last_event_seq") + 1) != 1:
+        written = fenced(Run.objects.filter(pk=run.pk, **expected), run.pk).update(
+            **values, **{name: F(name) + amount for name, amount in increments.items()})
+        if written != 1:
             return None
-        return Run.objects.values_list("last_event_seq", flat=True).get(pk=run_id)
+        return Run.objects.values_list("last_event_seq", flat=True).get(pk=run.pk)
     quote = connection.ops.quote_name
     meta = Run._meta
+    assignments, params = [], []
+    for name, value in values.items():
+        field = meta.get_field(name)
+        assignments.append(f"{quote(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    for name, amount in increments.items():
+        field = meta.get_field(name)
+        assignments.append(f"{quote(field.column)} = {quote(field.column)} + %s")
+        params.append(field.get_db_prep_save(amount, connection))
     seq, pk, token_column = (quote(meta.get_field(name).column) for name in ("last_event_seq", "id", "lease_token"))
-    sql = f"UPDATE {quote(meta.db_table)} SET {seq} = {seq} + 1 WHERE {pk} = %s"
-    params = [run_id]
-    token = current_token(run_id)
+    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {pk} = %s"
+    params.append(run.pk)
+    for name, value in expected.items():
+        field = meta.get_field(name)
+        sql += f" AND {quote(field.column)} = %s"
+        params.append(field.get_db_prep_value(value, connection))
+    token = current_token(run.pk)
     if token is not None:
         sql += f" AND {token_column} = %s"
         params.append(token)
@@ -91,6 +180,12 @@ def _next_seq(run_id: int) -> int | None:
         cursor.execute(sql + f" RETURNING {seq}", params)
         row = cursor.fetchone()
     return row[0] if row else None
+
+
+def _lease_still_held(run_id: int) -> bool:
+    """Whether the run's row still carries this thread's lease token (True when it holds none)."""
+    token = current_token(run_id)
+    return token is None or Run.objects.filter(pk=run_id, lease_token=token).exists()
 
 
 def set_phase(run: Run, phase: str) -> None:

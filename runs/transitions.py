@@ -5,13 +5,16 @@ and, in one database transaction (joining the caller's):
 
 1. the method changes the instance in memory (django-fsm checks the
    source state and the ``conditions=`` guards first);
-2. the event is appended to the run's log (``runs.services.append_event``:
-   the next ``seq``, fenced by the worker's lease), before any row of the
-   machine is written, so a worker whose lease was taken over writes
-   nothing;
+2. the event is appended to the run's log (``runs.services.append_events``:
+   the next ``seq``, fenced by the worker's lease, with any run columns the
+   caller passes in the same UPDATE), before any row of the machine is
+   written, so a worker whose lease was taken over writes nothing;
 3. only the fields the transition changed are saved, with any ``auto_now``
    field (``updated_at``); the status is compared with the one loaded
-   (django-fsm's optimistic locking);
+   (django-fsm's optimistic locking). A run's own transition is written
+   by step 2's UPDATE instead (its fields with the counter, the status
+   compared there); an instance not yet stored is inserted before step 2
+   (its events name its id);
 4. a live push of the run is scheduled for commit (``runs.live``), once per
    run however many transitions the transaction holds.
 
@@ -20,11 +23,12 @@ What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
 
 import copy
 import pickle
+from typing import Callable
 
 from django.db import transaction
 
 from runs.live import publish_on_commit
-from runs.services import append_event
+from runs.services import Event, RunColumns, append_events
 
 
 def _copy(value):
@@ -55,7 +59,21 @@ def _restore(instance, before: dict) -> None:
                 field.delete_cached_value(instance)
 
 
+def _with_own_fields(run, columns: RunColumns | None, changed: list[str], stamped: list[str], state: str,
+                     from_status: str) -> RunColumns:
+    """``columns`` plus a run's own transition: the fields it changed, its ``auto_now`` stamps, and its
+    status still ``from_status`` (django-fsm's optimistic lock, as its ``save`` would check)."""
+    values = dict(columns.values) if columns is not None else {}
+    for name in changed:
+        values[name] = getattr(run, name)
+    for name in stamped:
+        values[name] = run._meta.get_field(name).pre_save(run, add=False)
+    return RunColumns(values=values, increments=columns.increments if columns is not None else {},
+                      expected={**(columns.expected if columns is not None else {}), state: from_status})
+
+
 def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
+          columns: RunColumns | None = None, logged_before: Callable[[object], list[Event]] | None = None,
           **arguments):
     """Apply the bound transition method ``transition`` with ``arguments``, save it, log it, push it.
 
@@ -66,6 +84,18 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     changed the status since the instance was loaded) and ``LeaseLost``
     (this worker's lease on the run was taken over). Then nothing is
     written, and the instance's fields are as they were.
+
+    ``columns`` (``runs.services.RunColumns``): run columns written by the
+    same fenced UPDATE that reserves the event's seq, so a transaction that
+    also changes the run (a phase, counters) writes the run row once.
+    ``logged_before(instance)``: events logged just ahead of the
+    transition's own, with the same reservation and INSERT.
+
+    An instance not yet in the database is inserted already past the
+    transition (its events name its id, so the INSERT comes first; a
+    refused event still rolls it back): e.g. a tool call stored in its
+    assessed status, logged ``proposed`` then the assessment by
+    ``logged_before``, so the log tells the same story as two writes would.
 
     Inside a caller's transaction the writes go in a savepoint, so the
     caller may catch these errors and carry on. ``savepoint=False`` saves
@@ -78,25 +108,31 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     with transaction.atomic(savepoint=savepoint):
         before = _values(instance)
         from_status = state.get_state(instance)
+        new = instance._state.adding
         try:
             transition(**arguments)
             after = _values(instance)
             changed = [field.name for field in model._meta.concrete_fields
                        if field.attname in after and after[field.attname] != before.get(field.attname)]
             stamped = [field.name for field in model._meta.concrete_fields if getattr(field, "auto_now", False)]
+            if new:
+                instance.save()
             run = instance.event_run()
-            append_event(
-                run,
-                type=instance.event_type,
-                actor=actor,
-                reason=reason or transition.__name__,
-                payload={**instance.event_payload(arguments), **(payload or {})},
-                from_status=from_status,
-                to_status=state.get_state(instance),
-            )
-            instance.save(update_fields=changed + [name for name in stamped if name not in changed])
+            saved_with_event = run is instance and not new and not any(
+                model._meta.get_field(name).is_relation for name in changed)
+            if saved_with_event:  # the run's own transition: its columns ride on the event's UPDATE
+                columns = _with_own_fields(instance, columns, changed, stamped, state.name, from_status)
+            event = Event(type=instance.event_type, actor=actor, reason=reason or transition.__name__,
+                          payload={**instance.event_payload(arguments), **(payload or {})},
+                          from_status=from_status, to_status=state.get_state(instance))
+            append_events(run, [*(logged_before(instance) if logged_before else []), event], columns=columns)
+            if saved_with_event:
+                instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
+            elif not new:
+                instance.save(update_fields=changed + [name for name in stamped if name not in changed])
         except BaseException:
             _restore(instance, before)
+            instance._state.adding = new
             raise
         publish_on_commit(run)
     return instance

@@ -209,8 +209,8 @@ def test_apply_saves_only_the_fields_the_transition_changed(running):
         apply(run.fail, actor="worker", failure_type="internal_error", error="boom")
 
     assert _columns_set(queries, "tools_toolcall") == [["status"]]
-    assert sorted(_columns_set(queries, "runs_run")[-1]) == sorted(
-        ["status", "failure_type", "error", "phase", "finished_at", "updated_at"])
+    assert sorted(_columns_set(queries, "runs_run")[-1]) == sorted(  # with the event counter, in one UPDATE
+        ["status", "failure_type", "error", "phase", "finished_at", "updated_at", "last_event_seq"])
     call.refresh_from_db()
     run.refresh_from_db()
     assert (call.status, call.reconcile_attempts, call.arguments) == ("awaiting_approval", 5, {"order_id": 124})

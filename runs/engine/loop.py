@@ -54,7 +54,7 @@ from runs.engine.context import build_context
 from runs.engine.lifecycle import begin_run, end_run, ending_reads
 from runs.engine.state import Known
 from runs.live import publish_delta
-from runs.services import append_event, append_message, set_phase
+from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
 from runs.wakeups import wake_now
 from tools.models import ToolCall, ToolCallStatus
@@ -349,30 +349,22 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     final = not response.tool_calls and bool(response.content.strip())
     going_on = None
     now = timezone.now()
+    # The run's usage counters go with the step's event, in the UPDATE that reserves its seq; the
+    # instance takes them too: it stays what the row holds (runs.engine.state) and is what the
+    # commit's live push shows (runs.live).
+    finalizing = {"phase": Phase.FINALIZING, "updated_at": now} if final else {}
+    usage = RunColumns(
+        values={"crash_streak": 0, "loss_streak": 0, **finalizing},
+        increments={"model_calls": 1, "input_tokens": response.input_tokens,
+                    "output_tokens": response.output_tokens, "cost_usd": cost},
+    )
     with transaction.atomic():
         apply(step.succeed, actor=ACTOR, reason=response.finish_reason,
               payload={"tool_calls": len(response.tool_calls), "input_tokens": response.input_tokens,
                        "output_tokens": response.output_tokens, "cost_usd": str(cost)},
               response=response.as_dict(), input_tokens=response.input_tokens,
-              output_tokens=response.output_tokens, cost_usd=cost, now=timezone.now(), savepoint=False)
-        Run.objects.filter(pk=run.pk).update(
-            crash_streak=0,
-            loss_streak=0,
-            model_calls=F("model_calls") + 1,
-            input_tokens=F("input_tokens") + response.input_tokens,
-            output_tokens=F("output_tokens") + response.output_tokens,
-            cost_usd=F("cost_usd") + cost,
-            **({"phase": Phase.FINALIZING, "updated_at": now} if final else {}),
-        )
-        # The instance stays what the row holds (runs.engine.state: only the lease's writes go unseen),
-        # and is what the commit's live push shows (runs.live).
-        run.crash_streak = run.loss_streak = 0
-        run.model_calls += 1
-        run.input_tokens += response.input_tokens
-        run.output_tokens += response.output_tokens
-        run.cost_usd += cost
-        if final:
-            run.phase, run.updated_at = Phase.FINALIZING, now
+              output_tokens=response.output_tokens, cost_usd=cost, now=timezone.now(), savepoint=False,
+              columns=usage)
         message = append_message(run, role="assistant", content=response.content, fence=False, tool_calls=[
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
         ])

@@ -13,7 +13,7 @@ from django_fsm import can_proceed
 
 from runs.failpoints import failpoint
 from runs.models import Phase, RunEvent
-from runs.services import set_phase
+from runs.services import RunColumns
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
@@ -77,9 +77,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
         if denial:
             return outcome(tool_call.deny, reason="precondition checked before running", error=denial)
     key, reusable = _key_and_reusable_result(tool_call, tool)
-    with transaction.atomic():
-        set_phase(tool_call.run, Phase.EXECUTING_TOOLS)
-        apply(tool_call.begin, actor=actor, idempotency_key=key, now=timezone.now(), savepoint=False)
+    now = timezone.now()
+    with transaction.atomic():  # the run's phase goes with the event, in the UPDATE that reserves its seq
+        apply(tool_call.begin, actor=actor, idempotency_key=key, now=now, savepoint=False,
+              columns=RunColumns(values={"phase": Phase.EXECUTING_TOOLS, "updated_at": now}))
     if reusable is not None:
         earlier_id, result = reusable
         return outcome(tool_call.succeed, reason=f"reused result of call {earlier_id}", result=result,

@@ -5,6 +5,7 @@ transaction, with their scopes locked (docs/design.md#approval-rules).
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 from datetime import timedelta
@@ -12,7 +13,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from runs.services import append_event
+from runs.services import Event, append_event, append_events
 from runs.transitions import apply
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.models.tool_call import FINAL_STATUSES
@@ -130,7 +131,7 @@ def propose_tool_calls(
             assessment = _judge_with_history(run, assessment)
             loosened = _loosened(run, assessment)
             raw = call.get("arguments")
-            tool_call = ToolCall.objects.create(
+            tool_call = ToolCall(
                 run=run, step=step, index=index, provider_call_id=call["id"],
                 name=str(call.get("name") or "")[:100],
                 raw_arguments=raw if isinstance(raw, str) else json.dumps(raw),
@@ -138,27 +139,43 @@ def propose_tool_calls(
                 side_effect=bool(assessment.tool and assessment.tool.side_effect),
                 action_key=assessment.action_key,
             )
-            payload = {"tool_call": tool_call.pk, "name": tool_call.name}
-            if call.get("original_id"):
-                payload["original_id"] = call["original_id"]
-            append_event(run, type="tool_call", actor=actor, reason="proposed", payload=payload, to_status=S.PROPOSED)
-            if loosened:
-                append_event(run, type="policy", actor=actor, reason="loosened approval rule applied",
-                             payload={"tool_call": tool_call.pk, "tool_rule": assessment.tool.approval,
-                                      "agent_rule": assessment.rule, "granted_by": assessment.granted_by})
+            proposal_events = functools.partial(_proposal_events, call=call, assessment=assessment,
+                                                loosened=loosened, actor=actor)
             if assessment.outcome == "duplicate":
+                tool_call.save()
+                append_events(run, proposal_events(tool_call))
                 original = assessment.original
                 _join(tool_call, created[original] if isinstance(original, int) else original, actor=actor)
-            elif assessment.outcome == "invalidate":
-                apply(tool_call.invalidate, actor=actor, error=assessment.reason, savepoint=False)
-            elif assessment.outcome == "deny":
-                apply(tool_call.deny, actor=actor, error=assessment.reason, savepoint=False)
-            elif assessment.outcome == "request_approval":
-                apply(tool_call.request_approval, actor=actor, reason=assessment.reason, savepoint=False)
-            else:
-                apply(tool_call.make_ready, actor=actor, reason=assessment.reason, savepoint=False)
+            else:  # stored in its assessed status; the log still says proposed first
+                transition, keywords = _assessed(tool_call, assessment)
+                apply(transition, actor=actor, savepoint=False, logged_before=proposal_events, **keywords)
             created.append(tool_call)
     return created
+
+
+def _assessed(tool_call: ToolCall, assessment: Assessment) -> tuple:
+    """The transition out of ``proposed`` that ``assessment`` decided, with the keywords ``apply`` takes for it."""
+    if assessment.outcome == "invalidate":
+        return tool_call.invalidate, {"error": assessment.reason}
+    if assessment.outcome == "deny":
+        return tool_call.deny, {"error": assessment.reason}
+    if assessment.outcome == "request_approval":
+        return tool_call.request_approval, {"reason": assessment.reason}
+    return tool_call.make_ready, {"reason": assessment.reason}
+
+
+def _proposal_events(tool_call: ToolCall, *, call: dict, assessment: Assessment, loosened: bool,
+                     actor: str) -> list[Event]:
+    """A stored call's proposal events: ``proposed``, and ``policy`` if a loosened rule let it through."""
+    payload = {"tool_call": tool_call.pk, "name": tool_call.name}
+    if call.get("original_id"):
+        payload["original_id"] = call["original_id"]
+    events = [Event(type="tool_call", actor=actor, reason="proposed", payload=payload, to_status=S.PROPOSED)]
+    if loosened:
+        events.append(Event(type="policy", actor=actor, reason="loosened approval rule applied",
+                            payload={"tool_call": tool_call.pk, "tool_rule": assessment.tool.approval,
+                                     "agent_rule": assessment.rule, "granted_by": assessment.granted_by}))
+    return events
 
 
 def _join(tool_call: ToolCall, original: ToolCall, *, actor: str) -> None:
