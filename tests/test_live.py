@@ -36,7 +36,7 @@ def test_run_socket_sends_snapshot_then_updates_to_the_requester(run, demo):
     @async_to_sync
     async def scenario():
         communicator = _communicator(f"/ws/runs/{run.pk}/", demo["requester"])
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=5)
         assert connected
         first = await communicator.receive_json_from(timeout=5)
         assert first == {"type": "run.update", "run": {**first["run"], "id": run.pk, "status": "queued"}}
@@ -57,10 +57,10 @@ def test_run_socket_refuses_anonymous_and_other_users(run, demo):
     async def scenario():
         for user in [AnonymousUser(), stranger]:
             communicator = _communicator(f"/ws/runs/{run.pk}/", user)
-            connected, _ = await communicator.connect()
+            connected, _ = await communicator.connect(timeout=5)
             assert not connected
         approver = _communicator(f"/ws/runs/{run.pk}/", demo["approver"])  # deciders see every run
-        connected, _ = await approver.connect()
+        connected, _ = await approver.connect(timeout=5)
         assert connected
         await approver.disconnect()
 
@@ -76,7 +76,7 @@ def test_run_list_socket_forwards_only_visible_runs(run, demo):
 
         theirs = _communicator("/ws/runs/", stranger)
         deciders = _communicator("/ws/runs/", demo["approver"])
-        assert (await theirs.connect())[0] and (await deciders.connect())[0]
+        assert (await theirs.connect(timeout=5))[0] and (await deciders.connect(timeout=5))[0]
         await database_sync_to_async(publish_run_update)(run.pk)
         assert (await deciders.receive_json_from(timeout=5))["run"]["id"] == run.pk
         assert await theirs.receive_nothing(timeout=0.3)
@@ -106,7 +106,7 @@ def test_forwarding_a_message_takes_no_turn_in_the_sync_thread(run, demo, monkey
 
         sockets = [_communicator("/ws/runs/", demo["approver"]) for _ in range(3)]
         for socket in sockets:
-            assert (await socket.connect())[0]
+            assert (await socket.connect(timeout=5))[0]
         for _ in range(4):
             await database_sync_to_async(publish_run_update)(run.pk)
         for socket in sockets:

@@ -72,7 +72,7 @@ async def _no_more_events(communicator) -> None:
 def _connects(communicator) -> bool:
     @async_to_sync
     async def attempt():
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=5)
         await communicator.disconnect()
         return connected
 
@@ -87,7 +87,7 @@ def test_a_token_socket_without_origin_or_cookie_gets_the_whole_log_then_live_ev
     @async_to_sync
     async def scenario():
         communicator = _socket(f"/ws/api/runs/{run_id}/", token=await database_sync_to_async(_key)(demo["requester"]))
-        connected, subprotocol = await communicator.connect()
+        connected, subprotocol = await communicator.connect(timeout=5)
         assert connected and subprotocol is None
         first = await communicator.receive_json_from(timeout=5)
         assert first["type"] == "run.update" and first["run"]["status"] == "waiting"
@@ -117,7 +117,7 @@ def test_resume_after_seq_sends_exactly_the_later_events_in_order_then_live_ones
     async def scenario():
         key = await database_sync_to_async(_key)(demo["requester"])
         communicator = _socket(f"/ws/api/runs/{run_id}/?after_seq={after}", token=key)
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=5))[0]
         resumed = await _next_events(communicator, len(stored) - after)
         await database_sync_to_async(_note)(run_id, "one")
         await database_sync_to_async(_note)(run_id, "two")
@@ -139,7 +139,7 @@ def test_resume_from_the_last_seq_sends_only_new_events(demo, approval_item):
     async def scenario():
         key = await database_sync_to_async(_key)(demo["requester"])
         communicator = _socket(f"/ws/api/runs/{run_id}/?after_seq={last}", token=key)
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=5))[0]
         await _no_more_events(communicator)
         await database_sync_to_async(_note)(run_id, "new")
         live = await _next_events(communicator, 1)
@@ -179,7 +179,7 @@ def test_an_event_committed_during_the_first_read_is_sent_once(demo, approval_it
     async def scenario():
         key = await database_sync_to_async(_key)(demo["requester"])
         communicator = _socket(f"/ws/api/runs/{run_id}/", token=key)
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=5))[0]
         events = await _next_events(communicator, len(stored) + 1)
         await _no_more_events(communicator)
         await communicator.disconnect()
@@ -196,7 +196,7 @@ def test_the_token_may_come_as_a_subprotocol_and_is_not_echoed(demo, approval_it
         key = await database_sync_to_async(_key)(demo["requester"])
         communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/",
                                subprotocols=["tollgate", f"tollgate.token.{key}"])
-        connected, subprotocol = await communicator.connect()
+        connected, subprotocol = await communicator.connect(timeout=5)
         await communicator.disconnect()
         return connected, subprotocol
 
@@ -245,7 +245,7 @@ def test_a_bad_after_seq_closes_with_4400(demo, approval_item):
     async def scenario(query):
         key = await database_sync_to_async(_key)(demo["requester"])
         communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/?{query}", token=key)
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=5))[0]
         while (message := await communicator.receive_output(timeout=5))["type"] != "websocket.close":
             pass
         await communicator.disconnect()
@@ -264,7 +264,7 @@ def _closed_after(demo, run_id: int, user, act) -> dict:
         key = await database_sync_to_async(_key)(user)
         last = (await database_sync_to_async(_seqs)(run_id))[-1]
         communicator = _socket(f"/ws/api/runs/{run_id}/?after_seq={last}", token=key)
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=5))[0]
         assert (await communicator.receive_json_from(timeout=5))["type"] == "run.update"
         await database_sync_to_async(act)()
         await database_sync_to_async(_note)(run_id, "after the change")
@@ -297,7 +297,7 @@ def _outcome(communicator):
     """``"open"`` (accepted, the log follows), ``"refused"`` (at the handshake) or the close code sent at once."""
     @async_to_sync
     async def attempt():
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=5)
         if not connected:
             result = "refused"
         else:
@@ -339,7 +339,7 @@ def test_a_refused_attempt_answers_the_subprotocol_offered_and_a_bad_rate_stops_
         for _ in range(2):
             communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/",
                                    subprotocols=["tollgate", f"tollgate.token.{key}"])
-            answers.append(await communicator.connect())
+            answers.append(await communicator.connect(timeout=5))
             if answers[-1][0]:
                 first = await communicator.receive_output(timeout=10)
                 answers[-1] += (first.get("code"),)

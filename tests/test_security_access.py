@@ -77,7 +77,7 @@ def _socket(client, path: str, origin: str = "http://testserver", host: str = "t
 def _closed_after_update(communicator, run_id: int) -> dict:
     @async_to_sync
     async def scenario():
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=5)
         assert connected
         if "/runs/" in communicator.scope["path"] and communicator.scope["path"] != "/ws/runs/":
             assert (await communicator.receive_json_from(timeout=5))["type"] == "run.update"
@@ -158,7 +158,7 @@ def test_forwarding_events_checks_access_only_when_told(client, demo, approval_i
 
     @async_to_sync
     async def scenario():
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=5))[0]
         for _ in range(5):
             await database_sync_to_async(publish_run_update)(approval_item.run_id)
             assert (await communicator.receive_json_from(timeout=5))["type"] == "run.update"
@@ -187,7 +187,7 @@ def test_socket_origin_must_match_host_and_port(client, demo, approval_item, ori
 
     @async_to_sync
     async def connect():
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=5)
         await communicator.disconnect()
         return connected
 
