@@ -21,7 +21,7 @@ from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, Int
 from runs.errors import Expired, Forbidden, InvalidInput
 from runs.models import Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
-from runs.transitions import apply
+from runs.transitions import EventBatch, apply
 from runs.waits import settle_wait
 from runs.wakeups import wake_on_commit
 from tools.registry import Tool, get_tool
@@ -176,12 +176,16 @@ def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interru
 
 
 def can_decide(user, interrupt: Interrupt) -> bool:
-    """Whether ``user`` may resolve ``interrupt`` (one query): ``Interrupt.objects.decidable_by``, the one rule.
+    """Whether ``user`` may resolve ``interrupt``: ``Interrupt.objects.decidable_by``, the one rule.
 
     An input item (a question to the requester) is answered by the run's
     requester or by staff; the others need the item's permission and the
-    requester rule (``runs.access``).
+    requester rule (``runs.access``). One query, unless ``interrupt`` was
+    loaded ``with_decidable_flag(user)`` for this very user (an API or page
+    lookup of the same request): that flag is the same rule's answer.
     """
+    if user.pk is not None and getattr(interrupt, "decidable_flag_for", None) == user.pk:
+        return bool(interrupt.user_may_decide)
     return Interrupt.objects.decidable_by(user).filter(pk=interrupt.pk).exists()
 
 
@@ -322,16 +326,21 @@ def decide_interrupt(
         resumes = _unblocks(interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
-        # No savepoints inside: any error undoes the whole decision.
-        apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
-              comment=comment, edited_arguments=edited_arguments, now=timezone.now(), savepoint=False)
-        if decision == Decision.APPROVED:
-            approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor,
-                              savepoint=False)
-        else:
-            reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor, savepoint=False)
-        if resumes:
-            apply(interrupt.run.resume, actor=actor, reason="resumed after decision", savepoint=False)
+        # No savepoints inside: any error undoes the whole decision. With the run locked, the three
+        # transitions log their events with one reservation (the run's own, or the batch's end).
+        with EventBatch(interrupt.run) as batch:
+            apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
+                  comment=comment, edited_arguments=edited_arguments, now=timezone.now(), savepoint=False,
+                  batch=batch)
+            if decision == Decision.APPROVED:
+                approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor,
+                                  savepoint=False, batch=batch)
+            else:
+                reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor, savepoint=False,
+                                 batch=batch)
+            if resumes:
+                apply(interrupt.run.resume, actor=actor, reason="resumed after decision", savepoint=False,
+                      batch=batch)
     return interrupt
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import models
-from django.db.models import BooleanField, ExpressionWrapper, Q, Value
+from django.db.models import BooleanField, ExpressionWrapper, IntegerField, Q, Value
 
 DECIDE_PERMISSION = "approvals.decide_interrupt"
 INPUT_KIND = "input"  # approvals.models.InterruptKind.INPUT: a question to the run's requester
@@ -143,10 +143,14 @@ class InterruptQuerySet(models.QuerySet):
         return self.filter(access.condition("run__requested_by") | self._decidable(user))
 
     def with_decidable_flag(self, user) -> "InterruptQuerySet":
-        """Each item annotated ``user_may_decide`` (bool): whether it is in ``decidable_by(user)``."""
+        """Each item annotated ``user_may_decide`` (bool): whether it is in ``decidable_by(user)``, and
+        ``decidable_flag_for`` (the user's id, or None), which says whose flag it is
+        (``approvals.services.can_decide`` then needs no query)."""
+        whose = Value(user.pk, output_field=IntegerField())
         if not _active(user):
-            return self.annotate(user_may_decide=Value(False, output_field=BooleanField()))
-        return self.annotate(user_may_decide=ExpressionWrapper(self._decidable(user), output_field=BooleanField()))
+            return self.annotate(user_may_decide=Value(False, output_field=BooleanField()), decidable_flag_for=whose)
+        return self.annotate(user_may_decide=ExpressionWrapper(self._decidable(user), output_field=BooleanField()),
+                             decidable_flag_for=whose)
 
 
 def users_who_may_decide(interrupt):

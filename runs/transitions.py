@@ -19,6 +19,7 @@ and, in one database transaction (joining the caller's):
    run however many transitions the transaction holds.
 
 What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
+Several transitions of one run may share one reservation (``EventBatch``).
 """
 
 import copy
@@ -72,9 +73,52 @@ def _with_own_fields(run, columns: RunColumns | None, changed: list[str], stampe
                       expected={**(columns.expected if columns is not None else {}), state: from_status})
 
 
+class EventBatch:
+    """The events of several transitions of one run, logged with one reservation of seqs.
+
+    ``apply(..., batch=batch)`` on another machine of ``run`` (an inbox
+    item, a tool call) writes that row at once and keeps its event here;
+    the run's own ``apply(run.<transition>, batch=batch)`` then logs them
+    ahead of its own event with one fenced UPDATE and one INSERT
+    (``append_events``), in the order they were applied. Leaving the
+    ``with`` block logs whatever is left (e.g. a decision that does not
+    resume the run); leaving it by an exception logs nothing (the
+    transaction is being undone).
+
+    The rows are written before their events, unlike a lone ``apply``, so
+    use it only in a transaction that already holds the run's row lock
+    (nothing else can append to the log meanwhile) and that any error
+    undoes whole (``savepoint=False``): a refused reservation must not
+    leave the rows written without their events. Example: the three
+    transitions of an approval (``approvals.services.decide_interrupt``).
+    """
+
+    def __init__(self, run):
+        self.run = run
+        self._events: list[Event] = []
+
+    def __enter__(self) -> "EventBatch":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is None and self._events:
+            append_events(self.run, self.take())
+
+    def keep(self, run, event: Event) -> None:
+        """Hold ``event`` of a transition of ``run`` for the reservation (``TypeError`` for another run)."""
+        if run.pk != self.run.pk:
+            raise TypeError(f"an event of run {run.pk} in the batch of run {self.run.pk}")
+        self._events.append(event)
+
+    def take(self) -> list[Event]:
+        """The events held so far, oldest first; the batch is empty afterwards."""
+        events, self._events = self._events, []
+        return events
+
+
 def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
           columns: RunColumns | None = None, logged_before: Callable[[object], list[Event]] | None = None,
-          **arguments):
+          batch: EventBatch | None = None, **arguments):
     """Apply the bound transition method ``transition`` with ``arguments``, save it, log it, push it.
 
     ``actor`` and ``reason`` (default: the transition's name) go to the
@@ -90,6 +134,9 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     also changes the run (a phase, counters) writes the run row once.
     ``logged_before(instance)``: events logged just ahead of the
     transition's own, with the same reservation and INSERT.
+    ``batch`` (``EventBatch``): the event waits in the batch when the
+    instance is not the run; the run's own transition logs the batch's
+    events ahead of its own.
 
     An instance not yet in the database is inserted already past the
     transition (its events name its id, so the INSERT comes first; a
@@ -125,7 +172,12 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             event = Event(type=instance.event_type, actor=actor, reason=reason or transition.__name__,
                           payload={**instance.event_payload(arguments), **(payload or {})},
                           from_status=from_status, to_status=state.get_state(instance))
-            append_events(run, [*(logged_before(instance) if logged_before else []), event], columns=columns)
+            if batch is not None and run is not instance:
+                batch.keep(run, event)
+            else:
+                earlier = batch.take() if batch is not None else []
+                append_events(run, [*earlier, *(logged_before(instance) if logged_before else []), event],
+                              columns=columns)
             if saved_with_event:
                 instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
             elif not new:

@@ -144,6 +144,22 @@ def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world)
     assert counts["special_approver"] == 2                               # the special tool's items only
 
 
+def test_can_decide_takes_a_loaded_flag_only_for_the_user_it_was_loaded_for(world):
+    users, items = world
+    everything = list(Interrupt.objects.with_decidable_flag(_fresh(users["superuser"])))  # every flag true
+    assert all(item.user_may_decide for item in everything)
+    for name, user in users.items():
+        expected = {item.pk for item in items if _old_can_decide(_fresh(user), item)}
+        fresh = _fresh(user)
+        mine = list(Interrupt.objects.with_decidable_flag(fresh).select_related("run"))
+        with CaptureQueriesContext(connection) as own_flag:
+            assert {item.pk for item in mine if can_decide(fresh, item)} == expected, name
+        if user.is_authenticated:
+            assert len(own_flag.captured_queries) == 0, name  # the flag answered
+        # the superuser's flags say nothing about anyone else
+        assert {item.pk for item in everything if can_decide(_fresh(user), item)} == expected, name
+
+
 def test_the_requester_rule_follows_the_tool(world):
     users, items = world
     user = users["approving_requester"]  # holds both permissions and requested one of the runs

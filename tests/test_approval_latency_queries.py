@@ -16,7 +16,8 @@ none (an error undoes all of it). The caps are what each stretch costs
 today. Main before them: the decision 15 data statements and 3 savepoints
 (with the user's permissions inside a subquery that PostgreSQL planned
 anew every time: now two reads, cached on the user object, so a request
-pays them once), the request 21, the resume 14.
+pays them once), the request 21, the resume 14. The three transitions then
+logged their events with a reservation each (the request 17).
 """
 
 import dataclasses
@@ -42,13 +43,14 @@ DATA = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 SAVEPOINT = re.compile(r"^\s*SAVEPOINT\b", re.IGNORECASE)
 
 # Data statements at most. The decision: the user's permissions (2, read once per user object),
-# may they decide it (1), the run and the item locked (2), three transitions (item, call, run:
-# the event's sequence number and the event, then the row: 3 each), "any webhook subscriber?" (1),
-# "another item pending?" (1).
-DECISION_CAP = 16
-# The request: token auth (1), the permissions (2), the item as the API shows it (1), then the
-# decision as above without the permissions (14).
-REQUEST_CAP = 18
+# may they decide it (1), the run and the item locked (2), "another item pending?" (1), the item's
+# and the call's rows (2), then their events and the run's own transition with one reservation
+# (``EventBatch``: the run row with the seqs, the three events; 2), "any webhook subscriber?" (1).
+DECISION_CAP = 12
+# The request: token auth (1), the permissions (2), the item as the API shows it, with whether
+# this user may decide it (1), then the decision as above without the permissions and without
+# "may they decide it" (the lookup's flag answers: ``can_decide``) (8).
+REQUEST_CAP = 13
 # The resume: the lease with its new token (1), the run (1), its calls and any step in flight
 # (2), the refund's precondition and idempotency key (2), ``running`` with its event and the
 # run's phase (4), the look for an earlier result of the same key (1).

@@ -173,3 +173,102 @@ def test_a_status_cannot_be_written_around_the_state_machine(run):
     with pytest.raises(TypeError), transaction.atomic():
         append_events(run, [Event(type="note", actor="x")], columns=RunColumns(values={"status": "completed"}))
     assert Run.objects.get(pk=run.pk).status == "queued"
+
+
+# --- a decision's three transitions share one reservation (runs.transitions.EventBatch) ---------------
+
+def _waiting_for(demo, *refunds: int) -> Run:
+    """A run of the demo refund tool waiting for approval of one refund (of 60.00, over the approval threshold) per order number given."""
+    from runs.engine import loop
+    from tools.demo.models import Order
+
+    for number in refunds:
+        Order.objects.create(number=number, owner=demo["requester"], total="100.00")
+    calls = [{"name": "refund", "arguments": {"order_id": number, "amount": 60}} for number in refunds]
+    agent = Agent.objects.create(slug=f"batch-{refunds[0]}", name="batch", tools=["refund"],
+                                 model={"provider": "scripted", "turns": [{"tool_calls": calls}, {"content": "Done."}]})
+    run = start_run(agent=agent, user=demo["requester"], input="refund")
+    loop.advance(run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.waiting_reason) == ("waiting", "approval")
+    return run
+
+
+def _log_since(run: Run, seq: int) -> list[tuple[int, str, str, str]]:
+    return list(run.events.filter(seq__gt=seq).order_by("seq").values_list("seq", "type", "from_status", "to_status"))
+
+
+def test_a_decision_logs_its_three_transitions_in_order_with_one_run_row_write(demo, idle_worker):
+    from approvals.models import Interrupt
+    from approvals.services import decide_interrupt
+
+    run = _waiting_for(demo, 7301)
+    item = Interrupt.objects.get(run=run)
+    with CaptureQueriesContext(connection) as captured:
+        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+    assert len(_run_row_writes(captured)) == 1
+    assert len([q for q in captured.captured_queries if q["sql"].startswith('INSERT INTO "runs_runevent"')]) == 1
+    stored = Run.objects.get(pk=run.pk)
+    s = run.last_event_seq
+    assert _log_since(run, s) == [(s + 1, "interrupt", "pending", "resolved"),
+                                  (s + 2, "tool_call", "awaiting_approval", "ready"),
+                                  (s + 3, "transition", "waiting", "running")]
+    assert stored.last_event_seq == s + 3 and stored.status == "running"
+
+
+def test_a_decision_that_leaves_another_item_pending_still_logs_both_of_its_events(demo, idle_worker):
+    from approvals.models import Interrupt
+    from approvals.services import decide_interrupt
+
+    run = _waiting_for(demo, 7311, 7312)
+    first, second = Interrupt.objects.filter(run=run).order_by("pk")
+    decide_interrupt(interrupt=first, user=demo["approver"], decision="rejected", comment="no")
+    s = run.last_event_seq
+    assert _log_since(run, s) == [(s + 1, "interrupt", "pending", "resolved"),
+                                  (s + 2, "tool_call", "awaiting_approval", "rejected")]
+    assert Run.objects.get(pk=run.pk).status == "waiting"
+    decide_interrupt(interrupt=second, user=demo["approver"], decision="approved")
+    assert [row[1:] for row in _log_since(run, s + 2)] == [("interrupt", "pending", "resolved"),
+                                                            ("tool_call", "awaiting_approval", "ready"),
+                                                            ("transition", "waiting", "running")]
+
+
+def test_a_refused_run_transition_undoes_the_batched_item_and_call(demo, idle_worker, monkeypatch):
+    from django_fsm import ConcurrentTransition
+
+    from approvals.models import Interrupt
+    from approvals.services import decide_interrupt
+
+    run = _waiting_for(demo, 7321)
+    item = Interrupt.objects.get(run=run)
+    # another writer moves the run between the decision's lock and its run transition
+    import runs.services as services
+    reserve = services._reserve
+
+    def moved_first(run_, count, columns):
+        Run.objects.filter(pk=run_.pk).update(status="cancelled")
+        return reserve(run_, count, columns)
+
+    monkeypatch.setattr(services, "_reserve", moved_first)
+    with pytest.raises(ConcurrentTransition):
+        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+    monkeypatch.undo()
+    assert Interrupt.objects.get(pk=item.pk).status == "pending"
+    assert ToolCall.objects.get(run=run).status == "awaiting_approval"
+    assert Run.objects.get(pk=run.pk).status == "waiting"
+    assert not run.events.filter(seq__gt=run.last_event_seq).exists()
+
+
+def test_an_event_batch_takes_one_run_only_and_logs_nothing_when_left_by_an_error(run, people):
+    from runs.transitions import EventBatch
+
+    other = start_run(agent=lookup_agent("lookup-other"), user=people["requester"], input="another")
+    seq = Run.objects.get(pk=run.pk).last_event_seq
+    with pytest.raises(TypeError), transaction.atomic():
+        with EventBatch(run) as batch:
+            batch.keep(run, Event(type="note", actor="test"))
+            batch.keep(other, Event(type="note", actor="test"))
+    assert Run.objects.get(pk=run.pk).last_event_seq == seq and not run.events.filter(type="note").exists()
+    with transaction.atomic(), EventBatch(run) as batch:
+        batch.keep(run, Event(type="note", actor="test", reason="kept"))
+    assert list(run.events.filter(type="note").values_list("seq", "reason")) == [(seq + 1, "kept")]

@@ -1,17 +1,17 @@
 """What a person (or the clock) decides about a call awaiting approval: approved, rejected, expired."""
 
 from runs.errors import InvalidInput
-from runs.transitions import apply
+from runs.transitions import EventBatch, apply
 from tools.models import ToolCall
 from tools.registry import ToolContext, get_tool
 from tools.services.arguments import action_identity
 
 
 def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str,
-                      savepoint: bool = True) -> ToolCall:
+                      savepoint: bool = True, batch: EventBatch | None = None) -> ToolCall:
     """Approved by a person: ``awaiting_approval -> ready``, with edited arguments if given.
 
-    ``savepoint``: as in ``runs.transitions.apply``. Raises ``InvalidInput`` when edited arguments break the tool's schema or
+    ``savepoint``, ``batch``: as in ``runs.transitions.apply``. Raises ``InvalidInput`` when edited arguments break the tool's schema or
     its precondition (checked again: the approver must not get around it).
     """
     action_key = ""
@@ -28,14 +28,15 @@ def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str
         if tool_call.action_key:  # the action is now what the person approved, not what was proposed
             action_key = action_identity(tool_call.run.session_id, tool_call.name, arguments)
     return apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key,
-                 savepoint=savepoint)
+                 savepoint=savepoint, batch=batch)
 
 
-def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str, savepoint: bool = True) -> ToolCall:
-    """Rejected by a person: ``awaiting_approval -> rejected``; the model hears why (``savepoint``: as in
-    ``runs.transitions.apply``)."""
+def reject_tool_call(*, tool_call: ToolCall, comment: str, actor: str, savepoint: bool = True,
+                     batch: EventBatch | None = None) -> ToolCall:
+    """Rejected by a person: ``awaiting_approval -> rejected``; the model hears why (``savepoint``,
+    ``batch``: as in ``runs.transitions.apply``)."""
     error = "A person rejected this call." + (f" Comment: {comment}" if comment else "")
-    return apply(tool_call.reject, actor=actor, error=error, savepoint=savepoint)
+    return apply(tool_call.reject, actor=actor, error=error, savepoint=savepoint, batch=batch)
 
 
 def expire_tool_call(*, tool_call: ToolCall, actor: str) -> ToolCall:
