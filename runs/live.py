@@ -27,13 +27,15 @@ reflects. Pushes from different processes may arrive in any order; a
 client keeps the snapshot with the highest ``seq`` (``static/js/run.js``).
 
 Sending happens on one event loop per process, in a daemon thread of its
-own (``_Sender``), which every publishing thread hands its messages to.
+own (``_Sender``), which every publishing thread hands its messages to
+without waiting for them to be sent; they go out in the order handed over.
 ``async_to_sync`` would start a thread and an event loop for every call
 from a plain thread (a worker's), and channels_redis keeps its connection
 pools per event loop: every push would open a new Redis connection.
 """
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -89,43 +91,88 @@ def run_snapshot(run: Run, *, seq: int | None = None) -> dict:
     }
 
 
-# Longest a publisher waits for its messages to be handed to the channel layer (seconds).
+# Longest one message may take to reach the channel layer before it is given up (seconds).
 SEND_TIMEOUT_S = 10.0
+# Messages handed over but not yet sent, at most (a channel layer that is down must not
+# grow a backlog without end): beyond it new ones are dropped, with a warning.
+MAX_BACKLOG = 10_000
 
 
 class _Sender:
-    """The process's publishing event loop, started in a daemon thread on first use (again after a fork)."""
+    """The process's publishing event loop, started in a daemon thread on first use (again after a fork).
+
+    ``send`` hands messages over and returns at once: a request or a
+    worker's step never waits for Redis round trips to push a change.
+    One task on the loop sends them strictly in the order they were handed
+    over (a later snapshot never overtakes an earlier one from the same
+    process; ``access.changed`` goes out before the update that follows it).
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue | None = None
         self._pid = 0
 
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
+    def _running_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
         with self._lock:
             if self._loop is None or self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
+                loop, queue = asyncio.new_event_loop(), asyncio.Queue(MAX_BACKLOG)
                 threading.Thread(target=loop.run_forever, name="tollgate-live-sender", daemon=True).start()
-                self._loop, self._pid = loop, os.getpid()
-            return self._loop
+                asyncio.run_coroutine_threadsafe(self._drain(queue), loop)
+                self._loop, self._queue, self._pid = loop, queue, os.getpid()
+            return self._loop, self._queue
+
+    @staticmethod
+    async def _drain(queue: asyncio.Queue) -> None:
+        """Send what is handed over, one batch after the other, for ever; a failure is logged and skipped."""
+        while True:
+            layer, sends = await queue.get()
+            try:
+                for group, message in sends:
+                    await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
+            except Exception:
+                log.exception("could not publish %s", sends[0][1].get("type"))
+            finally:
+                queue.task_done()
 
     def send(self, layer, sends: list[tuple[str, dict]]) -> None:
-        """``layer.group_send(group, message)`` for each pair, in order; waits until they are done.
+        """Queue ``layer.group_send(group, message)`` for each pair, in order, and return without waiting."""
+        loop, queue = self._running_loop()
 
-        Raises what the layer raised, or ``TimeoutError`` after ``SEND_TIMEOUT_S``.
-        """
-        async def send_all():
-            for group, message in sends:
-                await layer.group_send(group, message)
+        def hand_over():
+            try:
+                queue.put_nowait((layer, sends))
+            except asyncio.QueueFull:
+                log.warning("live push backlog full (%s); dropped a %s", MAX_BACKLOG, sends[0][1].get("type"))
 
-        asyncio.run_coroutine_threadsafe(send_all(), self._running_loop()).result(SEND_TIMEOUT_S)
+        loop.call_soon_threadsafe(hand_over)
+
+    def flush(self, timeout_s: float = SEND_TIMEOUT_S) -> None:
+        """Wait until everything handed over so far was sent (or given up); raises ``TimeoutError`` after
+        ``timeout_s`` seconds. For a process about to exit, and for tests."""
+        with self._lock:
+            loop, queue = (self._loop, self._queue) if self._pid == os.getpid() else (None, None)
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(queue.join(), loop).result(timeout_s)
 
 
 _sender = _Sender()
 
 
+@atexit.register
+def _flush_at_exit() -> None:
+    """Let what a short-lived process (a management command) published go out, for up to 2 seconds."""
+    try:
+        _sender.flush(timeout_s=2.0)
+    except Exception:  # noqa: BLE001 (exiting: a push that cannot go out is dropped, as when the layer is down)
+        log.warning("live pushes still queued at exit were dropped")
+
+
 def _send(sends: list[tuple[str, dict]]) -> None:
-    """Send each ``(group, message)`` pair; never raises (a dead channel layer must not break a run)."""
+    """Queue each ``(group, message)`` pair for sending; never raises (a dead channel layer must not break
+    a run)."""
     layer = get_channel_layer()
     if layer is None or not sends:
         return

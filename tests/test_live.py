@@ -149,3 +149,61 @@ def test_loop_safe_layer_delivers_a_publish_from_a_worker_thread_at_once():
     # thread's loop when its own loop wakes up for another reason.
     assert _cross_thread_latency(LoopSafeInMemoryChannelLayer()) < 0.5
     assert isinstance(LoopSafeInMemoryChannelLayer(), InMemoryChannelLayer)
+
+
+class _GatedLayer(LoopSafeInMemoryChannelLayer):
+    """The in-memory layer, but ``group_send`` holds until ``gate`` is set (Redis slow or unreachable)."""
+
+    def __init__(self, fail_groups=()):
+        super().__init__()
+        self.gate = threading.Event()
+        self.fail_groups = set(fail_groups)
+        self.sent: list[str] = []
+
+    async def group_send(self, group, message):
+        while not self.gate.is_set():
+            await asyncio.sleep(0.01)
+        if group in self.fail_groups:
+            raise ConnectionError("layer refused")
+        self.sent.append(group)
+        await super().group_send(group, message)
+
+
+def _listening(layer, *groups) -> str:
+    channel = async_to_sync(layer.new_channel)()
+    for group in groups:
+        async_to_sync(layer.group_add)(group, channel)
+    return channel
+
+
+def test_publishing_does_not_wait_for_the_layer_and_keeps_the_order(monkeypatch):
+    from runs import live
+
+    layer = _GatedLayer()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    channel = _listening(layer, live.user_group(7), live.run_group(5))
+    started = time.monotonic()
+    live.publish_access_changed([7])
+    live.publish_delta(5, kind="text_delta", data={"text": "a"})
+    live.publish_delta(5, kind="text_delta", data={"text": "b"})
+    assert time.monotonic() - started < 1.0  # returned while the layer could send nothing
+    assert layer.sent == []
+    layer.gate.set()
+    live._sender.flush(timeout_s=5)
+    received = [async_to_sync(layer.receive)(channel) for _ in range(3)]
+    assert [(m["type"], m.get("data")) for m in received] == [
+        ("access.changed", None), ("run.delta", {"text": "a"}), ("run.delta", {"text": "b"})]
+
+
+def test_a_send_the_layer_refuses_is_logged_and_the_next_ones_still_go(monkeypatch, caplog):
+    from runs import live
+
+    layer = _GatedLayer(fail_groups={live.run_group(6)})
+    layer.gate.set()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    channel = _listening(layer, live.run_group(5))
+    live.publish_delta(6, kind="text_delta", data={"text": "lost"})
+    live.publish_delta(5, kind="text_delta", data={"text": "kept"})
+    live._sender.flush(timeout_s=5)
+    assert async_to_sync(layer.receive)(channel)["data"] == {"text": "kept"}
+    assert "could not publish run.delta" in caplog.text
