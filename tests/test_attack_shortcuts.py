@@ -207,3 +207,38 @@ def test_a_read_whose_lease_moved_before_it_ran_is_never_sent(idle_worker, demo,
     assert call.status == S.SUCCEEDED
     assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED
     _gapless(run.pk)
+
+
+def test_a_read_whose_order_changed_hands_while_an_earlier_call_of_its_turn_ran_is_checked_again(
+        idle_worker, demo, monkeypatch):
+    """Two reads of one turn, both allowed when proposed. While the first is out (a slow call, its retries,
+    an inline backoff: seconds to minutes), another request takes order 124 from the requester. The
+    second read was assessed before all that, not "a moment ago": its precondition (the requester's
+    right to the order) must be checked again before it is sent, as before the shortcut."""
+    reads = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}},
+                            {"name": "query_order", "arguments": {"order_id": 124}}]}
+    agent = make_agent("two-reads-revoked", [reads, {"content": "Looked."}], tools=["query_order"])
+    run = start_run(agent=agent, user=demo["requester"], input="look at both")
+    tool = registry.get_tool("query_order")
+    seen: list[tuple[str, int]] = []
+
+    def precondition(ctx, arguments):
+        seen.append(("assessed" if ctx.tool_call is None else "rechecked", arguments["order_id"]))
+        return tool.precondition(ctx, arguments)
+
+    def handler(ctx, arguments):
+        seen.append(("sent", arguments["order_id"]))
+        if arguments["order_id"] == 123:  # meanwhile, another request: order 124 is no longer the requester's
+            Order.objects.filter(number=124).update(owner=demo["admin"])
+        return tool.handler(ctx, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(
+        tool, precondition=precondition, handler=handler))
+    loop.advance(run.pk)
+
+    first, second = ToolCall.objects.filter(run=run).order_by("id")
+    assert first.status == S.SUCCEEDED
+    assert ("sent", 124) not in seen, f"read of an order the requester no longer owns was sent: {seen}"
+    assert seen == [("assessed", 123), ("assessed", 124), ("sent", 123), ("rechecked", 124)]
+    assert second.status == S.DENIED and "does not belong to the requester" in second.error
+    _gapless(run.pk)
