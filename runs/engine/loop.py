@@ -186,8 +186,8 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
     # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
     call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, assessed_now=call.pk in known.assessed_here)
     known.messages_added(delivered)
-    if call.side_effect and call.attempts:  # sent: whatever it changed, the reads after it are checked again
-        known.effect_done()
+    if call.attempts:  # sent: its effect, or anyone's while it was out, may change what the next reads rely on
+        known.call_sent()
     if call.status != S.READY:
         return True
     delay = retry_delay(call)

@@ -19,9 +19,9 @@ history (ordered by id), the number of the run's steps and the
 
 ``Known`` also remembers which calls this worker proposed ``ready`` in this
 slice (assessed moments ago, no approval asked): until another writer's
-event is seen, their precondition need not be checked again before a
-read-only one runs, and no approval note need be looked up for them
-(``runs.engine.loop._execute``).
+event is seen or any call of the run is sent, their precondition need not
+be checked again before a read-only one runs, and no approval note need be
+looked up for them (``runs.engine.loop._execute``).
 """
 
 from runs.models import Message, Run
@@ -134,13 +134,14 @@ class Known:
 
         Such a call was assessed (schema, precondition, approval rule) a
         moment ago and never asked for approval: a ``ready`` call cannot go
-        back to ``awaiting_approval``. Emptied by ``forget`` and ``effect_done``.
+        back to ``awaiting_approval``. Emptied by ``forget`` and ``call_sent``.
         """
         return frozenset(self._assessed_here)
 
-    def effect_done(self) -> None:
-        """A side-effecting call ran: the world the slice's proposals were assessed in may have changed,
-        so no call counts as ``assessed_here`` any more (their preconditions are checked again)."""
+    def call_sent(self) -> None:
+        """A call of the run was sent: the world the slice's proposals were assessed in may have changed
+        (by its effect, or by anyone while it was out, its retries and backoff included), so no call counts
+        as ``assessed_here`` any more (their preconditions are checked again)."""
         self._assessed_here.clear()
 
     def calls_added(self, calls: list[ToolCall]) -> None:

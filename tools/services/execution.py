@@ -34,9 +34,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
     (``denied`` if it no longer holds), as the world may have changed since
     the proposal or the approval; except for a read-only call the caller
     says was ``assessed_now`` (proposed ready moments ago by the same
-    worker, nothing in between: ``runs.engine.state.Known.assessed_here``).
-    A side-effecting call is always checked again: an earlier call of the
-    same turn may have changed what it relies on.
+    worker, nothing in between, no other call sent since:
+    ``runs.engine.state.Known.assessed_here``). A side-effecting call is
+    always checked again: an earlier call of the same turn may have changed
+    what it relies on.
 
     Outcomes: ``succeeded`` (result stored; a side-effecting call finding
     a call of the session that succeeded under its key reuses that result,
