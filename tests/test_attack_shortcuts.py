@@ -242,3 +242,33 @@ def test_a_read_whose_order_changed_hands_while_an_earlier_call_of_its_turn_ran_
     assert seen == [("assessed", 123), ("assessed", 124), ("sent", 123), ("rechecked", 124)]
     assert second.status == S.DENIED and "does not belong to the requester" in second.error
     _gapless(run.pk)
+
+
+# --- runs.services.append_events: an insert refused after the reservation -----------------------------
+
+
+def test_an_event_insert_refused_after_the_reservation_leaves_the_instance_as_stored(demo):
+    """The reservation moved the instance's counter (and columns) before the INSERT was refused; the
+    savepoint rolled the row back. A counter left ahead would later swallow another writer's event: the
+    instance's next own event lands just above it, so the counters match while that event was never seen
+    (``Known.revalidate`` and the ending's shortcut decide by that match)."""
+    from django.db import transaction
+
+    from runs.services import Event, RunColumns, append_event, append_events
+
+    run = start_run(agent=make_agent("refused-insert", [], tools=[]), user=demo["requester"], input="x")
+    mine = Run.objects.get(pk=run.pk)
+    start, calls = mine.last_event_seq, mine.model_calls
+    with transaction.atomic():
+        with pytest.raises(TypeError), transaction.atomic():  # a payload the INSERT cannot store
+            append_events(mine, [Event(type="note", actor="worker", payload={"bad": object()})],
+                          columns=RunColumns(increments={"model_calls": 1}))
+    assert Run.objects.get(pk=run.pk).last_event_seq == start, "no seq reserved without its event"
+    assert (mine.last_event_seq, mine.model_calls) == (start, calls), "the instance holds what was never stored"
+
+    with transaction.atomic():
+        append_event(Run.objects.get(pk=run.pk), type="note", actor="user:approver")  # another writer
+    with transaction.atomic():
+        append_event(mine, type="note", actor="worker")
+    assert mine.last_event_seq != Run.objects.get(pk=run.pk).last_event_seq, "another writer's event is hidden"
+    _gapless(run.pk)
