@@ -102,6 +102,8 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     between since the instance last knew the counter: a reader that finds
     the database's counter equal to the instance's knows every event since
     was appended through that instance (``runs.engine.state`` relies on it).
+    If the events' INSERT is refused, the instance's counter and ``columns``
+    are put back as they were (the caller's rollback undoes the reservation).
     Each event is announced with ``post_save`` (created), as ``save()``
     would (the webhook outbox listens), and, once committed, the run's
     event sockets are told (``runs.live``).
@@ -115,6 +117,10 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
             raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
     first = last - len(events) + 1
+    # What the instance held, put back if the INSERT is refused: the caller's savepoint rolls the
+    # reservation back, and a counter left ahead would later hide another writer's event.
+    touched = ["last_event_seq", *(columns.values if columns else ()), *(columns.increments if columns else ())]
+    held = {name: getattr(run, name) for name in touched}
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
     if columns is not None:
@@ -126,13 +132,18 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     rows = [RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
                      payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
             for seq, event in enumerate(events, start=first)]
-    if len(rows) == 1:  # the common case; save() is lighter than bulk_create for one row
-        rows[0].save(force_insert=True)
-    else:
-        RunEvent.objects.bulk_create(rows)  # one INSERT; it sends no signals, so they are sent here
-        for row in rows:
-            post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
-                           using=row._state.db)
+    try:
+        if len(rows) == 1:  # the common case; save() is lighter than bulk_create for one row
+            rows[0].save(force_insert=True)
+        else:
+            RunEvent.objects.bulk_create(rows)  # one INSERT; it sends no signals, so they are sent here
+            for row in rows:
+                post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
+                               using=row._state.db)
+    except BaseException:
+        for name, value in held.items():
+            setattr(run, name, value)
+        raise
     publish_event_on_commit(run.pk, last)
     return rows
 
