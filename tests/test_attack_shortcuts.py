@@ -272,3 +272,26 @@ def test_an_event_insert_refused_after_the_reservation_leaves_the_instance_as_st
         append_event(mine, type="note", actor="worker")
     assert mine.last_event_seq != Run.objects.get(pk=run.pk).last_event_seq, "another writer's event is hidden"
     _gapless(run.pk)
+
+
+def test_a_transition_refused_after_its_event_leaves_the_runs_instance_as_stored(demo):
+    """A step's answer the database cannot store fails its save after the event's reservation moved the
+    run instance's counter and usage; the transition's own instance is put back, and so must the run be."""
+    from django.db import transaction
+
+    from runs.models import Step
+    from runs.services import RunColumns
+    from runs.transitions import apply
+
+    run = start_run(agent=make_agent("refused-save", [], tools=[]), user=demo["requester"], input="x")
+    mine = Run.objects.get(pk=run.pk)
+    step = Step.objects.create(run=mine, index=0, request={})
+    start, calls = mine.last_event_seq, mine.model_calls
+    with transaction.atomic():
+        with pytest.raises(TypeError):
+            apply(step.succeed, actor="worker", response={"bad": object()}, input_tokens=1, output_tokens=1,
+                  cost_usd=0, now=timezone.now(), columns=RunColumns(increments={"model_calls": 1}))
+    assert step.status == "started"
+    assert Run.objects.get(pk=run.pk).last_event_seq == start
+    assert (mine.last_event_seq, mine.model_calls) == (start, calls), "the run instance holds what was never stored"
+    _gapless(run.pk)
