@@ -127,7 +127,8 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     ``conditions=`` guard refused), ``ConcurrentTransition`` (another writer
     changed the status since the instance was loaded) and ``LeaseLost``
     (this worker's lease on the run was taken over). Then nothing is
-    written, and the instance's fields are as they were.
+    written, and the instance's fields are as they were (and so are the
+    event counter and ``columns`` of the run instance that logs it).
 
     ``columns`` (``runs.services.RunColumns``): run columns written by the
     same fenced UPDATE that reserves the event's seq, so a transaction that
@@ -156,6 +157,7 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
         before = _values(instance)
         from_status = state.get_state(instance)
         new = instance._state.adding
+        run_held = None  # the event run's counter and columns, if another instance than the machine's
         try:
             transition(**arguments)
             after = _values(instance)
@@ -175,6 +177,9 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             if batch is not None and run is not instance:
                 batch.keep(run, event)
             else:
+                if run is not instance:
+                    run_held = {name: getattr(run, name) for name in ["last_event_seq", *(
+                        [*columns.values, *columns.increments] if columns is not None else [])]}
                 earlier = batch.take() if batch is not None else []
                 append_events(run, [*earlier, *(logged_before(instance) if logged_before else []), event],
                               columns=columns)
@@ -185,6 +190,8 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
         except BaseException:
             _restore(instance, before)
             instance._state.adding = new
+            for name, value in (run_held or {}).items():  # the reservation is rolled back with the rest
+                setattr(run, name, value)
             raise
         publish_on_commit(run)
     return instance
