@@ -36,8 +36,11 @@ class SyncChainASGIHandler(ASGIHandler):
     between the event loop and the request's thread per request, a few
     milliseconds of the API's latency. Here the chain is built as under WSGI
     and entered once, in the request's thread (``thread_sensitive``, as
-    Django does for synchronous views). Views, signals, streaming and
-    disconnect handling are unchanged: they are ``ASGIHandler``'s.
+    Django does for synchronous views). Signals, streaming and file
+    responses are ``ASGIHandler``'s, unchanged. A client that disconnects
+    no longer stops the request between two middlewares: the chain and the
+    view run to their end, as under WSGI (an async view would run through
+    ``async_to_sync`` and not be cancelled either; there is none).
     """
 
     def load_middleware(self, is_async=False):

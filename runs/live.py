@@ -29,6 +29,8 @@ client keeps the snapshot with the highest ``seq`` (``static/js/run.js``).
 Sending happens on one event loop per process, in a daemon thread of its
 own (``_Sender``), which every publishing thread hands its messages to
 without waiting for them to be sent; they go out in the order handed over.
+Messages still queued when the process is killed are lost (as when the
+layer is down); a short-lived process calls ``flush`` before it exits.
 ``async_to_sync`` would start a thread and an event loop for every call
 from a plain thread (a worker's), and channels_redis keeps its connection
 pools per event loop: every push would open a new Redis connection.
@@ -93,8 +95,11 @@ def run_snapshot(run: Run, *, seq: int | None = None) -> dict:
 
 # Longest one message may take to reach the channel layer before it is given up (seconds).
 SEND_TIMEOUT_S = 10.0
-# Messages handed over but not yet sent, at most (a channel layer that is down must not
-# grow a backlog without end): beyond it new ones are dropped, with a warning.
+# Batches of messages handed over but not yet sent, at most (a channel layer that is down must
+# not grow a backlog without end): beyond it the oldest batch is dropped for the new one, with a
+# warning. Snapshots and event notices are superseded by later ones (clients keep the highest
+# ``seq``; sockets re-read the log), and sockets re-check access periodically, so the newest
+# messages are the ones worth keeping.
 MAX_BACKLOG = 10_000
 
 
@@ -141,16 +146,17 @@ class _Sender:
         loop, queue = self._running_loop()
 
         def hand_over():
-            try:
-                queue.put_nowait((layer, sends))
-            except asyncio.QueueFull:
-                log.warning("live push backlog full (%s); dropped a %s", MAX_BACKLOG, sends[0][1].get("type"))
+            if queue.full():
+                _, dropped = queue.get_nowait()
+                queue.task_done()
+                log.warning("live push backlog full (%s); dropped a %s", MAX_BACKLOG, dropped[0][1].get("type"))
+            queue.put_nowait((layer, sends))
 
         loop.call_soon_threadsafe(hand_over)
 
     def flush(self, timeout_s: float = SEND_TIMEOUT_S) -> None:
         """Wait until everything handed over so far was sent (or given up); raises ``TimeoutError`` after
-        ``timeout_s`` seconds. For a process about to exit, and for tests."""
+        ``timeout_s`` seconds (``flush`` below is the public form)."""
         with self._lock:
             loop, queue = (self._loop, self._queue) if self._pid == os.getpid() else (None, None)
         if loop is None:
@@ -161,13 +167,22 @@ class _Sender:
 _sender = _Sender()
 
 
-@atexit.register
-def _flush_at_exit() -> None:
-    """Let what a short-lived process (a management command) published go out, for up to 2 seconds."""
+def flush(timeout_s: float = 2.0) -> None:
+    """Let what this process has published go out: wait up to ``timeout_s`` seconds; never raises.
+
+    For a short-lived process before it exits (a one-pass ``recover_runs``):
+    queued pushes die with the process, and once the interpreter is shutting
+    down the layer may no longer open a connection (a host name is looked up
+    in a thread pool that refuses new work by then), so waiting at ``atexit``
+    is only a last resort.
+    """
     try:
-        _sender.flush(timeout_s=2.0)
-    except Exception:  # noqa: BLE001 (exiting: a push that cannot go out is dropped, as when the layer is down)
-        log.warning("live pushes still queued at exit were dropped")
+        _sender.flush(timeout_s=timeout_s)
+    except Exception:  # noqa: BLE001 (a push that cannot go out is dropped, as when the layer is down)
+        log.warning("live pushes still queued were dropped")
+
+
+atexit.register(flush)
 
 
 def _send(sends: list[tuple[str, dict]]) -> None:

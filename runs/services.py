@@ -66,6 +66,13 @@ class RunColumns:
             raise TypeError("last_event_seq is the event counter: append_events moves it")
 
 
+def counters_held(run: Run, columns: RunColumns | None) -> dict:
+    """``{field name: value}`` of ``run``'s instance for what an ``append_events`` with ``columns`` moves
+    (the event counter, the columns' values and increments): to put back after a refusal."""
+    names = ["last_event_seq", *(columns.values if columns else ()), *(columns.increments if columns else ())]
+    return {name: getattr(run, name) for name in names}
+
+
 def append_event(
     run: Run,
     *,
@@ -119,8 +126,7 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     first = last - len(events) + 1
     # What the instance held, put back if the INSERT is refused: the caller's savepoint rolls the
     # reservation back, and a counter left ahead would later hide another writer's event.
-    touched = ["last_event_seq", *(columns.values if columns else ()), *(columns.increments if columns else ())]
-    held = {name: getattr(run, name) for name in touched}
+    held = counters_held(run, columns)
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
     if columns is not None:

@@ -29,7 +29,7 @@ from typing import Callable
 from django.db import transaction
 
 from runs.live import publish_on_commit
-from runs.services import Event, RunColumns, append_events
+from runs.services import Event, RunColumns, append_events, counters_held
 
 
 def _copy(value):
@@ -88,9 +88,13 @@ class EventBatch:
     The rows are written before their events, unlike a lone ``apply``, so
     use it only in a transaction that already holds the run's row lock
     (nothing else can append to the log meanwhile) and that any error
-    undoes whole (``savepoint=False``): a refused reservation must not
-    leave the rows written without their events. Example: the three
-    transitions of an approval (``approvals.services.decide_interrupt``).
+    undoes whole: ``apply`` refuses a batch without ``savepoint=False``
+    (``TypeError``), so a refused write can never be caught and its event
+    logged anyway. The run must be the very instance the machines log
+    through (``event_run()``). After a refusal the rows roll back, but the
+    instances of the machines applied earlier in the batch keep their new
+    state in memory: drop them. Example: the three transitions of an
+    approval (``approvals.services.decide_interrupt``).
     """
 
     def __init__(self, run):
@@ -105,9 +109,11 @@ class EventBatch:
             append_events(self.run, self.take())
 
     def keep(self, run, event: Event) -> None:
-        """Hold ``event`` of a transition of ``run`` for the reservation (``TypeError`` for another run)."""
-        if run.pk != self.run.pk:
-            raise TypeError(f"an event of run {run.pk} in the batch of run {self.run.pk}")
+        """Hold ``event`` of a transition of ``run`` for the reservation (``TypeError`` unless ``run`` is the
+        batch's own instance: the counter and the live push must stay on one object)."""
+        if run is not self.run:
+            raise TypeError(f"an event of run {run.pk} given through another instance than the batch's "
+                            f"(run {self.run.pk})")
         self._events.append(event)
 
     def take(self) -> list[Event]:
@@ -135,9 +141,11 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     also changes the run (a phase, counters) writes the run row once.
     ``logged_before(instance)``: events logged just ahead of the
     transition's own, with the same reservation and INSERT.
-    ``batch`` (``EventBatch``): the event waits in the batch when the
-    instance is not the run; the run's own transition logs the batch's
-    events ahead of its own.
+    ``batch`` (``EventBatch``, only with ``savepoint=False``, else
+    ``TypeError``): when the instance is not the run, its row is written
+    and then its event waits in the batch (then ``columns`` and
+    ``logged_before`` are refused: nothing would log them); the run's own
+    transition logs the batch's events ahead of its own.
 
     An instance not yet in the database is inserted already past the
     transition (its events name its id, so the INSERT comes first; a
@@ -150,6 +158,8 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     those two statements for a caller that never does: an error then
     dooms the caller's whole transaction (Django's ``atomic(savepoint=False)``).
     """
+    if batch is not None and savepoint:
+        raise TypeError("a transition logged through an EventBatch needs savepoint=False")
     instance = transition.__self__
     model = type(instance)
     state = transition._django_fsm.field
@@ -174,12 +184,12 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             event = Event(type=instance.event_type, actor=actor, reason=reason or transition.__name__,
                           payload={**instance.event_payload(arguments), **(payload or {})},
                           from_status=from_status, to_status=state.get_state(instance))
-            if batch is not None and run is not instance:
-                batch.keep(run, event)
-            else:
+            deferred = batch is not None and run is not instance
+            if deferred and (columns is not None or logged_before is not None):
+                raise TypeError("columns and logged_before go with the run's own transition of a batch")
+            if not deferred:
                 if run is not instance:
-                    run_held = {name: getattr(run, name) for name in ["last_event_seq", *(
-                        [*columns.values, *columns.increments] if columns is not None else [])]}
+                    run_held = counters_held(run, columns)
                 earlier = batch.take() if batch is not None else []
                 append_events(run, [*earlier, *(logged_before(instance) if logged_before else []), event],
                               columns=columns)
@@ -187,6 +197,8 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
                 instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
             elif not new:
                 instance.save(update_fields=changed + [name for name in stamped if name not in changed])
+            if deferred:  # kept only once its row is written
+                batch.keep(run, event)
         except BaseException:
             _restore(instance, before)
             instance._state.adding = new

@@ -259,16 +259,36 @@ def test_a_refused_run_transition_undoes_the_batched_item_and_call(demo, idle_wo
     assert not run.events.filter(seq__gt=run.last_event_seq).exists()
 
 
-def test_an_event_batch_takes_one_run_only_and_logs_nothing_when_left_by_an_error(run, people):
+def test_an_event_batch_takes_its_own_run_instance_only_and_logs_nothing_when_left_by_an_error(run, people):
     from runs.transitions import EventBatch
 
     other = start_run(agent=lookup_agent("lookup-other"), user=people["requester"], input="another")
     seq = Run.objects.get(pk=run.pk).last_event_seq
-    with pytest.raises(TypeError), transaction.atomic():
-        with EventBatch(run) as batch:
-            batch.keep(run, Event(type="note", actor="test"))
-            batch.keep(other, Event(type="note", actor="test"))
-    assert Run.objects.get(pk=run.pk).last_event_seq == seq and not run.events.filter(type="note").exists()
+    for stranger in (other, Run.objects.get(pk=run.pk)):  # another run; the same run through another instance
+        with pytest.raises(TypeError), transaction.atomic():
+            with EventBatch(run) as batch:
+                batch.keep(run, Event(type="note", actor="test"))
+                batch.keep(stranger, Event(type="note", actor="test"))
+        assert Run.objects.get(pk=run.pk).last_event_seq == seq and not run.events.filter(type="note").exists()
     with transaction.atomic(), EventBatch(run) as batch:
         batch.keep(run, Event(type="note", actor="test", reason="kept"))
     assert list(run.events.filter(type="note").values_list("seq", "reason")) == [(seq + 1, "kept")]
+
+
+def test_a_batch_is_refused_where_a_caught_error_could_log_a_transition_that_never_happened(demo, idle_worker):
+    from approvals.models import Interrupt
+    from runs.transitions import EventBatch
+
+    run = _waiting_for(demo, 7331)
+    item = Interrupt.objects.select_related("run", "tool_call").get(run=run)
+    call = item.tool_call
+    call.run = item.run
+    seq = item.run.last_event_seq
+    with transaction.atomic(), EventBatch(item.run) as batch:
+        with pytest.raises(TypeError):  # with a savepoint, a caller could catch a refused save and go on
+            apply(call.reject, actor="test", error="no", batch=batch)
+        with pytest.raises(TypeError):  # nothing would log these with a deferred event
+            apply(call.reject, actor="test", error="no", batch=batch, savepoint=False,
+                  columns=RunColumns(values={"phase": Phase.EXECUTING_TOOLS}))
+    assert ToolCall.objects.get(pk=call.pk).status == "awaiting_approval"
+    assert Run.objects.get(pk=run.pk).last_event_seq == seq

@@ -207,3 +207,46 @@ def test_a_send_the_layer_refuses_is_logged_and_the_next_ones_still_go(monkeypat
     live._sender.flush(timeout_s=5)
     assert async_to_sync(layer.receive)(channel)["data"] == {"text": "kept"}
     assert "could not publish run.delta" in caplog.text
+
+
+def test_a_full_backlog_drops_its_oldest_batch_and_keeps_the_newest(monkeypatch, caplog):
+    from runs import live
+
+    monkeypatch.setattr(live, "MAX_BACKLOG", 2)
+    sender, layer = live._Sender(), _GatedLayer()
+    channel = _listening(layer, live.run_group(5))
+    for text in ("first", "second", "third", "fourth"):  # "first" is out (held by the layer); 2 fit behind it
+        sender.send(layer, [(live.run_group(5), {"type": "run.delta", "kind": "text_delta", "data": {"text": text}})])
+        time.sleep(0.05)
+    layer.gate.set()
+    sender.flush(timeout_s=5)
+    received = [async_to_sync(layer.receive)(channel)["data"]["text"] for _ in range(3)]
+    assert received == ["first", "third", "fourth"]
+    assert "backlog full (2); dropped a run.delta" in caplog.text
+
+
+def test_a_one_pass_sweep_sends_its_pushes_before_the_command_returns(demo, monkeypatch):
+    from datetime import timedelta
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from approvals.models import Interrupt
+    from runs import live
+    from runs.engine import loop
+
+    class SlowLayer(_GatedLayer):
+        async def group_send(self, group, message):
+            await asyncio.sleep(0.3)  # Redis far away: the command returns long before this is sent
+            await super().group_send(group, message)
+
+    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund 80 on 123")
+    loop.advance(run.pk)
+    Interrupt.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
+    layer = SlowLayer()
+    layer.gate.set()
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    call_command("recover_runs", stdout=open("/dev/null", "w"))
+    run.refresh_from_db()
+    assert run.status == "failed"  # the sweep expired the approval and ended the run
+    assert live.run_group(run.pk) in layer.sent

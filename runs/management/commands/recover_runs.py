@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
+from runs import live
 from runs.engine.recovery import sweep
 from runs.webhooks.services import sweep_webhooks
 
@@ -44,6 +45,7 @@ class Command(BaseCommand):
     def handle(self, *args, loop=False, **options):
         if not loop:
             counts = {**sweep(), **sweep_webhooks()}
+            live.flush()  # the pass's pushes go out before the process exits
             self.stdout.write(" ".join(f"{k}={v}" for k, v in counts.items()))
             return
         while True:
