@@ -7,6 +7,7 @@ session (process group) with its output in ``log_dir``, and SIGKILLs them
 all on ``stop()``.
 """
 
+import gc
 import os
 import secrets
 import signal
@@ -17,6 +18,26 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def without_collector_pauses(measurement):
+    """Run ``measurement()`` with this process's cyclic garbage collector off (its objects so far frozen).
+
+    A bench's clients and driver live in one process that holds Django and
+    the bench's bookkeeping: a full collection there took 120-170 ms
+    (``bench/live.py``'s 100 clients) and delayed whatever the process was
+    timing, so its own pause showed as the server's latency. Reference
+    counting still frees what the measurement drops; the collector is back
+    on afterwards. Returns what ``measurement`` returns.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        return measurement()
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def free_port() -> int:

@@ -33,7 +33,6 @@ Example: ``python bench/live.py --clients 100 --runs 200 --interval-ms 20``
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import sys
@@ -45,7 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster import Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for  # noqa: E402
+from bench.cluster import (  # noqa: E402
+    Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for, without_collector_pauses)
 from bench.throughput import percentile, tree_cpu_s  # noqa: E402
 
 BENCH_USER = "live-bench"
@@ -112,26 +112,6 @@ async def client(url: str, origin: str, cookie: str, sent: dict, latencies: dict
                 latencies["post"].append(arrived - sent[run["id"]])
 
 
-def _without_collector_pauses(measurement):
-    """Run ``measurement()`` with this process's cyclic garbage collector off (its objects so far frozen).
-
-    The clients and the driver share this one process, which holds Django
-    and the bench's bookkeeping: a full collection there took 120-170 ms
-    and delayed every client's receipt of one transition, so the figures
-    showed this process's pause as the server's latency (p99 over 100 ms in
-    about one run in three). Reference counting still frees what the
-    measurement drops; the collector is back on afterwards.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        return measurement()
-    finally:
-        gc.enable()
-        gc.unfreeze()
-
-
 async def measure(args, port: int, run_ids: list[int], session_key: str, token: str) -> dict:
     import httpx
 
@@ -184,7 +164,7 @@ def main() -> int:
         api = cluster.start_api(port)
         wait_for(lambda: healthy(f"http://127.0.0.1:{port}/accounts/login/"), 30, "API server")
         cpu_before = tree_cpu_s(api.pid)
-        result = _without_collector_pauses(lambda: asyncio.run(measure(args, port, run_ids, session_key, token)))
+        result = without_collector_pauses(lambda: asyncio.run(measure(args, port, run_ids, session_key, token)))
         cpu = tree_cpu_s(api.pid) - cpu_before
     finally:
         cluster.stop()

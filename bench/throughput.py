@@ -74,7 +74,8 @@ from urllib.parse import urlparse, urlunparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster import Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for  # noqa: E402
+from bench.cluster import (  # noqa: E402
+    Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for, without_collector_pauses)
 
 STEPS_PER_RUN = 9  # 5 model calls + 4 tool executions
 ORDER_TOTAL = Decimal("100.00")
@@ -685,7 +686,7 @@ def main() -> int:
           flush=True)
     tollgate = None
     if not args.skip_tollgate:
-        tollgate = run_tollgate(args, database)
+        tollgate = without_collector_pauses(lambda: run_tollgate(args, database))  # its timings are the driver's
         print_figures(f"Tollgate, {args.workers} worker process(es) x {args.threads} thread(s):", tollgate)
         sys.stdout.flush()
     langgraph = {}
