@@ -13,6 +13,7 @@ from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.errors import Forbidden
 from runs.models import Run
+from tools.models import ToolCall
 from django_fsm import TransitionNotAllowed
 from tests.security_helpers import approval_item, stored_state  # noqa: F401 (fixture)
 
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _seqs_gapless(run_id: int) -> list[int]:
+    # The run first: a worker may log more meanwhile (PostgreSQL runs), never fewer.
     run = Run.objects.get(pk=run_id)
-    seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1)), seqs
-    assert run.last_event_seq == seqs[-1]
+    seqs = list(run.events.filter(seq__lte=run.last_event_seq).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, run.last_event_seq + 1)), seqs
     return seqs
 
 
@@ -40,10 +41,10 @@ def test_a_decision_logs_item_call_and_run_events_in_order_with_gapless_seqs(dem
     assert response.status_code == 200, response.content
     after = _seqs_gapless(approval_item.run_id)
     new = list(Run.objects.get(pk=approval_item.run_id).events.filter(seq__gt=before[-1]).order_by("seq")
-               .values_list("type", "from_status", "to_status"))
+               .values_list("type", "from_status", "to_status"))[:3]  # a worker may log more meanwhile
     assert new == [("interrupt", "pending", "resolved"), ("tool_call", "awaiting_approval", "ready"),
                    ("transition", "waiting", "running")], new
-    assert len(after) == len(before) + 3
+    assert len(after) >= len(before) + 3
     worker.drain()  # the decision queued the run's wake-up: it goes on to its end
     assert Run.objects.get(pk=approval_item.run_id).status == "completed"
     _seqs_gapless(approval_item.run_id)
@@ -57,10 +58,15 @@ def test_two_deciders_with_items_loaded_before_either_decided_apply_one_decision
     first = interrupt_get_visible(user=demo["approver"], interrupt_id=approval_item.pk)
     second = interrupt_get_visible(user=other, interrupt_id=approval_item.pk)
     decide_interrupt(interrupt=first, user=demo["approver"], decision="approved")
-    state = stored_state()
+    decided = Interrupt.objects.values_list("status", "decision", "resolved_by", "comment").get(pk=approval_item.pk)
+    item_events = Run.objects.get(pk=approval_item.run_id).events.filter(type="interrupt").count()
     with pytest.raises(TransitionNotAllowed):
         decide_interrupt(interrupt=second, user=other, decision="rejected", comment="no")
-    assert stored_state() == state
+    # (the run itself may move on meanwhile: a worker runs the approved call)
+    assert Interrupt.objects.values_list("status", "decision", "resolved_by", "comment").get(
+        pk=approval_item.pk) == decided == ("resolved", "approved", demo["approver"].pk, "")
+    assert Run.objects.get(pk=approval_item.run_id).events.filter(type="interrupt").count() == item_events
+    assert not ToolCall.objects.filter(pk=approval_item.tool_call_id, status="rejected").exists()
     _seqs_gapless(approval_item.run_id)
 
 
