@@ -81,9 +81,6 @@ def test_a_flag_loaded_for_one_user_is_not_trusted_for_another(demo, approval_it
     assert stored_state() == state
 
 
-@pytest.mark.xfail(strict=True, reason="can_decide trusts the user_may_decide flag computed when the item was "
-                   "loaded; a decider whose permission is revoked after that lookup still decides (before "
-                   "97bf7c4 the check queried again; no check is made under the run/item lock)")
 def test_a_decider_revoked_after_the_item_lookup_cannot_decide(demo, approval_item):
     from approvals.selectors import interrupt_get_visible
 
