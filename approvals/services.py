@@ -124,7 +124,7 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with transaction.atomic():
-        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id, decider=user)
         resumes = _unblocks(interrupt)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
@@ -249,7 +249,7 @@ def answer_interrupt(*, interrupt: Interrupt, user, answer: str, file=None) -> I
     stored = None
     try:
         with transaction.atomic():
-            interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+            interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id, decider=user)
             apply(interrupt.resolve, actor=actor, reason=Decision.ANSWERED, decision=Decision.ANSWERED, user=user,
                   comment=answer, edited_arguments=None, now=timezone.now())
             if checked is not None:
@@ -277,13 +277,20 @@ def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
     return expire_interrupt(interrupt_id=interrupt.pk, now=now, actor=actor)
 
 
-def _lock_item(interrupt_id: int, *, run: Run | None) -> Interrupt:
+def _lock_item(interrupt_id: int, *, run: Run | None, decider=None) -> Interrupt:
     """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call and
     answer file loaded (the answer shows both); ``run`` (the item's run, already locked by the caller)
-    is attached to both, so events and transitions on them do not read the run again. Raises
-    ``Interrupt.DoesNotExist``."""
-    interrupt = (Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
-                 .get(pk=interrupt_id))
+    is attached to both, so events and transitions on them do not read the run again. With ``decider``
+    (a user), the same statement loads ``user_may_decide`` for them (``with_decidable_flag``), and
+    ``Forbidden`` is raised unless they may decide it now. Raises ``Interrupt.DoesNotExist``."""
+    rows = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
+    if decider is not None:
+        rows = rows.with_decidable_flag(decider)
+    interrupt = rows.get(pk=interrupt_id)
+    if decider is not None and not interrupt.user_may_decide:
+        # The caller's check trusted a flag loaded before the lock (``can_decide``); this one is
+        # taken with the row locked, so a decider who lost the right meanwhile decides nothing.
+        raise Forbidden(_("You may not decide this item."))
     if run is not None and run.pk == interrupt.run_id:
         interrupt.run = run
         if interrupt.tool_call is not None:
@@ -291,9 +298,10 @@ def _lock_item(interrupt_id: int, *, run: Run | None) -> Interrupt:
     return interrupt
 
 
-def _lock_run_and_item(interrupt_id: int, *, run_id: int) -> Interrupt:
-    """Lock run ``run_id`` first, then its item ``interrupt_id`` (the order every writer of both keeps)."""
-    return _lock_item(interrupt_id, run=Run.objects.select_for_update().get(pk=run_id))
+def _lock_run_and_item(interrupt_id: int, *, run_id: int, decider=None) -> Interrupt:
+    """Lock run ``run_id`` first, then its item ``interrupt_id`` (the order every writer of both keeps);
+    ``decider``: as in ``_lock_item``."""
+    return _lock_item(interrupt_id, run=Run.objects.select_for_update().get(pk=run_id), decider=decider)
 
 
 def decide_interrupt(
@@ -321,7 +329,7 @@ def decide_interrupt(
     with transaction.atomic():
         # Lock the run first: the worker takes the same lock before it puts
         # the run to wait, so a decision cannot slip in between.
-        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id)
+        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id, decider=user)
         _refuse_if_expired(interrupt)
         resumes = _unblocks(interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
