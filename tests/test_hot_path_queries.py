@@ -47,7 +47,8 @@ CAPS = {
     "model turn asking for approval": (17, 6, 2),
     "read-only call": (10, 5, 2),
     "waiting for approval": (6, 2, 1),
-    "side-effect call after approval": (14, 7, 2),
+    # + the target's claim (its own short transaction; 3 statements on an order's first claim, else 1) and release
+    "side-effect call after approval": (18, 7, 3),
     "final answer": (17, 7, 3),  # 24 before the ending took what the loop knows (lifecycle.ending_reads)
 }
 SLICE_OVERHEAD = (10, 7)  # statements and transactions of a slice outside its passes, at most

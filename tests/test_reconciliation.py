@@ -98,7 +98,8 @@ def test_a_503_that_comes_after_the_timeout_is_sent_again_once_the_gateway_shows
     assert (call.status, call.attempts) == (ToolCallStatus.SUCCEEDED, 2)
     statuses = list(run.events.filter(type="tool_call", payload__tool_call=call.pk).values_list("to_status", flat=True))
     assert statuses == ["proposed", "ready", "running", "unknown", "ready", "running", "succeeded"]
-    assert lookups == [call.idempotency_key]
+    # Reconciliation asked once; the send asked again with the order locked, right before its precondition.
+    assert lookups == [call.idempotency_key, call.idempotency_key]
     ledger = payment_gateway.ledger()
     assert [r["idempotency_key"] for r in ledger["refunds"]] == [call.idempotency_key]
     assert ledger["requests_per_key"] == {call.idempotency_key: 2}

@@ -183,8 +183,20 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
         delivered[:] = [] if owing else deliver_tool_results(run, calls=known.calls, history=known.history,
                                                              fence=False, never_asked=known.assessed_here)
 
+    waited = []
+
+    def on_target_busy(holder: int, target) -> None:  # in the transaction that found the target held
+        _lock_and_reread_cancel(run)
+        _wait_locked(run, reason=f"{call.name} waits for call #{holder} on {target.label}",
+                     waiting_reason=WaitingReason.RETRY_BACKOFF,
+                     wake_at=timezone.now() + timedelta(seconds=settings.TOLLGATE["LEASE_TTL_S"]))
+        waited.append(holder)
+
     # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
-    call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, assessed_now=call.pk in known.assessed_here)
+    call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, on_target_busy=on_target_busy,
+                             assessed_now=call.pk in known.assessed_here)
+    if waited:  # the holder's outcome wakes the run (its wake_at, a lease TTL away, if that is lost)
+        return False
     known.messages_added(delivered)
     if call.attempts:  # sent: its effect, or anyone's while it was out, may change what the next reads rely on
         known.call_sent()

@@ -11,9 +11,17 @@ class PolicyLock(models.Model):
     scope and the run, user or target). Proposals that count calls in a
     scope first lock its row (``select_for_update``), so two concurrent
     proposals cannot both be judged without the other's call.
+
+    For a target (``tools.services.targets``), ``holder`` is the call that
+    claimed it to be checked and sent; the claim counts while that call is
+    ``ready`` or ``running``, and its outcome clears it.
     """
 
     key = models.CharField(_("key"), max_length=100, unique=True)
+    holder = models.ForeignKey("tools.ToolCall", verbose_name=_("holder"), null=True, blank=True,
+                               on_delete=models.SET_NULL, related_name="+",
+                               help_text=_("The call that holds this target from its precondition check until its "
+                                           "outcome."))
 
     class Meta:
         verbose_name = _("policy lock")

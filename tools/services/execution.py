@@ -16,17 +16,19 @@ from runs.models import Phase, RunEvent
 from runs.services import RunColumns
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
+from tools.registry import Reconciliation, Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
 from tools.services.arguments import idempotency_key_base
+from tools.services.targets import Target, claim, release, target_of
 
 log = logging.getLogger(__name__)
 S = ToolCallStatus
 
 
 OutcomeHook = Callable[[ToolCall], None]
+BusyHook = Callable[[int, Target], None]
 
 
-def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
+def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_busy: BusyHook,
                       with_outcome: OutcomeHook | None = None, assessed_now: bool = False) -> ToolCall:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
@@ -37,7 +39,21 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
     worker, nothing in between, no other call sent since:
     ``runs.engine.state.Known.assessed_here``). A side-effecting call is
     always checked again: an earlier call of the same turn may have changed
-    what it relies on.
+    what it relies on. A side-effecting call sent before (its worker died,
+    or it was ``unknown`` and is sent again) is first looked up by its key
+    with the tool's ``reconcile`` hook: found, it is settled as found
+    (``unknown``, then ``succeeded`` or ``failed``, nothing sent); not
+    found, it is checked like a first send; the hook failing leaves it
+    ``unknown`` (reconciliation). Without a hook it is sent again under
+    its key, unchecked (its own earlier effect must not deny it).
+
+    A side-effecting call on a target (``tools.services.targets``) claims
+    it first; the claim lasts until the call's next outcome, so no other
+    call of the tool on the target is checked or sent meanwhile. When
+    another call holds the target, nothing is written except what
+    ``on_target_busy(holder_id, target)`` writes, called in the
+    transaction that found it so (the loop puts the run to wait there),
+    and the call is returned still ``ready``.
 
     Outcomes: ``succeeded`` (result stored; a side-effecting call finding
     a call of the session that succeeded under its key reuses that result,
@@ -49,39 +65,40 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
     (any other side-effecting call that timed out, hit a transient error
     or raised something unexpected: never retried blindly).
 
-    Two transactions at most: ``running`` with the key (and the run's
+    Two transactions at most (three with a claim): ``running`` with the key (and the run's
     phase ``executing_tools``) before the handler is called, and the
     outcome after it; ``with_outcome(call)``, if given, is called inside
     the outcome's transaction, after its fenced event, so the caller's own
     writes (e.g. the result message) commit with the outcome or not at all.
     No transaction is open while the handler runs.
     """
+    tool = get_tool(tool_call.name)
+
     def outcome(transition, **arguments) -> ToolCall:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             apply(transition, actor=actor, savepoint=False, **arguments)
+            if tool is not None:  # any outcome gives up the call's claim on its target
+                release(tool_call, tool, actor=actor)
             if with_outcome is not None:
                 with_outcome(tool_call)
         return tool_call
 
-    tool = get_tool(tool_call.name)
     if tool is None:  # removed from the registry since it was proposed: it cannot be sent (again)
         error = f"The tool {tool_call.name!r} is no longer available."
         if tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.deny, reason="tool no longer registered", error=error)
-    # The world may have changed since the proposal (or the approval). A
-    # call sent again after a crash or an error is the same action under
-    # the same key, not a new one: its own earlier effect must not deny it.
-    if tool.precondition and tool_call.attempts == 0 and (tool.side_effect or not assessed_now):
-        denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
-                                               tool_call=tool_call), tool_call.arguments)
-        if denial:
-            return outcome(tool_call.deny, reason="precondition checked before running", error=denial)
-    key, reusable = _key_and_reusable_result(tool_call, tool)
-    now = timezone.now()
-    with transaction.atomic():  # the run's phase goes with the event, in the UPDATE that reserves its seq
-        apply(tool_call.begin, actor=actor, idempotency_key=key, now=now, savepoint=False,
-              columns=RunColumns(values={"phase": Phase.EXECUTING_TOOLS, "updated_at": now}))
+    target = target_of(tool, tool_call.arguments) if tool.side_effect else None
+    if target is not None:
+        with transaction.atomic():
+            holder = claim(target, tool_call)
+            if holder is not None:
+                on_target_busy(holder, target)
+                return tool_call
+    begun = _begin(tool_call, tool, actor=actor, assessed_now=assessed_now, outcome=outcome)
+    if begun is None:  # settled without being sent
+        return tool_call
+    key, reusable = begun
     if reusable is not None:
         earlier_id, result = reusable
         return outcome(tool_call.succeed, reason=f"reused result of call {earlier_id}", result=result,
@@ -110,6 +127,66 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker",
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.fail, error=error, now=timezone.now())
     return _store_result(tool_call, tool, result, outcome)
+
+
+def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool,
+           outcome) -> tuple[str, tuple[int, object] | None] | None:
+    """Commit ``running`` with the idempotency key; returns ``(key, reusable)`` (``_key_and_reusable_result``).
+
+    Returns None instead when the checks before sending settled the call
+    (``_instead_of_sending``: denied, or found by its key), each step
+    stored by ``outcome(transition, **arguments)``.
+    """
+    instead = _instead_of_sending(tool_call, tool, assessed_now=assessed_now)
+    if instead:
+        for name, arguments in instead:
+            outcome(getattr(tool_call, name), **arguments)
+        return None
+    key, reusable = _key_and_reusable_result(tool_call, tool)
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):  # the run's phase goes with the event, in the UPDATE that reserves its seq
+        apply(tool_call.begin, actor=actor, idempotency_key=key, now=now, savepoint=False,
+              columns=RunColumns(values={"phase": Phase.EXECUTING_TOOLS, "updated_at": now}))
+    return key, reusable
+
+
+def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) -> list[tuple[str, dict]]:
+    """The transitions (name, arguments) that settle the call instead of sending it; empty: send it.
+
+    Writes nothing; the precondition and the ``reconcile`` hook may do I/O.
+    See ``execute_tool_call`` for when each check applies.
+    """
+    # The world may have changed since the proposal (or the approval). A
+    # call sent again after a crash or an error is the same action under
+    # the same key, not a new one: its own earlier effect must not deny it,
+    # so where the tool can tell, that effect is looked for first.
+    if tool_call.attempts and tool.side_effect and tool.reconcile is not None:
+        try:
+            found = tool.reconcile(tool_call.idempotency_key)
+        except Exception as exc:
+            log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
+            found = Reconciliation("not_found", error=f"{type(exc).__name__}: {exc}")
+        asked = {"error": "Sent before; the external system is asked what became of it before sending again."}
+        if found.status == "succeeded":
+            return [("mark_unknown", asked), ("succeed", {"reason": "found at the external system before sending "
+                                                                    "again", "result": found.result,
+                                                          "now": timezone.now()})]
+        if found.status == "failed":
+            return [("mark_unknown", asked), ("fail", {
+                "reason": "found at the external system before sending again", "now": timezone.now(),
+                "error": found.error or "The external system reports that the call failed."})]
+        if found.error:  # it could not be asked: never sent again blindly
+            return [("mark_unknown", {"error": f"Could not ask the external system before sending again: "
+                                               f"{found.error}"})]
+    elif tool_call.attempts or not tool.precondition or (assessed_now and not tool.side_effect):
+        return []
+    if tool.precondition is None:
+        return []
+    denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
+                                           tool_call=tool_call), tool_call.arguments)
+    if denial:
+        return [("deny", {"reason": "precondition checked before running", "error": denial})]
+    return []
 
 
 def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tuple[int, object] | None]:
@@ -201,9 +278,19 @@ def recover_orphaned_call(tool_call: ToolCall, *, actor: str, spare_attempts: bo
     (reconciliation), like any other side-effecting call.
     ``spare_attempts``: the death was another run's doing (a bystander), so
     a resendable call is sent again whatever its attempts (the run's
-    ``loss_streak`` bounds that).
+    ``loss_streak`` bounds that). Its target's waiters are woken in the
+    same transaction (``tools.services.targets``).
     """
     tool = get_tool(tool_call.name)
+    with transaction.atomic():  # it no longer holds its target: its waiters are woken with the move
+        _move_orphan(tool_call, tool, actor=actor, spare_attempts=spare_attempts)
+        if tool is not None:
+            release(tool_call, tool, actor=actor)
+    return tool_call
+
+
+def _move_orphan(tool_call: ToolCall, tool: Tool | None, *, actor: str, spare_attempts: bool) -> ToolCall:
+    """``recover_orphaned_call``'s transition: ``ready`` to be sent again, ``failed`` or ``unknown``."""
     resendable = tool is not None and (not tool.side_effect or tool.idempotent)
     if resendable and (spare_attempts or charged_attempts(tool_call) < tool.max_attempts):
         return apply(tool_call.requeue, actor=actor, reason="retrying after a worker crash",

@@ -6,7 +6,6 @@ transaction, with their scopes locked (docs/design.md#approval-rules).
 
 import dataclasses
 import functools
-import hashlib
 import json
 from datetime import timedelta
 
@@ -15,11 +14,11 @@ from django.utils import timezone
 
 from runs.services import Event, append_event, append_events
 from runs.transitions import apply
-from tools.models import PolicyLock, ToolCall, ToolCallStatus
+from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import FINAL_STATUSES
 from tools.policy import Cumulative, approval_required, cumulative_clauses
 from tools.registry import Tool
-from tools.services.arguments import canonical_value
+from tools.services.targets import lock_scopes, scope_lock_key, target_of
 from tools.services.assessment import Assessment
 
 S = ToolCallStatus
@@ -29,18 +28,17 @@ COUNTED_STATUSES = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.SUCCE
 
 
 def _scope_key(run, tool: Tool, clause: Cumulative, arguments: dict) -> str | None:
-    """The ``PolicyLock`` key of ``clause``'s scope for this call; None if its target is missing."""
+    """The ``PolicyLock`` key of ``clause``'s scope for this call; None if its target is missing.
+
+    A ``target`` scope's key is the target's own (``tools.services.targets``):
+    sends on the target lock the same row.
+    """
     if clause.scope == "run":
-        scope = f"run:{run.pk}"
-    elif clause.scope == "user":
-        scope = f"user:{run.requested_by_id}"
-    else:
-        target = arguments.get(tool.target_key)
-        if target is None or isinstance(target, (dict, list)):
-            return None
-        scope = "target:" + json.dumps(canonical_value(target))
-    key = f"{tool.name}/{scope}"
-    return key if len(key) <= 100 else hashlib.sha256(key.encode()).hexdigest()
+        return scope_lock_key(tool.name, f"run:{run.pk}")
+    if clause.scope == "user":
+        return scope_lock_key(tool.name, f"user:{run.requested_by_id}")
+    target = target_of(tool, arguments)
+    return target.lock_key if target is not None else None
 
 
 def _earlier_arguments(run, tool: Tool, clause: Cumulative, arguments: dict) -> list[dict]:
@@ -69,10 +67,7 @@ def _lock_cumulative_scopes(run, assessments: list[Assessment]) -> None:
         for a in assessments if a.outcome == "make_ready"
         for clause in cumulative_clauses(a.rule)
     } - {None}
-    if not keys:
-        return
-    PolicyLock.objects.bulk_create([PolicyLock(key=key) for key in sorted(keys)], ignore_conflicts=True)
-    list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
+    lock_scopes(keys)
 
 
 def _asks_with_history(run, tool: Tool, rule: str, arguments: dict) -> bool:

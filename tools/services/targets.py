@@ -1,0 +1,170 @@
+"""One side effect at a time on each target: a call's precondition and its send are one step.
+
+A side-effecting tool that declares a ``target_key`` (the argument naming
+what its calls act on, e.g. the refund's ``order_id``) has its calls on one
+target value serialized, from the precondition check until the outcome (or
+``unknown``) is committed: across threads, processes and machines, since
+the only lock is in the database (docs/design.md#one-effect-at-a-time-per-target).
+
+* A call about to be checked and sent first *claims* its target: with the
+  target's ``PolicyLock`` row locked (the row cumulative approval rules
+  lock for their ``per target`` scope, so a proposal judging such a rule
+  and a claim on the same target serialize too), it becomes the row's
+  ``holder`` unless another call holds it. A claim holds while its call is
+  ``ready`` or ``running``; the call's next outcome (``succeeded``,
+  ``failed``, ``unknown``, ``denied``, or ``ready`` to be sent again)
+  releases it in the transaction that commits that outcome.
+* The precondition and the call itself run after the claim's short
+  transaction: no lock, transaction, thread or connection is held across
+  them, and no other call on the target can pass its own check meanwhile.
+* A call that finds the target held makes its run wait (``retry_backoff``)
+  in the transaction that found it so; the holder's release wakes it in
+  its own (after locking the same row), so a wake-up cannot be lost
+  between the look and the wait. Woken, the call claims again and is then
+  checked: what the holder did is in the precondition's view.
+* A holder whose worker died keeps its claim until its run is recovered
+  (its lease expires; recovery moves the call on and releases) or ends
+  (its calls are settled: a claim of a call no longer ``ready`` or
+  ``running`` does not count). A waiter's ``wake_at`` is a lease TTL away,
+  so a lost wake-up costs at most that, never the call.
+
+Lock order: a target's row, then run rows (in id order). Nothing that
+holds a run row waits for a target's row except the worker of that run.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from django.db.models import Exists, OuterRef, Q
+from django_fsm import can_proceed
+
+from runs.models import Run, RunStatus, WaitingReason
+from runs.transitions import apply
+from runs.wakeups import wake_on_commit
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
+from tools.registry import Tool
+from tools.services.arguments import canonical_value
+
+S = ToolCallStatus
+# A claim stands while its call may still be checked or sent, or is out.
+LIVE_CLAIM = [S.READY, S.RUNNING]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one call acts on: ``tool`` (its name), ``argument`` (the tool's ``target_key``) and ``value``.
+
+    ``lock_key``: the ``PolicyLock`` key of the target (at most 100
+    characters). ``label``: for people, e.g. "order_id 123".
+    """
+
+    tool: str
+    argument: str
+    value: object
+
+    @property
+    def lock_key(self) -> str:
+        return scope_lock_key(self.tool, "target:" + json.dumps(canonical_value(self.value)))
+
+    @property
+    def label(self) -> str:
+        return f"{self.argument} {self.value}"
+
+
+def scope_lock_key(tool_name: str, scope: str) -> str:
+    """The ``PolicyLock`` key of ``scope`` ("run:<id>", "user:<id>", "target:<json>") for ``tool_name``."""
+    key = f"{tool_name}/{scope}"
+    return key if len(key) <= 100 else hashlib.sha256(key.encode()).hexdigest()
+
+
+def target_of(tool: Tool, arguments: dict | None) -> Target | None:
+    """The target a call of ``tool`` with ``arguments`` acts on; None when it names none.
+
+    None when the tool declares no ``target_key``, or the argument is
+    missing or not a scalar (such a call is not serialized).
+    """
+    if not tool.target_key or not isinstance(arguments, dict):
+        return None
+    value = arguments.get(tool.target_key)
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    return Target(tool.name, tool.target_key, value)
+
+
+def lock_scopes(keys: set[str]) -> None:
+    """Lock the ``PolicyLock`` rows named by ``keys`` (created when missing), in key order.
+
+    Held until the caller's transaction ends (PostgreSQL: row locks;
+    SQLite: its transactions are ``IMMEDIATE``, so the whole database is
+    the caller's meanwhile). Must be called inside a transaction.
+    """
+    if not keys:
+        return
+    found = set(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key")
+                .values_list("key", flat=True))
+    if found == keys:
+        return
+    PolicyLock.objects.bulk_create([PolicyLock(key=key) for key in sorted(keys - found)], ignore_conflicts=True)
+    list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
+
+
+def _calls_on(target: Target):
+    return ToolCall.objects.filter(name=target.tool, **{f"arguments__{target.argument}": target.value})
+
+
+def claim(target: Target, call: ToolCall) -> int | None:
+    """Make ``call`` the holder of ``target``; returns the other call holding it instead (its id), or None.
+
+    Call inside a transaction: the target's row stays locked until it
+    ends. A holder counts while it is ``ready`` or ``running``. One UPDATE
+    when the target is free; three statements on its first claim ever.
+    """
+    if _take(target.lock_key, call):
+        return None
+    # The target's first claim ever inserts its row; else someone else's claim stands, or stood a moment ago.
+    PolicyLock.objects.bulk_create([PolicyLock(key=target.lock_key, holder_id=call.pk)], ignore_conflicts=True)
+    holder = (PolicyLock.objects.select_for_update().filter(key=target.lock_key)
+              .values_list("holder_id", flat=True).get())
+    if holder == call.pk:
+        return None
+    if holder is not None and _live(holder):
+        return holder
+    _take(target.lock_key, call)  # the row is locked now, and free
+    return None
+
+
+def _live(holder: int) -> bool:
+    return ToolCall.objects.filter(pk=holder, status__in=LIVE_CLAIM).exists()
+
+
+def _take(key: str, call: ToolCall) -> bool:
+    """One UPDATE: ``call`` becomes the holder of row ``key`` unless a live claim of another call stands."""
+    live = ToolCall.objects.filter(pk=OuterRef("holder_id"), status__in=LIVE_CLAIM)
+    return bool(PolicyLock.objects.filter(key=key).filter(
+        Q(holder__isnull=True) | Q(holder_id=call.pk) | ~Exists(live)).update(holder=call.pk))
+
+
+def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
+    """``call`` (of ``tool``) has had an outcome in the caller's transaction: give up its claim, wake the waiters.
+
+    Returns how many waiting runs were woken. A waiter is a ``waiting`` /
+    ``retry_backoff`` run with a ``ready`` call of the tool on the target;
+    each is woken (``Run.wake``, its row locked, in id order) and enqueued
+    once the transaction commits. Nothing happens when ``call`` holds no
+    claim (one UPDATE).
+    """
+    target = target_of(tool, call.arguments) if tool.side_effect else None
+    if target is None or not PolicyLock.objects.filter(key=target.lock_key, holder=call.pk).update(holder=None):
+        return 0
+    waiting = list(_calls_on(target).filter(status=S.READY, run__status=RunStatus.WAITING,
+                                            run__waiting_reason=WaitingReason.RETRY_BACKOFF)
+                   .exclude(pk=call.pk).values_list("run_id", flat=True).distinct())
+    woken = 0
+    for run in Run.objects.select_for_update().filter(pk__in=waiting).order_by("pk") if waiting else ():
+        if not can_proceed(run.wake):
+            continue
+        apply(run.wake, actor=actor, reason=f"call #{call.pk} released {target.label}", savepoint=False)
+        wake_on_commit(run.pk)
+        woken += 1
+    return woken
