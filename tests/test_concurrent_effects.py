@@ -158,3 +158,20 @@ def test_a_call_behind_a_crashed_holder_proceeds_once_it_is_recovered_and_nothin
     _settle([run_a, run_b])
     _assert_one_paid_rest_denied([run_a, run_b], payment_gateway)
 
+
+
+def test_refunds_advanced_by_separate_worker_processes_pay_at_most_the_order_total(
+        demo, idle_worker, worker_process, payment_gateway):
+    agent = make_agent("refund-80", [{"tool_calls": [REFUND_80]}, {"content": "Done."}], tools=["refund"],
+                       check="refund")
+    runs = [start_run(agent=agent, user=demo["requester"], input=f"refund 123, {n}") for n in range(3)]
+    assert [worker_process(run.pk) for run in runs] == [0, 0, 0]  # all three wait for approval
+    for item in Interrupt.objects.filter(run__in=runs):
+        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+    payment_gateway.faults(latency_s=1.0)  # longer than the processes take to start apart
+
+    assert all_at_once(3, lambda n: worker_process(runs[n].pk)) == [0, 0, 0]  # three processes at once
+    idle_worker.worker.start()  # what the processes woke, or what waits on a timer, ends here
+    _settle(runs)
+
+    _assert_one_paid_rest_denied(runs, payment_gateway)

@@ -139,7 +139,10 @@ class Tool:
       arguments such as ``"amount > 50"`` or a cumulative one such as
       ``"sum(amount) per target within 30d > 50"`` (see ``tools.policy``).
     * ``target_key``: the argument naming what the call acts on (e.g.
-      ``order_id``), counted by ``per target`` rules.
+      ``order_id``), counted by ``per target`` rules. For a side-effecting
+      tool it also serializes the calls on one target: each is checked
+      (precondition) and sent only while no other call of the tool on the
+      same value is (``tools.services.targets``, docs/design.md#one-effect-at-a-time-per-target).
     * ``precondition(ctx, arguments) -> str | None``: a reason to deny
       the call, or None; checked by code before any approval is asked.
     * ``permission``: the Django permission an approver needs.
