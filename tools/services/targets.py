@@ -36,6 +36,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 from django_fsm import can_proceed
 
@@ -117,13 +118,19 @@ def claim(target: Target, call: ToolCall) -> int | None:
     """Make ``call`` the holder of ``target``; returns the other call holding it instead (its id), or None.
 
     Call inside a transaction: the target's row stays locked until it
-    ends. A holder counts while it is ``ready`` or ``running``. One UPDATE
-    when the target is free; three statements on its first claim ever.
+    ends. A holder counts while it is ``ready`` or ``running``. One
+    statement (an upsert that locks the row, takes it when free and
+    returns the new holder) where the database returns rows from a write;
+    a second statement reads the holder when it is busy.
     """
-    if _take(target.lock_key, call):
-        return None
-    # The target's first claim ever inserts its row; else someone else's claim stands, or stood a moment ago.
-    PolicyLock.objects.bulk_create([PolicyLock(key=target.lock_key, holder_id=call.pk)], ignore_conflicts=True)
+    if connection.features.can_return_columns_from_insert:
+        if _upsert(target.lock_key, call):
+            return None
+    else:
+        if _take(target.lock_key, call):
+            return None
+        # The target's first claim ever inserts its row; else someone else's claim stands, or stood a moment ago.
+        PolicyLock.objects.bulk_create([PolicyLock(key=target.lock_key, holder_id=call.pk)], ignore_conflicts=True)
     holder = (PolicyLock.objects.select_for_update().filter(key=target.lock_key)
               .values_list("holder_id", flat=True).get())
     if holder == call.pk:
@@ -132,6 +139,29 @@ def claim(target: Target, call: ToolCall) -> int | None:
         return holder
     _take(target.lock_key, call)  # the row is locked now, and free
     return None
+
+
+def _upsert(key: str, call: ToolCall) -> bool:
+    """One statement: insert row ``key`` held by ``call``, or take the existing row unless a live claim stands.
+
+    PostgreSQL locks the conflicting row even when the ``WHERE`` refuses
+    the update; SQLite's transactions are ``IMMEDIATE``. True when
+    ``call`` holds the row now.
+    """
+    quote, lock_meta, call_meta = connection.ops.quote_name, PolicyLock._meta, ToolCall._meta
+    table, key_col, holder = (quote(name) for name in (
+        lock_meta.db_table, lock_meta.get_field("key").column, lock_meta.get_field("holder").column))
+    calls, call_pk, status = (quote(name) for name in (
+        call_meta.db_table, call_meta.pk.column, call_meta.get_field("status").column))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({key_col}, {holder}) VALUES (%s, %s) "
+            f"ON CONFLICT ({key_col}) DO UPDATE SET {holder} = excluded.{holder} "
+            f"WHERE {table}.{holder} IS NULL OR {table}.{holder} = excluded.{holder} OR NOT EXISTS ("
+            f"SELECT 1 FROM {calls} WHERE {calls}.{call_pk} = {table}.{holder} AND {calls}.{status} IN (%s, %s)) "
+            f"RETURNING {holder}",
+            [key, call.pk, *LIVE_CLAIM])
+        return cursor.fetchone() is not None
 
 
 def _live(holder: int) -> bool:
