@@ -21,7 +21,14 @@ turn into a database error, which the worker would take for a crash.
 * a tool name that is not a string, too long or containing NUL is made
   storable and the call is refused;
 * NUL characters in raw arguments are written as the JSON escape
-  ``\\u0000``, so the stored text is safe and ``parse_arguments`` refuses it.
+  ``\\u0000``, so the stored text is safe and ``parse_arguments`` refuses it;
+* lone UTF-16 surrogates (``\\ud800``: no character, so no UTF-8 text can
+  hold them, and a page or an email holding one fails as it is encoded)
+  are refused wherever they appear: text content makes the response
+  malformed (a repair turn, told to the model, nothing stored), an id or a
+  name is treated as one with NUL, and in raw arguments they are written
+  as their JSON escape, which ``parse_arguments`` refuses (an ``invalid``
+  call). The same escape in the JSON text itself is refused by the parser.
 
 ``storable_errors`` does the same for the text of a ``ModelError`` (it may
 quote what the server sent). ``parse_arguments`` is the strict JSON parser
@@ -30,6 +37,7 @@ for tool arguments.
 
 import json
 import math
+import re
 from contextlib import contextmanager
 
 from runs.providers.base import MalformedResponse, ModelError
@@ -40,6 +48,12 @@ MAX_CALL_ID_LENGTH = 100
 MAX_TOOL_NAME_LENGTH = 100
 NUL = "\x00"
 REPLACEMENT = "\ufffd"
+# Code points of UTF-16 surrogates: a valid pair decodes to one character outside this range.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class UnencodableText(MalformedResponse):
+    """The answer's text holds what no UTF-8 text can (a lone surrogate): refused, and the model is told."""
 
 
 class UnsafeArguments(ValueError):
@@ -52,12 +66,16 @@ def screen_response(response):
     Sets ``call["refused"]`` (the reason, for the model) and
     ``call["original_id"]`` where the module docstring says. Raises
     ``MalformedResponse`` for token counts that are not whole numbers
-    from 0 to ``MAX_TOKENS_PER_CALL``.
+    from 0 to ``MAX_TOKENS_PER_CALL``, and ``UnencodableText`` (one) for
+    text content with a lone surrogate.
     """
     for name in ("input_tokens", "output_tokens"):
         setattr(response, name, _token_count(name, getattr(response, name)))
     response.content = str(response.content or "").replace(NUL, "")
-    response.finish_reason = str(response.finish_reason or "stop").replace(NUL, "")
+    if found := LONE_SURROGATE.search(response.content):
+        raise UnencodableText(f"The text of the answer contains a lone surrogate (\\u{ord(found.group()):04x}), "
+                                "which is not a character: write the answer without it.")
+    response.finish_reason = _storable(str(response.finish_reason or "stop"))
     for call in response.tool_calls:
         _screen_call(call)
     return response
@@ -65,11 +83,12 @@ def screen_response(response):
 
 @contextmanager
 def storable_errors():
-    """Re-raise a ``ModelError`` whose text has NUL characters as the same type with them replaced."""
+    """Re-raise a ``ModelError`` whose text has NUL characters or lone surrogates as the same type with them
+    replaced."""
     try:
         yield
     except ModelError as exc:
-        if NUL not in str(exc):
+        if _storable(str(exc)) == str(exc):
             raise
         raise type(exc)(_storable(str(exc))) from exc
 
@@ -87,19 +106,20 @@ def _screen_call(call: dict) -> None:
     problems = []
     call_id = "" if call.get("id") is None else str(call["id"])
     call["id"] = call_id
-    if len(call_id) > MAX_CALL_ID_LENGTH or NUL in call_id:
+    if len(call_id) > MAX_CALL_ID_LENGTH or _storable(call_id) != call_id:
         call["original_id"] = _storable(call_id)
         call["id"] = ""
         problems.append(f"The tool call id must be at most {MAX_CALL_ID_LENGTH} characters without NUL "
-                        "characters; it was replaced.")
+                        "characters or lone surrogates; it was replaced.")
     name = call.get("name")
-    if name is not None and (not isinstance(name, str) or len(name) > MAX_TOOL_NAME_LENGTH or NUL in name):
+    if name is not None and (not isinstance(name, str) or len(name) > MAX_TOOL_NAME_LENGTH
+                             or _storable(name) != name):
         call["name"] = _storable(str(name))
         problems.append(f"The tool name must be a string of at most {MAX_TOOL_NAME_LENGTH} characters "
-                        "without NUL characters.")
+                        "without NUL characters or lone surrogates.")
     raw = call.get("arguments")
     if isinstance(raw, str):
-        call["arguments"] = raw.replace(NUL, "\\u0000")
+        call["arguments"] = LONE_SURROGATE.sub(_escaped, raw.replace(NUL, "\\u0000"))
     elif raw is not None:
         call["arguments"] = _as_text(raw)
     if problems:
@@ -107,7 +127,11 @@ def _screen_call(call: dict) -> None:
 
 
 def _storable(text: str) -> str:
-    return text.replace(NUL, REPLACEMENT)
+    return LONE_SURROGATE.sub(REPLACEMENT, text.replace(NUL, REPLACEMENT))
+
+
+def _escaped(match: re.Match) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def _as_text(value) -> str:
@@ -119,11 +143,11 @@ def _as_text(value) -> str:
 
 
 def parse_arguments(raw: str) -> dict:
-    """Parse tool arguments strictly: a JSON object, finite numbers, no NUL anywhere.
+    """Parse tool arguments strictly: a JSON object, finite numbers, no NUL or lone surrogate anywhere.
 
     Raises ``UnsafeArguments`` (a ``ValueError``) saying why, for the
     model: invalid JSON, ``NaN``/``Infinity``/``-Infinity``, a number that
-    overflows to infinity (``1e309``), a NUL character in a key or string,
+    overflows to infinity (``1e309``), a NUL character or a lone surrogate in a key or string,
     objects and arrays nested deeper than ``MAX_ARGUMENT_DEPTH``, or a
     value that is not an object.
     """
@@ -156,10 +180,13 @@ _TOO_DEEP = f"Arguments must not nest objects and arrays more than {MAX_ARGUMENT
 
 
 def _check_values(value, depth: int) -> None:
-    """Raise ``UnsafeArguments`` for a NUL character or nesting deeper than ``MAX_ARGUMENT_DEPTH``."""
+    """Raise ``UnsafeArguments`` for a NUL character, a lone surrogate or nesting deeper than ``MAX_ARGUMENT_DEPTH``."""
     if isinstance(value, str):
         if NUL in value:
             raise UnsafeArguments("Arguments must not contain NUL characters (\\u0000).")
+        if found := LONE_SURROGATE.search(value):
+            raise UnsafeArguments(f"Arguments must not contain a lone surrogate (\\u{ord(found.group()):04x}), "
+                                  "which is not a character.")
         return
     if not isinstance(value, (dict, list)):
         return

@@ -175,3 +175,97 @@ def test_a_provider_error_quoting_nul_characters_fails_the_run_cleanly(demo, wor
     assert "\x00" not in run.error and "400" in run.error
     assert "bad" not in run.error  # the provider's own words stay in the log, not in what requesters read
     assert all("\x00" not in (step.error or "") for step in run.steps.all())
+
+
+# --- lone UTF-16 surrogates: no character, so no page, email or JSON in UTF-8 can hold one ------------
+
+SURROGATE_CANCEL = {"name": "cancel_order", "arguments": '{"order_id": 125, "reason": "customer \\ud800 request"}'}
+
+
+@pytest.mark.parametrize("raw", ['{"note": "customer \\ud800 request"}', '{"\\udfff": 1}', '{"a": ["x\\udbff"]}'])
+def test_arguments_parser_refuses_escaped_lone_surrogates(raw):
+    with pytest.raises(UnsafeArguments, match="lone surrogate"):
+        parse_arguments(raw)
+
+
+def test_arguments_parser_keeps_a_surrogate_pair():
+    assert parse_arguments('{"note": "\\ud83d\\ude00"}') == {"note": "\U0001F600"}
+
+
+def _plain_agent(agent: Agent, **fields) -> None:
+    """Make the replay agent complete on any final answer (``default`` check), with ``fields`` changed too."""
+    for name, value in {"completion_check": "default", **fields}.items():
+        setattr(agent, name, value)
+    agent.save()
+
+
+def _pages_answer(demo, run: Run) -> None:
+    """Every approver's lists and the run's pages answer 200 (nothing stored breaks them)."""
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    browser, api_client = Client(), APIClient()
+    browser.force_login(demo["approver"])
+    api_client.force_authenticate(demo["approver"])
+    for path in ("/inbox/", f"/runs/{run.pk}/"):
+        response = browser.get(path)
+        assert response.status_code == 200, path
+        response.content.decode("utf-8")
+    for path in ("/api/interrupts/", "/api/interrupts/?status=pending", f"/api/runs/{run.pk}/tool-calls/"):
+        assert api_client.get(path).status_code == 200, path
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("where", ["escaped", "decoded"])
+def test_a_lone_surrogate_in_tool_arguments_is_an_invalid_call_and_the_inbox_stays_up(
+        demo, worker, llm, provider, where):
+    # "escaped": the arguments' JSON text holds \ud800; "decoded": the character itself, as an SDK hands it over
+    raw = SURROGATE_CANCEL["arguments"] if where == "escaped" else '{"order_id": 125, "reason": "a \ud800 b"}'
+    server, agent = llm(provider, [{"tool_calls": [{**SURROGATE_CANCEL, "arguments": raw}]}, {"content": "Sorry."}])
+    _plain_agent(agent, tools=["query_order", "cancel_order"])
+    run = start_run(agent=agent, user=demo["requester"], input="Cancel order 125.")
+    worker.drain()
+    run.refresh_from_db()
+
+    call = run.tool_calls.get()
+    assert call.status == "invalid" and "lone surrogate" in call.error
+    assert call.raw_arguments.encode("utf-8")  # stored as text that can be encoded (the escape, not the char)
+    assert run.interrupts.count() == 0 and run.status == "completed"
+    told = [json.loads(c) for c in run.messages.filter(role="tool").values_list("content", flat=True)]
+    assert told[0]["status"] == "invalid" and "lone surrogate" in told[0]["error"]
+    _pages_answer(demo, run)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_lone_surrogate_in_the_answer_text_is_refused_and_told_to_the_model(demo, worker, llm, provider):
+    server, agent = llm(provider, [{"content": "Cancelled \ud800 order 125."}, {"content": "Done."}])
+    _plain_agent(agent)
+    run = start_run(agent=agent, user=demo["requester"], input="Cancel order 125.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.final_output) == ("completed", "Done.")
+    assert not run.messages.filter(content__contains="Cancelled").exists()
+    repair = json.dumps(server.requests[1]["body"])
+    assert "lone surrogate" in repair
+    _pages_answer(demo, run)
+
+
+@pytest.mark.parametrize("side_effect", [False, True])
+def test_a_tool_result_with_a_lone_surrogate_is_not_stored(demo, worker, monkeypatch, side_effect):
+    import dataclasses
+
+    from tools import registry
+
+    lookup = registry.get_tool("fake_lookup")
+    monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(
+        lookup, side_effect=side_effect, approval="never", handler=lambda ctx, args: {"note": "x \ud800 y"}))
+    agent = create_agent(slug="surrogate-result", name="s", tools=["fake_lookup"], model={
+        "provider": "scripted", "turns": [{"tool_calls": [{"name": "fake_lookup", "arguments": {"key": "a"}}]},
+                                          {"content": "Looked."}]})
+    run = start_run(agent=agent, user=demo["requester"], input="look")
+    worker.drain()
+
+    call = run.tool_calls.get()
+    assert call.status == ("unknown" if side_effect else "failed")
+    assert call.result is None and "cannot be stored" in call.error

@@ -31,6 +31,7 @@ import anthropic
 import httpx2
 from django.conf import settings
 
+from runs.model_output import UnsafeArguments, parse_arguments
 from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse, Provider
 from runs.providers.http_config import (
     SDKClientCache,
@@ -48,13 +49,14 @@ NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 def _input_object(raw) -> dict:
+    """The ``input`` of a ``tool_use`` block replayed from history: the raw arguments if they parse
+    strictly (``runs.model_output.parse_arguments``), else ``{}`` (the call was ``invalid``; its result says why)."""
     if isinstance(raw, dict):
         return raw
     try:
-        value = json.loads(raw or "{}")
-    except (TypeError, ValueError):
+        return parse_arguments(raw or "{}")
+    except UnsafeArguments:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _blocks(message: dict) -> tuple[str, list[dict]]:

@@ -1,7 +1,10 @@
 """Template filters and tags for the browser surfaces.
 
 Filters here return plain strings: Django escapes them like any other
-value, which is what model-produced text needs.
+value, which is what model-produced text needs. The ones that show stored
+JSON or text (``pretty_json``, ``json_value``, ``argument_fields``) also
+make it printable: a lone surrogate (which no UTF-8 page can hold) shows as
+U+FFFD, and text nested too deep to parse is shown as it is stored.
 """
 
 import json
@@ -14,19 +17,29 @@ from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
 
 from runs import labels
+from runs.model_output import LONE_SURROGATE, REPLACEMENT
 
 register = template.Library()
 
 
+def printable(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD, so the page can be encoded as UTF-8."""
+    return LONE_SURROGATE.sub(REPLACEMENT, text)
+
+
 @register.filter
 def pretty_json(value) -> str:
-    """``value`` as indented JSON; a string is parsed first, and shown verbatim if it is not JSON."""
+    """``value`` as indented JSON; a string is parsed first, and shown verbatim if it is not JSON (or is
+    nested too deep to parse)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError):
+            return printable(value)
+    try:
+        return printable(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    except RecursionError:
+        return printable(str(value)[:10_000])
 
 
 @register.filter
@@ -51,8 +64,11 @@ def labels_json() -> str:
 def json_value(value) -> str:
     """One value for people: a string as it is, anything else as compact JSON (``60``, ``true``, ``{"a": 1}``)."""
     if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=str)
+        return printable(value)
+    try:
+        return printable(json.dumps(value, ensure_ascii=False, default=str))
+    except RecursionError:
+        return printable(str(value)[:10_000])
 
 
 @register.filter
@@ -65,7 +81,8 @@ def argument_fields(arguments) -> list[dict]:
     """
     if not isinstance(arguments, dict):
         return []
-    return [{"name": name, "value": value, "text": isinstance(value, str)} for name, value in arguments.items()]
+    return [{"name": printable(str(name)), "value": printable(value) if isinstance(value, str) else value,
+             "text": isinstance(value, str)} for name, value in arguments.items()]
 
 
 @register.simple_tag

@@ -11,6 +11,7 @@ from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from config.strict_json import check_value
 from runs.failpoints import failpoint
 from runs.models import Phase, RunEvent
 from runs.services import RunColumns
@@ -22,6 +23,7 @@ from tools.services.targets import Target, claim, release, target_of
 
 log = logging.getLogger(__name__)
 S = ToolCallStatus
+MAX_RESULT_DEPTH = 64  # nesting of a tool's result (objects and arrays) that is stored and shown
 
 
 OutcomeHook = Callable[[ToolCall], None]
@@ -222,18 +224,19 @@ def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tupl
 def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
     """Record a handler's return value: ``succeeded``, unless the value cannot be stored.
 
-    A value that is not strict JSON (``Decimal``, NaN, a NUL character) or
-    that the database refuses is a deterministic error, never retried: a
+    A value that is not strict JSON (``Decimal``, NaN, a NUL character, a
+    lone surrogate, nesting deeper than ``MAX_RESULT_DEPTH``:
+    ``config.strict_json.check_value``) or that the database refuses is a
+    deterministic error, never retried: a
     side-effecting call becomes ``unknown`` (its effect may well have
     happened; reconciliation finds out), a read-only one ``failed``.
     ``outcome(transition, **arguments)`` stores an outcome.
     """
     try:
-        text = json.dumps(result, allow_nan=False)
-        if "\\u0000" in text:
-            raise ValueError("the result contains a NUL character")
+        json.dumps(result, allow_nan=False)  # strict JSON only: no Decimal, set, NaN...
+        check_value(result, max_depth=MAX_RESULT_DEPTH)  # no NUL, lone surrogate or runaway nesting
         return outcome(tool_call.succeed, result=result, now=timezone.now())
-    except (TypeError, ValueError, DataError, IntegrityError) as exc:
+    except (TypeError, ValueError, RecursionError, DataError, IntegrityError) as exc:
         log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
         tool_call.refresh_from_db()
         error = f"The tool returned a result that cannot be stored ({type(exc).__name__})."
