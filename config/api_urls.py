@@ -4,6 +4,7 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from approvals.api import InterruptViewSet
+from config.api_index import ApiIndexView
 from runs.api import AgentViewSet, RunViewSet, SessionViewSet
 from runs.api_waits import EventView, run_wait
 from runs.webhooks.api import WebhookDeliveryViewSet, WebhookSubscriptionViewSet
@@ -18,6 +19,7 @@ router.register("webhooks/deliveries", WebhookDeliveryViewSet, basename="webhook
 router.register("webhooks", WebhookSubscriptionViewSet, basename="webhook")
 
 urlpatterns = [
+    path("", ApiIndexView.as_view(), name="index"),
     *router.urls,
     path("tools/", ToolListView.as_view(), name="tool-list"),
     path("events/", EventView.as_view(), name="event-list"),

@@ -1,9 +1,11 @@
-"""URL map: inbox and run pages, REST API, OpenAPI schema and its docs page, admin, login, language switch."""
+"""URL map: inbox and run pages, REST API and its index, OpenAPI schema and its docs page, admin, login, language switch."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.templatetags.static import static
 from django.urls import include, path
+from django.utils.functional import lazy
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
@@ -12,6 +14,8 @@ from config.api_schema import ApiDocsView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Browsers ask for /favicon.ico whatever the page says.
+    path("favicon.ico", RedirectView.as_view(url=lazy(static, str)("favicon.svg"), permanent=True)),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     # POST /i18n/setlang/ (Django's set_language): the header's language switcher.
