@@ -66,6 +66,45 @@ def test_requester_starts_refund_approver_approves_in_inbox_run_completes_live(d
     assert "Approved" in resolution and "decided by approver" in resolution and "Damaged on arrival, OK." in resolution
 
 
+def test_the_status_badge_changes_with_the_tool_calls_never_before_them(demo, worker, served, browser):
+    requester = log_in(browser, served, "requester", "requester-demo")
+    requester.click("#nav-start")
+    requester.select_option("#id_agent", "refund-order")
+    requester.fill("#id_input", "Please refund 80.00 on order 123, it arrived damaged.")
+    requester.click("#start")
+    requester.wait_for_url("**/runs/*/")
+    run_id = requester.get_attribute("#run", "data-run-id")
+    worker.drain()
+    requester.wait_for_selector("#run-status[data-status=waiting]")
+    requester.wait_for_selector("#live-indicator.on")
+    # The page's re-render (what a new status asks for) is held until the run has ended.
+    held = []
+    requester.route(f"{served}/runs/{run_id}/", lambda route: held.append(route)
+                    if route.request.headers.get("x-requested-with") == "fetch" else route.continue_())
+
+    approver = log_in(browser, served, "approver", "approver-demo")
+    approver.goto(f"{served}/inbox/")
+    approver.locator(".inbox-item", has_text=f"run {run_id}").locator("a.open-item").click()
+    approver.click("#approve")
+    approver.wait_for_url(f"{served}/runs/{run_id}/")
+    worker.drain()
+    approver.wait_for_selector("#run-status[data-status=completed]")  # the run has ended
+    for _ in range(100):  # the pushes reach the requester's page, which asks for its re-render
+        if held:
+            break
+        requester.wait_for_timeout(100)
+    assert held, "the page never asked to be re-rendered"
+    requester.wait_for_timeout(1000)  # every push of the run's end has arrived meanwhile
+    # Until the re-render arrives, the badge shows what the rest of the section shows.
+    assert requester.get_attribute("#run-status", "data-status") == "waiting"
+    assert requester.get_attribute("#run", "data-status") == "waiting"
+    while held:
+        held.pop().continue_()
+    requester.wait_for_selector("#run-status[data-status=completed]")
+    statuses = requester.eval_on_selector_all(".tool-call-row", "rows => rows.map(row => row.dataset.status)")
+    assert statuses and set(statuses) == {"succeeded"}, statuses
+
+
 @pytest.fixture
 def denied_refund_run(demo, worker, api):
     """A finished run whose refund was denied while the model claimed success (set up before the browser starts)."""

@@ -3,7 +3,7 @@
  * The WebSocket (/ws/runs/<id>/) sends the run's snapshot on connect and on
  * every change. Phase and waiting reason are updated in place; when the
  * status changes, the page's #run section is re-fetched and swapped in, so
- * the timeline and tool calls catch up. If the socket is down (or a message
+ * the status badge, the timeline and the tool calls change together. If the socket is down (or a message
  * was lost), /runs/<id>/status/ is polled: every 2 s without a socket,
  * every 10 s with one, not at all once the run has ended.
  * Values are shown in the page's language: the words come from #run's
@@ -26,6 +26,7 @@
   if (!root) { return; }
   var runId = root.dataset.runId;
   var shown = root.dataset.status;      // status the rendered page shows
+  var wanted = shown;                   // newest status pushed; the section is being re-fetched to show it
   var socket = null;
   var socketOpen = false;
   var refreshing = false;
@@ -70,7 +71,7 @@
         if (fresh) {
           root.innerHTML = fresh.innerHTML;
           root.dataset.status = fresh.dataset.status;
-          shown = fresh.dataset.status;
+          shown = wanted = fresh.dataset.status;
           setLive(socketOpen);
         }
       })
@@ -90,14 +91,10 @@
     }
     setText("run-phase", run.phase);
     setText("run-waiting-reason", run.waiting_reason);
-    if (run.status !== shown) {
-      var badge = el("run-status");
-      if (badge) {
-        badge.textContent = label(run.status);
-        badge.dataset.status = run.status;
-        badge.className = "badge status-" + run.status;
-      }
-      shown = run.status;
+    // A new status comes with the section re-rendered around it (badge, timeline and tool calls from one
+    // request), never alone: the badge never says "completed" beside a call the page still shows "running".
+    if (run.status !== wanted) {
+      wanted = run.status;
       refreshSection();
     }
     if (TERMINAL.indexOf(run.status) >= 0) { schedulePoll(); }
