@@ -43,7 +43,7 @@ def fingerprint(interrupt: Interrupt) -> str:
     return hashlib.sha256(json.dumps(shown, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _checked_ids(ids) -> list[int]:
+def checked_ids(ids) -> list[int]:
     """The ids as ints, first occurrence kept; ``InvalidInput`` if none, too many or not ids (1 to ``MAX_INT``)."""
     try:
         ordered = list(dict.fromkeys(int(i) for i in ids))
@@ -85,7 +85,7 @@ def plan_bulk(*, user, ids, shown: dict[str, str] | None = None) -> BulkPlan:
     not approval items (``refused``). Raises ``InvalidInput`` for bad ids,
     more than ``MAX_BULK_ITEMS``, or items of more than one tool.
     """
-    ordered = _checked_ids(ids)
+    ordered = checked_ids(ids)
     found = {i.pk: i for i in Interrupt.objects.decidable_by(user).filter(pk__in=ordered)
              .select_related("run__agent", "run__requested_by", "tool_call")}
     items, left_out = [], []
@@ -133,7 +133,7 @@ def decide_bulk(*, user, decision: str, comment: str, expected: dict[int, str]) 
     comment = (comment or "").strip()
     if decision == Decision.REJECTED and not comment:
         raise InvalidInput.for_fields({"comment": _("Say why: a rejection needs a comment.")})
-    ids = _checked_ids(expected)
+    ids = checked_ids(expected)
     shown = {int(pk): value for pk, value in expected.items()}
     decidable = set(Interrupt.objects.decidable_by(user).filter(pk__in=ids).values_list("pk", flat=True))
     outcomes = []
@@ -165,3 +165,4 @@ def _decide_one(pk: int, *, user, decision: str, comment: str, shown: str) -> Bu
     except TollgateError as exc:
         return BulkOutcome(pk, False, REFUSED, exc.message)
     return BulkOutcome(pk, True)
+

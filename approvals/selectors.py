@@ -11,6 +11,7 @@ from datetime import date, datetime, time, timedelta
 from django.db.models import Count, Q, Subquery
 from django.utils import timezone
 
+from approvals.bulk import checked_ids
 from approvals.models import AnswerFile, Interrupt, InterruptKind, InterruptStatus
 from runs.models import Agent, Run, RunEvent
 from tools.models import ToolCall, ToolCallStatus
@@ -481,3 +482,53 @@ def reconciliation_lookup(item: Interrupt) -> Lookup | None:
     return Lookup(idempotency_key=call.idempotency_key, error=call.error, attempts=call.attempts,
                   reconcile_attempts=call.reconcile_attempts, last_check=last[0] if last else None,
                   last_check_result=last[1] if last else "")
+
+
+# A call in one of these has had its outcome: nothing about it changes without a person.
+SETTLED_CALLS = {ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.DENIED, ToolCallStatus.UNKNOWN,
+                 ToolCallStatus.REJECTED, ToolCallStatus.EXPIRED, ToolCallStatus.CANCELLED, ToolCallStatus.INVALID}
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """What became of a decided item, for the bulk result page: its run's status and its call's.
+
+    ``call_status`` is a ``ToolCallStatus`` value ("" without a call);
+    ``detail`` the call's error (why it was denied, failed or is unknown);
+    ``settled``: the call has its outcome or the run has ended.
+    """
+
+    item: Interrupt
+    run_status: str
+    call_status: str
+    detail: str
+    settled: bool
+
+
+def item_outcomes(*, user, ids) -> list[ItemOutcome]:
+    """The outcomes of items ``ids`` (at most ``approvals.bulk.MAX_BULK_ITEMS``) that ``user`` may see, in the order asked.
+
+    Items ``user`` may not see are left out (nothing leaks). Raises
+    ``InvalidInput`` for bad ids, like ``approvals.bulk.plan_bulk``. One query.
+    """
+    ordered = checked_ids(ids)
+    found = {i.pk: i for i in Interrupt.objects.visible_to(user).filter(pk__in=ordered)
+             .select_related("run", "tool_call")}
+    outcomes = []
+    for pk in ordered:
+        item = found.get(pk)
+        if item is None:
+            continue
+        call = item.tool_call
+        call_status = call.status if call is not None else ""
+        outcomes.append(ItemOutcome(
+            item=item, run_status=item.run.status, call_status=call_status,
+            detail=call.error if call is not None and call_status in SETTLED_CALLS else "",
+            settled=item.run.is_terminal or call_status in SETTLED_CALLS))
+    return outcomes
+
+
+def conflicting(rows: list) -> list:
+    """The decorated rows (``decorate_rows``) whose tool says the pending calls on their target cannot all
+    succeed together."""
+    return [row for row in rows if row.related is not None and row.related.together.all_can_succeed is False]

@@ -9,6 +9,7 @@ urlpatterns = [
     path("inbox/rows/", views.inbox_rows, name="inbox-rows"),
     path("inbox/decided/", workflow_views.decided, name="inbox-decided"),
     path("inbox/bulk/", bulk_views.inbox_bulk, name="inbox-bulk"),
+    path("inbox/bulk/outcomes/", bulk_views.inbox_bulk_outcomes, name="inbox-bulk-outcomes"),
     path("inbox/preferences/", workflow_views.notification_preferences, name="notification-preferences"),
     path("inbox/<int:interrupt_id>/", views.interrupt_detail, name="inbox-item"),
     path("inbox/<int:interrupt_id>/claim/", workflow_views.claim, name="inbox-item-claim"),

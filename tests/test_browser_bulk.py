@@ -56,3 +56,44 @@ def test_bulk_approve_five_after_a_confirmation_page_and_skip_the_cancelled_one(
         assert item.run.status == RunStatus.COMPLETED
     assert RunEvent.objects.filter(type="interrupt", actor="user:approver", reason="approved").count() == 5
     assert Interrupt.objects.get(pk=cancelled.pk).status == "cancelled"
+
+
+@pytest.fixture
+def three_refunds_on_one_order(demo, worker):
+    """Three pending refunds of 80.00 on order 123 (total 120.00), each in its own run and session."""
+    from runs.engine.lifecycle import start_run
+    from tests.durability import make_agent
+
+    agent = make_agent("refund-80", [{"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 80}}]},
+                                     {"content": "Done."}], tools=["refund"], check="refund")
+    runs = [start_run(agent=agent, user=demo["requester"], input=f"refund 123, try {n}") for n in range(3)]
+    worker.drain()
+    return list(Interrupt.objects.filter(run__in=runs).order_by("pk"))
+
+
+def test_bulk_pages_warn_item_by_item_and_show_each_real_outcome_live(
+        three_refunds_on_one_order, demo, worker, payment_gateway, served, browser, monkeypatch):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    items = three_refunds_on_one_order
+    approver = log_in(browser, served, "approver", "approver-demo")
+    for item in items:
+        approver.check(f'input.bulk-select[value="{item.pk}"]')
+    approver.click("#bulk-decide")
+    approver.wait_for_selector("#bulk-confirm-form")
+    assert "Not all of these can succeed" in approver.text_content("#bulk-conflicts")
+    for item in items:
+        note = approver.locator(f'.bulk-item[data-interrupt-id="{item.pk}"] p.related.conflict')
+        assert "not all can be paid" in note.text_content()
+
+    approver.fill("#id_comment", "All three.")
+    approver.click("#bulk-approve")
+    approver.wait_for_selector("#bulk-outcomes")
+    assert approver.locator(".bulk-outcome").count() == 3
+    worker.drain()  # the runs go on while the page is open; the page follows by itself
+    approver.wait_for_function(
+        "() => document.querySelectorAll('.bulk-outcome[data-settled=\"true\"]').length === 3", timeout=30_000)
+    statuses = approver.eval_on_selector_all(".bulk-outcome", "rows => rows.map(row => row.dataset.callStatus)")
+    assert sorted(statuses) == ["denied", "denied", "succeeded"]
+    denied = approver.locator('.bulk-outcome[data-call-status="denied"] .bulk-outcome-detail')
+    assert all("at most 40.00 can be refunded" in denied.nth(n).text_content() for n in range(2))
+    assert [r["amount"] for r in payment_gateway.ledger()["refunds"]] == ["80.00"]

@@ -12,6 +12,8 @@ from decimal import Decimal
 
 import dramatiq
 import pytest
+from bs4 import BeautifulSoup
+from django.contrib.auth import get_user_model
 from django.test import Client
 from dramatiq import Worker
 
@@ -96,15 +98,38 @@ def test_refunds_approved_together_on_the_bulk_page_pay_at_most_the_order_total(
     items = list(Interrupt.objects.filter(run__in=runs).order_by("pk"))
     browser = Client()
     browser.force_login(demo["approver"])
+    # The confirmation page repeats the inbox's warning, item by item.
+    confirm = browser.get("/inbox/bulk/", {"item": [item.pk for item in items]})
+    assert confirm.status_code == 200
+    page = BeautifulSoup(confirm.content, "html.parser")
+    assert page.select_one("#bulk-conflicts") is not None
+    for item in items:
+        note = page.select_one(f'.bulk-item[data-interrupt-id="{item.pk}"] p.related.conflict')
+        assert note is not None and "ask 240.00; only 120.00 refundable: not all can be paid" in note.text
 
     response = browser.post("/inbox/bulk/", {"decision": "approved", "comment": "all three",
                                              "item": [item.pk for item in items],
                                              **{f"fingerprint-{item.pk}": fingerprint(item) for item in items}})
     assert response.status_code == 200
     assert Interrupt.objects.filter(run__in=runs, decision="approved").count() == 3
+    result = BeautifulSoup(response.content, "html.parser")
+    outcomes_url = result.select_one("#bulk-outcomes")["data-url"]
+    assert len(result.select(".bulk-outcome")) == 3
     _settle(runs)
 
     _assert_one_paid_rest_denied(runs, payment_gateway)
+    # The result page's table, fetched again, tells each item's real outcome.
+    rows = BeautifulSoup(browser.get(outcomes_url).content, "html.parser").select(".bulk-outcome")
+    assert sorted(row["data-call-status"] for row in rows) == [S.DENIED, S.DENIED, S.SUCCEEDED]
+    assert all(row["data-settled"] == "true" for row in rows)
+    for row in rows:
+        why = row.select_one(".bulk-outcome-detail").text
+        assert ("at most 40.00 can be refunded" in why) == (row["data-call-status"] == S.DENIED)
+    # Someone who may not see the items gets no row of them; bad ids are refused.
+    stranger = Client()
+    stranger.force_login(get_user_model().objects.create_user("stranger", password="x" * 20))
+    assert BeautifulSoup(stranger.get(outcomes_url).content, "html.parser").select(".bulk-outcome") == []
+    assert browser.get("/inbox/bulk/outcomes/", {"item": "x"}).status_code == 400
 
 
 def test_a_cumulative_rule_counts_a_call_still_in_flight(demo, workers, payment_gateway):
