@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from approvals.bulk import checked_ids
 from approvals.models import AnswerFile, Interrupt, InterruptKind, InterruptStatus
+from runs.access import RunAccess
 from runs.models import Agent, Run, RunEvent
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Together, get_tool
@@ -532,3 +533,10 @@ def conflicting(rows: list) -> list:
     """The decorated rows (``decorate_rows``) whose tool says the pending calls on their target cannot all
     succeed together."""
     return [row for row in rows if row.related is not None and row.related.together.all_can_succeed is False]
+
+
+def lands_on_inbox(user) -> bool:
+    """Whether ``user``'s home is the inbox: staff and deciders (``RunAccess.sees_all``), or anyone with a
+    pending item to decide or answer (a requester's question). One query at most."""
+    return RunAccess.of(user).sees_all or Interrupt.objects.decidable_by(user).filter(
+        status=InterruptStatus.PENDING).exists()

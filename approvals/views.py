@@ -37,6 +37,14 @@ from tools.services.summary import describe
 
 @login_required
 @require_GET
+def home(request):
+    """``/`` and where a login lands: the inbox for those who decide (staff, holders of the decide
+    permission) or have an item waiting for them (a question), else the run list."""
+    return redirect("inbox" if selectors.lands_on_inbox(request.user) else "run-list")
+
+
+@login_required
+@require_GET
 def inbox(request):
     """Pending items the user may decide, one page (``selectors.inbox_page``), sorted and filtered by the query.
 

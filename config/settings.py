@@ -219,7 +219,7 @@ warnings.filterwarnings("ignore", message="No directory at: .*static", category=
 MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "var" / "media")
 
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "inbox"
+LOGIN_REDIRECT_URL = "home"  # the inbox for deciders, the run list for requesters
 LOGOUT_REDIRECT_URL = "login"
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")

@@ -9,6 +9,7 @@ from django.utils.functional import lazy
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from approvals import views as approvals_views
 from config.api import django_error_handler
 from config.api_schema import ApiDocsView
 
@@ -24,7 +25,7 @@ urlpatterns = [
     # A page for people: logged out, it sends them to the login page like every other page.
     path("api/docs/", login_required(ApiDocsView.as_view(url_name="schema")), name="api-docs"),
     path("api/", include(("config.api_urls", "api"))),
-    path("", RedirectView.as_view(pattern_name="inbox", permanent=False), name="home"),
+    path("", approvals_views.home, name="home"),
     path("", include("approvals.urls")),
     path("", include("runs.urls")),
 ]

@@ -7,6 +7,7 @@ context (its own cookies: another person) logged in as one user.
 """
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,8 @@ def browser():
 
 
 def log_in(browser, base: str, username: str, password: str, *, width: int = 1280, height: int = 900):
-    """A new browser context (its own cookies) logged in as ``username``: its page, on the inbox."""
+    """A new browser context (its own cookies) logged in as ``username``: its page, where a login lands
+    (the inbox for deciders, the run list for requesters)."""
     context = browser.new_context(viewport={"width": width, "height": height})
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
@@ -67,7 +69,7 @@ def log_in(browser, base: str, username: str, password: str, *, width: int = 128
     page.fill("#id_username", username)
     page.fill("#id_password", password)
     page.click("#login")
-    page.wait_for_url(base + "/inbox/")
+    page.wait_for_url(re.compile(re.escape(base) + r"/(inbox|runs)/$"))  # deciders: inbox; requesters: runs
     return page
 
 

@@ -4,6 +4,8 @@ Model-produced text must always reach the page escaped; these tests put
 ``<script>`` into the model's answer and its tool-call arguments.
 """
 
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -51,11 +53,28 @@ def test_root_redirects_to_inbox(client, demo):
     assert response.status_code == 302 and response["Location"] == reverse("inbox")
 
 
-def test_login_page_logs_in_and_lands_on_inbox(client, demo):
+@pytest.mark.parametrize(("username", "landing"), [("approver", "inbox"), ("admin", "inbox"),
+                                                     ("requester", "run-list")])
+def test_login_lands_deciders_on_the_inbox_and_requesters_on_their_runs(client, demo, username, landing):
     assert client.get(reverse("login")).status_code == 200
-    response = client.post(reverse("login"), {"username": "approver", "password": "approver-demo"})
-    assert response.status_code == 302 and response["Location"] == reverse("inbox")
-    assert client.get(reverse("inbox")).status_code == 200
+    response = client.post(reverse("login"), {"username": username, "password": f"{username}-demo"})
+    assert response.status_code == 302
+    response = client.get(response["Location"])  # "/" decides who lands where
+    assert response.status_code == 302 and response["Location"] == reverse(landing)
+    assert client.get(reverse(landing)).status_code == 200
+
+
+def test_the_start_form_names_the_agents_and_preselects_none(client, demo):
+    client.force_login(demo["requester"])
+    body = client.get(reverse("run-start")).content.decode()
+    assert re.search(r'<option value="" selected>\s*Choose an agent\s*</option>', body), body
+    assert '<option value="refund-order">' in body
+    assert "selected" not in body.split('<option value="" selected>')[1].split("</select>")[0]
+    agent = Agent.objects.get(slug="refund-order")
+    assert f"{agent.name} (refund-order)" in body
+    # Nothing chosen is refused, not started with some agent.
+    response = client.post(reverse("run-start"), {"agent": "", "input": "please"})
+    assert response.status_code in (200, 400) and "This field is required." in response.content.decode()
 
 
 def test_inbox_lists_the_pending_approval_for_the_approver_only(client, demo, worker):
