@@ -17,7 +17,6 @@ is told (``summary``) is the metadata and, for a text file, its first
 """
 
 import hashlib
-import json
 import mimetypes
 import unicodedata
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import PurePath
 import filetype
 from django.conf import settings
 
+from config import strict_json
 from runs.errors import InvalidInput, TooLarge
 
 FILE_MODES = ("none", "optional", "required")
@@ -81,9 +81,9 @@ def _text_type(content: bytes, name: str, declared: str) -> str | None:
     found = next((claim for claim in claims if claim in TEXT_TYPES), "text/plain")
     if found == "application/json":
         try:
-            json.loads(text)
-        except ValueError:
-            raise InvalidInput.for_fields({"file": "The file is not valid JSON."}) from None
+            strict_json.loads(text)
+        except strict_json.StrictJSONError as exc:
+            raise InvalidInput.for_fields({"file": f"The file is not acceptable JSON: {exc}"}) from None
     return found
 
 

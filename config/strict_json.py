@@ -5,9 +5,13 @@ Python's ``json`` accepts ``NaN``, ``Infinity`` and ``-Infinity``, turns
 limit (a body nested ~1000 deep raises ``RecursionError``) and turns an
 escaped lone surrogate (``"\\ud800"``) into a string that cannot be
 encoded as UTF-8 (so it can be neither stored nor sent back in an error);
-PostgreSQL refuses ``\\u0000`` in text and JSON. ``loads`` refuses all of
+PostgreSQL refuses ``\\u0000`` in text and JSON. It also keeps the last of
+two equal keys in one object, so ``{"agent": "a", "agent": "b"}`` means
+whatever the reader's parser picks (RFC 8259 section 4: names "SHOULD be
+unique"; RFC 7493, I-JSON, makes it a MUST). ``loads`` refuses all of
 these with ``StrictJSONError`` (a ``ValueError``) and a message fit for the
-requester.
+requester. It is the one parser of untrusted JSON text: request bodies,
+form fields, answer files and model output (``runs.model_output``).
 ``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
 ``StrictJSONFormField`` the form field (admin JSON fields).
 """
@@ -88,16 +92,28 @@ def check_value(value, *, max_depth: int = MAX_DEPTH) -> None:
             raise StrictJSONError("An integer in the JSON is too large.")
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object's members as a dict; raises ``StrictJSONError`` when a key appears twice."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            shown = key[:40] + ("…" if len(key) > 40 else "")
+            raise StrictJSONError(f"The key {json.dumps(shown)} appears more than once in one object.")
+        seen.add(key)
+    return dict(pairs)
+
+
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH):
     """Decode ``text`` as strict JSON (see module doc); returns the value.
 
     Raises ``StrictJSONError`` for malformed JSON, ``NaN``/``Infinity``,
     numbers that overflow a float or a 64-bit integer, NUL characters, lone
-    surrogates and nesting deeper than ``max_depth``.
+    surrogates, a key repeated in one object and nesting deeper than
+    ``max_depth``.
     """
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float,
-                           parse_int=_bounded_int)
+                           parse_int=_bounded_int, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise StrictJSONError(f"The JSON is nested too deeply (more than {max_depth} levels).") from None
     except StrictJSONError:

@@ -36,10 +36,10 @@ for tool arguments.
 """
 
 import json
-import math
 import re
 from contextlib import contextmanager
 
+from config import strict_json
 from runs.providers.base import MalformedResponse, ModelError
 
 MAX_TOKENS_PER_CALL = 10_000_000
@@ -143,56 +143,19 @@ def _as_text(value) -> str:
 
 
 def parse_arguments(raw: str) -> dict:
-    """Parse tool arguments strictly: a JSON object, finite numbers, no NUL or lone surrogate anywhere.
+    """Parse tool arguments strictly: a JSON object, by the rules of every untrusted JSON text here.
 
-    Raises ``UnsafeArguments`` (a ``ValueError``) saying why, for the
-    model: invalid JSON, ``NaN``/``Infinity``/``-Infinity``, a number that
-    overflows to infinity (``1e309``), a NUL character or a lone surrogate in a key or string,
-    objects and arrays nested deeper than ``MAX_ARGUMENT_DEPTH``, or a
-    value that is not an object.
+    ``config.strict_json.loads`` with ``MAX_ARGUMENT_DEPTH``: no
+    ``NaN``/``Infinity``, no number that overflows a float or a 64-bit
+    integer, no NUL character or lone surrogate in a key or string, no key
+    twice in one object, no nesting deeper than ``MAX_ARGUMENT_DEPTH``.
+    Raises ``UnsafeArguments`` (a ``ValueError``) saying why, for the model,
+    also for a value that is not an object.
     """
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except UnsafeArguments:
-        raise
-    except RecursionError:
-        raise UnsafeArguments(_TOO_DEEP) from None
-    except ValueError as exc:
-        raise UnsafeArguments(f"Arguments are not valid JSON: {exc}") from None
+        value = strict_json.loads(raw, max_depth=MAX_ARGUMENT_DEPTH)
+    except strict_json.StrictJSONError as exc:
+        raise UnsafeArguments(f"Arguments refused: {exc}") from None
     if not isinstance(value, dict):
         raise UnsafeArguments("Arguments must be a JSON object.")
-    _check_values(value, depth=1)
     return value
-
-
-def _refuse_constant(name: str):
-    raise UnsafeArguments(f"Arguments must not contain {name}: only finite numbers are allowed.")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise UnsafeArguments(f"The number {text[:40]} is too large: only finite numbers are allowed.")
-    return number
-
-
-_TOO_DEEP = f"Arguments must not nest objects and arrays more than {MAX_ARGUMENT_DEPTH} deep."
-
-
-def _check_values(value, depth: int) -> None:
-    """Raise ``UnsafeArguments`` for a NUL character, a lone surrogate or nesting deeper than ``MAX_ARGUMENT_DEPTH``."""
-    if isinstance(value, str):
-        if NUL in value:
-            raise UnsafeArguments("Arguments must not contain NUL characters (\\u0000).")
-        if found := LONE_SURROGATE.search(value):
-            raise UnsafeArguments(f"Arguments must not contain a lone surrogate (\\u{ord(found.group()):04x}), "
-                                  "which is not a character.")
-        return
-    if not isinstance(value, (dict, list)):
-        return
-    if depth > MAX_ARGUMENT_DEPTH:
-        raise UnsafeArguments(_TOO_DEEP)
-    for key in value if isinstance(value, dict) else ():
-        _check_values(key, depth)
-    for item in value.values() if isinstance(value, dict) else value:
-        _check_values(item, depth + 1)

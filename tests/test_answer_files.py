@@ -109,6 +109,9 @@ def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, demo, api, csv
     ("notes.csv", b"\xff\xfe\x00binary\x00", "text/csv"),  # not text, no known magic number
     ("page.html", b"<script>alert(1)</script>", "text/html"),  # text, so text/plain: not accepted here
     ("a.json", b"{not json", "application/json"),
+    ("deep.json", b"[" * 200_000, "text/plain"),  # JSON by its name only: too deep to parse (was a 500)
+    ("deep", b"[" * 200_000, "application/json"),  # JSON by its declared type only
+    ("twice.json", b'{"a": 1, "a": 2}', "application/json"),  # ambiguous: which "a"?
 ])
 def test_a_file_of_a_refused_type_is_400_and_nothing_is_stored(worker, demo, api, csv_question, media_root,
                                                                  name, content, declared):

@@ -117,3 +117,24 @@ def test_a_surrogate_pair_is_one_character_and_is_accepted(demo, event_wait):
         content_type="application/json")
     assert response.status_code == 201, response.content
     assert response.json()["title"] == "\U0001F600" and response.json()["metadata"] == {"e": "\U0001F600"}
+
+
+DUPLICATE_KEYS = {
+    "/api/events/": b'{"type": "%s", "key": "%s", "key": "K-other", "payload": {}}' % (EVENT_TYPE.encode(),
+                                                                                        EVENT_KEY.encode()),
+    "/api/runs/": b'{"agent": "refund-order", "agent": "cancel-order", "input": "Refund order 123."}',
+    "/api/sessions/": b'{"agent": "refund-order", "metadata": {"ticket": "T-1", "ticket": "T-2"}}',
+    "/api/webhooks/": b'{"url": "https://hooks.example.com/a", "url": "https://hooks.example.com/b"}',
+    "approve": b'{"comment": "ok", "arguments": {"order_id": 123, "amount": 10, "amount": 1000}}',
+}
+
+
+def test_a_key_given_twice_in_one_object_is_400_on_every_write_endpoint_and_nothing_is_written(
+        demo, approval_item, event_wait):
+    before = stored_state()
+    client = _raw_client(demo["approver"])
+    for url, body in DUPLICATE_KEYS.items():
+        url = f"/api/interrupts/{approval_item.pk}/approve/" if url == "approve" else url
+        error = error_of(client.generic("POST", url, body, content_type="application/json"), 400)
+        assert error["code"] == "parse_error" and "more than once" in error["message"], (url, error)
+    _unchanged(before, event_wait)
