@@ -1,6 +1,9 @@
 """Forms of the inbox pages. Their JSON fields are read with ``config.strict_json``."""
 
+from datetime import UTC, date, datetime, time, timedelta
+
 from django import forms
+from django.utils import timezone
 from django.utils.translation import gettext, gettext_lazy as _
 
 from approvals.models import Decision, NotificationPreference
@@ -126,11 +129,35 @@ class DecidedFilterForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["decision"].choices = [("", _("any"))] + list(Decision.choices)
 
+    def clean_day_from(self):
+        return _day_in_range(self.cleaned_data.get("day_from"))
+
+    def clean_day_to(self):
+        return _day_in_range(self.cleaned_data.get("day_to"))
+
     def clean(self):
         cleaned = super().clean()
         if cleaned.get("after") and cleaned.get("before"):
             raise forms.ValidationError(gettext("Give at most one of after and before."))
         return cleaned
+
+
+def _day_in_range(day: date | None) -> date | None:
+    """``day`` if the whole day, in the current time zone, is a span UTC can hold; else a ``ValidationError``.
+
+    A day is filtered on as ``[its start, the next day's start)`` in UTC:
+    ``9999-12-31`` has no next day, and ``0001-01-01`` starts before UTC's
+    first moment east of Greenwich.
+    """
+    if day is None:
+        return None
+    try:
+        start = timezone.make_aware(datetime.combine(day, time.min))
+        (start + timedelta(days=1)).astimezone(UTC)
+        start.astimezone(UTC)
+    except OverflowError:
+        raise forms.ValidationError(gettext("This date is out of range."), code="invalid") from None
+    return day
 
 
 class BulkDecisionForm(forms.Form):

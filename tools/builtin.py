@@ -27,7 +27,7 @@ it like any call without effect. Every wait is bounded by
 """
 
 import secrets
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
@@ -155,12 +155,22 @@ WAIT_FOR_EVENT = register(Tool(
 # --- wait_until --------------------------------------------------------------
 
 def parse_moment(text: str) -> datetime | None:
-    """An ISO 8601 date and time with a UTC offset (``2030-01-31T12:00:00+00:00``, ``...Z``), else None."""
+    """An ISO 8601 date and time with a UTC offset (``2030-01-31T12:00:00+00:00``, ``...Z``), in UTC; else None.
+
+    None too for a moment UTC cannot hold (``0001-01-01T00:00:00+01:00``:
+    ``OverflowError`` once converted), so the call is refused by its
+    precondition and the model is told, instead of failing the run.
+    """
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         return None
-    return moment if moment.tzinfo is not None and moment.utcoffset() is not None else None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        return None
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        return None
 
 
 def _until(args: dict) -> datetime:
@@ -171,7 +181,8 @@ def _until(args: dict) -> datetime:
 
 def _until_precondition(ctx: ToolContext, args: dict) -> str | None:
     if "until" in args and parse_moment(args["until"]) is None:
-        return "until must be an ISO 8601 date and time with a UTC offset, e.g. 2030-01-31T12:00:00+00:00."
+        return ("until must be an ISO 8601 date and time with a UTC offset, between the years 1 and 9999 "
+                "in UTC, e.g. 2030-01-31T12:00:00+00:00.")
     if _until(args) - timezone.now() > _max_wait():
         return f"That is more than {settings.TOLLGATE['MAX_WAIT_S']} seconds away, the longest wait allowed."
     return None
