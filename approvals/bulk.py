@@ -100,11 +100,15 @@ def plan_bulk(*, user, ids, shown: dict[str, str] | None = None) -> BulkPlan:
         else:
             interrupt.fingerprint = (shown or {}).get(str(pk)) or fingerprint(interrupt)
             items.append(interrupt)
-    tools = sorted({i.tool_call.name for i in items})
-    if len(tools) > 1:
-        raise InvalidInput.for_fields(
-            {"items": _("Select items of one tool at a time (these are of %(tools)s).") % {"tools": ", ".join(tools)}})
+    _require_one_tool({i.tool_call.name for i in items})
     return BulkPlan(items=items, left_out=left_out)
+
+
+def _require_one_tool(names: set[str]) -> None:
+    """Raise ``InvalidInput`` (field ``items``) when ``names`` holds more than one tool name."""
+    if len(names) > 1:
+        raise InvalidInput.for_fields({"items": _("Select items of one tool at a time (these are of %(tools)s).")
+                                       % {"tools": ", ".join(sorted(names))}})
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,9 @@ def decide_bulk(*, user, decision: str, comment: str, expected: dict[int, str]) 
     what was shown (else skipped, see the module doc) and calls
     ``decide_interrupt``: one item's failure never undoes another's
     decision. Returns one ``BulkOutcome`` per item, in the order given.
-    Raises ``InvalidInput`` (bad decision, missing comment, bad ids).
+    Raises ``InvalidInput`` (bad decision, missing comment, bad ids, items
+    of more than one tool: the confirmation page lists one tool's items,
+    and a POST naming others is refused whole, as ``plan_bulk`` refuses it).
     """
     if decision not in (Decision.APPROVED, Decision.REJECTED):
         raise InvalidInput.for_fields({"decision": _("Unknown decision %(decision)s.") % {"decision": repr(decision)}})
@@ -135,7 +141,9 @@ def decide_bulk(*, user, decision: str, comment: str, expected: dict[int, str]) 
         raise InvalidInput.for_fields({"comment": _("Say why: a rejection needs a comment.")})
     ids = checked_ids(expected)
     shown = {int(pk): value for pk, value in expected.items()}
-    decidable = set(Interrupt.objects.decidable_by(user).filter(pk__in=ids).values_list("pk", flat=True))
+    found = dict(Interrupt.objects.decidable_by(user).filter(pk__in=ids).values_list("pk", "tool_call__name"))
+    _require_one_tool({name for name in found.values() if name is not None})
+    decidable = set(found)
     outcomes = []
     for pk in ids:
         if pk not in decidable:

@@ -85,6 +85,11 @@ def test_bulk_refuses_mixed_tools_a_rejection_without_comment_and_items_one_may_
 
     mixed = client.get(reverse("inbox-bulk"), {"item": [refund.pk, email.pk]})
     assert mixed.status_code == 400 and "one tool at a time" in mixed.content.decode()
+    forged_mix = client.post(reverse("inbox-bulk"), {  # fingerprints of both, as no confirmation page showed them
+        "item": [refund.pk, email.pk], f"fingerprint-{refund.pk}": fingerprint(refund),
+        f"fingerprint-{email.pk}": fingerprint(email), "decision": "approved"})
+    assert forged_mix.status_code == 400 and "one tool at a time" in forged_mix.content.decode()
+    assert {i.status for i in Interrupt.objects.filter(pk__in=[refund.pk, email.pk])} == {InterruptStatus.PENDING}
 
     page = client.get(reverse("inbox-bulk"), {"item": [refund.pk]})
     again = client.post(reverse("inbox-bulk"), {**hidden_fields(page), "decision": "rejected", "comment": ""})
