@@ -8,5 +8,7 @@ class RunsConfig(AppConfig):
 
     def ready(self):
         from runs import access_signals
+        from runs.masking import install_log_masking
 
         access_signals.connect()
+        install_log_masking()  # every log line of every process (server, workers, sweeper) is masked

@@ -1,11 +1,18 @@
-"""Masking of credentials in JSON shown to users (agent model configs).
+"""Masking of credentials in JSON shown to users (agent model configs) and in every log line.
 
 Agent configs name endpoint profiles and hold no secrets
 (``runs.providers.http_config``); this is the second line: whatever looks
 like a credential anywhere in the value is replaced by ``"***"`` before
 it is shown.
+
+Log lines get the same treatment and more (``install_log_masking``): a
+provider's error answer may quote the request, key and all, and a
+library's exception may hold a URL with a password. Every log record of
+the process is masked as it is made, before any handler sees it.
 """
 
+import logging
+import os
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -61,3 +68,60 @@ def mask_credentials(value):
     if isinstance(value, str):
         return mask_string(value)
     return value
+
+
+# A credential given a value in free text: ``password=hunter2``, ``"api_key": "sk-..."``, ``token: abc``.
+_ASSIGNED = re.compile(
+    r"""((?:[\w.-]*(?:password|passwd|secret|token|api[_-]?key|apikey|authorization|credentials?)[\w.-]*)"""
+    r"""["']?\s*[:=]\s*["']?(?:(?:Bearer|Basic|Token)\s+)?)(?!\*\*\*)([^\s"',;&)}\]]+)""",
+    re.IGNORECASE)
+MIN_SECRET_CHARS = 6  # shorter values of secret environment variables are too common to mask by value
+
+
+def _secret_values() -> list[str]:
+    """Values of this process's environment variables whose names look like credentials, longest first."""
+    values = {value for name, value in os.environ.items()
+              if len(value) >= MIN_SECRET_CHARS and is_secret_name(name)}
+    return sorted(values, key=len, reverse=True)
+
+
+def mask_log_text(text: str) -> str:
+    """``text`` with credentials replaced by ``***``: values of secret environment variables
+    (``OPENAI_API_KEY``, ``SECRET_KEY``, ...) wherever they appear, values given to a credential's
+    name (``password=...``, ``"api_key": "..."``), and what ``mask_string`` finds."""
+    for value in _secret_values():
+        text = text.replace(value, MASK)
+    text = _ASSIGNED.sub(lambda m: m.group(1) + MASK, text)
+    return mask_string(text)
+
+
+def install_log_masking() -> None:
+    """Make every log record of the process masked (``mask_log_text``) as it is created.
+
+    A ``logging`` record factory (Python's ``logging.setLogRecordFactory``)
+    renders the message with its arguments, masks it, and stores it with no
+    arguments left; a traceback (``exc_info``) is rendered and masked into
+    ``exc_text``, which formatters print instead of rendering it again.
+    Every handler, Django's, Dramatiq's or a test's, sees only masked text.
+    Installing twice changes nothing. A record whose message cannot be
+    rendered is left as it is, for the handler to report as usual.
+    """
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "masks_secrets", False):
+        return
+
+    def masked_record(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: logging's own handler reports it
+            return record
+        record.msg, record.args = mask_log_text(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = mask_log_text(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = mask_log_text(record.stack_info)
+        return record
+
+    masked_record.masks_secrets = True
+    logging.setLogRecordFactory(masked_record)
