@@ -421,6 +421,10 @@ TOLLGATE = {
     "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
+    # Longest model output stored (characters): an answer's text, or one tool
+    # call's raw arguments. Longer text is refused (runs.model_output) and the
+    # model told so; it is never stored.
+    "MAX_MODEL_TEXT_CHARS": env.int("TOLLGATE_MAX_MODEL_TEXT_CHARS", default=100_000),
     # --- Files answering a question (ask_user with "file"; approvals.answer_files) ---
     # Largest file (bytes); a larger one is refused with 413.
     "ANSWER_FILE_MAX_BYTES": env.int("TOLLGATE_ANSWER_FILE_MAX_BYTES", default=5 * 1024 * 1024),

@@ -30,6 +30,11 @@ turn into a database error, which the worker would take for a crash.
   as their JSON escape, which ``parse_arguments`` refuses (an ``invalid``
   call). The same escape in the JSON text itself is refused by the parser.
 
+* text longer than ``TOLLGATE["MAX_MODEL_TEXT_CHARS"]`` is not stored:
+  text content makes the response refused (``RefusedText``: a repair
+  turn, told to the model), raw arguments are cut to their first
+  ``SHOWN_OF_REFUSED_ARGUMENTS`` characters and the call is refused.
+
 ``storable_errors`` does the same for the text of a ``ModelError`` (it may
 quote what the server sent). ``parse_arguments`` is the strict JSON parser
 for tool arguments.
@@ -39,6 +44,8 @@ import json
 import re
 from contextlib import contextmanager
 
+from django.conf import settings
+
 from config import strict_json
 from runs.providers.base import MalformedResponse, ModelError
 
@@ -46,14 +53,16 @@ MAX_TOKENS_PER_CALL = 10_000_000
 MAX_ARGUMENT_DEPTH = 32  # nesting of objects and arrays; deeper could not be stored safely
 MAX_CALL_ID_LENGTH = 100
 MAX_TOOL_NAME_LENGTH = 100
+SHOWN_OF_REFUSED_ARGUMENTS = 1_000  # characters kept of raw arguments refused as too long
 NUL = "\x00"
 REPLACEMENT = "\ufffd"
 # Code points of UTF-16 surrogates: a valid pair decodes to one character outside this range.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class UnencodableText(MalformedResponse):
-    """The answer's text holds what no UTF-8 text can (a lone surrogate): refused, and the model is told."""
+class RefusedText(MalformedResponse):
+    """The answer's text cannot be stored as it is (a lone surrogate, which no UTF-8 text can hold, or more
+    than ``TOLLGATE["MAX_MODEL_TEXT_CHARS"]`` characters): refused, and the model is told why."""
 
 
 class UnsafeArguments(ValueError):
@@ -66,14 +75,19 @@ def screen_response(response):
     Sets ``call["refused"]`` (the reason, for the model) and
     ``call["original_id"]`` where the module docstring says. Raises
     ``MalformedResponse`` for token counts that are not whole numbers
-    from 0 to ``MAX_TOKENS_PER_CALL``, and ``UnencodableText`` (one) for
-    text content with a lone surrogate.
+    from 0 to ``MAX_TOKENS_PER_CALL``, and ``RefusedText`` (one) for
+    text content with a lone surrogate or longer than
+    ``TOLLGATE["MAX_MODEL_TEXT_CHARS"]``.
     """
     for name in ("input_tokens", "output_tokens"):
         setattr(response, name, _token_count(name, getattr(response, name)))
     response.content = str(response.content or "").replace(NUL, "")
+    limit = max_text_chars()
+    if len(response.content) > limit:
+        raise RefusedText(f"The text of the answer is {len(response.content)} characters long, over the limit "
+                          f"of {limit}: write a shorter answer.")
     if found := LONE_SURROGATE.search(response.content):
-        raise UnencodableText(f"The text of the answer contains a lone surrogate (\\u{ord(found.group()):04x}), "
+        raise RefusedText(f"The text of the answer contains a lone surrogate (\\u{ord(found.group()):04x}), "
                                 "which is not a character: write the answer without it.")
     response.finish_reason = _storable(str(response.finish_reason or "stop"))
     for call in response.tool_calls:
@@ -118,12 +132,20 @@ def _screen_call(call: dict) -> None:
         problems.append(f"The tool name must be a string of at most {MAX_TOOL_NAME_LENGTH} characters "
                         "without NUL characters or lone surrogates.")
     raw = call.get("arguments")
-    if isinstance(raw, str):
+    if raw is not None and not isinstance(raw, str):
+        raw = _as_text(raw)
+    if raw is not None:
+        if len(raw) > (limit := max_text_chars()):
+            problems.append(f"The arguments are {len(raw)} characters long, over the limit of {limit}.")
+            raw = raw[:SHOWN_OF_REFUSED_ARGUMENTS] + "…"
         call["arguments"] = LONE_SURROGATE.sub(_escaped, raw.replace(NUL, "\\u0000"))
-    elif raw is not None:
-        call["arguments"] = _as_text(raw)
     if problems:
         call["refused"] = " ".join(problems)
+
+
+def max_text_chars() -> int:
+    """``TOLLGATE["MAX_MODEL_TEXT_CHARS"]``: the longest answer text, or raw arguments of one call, stored."""
+    return settings.TOLLGATE["MAX_MODEL_TEXT_CHARS"]
 
 
 def _storable(text: str) -> str:

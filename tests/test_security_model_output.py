@@ -269,3 +269,53 @@ def test_a_tool_result_with_a_lone_surrogate_is_not_stored(demo, worker, monkeyp
     call = run.tool_calls.get()
     assert call.status == ("unknown" if side_effect else "failed")
     assert call.result is None and "cannot be stored" in call.error
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_an_answer_over_the_text_limit_is_refused_told_to_the_model_and_never_stored(demo, worker, llm, provider,
+                                                                                     settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "MAX_MODEL_TEXT_CHARS": 5_000}
+    server, agent = llm(provider, [{"content": "spam " * 2_000}, {"content": "Done."}])
+    _plain_agent(agent)
+    run = start_run(agent=agent, user=demo["requester"], input="Say something short.")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert (run.status, run.final_output) == ("completed", "Done.")
+    assert not run.messages.filter(content__contains="spam spam").exists()
+    assert "over the limit of 5000" in json.dumps(server.requests[1]["body"])
+    assert any("over the limit" in (step.error or "") for step in run.steps.all())  # the run says so too
+    _pages_answer(demo, run)
+
+
+@pytest.mark.parametrize("raw", ['{"order_id": 125, "reason": "' + "x" * 20_000 + '"}',
+                                 "[" * 3_000 + "]" * 3_000],
+                         ids=["too-long", "3000-deep"])
+def test_arguments_too_long_or_too_deep_are_an_invalid_call_and_the_pages_stay_up(demo, worker, settings, raw):
+    settings.TOLLGATE = {**settings.TOLLGATE, "MAX_MODEL_TEXT_CHARS": 10_000}
+    agent = create_agent(slug="wild-arguments", name="w", tools=["query_order", "cancel_order"],
+                         completion_check="default", model={"provider": "scripted", "turns": [
+                             {"tool_calls": [{"name": "cancel_order", "arguments": raw}]}, {"content": "Sorry."}]})
+    run = start_run(agent=agent, user=demo["requester"], input="Cancel order 125.")
+    worker.drain()
+    run.refresh_from_db()
+
+    call = run.tool_calls.get()
+    assert call.status == "invalid" and len(call.raw_arguments) <= 10_000
+    assert run.status == "completed"
+    told = json.loads(run.messages.filter(role="tool").values_list("content", flat=True).get())
+    assert told["status"] == "invalid"
+    _pages_answer(demo, run)
+
+
+def test_a_long_text_stored_before_the_limit_is_shown_cut_on_the_run_page(demo, worker, client):
+    agent = create_agent(slug="old-long", name="o", tools=[], completion_check="default",
+                         model={"provider": "scripted", "turns": [{"content": "Done."}]})
+    run = start_run(agent=agent, user=demo["requester"], input="Go.")
+    worker.drain()
+    run.messages.filter(role="assistant").update(content="y" * 3_000_000)  # as stored before the limit existed
+
+    client.force_login(demo["requester"])
+    page = client.get(f"/runs/{run.pk}/")
+    assert page.status_code == 200
+    assert len(page.content) < 200_000 and "more characters" in page.content.decode()

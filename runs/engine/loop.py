@@ -42,7 +42,7 @@ from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
-from runs.model_output import MAX_CALL_ID_LENGTH, UnencodableText, screen_response, storable_errors
+from runs.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason, WaitStatus
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
@@ -516,13 +516,13 @@ def _malformed_response(run: Run, known: Known, step: Step, exc: Exception) -> b
 
     The step is ``failed`` (it counts toward ``max_model_calls`` but not
     ``max_turns``); once ``MAX_REPAIR_TURNS`` are spent the run fails with
-    ``invalid_model_output``. Text refused because it cannot be encoded
-    (``UnencodableText``) is told to the model, so it can write it again.
+    ``invalid_model_output``. Text refused as it is (``RefusedText``: a
+    lone surrogate, or too long) is told to the model, so it can write it again.
     """
     apply(step.fail, actor=ACTOR, reason="malformed response", payload={"error": str(exc)}, error=str(exc),
           now=timezone.now())
     return _repair_turn(run, known, f"malformed response ({exc})",
-                        tell=str(exc) if isinstance(exc, UnencodableText) else "")
+                        tell=str(exc) if isinstance(exc, RefusedText) else "")
 
 
 def _interrupted_stream(run: Run, step: Step, exc: Exception) -> bool:

@@ -22,9 +22,23 @@ from runs.model_output import LONE_SURROGATE, REPLACEMENT
 register = template.Library()
 
 
+MAX_SHOWN_CHARS = 20_000  # of one stored text on a page; the API has it whole
+
+
 def printable(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD, so the page can be encoded as UTF-8."""
+    """``text`` for a page: every lone surrogate replaced by U+FFFD (so the page can be encoded as UTF-8),
+    and cut after ``MAX_SHOWN_CHARS`` with a note of how much more there is (text stored before the model
+    output limit, ``TOLLGATE["MAX_MODEL_TEXT_CHARS"]``, may be megabytes long)."""
+    if len(text) > MAX_SHOWN_CHARS:
+        more = len(text) - MAX_SHOWN_CHARS
+        text = text[:MAX_SHOWN_CHARS] + "… " + _("(%(count)s more characters)") % {"count": more}
     return LONE_SURROGATE.sub(REPLACEMENT, text)
+
+
+@register.filter
+def shown_text(value) -> str:
+    """Stored text (a message, raw arguments, the model's final words) as a page shows it: ``printable``."""
+    return printable(str(value))
 
 
 @register.filter
@@ -39,7 +53,7 @@ def pretty_json(value) -> str:
     try:
         return printable(json.dumps(value, indent=2, ensure_ascii=False, default=str))
     except RecursionError:
-        return printable(str(value)[:10_000])
+        return printable(str(value)[:MAX_SHOWN_CHARS])
 
 
 @register.filter
@@ -68,7 +82,7 @@ def json_value(value) -> str:
     try:
         return printable(json.dumps(value, ensure_ascii=False, default=str))
     except RecursionError:
-        return printable(str(value)[:10_000])
+        return printable(str(value)[:MAX_SHOWN_CHARS])
 
 
 @register.filter
