@@ -23,6 +23,7 @@ message is written in its recipient's language (``NotificationPreference.languag
 
 import json
 import logging
+import unicodedata
 from datetime import timedelta
 
 import dramatiq
@@ -39,6 +40,7 @@ from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
 from runs.errors import InvalidInput
 from runs.masking import mask_credentials
+from runs.model_output import LONE_SURROGATE, REPLACEMENT
 from runs.wakeups import ADVANCE_QUEUE
 from tools.services.summary import describe
 
@@ -49,6 +51,7 @@ NOTIFY_ACTOR = "send_notification"  # declared by runs.engine.actors, named here
 NOTIFY_QUEUE = ADVANCE_QUEUE
 # An email shows this much of a call's arguments (credentials masked): the item page has them all.
 MAX_ARGUMENT_CHARS = 500
+MAX_SUBJECT_CHARS = 200
 
 
 def _wanting(users, kind: str) -> list:
@@ -69,21 +72,49 @@ def _link(name: str, *args) -> str:
 
 
 def _message(user, write) -> EmailMessage:
-    """One email to ``user``: ``write()`` returns ``(subject, body)``, called in the user's language."""
+    """One email to ``user``: ``write()`` returns ``(subject, body)``, called in the user's language.
+
+    Subject and body hold text a model chose (an item's title, arguments):
+    the subject is made one clean line (``header_line``) and the body
+    printable, so no stored text can make the mail library refuse it.
+    """
     with translation.override(user.email_language):
         subject, body = write()
-    return EmailMessage(subject=subject, body=body, to=[user.email])
+    return EmailMessage(subject=header_line(subject), body=printable_text(body), to=[user.email])
+
+
+def header_line(text: str) -> str:
+    """``text`` as one line fit for a mail header: every control character, line or paragraph separator
+    becomes a space (runs of them one), a lone surrogate U+FFFD, and at most ``MAX_SUBJECT_CHARS`` are kept."""
+    cleaned = "".join(" " if unicodedata.category(char) in ("Cc", "Zl", "Zp") else char
+                      for char in printable_text(text))
+    return Truncator(" ".join(cleaned.split())).chars(MAX_SUBJECT_CHARS)
+
+
+def printable_text(text: str) -> str:
+    """``text`` with each lone surrogate (no character: no UTF-8 text holds one) replaced by U+FFFD."""
+    return LONE_SURROGATE.sub(REPLACEMENT, text)
 
 
 def _send(messages: list[EmailMessage], what: str) -> int:
-    """Send ``messages`` over one connection; returns how many went. Errors are logged, never raised."""
+    """Send ``messages`` over one connection, each on its own; returns how many went.
+
+    A message the mail library or server refuses is logged and skipped:
+    the others still go. Errors are logged, never raised.
+    """
     if not messages:
         return 0
+    sent = 0
     try:
-        return get_connection().send_messages(messages) or 0
-    except Exception:
+        with get_connection() as connection:
+            for message in messages:
+                try:
+                    sent += connection.send_messages([message]) or 0
+                except Exception:
+                    log.exception("an email about %s to one of %s recipients was refused", what, len(messages))
+    except Exception:  # opening or closing the connection
         log.exception("sending %s email(s) about %s failed", len(messages), what)
-        return 0
+    return sent
 
 
 def _item_text(interrupt: Interrupt) -> str:

@@ -142,3 +142,32 @@ def test_preferences_are_saved_by_the_service_one_row_per_user_and_a_bad_languag
                                                                                                 "zh-hans")
     assert client.post(reverse("notification-preferences"), {"language": "xx"}).status_code == 400
     assert NotificationPreference.objects.get(user=demo["admin"]).language == "zh-hans"
+
+
+def test_a_question_title_with_line_breaks_still_reaches_its_recipient_on_one_subject_line(demo, worker):
+    question = "Which order?\nBcc: all@example.com\x1c\v\f\u2028really?"
+    agent = Agent.objects.create(slug="asks-oddly", name="Asks", instructions="Ask.", tools=["ask_user"],
+                                 completion_check="default", model={"provider": "scripted", "turns": [
+                                     {"tool_calls": [{"name": "ask_user", "arguments": {"question": question}}]},
+                                     {"content": "Thanks."}]})
+    run = start_run(agent=agent, user=demo["requester"], input="Help me.")
+    worker.drain()
+    item = Interrupt.objects.get(run=run)
+    mail.outbox.clear()
+
+    assert send_queued("new_item", item.pk) >= 1
+    message, = sent_to("requester@example.com")
+    subject = message.message()["Subject"]  # rendered as the mail library sends it
+    assert "\n" not in subject and "\r" not in subject and "Which order? Bcc: all@example.com really?" in subject
+    assert message.message()["Bcc"] is None
+
+
+def test_one_message_the_mail_library_refuses_does_not_stop_the_others(demo, worker, caplog):
+    broken = get_user_model().objects.create_user("broken", email="broken@example.com\nBcc: all@example.com")
+    broken.groups.add(Group.objects.get(permissions__codename="decide_interrupt"))
+    item = waiting_refund(demo, worker)
+    mail.outbox.clear()
+
+    assert send_queued("new_item", item.pk) == 2
+    assert sorted(message.to[0] for message in mail.outbox) == ["admin@example.com", "approver@example.com"]
+    assert "was refused" in caplog.text

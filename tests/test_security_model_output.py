@@ -125,7 +125,10 @@ def _email_agent(subject: str) -> Agent:
                                                                  {"content": "Sent."}]})
 
 
-@pytest.mark.parametrize("subject", ["Your contract\r\nBcc: all@example.com", "Your contract\nX-Evil: 1"])
+@pytest.mark.parametrize("subject", ["Your contract\r\nBcc: all@example.com", "Your contract\nX-Evil: 1",
+                                     # str.splitlines (and a mail library folding a header) breaks at these too
+                                     "Your\vcontract", "Your\fcontract", "Your\x1ccontract", "Your\u2028contract",
+                                     "Your\x85contract"])
 def test_an_email_subject_with_a_line_break_is_an_invalid_call_never_unknown(demo, worker, subject):
     run = start_run(agent=_email_agent(subject), user=demo["requester"], input="Send the contract.")
     worker.drain()

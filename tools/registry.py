@@ -5,6 +5,7 @@ whether it has side effects, when it needs a human's approval and what
 must hold before it may run. Agents choose tools by name.
 """
 
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
@@ -30,7 +31,11 @@ def _is_email(value) -> bool:
 
 @FORMAT_CHECKER.checks("header-text")
 def _is_header_text(value) -> bool:
-    return not isinstance(value, str) or not any(char in value for char in "\r\n\x00")
+    """One line of text: no control character (``\\r``, ``\\n``, ``\\v``, ``\\f``, ``\\x1c``, NUL, ...),
+    no Unicode line or paragraph separator (``str.splitlines`` breaks at all of these, and so may a mail
+    library folding a header), no lone surrogate."""
+    return not isinstance(value, str) or not any(
+        unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") for char in value)
 
 
 class ToolError(Exception):
