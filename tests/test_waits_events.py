@@ -2,6 +2,7 @@
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from runs.models import ExternalEvent, Run, RunEvent, Wait
@@ -22,8 +23,26 @@ def _wait_call(timeout_s: int = 3600, key: str | None = KEY) -> dict:
 
 @pytest.fixture
 def gateway_bot(api):
-    """The outside system: an ordinary user with a token and no other rights."""
-    return api(get_user_model().objects.create_user("gateway-bot", password="a-long-and-unusual-passphrase-42"))
+    """The outside system: a service user with a token, allowed to deliver events (``runs.add_externalevent``)."""
+    bot = get_user_model().objects.create_user("gateway-bot", password="a-long-and-unusual-passphrase-42")
+    bot.user_permissions.add(Permission.objects.get(codename="add_externalevent", content_type__app_label="runs"))
+    return api(bot)
+
+
+def test_only_the_runs_requester_or_a_permitted_sender_may_deliver_its_event(worker, demo, api, gateway_bot):
+    run = _waiting_run(worker, demo, api, _wait_call())
+    stranger = api(get_user_model().objects.create_user("stranger", password="another-long-passphrase-77"))
+    body = {"type": "payment.settled", "key": KEY, "payload": {"amount": "80.00"}}
+
+    refused = stranger.post("/api/events/", body, format="json")
+    assert refused.status_code == 404  # as for a key nobody waits on: nothing says the run exists
+    assert Run.objects.get(pk=run["id"]).status == "waiting" and not ExternalEvent.objects.exists()
+
+    assert api(demo["requester"]).post("/api/events/", body, format="json").status_code == 201
+    # Delivered now: a stranger repeating it learns nothing (not even the run), the permitted sender is told.
+    assert stranger.post("/api/events/", body, format="json").status_code == 404
+    again = gateway_bot.post("/api/events/", body, format="json")
+    assert again.status_code == 200 and (again.json()["duplicate"], again.json()["run"]) == (True, run["id"])
 
 
 def _waiting_run(worker, demo, api, call: dict) -> dict:

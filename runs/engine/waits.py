@@ -140,11 +140,22 @@ def _check_event(event_type, key, payload) -> None:
         raise InvalidInput.for_fields(errors)
 
 
+def may_deliver_event(user, run: Run) -> bool:
+    """Whether ``user`` may deliver an external event to ``run``: its requester, or a holder of the
+    ``runs.add_externalevent`` permission (superusers have every permission)."""
+    return run.requested_by_id == user.pk or user.has_perm("runs.add_externalevent")
+
+
 def receive_event(*, event_type: str, key: str, payload, user) -> Received:
     """An outside system reports event ``event_type`` with correlation ``key``: resume the run waiting on it.
 
-    The key is the capability: only a pending wait with exactly this type
-    and key is resumed. The event is stored (``ExternalEvent``), logged in
+    Only a pending wait with exactly this type and key is resumed, and
+    only by a sender who may deliver to its run (``may_deliver_event``: the
+    run's requester, or a user with the ``runs.add_externalevent``
+    permission, e.g. the token of the integrator's service that reports
+    payments). A key can be guessed (the model may choose it), so it is
+    not a capability of its own: to anyone else the wait, and an event
+    delivered before, are not found. The event is stored (``ExternalEvent``), logged in
     the run's timeline, and its ``payload`` becomes the waiting call's
     result (``{"event_type", "correlation_key", "payload"}``). A repeat of
     a stored type + key changes nothing and returns the stored event
@@ -156,12 +167,12 @@ def receive_event(*, event_type: str, key: str, payload, user) -> Received:
     _check_event(event_type, key, payload)
     actor = actor_for(user)
     for _ in range(2):  # a concurrent first delivery of the same event may win the insert
-        earlier = ExternalEvent.objects.filter(type=event_type, key=key).first()
-        if earlier is not None:
+        earlier = ExternalEvent.objects.select_related("run").filter(type=event_type, key=key).first()
+        if earlier is not None and may_deliver_event(user, earlier.run):
             return Received(earlier, created=False)
-        wait = Wait.objects.filter(kind=WaitingReason.EXTERNAL_EVENT, status=WaitStatus.PENDING,
-                                   event_type=event_type, correlation_key=key).first()
-        if wait is None:
+        wait = Wait.objects.select_related("run").filter(kind=WaitingReason.EXTERNAL_EVENT, status=WaitStatus.PENDING,
+                                                         event_type=event_type, correlation_key=key).first()
+        if earlier is not None or wait is None or not may_deliver_event(user, wait.run):
             raise NotFound("No run is waiting for an event of this type with this key.")
         try:
             with transaction.atomic():
