@@ -13,7 +13,9 @@ these with ``StrictJSONError`` (a ``ValueError``) and a message fit for the
 requester. It is the one parser of untrusted JSON text: request bodies,
 form fields, answer files and model output (``runs.model_output``).
 ``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
-``StrictJSONFormField`` the form field (admin JSON fields).
+``StrictJSONFormField`` the form field (admin JSON fields), and
+``EncodableJSONRenderer`` the API's renderer, which answers even for what
+was stored before these checks.
 """
 
 import json
@@ -24,6 +26,7 @@ from django import forms
 from django.conf import settings
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
 
 # Deepest nesting of objects and arrays accepted (the top level counts 1).
 MAX_DEPTH = 32
@@ -148,6 +151,27 @@ class StrictJSONParser(JSONParser):
             raise ParseError(f"The body is not valid {encoding}.") from None
         except StrictJSONError as exc:
             raise ParseError(f"JSON parse error: {exc}") from None
+
+
+class EncodableJSONRenderer(JSONRenderer):
+    """DRF's JSON renderer (UTF-8, as ``UNICODE_JSON`` asks) that answers whatever is stored.
+
+    A JSON column may hold a lone surrogate stored as its escape
+    (``"\\ud800"``, from before the checks at the door): decoded, it is
+    a ``str`` no UTF-8 text can hold, and DRF's renderer raised
+    ``UnicodeEncodeError``, a 500 for every list holding that row. Such a
+    body is written as ASCII JSON instead, the surrogate as its escape
+    again: valid JSON, and nothing is lost.
+    """
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        """The body as bytes; ASCII JSON when UTF-8 cannot hold it."""
+        try:
+            return super().render(data, accepted_media_type, renderer_context)
+        except UnicodeEncodeError:
+            ascii_only = EncodableJSONRenderer()
+            ascii_only.ensure_ascii = True
+            return ascii_only.render(data, accepted_media_type, renderer_context)
 
 
 class StrictJSONFormField(forms.JSONField):

@@ -1,0 +1,54 @@
+"""Whatever is already stored renders (issue 26): a lone surrogate kept in a JSON column took down every list.
+
+Before the checks at the door (``runs.model_output``, ``config.strict_json``)
+a JSON column could be given a lone surrogate as its escape (``"\\ud800"``).
+SQLite keeps it; PostgreSQL's ``jsonb`` refuses it, so there the door was
+always shut and these tests have nothing to plant. Read back, it is a
+``str`` no UTF-8 text can hold: the API, the inbox and the admin answered
+500 for every approver.
+"""
+
+import pytest
+from django.db import DataError, connection
+from django.test import Client
+from rest_framework.test import APIClient
+
+from approvals.models import Interrupt
+from runs.engine.lifecycle import start_run
+from runs.models import Agent, RunEvent
+from tools.models import ToolCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def planted(demo, worker):
+    """A demo refund waiting for approval, whose call, item and events hold lone surrogates as stored JSON."""
+    if connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL's jsonb refuses a lone surrogate: it cannot have been stored there")
+    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+    worker.drain()
+    ToolCall.objects.filter(run=run).update(arguments={"order_id": 123, "amount": 80, "note": "a \ud800 b"})
+    RunEvent.objects.filter(run=run).update(payload={"note": "\udfff"})
+    Interrupt.objects.filter(run=run).update(edited_arguments={"order_id": 123, "amount": 80, "note": "\ud800"})
+    return run
+
+
+def test_the_api_answers_for_stored_lone_surrogates(demo, planted):
+    item = Interrupt.objects.get(run=planted)
+    client = APIClient()
+    client.force_authenticate(demo["approver"])
+    for path in ("/api/interrupts/", "/api/interrupts/?status=pending", f"/api/interrupts/{item.pk}/",
+                 f"/api/runs/{planted.pk}/", f"/api/runs/{planted.pk}/tool-calls/", f"/api/runs/{planted.pk}/events/"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        response.json()  # valid JSON
+
+
+def test_planting_is_refused_where_the_database_refuses_it(demo, worker):
+    if connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL refuses it")
+    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+    worker.drain()
+    with pytest.raises(DataError):
+        ToolCall.objects.filter(run=run).update(arguments={"note": "\ud800"})
