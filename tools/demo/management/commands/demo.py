@@ -1,7 +1,9 @@
 """``manage.py demo``: load or reset the demo shop, agents and users.
 
-It resets ``admin`` to a known password and prints every demo token, so it
+It prints every demo user's API token and makes ``admin`` a superuser (with
+a known password when it creates it or ``--reset-passwords`` says so), so it
 refuses a database holding anything but demo data (``--force`` to go on).
+Passwords are otherwise left alone: a re-run logs nobody out.
 """
 
 from urllib.parse import urlsplit
@@ -65,21 +67,28 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--force", action="store_true",
-                            help="Load the demo even though the database holds non-demo data (resets the demo "
-                                 "users' passwords, including the superuser 'admin').")
+                            help="Load the demo even though the database holds non-demo data (makes 'admin' a "
+                                 "superuser and prints the demo users' API tokens).")
+        parser.add_argument("--reset-passwords", action="store_true",
+                            help="Set the demo users' known passwords again (ends their log-ins). Without it a "
+                                 "user that exists keeps its password.")
 
-    def handle(self, *args, force=False, **options):
+    def handle(self, *args, force=False, reset_passwords=False, **options):
         other = non_demo_data()
         if other and not force:
             raise CommandError("This database holds data that is not the demo's ("
-                               + "; ".join(other) + "). The demo resets 'admin' to a known password and prints "
-                               "API tokens: run it on a database of its own, or pass --force.")
-        passwords = load_demo()
+                               + "; ".join(other) + "). The demo makes 'admin' a superuser and prints API "
+                               "tokens: run it on a database of its own, or pass --force.")
+        passwords = load_demo(reset_passwords=reset_passwords)
         self.stdout.write(self.style.SUCCESS("Demo data loaded. Users:"))
         for username, password in passwords.items():
             token, _ = Token.objects.get_or_create(user=get_user_model().objects.get(username=username))
-            self.stdout.write(f"  {username:<10} password: {password:<16} API token: {token.key}  "
+            shown = password or "(unchanged)"
+            self.stdout.write(f"  {username:<10} password: {shown:<16} API token: {token.key}  "
                               f"({USERS[username][1]})")
+        if None in passwords.values():
+            self.stdout.write("Passwords left unchanged, so nobody is logged out; --reset-passwords sets the "
+                              "known ones again.")
         self.stdout.write(f"Payment gateway: {reset_demo_gateway()}.")
         self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval), "
                           "'cancel-order' tries to cancel shipped order 124 (refused), 'send-contract-email' "
