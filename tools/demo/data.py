@@ -2,7 +2,9 @@
 
 ``load_demo()`` is idempotent: running it again resets the demo rows to
 their initial values, except the users' passwords (reset only when asked,
-so nobody is logged out), and changes nothing else.
+so nobody is logged out), and changes nothing else. Refunds made before it
+no longer count against the orders; the payment gateway's ledger, which
+keeps them, is not touched.
 """
 
 from decimal import Decimal
@@ -10,6 +12,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
+from django.utils import timezone
 
 from runs.models import Agent
 from tools.demo.models import Order
@@ -91,12 +94,16 @@ def load_demo(*, reset_passwords: bool = False) -> dict[str, str | None]:
         users[username] = user
     users["approver"].groups.add(approvers)
 
+    # Refunds made before now stop counting: every order is refundable in full again, while the
+    # payment gateway keeps its ledger (``Order.refunds_since``).
+    now = timezone.now()
     for number in DEMO_ORDER_NUMBERS:
         Order.objects.update_or_create(number=number, defaults={
             "owner": users["requester"],
             "total": Decimal("120.00") if number == 123 else Decimal(20 + number % 7 * 15),
             "shipped": number == 124 or number % 2 == 0 and number != 123,
             "status": Order.Status.OPEN,
+            "refunds_since": now,
         })
     for spec in DEMO_AGENTS:
         Agent.objects.update_or_create(slug=spec["slug"], defaults={k: v for k, v in spec.items() if k != "slug"})

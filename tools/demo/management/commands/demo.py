@@ -6,20 +6,13 @@ refuses a database holding anything but demo data (``--force`` to go on).
 Passwords are otherwise left alone: a re-run logs nobody out.
 """
 
-from urllib.parse import urlsplit
-
-import httpx
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
 from runs.models import Agent
-from tools.demo import conf
 from tools.demo.data import DEMO_AGENTS, DEMO_ORDER_NUMBERS, USERS, load_demo
-from tools.demo.gateway_server import Ledger
 from tools.demo.models import Order
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def non_demo_data() -> list[str]:
@@ -40,30 +33,10 @@ def non_demo_data() -> list[str]:
     return found
 
 
-def reset_demo_gateway() -> str:
-    """Empty the demo payment gateway's refunds; say what was done.
-
-    Only a gateway on loopback is asked (``POST /reset`` at ``GATEWAY_URL``);
-    failing that, the demo ledger file is emptied in place (SQLite locks it
-    against a gateway process that may be using it), never deleted.
-    """
-    url = conf.gateway_url()
-    if urlsplit(url).hostname in LOOPBACK_HOSTS:
-        try:
-            httpx.post(f"{url}/reset", timeout=2).raise_for_status()
-            return f"emptied the ledger of the gateway at {url}"
-        except httpx.HTTPError:
-            pass
-    ledger = conf.gateway_ledger()
-    if ledger.exists():
-        Ledger(str(ledger)).reset()
-        return f"emptied {ledger}"
-    return "no gateway ledger to reset"
-
-
 class Command(BaseCommand):
-    help = ("Load (or reset) the demo shop, demo agents, demo users and the demo gateway's refunds. Safe to rerun "
-            "on a demo database; refuses one with other data unless --force.")
+    help = ("Load (or reset) the demo shop, demo agents and demo users; refunds made before it no longer count "
+            "against the demo orders. Safe to rerun on a demo database, from any shell, without logging anyone "
+            "out; refuses one with other data unless --force.")
 
     def add_arguments(self, parser):
         parser.add_argument("--force", action="store_true",
@@ -89,7 +62,10 @@ class Command(BaseCommand):
         if None in passwords.values():
             self.stdout.write("Passwords left unchanged, so nobody is logged out; --reset-passwords sets the "
                               "known ones again.")
-        self.stdout.write(f"Payment gateway: {reset_demo_gateway()}.")
-        self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval), "
-                          "'cancel-order' tries to cancel shipped order 124 (refused), 'send-contract-email' "
-                          "sends after a legal check (needs approval). They do not read what you type.")
+        self.stdout.write("Orders: every demo order is open and refundable in full again (refunds made before now "
+                          "no longer count; the payment gateway's ledger keeps them and is not touched).")
+        self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval; "
+                          "order 123 has room for one such refund, so the next is refused until you run this "
+                          "command again), 'cancel-order' tries to cancel shipped order 124 (refused), "
+                          "'send-contract-email' sends after a legal check (needs approval). They do not read "
+                          "what you type.")
