@@ -22,6 +22,8 @@ import django
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
+from config.secret_key import require_secret_key
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 
@@ -51,6 +53,7 @@ class SyncChainASGIHandler(ASGIHandler):
 
 # Set up Django (apps, models) before importing anything that uses them.
 django.setup(set_prefix=False)
+require_secret_key()  # a server signs sessions and CSRF tokens: never start one without a key
 django_asgi_app = SyncChainASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -22,15 +22,18 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 # and local variables to whoever triggers an error.
 DEBUG = env.bool("DEBUG", default=False)
 # The public key below signs sessions only where DEBUG is on (a developer's
-# machine); with DEBUG off a missing or public key refuses to start.
+# machine); with DEBUG off the public key refuses to start anything. A missing
+# key is left empty: commands that sign nothing (migrate, demo) still run,
+# Django refuses to sign with an empty key, and `serve` and the ASGI
+# application refuse to start without one (config.secret_key).
 DEVELOPMENT_SECRET_KEY = "tollgate-insecure-development-key"
 # Read as it is: django-environ would take a key starting with "$" for a
 # reference to another variable (Django's own key generator may start one so).
 SECRET_KEY = os.environ.get("SECRET_KEY", "") or (DEVELOPMENT_SECRET_KEY if DEBUG else "")
-if not DEBUG and SECRET_KEY in ("", DEVELOPMENT_SECRET_KEY):
+if not DEBUG and SECRET_KEY == DEVELOPMENT_SECRET_KEY:
     raise ImproperlyConfigured(
-        "SECRET_KEY must be set (a long random string) when DEBUG is off; "
-        "for a local try-out set DEBUG=true or generate a key (see README)."
+        "SECRET_KEY is the public development key, which only DEBUG may use; "
+        "set a long random string (see README)."
     )
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])

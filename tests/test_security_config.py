@@ -141,21 +141,31 @@ def test_budgets_are_accepted_at_creation_within_bounds(demo, api):
 
 # --- 6. safe defaults --------------------------------------------------------------
 
-def _settings_probe(env: dict) -> subprocess.CompletedProcess:
-    code = "import django; django.setup(); from django.conf import settings; print('DEBUG', settings.DEBUG)"
+def _settings_probe(env: dict, code: str = "") -> subprocess.CompletedProcess:
+    code = "import django; django.setup(); from django.conf import settings; print('DEBUG', settings.DEBUG)\n" + code
     clean = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
     return subprocess.run([sys.executable, "-c", code], env={**clean, "DJANGO_SETTINGS_MODULE": "config.settings",
                                                             **env}, cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 
-def test_debug_is_off_unless_set_and_no_start_without_a_key():
-    refused = _settings_probe({})
-    assert refused.returncode != 0 and "ImproperlyConfigured" in refused.stderr
+def test_debug_is_off_unless_set_and_nothing_serves_or_signs_without_a_key(tmp_path):
+    unkeyed = _settings_probe({}, "from django.core import signing; signing.dumps('session')")
+    assert unkeyed.stdout.startswith("DEBUG False") and "SECRET_KEY setting must not be empty" in unkeyed.stderr
+    asgi = _settings_probe({}, "import config.asgi")
+    assert asgi.returncode != 0 and "SECRET_KEY must be set" in asgi.stderr
+    serve = subprocess.run([sys.executable, "manage.py", "serve", "127.0.0.1:1"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60,
+                           env={**{k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")},
+                                "DJANGO_SETTINGS_MODULE": "config.settings",
+                                "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+                                "GATEWAY_URL": "http://192.0.2.1:9"})  # a host serve would never start one on
+    assert serve.returncode != 0 and "SECRET_KEY must be set" in serve.stderr
+    assert "started" not in serve.stdout and "Traceback" not in serve.stderr
     public = _settings_probe({"SECRET_KEY": "tollgate-insecure-development-key"})
     assert public.returncode != 0 and "ImproperlyConfigured" in public.stderr
-    keyed = _settings_probe({"SECRET_KEY": get_random_secret_key()})
-    assert keyed.stdout.strip() == "DEBUG False", keyed.stderr
+    keyed = _settings_probe({"SECRET_KEY": get_random_secret_key()}, "import config.asgi")
+    assert keyed.returncode == 0 and keyed.stdout.strip() == "DEBUG False", keyed.stderr
     debug = _settings_probe({"DEBUG": "true"})
     assert debug.stdout.strip() == "DEBUG True", debug.stderr
 

@@ -9,8 +9,7 @@ name (``.env`` included, as for every setting), else the default:
 * ``GATEWAY_TIMEOUT_S``: seconds the refund tool waits for the gateway
   before its call is ``unknown`` (default 5);
 * ``GATEWAY_LEDGER``: the ledger file of the gateway that ``serve``
-  starts, and that ``manage.py demo`` empties (default
-  ``var/gateway-ledger.sqlite3``).
+  starts (default ``var/gateway-ledger.sqlite3``); nothing else writes it.
 
 They are read when asked, so an override applies to the next call.
 """

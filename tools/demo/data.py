@@ -1,7 +1,10 @@
 """Demo data: users, the shop's orders and three scripted demo agents.
 
 ``load_demo()`` is idempotent: running it again resets the demo rows to
-their initial values and changes nothing else.
+their initial values, except the users' passwords (reset only when asked,
+so nobody is logged out), and changes nothing else. Refunds made before it
+no longer count against the orders; the payment gateway's ledger, which
+keeps them, is not touched.
 """
 
 from decimal import Decimal
@@ -9,6 +12,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
+from django.utils import timezone
 
 from runs.models import Agent
 from tools.demo.models import Order
@@ -67,28 +71,40 @@ DEMO_AGENTS = [
 
 
 @transaction.atomic
-def load_demo() -> dict:
-    """Create or reset the demo users, orders and agents; return ``{username: password}``."""
+def load_demo(*, reset_passwords: bool = False) -> dict[str, str | None]:
+    """Create or reset the demo users, orders and agents.
+
+    A demo user gets its known password when it is created, or when
+    ``reset_passwords`` says so; otherwise its password, and with it every
+    log-in of that user, is left alone. Returns ``{username: password}``,
+    the password ``None`` where it was left alone.
+    """
     User = get_user_model()
     approvers, _ = Group.objects.get_or_create(name=APPROVERS_GROUP)
     approvers.permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
-    users = {}
+    users, passwords = {}, {}
     for username, (password, _role) in USERS.items():
-        user, _ = User.objects.get_or_create(username=username)
-        user.set_password(password)
+        user, created = User.objects.get_or_create(username=username)
+        passwords[username] = password if created or reset_passwords else None
+        if passwords[username] is not None:
+            user.set_password(password)
         user.email = f"{username}@example.com"
         user.is_staff = user.is_superuser = username == "admin"
         user.save()
         users[username] = user
     users["approver"].groups.add(approvers)
 
+    # Refunds made before now stop counting: every order is refundable in full again, while the
+    # payment gateway keeps its ledger (``Order.refunds_since``).
+    now = timezone.now()
     for number in DEMO_ORDER_NUMBERS:
         Order.objects.update_or_create(number=number, defaults={
             "owner": users["requester"],
             "total": Decimal("120.00") if number == 123 else Decimal(20 + number % 7 * 15),
             "shipped": number == 124 or number % 2 == 0 and number != 123,
             "status": Order.Status.OPEN,
+            "refunds_since": now,
         })
     for spec in DEMO_AGENTS:
         Agent.objects.update_or_create(slug=spec["slug"], defaults={k: v for k, v in spec.items() if k != "slug"})
-    return {username: password for username, (password, _role) in USERS.items()}
+    return passwords

@@ -7,6 +7,7 @@ whose answer never arrived (reconciliation).
 """
 
 import functools
+from datetime import datetime
 from decimal import Decimal
 
 import httpx
@@ -56,9 +57,12 @@ def lookup(idempotency_key: str, *, timeout_s: float = 5.0) -> Reconciliation:
     return Reconciliation("succeeded", result=response.json())
 
 
-def refunded_total(order_number: int, *, timeout_s: float = 5.0) -> Decimal:
-    """The sum of every refund the gateway made on ``order_number``."""
-    response = _call("GET", "/refunds", timeout_s=timeout_s, params={"order_id": order_number})
+def refunded_total(order_number: int, *, since: datetime | None = None, timeout_s: float = 5.0) -> Decimal:
+    """The sum of the refunds the gateway made on ``order_number`` (only those made at or after ``since``, if given)."""
+    params = {"order_id": order_number}
+    if since is not None:
+        params["since"] = repr(since.timestamp())
+    response = _call("GET", "/refunds", timeout_s=timeout_s, params=params)
     response.raise_for_status()
     return Decimal(response.json()["total"])
 

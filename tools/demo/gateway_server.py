@@ -10,7 +10,8 @@ API (JSON):
   ``Idempotency-Key`` header -> 201 and the refund; the same key again ->
   200 and the first refund (never a second charge); no key -> 400.
 * ``GET /refunds/<key>`` -> 200 and the refund, or 404 (reconciliation).
-* ``GET /refunds?order_id=N`` -> ``{"refunds": [...], "total": "..."}``.
+* ``GET /refunds?order_id=N`` -> ``{"refunds": [...], "total": "..."}``;
+  ``&since=T`` (seconds since the epoch) counts only refunds made at or after T.
 * ``GET /ledger`` -> every refund and, per key, how many requests came.
 * ``POST /faults`` -> set fault injection for ``POST /refunds``:
   ``{"latency_s": float, "hang_s": float, "p_timeout_after_commit": float,
@@ -81,9 +82,10 @@ class Ledger:
                               (key,)).fetchone()
         return _refund(row) if row else None
 
-    def for_order(self, order_id: int) -> list[dict]:
+    def for_order(self, order_id: int, since: float = 0.0) -> list[dict]:
+        """The refunds of ``order_id`` made at or after ``since`` (seconds since the epoch), oldest first."""
         rows = self.db.execute("SELECT id, idempotency_key, order_id, amount FROM refunds WHERE order_id = ? "
-                               "ORDER BY id", (order_id,)).fetchall()
+                               "AND created_at >= ? ORDER BY id", (order_id, since)).fetchall()
         return [_refund(row) for row in rows]
 
     def dump(self) -> dict:
@@ -132,11 +134,13 @@ class GatewayHandler(BaseHTTPRequestHandler):
         if url.path == "/ledger":
             return self._send(200, self.ledger.dump())
         if url.path == "/refunds":
+            query = parse_qs(url.query)
             try:
-                order_id = int(parse_qs(url.query)["order_id"][0])
+                order_id = int(query["order_id"][0])
+                since = float(query.get("since", ["0"])[0])
             except (KeyError, ValueError):
-                return self._send(400, {"error": "order_id is required"})
-            refunds = self.ledger.for_order(order_id)
+                return self._send(400, {"error": "order_id is required; since must be a number"})
+            refunds = self.ledger.for_order(order_id, since)
             total = sum((Decimal(r["amount"]) for r in refunds), Decimal("0"))
             return self._send(200, {"refunds": refunds, "total": str(total)})
         if url.path.startswith("/refunds/"):

@@ -1,6 +1,9 @@
 """The demo shop's orders, which the demo tools act on (not part of the runtime).
 
-Refunds live in the payment gateway's own ledger (``tools/demo/gateway_server.py``).
+Refunds live in the payment gateway's own ledger (``tools/demo/gateway_server.py``),
+which keeps every refund, as a payment provider would; an order counts those
+made since its ``refunds_since`` (``manage.py demo`` sets it, so a reset
+order is refundable in full again without emptying anyone's ledger).
 The table was ``tools_order`` until the demo became an app of its own
 (``tools.demo.migrations.0001_initial`` took it over, rows included).
 """
@@ -25,6 +28,9 @@ class Order(models.Model):
     total = models.DecimalField(_("total"), max_digits=10, decimal_places=2)
     shipped = models.BooleanField(_("shipped"), default=False)
     status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.OPEN)
+    refunds_since = models.DateTimeField(
+        _("refunds counted since"), null=True, blank=True,
+        help_text=_("Refunds made before this time do not count against the order (set when the demo is reset)."))
 
     class Meta:
         verbose_name = _("order")

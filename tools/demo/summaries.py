@@ -3,7 +3,9 @@
 Every hook is batched: it reads what it needs for all the calls it is
 given in one or two queries. The refund reads the order's total from
 ``Order`` and what was refunded so far from the refunds Tollgate recorded
-as succeeded (its own record, so a page never waits on the gateway).
+as succeeded (its own record, so a page never waits on the gateway),
+counting, like the refund tool asking the gateway, only those sent since
+the order's ``refunds_since``.
 """
 
 from collections import defaultdict
@@ -35,14 +37,21 @@ def _orders(numbers: set[int]) -> dict[int, Order]:
     return {order.number: order for order in Order.objects.filter(number__in=numbers)} if numbers else {}
 
 
-def _refunded(numbers: set[int]) -> dict[int, Decimal]:
-    """What was refunded so far per order, from the refunds recorded as succeeded (one query)."""
+def _refunded(orders: dict[int, Order]) -> dict[int, Decimal]:
+    """What was refunded so far per order, from the refunds recorded as succeeded (one query).
+
+    A refund counts if it was sent (``started_at``; ``created_at`` if it has
+    none) at or after its order's ``refunds_since``: the refund tool asks the
+    gateway for the same refunds, so the inbox and an order lookup agree.
+    """
     totals: dict[int, Decimal] = defaultdict(Decimal)
-    if numbers:
-        for arguments in ToolCall.objects.filter(name="refund", status=ToolCallStatus.SUCCEEDED,
-                                                 arguments__order_id__in=sorted(numbers)).order_by().values_list(
-                                                     "arguments", flat=True):
-            totals[arguments["order_id"]] += _money(arguments.get("amount")) or Decimal("0")
+    if orders:
+        for arguments, started_at, created_at in ToolCall.objects.filter(
+                name="refund", status=ToolCallStatus.SUCCEEDED, arguments__order_id__in=sorted(orders)
+        ).order_by().values_list("arguments", "started_at", "created_at"):
+            since = getattr(orders.get(arguments["order_id"]), "refunds_since", None)
+            if since is None or (started_at or created_at) >= since:
+                totals[arguments["order_id"]] += _money(arguments.get("amount")) or Decimal("0")
     return totals
 
 
@@ -56,7 +65,8 @@ def summarize_refunds(arguments_list: list[dict]) -> list[Description]:
     """"Refund 80.00 on order 123 (total 120.00, refunded 0.00)" per call; risk fields amount, order, total,
     refunded so far. Two queries for any number of calls."""
     numbers = _order_numbers(arguments_list)
-    orders, refunded = _orders(numbers), _refunded(numbers)
+    orders = _orders(numbers)
+    refunded = _refunded(orders)
     described = []
     for arguments in arguments_list:
         number, amount = arguments.get("order_id"), _money(arguments.get("amount"))
@@ -76,7 +86,8 @@ def summarize_refunds(arguments_list: list[dict]) -> list[Description]:
 def judge_refunds(groups: list[list[dict]]) -> list[Together]:
     """Per group of pending refunds on one order: can all be paid (their sum within what is still refundable)?"""
     numbers = {number for group in groups for number in _order_numbers(group)}
-    orders, refunded = _orders(numbers), _refunded(numbers)
+    orders = _orders(numbers)
+    refunded = _refunded(orders)
     verdicts = []
     for group in groups:
         number = group[0].get("order_id")

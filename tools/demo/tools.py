@@ -33,13 +33,14 @@ def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
 
 
 def _refundable(order: Order) -> Decimal:
-    """What may still be refunded: total less what the gateway already refunded (0 if cancelled).
+    """What may still be refunded: total less what the gateway refunded since the order's ``refunds_since``
+    (0 if cancelled).
 
     Raises ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
     if order.status == Order.Status.CANCELLED:
         return Decimal("0")
-    return order.total - gateway.refunded_total(order.number)
+    return order.total - gateway.refunded_total(order.number, since=order.refunds_since)
 
 
 def _order_view(order: Order) -> dict:

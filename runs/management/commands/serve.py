@@ -8,7 +8,8 @@ runs left queued or running by a previous process. Unless told not to
 (``--no-services``), it first lets installed apps start their own services
 (``runs.serving``; the demo app starts its payment gateway). With
 a real broker it only serves; workers and the sweeper are separate
-``manage.py rundramatiq`` and ``manage.py recover_runs --loop`` processes.
+``manage.py rundramatiq`` and ``manage.py recover_runs --loop`` processes. With ``DEBUG`` off it refuses
+to start without a ``SECRET_KEY`` (``config.secret_key``).
 """
 
 import threading
@@ -16,10 +17,12 @@ import threading
 import dramatiq
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
 from dramatiq.brokers.stub import StubBroker
 
 import runs.engine.actors  # noqa: F401  (declares the advance actor for the in-process worker)
+from config.secret_key import require_secret_key
 from runs.management.commands.recover_runs import sweep_all
 from runs.models import Run, RunStatus
 from runs.serving import start_services
@@ -68,6 +71,10 @@ class Command(BaseCommand):
                             help="Do not start the services installed apps add (e.g. the demo payment gateway).")
 
     def handle(self, *args, addrport, worker_threads, no_services, **options):
+        try:
+            require_secret_key()  # before anything starts
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         broker = dramatiq.get_broker()
         worker = sweeper = None
         stops = [] if no_services else start_services(sender=self.__class__, stdout=self.stdout)

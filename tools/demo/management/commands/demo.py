@@ -1,23 +1,18 @@
 """``manage.py demo``: load or reset the demo shop, agents and users.
 
-It resets ``admin`` to a known password and prints every demo token, so it
+It prints every demo user's API token and makes ``admin`` a superuser (with
+a known password when it creates it or ``--reset-passwords`` says so), so it
 refuses a database holding anything but demo data (``--force`` to go on).
+Passwords are otherwise left alone: a re-run logs nobody out.
 """
 
-from urllib.parse import urlsplit
-
-import httpx
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
 from runs.models import Agent
-from tools.demo import conf
 from tools.demo.data import DEMO_AGENTS, DEMO_ORDER_NUMBERS, USERS, load_demo
-from tools.demo.gateway_server import Ledger
 from tools.demo.models import Order
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def non_demo_data() -> list[str]:
@@ -38,49 +33,39 @@ def non_demo_data() -> list[str]:
     return found
 
 
-def reset_demo_gateway() -> str:
-    """Empty the demo payment gateway's refunds; say what was done.
-
-    Only a gateway on loopback is asked (``POST /reset`` at ``GATEWAY_URL``);
-    failing that, the demo ledger file is emptied in place (SQLite locks it
-    against a gateway process that may be using it), never deleted.
-    """
-    url = conf.gateway_url()
-    if urlsplit(url).hostname in LOOPBACK_HOSTS:
-        try:
-            httpx.post(f"{url}/reset", timeout=2).raise_for_status()
-            return f"emptied the ledger of the gateway at {url}"
-        except httpx.HTTPError:
-            pass
-    ledger = conf.gateway_ledger()
-    if ledger.exists():
-        Ledger(str(ledger)).reset()
-        return f"emptied {ledger}"
-    return "no gateway ledger to reset"
-
-
 class Command(BaseCommand):
-    help = ("Load (or reset) the demo shop, demo agents, demo users and the demo gateway's refunds. Safe to rerun "
-            "on a demo database; refuses one with other data unless --force.")
+    help = ("Load (or reset) the demo shop, demo agents and demo users; refunds made before it no longer count "
+            "against the demo orders. Safe to rerun on a demo database, from any shell, without logging anyone "
+            "out; refuses one with other data unless --force.")
 
     def add_arguments(self, parser):
         parser.add_argument("--force", action="store_true",
-                            help="Load the demo even though the database holds non-demo data (resets the demo "
-                                 "users' passwords, including the superuser 'admin').")
+                            help="Load the demo even though the database holds non-demo data (makes 'admin' a "
+                                 "superuser and prints the demo users' API tokens).")
+        parser.add_argument("--reset-passwords", action="store_true",
+                            help="Set the demo users' known passwords again (ends their log-ins). Without it a "
+                                 "user that exists keeps its password.")
 
-    def handle(self, *args, force=False, **options):
+    def handle(self, *args, force=False, reset_passwords=False, **options):
         other = non_demo_data()
         if other and not force:
             raise CommandError("This database holds data that is not the demo's ("
-                               + "; ".join(other) + "). The demo resets 'admin' to a known password and prints "
-                               "API tokens: run it on a database of its own, or pass --force.")
-        passwords = load_demo()
+                               + "; ".join(other) + "). The demo makes 'admin' a superuser and prints API "
+                               "tokens: run it on a database of its own, or pass --force.")
+        passwords = load_demo(reset_passwords=reset_passwords)
         self.stdout.write(self.style.SUCCESS("Demo data loaded. Users:"))
         for username, password in passwords.items():
             token, _ = Token.objects.get_or_create(user=get_user_model().objects.get(username=username))
-            self.stdout.write(f"  {username:<10} password: {password:<16} API token: {token.key}  "
+            shown = password or "(unchanged)"
+            self.stdout.write(f"  {username:<10} password: {shown:<16} API token: {token.key}  "
                               f"({USERS[username][1]})")
-        self.stdout.write(f"Payment gateway: {reset_demo_gateway()}.")
-        self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval), "
-                          "'cancel-order' tries to cancel shipped order 124 (refused), 'send-contract-email' "
-                          "sends after a legal check (needs approval). They do not read what you type.")
+        if None in passwords.values():
+            self.stdout.write("Passwords left unchanged, so nobody is logged out; --reset-passwords sets the "
+                              "known ones again.")
+        self.stdout.write("Orders: every demo order is open and refundable in full again (refunds made before now "
+                          "no longer count; the payment gateway's ledger keeps them and is not touched).")
+        self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval; "
+                          "order 123 has room for one such refund, so the next is refused until you run this "
+                          "command again), 'cancel-order' tries to cancel shipped order 124 (refused), "
+                          "'send-contract-email' sends after a legal check (needs approval). They do not read "
+                          "what you type.")
