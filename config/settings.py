@@ -87,16 +87,23 @@ MIDDLEWARE = [
 ]
 
 # Login rate limiting (django-axes): after AXES_FAILURE_LIMIT failed logins
-# for one username from one address, that pair is locked out for
-# AXES_COOLOFF_TIME hours (429). Token and session requests are not counted.
+# from one address, whatever usernames they tried (password spraying), that
+# address is locked out for AXES_COOLOFF_TIME hours (429). Only the address:
+# someone elsewhere cannot lock a user out of their own logins. The address
+# is the one the throttles count (config.throttles.client_address: behind
+# TOLLGATE_TRUSTED_PROXIES, the client's, not the proxy's). A successful
+# login does not wipe the address's failures (an attacker's own account
+# would reset the count); they age out after AXES_COOLOFF_TIME. Token and
+# session requests are not counted.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_TIME", default=0.25)
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_CLIENT_IP_CALLABLE = "config.throttles.client_address"
+AXES_RESET_ON_SUCCESS = False
 
 # --- HTTPS and browser security (production sets these; see README) -------
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)

@@ -34,12 +34,12 @@ def _use_server_password_hashes(usernames) -> None:
 
 
 @contextlib.contextmanager
-def _serving_tests(demo, payment_gateway, tmp_path):
+def serving_tests(demo, payment_gateway, tmp_path, **env):
     """``(base URL, its subprocess.Popen)`` of ``manage.py serve`` running against the test database and
-    the test gateway, storing files under ``tmp_path``."""
+    the test gateway, storing files under ``tmp_path``, with ``env`` added to its environment."""
     _use_server_password_hashes(demo)
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
-           "MEDIA_ROOT": str(tmp_path / "media"), "PYTHONUNBUFFERED": "1"}
+           "MEDIA_ROOT": str(tmp_path / "media"), "PYTHONUNBUFFERED": "1", **env}
     log_path = tmp_path / "serve.log"
     try:
         with serving_process(env, log_path) as served:
@@ -52,14 +52,14 @@ def _serving_tests(demo, payment_gateway, tmp_path):
 @pytest.fixture
 def served(demo, payment_gateway, tmp_path):
     """Base URL of ``manage.py serve`` running against the test database and the test gateway."""
-    with _serving_tests(demo, payment_gateway, tmp_path) as (base, _):
+    with serving_tests(demo, payment_gateway, tmp_path) as (base, _):
         yield base
 
 
 @pytest.fixture
 def served_process(demo, payment_gateway, tmp_path):
     """``(base URL, its subprocess.Popen)``: ``served`` with its process, e.g. to read its memory."""
-    with _serving_tests(demo, payment_gateway, tmp_path) as served:
+    with serving_tests(demo, payment_gateway, tmp_path) as served:
         yield served
 
 
