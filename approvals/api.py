@@ -54,12 +54,13 @@ CLAIM_RESPONSES = {
 
 
 class BoundedMultiPartParser(MultiPartParser):
-    """``multipart/form-data`` for answers with a file; a body declared larger than the file limit plus
-    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is refused (413) before it is parsed."""
+    """``multipart/form-data`` for answers with a file; a body declared larger than
+    ``TOLLGATE["REQUEST_BODY_MAX_BYTES"]`` (the file limit plus ``DATA_UPLOAD_MAX_MEMORY_SIZE``) is refused
+    (413) before it is parsed, where no server refused it before (``config.body_limit``)."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         request = parser_context["request"]
-        limit = settings.TOLLGATE["ANSWER_FILE_MAX_BYTES"] + settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = settings.TOLLGATE["REQUEST_BODY_MAX_BYTES"]
         declared = request.META.get("CONTENT_LENGTH") or "0"
         if declared.isdigit() and int(declared) > limit:
             raise TooLarge(f"Request body too large: the limit is {limit} bytes.", details={"limit_bytes": limit})

@@ -137,7 +137,7 @@ class Cluster:
 
     def start_api(self, port: int, env: dict | None = None) -> subprocess.Popen:
         """Daphne serving ``config.asgi:application`` on 127.0.0.1:``port`` (as in production)."""
-        self.api = self.spawn(["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        self.api = self.spawn(["-m", "config.http_server", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
                               "api", env)
         self.others.append(self.api)
         return self.api

@@ -12,7 +12,8 @@ Every 4xx body is ``{"error": {"code": str, "message": str, "details": {...}}}``
 * DRF's own exceptions keep their status and code: ``ValidationError`` 400
   ``invalid`` (``details["fields"]``: messages by field, ``non_field_errors``
   for the body as a whole), ``ParseError`` 400, ``NotAuthenticated`` /
-  ``AuthenticationFailed`` 401 (with ``WWW-Authenticate``), ``PermissionDenied``
+  ``AuthenticationFailed`` 401 (with ``WWW-Authenticate``; each counted
+  against the address's ``anon`` rate, and over it a 429 instead), ``PermissionDenied``
   403, ``NotFound`` 404, ``MethodNotAllowed`` 405, ``UnsupportedMediaType``
   415, ``Throttled`` 429 (``Retry-After`` header, ``details["retry_after"]``
   in seconds);
@@ -46,6 +47,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import set_rollback
 
+from config.throttles import count_failed_authentication
 from runs.access import RunAccess
 from runs.errors import InvalidInput, TollgateError
 
@@ -122,6 +124,10 @@ def exception_handler(exc, context):
         response = _api_exception(exceptions.NotFound())
     elif isinstance(exc, PermissionDenied):
         response = _api_exception(exceptions.PermissionDenied(*exc.args))
+    elif isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+        # DRF answers these before its throttles run: count them against the address's anonymous rate here.
+        wait = count_failed_authentication(context["request"])
+        response = _api_exception(exc if wait is None else exceptions.Throttled(wait))
     elif isinstance(exc, exceptions.APIException):
         response = _api_exception(exc)
     else:

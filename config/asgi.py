@@ -13,7 +13,9 @@ Two kinds of WebSocket, each with its own authentication:
   included, it was sent to (``config.origin.SameOriginValidator``).
 
 HTTP requests run Django's middleware and views synchronously, in one hop
-to a worker thread per request (``SyncChainASGIHandler``).
+to a worker thread per request (``SyncChainASGIHandler``), and no request
+body over ``TOLLGATE["REQUEST_BODY_MAX_BYTES"]`` is read (413,
+``config.body_limit``), whichever ASGI server runs this application.
 """
 
 import os
@@ -21,6 +23,9 @@ import os
 import django
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpResponse
+
+from config.body_limit import BodyTooLarge, declared_length, max_body_bytes, too_large_answer
 
 from config.secret_key import require_secret_key
 
@@ -49,6 +54,39 @@ class SyncChainASGIHandler(ASGIHandler):
         """Build the synchronous chain (``is_async`` is ignored), then wrap it as the awaitable Django expects."""
         super().load_middleware(is_async=False)
         self._middleware_chain = sync_to_async(self._middleware_chain, thread_sensitive=True)
+
+    async def handle(self, scope, receive, send):
+        """Django's, after refusing a body over ``max_body_bytes()``: a declared one unread, a growing one cut off.
+
+        Both answer 413 (``too_large_answer``) before the request exists, so
+        no middleware, authentication or view sees it.
+        """
+        declared = declared_length(scope["headers"])
+        if declared is not None and declared > max_body_bytes():
+            await self._send_too_large(scope, send)
+            return
+        try:
+            await super().handle(scope, receive, send)
+        except BodyTooLarge:
+            await self._send_too_large(scope, send)
+
+    async def read_body(self, receive):
+        """Django's spooled body, raising ``BodyTooLarge`` at the message that takes it past the limit."""
+        limit, received = max_body_bytes(), 0
+
+        async def receive_within_limit():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise BodyTooLarge
+            return message
+
+        return await super().read_body(receive_within_limit)
+
+    async def _send_too_large(self, scope, send):
+        content_type, body = too_large_answer(scope["path"])
+        await self.send_response(HttpResponse(body, status=413, content_type=content_type), send)
 
 
 # Set up Django (apps, models) before importing anything that uses them.

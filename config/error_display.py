@@ -7,7 +7,7 @@ this module maps the same error for the other surfaces, the same way:
   each on its field (``details``), else on ``field`` or the whole form; the
   page answers 400 (``page_error`` returns None: re-render the form);
 * any other ``TollgateError`` on a page (``Forbidden`` 403, ``Conflict`` 409,
-  ``IdempotencyKeyReused`` 422, ``InvalidInput`` without a form 400) → the
+  ``IdempotencyKeyReused`` 422, ``Throttled`` 429, ``InvalidInput`` without a form 400) → the
   status page (``templates/error.html``) with its ``http_status`` and message;
 * in an admin action → ``message_user`` at level ERROR: a sentence saying
   what was not done, with the error's message in it (``admin_error``).
@@ -25,7 +25,8 @@ from runs.errors import InvalidInput, TollgateError
 
 # The status page's title by HTTP status.
 STATUS_TITLES = {400: gettext_lazy("Not possible"), 403: gettext_lazy("Not allowed"), 404: gettext_lazy("Not found"),
-                 409: gettext_lazy("Not possible now"), 422: gettext_lazy("Not possible")}
+                 409: gettext_lazy("Not possible now"), 422: gettext_lazy("Not possible"),
+                 429: gettext_lazy("Too many requests")}
 
 
 def error_page(request, *, status: int, title: str, message: str, back_url: str, detail: str = "") -> HttpResponse:

@@ -90,16 +90,23 @@ MIDDLEWARE = [
 ]
 
 # Login rate limiting (django-axes): after AXES_FAILURE_LIMIT failed logins
-# for one username from one address, that pair is locked out for
-# AXES_COOLOFF_TIME hours (429). Token and session requests are not counted.
+# from one address, whatever usernames they tried (password spraying), that
+# address is locked out for AXES_COOLOFF_TIME hours (429). Only the address:
+# someone elsewhere cannot lock a user out of their own logins. The address
+# is the one the throttles count (config.throttles.client_address: behind
+# TOLLGATE_TRUSTED_PROXIES, the client's, not the proxy's). A successful
+# login does not wipe the address's failures (an attacker's own account
+# would reset the count); they age out after AXES_COOLOFF_TIME. Token and
+# session requests are not counted.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = env.float("AXES_COOLOFF_TIME", default=0.25)
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_CLIENT_IP_CALLABLE = "config.throttles.client_address"
+AXES_RESET_ON_SUCCESS = False
 
 # --- HTTPS and browser security (production sets these; see README) -------
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
@@ -361,6 +368,8 @@ DRAMATIQ_TASKS_DATABASE = "default"
 DRAMATIQ_AUTODISCOVER_MODULES = ["engine.actors"]
 
 # --- Runtime ---------------------------------------------------------------
+# Largest file answering a question (TOLLGATE["ANSWER_FILE_MAX_BYTES"]), also a part of the body limit.
+_ANSWER_FILE_MAX_BYTES = env.int("TOLLGATE_ANSWER_FILE_MAX_BYTES", default=5 * 1024 * 1024)
 TOLLGATE = {
     # Crash-test failpoints (runs/failpoints.py); empty in normal operation.
     "FAILPOINTS": env.list("TOLLGATE_FAILPOINTS", default=[]),
@@ -433,13 +442,21 @@ TOLLGATE = {
     "MAX_MODEL_TEXT_CHARS": env.int("TOLLGATE_MAX_MODEL_TEXT_CHARS", default=100_000),
     # --- Files answering a question (ask_user with "file"; approvals.answer_files) ---
     # Largest file (bytes); a larger one is refused with 413.
-    "ANSWER_FILE_MAX_BYTES": env.int("TOLLGATE_ANSWER_FILE_MAX_BYTES", default=5 * 1024 * 1024),
+    "ANSWER_FILE_MAX_BYTES": _ANSWER_FILE_MAX_BYTES,
     # Content types a file may have, decided from its bytes (a question may
     # narrow the list, never widen it).
     "ANSWER_FILE_TYPES": env.list("TOLLGATE_ANSWER_FILE_TYPES", default=[
         "application/pdf", "image/png", "image/jpeg", "text/plain", "text/csv", "application/json"]),
     # Characters of a text file's content the model is given with its metadata.
     "ANSWER_FILE_TEXT_CHARS": env.int("TOLLGATE_ANSWER_FILE_TEXT_CHARS", default=20_000),
+    # Largest request body (bytes) the server reads, on every route and before
+    # anyone is authenticated (config.body_limit): a larger Content-Length is
+    # answered 413 at once, unread; a body that grows past it while arriving
+    # is cut off (413, connection closed). Default: the largest legitimate
+    # body, an answer file with the rest of its form
+    # (ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE; 6 MiB).
+    "REQUEST_BODY_MAX_BYTES": env.int("TOLLGATE_REQUEST_BODY_MAX_BYTES",
+                                      default=_ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE),
     # --- Integrators' WebSockets (config.ws_throttle) ---
     # Connection attempts allowed per API token offered and per client
     # address (DRF's rate syntax: <count>/<s|min|hour|day>); one over either

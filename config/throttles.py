@@ -17,13 +17,26 @@ with a capped exponential backoff and full jitter, so a burst of them
 does not starve the holder of the CPU (and the cache) it needs to finish:
 with a fixed 2 ms poll, 40 simultaneous requests on two cores kept the
 holder waiting past a second, and requests with room were throttled.
+
+The same counts outside DRF's views: ``check_run_start_rate`` (the start
+form shares the API's ``runs`` rate), ``count_failed_authentication``
+(requests that fail authentication or bring none count against the
+``anon`` rate: DRF answers them 401 before its throttles run), and
+``client_address``, the one notion of a client's address (django-axes
+locks out by it too).
 """
 
+import math
 import random
 import time
 import uuid
+from types import SimpleNamespace
 
+from django.contrib.auth.models import AnonymousUser
+from django.utils.translation import gettext
 from rest_framework import throttling
+
+from runs.errors import Throttled
 
 
 class SerializedRateThrottle(throttling.SimpleRateThrottle):
@@ -78,3 +91,43 @@ class UserRateThrottle(throttling.UserRateThrottle, SerializedRateThrottle):
 
 class ScopedRateThrottle(throttling.ScopedRateThrottle, SerializedRateThrottle):
     """Views with a ``throttle_scope`` (starting runs: ``runs``)."""
+
+
+def client_address(request) -> str:
+    """The address a request comes from, as every throttle and the login lockout count it.
+
+    ``REMOTE_ADDR``, or with ``NUM_PROXIES`` (``TOLLGATE_TRUSTED_PROXIES``)
+    above 0 the X-Forwarded-For entry that many places from its end (DRF's
+    ``get_ident``); a client's own X-Forwarded-For never counts.
+    ``request`` is Django's or DRF's request (``META`` and ``headers`` are read).
+    """
+    return throttling.BaseThrottle().get_ident(request)
+
+
+def count_failed_authentication(request) -> float | None:
+    """Count a request that brought no credentials or bad ones against the ``anon`` rate of its address.
+
+    ``request``: Django's or DRF's request. Returns None while the address
+    is within the rate, else the seconds until the next may pass (the
+    caller answers 429 instead of 401).
+    """
+    throttle = AnonRateThrottle()
+    anonymous = SimpleNamespace(user=AnonymousUser(), META=request.META, headers=request.headers)
+    if throttle.allow_request(anonymous, None):
+        return None
+    return throttle.wait() or 1.0
+
+
+def check_run_start_rate(request) -> None:
+    """Count a run start by ``request.user`` (a Django request, logged in) against the ``runs`` rate.
+
+    The very count ``POST /api/runs/`` keeps (``ScopedRateThrottle``, scope
+    ``runs``, per user), so pages and the API share one rate. Raises
+    ``Throttled`` (429, ``details.retry_after`` in whole seconds) when it
+    is used up.
+    """
+    throttle = ScopedRateThrottle()
+    if not throttle.allow_request(request, SimpleNamespace(throttle_scope="runs")):
+        wait = max(1, math.ceil(throttle.wait() or 1))
+        raise Throttled(gettext("Too many runs started; try again in %(seconds)s seconds.") % {"seconds": wait},
+                        details={"retry_after": wait})

@@ -14,7 +14,8 @@
   latest after a backoff of 50 ms doubling to 1 s, for updates the channel
   layer cannot carry (another process with the in-memory layer).
   Authentication is DRF's token or the session; another user's run is a
-  404; the API's per-user throttle applies. drf-spectacular only sees
+  404; the API's per-user throttle applies, and a 401 counts against the
+  address's anonymous rate (429 over it). drf-spectacular only sees
   DRF views, so ``document_run_wait`` (a postprocessing hook) adds this
   one to ``/api/schema/``.
 """
@@ -35,7 +36,7 @@ from rest_framework.views import APIView
 
 from config.api import error_body
 from config.idempotency import IdempotentPostMixin
-from config.throttles import UserRateThrottle
+from config.throttles import UserRateThrottle, count_failed_authentication
 from runs.engine.waits import receive_event
 from runs.live import run_group
 from runs.models import RunStatus
@@ -86,7 +87,20 @@ class _ThrottleRequest:
         self.META = request.META
 
 
-def _unauthorized(code: str, detail: str) -> JsonResponse:
+def _throttled(wait: float) -> JsonResponse:
+    """429 as the rest of the API answers it: ``Retry-After`` and ``details.retry_after`` in whole seconds."""
+    wait = int(wait or 0) + 1
+    response = JsonResponse(error_body("throttled", f"Too many requests; try again in {wait} seconds.",
+                                       {"retry_after": wait}), status=429)
+    response["Retry-After"] = str(wait)
+    return response
+
+
+def _unauthorized(request, code: str, detail: str) -> JsonResponse:
+    """401, counted against the address's anonymous rate (``count_failed_authentication``): over it, 429."""
+    wait = count_failed_authentication(request)
+    if wait is not None:
+        return _throttled(wait)
     response = JsonResponse(error_body(code, detail), status=401)
     response["WWW-Authenticate"] = TokenAuthentication().authenticate_header(None)
     return response
@@ -98,17 +112,13 @@ def _authenticate_and_throttle(request):
     try:
         found = TokenAuthentication().authenticate(request)
     except AuthenticationFailed as exc:
-        return None, _unauthorized("authentication_failed", str(exc.detail))
+        return None, _unauthorized(request, "authentication_failed", str(exc.detail))
     user = found[0] if found else request.user
     if not user.is_authenticated:
-        return None, _unauthorized("not_authenticated", "Authentication credentials were not provided.")
+        return None, _unauthorized(request, "not_authenticated", "Authentication credentials were not provided.")
     throttle = UserRateThrottle()
     if not throttle.allow_request(_ThrottleRequest(request, user), None):
-        wait = int(throttle.wait() or 0) + 1
-        response = JsonResponse(error_body("throttled", f"Too many requests; try again in {wait} seconds.",
-                                           {"retry_after": wait}), status=429)
-        response["Retry-After"] = str(wait)
-        return None, response
+        return None, _throttled(throttle.wait())
     return user, None
 
 

@@ -57,6 +57,13 @@ class TooLarge(TollgateError):
     http_status = 413
 
 
+class Throttled(TollgateError):
+    """Over a rate (429), e.g. runs started per user; ``details``: ``retry_after`` (whole seconds)."""
+
+    code = "throttled"
+    http_status = 429
+
+
 class Conflict(TollgateError):
     """The object's state does not allow it now (409)."""
 

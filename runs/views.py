@@ -15,10 +15,11 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals.selectors import run_decided_interrupts, run_pending_interrupts
 from config.error_display import error_page, page_error
+from config.throttles import check_run_start_rate
 from runs import selectors
 from runs.access import RunAccess
 from runs.engine.lifecycle import cancel_run_as, start_run
-from runs.errors import TollgateError
+from runs.errors import Throttled, TollgateError
 from runs.forms import StartRunForm
 from runs.labels import label
 from runs.live import run_snapshot
@@ -85,8 +86,19 @@ def run_cancel(request, run_id: int):
 
 @login_required
 def run_start(request):
-    """Form to start a run of an agent; on success go to the new run's page."""
+    """Form to start a run of an agent; on success go to the new run's page.
+
+    Every POST counts against the user's ``runs`` rate, shared with
+    ``POST /api/runs/``; over it, the status page with 429 and ``Retry-After``.
+    """
     form = StartRunForm(request.POST or None)
+    if request.method == "POST":
+        try:
+            check_run_start_rate(request)
+        except Throttled as exc:
+            response = page_error(request, exc, back_url=reverse("run-start"))
+            response["Retry-After"] = str(exc.details["retry_after"])
+            return response
     if request.method == "POST" and form.is_valid():
         try:
             run = start_run(agent=form.cleaned_data["agent"], user=request.user, input=form.cleaned_data["input"])

@@ -6,13 +6,14 @@ is Debian's Chromium driven by Playwright; ``log_in`` opens a new browser
 context (its own cookies: another person) logged in as one user.
 """
 
+import contextlib
 import os
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import database_url_for_subprocess, serving
+from tests.conftest import database_url_for_subprocess, serving_process
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -32,19 +33,34 @@ def _use_server_password_hashes(usernames) -> None:
         user.save(update_fields=["password"])
 
 
-@pytest.fixture
-def served(demo, payment_gateway, tmp_path):
-    """Base URL of ``manage.py serve`` running against the test database and the test gateway."""
+@contextlib.contextmanager
+def serving_tests(demo, payment_gateway, tmp_path, **env):
+    """``(base URL, its subprocess.Popen)`` of ``manage.py serve`` running against the test database and
+    the test gateway, storing files under ``tmp_path``, with ``env`` added to its environment."""
     _use_server_password_hashes(demo)
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
-           "PYTHONUNBUFFERED": "1"}
+           "MEDIA_ROOT": str(tmp_path / "media"), "PYTHONUNBUFFERED": "1", **env}
     log_path = tmp_path / "serve.log"
     try:
-        with serving(env, log_path) as base:
-            yield base
+        with serving_process(env, log_path) as served:
+            yield served
     finally:
         if os.environ.get("TOLLGATE_SHOW_SERVE_LOG"):
             print(log_path.read_text())
+
+
+@pytest.fixture
+def served(demo, payment_gateway, tmp_path):
+    """Base URL of ``manage.py serve`` running against the test database and the test gateway."""
+    with serving_tests(demo, payment_gateway, tmp_path) as (base, _):
+        yield base
+
+
+@pytest.fixture
+def served_process(demo, payment_gateway, tmp_path):
+    """``(base URL, its subprocess.Popen)``: ``served`` with its process, e.g. to read its memory."""
+    with serving_tests(demo, payment_gateway, tmp_path) as served:
+        yield served
 
 
 @pytest.fixture

@@ -145,6 +145,13 @@ def serving(env: dict, log_path: Path):
     Yields the base URL once ``/accounts/login/`` answers (within 30 s,
     else ``RuntimeError`` with the log); stops the server on exit.
     """
+    with serving_process(env, log_path) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def serving_process(env: dict, log_path: Path):
+    """``serving``, yielding ``(base URL, the server's subprocess.Popen)``."""
     port = free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "manage.py", "serve", f"127.0.0.1:{port}"],
@@ -161,7 +168,7 @@ def serving(env: dict, log_path: Path):
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("manage.py serve did not come up:\n" + log_path.read_text())
                 time.sleep(0.2)
-        yield base
+        yield base, process
     finally:
         process.terminate()
         try:

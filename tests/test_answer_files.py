@@ -87,12 +87,12 @@ def test_the_page_answers_with_a_file(worker, demo, api, csv_question, media_roo
 
 
 def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, demo, api, csv_question, settings, media_root):
-    settings.TOLLGATE = {**settings.TOLLGATE, "ANSWER_FILE_MAX_BYTES": 1024}
+    body_limit = 1024 + settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    settings.TOLLGATE = {**settings.TOLLGATE, "ANSWER_FILE_MAX_BYTES": 1024, "REQUEST_BODY_MAX_BYTES": body_limit}
     run_id, item_id = csv_question
     requester = api(demo["requester"])
 
     too_big = respond(requester, item_id, "Big.", SimpleUploadedFile("big.csv", b"a,b\n" * 300, "text/csv"))
-    body_limit = 1024 + settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     way_too_big = respond(requester, item_id, "Bigger.",
                            SimpleUploadedFile("huge.csv", b"a,b\n" * (body_limit // 4 + 1), "text/csv"))
 

@@ -1,4 +1,4 @@
-"""Throttles under a burst: requests sent at once get no more than the rate through.
+"""Throttles under a burst: requests sent at once get no more than the rate through; and every way in counts.
 
 Found by attacking the API: with the throttle counters in Redis (the
 production shape, ``CACHE_URL``), 40 ``POST /api/runs/`` sent at once with
@@ -6,12 +6,20 @@ a rate of 10 a minute started 17 runs: DRF's throttle reads the history,
 decides and writes it back, so simultaneous requests all saw room. The
 throttles of ``config.throttles`` decide one request per key at a time.
 In the PostgreSQL + Redis pass the counters are in that Redis.
+
+Also found (issue 26): the Start a run page ignored ``THROTTLE_RUNS`` (40
+of 40 runs started right after the API's limit was hit), and requests
+without credentials or with a bad token were never counted (DRF answers
+401 before its throttles run), so ``THROTTLE_ANON`` protected nothing.
 """
 
 import os
 from collections import Counter
 
+import httpx
 import pytest
+from django.test import Client
+from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
@@ -20,6 +28,7 @@ from rest_framework.views import APIView
 
 from runs.models import Run
 from tests.api_helpers import all_at_once, error_of
+from tests.browser_helpers import serving_tests
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,3 +120,44 @@ def test_behind_trusted_proxies_the_entry_they_appended_counts_not_the_clients_o
 
     assert rotating == {200: RATE, 429: BURST - RATE}
     assert _anonymous_statuses([(proxy, "203.0.113.1, 192.0.2.6")]) == {200: 1}  # another client behind the proxy
+
+
+def test_the_start_form_shares_the_api_runs_rate(demo, api, monkeypatch, shared_counters):
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES, "runs": "3/min"})
+    started = [api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "Refund."},
+                                           format="json").status_code for _ in range(3)]
+    page = Client()
+    page.force_login(demo["requester"])
+
+    refused = page.post("/runs/new/", {"agent": "refund-order", "input": "Refund order 123."})
+
+    assert started == [201] * 3
+    assert refused.status_code == 429 and 0 < int(refused["Retry-After"]) <= 60
+    assert b"Too many runs started" in refused.content
+    assert Run.objects.count() == 3
+    # And the other way round: runs the page started count for the API.
+    other = Client()
+    other.force_login(demo["approver"])
+    pages = [other.post("/runs/new/", {"agent": "refund-order", "input": "Refund."}).status_code for _ in range(3)]
+    api_after = api(demo["approver"]).post("/api/runs/", {"agent": "refund-order", "input": "Refund."}, format="json")
+    assert pages == [302] * 3 and error_of(api_after, 429)["code"] == "throttled"
+    assert Run.objects.count() == 6
+
+
+def test_requests_without_credentials_or_with_a_bad_token_count_against_the_anonymous_rate(
+        demo, payment_gateway, tmp_path):
+    # Over real HTTP, a served Daphne with an anonymous rate of 5 a minute.
+    with serving_tests(demo, payment_gateway, tmp_path, THROTTLE_ANON="5/min") as (base, _):
+        bad_token = [httpx.post(f"{base}/api/runs/", json={"agent": "refund-order", "input": "x"},
+                                headers={"Authorization": "Token not-a-token"}, timeout=10) for _ in range(5)]
+        no_credentials = httpx.get(f"{base}/api/runs/", timeout=10)
+        wait_endpoint = httpx.get(f"{base}/api/runs/1/wait/?timeout=1", timeout=10)
+        token = Token.objects.get_or_create(user=demo["requester"])[0].key
+        with_a_token = httpx.get(f"{base}/api/runs/", headers={"Authorization": f"Token {token}"}, timeout=10)
+
+    assert [answer.status_code for answer in bad_token] == [401] * 5
+    for answer in (no_credentials, wait_endpoint):
+        assert answer.status_code == 429 and answer.json()["error"]["code"] == "throttled"
+        assert 0 < int(answer.headers["Retry-After"]) <= 60
+    assert with_a_token.status_code == 200, "a user's requests have the user rate"
+    assert Run.objects.count() == 0

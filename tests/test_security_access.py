@@ -11,6 +11,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.test import Client
 from rest_framework.test import APIClient
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -236,14 +237,35 @@ def test_every_api_request_counts_against_the_user_rate(demo, api, monkeypatch):
     assert [client.get("/api/agents/").status_code for _ in range(6)] == [200] * 4 + [429] * 2
 
 
-def test_repeated_failed_logins_lock_the_username_out(client, demo):
+def test_repeated_failed_logins_lock_the_address_out_and_only_it(client, demo):
     for _ in range(5):
         response = client.post("/accounts/login/", {"username": "approver", "password": "wrong-guess"})
         assert response.status_code in (200, 429)
     locked = client.post("/accounts/login/", {"username": "approver", "password": "approver-demo"})
     assert locked.status_code == 429
     other = client.post("/accounts/login/", {"username": "requester", "password": "requester-demo"})
-    assert other.status_code == 302, "another username is not locked"
+    assert other.status_code == 429, "the address is locked, whatever username it tries"
+    elsewhere = Client(REMOTE_ADDR="198.51.100.9").post("/accounts/login/",
+                                                        {"username": "approver", "password": "approver-demo"})
+    assert elsewhere.status_code == 302, "failures from another address do not lock the user out"
+
+
+def test_password_spraying_across_many_usernames_from_one_address_is_locked_out(client, demo):
+    # Found by attacking the login (issue 26): 12 usernames, one guess each, were never locked out.
+    statuses = [client.post("/accounts/login/", {"username": f"user{n}", "password": "Winter2026!"}).status_code
+                for n in range(12)]
+    assert statuses == [200] * 4 + [429] * 8
+    assert client.post("/accounts/login/", {"username": "approver", "password": "approver-demo"}).status_code == 429
+
+
+def test_a_successful_login_does_not_wipe_the_addresses_failures(client, demo):
+    # Else an attacker with an account of their own would log in between guesses to reset the count.
+    for round_ in range(3):
+        for n in range(2):
+            client.post("/accounts/login/", {"username": f"user{round_}{n}", "password": "guess"})
+        client.post("/accounts/login/", {"username": "requester", "password": "requester-demo"})
+        client.logout()
+    assert client.post("/accounts/login/", {"username": "requester", "password": "requester-demo"}).status_code == 429
 
 
 def test_schema_needs_a_login(demo, api):

@@ -1,7 +1,9 @@
 """``manage.py serve``: the one-command Tollgate server.
 
-Serves HTTP and WebSockets (Daphne; static files through WhiteNoise, as
-in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
+Serves HTTP and WebSockets (Daphne's development server running
+``config.http_server.BodyLimitedServer``, so no request body over
+``TOLLGATE["REQUEST_BODY_MAX_BYTES"]`` is read; static files through
+WhiteNoise, as in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
 also runs a Dramatiq worker and the sweeper (``recover_runs.sweep_all``: runs
 and webhooks, every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
 runs left queued or running by a previous process. Unless told not to
@@ -15,6 +17,7 @@ to start without a ``SECRET_KEY`` (``config.secret_key``).
 import threading
 
 import dramatiq
+from daphne.management.commands.runserver import Command as DaphneRunserver
 from django.conf import settings
 from django.core.management import call_command
 from django.core.exceptions import ImproperlyConfigured
@@ -22,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 from dramatiq.brokers.stub import StubBroker
 
 import runs.engine.actors  # noqa: F401  (declares the advance actor for the in-process worker)
+from config.http_server import BodyLimitedServer
 from config.secret_key import require_secret_key
 from runs.management.commands.recover_runs import sweep_all
 from runs.models import Run, RunStatus
@@ -58,6 +62,12 @@ class Sweeper(threading.Thread):
         self._stopped.set()
 
 
+class BodyLimitedRunserver(DaphneRunserver):
+    """Daphne's ``runserver`` serving with ``BodyLimitedServer`` (request bodies limited, 413)."""
+
+    server_cls = BodyLimitedServer
+
+
 class Command(BaseCommand):
     help = ("Serve Tollgate (HTTP + WebSockets + static files). Without REDIS_URL, also run "
             "the Dramatiq worker and the sweeper in this process.")
@@ -91,7 +101,7 @@ class Command(BaseCommand):
             self.stdout.write(f"Broker {type(broker).__name__}: serving only; run workers with "
                               "`manage.py rundramatiq` and the sweeper with `manage.py recover_runs --loop`.")
         try:
-            call_command("runserver", addrport, use_reloader=False, use_static_handler=False)
+            call_command(BodyLimitedRunserver(), addrport, use_reloader=False, use_static_handler=False)
         finally:
             for stop in reversed(stops):
                 stop()
