@@ -8,6 +8,7 @@ from django.urls import reverse
 from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
+from config.strict_json import StoredJSONDecoder
 from runs.access import InterruptQuerySet
 from runs.fsm import FSMModel
 from runs.labels import choice
@@ -65,7 +66,7 @@ class Interrupt(FSMModel):
     allow_requester = models.BooleanField(_("allow requester"), default=True)
     decision = models.CharField(_("decision"), max_length=16, choices=Decision.choices, blank=True)
     comment = models.TextField(_("comment"), blank=True)
-    edited_arguments = models.JSONField(_("edited arguments"), null=True, blank=True)
+    edited_arguments = models.JSONField(_("edited arguments"), null=True, blank=True, decoder=StoredJSONDecoder)
     resolved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, verbose_name=_("resolved by"), null=True, blank=True, on_delete=models.PROTECT,
         related_name="resolved_interrupts",

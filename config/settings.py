@@ -246,9 +246,6 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON with a nesting limit and no NaN/Infinity/NUL (config.strict_json).
     "DEFAULT_PARSER_CLASSES": ["config.strict_json.StrictJSONParser"],
-    # UTF-8 JSON, or ASCII JSON for a stored value UTF-8 cannot hold.
-    "DEFAULT_RENDERER_CLASSES": ["config.strict_json.EncodableJSONRenderer",
-                                 "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Every error answer is {"error": {"code", "message", "details"}}.
     "EXCEPTION_HANDLER": "config.api.exception_handler",

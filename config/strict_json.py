@@ -14,8 +14,8 @@ requester. It is the one parser of untrusted JSON text: request bodies,
 form fields, answer files and model output (``runs.model_output``).
 ``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
 ``StrictJSONFormField`` the form field (admin JSON fields), and
-``EncodableJSONRenderer`` the API's renderer, which answers even for what
-was stored before these checks.
+``StoredJSONDecoder`` the decoder of every JSON column, so that what was
+stored before these checks still renders everywhere.
 """
 
 import json
@@ -26,7 +26,6 @@ from django import forms
 from django.conf import settings
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import JSONParser
-from rest_framework.renderers import JSONRenderer
 
 # Deepest nesting of objects and arrays accepted (the top level counts 1).
 MAX_DEPTH = 32
@@ -153,25 +152,39 @@ class StrictJSONParser(JSONParser):
             raise ParseError(f"JSON parse error: {exc}") from None
 
 
-class EncodableJSONRenderer(JSONRenderer):
-    """DRF's JSON renderer (UTF-8, as ``UNICODE_JSON`` asks) that answers whatever is stored.
+class StoredJSONDecoder(json.JSONDecoder):
+    """The decoder of every JSON column: a lone surrogate read back becomes U+FFFD.
 
-    A JSON column may hold a lone surrogate stored as its escape
-    (``"\\ud800"``, from before the checks at the door): decoded, it is
-    a ``str`` no UTF-8 text can hold, and DRF's renderer raised
-    ``UnicodeEncodeError``, a 500 for every list holding that row. Such a
-    body is written as ASCII JSON instead, the surrogate as its escape
-    again: valid JSON, and nothing is lost.
+    Before the checks at the door a JSON column could be given a lone
+    surrogate as its escape (``"\\ud800"``; SQLite keeps it, PostgreSQL's
+    ``jsonb`` refuses it). Read back, it is a ``str`` no UTF-8 text can hold,
+    and every page, email, admin form or answer showing it failed as it was
+    encoded. Values are walked only when the text holds a ``\\ud8``-``\\udf``
+    escape (a surrogate pair's too, which decodes to one character and is
+    left alone), so ordinary rows cost one substring search.
     """
 
-    def render(self, data, accepted_media_type=None, renderer_context=None):
-        """The body as bytes; ASCII JSON when UTF-8 cannot hold it."""
-        try:
-            return super().render(data, accepted_media_type, renderer_context)
-        except UnicodeEncodeError:
-            ascii_only = EncodableJSONRenderer()
-            ascii_only.ensure_ascii = True
-            return ascii_only.render(data, accepted_media_type, renderer_context)
+    def decode(self, s, *args, **kwargs):
+        """The value of ``s``, lone surrogates in its keys and strings replaced by U+FFFD."""
+        value = super().decode(s, *args, **kwargs)
+        if _SURROGATE_ESCAPE.search(s):
+            value = _without_lone_surrogates(value)
+        return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_REPLACEMENT = "\ufffd"
+
+
+def _without_lone_surrogates(value):
+    """``value`` (decoded JSON) with every lone surrogate in a key or string replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub(_REPLACEMENT, value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_SURROGATE.sub(_REPLACEMENT, key): _without_lone_surrogates(item) for key, item in value.items()}
+    return value
 
 
 class StrictJSONFormField(forms.JSONField):

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
+from config.strict_json import StoredJSONDecoder
 from runs.access import RunQuerySet
 from runs.fsm import FSMModel
 from runs.labels import choice
@@ -37,9 +38,9 @@ class Agent(models.Model):
     slug = models.SlugField(_("slug"), unique=True)
     name = models.CharField(_("name"), max_length=200)
     instructions = models.TextField(_("instructions"), blank=True)
-    model = models.JSONField(_("model"), default=dict)
-    tools = models.JSONField(_("tools"), default=list, blank=True)
-    approval_policy = models.JSONField(_("approval policy"), default=dict, blank=True)
+    model = models.JSONField(_("model"), default=dict, decoder=StoredJSONDecoder)
+    tools = models.JSONField(_("tools"), default=list, blank=True, decoder=StoredJSONDecoder)
+    approval_policy = models.JSONField(_("approval policy"), default=dict, blank=True, decoder=StoredJSONDecoder)
     approval_policy_granted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, verbose_name=_("approval policy granted by"), null=True, blank=True, editable=False,
         on_delete=models.PROTECT, related_name="+",
@@ -79,7 +80,8 @@ class Session(models.Model):
     title = models.CharField(_("title"), max_length=200, blank=True)
     metadata = models.JSONField(
         _("metadata"), default=dict, blank=True,
-        help_text=_("The client's own JSON object (e.g. a ticket id); never read by the runtime."))
+        help_text=_("The client's own JSON object (e.g. a ticket id); never read by the runtime."),
+        decoder=StoredJSONDecoder)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
@@ -376,8 +378,8 @@ class Step(FSMModel):
     run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="steps")
     index = models.PositiveIntegerField(_("index"))
     status = FSMField(_("status"), max_length=16, choices=Status.choices, default=Status.STARTED, protected=True)
-    request = models.JSONField(_("request"), default=dict)
-    response = models.JSONField(_("response"), default=dict)
+    request = models.JSONField(_("request"), default=dict, decoder=StoredJSONDecoder)
+    response = models.JSONField(_("response"), default=dict, decoder=StoredJSONDecoder)
     input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
     output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
     cost_usd = models.DecimalField(_("cost (USD)"), max_digits=12, decimal_places=6, default=0)
@@ -439,7 +441,7 @@ class Message(models.Model):
     run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="messages")
     role = models.CharField(_("role"), max_length=16)
     content = models.TextField(_("content"), blank=True)
-    tool_calls = models.JSONField(_("tool calls"), default=list, blank=True)
+    tool_calls = models.JSONField(_("tool calls"), default=list, blank=True, decoder=StoredJSONDecoder)
     tool_call_id = models.CharField(_("tool call id"), max_length=100, blank=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
@@ -467,7 +469,7 @@ class RunEvent(models.Model):
     to_status = models.CharField(_("to status"), max_length=32, blank=True)
     actor = models.CharField(_("actor"), max_length=200)
     reason = models.TextField(_("reason"), blank=True)
-    payload = models.JSONField(_("payload"), default=dict, blank=True)
+    payload = models.JSONField(_("payload"), default=dict, blank=True, decoder=StoredJSONDecoder)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
@@ -511,7 +513,8 @@ class Wait(models.Model):
     correlation_key = models.CharField(_("correlation key"), max_length=200, blank=True)
     deadline = models.DateTimeField(_("deadline"),
                                     help_text=_("When the wait ends: the time itself (scheduled), else its timeout."))
-    result = models.JSONField(_("result"), null=True, blank=True, help_text=_("The tool call's result once done."))
+    result = models.JSONField(_("result"), null=True, blank=True, help_text=_("The tool call's result once done."),
+                              decoder=StoredJSONDecoder)
     error = models.TextField(_("error"), blank=True, help_text=_("Why the tool call fails (timed out, refused)."))
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
     settled_at = models.DateTimeField(_("settled at"), null=True, blank=True)
@@ -542,7 +545,7 @@ class ExternalEvent(models.Model):
 
     type = models.CharField(_("type"), max_length=100)
     key = models.CharField(_("key"), max_length=200)
-    payload = models.JSONField(_("payload"), default=dict, blank=True)
+    payload = models.JSONField(_("payload"), default=dict, blank=True, decoder=StoredJSONDecoder)
     run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="external_events")
     wait = models.OneToOneField(Wait, verbose_name=_("wait"), on_delete=models.CASCADE, related_name="event")
     received_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("received by"), on_delete=models.PROTECT,
@@ -577,7 +580,8 @@ class IdempotentRequest(models.Model):
     key = models.CharField(_("key"), max_length=200)
     fingerprint = models.CharField(_("fingerprint"), max_length=64)
     response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
-    response_body = models.JSONField(_("response body"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    response_body = models.JSONField(_("response body"), null=True, blank=True, encoder=DjangoJSONEncoder,
+                                     decoder=StoredJSONDecoder)
     started_at = models.DateTimeField(
         _("started at"), help_text=_("When the request holding the key began (a stale one is taken over)."))
     expires_at = models.DateTimeField(_("expires at"), db_index=True)

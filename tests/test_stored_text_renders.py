@@ -5,7 +5,8 @@ a JSON column could be given a lone surrogate as its escape (``"\\ud800"``).
 SQLite keeps it; PostgreSQL's ``jsonb`` refuses it, so there the door was
 always shut and these tests have nothing to plant. Read back, it is a
 ``str`` no UTF-8 text can hold: the API, the inbox and the admin answered
-500 for every approver.
+500 for every approver. Every JSON column now reads it back as U+FFFD
+(``config.strict_json.StoredJSONDecoder``).
 """
 
 import pytest
@@ -43,6 +44,27 @@ def test_the_api_answers_for_stored_lone_surrogates(demo, planted):
         response = client.get(path)
         assert response.status_code == 200, path
         response.json()  # valid JSON
+
+
+def test_pages_the_admin_and_emails_answer_for_stored_lone_surrogates(demo, planted, mailoutbox):
+    from approvals.notifications import send_queued
+
+    item = Interrupt.objects.get(run=planted)
+    call = ToolCall.objects.get(run=planted, name="refund")
+    browser = Client()
+    browser.force_login(demo["admin"])  # a superuser: an approver, and the admin too
+    for path in ("/inbox/", f"/inbox/{item.pk}/", f"/runs/{planted.pk}/", "/runs/",
+                 f"/admin/tools/toolcall/{call.pk}/change/", f"/admin/runs/run/{planted.pk}/change/",
+                 f"/admin/approvals/interrupt/{item.pk}/change/", "/admin/runs/runevent/"):
+        response = browser.get(path)
+        assert response.status_code == 200, path
+        response.content.decode("utf-8")
+    assert call.arguments["note"] == "a \ufffd b"  # read back as U+FFFD, never as a lone surrogate
+
+    mailoutbox.clear()
+    assert send_queued("new_item", item.pk) >= 1
+    for message in mailoutbox:
+        message.message().as_bytes()
 
 
 def test_planting_is_refused_where_the_database_refuses_it(demo, worker):

@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from config.strict_json import StoredJSONDecoder
 from runs.labels import choice
 from runs.models import RunEvent
 
@@ -35,7 +36,8 @@ class WebhookSubscription(models.Model):
     url = models.URLField(_("URL"), max_length=2000, help_text=_("http(s) endpoint; checked against this server and "
                                                                  "private networks (runs.webhooks.urlguard)."))
     event_types = models.JSONField(_("event types"), default=list,
-                                   help_text=_("Event type names, e.g. [\"run.completed\"]."))
+                                   help_text=_("Event type names, e.g. [\"run.completed\"]."),
+                                   decoder=StoredJSONDecoder)
     secret = models.CharField(_("secret"), max_length=100, editable=False)
     active = models.BooleanField(_("active"), default=True,
                                  help_text=_("An inactive subscription gets no new deliveries; "
@@ -77,7 +79,7 @@ class WebhookDelivery(models.Model):
     event_type = models.CharField(_("event type"), max_length=32, choices=EventType.choices)
     run_id = models.PositiveBigIntegerField(_("run id"))
     event_seq = models.PositiveIntegerField(_("event seq"))
-    payload = models.JSONField(_("payload"))
+    payload = models.JSONField(_("payload"), decoder=StoredJSONDecoder)
     status = models.CharField(_("status"), max_length=16, choices=DeliveryStatus.choices,
                               default=DeliveryStatus.PENDING)
     attempt_count = models.PositiveIntegerField(_("attempts"), default=0)

@@ -4,6 +4,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 from django_fsm import RETURN_VALUE, FSMField, transition
 
+from config.strict_json import StoredJSONDecoder
 from runs.fsm import FSMModel
 from runs.labels import choice
 
@@ -62,7 +63,7 @@ class ToolCall(FSMModel):
     provider_call_id = models.CharField(_("provider call id"), max_length=100)
     name = models.CharField(_("tool"), max_length=100)
     raw_arguments = models.TextField(_("raw arguments"), blank=True)
-    arguments = models.JSONField(_("arguments"), null=True, blank=True)
+    arguments = models.JSONField(_("arguments"), null=True, blank=True, decoder=StoredJSONDecoder)
     status = FSMField(_("status"), default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
     side_effect = models.BooleanField(_("side effect"), default=False)
     action_key = models.CharField(_("action key"), max_length=64, blank=True, db_index=True)
@@ -75,7 +76,7 @@ class ToolCall(FSMModel):
     reconcile_after = models.DateTimeField(
         _("reconcile after"), null=True, blank=True, db_index=True,
         help_text=_("For an unknown call of a run that has ended: when the sweeper asks the reconcile hook next."))
-    result = models.JSONField(_("result"), null=True, blank=True)
+    result = models.JSONField(_("result"), null=True, blank=True, decoder=StoredJSONDecoder)
     error = models.TextField(_("error"), blank=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
