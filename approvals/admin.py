@@ -35,7 +35,7 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """
 
     list_display = (
-        "id", "kind", "status", "title", "run", "tool_call", "requested_by", "decision", "resolved_by",
+        "id", "kind", "status", "shown_title", "run", "tool_call", "requested_by", "decision", "resolved_by",
         "claimed_by", "created_at", "expires_at",
     )
     list_filter = ("kind", "status", "decision", "required_permission", "run__agent")
@@ -43,6 +43,17 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_select_related = ("run__requested_by", "tool_call", "resolved_by", "claimed_by")
     date_hierarchy = "created_at"
     actions = ["approve_selected", "reject_selected"]
+
+    exclude = ("title",)  # the stored English title: shown as a person reads it instead (shown_title)
+
+    def get_readonly_fields(self, request, obj=None):
+        """Every field, read-only, the stored ``title`` shown as a person reads it (``shown_title``)."""
+        return tuple("shown_title" if name == "title" else name for name in super().get_readonly_fields(request, obj))
+
+    @admin.display(description=gettext_lazy("title"))
+    def shown_title(self, interrupt: Interrupt) -> str:
+        """The item's title in the admin's language, from its call (``Interrupt.display_title``)."""
+        return interrupt.display_title
 
     @admin.display(description=gettext_lazy("requested by"), ordering="run__requested_by__username")
     def requested_by(self, interrupt: Interrupt):

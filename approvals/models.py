@@ -5,7 +5,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
-from django.utils.translation import gettext_lazy as _
+from django.utils.text import Truncator
+from django.utils.translation import gettext, gettext_lazy as _
 from django_fsm import FSMField, transition
 
 from config.strict_json import StoredJSONDecoder
@@ -13,6 +14,7 @@ from runs.access import InterruptQuerySet
 from runs.fsm import FSMModel
 from runs.labels import choice
 from tools.services.edits import argument_changes, proposed_arguments
+from tools.services.summary import title_of
 
 
 class InterruptKind(models.TextChoices):
@@ -36,6 +38,27 @@ class Decision(models.TextChoices):
     FAILED = choice("failed")
 
 
+TITLE_CHARS = 300  # Interrupt.title's length
+
+
+def item_title(kind: str, tool_call, stored: str = "") -> str:
+    """The title of an inbox item of ``kind`` about ``tool_call``, in the active language, from the call's facts.
+
+    An approval reads as its call ("Refund 80.00 on order 123",
+    ``tools.services.summary.title_of``: the tool's ``title`` hook or the
+    fallback), a reconciliation as "Outcome unknown: " and its call. A
+    question (``input``) is the model's own words, and an item without a
+    call (or with arguments that are not an object) has only its ``stored``
+    title: both are shown as stored. At most 300 characters; no query.
+    """
+    if kind == InterruptKind.INPUT or tool_call is None or not isinstance(tool_call.arguments, dict):
+        return stored
+    title = title_of(tool_call)
+    if kind == InterruptKind.RECONCILIATION:
+        title = gettext("Outcome unknown: %(call)s") % {"call": title}
+    return Truncator(title).chars(TITLE_CHARS)
+
+
 class Interrupt(FSMModel):
     """An inbox item: a run is waiting for a person.
 
@@ -49,7 +72,9 @@ class Interrupt(FSMModel):
     on the same thing (``tools.services.summary.target_of``: tool name and
     target value; empty when the tool names no target). Only
     ``approvals.services`` changes ``status``; text produced by the model
-    never does.
+    never does. ``title`` is stored in English when the item is opened (the
+    API's and the search's); pages, emails and the admin show
+    ``display_title``, built from the call in the reader's language.
     """
 
     run = models.ForeignKey("runs.Run", verbose_name=_("run"), on_delete=models.CASCADE, related_name="interrupts")
@@ -60,7 +85,7 @@ class Interrupt(FSMModel):
     kind = models.CharField(_("kind"), max_length=32, choices=InterruptKind.choices)
     status = FSMField(_("status"), default=InterruptStatus.PENDING, choices=InterruptStatus.choices, protected=True,
                       db_index=True)
-    title = models.CharField(_("title"), max_length=300)
+    title = models.CharField(_("title"), max_length=TITLE_CHARS)
     required_permission = models.CharField(_("required permission"), max_length=200,
                                            default="approvals.decide_interrupt")
     allow_requester = models.BooleanField(_("allow requester"), default=True)
@@ -125,6 +150,12 @@ class Interrupt(FSMModel):
 
     def __str__(self):
         return f"{self.kind} #{self.pk} ({self.status})"
+
+    @property
+    def display_title(self) -> str:
+        """The title a person reads, in the active language (``item_title``); the stored one for questions
+        and for items without a call. Load ``tool_call`` with the item (``select_related``) in lists."""
+        return item_title(self.kind, self.tool_call, self.title)
 
     def get_absolute_url(self) -> str:
         """The item's page in the inbox on the site."""

@@ -119,7 +119,7 @@ def _send(messages: list[EmailMessage], what: str) -> int:
 
 def _item_text(interrupt: Interrupt) -> str:
     call = interrupt.tool_call
-    lines = [interrupt.title,
+    lines = [interrupt.display_title,
              _("Run %(run)s of agent %(agent)s, requested by %(requester)s.") % {
                  "run": interrupt.run_id, "agent": interrupt.run.agent.slug,
                  "requester": interrupt.run.requested_by.get_username()}]
@@ -139,7 +139,7 @@ def send_new_item(interrupt_id: int) -> int:
         return 0
 
     def write():
-        return (_("[Tollgate] Waiting for you: %(title)s") % {"title": interrupt.title},
+        return (_("[Tollgate] Waiting for you: %(title)s") % {"title": interrupt.display_title},
                 _("A new inbox item waits for your decision.") + "\n\n" + _item_text(interrupt))
 
     recipients = _wanting(users_who_may_decide(interrupt), NEW_ITEM)
@@ -189,7 +189,7 @@ def warn_claimed_items_expiring(*, now) -> int:
 
         def write(interrupt=interrupt):
             left = interrupt.expires_at - now
-            return (_("[Tollgate] Expiring soon: %(title)s") % {"title": interrupt.title},
+            return (_("[Tollgate] Expiring soon: %(title)s") % {"title": interrupt.display_title},
                     _("An item you claimed expires in %(minutes)d minutes; if nobody decides it, its run fails.")
                     % {"minutes": left.total_seconds() // 60} + "\n\n" + _item_text(interrupt))
 

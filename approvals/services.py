@@ -12,12 +12,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django_fsm import can_proceed
 
 from approvals import answer_files, notifications
-from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus
+from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus, item_title
 from runs.errors import Expired, Forbidden, InvalidInput
 from runs.models import Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
@@ -55,7 +55,7 @@ def request_approval(*, tool_call, tool, rule: str = "") -> Interrupt:
         run=tool_call.run,
         tool_call=tool_call,
         kind=InterruptKind.APPROVAL,
-        title=f"Approve {tool_call.name}?",
+        title=_stored_title(InterruptKind.APPROVAL, tool_call),
         required_permission=tool.permission,
         allow_requester=tool.requester_may_decide,
         expires_at=timezone.now() + timedelta(hours=settings.TOLLGATE["APPROVAL_TTL_HOURS"]),
@@ -64,6 +64,12 @@ def request_approval(*, tool_call, tool, rule: str = "") -> Interrupt:
     )
     _log_opened(interrupt, reason=_requested("approval", tool))
     return interrupt
+
+
+def _stored_title(kind: str, tool_call) -> str:
+    """The title kept on a new item: ``item_title`` in English (the API's language; pages build their own)."""
+    with translation.override("en"):
+        return item_title(kind, tool_call, stored=tool_call.name)
 
 
 def _requested(kind: str, tool) -> str:
@@ -89,7 +95,7 @@ def request_reconciliation(*, tool_call) -> Interrupt:
         run=tool_call.run,
         tool_call=tool_call,
         kind=InterruptKind.RECONCILIATION,
-        title=f"Did {tool_call.name} happen? Its outcome is unknown.",
+        title=_stored_title(InterruptKind.RECONCILIATION, tool_call),
         required_permission=tool.permission,
         allow_requester=tool.requester_may_decide,
         target=target_of(tool, tool_call.arguments),

@@ -85,7 +85,6 @@ class InterruptInline(PagedInlineMixin, ReadOnlyAdminMixin, admin.TabularInline)
     verbose_name_plural = _("Inbox items")
 
     kind_ = column("kind", _("Kind"), as_word=True)
-    title_ = column("title", _("Title"))
     status_ = column("status", _("Status"), as_word=True)
     decision_ = column("decision", _("Decision"), as_word=True)
     resolved_by_ = column("resolved_by", _("Decided by"))
@@ -94,9 +93,14 @@ class InterruptInline(PagedInlineMixin, ReadOnlyAdminMixin, admin.TabularInline)
     created_at_ = column("created_at", _("Created"))
     expires_at_ = column("expires_at", _("Expires"))
 
+    @admin.display(description=_("Title"))
+    def title_(self, interrupt: Interrupt) -> str:
+        """The item's title in the admin's language, from its call (``Interrupt.display_title``)."""
+        return interrupt.display_title
+
     def get_queryset(self, request):
-        """The items with who decided them, in one query."""
-        return super().get_queryset(request).select_related("resolved_by")
+        """The items with who decided them and their calls (for the titles), in one query."""
+        return super().get_queryset(request).select_related("resolved_by", "tool_call")
 
 
 class SessionRunInline(PagedInlineMixin, ReadOnlyAdminMixin, admin.TabularInline):

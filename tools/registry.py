@@ -173,6 +173,11 @@ class Tool:
       once for all the calls of a page, so it reads what it needs in a
       fixed number of queries (never one per call). None: the fallback,
       tool name and top-level arguments (``tools.services.summary``).
+    * ``title(arguments) -> str``: the call in a few words, from its
+      arguments alone ("Refund 80.00 on order 123"), in the active language;
+      an inbox item's title everywhere it is shown (``tools.services.summary.title_of``).
+      It must not query: it is called per item, in lists, emails and the
+      admin. None: the fallback, tool name and top-level arguments.
     * ``judge_together(groups) -> [Together]``: for each group (a list of
       the arguments of pending calls on one target), whether they can all
       succeed (e.g. refunds asking more than is left). Called once per page.
@@ -195,6 +200,7 @@ class Tool:
     backoff_s: float = 0.5
     wait: Callable[[ToolContext, dict], WaitSpec] | None = None
     summarize: Callable[[list[dict]], list[Description]] | None = None
+    title: Callable[[dict], str] | None = None
     judge_together: Callable[[list[list[dict]]], list[Together]] | None = None
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 

@@ -1,6 +1,7 @@
-"""How the demo tools' pending calls read in the inbox (``Tool.summarize`` / ``Tool.judge_together``).
+"""How the demo tools' calls read to a person (``Tool.title``, ``Tool.summarize``, ``Tool.judge_together``).
 
-Every hook is batched: it reads what it needs for all the calls it is
+A title is the call's own facts ("Refund 80.00 on order 123") and reads
+nothing. Every summary hook is batched: it reads what it needs for all the calls it is
 given in one or two queries. The refund reads the order's total from
 ``Order`` and what was refunded so far from the refunds Tollgate recorded
 as succeeded (its own record, so a page never waits on the gateway),
@@ -61,6 +62,33 @@ def _refundable(order: Order | None, refunded: Decimal) -> Decimal | None:
     return Decimal("0") if order.status == Order.Status.CANCELLED else order.total - refunded
 
 
+def _amount(arguments: dict):
+    """The refund's amount with two decimals, or as given when it is not a number."""
+    amount = _money(arguments.get("amount"))
+    return arguments.get("amount") if amount is None else amount
+
+
+def refund_title(arguments: dict) -> str:
+    """"Refund 80.00 on order 123". No query."""
+    return _("Refund %(amount)s on order %(order)s") % {"amount": _amount(arguments),
+                                                        "order": arguments.get("order_id")}
+
+
+def order_lookup_title(arguments: dict) -> str:
+    """"Look up order 123". No query."""
+    return _("Look up order %(order)s") % {"order": arguments.get("order_id")}
+
+
+def order_cancellation_title(arguments: dict) -> str:
+    """"Cancel order 124". No query."""
+    return _("Cancel order %(order)s") % {"order": arguments.get("order_id")}
+
+
+def email_title(arguments: dict) -> str:
+    """"Email to a@b.example: <subject>". No query."""
+    return _("Email to %(to)s: %(subject)s") % {"to": arguments.get("to", ""), "subject": arguments.get("subject", "")}
+
+
 def summarize_refunds(arguments_list: list[dict]) -> list[Description]:
     """"Refund 80.00 on order 123 (total 120.00, refunded 0.00)" per call; risk fields amount, order, total,
     refunded so far. Two queries for any number of calls."""
@@ -108,7 +136,7 @@ def judge_refunds(groups: list[list[dict]]) -> list[Together]:
 
 def summarize_order_lookups(arguments_list: list[dict]) -> list[Description]:
     """"Look up order 123" per call; risk field order. No query."""
-    return [Description(text=_("Look up order %(order)s") % {"order": a.get("order_id")},
+    return [Description(text=order_lookup_title(a),
                         risk_fields=((_("Order"), str(a.get("order_id"))),),
                         target=_("order %(order)s") % {"order": a.get("order_id")}) for a in arguments_list]
 
@@ -140,7 +168,7 @@ def summarize_emails(arguments_list: list[dict]) -> list[Description]:
             body = body[: BODY_CHARS - 1] + "…"
         to, subject = str(arguments.get("to", "")), str(arguments.get("subject", ""))
         described.append(Description(
-            text=_("Email to %(to)s: %(subject)s") % {"to": to, "subject": subject},
+            text=email_title(arguments),
             risk_fields=((_("Recipient"), to), (_("Subject"), subject), (_("Body"), body)),
             target=to))
     return described

@@ -78,6 +78,7 @@ QUERY_ORDER = Tool(
     handler=_query_order,
     precondition=_query_order_precondition,
     summarize=summaries.summarize_order_lookups,
+    title=summaries.order_lookup_title,
 )
 
 
@@ -115,6 +116,7 @@ CANCEL_ORDER = Tool(
     approval="always",
     precondition=_cancel_precondition,
     summarize=summaries.summarize_order_cancellations,
+    title=summaries.order_cancellation_title,
 )
 
 
@@ -159,6 +161,7 @@ REFUND = Tool(
     idempotent=True,
     reconcile=gateway.lookup,
     summarize=summaries.summarize_refunds,
+    title=summaries.refund_title,
     judge_together=summaries.judge_refunds,
 )
 
@@ -219,6 +222,7 @@ SEND_EMAIL = Tool(
     approval="always",
     precondition=_send_email_precondition,
     summarize=summaries.summarize_emails,
+    title=summaries.email_title,
 )
 
 # What the demo app registers, in this order.

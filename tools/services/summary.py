@@ -6,7 +6,8 @@ calls on one target can all succeed); see ``tools.registry``. Without a
 hook the fallback reads "tool_name(key=value, ...)" from the top-level
 arguments. Everything here is batched: ``describe_many`` calls each tool's
 hook once for all its calls, so a page of N rows costs a fixed number of
-queries per tool, not one per row.
+queries per tool, not one per row. ``title_of`` is the call in a few words
+(``Tool.title``, which never queries), for an inbox item's title.
 
 ``target_of`` is the grouping key of "other pending calls on the same
 target": the tool's name and the canonical value of its ``target_key``
@@ -21,7 +22,7 @@ from runs.masking import mask_credentials
 from tools.registry import Description, Together, get_tool
 from tools.services.arguments import canonical_value
 
-__all__ = ["Description", "Together", "describe", "describe_many", "judge_groups", "target_of"]
+__all__ = ["Description", "Together", "describe", "describe_many", "judge_groups", "target_of", "title_of"]
 
 FALLBACK_FIELDS = 4  # top-level arguments shown by the fallback
 VALUE_CHARS = 60  # longest value the fallback shows, in characters
@@ -80,6 +81,19 @@ def describe_many(tool_calls) -> list[Description]:
 def describe(tool_call) -> Description:
     """The ``Description`` of one call (see ``describe_many``; prefer that for lists)."""
     return describe_many([tool_call])[0]
+
+
+def title_of(tool_call) -> str:
+    """``tool_call`` (an object with ``name`` and ``arguments``) in a few words, in the active language.
+
+    The tool's ``title`` hook ("Refund 80.00 on order 123"); without one,
+    for an unknown tool or arguments that are not an object, the fallback
+    summary's text ("tool_name(key=value, ...)", credentials masked). No query.
+    """
+    tool = get_tool(tool_call.name)
+    if tool is not None and tool.title is not None and isinstance(tool_call.arguments, dict):
+        return tool.title(tool_call.arguments)
+    return _fallback(tool_call.name, tool_call.arguments, tool).text
 
 
 def judge_groups(name: str, groups: list[list[dict]]) -> list[Together]:
