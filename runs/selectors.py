@@ -1,7 +1,9 @@
 """Reads for the run pages and the run WebSocket (HackSoft-style selectors).
 
 Who may see a run is ``Run.objects.visible_to`` (``runs.access``); these
-functions only load what a page shows.
+functions only load what a page shows. ``final_output_status`` is the one
+rule for how recorded facts stand to the model's final text, asked by the
+run page, the API's run and the ``run.completed`` webhook.
 """
 
 from dataclasses import asdict, dataclass, field
