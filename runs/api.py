@@ -26,7 +26,7 @@ from runs.engine.lifecycle import cancel_run_as, retry_run, submit_input
 from runs.engine.sessions import open_session
 from runs.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
-from runs.selectors import session_messages, with_pending_waits
+from runs.selectors import session_messages, with_final_output_facts, with_pending_waits
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
@@ -76,8 +76,8 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
     """Runs: start one, read it with its events and tool calls, cancel it."""
 
     serializer_class = RunSerializer
-    queryset = with_pending_waits(Run.objects.select_related("agent", "requested_by")
-                                  .prefetch_related(decided_items_prefetch()))
+    queryset = with_final_output_facts(with_pending_waits(Run.objects.select_related("agent", "requested_by")
+                                                          .prefetch_related(decided_items_prefetch())))
     owner_field = "requested_by"
     filterset_class = RunFilter
 
@@ -199,6 +199,6 @@ class SessionViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixi
     def runs(self, request, pk=None):
         """The runs of the session (all its owner's), newest first."""
         session = self.get_object()
-        page = self.paginate_queryset(with_pending_waits(session.runs.select_related("agent", "requested_by")
-                                                         .prefetch_related(decided_items_prefetch())))
+        page = self.paginate_queryset(with_final_output_facts(with_pending_waits(
+            session.runs.select_related("agent", "requested_by").prefetch_related(decided_items_prefetch()))))
         return self.get_paginated_response(RunSerializer(page, many=True).data)

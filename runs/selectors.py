@@ -1,15 +1,26 @@
 """Reads for the run pages and the run WebSocket (HackSoft-style selectors).
 
 Who may see a run is ``Run.objects.visible_to`` (``runs.access``); these
-functions only load what a page shows.
+functions only load what a page shows. ``final_output_status`` is the one
+rule for how recorded facts stand to the model's final text, asked by the
+run page, the API's run and the ``run.completed`` webhook.
 """
+
+from dataclasses import asdict, dataclass, field
 
 from django.db.models import Max, Prefetch, QuerySet
 
-from runs.models import Agent, Message, Run, RunEvent, Wait, WaitStatus
+from approvals.models import Decision, Interrupt, InterruptKind
+from runs.engine.completion import call_facts, unresolved_calls
+from runs.models import Agent, Message, Outcome, Run, RunEvent, Wait, WaitStatus
+from tools.models import ToolCall, ToolCallStatus
+from tools.services.edits import argument_changes, proposed_arguments
 
 # The attribute ``with_pending_waits`` puts the prefetched waits on each run under.
 PENDING_WAITS = "pending_waits"
+# The attributes ``with_final_output_facts`` puts a run's tool calls and edited approvals under.
+CALLS_IN_ORDER = "calls_in_order"
+EDITED_APPROVALS = "edited_approvals"
 
 
 def run_list(*, user, limit: int = 200) -> QuerySet[Run]:
@@ -56,3 +67,114 @@ def pending_waits() -> QuerySet[Wait]:
 def with_pending_waits(runs: QuerySet[Run]) -> QuerySet[Run]:
     """``runs`` with their pending waits prefetched as the list ``run.pending_waits``: one query per page, not per run."""
     return runs.prefetch_related(Prefetch("waits", queryset=pending_waits(), to_attr=PENDING_WAITS))
+
+
+# ``FinalOutputStatus.code``: how the recorded facts stand to the model's final text.
+ABSENT = "absent"                      # no final text (the run did not complete, or the model said nothing)
+NOT_CONTRADICTED = "not_contradicted"  # no recorded fact conflicts with it (the program never reads it)
+CONTRADICTED = "contradicted"          # the facts in ``conflicts`` do
+FINAL_OUTPUT_CODES = [ABSENT, NOT_CONTRADICTED, CONTRADICTED]
+# ``Conflict.code``: which fact.
+OUTCOME_NOT_ACHIEVED = "outcome_not_achieved"
+CALL_WITHOUT_EFFECT = "call_without_effect"
+CALL_OUTCOME_UNKNOWN = "call_outcome_unknown"
+ARGUMENTS_EDITED = "arguments_edited"
+CONFLICT_CODES = [OUTCOME_NOT_ACHIEVED, CALL_WITHOUT_EFFECT, CALL_OUTCOME_UNKNOWN, ARGUMENTS_EDITED]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One recorded fact that conflicts with the model's final text.
+
+    ``code``: ``outcome_not_achieved`` (the run's verdict; ``status`` is the
+    outcome, ``detail`` its reason, no ``tool_call``),
+    ``call_without_effect`` (a side-effecting call that ended rejected,
+    denied, failed, expired, cancelled or invalid and that no later call made up
+    for; ``detail`` is its error), ``call_outcome_unknown`` (a side-effecting
+    call whose effect is not known), ``arguments_edited`` (a call executed
+    with arguments a person edited when approving it). ``changes``: what the
+    person changed (``tools.services.edits.argument_changes``), for any call
+    approved with edits, else ``[]``.
+    """
+
+    code: str
+    status: str
+    detail: str = ""
+    tool_call: int | None = None
+    tool: str = ""
+    changes: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FinalOutputStatus:
+    """What the recorded facts say of a run's final text: ``code`` (``absent``, ``not_contradicted``,
+    ``contradicted``) and the ``conflicts`` (empty unless contradicted), the outcome first, then calls in order."""
+
+    code: str
+    conflicts: tuple[Conflict, ...] = ()
+
+    @property
+    def contradicted(self) -> bool:
+        return self.code == CONTRADICTED
+
+    def as_dict(self) -> dict:
+        """``{"code", "conflicts": [{"code", "status", "detail", "tool_call", "tool", "changes"}]}`` (JSON-ready)."""
+        return {"code": self.code, "conflicts": [asdict(conflict) for conflict in self.conflicts]}
+
+
+def with_final_output_facts(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """``runs`` with what ``final_output_status`` reads prefetched: two queries per page, not two per run."""
+    calls = ToolCall.objects.order_by("id").only(
+        "id", "run_id", "name", "side_effect", "status", "error", "raw_arguments", "arguments", "duplicate_of_id")
+    return runs.prefetch_related(Prefetch("tool_calls", queryset=calls, to_attr=CALLS_IN_ORDER),
+                                 Prefetch("interrupts", queryset=_edited_approvals(), to_attr=EDITED_APPROVALS))
+
+
+def _edited_approvals() -> QuerySet[Interrupt]:
+    return Interrupt.objects.filter(kind=InterruptKind.APPROVAL, decision=Decision.APPROVED,
+                                    edited_arguments__isnull=False).order_by("id")
+
+
+def final_output_status(run: Run) -> FinalOutputStatus:
+    """Whether the recorded facts of ``run`` contradict the model's final text; the one rule for page, API, webhooks.
+
+    Decided from facts only, never from the text: the final text (when
+    there is one) is contradicted when the run's outcome is
+    ``not_achieved``, when a side-effecting call ended without its effect
+    and no later call of the tool on the same target made up for it (the
+    outcome's own rule, ``runs.engine.completion.unresolved_calls``), when
+    a side-effecting call's effect is unknown, or when a call was executed
+    with arguments a person edited (the model proposed something else).
+    Reads the run's calls and edited approvals (prefetched by
+    ``with_final_output_facts``, else two queries; none without a final text).
+    """
+    if not run.final_output:
+        return FinalOutputStatus(ABSENT)
+    calls = getattr(run, CALLS_IN_ORDER, None)
+    if calls is None:
+        calls = list(run.tool_calls.order_by("id"))
+    edited = getattr(run, EDITED_APPROVALS, None)
+    if edited is None:
+        edited = list(_edited_approvals().filter(run=run))
+    by_id = {call.pk: call for call in calls}
+    changes = {item.tool_call_id: argument_changes(proposed_arguments(by_id[item.tool_call_id]), item.edited_arguments)
+               for item in edited if item.tool_call_id in by_id}  # the newest approval of a call speaks
+    conflicts = []
+    if run.outcome == Outcome.NOT_ACHIEVED:
+        conflicts.append(Conflict(OUTCOME_NOT_ACHIEVED, run.outcome, run.outcome_reason))
+    without_effect = {fact.id for fact in unresolved_calls(call_facts(run, calls)) if fact.side_effect}
+    for call in calls:
+        code = _conflict_code(call, without_effect, bool(changes.get(call.pk)))
+        if code:
+            conflicts.append(Conflict(code, call.status, call.error, call.pk, call.name, changes.get(call.pk) or []))
+    return FinalOutputStatus(CONTRADICTED if conflicts else NOT_CONTRADICTED, tuple(conflicts))
+
+
+def _conflict_code(call: ToolCall, without_effect: set[int], edited: bool) -> str:
+    if call.pk in without_effect:
+        return CALL_WITHOUT_EFFECT
+    if call.side_effect and call.status == ToolCallStatus.UNKNOWN:
+        return CALL_OUTCOME_UNKNOWN
+    if edited and call.status == ToolCallStatus.SUCCEEDED:
+        return ARGUMENTS_EDITED
+    return ""

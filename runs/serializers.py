@@ -16,7 +16,7 @@ from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
 from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason
-from runs.selectors import PENDING_WAITS, pending_waits
+from runs.selectors import CONFLICT_CODES, FINAL_OUTPUT_CODES, PENDING_WAITS, final_output_status, pending_waits
 from tools.models import ToolCall
 
 
@@ -85,11 +85,38 @@ def decided_items_prefetch() -> Prefetch:
     return Prefetch("interrupts", queryset=items, to_attr="decided_items")
 
 
+class FinalOutputConflictSerializer(serializers.Serializer):
+    """One recorded fact that contradicts the model's final text (``runs.selectors.Conflict``)."""
+
+    code = serializers.ChoiceField(choices=CONFLICT_CODES, help_text=(
+        "outcome_not_achieved: the run's outcome; call_without_effect: a side-effecting call ended rejected, "
+        "denied, failed, expired, cancelled or invalid, and no later call of the tool on the same target made up "
+        "for it; call_outcome_unknown: a side-effecting call's effect is not known; arguments_edited: a call was "
+        "executed with arguments a person edited when approving it."))
+    status = serializers.CharField(help_text="The call's status; for outcome_not_achieved the run's outcome.")
+    detail = serializers.CharField(allow_blank=True, help_text="The call's error, or the outcome's reason.")
+    tool_call = serializers.IntegerField(allow_null=True, help_text="The call's id; null for the outcome.")
+    tool = serializers.CharField(allow_blank=True, help_text="The call's tool; empty for the outcome.")
+    changes = serializers.ListField(child=serializers.DictField(), help_text=(
+        "For a call approved with edits: one entry per changed leaf (as a decision's `changes`); else empty."))
+
+
+class FinalOutputStatusSerializer(serializers.Serializer):
+    """How the recorded facts stand to the model's final text (``runs.selectors.final_output_status``)."""
+
+    code = serializers.ChoiceField(choices=FINAL_OUTPUT_CODES, help_text=(
+        "absent: no final text; not_contradicted: no recorded fact conflicts with it (the program never reads "
+        "it, so this is not a confirmation); contradicted: the facts in `conflicts` do."))
+    conflicts = FinalOutputConflictSerializer(many=True, help_text="Empty unless contradicted; the outcome first, "
+                                                                   "then the calls in the order they were proposed.")
+
+
 class RunSerializer(OutputSerializer):
     """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
 
     ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.engine.completion``);
-    ``final_output`` is the model's own last words, not a verdict.
+    ``final_output`` is the model's own last words, not a verdict: ``final_output_status`` says
+    whether recorded facts contradict them (``contradicted``, with the ``conflicts``).
     ``decisions`` are the run's decided inbox items, oldest first: who
     decided what, when, their comment and what they changed.
     """
@@ -97,6 +124,7 @@ class RunSerializer(OutputSerializer):
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
     decisions = serializers.SerializerMethodField()
+    final_output_status = serializers.SerializerMethodField()
     waiting_for = serializers.SerializerMethodField(
         help_text="The pending wait of a waiting run (input, external_event, scheduled): kind, deadline, the "
                   "tool call; for a question the inbox item to answer (interrupt), for an event wait the "
@@ -106,7 +134,7 @@ class RunSerializer(OutputSerializer):
         model = Run
         fields = ["id", "status", "phase", "waiting_reason", "waiting_for", "failure_type", "outcome",
                   "outcome_reason", "session", "agent",
-                  "requested_by", "input", "final_output", "error", "wake_at", "cancel_requested_at", "retry_of",
+                  "requested_by", "input", "final_output", "final_output_status", "error", "wake_at", "cancel_requested_at", "retry_of",
                   "model_calls", "input_tokens", "output_tokens", "created_at", "updated_at", "started_at",
                   "finished_at", "decisions"]
         read_only_fields = fields
@@ -118,6 +146,11 @@ class RunSerializer(OutputSerializer):
         if items is None:
             items = decided_items_prefetch().queryset.filter(run=run)
         return DecisionSerializer(items, many=True).data
+
+    @extend_schema_field(FinalOutputStatusSerializer)
+    def get_final_output_status(self, run: Run) -> dict:
+        """``final_output_status(run)``: its facts prefetched (``runs.selectors.with_final_output_facts``), else read."""
+        return final_output_status(run).as_dict()
 
     @extend_schema_field(serializers.JSONField(allow_null=True))
     def get_waiting_for(self, run: Run) -> dict | None:

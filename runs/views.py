@@ -46,10 +46,12 @@ def run_list(request):
 @login_required
 @require_GET
 def run_detail(request, run_id: int):
-    """One run: status fields, timeline, tool calls, pending and decided inbox items, cancel."""
+    """One run: status fields, the model's final text beside the facts contradicting it, timeline, tool calls,
+    pending and decided inbox items, cancel."""
     run = _visible_run_or_404(request, run_id)
     return render(request, "runs/run_detail.html", {
         "run": run,
+        "final_output": selectors.final_output_status(run),
         "events": selectors.run_events(run=run),
         "tool_calls": selectors.run_tool_calls(run=run),
         "pending_items": run_pending_interrupts(run=run),

@@ -132,6 +132,50 @@ def test_run_page_shows_not_achieved_beside_the_models_claim(denied_refund_run, 
     assert 0 <= words_box["y"] - (verdict_box["y"] + verdict_box["height"]) < 60
 
 
+@pytest.fixture
+def email_claim_run(demo, worker, api):
+    """A run waiting for send_email's approval whose model will say the email was sent (set up before the browser)."""
+    from tests.api_helpers import email_run_waiting
+
+    return email_run_waiting(demo, api, worker, "claims-email")["id"]
+
+
+def test_a_rejected_emails_run_page_shows_the_sent_claim_as_contradicted_beside_the_facts(
+        email_claim_run, worker, served, browser):
+    from tests.api_helpers import SENT_CLAIM
+
+    requester = log_in(browser, served, "requester", "requester-demo")
+    requester.goto(f"{served}/runs/{email_claim_run}/")
+    requester.wait_for_selector("#run-status[data-status=waiting]")
+    assert requester.locator("#run-final").count() == 0
+
+    approver = log_in(browser, served, "approver", "approver-demo")
+    approver.locator(".inbox-item", has_text=f"run {email_claim_run}").locator("a.open-item").click()
+    approver.wait_for_selector("#tool-arguments")
+    approver.fill("#id_comment", "Legal wants a new clause first.")
+    approver.click("#reject")
+    approver.wait_for_url(f"{served}/runs/{email_claim_run}/")
+    worker.drain()
+
+    # The requester's page re-renders by itself: the model's words come as its claim, marked, beside the facts.
+    requester.wait_for_selector("#run-status[data-status=completed]")
+    requester.wait_for_selector("#run-final[data-final-output-status=contradicted]")
+    assert requester.text_content("#run-final-status").strip() == "contradicted by the facts"
+    assert requester.text_content("#run-final-output").strip() == SENT_CLAIM
+    assert "not achieved" in requester.text_content("#run-verdict")
+    facts = requester.locator("#run-facts li.fact")
+    assert facts.evaluate_all("items => items.map(item => item.dataset.code)") == [
+        "outcome_not_achieved", "call_without_effect"]
+    rejected = facts.nth(1).text_content()
+    assert "send_email" in rejected and "rejected" in rejected and "Legal wants a new clause first." in rejected
+    # Side by side: the facts start level with the claim, to its right.
+    claim_box = requester.locator("#run-final-output").bounding_box()
+    facts_box = requester.locator("#run-facts").bounding_box()
+    assert facts_box["x"] >= claim_box["x"] + claim_box["width"]
+    assert abs(facts_box["y"] - claim_box["y"]) < 5
+    requester.screenshot(path=str(SCREENSHOT.with_name("tollgate-claim.png")), full_page=True)
+
+
 def test_api_docs_render_every_operation_under_the_csp_from_this_site_only(demo, served, browser):
     page = log_in(browser, served, "requester", "requester-demo")
     requests, complaints = [], []

@@ -116,8 +116,7 @@ def judge_calls(facts: Iterable[CallFact]) -> Verdict:
     if pending:
         listed = ", ".join(f"{fact.tool} #{fact.id} ({fact.status})" for fact in pending)
         return incomplete(_clip(f"{len(pending)} tool call(s) have not finished: {listed}."))
-    unresolved = [fact for index, fact in enumerate(facts)
-                  if fact.status in NO_EFFECT_STATUSES and not _corrected(fact, facts[index + 1:])]
+    unresolved = unresolved_calls(facts)
     if unresolved:
         others = f" (and {len(unresolved) - 1} more)" if len(unresolved) > 1 else ""
         return not_achieved(_clip(_describe(unresolved[0]) + others))
@@ -130,6 +129,19 @@ def judge_calls(facts: Iterable[CallFact]) -> Verdict:
     return achieved(f"{len(succeeded)} read-only tool call(s) succeeded")
 
 
+def unresolved_calls(facts: Iterable[CallFact]) -> list[CallFact]:
+    """The calls that ended without their effect and that no later call made up for, in ``id`` order.
+
+    The floor's rule (see the module doc): of the calls of tools the agent
+    has, those in a no-effect status (invalid, denied, rejected, expired,
+    cancelled, failed) not corrected by a later success of the same tool on
+    the same target. Pure: no database, no clock.
+    """
+    facts = sorted((fact for fact in facts if fact.registered), key=lambda fact: fact.id)
+    return [fact for index, fact in enumerate(facts)
+            if fact.status in NO_EFFECT_STATUSES and not _corrected(fact, facts[index + 1:])]
+
+
 def _corrected(failed: CallFact, later: list[CallFact]) -> bool:
     """Whether a later call of the same tool made up for ``failed`` (see the module doc)."""
     return any(
@@ -139,11 +151,15 @@ def _corrected(failed: CallFact, later: list[CallFact]) -> bool:
     )
 
 
-def call_facts(run) -> list[CallFact]:
-    """The ``CallFact`` of every tool call of ``run`` (one query)."""
+def call_facts(run, calls: Iterable[ToolCall] | None = None) -> list[CallFact]:
+    """The ``CallFact`` of every tool call of ``run``: one query, or none when ``calls`` (its ``ToolCall`` rows) are given."""
     offered = {tool.name: tool for tool in tools_for_agent(run.agent)}
-    rows = ToolCall.objects.filter(run=run).order_by("id").values_list(
-        "id", "name", "side_effect", "status", "error", "arguments", "duplicate_of_id")
+    if calls is None:
+        rows = ToolCall.objects.filter(run=run).order_by("id").values_list(
+            "id", "name", "side_effect", "status", "error", "arguments", "duplicate_of_id")
+    else:
+        rows = [(call.pk, call.name, call.side_effect, call.status, call.error, call.arguments, call.duplicate_of_id)
+                for call in calls]
     return [CallFact(pk, name, side_effect, status, error, registered=name in offered,
                      target=_target(offered.get(name), arguments), duplicate=original is not None)
             for pk, name, side_effect, status, error, arguments, original in rows]

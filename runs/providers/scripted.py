@@ -6,20 +6,39 @@ Config: ``{"provider": "scripted", "turns": [turn, ...]}`` where a turn is
 ``"finish_reason": "length"`` (output cut off) and ``"usage":
 {"input_tokens", "output_tokens"}``. Turn ``i`` answers the run's ``i``-th
 model call, so a resumed or recovered run continues where it was.
+
+A turn may also say what to answer after each way the last tool call
+ended: ``"content_by_status": {status: str}``. The status is the one in the
+last tool result the model sees (``tools.services.results``: ``succeeded``,
+``rejected``, ``denied``, ``failed``, ...), or ``edited`` for a call that
+succeeded with arguments an approver changed (``succeeded`` when
+``edited`` is not given). A status not listed, or no tool result, gives
+``content``. In the chosen text, ``{path}`` is replaced by that value of
+the tool result, e.g. ``{result.amount}`` or ``{error}`` (dots go into
+objects); a path the result does not have (or holds null) stays as it is. E.g.
+``{"content": "Done.", "content_by_status": {"succeeded": "Refunded
+{result.amount}.", "rejected": "The refund was not approved."}}``.
 """
 
 import json
+import re
 
 from django.utils.translation import gettext as _, gettext_noop
 
 from runs.providers.base import ConfigError, ModelError, ModelRequest, ModelResponse, Provider
 
 NEEDS_TURNS = gettext_noop("A scripted model config needs a list of 'turns'.")
+EDITED = "edited"
+# Statuses a tool result can carry (``tools.services.results``), and ``edited``.
+RESULT_STATUSES = ("succeeded", EDITED, "invalid", "denied", "rejected", "expired", "cancelled", "failed",
+                   "unknown", "pending")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)\}")
 
 
 def config_problems(config: dict) -> list[str]:
     """Problems with a scripted ``config``: ``turns`` must be a list of objects whose ``content`` is a
-    string and whose ``tool_calls`` is a list of objects. Empty list: usable."""
+    string, whose ``tool_calls`` is a list of objects and whose ``content_by_status`` maps statuses of
+    ``RESULT_STATUSES`` to strings. Empty list: usable."""
     turns = config.get("turns")
     if not isinstance(turns, list):
         return [_(NEEDS_TURNS)]
@@ -33,7 +52,63 @@ def config_problems(config: dict) -> list[str]:
             isinstance(call, dict) for call in turn.get("tool_calls", [])
         ):
             errors.append(_("Turn %(number)s: 'tool_calls' must be a list of objects.") % {"number": number})
+        else:
+            errors += _content_by_status_problems(turn.get("content_by_status", {}), number)
     return errors
+
+
+def _content_by_status_problems(by_status, number: int) -> list[str]:
+    if not isinstance(by_status, dict) or not all(isinstance(text, str) for text in by_status.values()):
+        return [_("Turn %(number)s: 'content_by_status' must be an object of strings.") % {"number": number}]
+    unknown = sorted(status for status in by_status if status not in RESULT_STATUSES)
+    if unknown:
+        return [_("Turn %(number)s: 'content_by_status' has unknown statuses %(unknown)s; known: %(known)s.")
+                % {"number": number, "unknown": ", ".join(unknown), "known": ", ".join(RESULT_STATUSES)}]
+    return []
+
+
+def _last_tool_result(messages: list[dict]) -> dict:
+    """The JSON body of the last tool result in ``messages`` ({} without one, or when it is not an object)."""
+    for message in reversed(messages):
+        if message.get("role") == "tool":
+            try:
+                body = json.loads(message.get("content") or "")
+            except ValueError:
+                return {}
+            return body if isinstance(body, dict) else {}
+    return {}
+
+
+def _lookup(body: dict, path: str):
+    value = body
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _fill(text: str, body: dict) -> str:
+    """``text`` with each ``{path}`` replaced by that value of ``body`` (strings as they are, others as JSON)."""
+    def value(match):
+        found = _lookup(body, match.group(1))
+        if found is None:
+            return match.group(0)
+        return found if isinstance(found, str) else json.dumps(found)
+
+    return PLACEHOLDER.sub(value, text)
+
+
+def _answer(turn: dict, messages: list[dict]) -> str:
+    """The turn's text after the last tool result in ``messages`` (see the module doc for ``content_by_status``)."""
+    by_status = turn.get("content_by_status") or {}
+    body = _last_tool_result(messages)
+    status, approval = body.get("status"), body.get("approval")
+    if status == "succeeded" and isinstance(approval, dict) and "approved_arguments" in approval and EDITED in by_status:
+        status = EDITED
+    if isinstance(status, str) and status in by_status:
+        return _fill(by_status[status], body)
+    return turn.get("content") or ""
 
 
 class ScriptedClient:
@@ -60,7 +135,7 @@ class ScriptedClient:
         usage = turn.get("usage") or {}
         default_reason = "tool_calls" if calls else "stop"
         return ModelResponse(
-            content=turn.get("content") or "",
+            content=_answer(turn, request.messages),
             tool_calls=calls,
             finish_reason=turn.get("finish_reason", default_reason),
             input_tokens=int(usage.get("input_tokens", sum(len(m.get("content") or "") for m in request.messages) // 4)),

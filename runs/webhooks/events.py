@@ -23,12 +23,16 @@ Every other event (model calls, phases, other tool-call moves, ``resume``,
 payload shape, ``{"type", "timestamp", "data"}``; ``data`` always has
 ``run``, ``session``, ``agent`` (slug), ``requested_by`` (username) and
 ``seq`` (the event's place in the run's log), plus the fields listed in
-``_FIELDS``. Long texts (the model's final output) are left out: read
-them from ``GET /api/runs/{id}/``.
+``_FIELDS``. ``run.completed`` also carries ``final_output_status``
+(``runs.selectors.final_output_status``: whether recorded facts
+contradict the model's final text, and which), as the API's run does.
+Long texts (the model's final output) are left out: read them from
+``GET /api/runs/{id}/``.
 """
 
 from approvals.models import Interrupt, InterruptStatus
 from runs.models import RunEvent, RunStatus
+from runs.selectors import final_output_status
 from runs.webhooks.models import EventType
 from tools.models import ToolCallStatus
 
@@ -72,7 +76,9 @@ def webhook_body(event: RunEvent, kind: str) -> dict:
     """The JSON body for ``event`` sent as webhook type ``kind``: ``{"type", "timestamp", "data"}``.
 
     ``event.run`` with its ``agent`` and ``requested_by`` should be loaded
-    (``select_related``) by a caller handling many events.
+    (``select_related``) by a caller handling many events. A
+    ``run.completed`` body reads the run's calls and edited approvals for
+    ``final_output_status`` (two queries when the run has a final text).
     """
     run = event.run
     data = {"run": run.pk, "session": run.session_id, "agent": run.agent.slug,
@@ -82,6 +88,8 @@ def webhook_body(event: RunEvent, kind: str) -> dict:
     for field in _FIELDS[kind]:
         if field in event.payload:
             data[_RENAMED.get(field, field)] = event.payload[field]
+    if kind == EventType.RUN_COMPLETED:
+        data["final_output_status"] = final_output_status(run).as_dict()
     if kind.startswith("interrupt."):
         data["status"] = event.to_status
         item = Interrupt.objects.filter(pk=event.payload.get("interrupt")).values("tool_call_id",

@@ -39,7 +39,13 @@ DEMO_AGENTS = [
         "model": {"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]},
             {"tool_calls": [{"name": "refund", "arguments": "{\"order_id\": 123, \"amount\": 80}"}]},
-            {"content": "A refund of 80.00 for order 123 has been issued."},
+            {"content": "The refund for order 123 did not go through.", "content_by_status": {
+                "succeeded": "A refund of {result.amount} for order {result.order_id} has been issued.",
+                "edited": "A refund of {result.amount} for order {result.order_id} has been issued "
+                          "(the approver changed what I proposed).",
+                "rejected": "The refund for order 123 was not approved, so nothing has been refunded. {error}",
+                "denied": "Order 123 cannot be refunded as asked, so nothing has been refunded: {error}",
+                "failed": "The refund for order 123 failed, so nothing has been refunded: {error}"}},
         ]},
     },
     {
@@ -51,7 +57,12 @@ DEMO_AGENTS = [
         "model": {"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 124}}]},
             {"tool_calls": [{"name": "cancel_order", "arguments": {"order_id": 124, "reason": "customer request"}}]},
-            {"content": "I'm sorry: order 124 has already shipped, so it can no longer be cancelled."},
+            {"content": "Order 124 was not cancelled.", "content_by_status": {
+                "succeeded": "Order {result.order_id} has been cancelled.",
+                "edited": "Order {result.order_id} has been cancelled (the approver changed what I proposed).",
+                "rejected": "Cancelling order 124 was not approved, so the order stands. {error}",
+                "denied": "I'm sorry, I could not cancel order 124: {error}",
+                "failed": "Order 124 could not be cancelled: {error}"}},
         ]},
     },
     {
@@ -64,7 +75,12 @@ DEMO_AGENTS = [
             {"tool_calls": [{"name": "legal_check", "arguments": {"text": CONTRACT_TEXT}}]},
             {"tool_calls": [{"name": "send_email", "arguments": {
                 "to": "customer@example.com", "subject": "Your contract", "body": CONTRACT_TEXT}}]},
-            {"content": "The contract email has been sent."},
+            {"content": "The contract email was not sent.", "content_by_status": {
+                "succeeded": "The contract email has been sent to {result.sent_to}.",
+                "edited": "The contract email has been sent to {result.sent_to}, as the approver changed it.",
+                "rejected": "The contract email was not sent: it was not approved. {error}",
+                "denied": "The contract email was not sent: {error}",
+                "failed": "The contract email could not be sent: {error}"}},
         ]},
     },
 ]
