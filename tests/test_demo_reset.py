@@ -19,8 +19,10 @@ from django.urls import reverse
 
 from approvals.models import Interrupt
 from runs.models import Run
+from tests.api_helpers import gateway_refunds, get_run, pending_interrupts, start_run
 from tests.conftest import database_url_for_subprocess
 from tools.demo import gateway
+from tools.demo.models import CONTESTED_ORDER
 from tools.models import ToolCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -128,3 +130,31 @@ def test_a_person_refunds_order_123_again_after_a_reset_and_summary_and_lookup_a
     third.refresh_from_db()
     assert (third.status, third.outcome) == ("completed", "achieved")
     assert [r["order_id"] for r in gateway.ledger()["refunds"]] == [123, 123]
+
+
+def test_refund_next_order_finds_a_fresh_order_on_every_try_and_leaves_the_contested_one(worker, demo, api):
+    requester, approver = api(demo["requester"]), api(demo["approver"])
+    refunded = []
+    for _ in range(3):
+        run = start_run(requester, "refund-next-order", "Refund my latest order.")
+        worker.drain()
+        item, = pending_interrupts(approver, run["id"])  # 60.00 is over 50: a person approves it
+        assert approver.post(f"/api/interrupts/{item['id']}/approve/", {}, format="json").status_code == 200
+        worker.drain()
+        finished = get_run(requester, run["id"])
+        assert finished["outcome"] == "achieved", finished
+        order = ToolCall.objects.get(run_id=run["id"], name="refund").arguments["order_id"]
+        assert finished["final_output"] == f"A refund of 60.00 for order {order} has been issued."
+        refunded.append(order)
+
+    assert len(set(refunded)) == 3 and CONTESTED_ORDER not in refunded
+    assert refunded == sorted(refunded, reverse=True)  # the newest order with room first
+    assert sorted(r["order_id"] for r in gateway_refunds()) == sorted(refunded)
+
+
+def test_two_refund_next_order_runs_waiting_together_pick_different_orders(worker, demo, api):
+    requester = api(demo["requester"])
+    first, second = (start_run(requester, "refund-next-order", "Refund.") for _ in range(2))
+    worker.drain()
+    orders = {ToolCall.objects.get(run_id=run["id"], name="refund").arguments["order_id"] for run in (first, second)}
+    assert len(orders) == 2  # the first's refund, awaiting approval, already counts on its order

@@ -62,6 +62,19 @@ def test_a_plain_content_is_never_filled_in():
     assert answer({"content": "Use {result.amount} literally."}, SUCCEEDED) == "Use {result.amount} literally."
 
 
+def test_a_call_argument_that_is_one_placeholder_takes_the_typed_value_of_the_last_result():
+    turn = {"tool_calls": [{"name": "refund", "arguments": {
+        "order_id": "{result.order_id}", "amount": 60, "note": "order {result.order_id}", "missing": "{result.x}"}}]}
+    messages = [{"role": "user", "content": "Refund."},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "name": "find", "arguments": "{}"}]},
+                {"role": "tool", "tool_call_id": "c0", "content": json.dumps(SUCCEEDED)}]
+    request = ModelRequest(instructions="", messages=messages, tools=[], turn_index=0, run_id=1)
+    call, = ScriptedClient({"turns": [turn]}).complete(request).tool_calls
+
+    assert json.loads(call["arguments"]) == {"order_id": 123, "amount": 60, "note": "order {result.order_id}",
+                                             "missing": "{result.x}"}  # only a lone placeholder, only if found
+
+
 @pytest.mark.parametrize("by_status, problem", [
     ("Done.", "Turn 1: 'content_by_status' must be an object of strings."),
     ({"succeeded": 3}, "Turn 1: 'content_by_status' must be an object of strings."),
@@ -81,7 +94,7 @@ def test_a_bad_content_by_status_is_refused_when_the_agent_is_created(demo, api,
 def test_the_demo_agents_scripts_pass_the_checks():
     from tools.demo.data import DEMO_AGENTS
 
-    assert [config_problems(agent["model"]) for agent in DEMO_AGENTS] == [[], [], []]
+    assert [config_problems(agent["model"]) for agent in DEMO_AGENTS] == [[]] * len(DEMO_AGENTS)
 
 
 # --- the demo agents' endings ---------------------------------------------------

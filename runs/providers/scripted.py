@@ -18,6 +18,12 @@ the tool result, e.g. ``{result.amount}`` or ``{error}`` (dots go into
 objects); a path the result does not have (or holds null) stays as it is. E.g.
 ``{"content": "Done.", "content_by_status": {"succeeded": "Refunded
 {result.amount}.", "rejected": "The refund was not approved."}}``.
+
+A tool call given its arguments as an object may take a top-level value
+from the last tool result the same way: a string that is one placeholder
+and nothing else (``{"order_id": "{result.order_id}"}``) becomes that
+value, with its JSON type (here a number); a path the result does not
+have stays as written (and the tool's schema will likely refuse it).
 """
 
 import json
@@ -99,6 +105,19 @@ def _fill(text: str, body: dict) -> str:
     return PLACEHOLDER.sub(value, text)
 
 
+def _arguments(arguments, body: dict):
+    """Call ``arguments`` (an object, or raw JSON text kept as it is) with each top-level value that is a
+    lone ``{path}`` replaced by that value of ``body``, typed (see the module doc)."""
+    if not isinstance(arguments, dict):
+        return arguments
+    filled = {}
+    for name, value in arguments.items():
+        match = PLACEHOLDER.fullmatch(value) if isinstance(value, str) else None
+        found = _lookup(body, match.group(1)) if match else None
+        filled[name] = value if found is None else found
+    return filled
+
+
 def _answer(turn: dict, messages: list[dict]) -> str:
     """The turn's text after the last tool result in ``messages`` (see the module doc for ``content_by_status``)."""
     by_status = turn.get("content_by_status") or {}
@@ -125,8 +144,9 @@ class ScriptedClient:
             raise ModelError(f"The scripted model has no turn {request.turn_index + 1} (it has {len(self.turns)}).")
         turn = self.turns[request.turn_index]
         calls = []
+        last_result = _last_tool_result(request.messages)
         for i, call in enumerate(turn.get("tool_calls") or []):
-            arguments = call.get("arguments", {})
+            arguments = _arguments(call.get("arguments", {}), last_result)
             calls.append({
                 "id": call.get("id") or f"call_{request.run_id}_{request.turn_index}_{i}",
                 "name": call.get("name", ""),

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.models import Agent
-from tools.demo.models import Order
+from tools.demo.models import CONTESTED_ORDER, Order
 
 USERS = {
     # username: (password, role)
@@ -46,6 +46,25 @@ DEMO_AGENTS = [
                 "rejected": "The refund for order 123 was not approved, so nothing has been refunded. {error}",
                 "denied": "Order 123 cannot be refunded as asked, so nothing has been refunded: {error}",
                 "failed": "The refund for order 123 failed, so nothing has been refunded: {error}"}},
+        ]},
+    },
+    {
+        "slug": "refund-next-order",
+        "name": "Refund next order",
+        "instructions": "Refund 60.00 on the customer's newest order that can take it.",
+        "completion_check": "refund",
+        "tools": ["find_refundable_order", "refund"],
+        "model": {"provider": "scripted", "turns": [
+            {"tool_calls": [{"name": "find_refundable_order", "arguments": {"amount": 60}}]},
+            {"tool_calls": [{"name": "refund", "arguments": {"order_id": "{result.order_id}", "amount": 60}}]},
+            {"content": "The refund did not go through.", "content_by_status": {
+                "succeeded": "A refund of {result.amount} for order {result.order_id} has been issued.",
+                "edited": "A refund of {result.amount} for order {result.order_id} has been issued "
+                          "(the approver changed what I proposed).",
+                "rejected": "The refund was not approved, so nothing has been refunded. {error}",
+                "denied": "The order cannot be refunded as asked, so nothing has been refunded: {error}",
+                "invalid": "I found no order that can take a refund of 60.00, so nothing has been refunded.",
+                "failed": "The refund failed, so nothing has been refunded: {error}"}},
         ]},
     },
     {
@@ -116,8 +135,8 @@ def load_demo(*, reset_passwords: bool = False) -> dict[str, str | None]:
     for number in DEMO_ORDER_NUMBERS:
         Order.objects.update_or_create(number=number, defaults={
             "owner": users["requester"],
-            "total": Decimal("120.00") if number == 123 else Decimal(20 + number % 7 * 15),
-            "shipped": number == 124 or number % 2 == 0 and number != 123,
+            "total": Decimal("120.00") if number == CONTESTED_ORDER else Decimal(20 + number % 7 * 15),
+            "shipped": number == 124 or number % 2 == 0 and number != CONTESTED_ORDER,
             "status": Order.Status.OPEN,
             "refunds_since": now,
         })

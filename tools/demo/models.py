@@ -15,6 +15,11 @@ from django.utils.translation import gettext_lazy as _
 from runs.labels import choice
 
 
+# The order the "refund-order" agent refunds, whose total (120.00) has room for one of its refunds:
+# the demo's contested target. "refund-next-order" leaves it alone.
+CONTESTED_ORDER = 123
+
+
 class Order(models.Model):
     """A shop order. ``number`` is what customers and the model call it."""
 

@@ -4,7 +4,8 @@
 approved by a person, only the requester's own unshipped orders),
 ``refund`` (side effect through the payment gateway, approval when the
 refunds of the order over 30 days, this one included, add up to more
-than 50), ``legal_check`` (read-only) and ``send_email`` (side
+than 50), ``find_refundable_order`` (read-only: the requester's newest
+order with room for a refund), ``legal_check`` (read-only) and ``send_email`` (side
 effect, always approved, only after a passed legal check in the same run).
 """
 
@@ -14,7 +15,7 @@ from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
 from tools.demo import conf, gateway, summaries
-from tools.demo.models import Order
+from tools.demo.models import CONTESTED_ORDER, Order
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolContext, ToolError
 
@@ -166,6 +167,41 @@ REFUND = Tool(
 )
 
 
+# --- find_refundable_order -----------------------------------------------------
+
+# A refund call in these statuses already counts on its order: a second run must look elsewhere.
+REFUND_UNDER_WAY = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.UNKNOWN]
+
+
+def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
+    """The requester's newest open order that can take a refund of ``amount`` now (``query_order``'s view).
+
+    Skips the contested order (``CONTESTED_ORDER``) and orders a refund of
+    the requester's is already under way on. Raises ``ToolError`` when none
+    can, ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
+    """
+    amount = Decimal(str(args["amount"]))
+    under_way = set(ToolCall.objects.filter(name=REFUND.name, run__requested_by=ctx.user, status__in=REFUND_UNDER_WAY)
+                    .values_list("arguments__order_id", flat=True))
+    candidates = (Order.objects.filter(owner=ctx.user, status=Order.Status.OPEN, total__gte=amount)
+                  .exclude(number__in=under_way | {CONTESTED_ORDER}).order_by("-number"))
+    for order in candidates:
+        if _refundable(order) >= amount:
+            return _order_view(order)
+    raise ToolError(f"None of the requester's open orders can take a refund of {amount} now.")
+
+
+FIND_REFUNDABLE_ORDER = Tool(
+    name="find_refundable_order",
+    description="Find the requester's newest open order that can take a refund of the given amount, "
+                "skipping orders a refund is already under way on.",
+    parameters={"type": "object",
+                "properties": {"amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 100000}},
+                "required": ["amount"], "additionalProperties": False},
+    handler=_find_refundable_order,
+)
+
+
 # --- legal_check -------------------------------------------------------------
 
 def _legal_check(ctx: ToolContext, args: dict) -> dict:
@@ -226,4 +262,4 @@ SEND_EMAIL = Tool(
 )
 
 # What the demo app registers, in this order.
-DEMO_TOOLS = (QUERY_ORDER, CANCEL_ORDER, REFUND, LEGAL_CHECK, SEND_EMAIL)
+DEMO_TOOLS = (QUERY_ORDER, CANCEL_ORDER, REFUND, FIND_REFUNDABLE_ORDER, LEGAL_CHECK, SEND_EMAIL)
