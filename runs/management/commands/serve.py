@@ -44,7 +44,9 @@ def embedded_workers(broker, *, run_threads: int = RUN_THREADS,
     the webhook worker only the ``webhooks`` queue with ``webhook_threads``,
     so an endpoint that answers slowly holds a webhook thread, never one
     that advances runs. (In production, ``rundramatiq --queues default``
-    and ``rundramatiq --queues webhooks`` make the same split.)
+    and ``rundramatiq --queues webhooks`` make the same split.) Keep
+    ``webhook_threads`` above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]``,
+    or one user's slow endpoints can hold every webhook thread.
     """
     return (dramatiq.Worker(broker, queues=set(RUN_QUEUES), worker_threads=run_threads,
                             worker_timeout=WORKER_TIMEOUT_MS),
@@ -91,7 +93,8 @@ class Command(BaseCommand):
         parser.add_argument("--worker-threads", type=int, default=RUN_THREADS,
                             help="Threads of the in-process worker that advances runs (embedded shape only).")
         parser.add_argument("--webhook-threads", type=int, default=WEBHOOK_THREADS,
-                            help="Threads of the in-process worker that sends webhook deliveries (embedded shape only).")
+                            help="Threads of the in-process worker that sends webhook deliveries (embedded shape "
+                                 "only; keep it above TOLLGATE_WEBHOOK_MAX_IN_FLIGHT_PER_USER).")
         parser.add_argument("--no-services", action="store_true",
                             help="Do not start the services installed apps add (e.g. the demo payment gateway).")
 
