@@ -174,13 +174,15 @@ def _claim_head(subscription: WebhookSubscription, run_id: int, *,
     if unfanned is not None and unfanned < head.event_seq:
         return None, False  # an earlier event is being fanned out; its dispatch wakes this chain again
     timeout_s = settings.TOLLGATE["WEBHOOK_TIMEOUT_S"]
+    cap, owner_id = settings.TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"], subscription.owner_id
+    if capped and _in_flight(owner_id, now) >= cap:
+        return None, True  # a chain polling at the cap takes no lock and no write transaction
     with transaction.atomic():
         if capped:
             # The owner's claims are made one at a time (their row is locked, as
             # services.create_subscription does), so this count stays true until the claim.
-            owner_id = subscription.owner_id
             list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk"))
-            if _in_flight(owner_id, now) >= settings.TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]:
+            if _in_flight(owner_id, now) >= cap:
                 return None, True
         claimed = WebhookDelivery.objects.filter(
             pk=head.pk, status=DeliveryStatus.PENDING, claim_token=head.claim_token,
