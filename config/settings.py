@@ -479,6 +479,11 @@ TOLLGATE = {
     # Accept plain http:// endpoints (bodies are signed, not encrypted).
     "WEBHOOK_ALLOW_HTTP": env.bool("TOLLGATE_WEBHOOK_ALLOW_HTTP", default=False),
     "WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER": env.int("TOLLGATE_WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER", default=20),
+    # Delivery attempts one user's subscriptions may have under way at once,
+    # across every worker (counted in the database): a user whose endpoints
+    # answer slowly holds at most this many webhook worker threads. Give the
+    # webhook workers more threads than this (serve --webhook-threads).
+    "WEBHOOK_MAX_IN_FLIGHT_PER_USER": env.int("TOLLGATE_WEBHOOK_MAX_IN_FLIGHT_PER_USER", default=2),
     # Largest metadata object of a session, as compact UTF-8 JSON (bytes).
     "MAX_SESSION_METADATA_BYTES": env.int("TOLLGATE_MAX_SESSION_METADATA_BYTES", default=16_384),
     # --- Model providers (runs.providers.http_config) ---

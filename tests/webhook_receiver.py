@@ -10,13 +10,17 @@ class Receiver:
     """``http://127.0.0.1:<port>/hook`` in a thread of the test process.
 
     Every POST is recorded (``requests``: headers, raw body, arrival time);
-    it answers the codes given to ``answer()`` in turn, then 200. With
-    ``hold()`` it keeps each request waiting, without answering, until
-    ``release()``.
+    it answers the codes given to ``answer()`` in turn, then 200, each
+    ``delay_s`` seconds after it arrived (a slow endpoint). With ``hold()``
+    it keeps each request waiting, without answering, until ``release()``.
+    ``most_at_once`` is the largest number of requests it held at one time.
     """
 
-    def __init__(self):
+    def __init__(self, delay_s: float = 0):
+        self.delay_s = delay_s
         self.requests: list[dict] = []
+        self.most_at_once = 0
+        self._open = 0
         self._codes: list[int] = []
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -75,7 +79,10 @@ class Receiver:
                     receiver.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()},
                                               "body": body, "at": time.monotonic()})
                     code = receiver._codes.pop(0) if receiver._codes else 200
+                    receiver._open += 1
+                    receiver.most_at_once = max(receiver.most_at_once, receiver._open)
                 receiver.arrived.set()
+                time.sleep(receiver.delay_s)
                 receiver._released.wait(60)
                 try:
                     self.send_response(code)
@@ -84,5 +91,8 @@ class Receiver:
                     self.wfile.write(f"answered {code}".encode())
                 except OSError:  # the sender is gone (killed mid-request)
                     pass
+                finally:
+                    with receiver._lock:
+                        receiver._open -= 1
 
         return Handler

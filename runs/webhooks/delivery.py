@@ -22,11 +22,21 @@ keyed with the base64-decoded part of the ``whsec_`` secret (the
 After a failed attempt ``n`` (no answer, or not 2xx; redirects count as
 failures) the next comes ``TOLLGATE["WEBHOOK_RETRY_SCHEDULE_S"][n-1]``
 seconds later; when the schedule is used up the delivery is ``failed``.
+
+One owner's endpoints hold at most ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]``
+attempts at once, counted in the database (the owner's deliveries with a
+live claim), so the cap holds across worker processes: the count and the
+claim are made in one transaction holding the owner's row lock, so two
+workers cannot both take the last place. A chain whose owner is at the cap
+sends nothing and looks again ``AT_CAP_RETRY_S`` to twice that later; a
+slow subscriber therefore holds at most that many webhook worker threads,
+and other owners' deliveries go out on the rest.
 """
 
 import base64
 import json
 import logging
+import random
 import secrets
 import threading
 import time
@@ -36,6 +46,8 @@ from datetime import timezone as dt_timezone
 import httpcore
 import httpx
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.db.models import F, Min
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
@@ -53,6 +65,8 @@ RESPONSE_EXCERPT_CHARS = 1000
 CHAIN_BATCH = 20
 # Retries further off than this are not held in the broker; the sweeper wakes them when due.
 BROKER_DELAY_MAX_S = 300
+# Seconds (jittered up to twice this) before a chain whose owner is at the in-flight cap looks again.
+AT_CAP_RETRY_S = 1.0
 USER_AGENT = "Tollgate-Webhooks/1"
 
 _client: httpx.Client | None = None
@@ -104,9 +118,12 @@ def deliver_chain(subscription_id: int, run_id: int, *, batch: int = CHAIN_BATCH
 
     Ends early when the head is not due, is claimed by another worker, waits
     for an earlier event still in the outbox, or failed and waits for its
-    next attempt (a delayed wake-up is sent when that is near). Does
+    next attempt (a delayed wake-up is sent when that is near); also when
+    the owner already has ``WEBHOOK_MAX_IN_FLIGHT_PER_USER`` attempts under
+    way, with a delayed wake-up ``AT_CAP_RETRY_S`` to twice that later. Does
     nothing for an inactive subscription or owner. When the owner may no
-    longer see the run, its deliveries are given up unsent.
+    longer see the run, its deliveries are given up unsent (no place under
+    the cap is needed for that).
     """
     subscription = (WebhookSubscription.objects.select_related("owner")
                     .filter(pk=subscription_id, active=True, owner__is_active=True).first())
@@ -115,7 +132,10 @@ def deliver_chain(subscription_id: int, run_id: int, *, batch: int = CHAIN_BATCH
     visible = Run.objects.visible_to(subscription.owner).filter(pk=run_id).exists()
     ended = 0
     for _ in range(batch):
-        delivery = _claim_head(subscription_id, run_id)
+        delivery, at_cap = _claim_head(subscription, run_id, capped=visible)
+        if at_cap:
+            wake_chain(subscription_id, run_id, delay_s=AT_CAP_RETRY_S * (1 + random.random()))
+            return ended
         if delivery is None:
             return ended
         if not visible:
@@ -135,8 +155,14 @@ def deliver_chain(subscription_id: int, run_id: int, *, batch: int = CHAIN_BATCH
     return ended
 
 
-def _claim_head(subscription_id: int, run_id: int) -> WebhookDelivery | None:
-    """Claim the chain's first pending delivery if it is due and free; None otherwise."""
+def _claim_head(subscription: WebhookSubscription, run_id: int, *,
+                capped: bool) -> tuple[WebhookDelivery | None, bool]:
+    """Claim the chain's first pending delivery if it is due and free: ``(delivery or None, at cap)``.
+
+    With ``capped``, the claim is made only while the owner has fewer than
+    ``WEBHOOK_MAX_IN_FLIGHT_PER_USER`` live claims (``(None, True)`` otherwise).
+    """
+    subscription_id = subscription.pk
     now = timezone.now()
     # The outbox first: an entry leaves it in the transaction that creates its
     # deliveries, so reading it before the chain never misses an earlier event.
@@ -144,19 +170,38 @@ def _claim_head(subscription_id: int, run_id: int) -> WebhookDelivery | None:
     head = (WebhookDelivery.objects.filter(subscription_id=subscription_id, run_id=run_id,
                                            status=DeliveryStatus.PENDING).order_by("event_seq").first())
     if head is None or head.next_attempt_at > now or (head.claimed_until and head.claimed_until > now):
-        return None
+        return None, False
     if unfanned is not None and unfanned < head.event_seq:
-        return None  # an earlier event is being fanned out; its dispatch wakes this chain again
+        return None, False  # an earlier event is being fanned out; its dispatch wakes this chain again
     timeout_s = settings.TOLLGATE["WEBHOOK_TIMEOUT_S"]
-    claimed = WebhookDelivery.objects.filter(
-        pk=head.pk, status=DeliveryStatus.PENDING, claim_token=head.claim_token,
-    ).update(claim_token=F("claim_token") + 1, claimed_until=now + timedelta(seconds=3 * timeout_s),
-             attempt_count=F("attempt_count") + 1, last_attempt_at=now, updated_at=now)
+    cap, owner_id = settings.TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"], subscription.owner_id
+    if capped and _in_flight(owner_id, now) >= cap:
+        return None, True  # a chain polling at the cap takes no lock and no write transaction
+    with transaction.atomic():
+        if capped:
+            # The owner's claims are made one at a time (their row is locked, as
+            # services.create_subscription does), so this count stays true until the claim.
+            list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk"))
+            if _in_flight(owner_id, now) >= cap:
+                return None, True
+        claimed = WebhookDelivery.objects.filter(
+            pk=head.pk, status=DeliveryStatus.PENDING, claim_token=head.claim_token,
+        ).update(claim_token=F("claim_token") + 1, claimed_until=now + timedelta(seconds=3 * timeout_s),
+                 attempt_count=F("attempt_count") + 1, last_attempt_at=now, updated_at=now)
     if not claimed:
-        return None
+        return None, False
     head.claim_token += 1
     head.attempt_count += 1
-    return head
+    return head, False
+
+
+def _in_flight(owner_id: int, now: datetime) -> int:
+    """How many deliveries of ``owner_id``'s subscriptions are being sent: pending, with a claim that has not expired.
+
+    A claim whose worker died counts until it expires (3 × ``WEBHOOK_TIMEOUT_S``).
+    """
+    return WebhookDelivery.objects.filter(subscription__owner_id=owner_id, status=DeliveryStatus.PENDING,
+                                          claimed_until__gt=now).count()
 
 
 def _post(delivery: WebhookDelivery, subscription: WebhookSubscription) -> tuple[int | None, str, str]:

@@ -102,6 +102,9 @@ class WebhookDelivery(models.Model):
         indexes = [
             models.Index(fields=["subscription", "run_id", "status", "event_seq"], name="delivery_chain"),
             models.Index(fields=["status", "next_attempt_at"], name="delivery_due"),
+            # Claims not yet released: the owner's in-flight count (delivery._in_flight) reads only these.
+            models.Index(fields=["subscription", "claimed_until"], name="delivery_claimed",
+                         condition=models.Q(claimed_until__isnull=False)),
         ]
 
     def __str__(self):

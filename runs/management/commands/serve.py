@@ -4,14 +4,16 @@ Serves HTTP and WebSockets (Daphne's development server running
 ``config.http_server.BodyLimitedServer``, so no request body over
 ``TOLLGATE["REQUEST_BODY_MAX_BYTES"]`` is read; static files through
 WhiteNoise, as in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
-also runs a Dramatiq worker and the sweeper (``recover_runs.sweep_all``: runs
+also runs two Dramatiq workers (``embedded_workers``: one for runs, one for
+webhook deliveries, each with its own threads) and the sweeper (``recover_runs.sweep_all``: runs
 and webhooks, every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
 runs left queued or running by a previous process. Unless told not to
 (``--no-services``), it first lets installed apps start their own services
 (``runs.serving``; the demo app starts its payment gateway). With
 a real broker it only serves; workers and the sweeper are separate
-``manage.py rundramatiq`` and ``manage.py recover_runs --loop`` processes. With ``DEBUG`` off it refuses
-to start without a ``SECRET_KEY`` (``config.secret_key``).
+``manage.py rundramatiq`` and ``manage.py recover_runs --loop`` processes
+(``rundramatiq --queues default`` for runs, ``--queues webhooks`` for deliveries). With ``DEBUG`` off it
+refuses to start without a ``SECRET_KEY`` (``config.secret_key``).
 """
 
 import threading
@@ -25,12 +27,38 @@ from django.core.management.base import BaseCommand, CommandError
 from dramatiq.brokers.stub import StubBroker
 
 import runs.engine.actors  # noqa: F401  (declares the advance actor for the in-process worker)
+from approvals.notifications import NOTIFY_QUEUE
 from config.http_server import BodyLimitedServer
 from config.secret_key import require_secret_key
 from runs.management.commands.recover_runs import sweep_all
 from runs.models import Run, RunStatus
 from runs.serving import start_services
-from runs.wakeups import wake_now
+from runs.wakeups import ADVANCE_QUEUE, wake_now
+from runs.webhooks.nudges import QUEUE as WEBHOOK_QUEUE
+
+# The queues of the run worker: runs (advance_run) and email notifications.
+RUN_QUEUES = frozenset({ADVANCE_QUEUE, NOTIFY_QUEUE})
+WORKER_TIMEOUT_MS = 250
+RUN_THREADS = 2  # serve's --worker-threads
+WEBHOOK_THREADS = 4  # serve's --webhook-threads
+
+
+def embedded_workers(broker, *, run_threads: int = RUN_THREADS,
+                     webhook_threads: int = WEBHOOK_THREADS) -> tuple[dramatiq.Worker, dramatiq.Worker]:
+    """The in-process workers of the embedded shape, not started yet: ``(run worker, webhook worker)``.
+
+    The run worker consumes ``RUN_QUEUES`` with ``run_threads`` threads;
+    the webhook worker only the ``webhooks`` queue with ``webhook_threads``,
+    so an endpoint that answers slowly holds a webhook thread, never one
+    that advances runs. (In production, ``rundramatiq --queues default``
+    and ``rundramatiq --queues webhooks`` make the same split.) Keep
+    ``webhook_threads`` above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]``,
+    or one user's slow endpoints can hold every webhook thread.
+    """
+    return (dramatiq.Worker(broker, queues=set(RUN_QUEUES), worker_threads=run_threads,
+                            worker_timeout=WORKER_TIMEOUT_MS),
+            dramatiq.Worker(broker, queues={WEBHOOK_QUEUE}, worker_threads=webhook_threads,
+                            worker_timeout=WORKER_TIMEOUT_MS))
 
 
 def requeue_active_runs() -> list[int]:
@@ -70,28 +98,33 @@ class BodyLimitedRunserver(DaphneRunserver):
 
 class Command(BaseCommand):
     help = ("Serve Tollgate (HTTP + WebSockets + static files). Without REDIS_URL, also run "
-            "the Dramatiq worker and the sweeper in this process.")
+            "the Dramatiq workers (runs, webhooks) and the sweeper in this process.")
 
     def add_arguments(self, parser):
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000",
                             help="Address and port to listen on (default 127.0.0.1:8000).")
-        parser.add_argument("--worker-threads", type=int, default=2,
-                            help="Threads of the in-process worker (embedded shape only).")
+        parser.add_argument("--worker-threads", type=int, default=RUN_THREADS,
+                            help="Threads of the in-process worker that advances runs (embedded shape only).")
+        parser.add_argument("--webhook-threads", type=int, default=WEBHOOK_THREADS,
+                            help="Threads of the in-process worker that sends webhook deliveries (embedded shape "
+                                 "only; keep it above TOLLGATE_WEBHOOK_MAX_IN_FLIGHT_PER_USER).")
         parser.add_argument("--no-services", action="store_true",
                             help="Do not start the services installed apps add (e.g. the demo payment gateway).")
 
-    def handle(self, *args, addrport, worker_threads, no_services, **options):
+    def handle(self, *args, addrport, worker_threads, webhook_threads, no_services, **options):
         try:
             require_secret_key()  # before anything starts
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from None
         broker = dramatiq.get_broker()
-        worker = sweeper = None
+        workers, sweeper = (), None
         stops = [] if no_services else start_services(sender=self.__class__, stdout=self.stdout)
         if isinstance(broker, StubBroker):
-            worker = dramatiq.Worker(broker, worker_threads=worker_threads, worker_timeout=250)
-            worker.start()
-            self.stdout.write(f"In-process Dramatiq worker started ({worker_threads} threads).")
+            workers = embedded_workers(broker, run_threads=worker_threads, webhook_threads=webhook_threads)
+            for worker in workers:
+                worker.start()
+            self.stdout.write(f"In-process Dramatiq workers started: runs ({worker_threads} threads), "
+                              f"webhooks ({webhook_threads} threads).")
             requeued = requeue_active_runs()
             if requeued:
                 self.stdout.write(f"Re-enqueued {len(requeued)} unfinished run(s): {requeued}")
@@ -107,6 +140,7 @@ class Command(BaseCommand):
                 stop()
             if sweeper is not None:
                 sweeper.stop()
-            if worker is not None:
-                self.stdout.write("Stopping the in-process worker...")
+            if workers:
+                self.stdout.write("Stopping the in-process workers...")
+            for worker in workers:
                 worker.stop()
