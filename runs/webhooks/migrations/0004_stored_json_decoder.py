@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('webhooks', '0002_verbose_names'),
+        ('webhooks', '0003_delivery_claimed_index'),
     ]
 
     operations = [
