@@ -29,6 +29,21 @@ DEMO_ORDER_NUMBERS = range(100, 131)
 
 CONTRACT_TEXT = "Dear customer, please find attached the service contract we discussed."
 
+
+def _refund_ending(order: str, **more: str) -> dict:
+    """A refund agent's last turn: what it says after each way its refund ended (``content_by_status`` of the
+    ``scripted`` provider). ``order`` names the order in the texts ("order 123"); ``more`` adds statuses."""
+    return {"content": f"The refund for {order} did not go through.", "content_by_status": {
+        "succeeded": "A refund of {result.amount} for order {result.order_id} has been issued.",
+        "edited": "A refund of {result.amount} for order {result.order_id} has been issued "
+                  "(the approver changed what I proposed).",
+        "rejected": f"The refund for {order} was not approved, so nothing has been refunded. {{error}}",
+        "denied": f"{order[0].upper()}{order[1:]} cannot be refunded as asked, so nothing has been refunded: "
+                  "{error}",
+        "failed": f"The refund for {order} failed, so nothing has been refunded: {{error}}",
+        **more}}
+
+
 DEMO_AGENTS = [
     {
         "slug": "refund-order",
@@ -39,13 +54,7 @@ DEMO_AGENTS = [
         "model": {"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]},
             {"tool_calls": [{"name": "refund", "arguments": "{\"order_id\": 123, \"amount\": 80}"}]},
-            {"content": "The refund for order 123 did not go through.", "content_by_status": {
-                "succeeded": "A refund of {result.amount} for order {result.order_id} has been issued.",
-                "edited": "A refund of {result.amount} for order {result.order_id} has been issued "
-                          "(the approver changed what I proposed).",
-                "rejected": "The refund for order 123 was not approved, so nothing has been refunded. {error}",
-                "denied": "Order 123 cannot be refunded as asked, so nothing has been refunded: {error}",
-                "failed": "The refund for order 123 failed, so nothing has been refunded: {error}"}},
+            _refund_ending("order 123"),
         ]},
     },
     {
@@ -57,14 +66,8 @@ DEMO_AGENTS = [
         "model": {"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "find_refundable_order", "arguments": {"amount": 60}}]},
             {"tool_calls": [{"name": "refund", "arguments": {"order_id": "{result.order_id}", "amount": 60}}]},
-            {"content": "The refund did not go through.", "content_by_status": {
-                "succeeded": "A refund of {result.amount} for order {result.order_id} has been issued.",
-                "edited": "A refund of {result.amount} for order {result.order_id} has been issued "
-                          "(the approver changed what I proposed).",
-                "rejected": "The refund was not approved, so nothing has been refunded. {error}",
-                "denied": "The order cannot be refunded as asked, so nothing has been refunded: {error}",
-                "invalid": "I found no order that can take a refund of 60.00, so nothing has been refunded.",
-                "failed": "The refund failed, so nothing has been refunded: {error}"}},
+            _refund_ending("the order", invalid="I found no order that can take a refund of 60.00, so nothing "
+                                                "has been refunded."),
         ]},
     },
     {
