@@ -70,11 +70,23 @@ def mask_credentials(value):
     return value
 
 
-# A credential given a value in free text: ``password=hunter2``, ``"api_key": "sk-..."``, ``token: abc``.
+# A name given a value in free text: ``password=hunter2``, ``"api_key": "sk-..."``, ``token: abc``; the
+# value is masked when the name's last word names a credential (``_CREDENTIAL_LAST_WORDS``).
 _ASSIGNED = re.compile(
-    r"""((?:[\w.-]*(?:password|passwd|secret|token|api[_-]?key|apikey|authorization|credentials?)[\w.-]*)"""
-    r"""["']?\s*[:=]\s*["']?(?:(?:Bearer|Basic|Token)\s+)?)(?!\*\*\*)([^\s"',;&)}\]]+)""",
-    re.IGNORECASE)
+    r"""([A-Za-z][\w.-]*)(["']?\s*[:=]\s*["']?(?:(?:Bearer|Basic|Token)\s+)?)(?!\*\*\*)([^\s"',;&)}\]]+)""")
+# "input_tokens", "max_tokens", "csrf_token_age" or "tokenizer" name no credential; "access_token",
+# "client_secret", "x-api-key" and "Authorization" do.
+_CREDENTIAL_LAST_WORDS = {"password", "passwd", "pwd", "secret", "token", "key", "apikey", "authorization",
+                          "credential", "credentials"}
+
+
+def _mask_assigned(match: re.Match) -> str:
+    last_word = re.split(r"[^a-z0-9]+", _CAMEL.sub("_", match.group(1)).lower())[-1]
+    if last_word in _CREDENTIAL_LAST_WORDS:
+        return match.group(1) + match.group(2) + MASK
+    return match.group(0)
+
+
 MIN_SECRET_CHARS = 6  # shorter values of secret environment variables are too common to mask by value
 
 
@@ -91,7 +103,7 @@ def mask_log_text(text: str) -> str:
     name (``password=...``, ``"api_key": "..."``), and what ``mask_string`` finds."""
     for value in _secret_values():
         text = text.replace(value, MASK)
-    text = _ASSIGNED.sub(lambda m: m.group(1) + MASK, text)
+    text = _ASSIGNED.sub(_mask_assigned, text)
     return mask_string(text)
 
 

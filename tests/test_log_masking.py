@@ -60,6 +60,10 @@ def test_every_record_is_masked_whatever_logs_it_arguments_and_tracebacks_includ
     ("client_secret=s3cr3t&order=123", "client_secret=***&order=123"),
     ("redis://:r3d1s@cache:6379/0", "redis://***@cache:6379/0"),
     ("refund 80.00 on order 123 (12 tokens used)", "refund 80.00 on order 123 (12 tokens used)"),
+    # names that only contain a credential's word keep their values: the log must stay useful
+    ("input_tokens=1234 output_tokens=56 max_tokens: 4096", "input_tokens=1234 output_tokens=56 max_tokens: 4096"),
+    ("csrf_token_age=3 tokenizer=cl100k", "csrf_token_age=3 tokenizer=cl100k"),
+    ("access_token=zz9 clientSecret=abc x-api-key: k1", "access_token=*** clientSecret=*** x-api-key: ***"),
 ])
 def test_mask_log_text_hides_the_value_and_keeps_the_rest(line, shown):
     assert mask_log_text(line) == shown
