@@ -13,6 +13,7 @@ from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import PENDING_STATUSES
 from tools.registry import get_tool
 from tools.services.edits import proposed_arguments
+from tools.services.targets import release_on_commit
 
 S = ToolCallStatus
 # Reached only before any approval (from proposed or awaiting_approval): such a call has no approval note.
@@ -35,9 +36,14 @@ def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[d
       keeps asking the tool's hook after the run has ended (a call with no
       hook is for a person; the caller opens that item).
 
+    A ``ready`` or ``running`` call may hold its target's claim
+    (``tools.services.targets``): once the ending commits, its waiters are
+    woken (``release_on_commit``).
+
     Each effect is ``{"tool_call": id, "name": str, "status": "succeeded" | "unknown"}``.
     """
     now = timezone.now()
+    claimable = [call for call in calls if call.status in (S.READY, S.RUNNING)]  # may hold their target
     for tool_call in calls:
         if tool_call.status not in (S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING):
             continue
@@ -52,6 +58,7 @@ def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[d
                   error=f"The run ended before attempt {tool_call.attempts + 1}; earlier attempts failed.")
         else:
             apply(tool_call.cancel, actor=actor)
+    release_on_commit(claimable, actor=actor)  # their targets' waiters go on now, not at their wake_at
     hooked = [call.pk for call in calls
               if call.status == S.UNKNOWN and getattr(get_tool(call.name), "reconcile", None) is not None]
     if hooked:

@@ -36,7 +36,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django_fsm import can_proceed
 
@@ -44,7 +44,7 @@ from runs.models import Run, RunStatus, WaitingReason
 from runs.transitions import apply
 from runs.wakeups import wake_on_commit
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
-from tools.registry import Tool
+from tools.registry import Tool, get_tool
 from tools.services.arguments import canonical_value
 
 S = ToolCallStatus
@@ -175,19 +175,45 @@ def _take(key: str, call: ToolCall) -> bool:
         Q(holder__isnull=True) | Q(holder_id=call.pk) | ~Exists(live)).update(holder=call.pk))
 
 
+def release_on_commit(calls: list[ToolCall], *, actor: str) -> None:
+    """Once the caller's transaction commits, give up the claims of ``calls`` (settled in it) and wake their
+    targets' waiters, each target in a transaction of its own.
+
+    For a caller holding a run's row (a run ending): ``release`` there would
+    wait for a target's row while holding a run row, against the lock order
+    (module doc). Committed first, the claims already count for nothing
+    (their calls are no longer ``ready`` or ``running``); this only wakes the
+    waiters now rather than at their ``wake_at``. A failure is logged.
+    """
+    held = [(call, tool) for call in calls
+            if call.side_effect and (tool := get_tool(call.name)) is not None and target_of(tool, call.arguments)]
+    if not held:
+        return
+
+    def release_all():
+        for call, tool in held:
+            with transaction.atomic():
+                release(call, tool, actor=actor)
+
+    transaction.on_commit(release_all, robust=True)
+
+
 def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     """``call`` (of ``tool``) has had an outcome in the caller's transaction: give up its claim, wake the waiters.
 
     Returns how many waiting runs were woken. A waiter is a ``waiting`` /
-    ``retry_backoff`` run with a ``ready`` call of the tool on the target;
-    each is woken (``Run.wake``, its row locked, in id order) and enqueued
+    ``retry_backoff`` run with a ``ready`` call of the tool on the target
+    that was never sent (a call sent before and ``ready`` again is backing
+    off after a failure: its own ``wake_at`` stands, so a release never
+    cuts a backoff short; one that then found the target busy waits at
+    most its lease-TTL ``wake_at``); each is woken (``Run.wake``, its row locked, in id order) and enqueued
     once the transaction commits. Nothing happens when ``call`` holds no
     claim (one UPDATE).
     """
     target = target_of(tool, call.arguments) if tool.side_effect else None
     if target is None or not PolicyLock.objects.filter(key=target.lock_key, holder=call.pk).update(holder=None):
         return 0
-    waiting = list(_calls_on(target).filter(status=S.READY, run__status=RunStatus.WAITING,
+    waiting = list(_calls_on(target).filter(status=S.READY, attempts=0, run__status=RunStatus.WAITING,
                                             run__waiting_reason=WaitingReason.RETRY_BACKOFF)
                    .exclude(pk=call.pk).values_list("run_id", flat=True).distinct())
     woken = 0
