@@ -33,11 +33,6 @@ def run_get_visible(*, user, run_id: int) -> Run | None:
     return Run.objects.visible_to(user).select_related("agent", "requested_by", "session").filter(pk=run_id).first()
 
 
-def run_events(*, run: Run) -> QuerySet[RunEvent]:
-    """The run's audit log in ``seq`` order."""
-    return run.events.order_by("seq")
-
-
 def run_events_after(*, run_id: int, seq: int) -> QuerySet[RunEvent]:
     """Run ``run_id``'s events with a ``seq`` above ``seq``, in ``seq`` order (a client resuming the log)."""
     return RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")

@@ -16,7 +16,7 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from approvals.selectors import run_decided_interrupts, run_pending_interrupts
 from config.error_display import error_page, page_error
 from config.throttles import check_run_start_rate
-from runs import selectors
+from runs import explanations, selectors
 from runs.access import RunAccess
 from runs.engine.lifecycle import cancel_run_as, start_run
 from runs.errors import Throttled, TollgateError
@@ -46,13 +46,14 @@ def run_list(request):
 @login_required
 @require_GET
 def run_detail(request, run_id: int):
-    """One run: status fields, the model's final text beside the facts contradicting it, timeline, tool calls,
-    pending and decided inbox items, cancel."""
+    """One run: status fields, the outcome and the timeline told in the reader's language, the model's final text
+    beside the facts contradicting it, tool calls, pending and decided inbox items, cancel."""
     run = _visible_run_or_404(request, run_id)
     return render(request, "runs/run_detail.html", {
         "run": run,
         "final_output": selectors.final_output_status(run),
-        "events": selectors.run_events(run=run),
+        "outcome": explanations.outcome_explanation(run),
+        "timeline": explanations.run_timeline(run=run),
         "tool_calls": selectors.run_tool_calls(run=run),
         "pending_items": run_pending_interrupts(run=run),
         "decided_items": run_decided_interrupts(run=run),
