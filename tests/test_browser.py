@@ -14,6 +14,8 @@ import pytest
 from tests.browser_helpers import SCREENSHOT, browser, log_in, served  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# How the run page marks a final text the records differ from.
+MARK = "the records differ from a plain success: check it against them"
 
 def test_requester_starts_refund_approver_approves_in_inbox_run_completes_live(demo, worker, served, browser):
     # The requester starts a refund through the form and watches the run page.
@@ -160,7 +162,7 @@ def test_a_rejected_emails_run_page_shows_the_sent_claim_as_contradicted_beside_
     # The requester's page re-renders by itself: the model's words come as its claim, marked, beside the facts.
     requester.wait_for_selector("#run-status[data-status=completed]")
     requester.wait_for_selector("#run-final[data-final-output-status=contradicted]")
-    assert requester.text_content("#run-final-status").strip() == "contradicted by the facts"
+    assert requester.text_content("#run-final-status").strip() == MARK
     assert requester.text_content("#run-final-output").strip() == SENT_CLAIM
     assert "not achieved" in requester.text_content("#run-verdict")
     facts = requester.locator("#run-facts li.fact")

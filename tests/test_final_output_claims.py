@@ -21,6 +21,8 @@ from tests.api_helpers import (
 )
 from tests.webhook_helpers import subscribe, wait_settled
 
+# How the run page marks a final text the records differ from.
+MARK = "the records differ from a plain success: check it against them"
 REFUND_CLAIM = "A refund of 80.00 for order 123 has been issued."
 REJECTION = "Legal wants a new clause first."
 
@@ -76,7 +78,7 @@ def test_the_run_page_shows_the_rejected_emails_claim_as_contradicted_beside_the
     start = page.index('id="run-final"')
     final = page[start:page.index("</section>", start)]  # the summary card's end
     assert 'data-final-output-status="contradicted"' in final
-    assert "The model's claim" in final and "contradicted by the facts" in final
+    assert "The model's claim" in final and MARK in final
     claim = final[final.index('id="run-final-output"'):final.index('id="run-facts"')]
     assert SENT_CLAIM in claim
     facts = final[final.index('id="run-facts"'):]
@@ -117,7 +119,7 @@ def test_a_refund_approved_as_proposed_leaves_the_claim_uncontradicted(worker, d
     page = client.get(f"/runs/{run['id']}/").content.decode()
     assert 'data-final-output-status="not_contradicted"' in page
     assert "The model's final words" in page and 'id="run-facts"' not in page
-    assert "contradicted by the facts" not in page
+    assert MARK not in page
 
 
 def test_a_refused_refund_the_model_then_corrected_on_the_same_order_contradicts_nothing(worker, demo, api):
