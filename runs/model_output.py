@@ -177,7 +177,10 @@ def parse_arguments(raw: str) -> dict:
     try:
         value = strict_json.loads(raw, max_depth=MAX_ARGUMENT_DEPTH)
     except strict_json.StrictJSONError as exc:
-        raise UnsafeArguments(f"Arguments refused: {exc}") from None
+        reason = str(exc)
+        if reason[1:2].islower():  # "Not valid JSON" reads on as "not valid JSON"; "NaN" stays
+            reason = reason[0].lower() + reason[1:]
+        raise UnsafeArguments(f"Arguments refused: {reason}") from None
     if not isinstance(value, dict):
         raise UnsafeArguments("Arguments must be a JSON object.")
     return value
