@@ -227,6 +227,17 @@ def gateway_process(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def default_language():
+    """Every test starts and ends in the default language: a page requested in Chinese through the test
+    client leaves its language active in the thread (``LocaleMiddleware`` activates, nothing deactivates)."""
+    from django.utils import translation
+
+    translation.deactivate()
+    yield
+    translation.deactivate()
+
+
+@pytest.fixture(autouse=True)
 def fresh_throttles():
     """Every test starts with empty throttle counters (they live in the default cache)."""
     from django.core.cache import cache

@@ -54,9 +54,10 @@ def test_describe_many_costs_the_same_queries_for_3_or_30_calls_and_keeps_the_or
 def test_a_tool_without_a_hook_reads_as_its_name_and_top_level_arguments(people):
     long_text = "word " * 40
     description = describe(_call("fake_transfer", {"to": "acct-9", "amount": 12.0, "note": long_text}))
-    assert description.text.startswith("fake_transfer(to=acct-9, amount=12, note=word word")
-    assert description.risk_fields[:2] == (("to", "acct-9"), ("amount", "12"))
-    assert len(description.risk_fields[2][1]) == 60
+    # the schema's keys first, in its order (amount), then the others by name: the same on every database
+    assert description.text.startswith("fake_transfer(amount=12, note=word word")
+    assert (description.risk_fields[0], description.risk_fields[2]) == (("amount", "12"), ("to", "acct-9"))
+    assert len(description.risk_fields[1][1]) == 60
     assert describe(_call("no_such_tool", None)) == Description(text="no_such_tool")
 
 

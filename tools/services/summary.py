@@ -42,12 +42,22 @@ def _fallback(name: str, arguments, tool) -> Description:
     if not isinstance(arguments, dict):
         return Description(text=name, risk_fields=())
     shown = mask_credentials(arguments)  # a fallback line may reach an email or a list: no secrets in it
-    fields = tuple((str(key), _short(value)) for key, value in list(shown.items())[:FALLBACK_FIELDS])
+    fields = tuple((str(key), _short(shown[key])) for key in _in_schema_order(shown, tool)[:FALLBACK_FIELDS])
     text = f"{name}(" + ", ".join(f"{key}={value}" for key, value in fields) + ")"
     target = ""
     if tool is not None and tool.target_key and tool.target_key in arguments:
         target = f"{tool.target_key} {_short(arguments[tool.target_key])}"
     return Description(text=text, risk_fields=fields, target=target)
+
+
+def _in_schema_order(arguments: dict, tool) -> list:
+    """The keys of ``arguments`` in the order of the tool's schema ``properties``, the rest by name.
+
+    Not the stored order: a JSON column may not keep it (PostgreSQL's
+    ``jsonb`` does not), and the same call must read the same everywhere.
+    """
+    declared = list((tool.parameters.get("properties") or {}) if tool is not None else {})
+    return sorted(arguments, key=lambda key: (declared.index(key) if key in declared else len(declared), str(key)))
 
 
 def describe_many(tool_calls) -> list[Description]:
