@@ -16,6 +16,10 @@
 * ``Interrupt.objects.visible_to(user)``: items ``user`` may look at, those
   they may decide and those of runs they may see.
 
+* ``may_deliver_event(user, run)``: who may deliver an external event to a
+  run waiting for one (``POST /api/events/``): its requester, or a holder of
+  ``DELIVER_EVENT_PERMISSION`` (the integrator's service account).
+
 An inactive or anonymous user sees and decides nothing. API, pages,
 WebSocket consumers, the admin's actions and the engine's cancel ask these
 querysets; a single object is checked with ``.filter(pk=...).exists()``, so
@@ -34,6 +38,8 @@ from django.db import models
 from django.db.models import BooleanField, ExpressionWrapper, IntegerField, Q, Value
 
 DECIDE_PERMISSION = "approvals.decide_interrupt"
+# Django's "add" permission of runs.ExternalEvent: adding one is delivering it.
+DELIVER_EVENT_PERMISSION = "runs.add_externalevent"
 INPUT_KIND = "input"  # approvals.models.InterruptKind.INPUT: a question to the run's requester
 
 
@@ -180,3 +186,10 @@ def groups_that_may_decide(interrupt):
     app_label, _, codename = interrupt.required_permission.partition(".")
     return Group.objects.filter(permissions__content_type__app_label=app_label,
                                 permissions__codename=codename).order_by("name")
+
+
+def may_deliver_event(user, run) -> bool:
+    """Whether ``user`` may deliver an external event to ``run``: an active user who requested it, or who
+    holds ``DELIVER_EVENT_PERMISSION`` (superusers hold every permission). A key can be guessed (the model
+    may choose it), so it is no capability of its own."""
+    return _active(user) and (run.requested_by_id == user.pk or user.has_perm(DELIVER_EVENT_PERMISSION))

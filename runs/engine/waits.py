@@ -26,6 +26,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.services import expire_input_item, request_input
+from runs.access import may_deliver_event
 from runs.errors import InvalidInput, NotFound
 from runs.models import ExternalEvent, Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
@@ -140,18 +141,12 @@ def _check_event(event_type, key, payload) -> None:
         raise InvalidInput.for_fields(errors)
 
 
-def may_deliver_event(user, run: Run) -> bool:
-    """Whether ``user`` may deliver an external event to ``run``: its requester, or a holder of the
-    ``runs.add_externalevent`` permission (superusers have every permission)."""
-    return run.requested_by_id == user.pk or user.has_perm("runs.add_externalevent")
-
-
 def receive_event(*, event_type: str, key: str, payload, user) -> Received:
     """An outside system reports event ``event_type`` with correlation ``key``: resume the run waiting on it.
 
     Only a pending wait with exactly this type and key is resumed, and
-    only by a sender who may deliver to its run (``may_deliver_event``: the
-    run's requester, or a user with the ``runs.add_externalevent``
+    only by a sender who may deliver to its run (``runs.access.may_deliver_event``:
+    the run's requester, or a user with the ``runs.add_externalevent``
     permission, e.g. the token of the integrator's service that reports
     payments). A key can be guessed (the model may choose it), so it is
     not a capability of its own: to anyone else the wait, and an event
