@@ -217,3 +217,36 @@ def test_reconciling_through_the_api_is_audited_and_resumes_the_run(demo, worker
     assert ToolCall.objects.get(run=run).status == ToolCallStatus.FAILED
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("answer", [float("nan"), "a \ud800 b", {"deep": []},
+                                    "\x00"], ids=["nan", "surrogate", "plain", "nul"])
+def test_a_hook_answer_that_cannot_be_stored_settles_nothing_and_a_raising_hook_shows_only_its_type(
+        demo, worker, payment_gateway, fast_refund, monkeypatch, settings, answer):
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_BACKOFF_S": 60.0}
+    payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
+    lookups = []
+
+    def hook(key):
+        lookups.append(key)
+        if len(lookups) == 1:
+            raise ToolUnavailable("gateway at https://svc:pw-4711@pay.internal/ unreachable")
+        return registry.Reconciliation("succeeded", result={"refund_id": "r1", "note": answer})
+
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(registry.get_tool("refund"), reconcile=hook))
+    run = _refund_run(demo)
+    worker.drain()
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert call.status == ToolCallStatus.UNKNOWN
+    reasons = list(run.events.filter(type="reconciliation").values_list("reason", flat=True))
+    assert reasons == ["The external system could not be asked (ToolUnavailable)."]  # no URL, no password
+
+    sweep(now=timezone.now() + timedelta(seconds=120))
+    worker.drain()
+    call.refresh_from_db()
+    assert len(lookups) == 2
+    if answer == {"deep": []}:  # a storable answer settles the call
+        assert call.status == ToolCallStatus.SUCCEEDED and call.result["refund_id"] == "r1"
+    else:
+        assert call.status == ToolCallStatus.UNKNOWN and call.result is None
+        assert run.events.filter(type="reconciliation", reason__contains="cannot be stored").exists()

@@ -163,11 +163,7 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) 
     # the same key, not a new one: its own earlier effect must not deny it,
     # so where the tool can tell, that effect is looked for first.
     if tool_call.attempts and tool.side_effect and tool.reconcile is not None:
-        try:
-            found = tool.reconcile(tool_call.idempotency_key)
-        except Exception as exc:
-            log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
-            found = Reconciliation("not_found", error=f"{type(exc).__name__}: {exc}")
+        found = ask_reconcile(tool, tool_call)
         asked = {"error": "Sent before; the external system is asked what became of it before sending again."}
         if found.status == "succeeded":
             return [("mark_unknown", asked), ("succeed", {"reason": "found at the external system before sending "
@@ -189,6 +185,39 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) 
     if denial:
         return [("deny", {"reason": "precondition checked before running", "error": denial})]
     return []
+
+
+def ask_reconcile(tool: Tool, tool_call: ToolCall) -> Reconciliation:
+    """Ask ``tool``'s ``reconcile`` hook what became of ``tool_call`` (sent under its idempotency key).
+
+    The answer comes from an external system, so it is checked as a
+    handler's result is (``_storable``): a ``succeeded`` whose result cannot
+    be stored is no answer (``not_found`` with an error: nothing is
+    guessed). A hook that raises is no answer either; its error names only
+    the exception's type (the details, which may hold a URL with a key,
+    stay in the log, masked). Never raises.
+    """
+    try:
+        found = tool.reconcile(tool_call.idempotency_key)
+    except Exception as exc:
+        log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
+        return Reconciliation("not_found", error=f"The external system could not be asked ({type(exc).__name__}).")
+    if found.status == "succeeded":
+        problem = _storable(found.result)
+        if problem:
+            log.warning("reconcile hook of %s answered a result that cannot be stored: %s", tool_call.name, problem)
+            return Reconciliation("not_found", error=f"The external system's answer cannot be stored ({problem}).")
+    return found
+
+
+def _storable(result) -> str:
+    """Why ``result`` cannot be stored as a call's result (the exception's type name), or "" when it can."""
+    try:
+        json.dumps(result, allow_nan=False)  # strict JSON only: no Decimal, set, NaN...
+        check_value(result, max_depth=MAX_RESULT_DEPTH)  # no NUL, lone surrogate or runaway nesting
+    except (TypeError, ValueError, RecursionError) as exc:
+        return type(exc).__name__
+    return ""
 
 
 def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tuple[int, object] | None]:
@@ -232,17 +261,18 @@ def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
     happened; reconciliation finds out), a read-only one ``failed``.
     ``outcome(transition, **arguments)`` stores an outcome.
     """
-    try:
-        json.dumps(result, allow_nan=False)  # strict JSON only: no Decimal, set, NaN...
-        check_value(result, max_depth=MAX_RESULT_DEPTH)  # no NUL, lone surrogate or runaway nesting
-        return outcome(tool_call.succeed, result=result, now=timezone.now())
-    except (TypeError, ValueError, RecursionError, DataError, IntegrityError) as exc:
-        log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, exc)
-        tool_call.refresh_from_db()
-        error = f"The tool returned a result that cannot be stored ({type(exc).__name__})."
-        if tool.side_effect:
-            return outcome(tool_call.mark_unknown, error=error)
-        return outcome(tool_call.fail, error=error, now=timezone.now())
+    problem = _storable(result)
+    if not problem:
+        try:
+            return outcome(tool_call.succeed, result=result, now=timezone.now())
+        except (DataError, IntegrityError) as exc:
+            problem = type(exc).__name__
+    log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, problem)
+    tool_call.refresh_from_db()
+    error = f"The tool returned a result that cannot be stored ({problem})."
+    if tool.side_effect:
+        return outcome(tool_call.mark_unknown, error=error)
+    return outcome(tool_call.fail, error=error, now=timezone.now())
 
 
 def retry_delay(tool_call: ToolCall) -> float:

@@ -1,7 +1,5 @@
 """Unknown outcomes: ask the tool's ``reconcile`` hook, or record what a person found out."""
 
-import logging
-
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -10,10 +8,8 @@ from django.utils import timezone
 from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall
-from tools.registry import Reconciliation, get_tool
-from tools.services.execution import charged_attempts
-
-log = logging.getLogger(__name__)
+from tools.registry import get_tool
+from tools.services.execution import ask_reconcile, charged_attempts
 
 
 def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> str:
@@ -41,11 +37,7 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = Fa
         return "person"
     ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_attempts=F("reconcile_attempts") + 1)
     tool_call.refresh_from_db()
-    try:
-        found = tool.reconcile(tool_call.idempotency_key)
-    except Exception as exc:
-        log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
-        found = Reconciliation("not_found", error=f"{type(exc).__name__}: {exc}")
+    found = ask_reconcile(tool, tool_call)
     if found.status == "succeeded":
         apply(tool_call.succeed, actor=actor, reason="reconciled automatically",
               result=found.result, now=timezone.now())
