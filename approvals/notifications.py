@@ -40,7 +40,7 @@ from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
 from runs.errors import InvalidInput
 from runs.masking import mask_credentials
-from runs.model_output import LONE_SURROGATE, REPLACEMENT
+from config.strict_json import printable
 from runs.wakeups import ADVANCE_QUEUE
 from tools.services.summary import describe
 
@@ -80,20 +80,15 @@ def _message(user, write) -> EmailMessage:
     """
     with translation.override(user.email_language):
         subject, body = write()
-    return EmailMessage(subject=header_line(subject), body=printable_text(body), to=[user.email])
+    return EmailMessage(subject=header_line(subject), body=printable(body), to=[user.email])
 
 
 def header_line(text: str) -> str:
     """``text`` as one line fit for a mail header: every control character, line or paragraph separator
     becomes a space (runs of them one), a lone surrogate U+FFFD, and at most ``MAX_SUBJECT_CHARS`` are kept."""
     cleaned = "".join(" " if unicodedata.category(char) in ("Cc", "Zl", "Zp") else char
-                      for char in printable_text(text))
+                      for char in printable(text))
     return Truncator(" ".join(cleaned.split())).chars(MAX_SUBJECT_CHARS)
-
-
-def printable_text(text: str) -> str:
-    """``text`` with each lone surrogate (no character: no UTF-8 text holds one) replaced by U+FFFD."""
-    return LONE_SURROGATE.sub(REPLACEMENT, text)
 
 
 def _send(messages: list[EmailMessage], what: str) -> int:

@@ -34,7 +34,8 @@ MAX_DEPTH = 32
 MAX_INT = 2**63 - 1
 # Code points of UTF-16 surrogates: valid in no UTF-8 text (a pair escaped
 # in JSON decodes to one character outside this range, so only lone ones remain).
-_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACEMENT = "\ufffd"  # what a lone surrogate is shown as (U+FFFD REPLACEMENT CHARACTER)
 
 
 class StrictJSONError(ValueError):
@@ -62,7 +63,7 @@ def _check_text(text: str) -> None:
     """Raise ``StrictJSONError`` for a NUL character or a lone surrogate in a key or string."""
     if "\x00" in text:
         raise StrictJSONError("The JSON contains a NUL character (\\u0000).")
-    if found := _SURROGATE.search(text):
+    if found := LONE_SURROGATE.search(text):
         raise StrictJSONError(f"The JSON contains a lone surrogate (\\u{ord(found.group()):04x}), "
                               "which is not a character.")
 
@@ -173,17 +174,21 @@ class StoredJSONDecoder(json.JSONDecoder):
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_REPLACEMENT = "\ufffd"
+
+
+def printable(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD, so that it can be encoded as UTF-8."""
+    return LONE_SURROGATE.sub(REPLACEMENT, text)
 
 
 def _without_lone_surrogates(value):
     """``value`` (decoded JSON) with every lone surrogate in a key or string replaced by U+FFFD."""
     if isinstance(value, str):
-        return _SURROGATE.sub(_REPLACEMENT, value)
+        return printable(value)
     if isinstance(value, list):
         return [_without_lone_surrogates(item) for item in value]
     if isinstance(value, dict):
-        return {_SURROGATE.sub(_REPLACEMENT, key): _without_lone_surrogates(item) for key, item in value.items()}
+        return {printable(key): _without_lone_surrogates(item) for key, item in value.items()}
     return value
 
 

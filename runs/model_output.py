@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from django.conf import settings
 
 from config import strict_json
+from config.strict_json import LONE_SURROGATE, REPLACEMENT
 from runs.providers.base import MalformedResponse, ModelError
 
 MAX_TOKENS_PER_CALL = 10_000_000
@@ -55,9 +56,6 @@ MAX_CALL_ID_LENGTH = 100
 MAX_TOOL_NAME_LENGTH = 100
 SHOWN_OF_REFUSED_ARGUMENTS = 1_000  # characters kept of raw arguments refused as too long
 NUL = "\x00"
-REPLACEMENT = "\ufffd"
-# Code points of UTF-16 surrogates: a valid pair decodes to one character outside this range.
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RefusedText(MalformedResponse):

@@ -17,7 +17,7 @@ from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
 
 from runs import labels
-from runs.model_output import LONE_SURROGATE, REPLACEMENT
+from config import strict_json
 
 register = template.Library()
 
@@ -32,7 +32,7 @@ def printable(text: str) -> str:
     if len(text) > MAX_SHOWN_CHARS:
         more = len(text) - MAX_SHOWN_CHARS
         text = text[:MAX_SHOWN_CHARS] + "… " + _("(%(count)s more characters)") % {"count": more}
-    return LONE_SURROGATE.sub(REPLACEMENT, text)
+    return strict_json.printable(text)
 
 
 @register.filter

@@ -17,6 +17,7 @@ from django.db import transaction
 from tools.demo import conf, gateway, summaries
 from tools.demo.models import CONTESTED_ORDER, Order
 from tools.models import ToolCall, ToolCallStatus
+from tools.models.tool_call import PENDING_STATUSES  # a refund in one of these already counts on its order
 from tools.registry import Tool, ToolContext, ToolError
 
 S = ToolCallStatus
@@ -169,10 +170,6 @@ REFUND = Tool(
 
 # --- find_refundable_order -----------------------------------------------------
 
-# A refund call in these statuses already counts on its order: a second run must look elsewhere.
-REFUND_UNDER_WAY = [S.PROPOSED, S.AWAITING_APPROVAL, S.READY, S.RUNNING, S.UNKNOWN]
-
-
 def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     """The requester's newest open order that can take a refund of ``amount`` now (``query_order``'s view).
 
@@ -181,7 +178,7 @@ def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     can, ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
     amount = Decimal(str(args["amount"]))
-    under_way = set(ToolCall.objects.filter(name=REFUND.name, run__requested_by=ctx.user, status__in=REFUND_UNDER_WAY)
+    under_way = set(ToolCall.objects.filter(name=REFUND.name, run__requested_by=ctx.user, status__in=PENDING_STATUSES)
                     .values_list("arguments__order_id", flat=True))
     candidates = (Order.objects.filter(owner=ctx.user, status=Order.Status.OPEN, total__gte=amount)
                   .exclude(number__in=under_way | {CONTESTED_ORDER}).order_by("-number"))
