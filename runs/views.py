@@ -92,14 +92,17 @@ def run_start(request):
     """Form to start a run of an agent; on success go to the new run's page.
 
     Every POST counts against the user's ``runs`` rate, shared with
-    ``POST /api/runs/``; over it, the status page with 429 and ``Retry-After``.
+    ``POST /api/runs/``; over it, the form again with what was typed and the
+    reason, 429 and ``Retry-After``.
     """
     form = StartRunForm(request.POST or None)
     if request.method == "POST":
         try:
             check_run_start_rate(request)
         except Throttled as exc:
-            response = page_error(request, exc, back_url=reverse("run-start"))
+            form.is_valid()  # the typed values are shown again, their own errors too
+            form.add_error(None, exc.message)
+            response = render(request, "runs/run_start.html", {"form": form}, status=exc.http_status)
             response["Retry-After"] = str(exc.details["retry_after"])
             return response
     if request.method == "POST" and form.is_valid():

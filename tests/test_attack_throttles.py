@@ -134,6 +134,7 @@ def test_the_start_form_shares_the_api_runs_rate(demo, api, monkeypatch, shared_
     assert started == [201] * 3
     assert refused.status_code == 429 and 0 < int(refused["Retry-After"]) <= 60
     assert b"Too many runs started" in refused.content
+    assert b"Refund order 123." in refused.content  # the form again, with what was typed: nothing is lost
     assert Run.objects.count() == 3
     # And the other way round: runs the page started count for the API.
     other = Client()
