@@ -8,6 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 
+from django.conf import settings
 from django.db.models import Count, Q, Subquery
 from django.utils import timezone
 
@@ -16,6 +17,7 @@ from approvals.models import AnswerFile, Interrupt, InterruptKind, InterruptStat
 from runs.access import RunAccess
 from runs.models import Agent, Run, RunEvent
 from tools.models import ToolCall, ToolCallStatus
+from tools.models.tool_call import FINAL_STATUSES
 from tools.registry import Together, get_tool
 from tools.services.assessment import effective_rule
 from tools.services.summary import describe_many, judge_groups
@@ -485,9 +487,16 @@ def reconciliation_lookup(item: Interrupt) -> Lookup | None:
                   last_check_result=last[1] if last else "")
 
 
-# A call in one of these has had its outcome: nothing about it changes without a person.
-SETTLED_CALLS = {ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.DENIED, ToolCallStatus.UNKNOWN,
-                 ToolCallStatus.REJECTED, ToolCallStatus.EXPIRED, ToolCallStatus.CANCELLED, ToolCallStatus.INVALID}
+def _call_settled(call) -> bool:
+    """Whether nothing about ``call`` changes without a person: a final status, or ``unknown`` with no
+    automatic reconciliation to come (its tool has no ``reconcile`` hook, or ``RECONCILE_MAX_TRIES`` are spent)."""
+    if call.status in FINAL_STATUSES:
+        return True
+    if call.status != ToolCallStatus.UNKNOWN:
+        return False
+    tool = get_tool(call.name)
+    return (tool is None or tool.reconcile is None
+            or call.reconcile_attempts >= settings.TOLLGATE["RECONCILE_MAX_TRIES"])
 
 
 @dataclass(frozen=True)
@@ -522,10 +531,11 @@ def item_outcomes(*, user, ids) -> list[ItemOutcome]:
             continue
         call = item.tool_call
         call_status = call.status if call is not None else ""
+        had_outcome = call is not None and (call_status in FINAL_STATUSES or call_status == ToolCallStatus.UNKNOWN)
         outcomes.append(ItemOutcome(
             item=item, run_status=item.run.status, call_status=call_status,
-            detail=call.error if call is not None and call_status in SETTLED_CALLS else "",
-            settled=item.run.is_terminal or call_status in SETTLED_CALLS))
+            detail=call.error if had_outcome else "",
+            settled=item.run.is_terminal or (call is not None and _call_settled(call))))
     return outcomes
 
 

@@ -280,3 +280,19 @@ def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim
     client.force_login(demo["approver"])  # the control: one who may see it claims it
     assert client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "claim"}).status_code == 302
     assert Interrupt.objects.get(pk=item.pk).claimed_by == demo["approver"]
+
+
+def test_the_bulk_result_keeps_watching_an_unknown_outcome_its_tool_will_still_reconcile(demo, settings):
+    from approvals.selectors import item_outcomes
+    from tests.inbox_helpers import pending_call
+    from tools.models import ToolCall
+
+    item = pending_call(requester=demo["requester"])  # a refund: its tool has a reconcile hook
+    ToolCall.objects.filter(pk=item.tool_call_id).update(status="unknown", error="The gateway timed out.")
+
+    outcome, = item_outcomes(user=demo["approver"], ids=[item.pk])
+    assert (outcome.call_status, outcome.settled, outcome.detail) == ("unknown", False, "The gateway timed out.")
+
+    ToolCall.objects.filter(pk=item.tool_call_id).update(reconcile_attempts=settings.TOLLGATE["RECONCILE_MAX_TRIES"])
+    outcome, = item_outcomes(user=demo["approver"], ids=[item.pk])
+    assert outcome.settled  # the hook's tries are spent: only a person settles it now
