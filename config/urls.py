@@ -15,8 +15,9 @@ from config.api_schema import ApiDocsView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    # Browsers ask for /favicon.ico whatever the page says.
-    path("favicon.ico", RedirectView.as_view(url=lazy(static, str)("favicon.svg"), permanent=True)),
+    # Browsers ask for /favicon.ico whatever the page says. Not permanent: the target's name carries its
+    # content hash, which changes with the icon, and a browser keeps a permanent redirect for good.
+    path("favicon.ico", RedirectView.as_view(url=lazy(static, str)("favicon.svg"), permanent=False)),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     # POST /i18n/setlang/ (Django's set_language): the header's language switcher.
