@@ -7,6 +7,7 @@ Model-produced text must always reach the page escaped; these tests put
 import re
 
 import pytest
+from bs4 import BeautifulSoup
 from django.urls import reverse
 
 from approvals.models import Interrupt, InterruptStatus
@@ -72,6 +73,10 @@ def test_the_start_form_names_the_agents_and_preselects_none(client, demo):
     assert "selected" not in body.split('<option value="" selected>')[1].split("</select>")[0]
     agent = Agent.objects.get(slug="refund-order")
     assert f"{agent.name} (refund-order)" in body
+    # Each agent is described under the list: its name and what it does (its instructions).
+    described = BeautifulSoup(body, "html.parser").select_one("#agent-descriptions")
+    term = described.select_one('dt[data-agent="refund-order"]')
+    assert agent.name in term.get_text() and term.find_next_sibling("dd").get_text() == agent.instructions
     # Nothing chosen is refused, not started with some agent.
     response = client.post(reverse("run-start"), {"agent": "", "input": "please"})
     assert response.status_code in (200, 400) and "This field is required." in response.content.decode()
