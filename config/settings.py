@@ -523,6 +523,11 @@ TOLLGATE = {
         "claude-opus-4-1": {"input_per_mtok": 15.00, "output_per_mtok": 75.00},
     },
 }
+if TOLLGATE["REQUEST_BODY_MAX_BYTES"] < _ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE:
+    # A smaller limit would refuse answer files the answer-file limit allows, with a 413 nobody could explain.
+    raise ImproperlyConfigured(
+        "TOLLGATE_REQUEST_BODY_MAX_BYTES must be at least TOLLGATE_ANSWER_FILE_MAX_BYTES + "
+        f"DATA_UPLOAD_MAX_MEMORY_SIZE ({_ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE} bytes).")
 
 LOGGING = {
     "version": 1,

@@ -118,11 +118,18 @@ class FinalOutputStatus:
 
 
 def with_final_output_facts(runs: QuerySet[Run]) -> QuerySet[Run]:
-    """``runs`` with what ``final_output_status`` reads prefetched: two queries per page, not two per run."""
-    calls = ToolCall.objects.order_by("id").only(
+    """``runs`` with what ``final_output_status`` reads prefetched: two queries per page, not two per run.
+
+    Only runs with a final text or an outcome have anything read (the
+    others are ``absent`` and have nothing to explain,
+    ``runs.explanations``): a page of runs under way loads none of their calls.
+    """
+    calls = ToolCall.objects.exclude(run__final_output="", run__outcome="").order_by("id").only(
         "id", "run_id", "name", "side_effect", "status", "error", "raw_arguments", "arguments", "duplicate_of_id")
-    return runs.prefetch_related(Prefetch("tool_calls", queryset=calls, to_attr=CALLS_IN_ORDER),
-                                 Prefetch("interrupts", queryset=_edited_approvals(), to_attr=EDITED_APPROVALS))
+    return runs.prefetch_related(
+        Prefetch("tool_calls", queryset=calls, to_attr=CALLS_IN_ORDER),
+        Prefetch("interrupts", queryset=_edited_approvals().exclude(run__final_output="", run__outcome=""),
+                 to_attr=EDITED_APPROVALS))
 
 
 def _edited_approvals() -> QuerySet[Interrupt]:

@@ -170,6 +170,14 @@ def test_debug_is_off_unless_set_and_nothing_serves_or_signs_without_a_key(tmp_p
     assert debug.stdout.strip() == "DEBUG True", debug.stderr
 
 
+def test_a_body_limit_below_what_an_answer_file_needs_is_refused_at_start():
+    key = {"SECRET_KEY": get_random_secret_key()}
+    too_small = _settings_probe({**key, "TOLLGATE_REQUEST_BODY_MAX_BYTES": "1000000"})
+    assert too_small.returncode != 0 and "TOLLGATE_REQUEST_BODY_MAX_BYTES must be at least" in too_small.stderr
+    enough = _settings_probe({**key, "TOLLGATE_ANSWER_FILE_MAX_BYTES": "10", "TOLLGATE_REQUEST_BODY_MAX_BYTES": "2000000"})
+    assert enough.returncode == 0, enough.stderr
+
+
 def readme_production_environment() -> dict[str, str]:
     """The ``export NAME=value`` lines of README's "Production environment" block."""
     readme = (ROOT / "README.md").read_text()
