@@ -373,6 +373,22 @@ TOLLGATE = {
     # Seconds a worker's lease on a run lasts without a heartbeat; the
     # heartbeat renews it every third of that.
     "LEASE_TTL_S": env.float("TOLLGATE_LEASE_TTL_S", default=30.0),
+    # The engine (runs/engine/runtime.py), per worker process: runs in
+    # flight at once (their model and tool calls are awaited on one event
+    # loop, holding no thread), threads (so database connections) that do
+    # the runs' database work, and threads that run sync tool handlers.
+    "RUNS_IN_FLIGHT": env.int("TOLLGATE_RUNS_IN_FLIGHT", default=1000),
+    "ENGINE_DB_THREADS": env.int("TOLLGATE_ENGINE_DB_THREADS", default=4),
+    "TOOL_THREADS": env.int("TOLLGATE_TOOL_THREADS", default=32),
+    # Seconds one model call may take in all (a stream that keeps coming
+    # included); the provider's own timeout bounds each wait within it.
+    "MODEL_CALL_MAX_S": env.float("TOLLGATE_MODEL_CALL_MAX_S", default=600.0),
+    # A model call that failed transiently (connection, 408, 409, 429, 5xx)
+    # is tried again after a backoff from MODEL_BACKOFF_S seconds, doubling
+    # (full jitter; at least the server's Retry-After, at most an hour), up
+    # to MODEL_MAX_ATTEMPTS calls in a row; then the run fails model_error.
+    "MODEL_MAX_ATTEMPTS": env.int("TOLLGATE_MODEL_MAX_ATTEMPTS", default=5),
+    "MODEL_BACKOFF_S": env.float("TOLLGATE_MODEL_BACKOFF_S", default=2.0),
     # Live sockets re-check their user's access when told it changed (a
     # logout, a group or permission change) and, as a backstop, before an
     # event when their last check is older than this many seconds.

@@ -7,8 +7,9 @@ services that write for the worker (``append_events``, ``append_message``,
 ``set_phase``) do so only if the row still carries that token, raising
 ``LeaseLost`` otherwise — which rolls the whole transaction back. A worker
 that was paused, partitioned or just slow past its lease therefore changes
-nothing once another worker holds the run. A heartbeat thread extends the
-lease while the worker is busy (e.g. inside a long model or tool call).
+nothing once another worker holds the run. One keeper thread per process
+extends all the leases held in it while their runs are busy (e.g. inside
+a long model or tool call).
 
 The pattern is Martin Kleppmann's fencing token ("How to do distributed
 locking", 2016), with the database as the storage that checks the token.
@@ -127,35 +128,90 @@ def check(run_id: int) -> None:
 
 @contextlib.contextmanager
 def holding(lease: Lease):
-    """Make ``lease`` this thread's current lease and heartbeat it until the block ends.
+    """Hold ``lease`` in this context (``kept``) until the block ends, then release it."""
+    with kept(lease):
+        yield lease
+    close_old_connections()
+    release(lease)
 
-    Releases the lease on exit. The heartbeat renews every third of the
-    TTL from its own thread and database connection.
+
+@contextlib.contextmanager
+def kept(lease: Lease):
+    """Make ``lease`` this context's current lease, renewed by the process's keeper, until the block ends.
+
+    Releases nothing: the caller does (``release``). Works in a thread as
+    in an asyncio task (the current lease is a context variable, copied
+    into the task and into the database work it hands to threads).
     """
-    stop = threading.Event()
-    interval = settings.TOLLGATE["LEASE_TTL_S"] / 3
-
-    def heartbeat():
-        try:
-            while not stop.wait(interval):
-                try:
-                    if not renew(lease):
-                        log.warning("run %s: lease %s lost", lease.run_id, lease.token)
-                        return
-                except DatabaseError:  # a blip: try again at the next beat, the TTL has slack
-                    log.warning("run %s: heartbeat failed", lease.run_id, exc_info=True)
-                    connection.close()
-        finally:
-            connection.close()
-
-    beat = threading.Thread(target=heartbeat, name=f"lease-{lease.run_id}", daemon=True)
     reset = _current.set(lease)
-    beat.start()
+    _keeper.add(lease)
     try:
         yield lease
     finally:
-        stop.set()
+        _keeper.discard(lease)
         _current.reset(reset)
-        beat.join()
-        close_old_connections()
-        release(lease)
+
+
+def renew_all(leases) -> int:
+    """Extend every lease of ``leases`` still held by its owner by one TTL; returns how many were.
+
+    One UPDATE per owner (a process has one, ``WORKER_ID``): a lease
+    taken over by another worker carries that worker's owner, so it is
+    not renewed.
+    """
+    by_owner: dict[str, list[int]] = {}
+    for lease in leases:
+        by_owner.setdefault(lease.owner, []).append(lease.run_id)
+    expires_at = timezone.now() + ttl()
+    return sum(Run.objects.filter(pk__in=ids, lease_owner=owner).update(lease_expires_at=expires_at)
+               for owner, ids in by_owner.items())
+
+
+class _Keeper:
+    """One thread per process that renews every lease held in it, every third of the TTL.
+
+    Replaces a heartbeat thread per run: a process with a thousand runs in
+    flight renews them in one statement (``renew_all``), from its own
+    database connection.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held: dict[Lease, int] = {}  # lease -> how many holders (a context may hold it twice)
+        self._thread: threading.Thread | None = None
+        self._woken = threading.Event()  # the first lease after none: beat now, then at the TTL of now
+
+    def add(self, lease: Lease) -> None:
+        with self._lock:
+            if not self._held:
+                self._woken.set()
+            self._held[lease] = self._held.get(lease, 0) + 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._beat, name="lease-keeper", daemon=True)
+                self._thread.start()
+
+    def discard(self, lease: Lease) -> None:
+        with self._lock:
+            count = self._held.pop(lease, 0) - 1
+            if count > 0:
+                self._held[lease] = count
+
+    def _beat(self) -> None:
+        while True:
+            self._woken.wait(settings.TOLLGATE["LEASE_TTL_S"] / 3)
+            self._woken.clear()
+            with self._lock:
+                leases = list(self._held)
+            if not leases:
+                continue
+            try:
+                renewed = renew_all(leases)
+            except DatabaseError:  # a blip: try again at the next beat, the TTL has slack
+                log.warning("lease keeper: renewing %s leases failed", len(leases), exc_info=True)
+                connection.close()
+                continue
+            if renewed < len(leases):
+                log.info("lease keeper: %s of %s leases were taken over", len(leases) - renewed, len(leases))
+
+
+_keeper = _Keeper()

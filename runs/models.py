@@ -414,10 +414,17 @@ class Step(FSMModel):
         self.finished_at = now
 
     @transition(field=status, source=Status.STARTED, target=Status.FAILED)
-    def fail(self, *, error: str, now):
-        """The call failed (a provider error) or its response could not be understood."""
+    def fail(self, *, error: str, now, transient: bool = False):
+        """The call failed (a provider error) or its response could not be understood.
+
+        ``transient``: the provider may well answer later (an outage, a rate
+        limit): recorded as ``response = {"error": {"transient": true}}``,
+        which the loop counts to bound its tries in a row.
+        """
         self.error = error
         self.finished_at = now
+        if transient:
+            self.response = {"error": {"transient": True}}
 
     @transition(field=status, source=Status.STARTED, target=Status.DISCARDED)
     def discard(self, *, now, error: str = ""):

@@ -21,6 +21,7 @@ from dramatiq.brokers.stub import StubBroker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from runs.engine import runtime
 from runs.engine.actors import advance_run
 from tests.fake_tools import forget_transfers
 from tools.demo import gateway
@@ -37,14 +38,27 @@ def pytest_configure(config):
 
 
 class RunWorker:
-    """A started Dramatiq worker; ``drain()`` waits until every queued message is processed."""
+    """A started Dramatiq worker; ``drain()`` waits until every queued message is processed and the
+    engine it hands runs to (``runs.engine.runtime``) has none in flight."""
 
     def __init__(self, broker):
         self.broker = broker
         self.worker = Worker(broker, worker_timeout=20, worker_threads=1)
 
     def drain(self, timeout_s: float = 30) -> None:
-        self.broker.join(advance_run.queue_name, timeout=int(timeout_s * 1000))
+        deadline = time.monotonic() + timeout_s
+        engine = runtime.engine()
+        while True:  # a slice that ends may send its run to the queue again
+            self._join(deadline)
+            handed_over = engine.submitted
+            if not engine.wait_idle(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"{engine.in_flight} runs still in flight after {timeout_s} s")
+            self._join(deadline)
+            if engine.submitted == handed_over and engine.in_flight == 0:
+                return
+
+    def _join(self, deadline: float) -> None:
+        self.broker.join(advance_run.queue_name, timeout=max(1, int((deadline - time.monotonic()) * 1000)))
         self.worker.join()
 
 
@@ -56,6 +70,10 @@ def idle_worker(transactional_db):
     run_worker = RunWorker(broker)
     yield run_worker
     run_worker.worker.stop()
+    engine = runtime.running_engine()
+    if engine is not None:  # runs handed over finish, and the engine lets go of the test database
+        engine.wait_idle(60)
+        engine.close_connections()
     broker.flush_all()
     _forget_taken_messages(broker)
 
@@ -286,7 +304,9 @@ def worker_process(payment_gateway, short_lease, settings):
         env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
                "TOLLGATE_LEASE_TTL_S": str(short_lease), "TOLLGATE_FAILPOINTS": failpoint or "",
                "DJANGO_SETTINGS_MODULE": "config.settings"}
-        code = f"import django; django.setup(); from runs.engine.actors import advance_run; advance_run({run_id})"
+        code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
+                "from runs.engine.runtime import engine; "
+                f"advance_run({run_id}); engine().wait_idle(60)")
         process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
         if kill_when is not None:
             deadline = time.monotonic() + 30

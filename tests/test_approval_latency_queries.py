@@ -5,8 +5,10 @@ Two stretches of the path from "approve" to the refund's ``ToolCall.started_at``
 * the decision: ``approvals.services.decide_interrupt`` on its own, and the
   whole REST request (``POST /api/interrupts/<id>/approve/``: token auth,
   the item's lookup, the decision, its commit hooks, the answer);
-* the worker's resume: the ``advance_run`` actor from the message until the
-  refund's handler is called (``running`` committed with its key).
+* the worker's resume: taking the lease and advancing the run
+  (``runs.engine.loop.advance``, what the engine does for an ``advance_run``
+  message, here in the test's thread so its statements can be counted)
+  until the refund's handler is called (``running`` committed with its key).
 
 And the decision's commit sends the worker's wake-up before the live push.
 
@@ -31,7 +33,6 @@ from django.db import connection
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.engine import loop
-from runs.engine.actors import advance_run
 from runs import live
 from runs.engine.lifecycle import start_run
 from runs.models import Agent, RunStatus
@@ -134,7 +135,7 @@ def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, d
 
     monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(refund, handler=handler))
     with connection.execute_wrapper(recorder):
-        advance_run.fn(run.pk)
+        loop.advance(run.pk)
     run.refresh_from_db()
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
     assert run.tool_calls.get().status == ToolCallStatus.SUCCEEDED

@@ -88,7 +88,7 @@ class Recorder:
     def wrap_slice(self, advance_slice):
         def recorded(run_id):
             try:
-                return advance_slice(run_id)
+                return (yield from advance_slice(run_id))
             finally:
                 self.slice_ends.append(len(self.statements))
         self.slice_ends: list[int] = []
@@ -153,7 +153,7 @@ def test_each_kind_of_step_stays_within_its_statement_and_transaction_caps(
     run = start_run(agent=agent, user=requester, input=f"refund order {ORDER}")
     recorder = Recorder()
     monkeypatch.setattr(loop, "_step", recorder.wrap_step(loop._step))
-    monkeypatch.setattr(loop, "_advance_slice", recorder.wrap_slice(loop._advance_slice))
+    monkeypatch.setattr(loop, "advance_slice", recorder.wrap_slice(loop.advance_slice))
 
     ends = []  # where each call of advance ended
     with connection.execute_wrapper(recorder):

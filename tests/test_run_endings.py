@@ -111,7 +111,7 @@ def test_an_effect_whose_result_cannot_be_stored_is_unknown_with_an_open_item_no
 
 
 def test_a_run_failing_with_a_call_in_flight_leaves_it_unknown_with_an_item(demo, worker, decimal_tool):
-    from runs.engine.actors import _fail_unless_taken_over
+    from runs.engine.runtime import settle_failure
 
     agent = make_agent("in-flight", [{"content": "x"}], tools=[decimal_tool.name])
     run = start_run(agent=agent, user=demo["requester"], input="x")
@@ -125,7 +125,7 @@ def test_a_run_failing_with_a_call_in_flight_leaves_it_unknown_with_an_item(demo
                                    arguments={"order_id": 123}, side_effect=True)
     ToolCall.objects.filter(pk=call.pk).update(status=S.RUNNING, attempts=1, idempotency_key="k1")
 
-    _fail_unless_taken_over(run.pk, RuntimeError("boom"))  # what the actor does after an unexpected error
+    settle_failure(run.pk, RuntimeError("boom"))  # what the engine does after an unexpected error
 
     run.refresh_from_db()
     call.refresh_from_db()

@@ -5,6 +5,7 @@ whether it has side effects, when it needs a human's approval and what
 must hold before it may run. Agents choose tools by name.
 """
 
+import threading
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -77,6 +78,9 @@ class ToolContext:
     ``tools.services.execution``). ``tool_call`` (the
     ``ToolCall``) is None while a call is assessed (none is stored yet), and
     set when it is checked again before running and when it runs.
+    ``cancelled`` (a ``threading.Event``) is set when the engine stops
+    waiting for the call (its ``timeout_s`` passed): a sync handler that
+    looks at it can stop early; an ``async def`` handler is cancelled.
     """
 
     run: Any
@@ -84,6 +88,7 @@ class ToolContext:
     idempotency_key: str = ""
     timeout_s: float = 30.0
     tool_call: Any = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,10 @@ class Tool:
 
     * ``parameters``: JSON Schema (draft 2020-12) of the arguments object.
     * ``handler(ctx, arguments) -> JSON-serialisable result``; raises
-      ``ToolError`` for a failure the model should see.
+      ``ToolError`` for a failure the model should see. It may be an
+      ``async def`` (awaited on the engine's event loop, holding no
+      thread: use it for I/O, e.g. ``httpx.AsyncClient``), or a plain
+      function (run in a bounded pool of threads, ``TOLLGATE["TOOL_THREADS"]``).
     * ``side_effect``: True when running it changes the world (its call
       gets an idempotency key and is never retried blindly).
     * ``approval``: ``"never"``, ``"always"``, a condition on the
@@ -155,8 +163,11 @@ class Tool:
       the call's inbox items. None (default): only for read-only tools
       (four eyes for side effects); True opts a side-effecting tool out,
       and the opt-out is recorded with each item.
-    * ``timeout_s``: seconds a call may take; the handler must honour it
-      (it is in ``ToolContext.timeout_s``) and raise ``ToolTimeout``.
+    * ``timeout_s``: seconds a call may take (in ``ToolContext.timeout_s``).
+      The engine enforces it whatever the handler does: past it the call
+      ends as a ``ToolTimeout`` (an async handler is cancelled, a sync one
+      is abandoned and ``ctx.cancelled`` set); a side-effecting call that
+      timed out is ``unknown`` and goes to reconciliation.
     * ``idempotent``: the external system deduplicates by our idempotency
       key, so a call interrupted by a crash may be sent again, and so may
       an ``unknown`` one its ``reconcile`` hook finds no trace of.

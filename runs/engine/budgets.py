@@ -77,13 +77,18 @@ def exhausted_budget(run: Run, *, steps: int) -> tuple[str, str] | None:
     return deadline_passed(run)
 
 
+def deadline_of(run: Run):
+    """When ``run`` passes its agent's ``deadline_s`` (an aware datetime), or None (no deadline, not started)."""
+    if run.agent.deadline_s is None or run.started_at is None:
+        return None
+    return run.started_at + timedelta(seconds=run.agent.deadline_s)
+
+
 def deadline_passed(run: Run, *, now=None) -> tuple[str, str] | None:
     """``("deadline_exceeded", message)`` once ``agent.deadline_s`` seconds have passed since the start (at ``now``)."""
-    agent = run.agent
-    if agent.deadline_s is not None and run.started_at is not None:
-        deadline = run.started_at + timedelta(seconds=agent.deadline_s)
-        if (now or timezone.now()) >= deadline:
-            return FailureType.DEADLINE_EXCEEDED, (
-                f"Deadline deadline_s ({agent.deadline_s}s) exceeded: the run started at "
-                f"{run.started_at.isoformat()}.")
+    deadline = deadline_of(run)
+    if deadline is not None and (now or timezone.now()) >= deadline:
+        return FailureType.DEADLINE_EXCEEDED, (
+            f"Deadline deadline_s ({run.agent.deadline_s}s) exceeded: the run started at "
+            f"{run.started_at.isoformat()}.")
     return None

@@ -26,8 +26,9 @@ row, or the call's ``running`` with its idempotency key) and one after it
 result message); no transaction stays open across a model or tool call.
 """
 
+import asyncio
 import logging
-import time
+import random
 from datetime import timedelta
 
 from django.conf import settings
@@ -37,9 +38,10 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs import lease
+from runs.awaiting import Await, Interrupted, Steps, drive
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
-from runs.engine.budgets import deadline_passed
+from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
 from runs.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
@@ -92,17 +94,22 @@ def advance(run_id: int) -> Run | None:
     if held is None:
         return None
     with lease.holding(held):
-        run, more = _advance_slice(run_id)
-    # A decision or timer that resumed the run while this worker still held
-    # the lease had its wake-up refused; the run must not be left running
-    # with nobody on it.
-    if more or Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists():
-        wake_now(run_id)  # hand the run back to the queue so other runs get a turn
+        run, more = drive(advance_slice(run_id))
+    hand_back(run_id, more=more)
     return run
 
 
-def _advance_slice(run_id: int) -> tuple[Run, bool]:
-    """Up to ``SLICE_STEPS`` steps under the lease; returns (run, whether it has more to do)."""
+def hand_back(run_id: int, *, more: bool) -> None:
+    """After a slice whose lease was released: wake the run again if it has ``more`` to do, or if it was
+    left running with nobody on it (a decision or timer resumed it while this worker held the lease,
+    and its wake-up was refused)."""
+    if more or Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists():
+        wake_now(run_id)  # hand the run back to the queue so other runs get a turn
+
+
+def advance_slice(run_id: int) -> Steps:
+    """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.awaiting``)
+    that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
@@ -127,17 +134,17 @@ def _advance_slice(run_id: int) -> tuple[Run, bool]:
         if passed:
             _fail(run, *passed)
             return run, False
-        if not _step(run, known):
+        if not (yield from _step(run, known)):
             return run, False
     return run, True
 
 
-def _step(run: Run, known: Known) -> bool:
+def _step(run: Run, known: Known) -> Steps:
     """Do the one next thing for a running run; False when the run stopped running."""
     calls = known.calls
     ready = [c for c in calls if c.status == S.READY]
     if ready:
-        return _execute(run, known, ready[0])
+        return (yield from _execute(run, known, ready[0]))
     if any(c.status == S.UNKNOWN for c in calls):
         return _reconcile(run, [c for c in calls if c.status == S.UNKNOWN])
     if any(c.status == S.AWAITING_APPROVAL for c in calls):
@@ -158,10 +165,10 @@ def _step(run: Run, known: Known) -> bool:
         # judge it now rather than asking the model again.
         set_phase(run, Phase.FINALIZING)
         return _finish(run, known, last.content)
-    return _model_turn(run, known)
+    return (yield from _model_turn(run, known))
 
 
-def _execute(run: Run, known: Known, call: ToolCall) -> bool:
+def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     """Execute one ready call; after a retryable failure, back off (inline or by waiting).
 
     A call of a waiting tool (``Tool.wait``) runs only once its wait is
@@ -193,8 +200,8 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
         waited.append(holder)
 
     # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
-    call = execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, on_target_busy=on_target_busy,
-                             assessed_now=call.pk in known.assessed_here)
+    call = yield from execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, on_target_busy=on_target_busy,
+                             assessed_now=call.pk in known.assessed_here, stop_at=deadline_of(run))
     if waited:  # the holder's outcome wakes the run (its wake_at, a lease TTL away, if that is lost)
         return False
     known.messages_added(delivered)
@@ -204,7 +211,7 @@ def _execute(run: Run, known: Known, call: ToolCall) -> bool:
         return True
     delay = retry_delay(call)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
-        time.sleep(delay)
+        yield Await(start=lambda: asyncio.sleep(delay), what="pause")
         return True
     _wait(run, reason=f"retrying {call.name} in {delay:.1f}s", waiting_reason=WaitingReason.RETRY_BACKOFF,
           wake_at=timezone.now() + timedelta(seconds=delay))
@@ -310,7 +317,7 @@ def _fail(run: Run, failure_type: str, error: str) -> bool:
     return False
 
 
-def _model_turn(run: Run, known: Known) -> bool:
+def _model_turn(run: Run, known: Known) -> Steps:
     """Call the model once and act on its answer; False when the run stopped running."""
     agent = run.agent
     exhausted = _exhausted_budget(run, steps=known.steps)
@@ -325,15 +332,26 @@ def _model_turn(run: Run, known: Known) -> bool:
     try:
         # Untrusted: made storable, bad calls marked, before anything is written.
         with storable_errors():
-            response = screen_response(get_client(agent.model).complete(request))
+            client = get_client(agent.model)
+            limit_s = settings.TOLLGATE["MODEL_CALL_MAX_S"]
+            answer = yield Await(start=lambda: client.complete(request), timeout_s=limit_s,
+                                 timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
+                                                              transient=True),
+                                 stop_at=deadline_of(run), what="model")
+            response = screen_response(answer)
+    except Interrupted as exc:  # the run ends at the next pass (its cancel, its deadline)
+        apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}", error=f"Stopped waiting for the answer: {exc}.",
+              now=timezone.now())
+        return True
     except _MalformedResponse as exc:
         return _malformed_response(run, known, step, exc)
     except StreamInterrupted as exc:
         return _interrupted_stream(run, step, exc)
     except (ModelError, ConfigError) as exc:
-        staff_error = f"{exc} Server said: {exc.detail}" if getattr(exc, "detail", "") else str(exc)
+        if getattr(exc, "transient", False):
+            return (yield from _model_backoff(run, step, exc))
         with transaction.atomic():  # the staff see the server's words; the event and the run do not
-            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": str(exc)}, error=staff_error,
+            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": str(exc)}, error=_staff_error(exc),
                   now=timezone.now())
             return _fail(run, FailureType.MODEL_ERROR, str(exc))
 
@@ -351,6 +369,52 @@ def _model_turn(run: Run, known: Known) -> bool:
         step.refresh_from_db()  # what the rolled-back transaction wrote in memory is gone
         known.reload()
         return _malformed_response(run, known, step, f"the answer could not be stored ({type(exc).__name__})")
+
+
+def _staff_error(exc: Exception) -> str:
+    """What staff see of a provider error: its message and, if any, the server's own words (``detail``)."""
+    return f"{exc} Server said: {exc.detail}" if getattr(exc, "detail", "") else str(exc)
+
+
+# Longest backoff (seconds) before a model call is tried again, whatever the server's Retry-After says.
+MAX_MODEL_BACKOFF_S = 3600
+
+
+def _model_backoff(run: Run, step: Step, exc: ModelError) -> Steps:
+    """A transient provider error (``ModelError.transient``): the step fails and the model is asked again later.
+
+    The next try comes after ``MODEL_BACKOFF_S * 2**(tries-1)`` seconds
+    with full jitter, at least the server's ``retry_after_s``, at most
+    ``MAX_MODEL_BACKOFF_S``: paused inline up to ``INLINE_BACKOFF_MAX_S``,
+    else the run waits ``retry_backoff`` (holding no process) until then.
+    After ``MODEL_MAX_ATTEMPTS`` failed calls in a row the run fails
+    ``model_error`` with the provider's message.
+    """
+    apply(step.fail, actor=ACTOR, reason="failed, transient", payload={"error": str(exc), "transient": True},
+          error=_staff_error(exc), now=timezone.now(), transient=True)
+    tries = _transient_failures_in_a_row(run)
+    limit = settings.TOLLGATE["MODEL_MAX_ATTEMPTS"]
+    if tries >= limit:
+        return _fail(run, FailureType.MODEL_ERROR, f"{exc} (failed {tries} times in a row)")
+    backoff = random.uniform(0, settings.TOLLGATE["MODEL_BACKOFF_S"] * 2 ** (tries - 1))
+    delay = min(max(backoff, exc.retry_after_s or 0.0), MAX_MODEL_BACKOFF_S)
+    if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
+        yield Await(start=lambda: asyncio.sleep(delay), what="pause")
+        return True
+    _wait(run, reason=f"the model is unavailable ({exc}); trying again in {delay:.1f}s",
+          waiting_reason=WaitingReason.RETRY_BACKOFF, wake_at=timezone.now() + timedelta(seconds=delay))
+    return False
+
+
+def _transient_failures_in_a_row(run: Run) -> int:
+    """How many of ``run``'s last steps failed transiently, in a row (at most ``MODEL_MAX_ATTEMPTS``)."""
+    limit = settings.TOLLGATE["MODEL_MAX_ATTEMPTS"]
+    tries = 0
+    for status, response in run.steps.order_by("-index").values_list("status", "response")[:limit]:
+        if status != Step.Status.FAILED or not (response.get("error") or {}).get("transient"):
+            break
+        tries += 1
+    return tries
 
 
 def _record_model_answer(run: Run, known: Known, step: Step, response, cost, assessments) -> bool:

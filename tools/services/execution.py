@@ -2,6 +2,8 @@
 called, then its outcome; retries, and calls found in flight after a worker died.
 """
 
+import asyncio
+import inspect
 import json
 import logging
 import random
@@ -12,6 +14,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from config.strict_json import check_value
+from runs.awaiting import Await, Interrupted, Steps, run_blocking
 from runs.failpoints import failpoint
 from runs.models import Phase, RunEvent
 from runs.services import RunColumns
@@ -31,8 +34,19 @@ BusyHook = Callable[[int, Target], None]
 
 
 def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_busy: BusyHook,
-                      with_outcome: OutcomeHook | None = None, assessed_now: bool = False) -> ToolCall:
+                      with_outcome: OutcomeHook | None = None, assessed_now: bool = False,
+                      stop_at=None) -> Steps:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
+
+    A step (``runs.awaiting``): it yields the handler's call as an
+    ``Await`` and returns the call. The handler is awaited when it is an
+    ``async def``, else run in the sync handler pool; either way it ends
+    at the tool's ``timeout_s`` (``ToolTimeout``): an async handler is
+    cancelled, a sync one abandoned, and ``ToolContext.cancelled`` is set.
+    The same happens past ``stop_at`` (the run's deadline, an aware
+    datetime) or when the run's cancel is requested meanwhile
+    (``runs.awaiting.Interrupted``): a side-effecting call is then
+    ``unknown``, a read-only one ``failed``.
 
     The tool's precondition is checked again before the first attempt
     (``denied`` if it no longer holds), as the world may have changed since
@@ -109,8 +123,15 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
                           timeout_s=tool.timeout_s, tool_call=tool_call)
     failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
     try:
-        result = tool.handler(context, tool_call.arguments)
+        result = yield Await(start=lambda: call_handler(tool, context, tool_call.arguments),
+                             timeout_s=tool.timeout_s, what=f"tool:{tool.name}", stop_at=stop_at,
+                             timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s."))
         failpoint("tool_call_returned", tool_call.name)
+    except Interrupted as exc:
+        error = f"Stopped waiting for the answer: {exc}."
+        if tool.side_effect:
+            return outcome(tool_call.mark_unknown, error=error)
+        return outcome(tool_call.fail, error=error, now=timezone.now())
     except (ToolTimeout, ToolUnavailable) as exc:
         # Sending again is safe for read-only tools, and after an explicit
         # error answer for tools whose external system deduplicates by key.
@@ -129,6 +150,19 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.fail, error=error, now=timezone.now())
     return _store_result(tool_call, tool, result, outcome)
+
+
+async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
+    """Await ``tool``'s handler on ``arguments``: an ``async def`` handler on the event loop, a sync one in
+    the sync handler pool (``runs.awaiting.run_blocking``). Cancelled (a timeout), it sets
+    ``context.cancelled`` first, so a sync handler that looks can stop."""
+    try:
+        if inspect.iscoroutinefunction(tool.handler):
+            return await tool.handler(context, arguments)
+        return await run_blocking(tool.handler, context, arguments)
+    except asyncio.CancelledError:
+        context.cancelled.set()
+        raise
 
 
 def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool,

@@ -1,0 +1,174 @@
+"""What a step waits for outside the database: one model call, tool call or pause, awaited by the engine.
+
+The engine's steps are generators (``runs.engine.loop``). Where a step
+needs an answer from outside the database it yields an ``Await`` and is
+resumed with the answer (``generator.send``) or with the exception the
+awaitable raised (``generator.throw``), at its timeout ``Await.timed_out()``.
+Between two yields a step only reads and writes the database, and no
+transaction is open across a yield, so the engine may resume a step on
+any of its database threads while other runs' calls are in flight
+(``runs.engine.runtime``), or drive it in the caller's own thread with a
+private event loop (``drive``, used by ``runs.engine.loop.advance``).
+
+Sync tool handlers run in a bounded pool of threads (``run_blocking``):
+a handler that outlives its timeout cannot be stopped, so its thread is
+*abandoned* (left to finish, its answer dropped) and counted in
+``abandoned_threads()`` for operators.
+"""
+
+import asyncio
+import contextlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Awaitable, Callable, Generator
+
+from django.conf import settings
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(Exception):
+    """The run stopped waiting for a call before it answered: its deadline passed, or a cancel was
+    requested. Thrown into the step at its ``yield`` (the call's awaitable was cancelled first)."""
+
+
+@dataclass(frozen=True)
+class Await:
+    """One call a step waits for.
+
+    ``start()``: makes the awaitable (called on the engine's event loop);
+    ``timeout_s``: seconds it may take (None: no limit of the engine's);
+    ``timed_out()``: the exception thrown into the step when it took longer
+    (the awaitable is cancelled first); ``stop_at``: an aware datetime (the
+    run's deadline) past which the step gets ``Interrupted`` instead;
+    ``what``: a label for logs (``model``, ``tool:<name>``, ``pause``).
+    """
+
+    start: Callable[[], Awaitable[Any]]
+    timeout_s: float | None = None
+    timed_out: Callable[[], BaseException] = TimeoutError
+    stop_at: datetime | None = None
+    what: str = ""
+
+
+# A step: yields ``Await``s, is sent their answers, returns its result.
+Steps = Generator[Await, Any, Any]
+
+
+async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tuple[bool, Any]:
+    """Await ``request``: ``(True, answer)``, or ``(False, the exception for the step)``.
+
+    The exception is what the awaitable raised; ``request.timed_out()``
+    past its ``timeout_s``; ``Interrupted`` past its ``stop_at`` or once
+    ``cancelled`` is set (the run's cancel was requested). In the last
+    three cases the awaitable is cancelled (and awaited) first. The run's
+    own task being cancelled (``asyncio.CancelledError``) propagates.
+    """
+    timeout_s, deadline = request.timeout_s, None
+    if request.stop_at is not None:
+        left = (request.stop_at - timezone.now()).total_seconds()
+        if timeout_s is None or left < timeout_s:
+            timeout_s, deadline = max(left, 0.0), left
+    call = asyncio.ensure_future(request.start())
+    watch = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
+    try:
+        done, _ = await asyncio.wait([call] if watch is None else [call, watch], timeout=timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if watch is not None:
+            watch.cancel()
+    if call in done:
+        return (True, call.result()) if call.exception() is None else (False, call.exception())
+    call.cancel()
+    with contextlib.suppress(BaseException):
+        await call
+    if watch is not None and watch in done:
+        return False, Interrupted("the run's cancel was requested")
+    if deadline is not None:
+        return False, Interrupted("the run's deadline passed")
+    return False, request.timed_out()
+
+
+def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:
+    """Resume ``steps`` with ``answer`` (None: start it), as ``settle`` gave it.
+
+    Returns ``(False, the next Await)``, or ``(True, the step's result)``
+    once it finished; raises whatever the step raised.
+    """
+    try:
+        if answer is None:
+            return False, next(steps)
+        ok, value = answer
+        return False, (steps.send(value) if ok else steps.throw(value))
+    except StopIteration as stop:
+        return True, stop.value
+
+
+_local = threading.local()
+
+
+def drive(steps: Steps):
+    """Run ``steps`` to its end in this thread; each ``Await`` on this thread's own event loop.
+
+    Returns the step's result. For callers outside the engine's runtime
+    (tests, one-off commands): the thread is held while calls are awaited.
+    """
+    loop = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _local.loop = asyncio.new_event_loop()
+    answer = None
+    while True:
+        done, value = resume(steps, answer)
+        if done:
+            return value
+        answer = loop.run_until_complete(settle(value))
+
+
+class _BlockingPool:
+    """The threads sync tool handlers run in (``TOLLGATE["TOOL_THREADS"]``), and those abandoned."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self.abandoned = 0
+
+    def executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(settings.TOLLGATE["TOOL_THREADS"],
+                                                    thread_name_prefix="tollgate-tool")
+            return self._executor
+
+    async def run(self, fn: Callable, *args):
+        future = self.executor().submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if not future.cancel():  # already running: it cannot be stopped, only left
+                with self._lock:
+                    self.abandoned += 1
+                log.warning("a sync handler (%s) outlived its timeout; its thread is abandoned",
+                            getattr(fn, "__qualname__", fn))
+                future.add_done_callback(self._settled)
+            raise
+
+    def _settled(self, _future) -> None:
+        with self._lock:
+            self.abandoned -= 1
+
+
+_pool = _BlockingPool()
+
+
+async def run_blocking(fn: Callable, *args):
+    """Await ``fn(*args)`` run in the sync handler pool; cancelling the await abandons the thread."""
+    return await _pool.run(fn, *args)
+
+
+def abandoned_threads() -> int:
+    """How many sync handler threads are still running a call whose awaiter gave up (timed out)."""
+    return _pool.abandoned

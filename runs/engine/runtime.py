@@ -1,0 +1,238 @@
+"""The engine of one worker process: many runs in flight on one event loop, their database work on a few threads.
+
+A Dramatiq message (``runs.engine.actors.advance_run``) takes its run's
+lease in the broker's worker thread and hands the run here (``submit``),
+then returns: that thread is free for the next message at once. Each run
+in flight is an asyncio task that drives the loop's slice
+(``runs.engine.loop.advance_slice``, a step generator, ``runs.awaiting``):
+
+* the database work between two calls runs on one of
+  ``TOLLGATE["ENGINE_DB_THREADS"]`` threads, so a process opens that many
+  database connections (plus the broker's threads and the lease keeper)
+  however many runs it has in flight;
+* a model call, an async tool handler or a retry pause is awaited on the
+  event loop, holding no thread; a sync handler runs in the bounded pool
+  of ``runs.awaiting.run_blocking``;
+* at most ``TOLLGATE["RUNS_IN_FLIGHT"]`` runs are in flight: ``submit``
+  blocks the broker's thread while they are, which stops the process from
+  taking more messages (back-pressure; the others stay in the queue).
+
+Nothing of a run lives only here: its lease (renewed by the process's
+keeper, ``runs.lease``) and its rows are the truth. A process that dies
+with runs in flight leaves leases that expire; the sweeper hands those
+runs to other workers (``runs.engine.recovery``), as for a thread that
+died before.
+
+The pattern (one event loop per process multiplexing I/O-bound tasks,
+blocking work in a bounded executor) is asyncio's own
+(``loop.run_in_executor``); the database stays synchronous Django ORM.
+"""
+
+import asyncio
+import contextvars
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.utils import timezone
+from django_fsm import ConcurrentTransition
+
+from runs import lease
+from runs.awaiting import resume, settle
+from runs.engine.lifecycle import end_run
+from runs.engine.loop import advance_slice, hand_back
+from runs.lease import LeaseLost
+from runs.models import FailureType, Run
+from runs.wakeups import wake_now
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_DB_ERROR_MS = 2000
+# Seconds between two looks for cancels requested on runs waiting for a call (one query for all of them).
+CANCEL_POLL_S = 0.5
+
+
+class Engine:
+    """Runs in flight in this process (see the module's docstring).
+
+    ``runs_in_flight``: how many at most; ``db_threads``: the threads (and
+    database connections) for their database work.
+    """
+
+    def __init__(self, *, runs_in_flight: int, db_threads: int):
+        self._slots = threading.BoundedSemaphore(runs_in_flight)
+        self._db_threads = db_threads
+        self._db = ThreadPoolExecutor(db_threads, thread_name_prefix="tollgate-db")
+        self._loop = asyncio.new_event_loop()
+        self._changed = threading.Condition()
+        self._in_flight = 0
+        self.submitted = 0  # runs handed over since the process started
+        self._cancels: dict[int, asyncio.Event] = {}  # run id -> set once its cancel is requested
+        self._awaiting: set[int] = set()  # runs waiting for a call now
+        threading.Thread(target=self._loop.run_forever, name="tollgate-engine", daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._watch_cancels(), self._loop)
+
+    @property
+    def in_flight(self) -> int:
+        """Runs being advanced now."""
+        return self._in_flight
+
+    def submit(self, held: lease.Lease) -> None:
+        """Advance ``held``'s run (its lease, just taken) in this process; returns once it is under way.
+
+        Blocks while ``runs_in_flight`` runs are in flight. The lease is
+        released when the slice ends, whatever happens.
+        """
+        self._slots.acquire()
+        with self._changed:
+            self._in_flight += 1
+            self.submitted += 1
+        asyncio.run_coroutine_threadsafe(self._advance(held), self._loop)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no run is in flight (at most ``timeout_s`` seconds); True if none is."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+
+    def close_connections(self) -> None:
+        """Close the database connection of every database thread (e.g. before a test database is dropped).
+
+        Call it only while no run is in flight.
+        """
+        barrier = threading.Barrier(self._db_threads)
+
+        def close() -> None:
+            barrier.wait()  # every thread takes one: each closes its own connection
+            connection.close()
+
+        for future in [self._db.submit(close) for _ in range(self._db_threads)]:
+            future.result()
+
+    async def _in_db_thread(self, fn, *args):
+        """``fn(*args)`` on a database thread, in a copy of this task's context (its lease)."""
+        return await self._loop.run_in_executor(self._db, contextvars.copy_context().run, _keeping_connection,
+                                                fn, *args)
+
+    async def _advance(self, held: lease.Lease) -> None:
+        more, failure = False, None
+        self._cancels[held.run_id] = asyncio.Event()
+        try:
+            with lease.kept(held):
+                _run, more = await self._drive(held.run_id, advance_slice(held.run_id))
+        except Exception as exc:
+            failure = exc
+        finally:
+            self._cancels.pop(held.run_id, None)
+            try:
+                await self._in_db_thread(_after_slice, held, more, failure)
+            except Exception:  # the lease expires on its own; the sweeper sends the run back
+                log.exception("run %s: ending its slice failed", held.run_id)
+            with self._changed:
+                self._in_flight -= 1
+                self._changed.notify_all()
+            self._slots.release()
+
+    async def _drive(self, run_id: int, steps):
+        """Run the step generator ``steps`` of run ``run_id`` to its end: its database work on the database
+        threads, its calls awaited here, each cut short when the run's cancel is requested meanwhile
+        (``_watch_cancels``). Returns what the generator returns."""
+        answer = None
+        while True:
+            done, value = await self._in_db_thread(resume, steps, answer)
+            if done:
+                return value
+            self._awaiting.add(run_id)
+            try:
+                answer = await settle(value, self._cancels[run_id])
+            finally:
+                self._awaiting.discard(run_id)
+
+    async def _watch_cancels(self) -> None:
+        """Every ``CANCEL_POLL_S``, one query: which runs waiting for a call had their cancel requested
+        (a person, the API, a newer run's ``interrupt`` strategy); their calls are cut short."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL_S)
+            waiting = [run_id for run_id in self._awaiting if not self._cancels[run_id].is_set()]
+            if not waiting:
+                continue
+            try:
+                requested = await self._in_db_thread(_cancel_requested, waiting)
+            except Exception:  # a database blip: the next look tries again
+                log.warning("looking for cancels failed", exc_info=True)
+                continue
+            for run_id in requested:
+                if run_id in self._cancels:
+                    self._cancels[run_id].set()
+
+
+def _keeping_connection(fn, *args):
+    """``fn(*args)``; after a database error, this thread's connection is closed if it no longer works
+    (a database restart), so the thread's next work connects afresh. Connections otherwise stay open."""
+    try:
+        return fn(*args)
+    except DatabaseError:
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+        raise
+
+
+def _cancel_requested(run_ids: list[int]) -> list[int]:
+    """Those of ``run_ids`` whose cancel was requested."""
+    return list(Run.objects.filter(pk__in=run_ids, cancel_requested_at__isnull=False).values_list("pk", flat=True))
+
+
+def _after_slice(held: lease.Lease, more: bool, failure: Exception | None) -> None:
+    """Release ``held`` and hand the run back (``hand_back``), or deal with the ``failure`` that ended
+    the slice (``settle_failure``). Runs on a database thread."""
+    lease.release(held)
+    if failure is None:
+        hand_back(held.run_id, more=more)
+    else:
+        settle_failure(held.run_id, failure)
+
+
+def settle_failure(run_id: int, exc: Exception) -> None:
+    """What an exception that stopped advancing run ``run_id`` means (the lease already released).
+
+    ``LeaseLost`` or ``ConcurrentTransition``: another worker or a person
+    moved the run first: it is left to them. ``DatabaseError``: likely
+    transient (a restart, a failover): the run is looked at again in
+    ``RETRY_AFTER_DB_ERROR_MS`` (a step cut off here is counted by the next
+    takeover's crash streak, so this stays bounded). Anything else fails
+    the run with ``internal_error`` rather than leaving it stuck, unless
+    another worker holds its lease by now.
+    """
+    if isinstance(exc, (LeaseLost, ConcurrentTransition)):
+        log.info("run %s changed under this worker (%s); leaving it", run_id, exc)
+        return
+    if isinstance(exc, DatabaseError):
+        log.error("database error advancing run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS,
+                  exc_info=exc)
+        wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
+        return
+    log.error("advancing run %s failed", run_id, exc_info=exc)
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal or (run.lease_expires_at is not None and run.lease_expires_at > timezone.now()):
+        return
+    end_run(run.fail, actor="worker", reason="internal error", failure_type=FailureType.INTERNAL_ERROR,
+            error=f"An internal error stopped the run ({type(exc).__name__}); operators find it in the log.")
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def engine() -> Engine:
+    """This process's engine, started on first use with the ``TOLLGATE`` settings."""
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = Engine(runs_in_flight=settings.TOLLGATE["RUNS_IN_FLIGHT"],
+                             db_threads=settings.TOLLGATE["ENGINE_DB_THREADS"])
+        return _engine
+
+
+def running_engine() -> Engine | None:
+    """This process's engine if it was started, else None (nothing is started)."""
+    return _engine

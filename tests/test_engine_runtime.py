@@ -1,0 +1,154 @@
+"""The engine runs many runs per process: calls are awaited, not held by a thread, and they end on time.
+
+Every test here uses the real Dramatiq worker of ``tests/conftest.py``
+with ONE worker thread: runs in flight together are the engine's doing
+(``runs.engine.runtime``), never the broker's threads. Nothing here
+asserts a duration: a hung call is hung for good (it waits on an event
+the test sets only at its end), so a run that finishes at all did not
+wait for it.
+"""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from runs import awaiting
+from runs.engine.lifecycle import cancel_run, start_run
+from runs.models import Run, RunStatus
+from tests.durability import lookup_agent, make_agent
+from tools import registry
+from tools.models import ToolCall, ToolCallStatus
+from tools.registry import Tool
+
+S = ToolCallStatus
+PARAMETERS = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"],
+              "additionalProperties": False}
+
+
+def use_tool(monkeypatch, name: str, handler, **fields) -> Tool:
+    """Register a tool of this test only."""
+    tool = Tool(name=name, description=name, parameters=PARAMETERS, handler=handler, **fields)
+    monkeypatch.setitem(registry._TOOLS, name, tool)
+    return tool
+
+
+def calling(slug: str, tool: str, **agent_fields):
+    """An agent that calls ``tool`` once, then answers."""
+    agent = make_agent(slug, [{"tool_calls": [{"name": tool, "arguments": {"key": "k"}}]}, {"content": "Done."}],
+                       tools=[tool])
+    if agent_fields:
+        type(agent).objects.filter(pk=agent.pk).update(**agent_fields)
+        agent.refresh_from_db()
+    return agent
+
+
+def wait_until(predicate, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def hung():
+    """A ``threading.Event`` that hung handlers wait on; set when the test ends, so their threads go."""
+    release = threading.Event()
+    yield release
+    release.set()
+
+
+def test_runs_in_flight_wait_for_their_async_calls_together(demo, worker, monkeypatch):
+    """30 runs, one broker thread: every run's async handler is in flight at once (each waits for all)."""
+    runs_count = 30
+    state = {"in": 0, "most": 0, "all_in": None}
+
+    async def gathering(ctx, args):
+        state["all_in"] = state["all_in"] or asyncio.Event()
+        state["in"] += 1
+        state["most"] = max(state["most"], state["in"])
+        if state["in"] == runs_count:
+            state["all_in"].set()
+        try:
+            await asyncio.wait_for(state["all_in"].wait(), 20)
+        except TimeoutError:
+            pass  # not all came: the assertion below says how many did
+        state["in"] -= 1
+        return {"key": args["key"], "together": state["most"]}
+
+    use_tool(monkeypatch, "gathering", gathering)
+    agent = calling("together", "gathering")
+    runs = [start_run(agent=agent, user=demo["requester"], input=str(n)) for n in range(runs_count)]
+    worker.drain(timeout_s=60)
+
+    assert state["most"] == runs_count
+    assert Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.COMPLETED).count() == runs_count
+    assert {c.result["together"] for c in ToolCall.objects.filter(name="gathering")} == {runs_count}
+
+
+def test_a_sync_handler_ignoring_its_timeout_ends_at_it_and_holds_back_no_other_run(demo, worker, monkeypatch, hung):
+    def stuck(ctx, args):
+        hung.wait()  # ignores its timeout: only the test's end lets it go
+        return {"late": True}
+
+    use_tool(monkeypatch, "stuck_lookup", stuck, timeout_s=0.5, max_attempts=1)
+    stuck_run = start_run(agent=calling("stuck", "stuck_lookup"), user=demo["requester"], input="x")
+    wait_until(lambda: ToolCall.objects.filter(run=stuck_run, status=S.RUNNING).exists())
+    other = start_run(agent=lookup_agent(), user=demo["requester"], input="y")
+    worker.drain()
+
+    stuck_run.refresh_from_db()
+    other.refresh_from_db()
+    assert other.status == RunStatus.COMPLETED and stuck_run.status == RunStatus.COMPLETED
+    call = ToolCall.objects.get(run=stuck_run)
+    assert call.status == S.FAILED and "No answer within 0.5 s" in call.error
+    assert awaiting.abandoned_threads() >= 1  # still stuck: counted for operators
+    hung.set()
+    wait_until(lambda: awaiting.abandoned_threads() == 0)
+
+
+def test_a_side_effect_past_its_timeout_is_unknown_and_reconciled(demo, worker, monkeypatch, hung):
+    async def stuck(ctx, args):
+        await asyncio.sleep(3600)
+
+    use_tool(monkeypatch, "stuck_send", stuck, side_effect=True, timeout_s=0.5)
+    run = start_run(agent=calling("stuck-send", "stuck_send"), user=demo["requester"], input="x")
+    worker.drain()
+
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert call.status == S.UNKNOWN and call.error.startswith("ToolTimeout")
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, "reconciliation")
+
+
+@pytest.mark.parametrize("side_effect", [False, True])
+def test_a_cancel_during_a_hung_call_takes_effect(demo, worker, monkeypatch, hung, side_effect):
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "hung_call", stuck, side_effect=side_effect, timeout_s=3600)
+    run = start_run(agent=calling("hung", "hung_call"), user=demo["requester"], input="x")
+    wait_until(lambda: ToolCall.objects.filter(run=run, status=S.RUNNING).exists())
+    cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
+    worker.drain()
+
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert run.status == RunStatus.CANCELLED
+    assert "cancel was requested" in call.error
+    assert call.status == (S.UNKNOWN if side_effect else S.FAILED)  # sent: it may have taken effect
+
+
+def test_a_deadline_passing_during_a_call_fails_the_run(demo, worker, monkeypatch, hung):
+    async def stuck(ctx, args):
+        await asyncio.sleep(3600)
+
+    use_tool(monkeypatch, "slow_lookup", stuck, timeout_s=3600)
+    run = start_run(agent=calling("late", "slow_lookup", deadline_s=1), user=demo["requester"], input="x")
+    worker.drain()
+
+    run.refresh_from_db()
+    assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
+    assert "deadline passed" in ToolCall.objects.get(run=run).error
