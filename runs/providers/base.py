@@ -10,11 +10,19 @@ class ModelError(Exception):
     ``str(error)`` is what requesters may read (status and class, no body);
     ``detail`` is a short excerpt of what the server said, with credentials
     masked, kept on the step for staff (admin) only.
+
+    ``transient``: the same request may well succeed later (a connection
+    refused or broken, a timeout, HTTP 408, 409, 429 or 5xx). ``retry_after_s``: the
+    seconds the server asked to wait before trying again (``Retry-After`` /
+    ``retry-after-ms``; 0 or more), ``None`` when it did not say.
     """
 
-    def __init__(self, message: str = "", *, detail: str = ""):
+    def __init__(self, message: str = "", *, detail: str = "", transient: bool = False,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.detail = detail
+        self.transient = transient
+        self.retry_after_s = retry_after_s
 
 
 class StreamInterrupted(ModelError):
