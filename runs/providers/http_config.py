@@ -297,11 +297,13 @@ class SDKClientCache:
 
 
 async def read_interruptible(read, stream, request, *, sdk):
-    """``await read(stream, request)``, turning a connection lost mid-stream into ``StreamInterrupted``.
+    """``await read(stream, request)`` (a ``ModelResponse``), turning a connection lost mid-stream into a
+    transient ``StreamInterrupted``.
 
     The response has begun (the SDK returned ``stream``), so any transport
-    error from here on means half an answer: httpx's own errors, or the
-    ``sdk`` module's ``APIConnectionError`` (and ``APITimeoutError``) wrapping them.
+    error from here on means half an answer: the errors of ``httpx2`` (the
+    SDKs' HTTP client), or the ``sdk`` module's ``APIConnectionError`` (and
+    ``APITimeoutError``) wrapping them.
     """
     try:
         return await read(stream, request)
