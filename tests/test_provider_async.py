@@ -13,7 +13,7 @@ import pytest
 
 from runs.providers import get_client
 from runs.providers.base import ModelError, ModelRequest, StreamInterrupted
-from runs.providers.http_config import retry_after_seconds
+from runs.providers.http_config import SDKClientCache, parse_config, retry_after_seconds
 from tests.fakes.llm_server import ReplayServer
 from tests.provider_helpers import model_config
 
@@ -118,3 +118,17 @@ def test_retry_after_is_read_in_seconds_milliseconds_or_as_a_date():
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({"retry-after-ms": "nan"}) is None
     assert retry_after_seconds({}) is None
+
+
+def test_the_client_cache_reuses_a_client_within_a_loop_and_never_across_loops(endpoint):
+    _, config = endpoint("openai", [])
+    cfg = parse_config(config, default_key_env="OPENAI_API_KEY")
+    cache = SDKClientCache(lambda **options: options)
+
+    async def twice():
+        return cache.get(cfg), cache.get(cfg)
+
+    first, again = asyncio.run(twice())
+    later, _ = asyncio.run(twice())
+    assert first is again and later is not first
+    assert first == {"api_key": "x", "base_url": cfg.base_url, "timeout": cfg.timeout_s, "max_retries": 0}
