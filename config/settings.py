@@ -516,9 +516,11 @@ TOLLGATE = {
     # Let agent configs carry their own base_url / api_key_env (any host,
     # any server variable): only for a trusted, single-operator setup.
     "ALLOW_AGENT_ENDPOINTS": env.bool("TOLLGATE_ALLOW_AGENT_ENDPOINTS", default=False),
-    # Seconds one HTTP attempt to a model may take.
+    # Seconds the model SDK waits for each connect, write and read of one
+    # call (the longest silence from the server, not the whole answer).
     "MODEL_TIMEOUT_S": env.float("TOLLGATE_MODEL_TIMEOUT_S", default=120.0),
-    # SDK retries of 408/409/429/5xx/connection errors (Retry-After honoured).
+    # Retries of a transient model error (connection, timeout, 408/409/429/
+    # 5xx; Retry-After honoured), made by the engine: the SDK makes one attempt.
     "MODEL_MAX_RETRIES": env.int("TOLLGATE_MODEL_MAX_RETRIES", default=3),
     # Output tokens asked for when an agent sets no max_output_tokens
     # (the Anthropic API requires a value).

@@ -22,12 +22,14 @@ def config_problems(config: dict) -> list[str]:
 
 
 class EchoClient:
-    """Answers every call with the config's ``reply`` and the last message's text."""
+    """Answers every call with the config's ``reply`` and the last message's text, at once."""
+
+    timeout_s = 1.0
 
     def __init__(self, config: dict):
         self.reply = config["reply"]
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
         return ModelResponse(content=f"{self.reply} [{request.messages[-1]['content']}]")
 
 

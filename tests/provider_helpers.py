@@ -26,6 +26,17 @@ REFUND_80 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount
 REFUND_30 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})}
 
 
+def model_config(settings, server: ReplayServer, name: str, **model) -> dict:
+    """Add ``server`` as the endpoint profile ``name`` (key in ``TEST_KEY``) and return a model config
+    that uses it (streamed unless ``model`` says otherwise); ``server.endpoint`` becomes ``name``."""
+    server.endpoint = name
+    settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {
+        **settings.TOLLGATE["MODEL_ENDPOINTS"],
+        name: {"provider": server.provider, "base_url": server.base_url, "api_key_env": "TEST_KEY"}}}
+    return {"provider": server.provider, "model": MODELS[server.provider], "endpoint": name, "stream": True,
+            **model}
+
+
 @pytest.fixture
 def llm(monkeypatch, demo, settings):
     servers = []
@@ -34,12 +45,7 @@ def llm(monkeypatch, demo, settings):
     def make(provider: str, script: list[dict], agent_fields: dict | None = None, **model):
         server = ReplayServer(provider, script).start()
         servers.append(server)
-        server.endpoint = f"replay-{len(servers)}"
-        settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {
-            **settings.TOLLGATE["MODEL_ENDPOINTS"],
-            server.endpoint: {"provider": provider, "base_url": server.base_url, "api_key_env": "TEST_KEY"}}}
-        config = {"provider": provider, "model": MODELS[provider], "endpoint": server.endpoint, "stream": True,
-                  **model}
+        config = model_config(settings, server, f"replay-{len(servers)}", **model)
         agent = Agent.objects.create(
             slug=f"{provider}-{uuid.uuid4().hex[:8]}", name=f"{provider} refund",
             instructions="Help the customer get a refund. Check the order first.",

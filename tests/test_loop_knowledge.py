@@ -32,11 +32,11 @@ def requests_seen(monkeypatch):
     def client(config):
         real = get_client(config)
 
-        def complete(request):
+        async def complete(request):
             seen.append(request)
-            return real.complete(request)
+            return await real.complete(request)
 
-        return type("Recording", (), {"complete": staticmethod(complete)})()
+        return type("Recording", (), {"complete": staticmethod(complete), "timeout_s": real.timeout_s})()
 
     monkeypatch.setattr(loop, "get_client", client)
     return seen
@@ -114,12 +114,12 @@ def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(id
     def client(config):
         real = get_client(config)
 
-        def complete(request):
+        async def complete(request):
             submit_input(agent=agent, user=demo["requester"], input="and order 124 too", session=run.session,
                          multitask_strategy=MultitaskStrategy.SUPPLEMENT)
-            return real.complete(request)
+            return await real.complete(request)
 
-        return type("Interrupted", (), {"complete": staticmethod(complete)})()
+        return type("Interrupted", (), {"complete": staticmethod(complete), "timeout_s": real.timeout_s})()
 
     monkeypatch.setattr(loop, "get_client", client)
     loop.advance(run.pk)

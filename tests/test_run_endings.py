@@ -227,10 +227,10 @@ def during_turn(monkeypatch, turn_index: int, action):
     original = ScriptedClient.complete
     pending = [action]
 
-    def complete(self, request):
+    async def complete(self, request):
         if request.turn_index == turn_index and pending:
             pending.pop()()
-        return original(self, request)
+        return await original(self, request)
 
     monkeypatch.setattr(ScriptedClient, "complete", complete)
 

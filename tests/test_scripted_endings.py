@@ -5,6 +5,7 @@ checks), then the three demo agents ending after an approval, an edit, a
 rejection and a refusal.
 """
 
+import asyncio
 import json
 
 import pytest
@@ -29,7 +30,7 @@ def answer(turn: dict, *results: dict) -> str:
                                                                            "arguments": "{}"}]},
                      {"role": "tool", "tool_call_id": f"c{number}", "content": json.dumps(body)}]
     request = ModelRequest(instructions="", messages=messages, tools=[], turn_index=0, run_id=1)
-    return ScriptedClient({"turns": [turn]}).complete(request).content
+    return asyncio.run(ScriptedClient({"turns": [turn]}).complete(request)).content
 
 
 SUCCEEDED = {"status": "succeeded", "result": {"order_id": 123, "amount": "80.00"}}
@@ -69,7 +70,7 @@ def test_a_call_argument_that_is_one_placeholder_takes_the_typed_value_of_the_la
                 {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "name": "find", "arguments": "{}"}]},
                 {"role": "tool", "tool_call_id": "c0", "content": json.dumps(SUCCEEDED)}]
     request = ModelRequest(instructions="", messages=messages, tools=[], turn_index=0, run_id=1)
-    call, = ScriptedClient({"turns": [turn]}).complete(request).tool_calls
+    call, = asyncio.run(ScriptedClient({"turns": [turn]}).complete(request)).tool_calls
 
     assert json.loads(call["arguments"]) == {"order_id": 123, "amount": 60, "note": "order {result.order_id}",
                                              "missing": "{result.x}"}  # only a lone placeholder, only if found

@@ -21,14 +21,14 @@ Wire mapping of the provider-neutral messages:
 Finish reasons: ``end_turn``/``stop_sequence``/``pause_turn``/``refusal``
 -> ``stop``, ``tool_use`` -> ``tool_calls``, ``max_tokens`` -> ``length``.
 Usage: input = ``input_tokens`` + cache creation + cache read tokens.
-Errors as in ``runs.providers.openai_provider``.
+Calls are async (``anthropic.AsyncAnthropic``), one attempt each; errors
+as in ``runs.providers.openai_provider``.
 """
 
 import json
 import re
 
 import anthropic
-import httpx2
 from django.conf import settings
 
 from runs.model_output import UnsafeArguments, parse_arguments
@@ -38,7 +38,7 @@ from runs.providers.http_config import (
     config_problems,
     normalise_finish_reason,
     parse_config,
-    read_interruptible as _read_interruptible,
+    read_interruptible,
     sdk_call,
 )
 
@@ -108,17 +108,23 @@ def to_anthropic_tools(tools: list[dict]) -> list[dict]:
 
 
 class AnthropicClient:
-    """One agent's Anthropic Messages endpoint."""
+    """One agent's Anthropic Messages endpoint.
+
+    ``timeout_s``: the config's ``timeout_s`` (seconds), what the SDK allows
+    each connect, write, read and pool wait of a call (``SDKClientCache``).
+    Raises ``ConfigError`` for an unusable config.
+    """
 
     name = "anthropic"
 
     def __init__(self, config: dict):
         self.config = parse_config(config, default_key_env="ANTHROPIC_API_KEY")
-        self.client = _sdk_client(self.config)
+        self.timeout_s = self.config.timeout_s
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        """One Messages call. Raises ``ModelError`` / ``MalformedResponse``."""
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One Messages call. Raises ``ModelError`` / ``StreamInterrupted`` / ``MalformedResponse``."""
         cfg = self.config
+        client = _CLIENTS.get(cfg)
         params = {
             "model": cfg.model,
             "messages": to_anthropic_messages(request.messages),
@@ -130,15 +136,15 @@ class AnthropicClient:
             params["tools"] = to_anthropic_tools(request.tools)
         if cfg.temperature is not None:
             params["temperature"] = cfg.temperature
-        def call():
-            if cfg.stream:
-                return _read_interruptible(_read_stream, self.client.messages.create(**params, stream=True), request,
-                                          connection_errors=(anthropic.APIConnectionError, httpx2.TransportError))
-            return _read_message(self.client.messages.create(**params))
 
-        # httpx2 is the SDK's own HTTP client (a dependency of anthropic).
-        return sdk_call(call, provider="Anthropic", sdk=anthropic, transport_errors=(httpx2.TransportError,),
-                        cfg=cfg)
+        async def call():
+            if cfg.stream:
+                stream = await client.messages.create(**params, stream=True)
+                return await read_interruptible(_read_stream, stream, request, sdk=anthropic)
+            return _read_message(await client.messages.create(**params))
+
+        return await sdk_call(call, provider="Anthropic", sdk=anthropic, cfg=cfg)
+
 
 def _input_tokens(usage) -> int:
     return sum(getattr(usage, name, None) or 0
@@ -164,7 +170,7 @@ def _read_message(message) -> ModelResponse:
     )
 
 
-def _read_stream(stream, request: ModelRequest) -> ModelResponse:
+async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
     """Accumulate Messages stream events, reporting deltas as they arrive.
 
     ``message_start`` carries input usage; ``content_block_start`` opens a
@@ -176,8 +182,8 @@ def _read_stream(stream, request: ModelRequest) -> ModelResponse:
     """
     text, blocks, stop_reason, stopped = [], {}, None, False
     input_tokens = output_tokens = 0
-    with stream:
-        for event in stream:
+    async with stream:
+        async for event in stream:
             if event.type == "message_start":
                 input_tokens = _input_tokens(event.message.usage)
                 output_tokens = event.message.usage.output_tokens or 0
@@ -221,11 +227,7 @@ def _finish_reason(reason: str | None, calls: list[dict]) -> str:
     return normalise_finish_reason(reason, STOP_REASONS, calls)
 
 
-_CLIENTS = SDKClientCache(anthropic.Anthropic)
-
-
-def _sdk_client(cfg):
-    return _CLIENTS.get(cfg)
+_CLIENTS = SDKClientCache(anthropic.AsyncAnthropic)
 
 
 PROVIDER = Provider(name="anthropic", config_problems=config_problems, client=AnthropicClient)

@@ -10,15 +10,24 @@ class ModelError(Exception):
     ``str(error)`` is what requesters may read (status and class, no body);
     ``detail`` is a short excerpt of what the server said, with credentials
     masked, kept on the step for staff (admin) only.
+
+    ``transient``: the same request may well succeed later (a connection
+    refused or broken, a timeout, HTTP 408, 409, 429 or 5xx); providers
+    never retry themselves, the caller decides. ``retry_after_s``: the
+    seconds the server asked to wait before trying again (``Retry-After`` /
+    ``retry-after-ms``; 0 or more), ``None`` when it did not say.
     """
 
-    def __init__(self, message: str = "", *, detail: str = ""):
+    def __init__(self, message: str = "", *, detail: str = "", transient: bool = False,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.detail = detail
+        self.transient = transient
+        self.retry_after_s = retry_after_s
 
 
 class StreamInterrupted(ModelError):
-    """The connection broke off in the middle of a streamed response (half an answer).
+    """The connection broke off in the middle of a response (half an answer); raised ``transient``.
 
     The loop discards the half-received step and asks again, within budget.
     """
@@ -89,9 +98,21 @@ class ModelResponse:
 
 
 class ModelClient(Protocol):
-    """A provider: ``complete(request) -> ModelResponse``; raises ``ModelError``."""
+    """A provider's client for one run's calls.
 
-    def complete(self, request: ModelRequest) -> ModelResponse: ...
+    ``await complete(request)`` -> ``ModelResponse``: one model call, awaited
+    on the caller's event loop without holding a thread. Raises
+    ``ModelError`` (see ``transient`` / ``retry_after_s``), including its
+    subclasses ``StreamInterrupted`` and ``MalformedResponse``; the
+    provider makes exactly one attempt. ``timeout_s`` (seconds): the
+    provider's own timeout of one call; for the HTTP providers the SDK's
+    limit on each connect, write and read wait, so a streamed answer that
+    keeps arriving may take longer in all.
+    """
+
+    timeout_s: float
+
+    async def complete(self, request: ModelRequest) -> ModelResponse: ...
 
 
 @dataclass(frozen=True)

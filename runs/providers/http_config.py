@@ -8,8 +8,8 @@ An agent's ``model`` JSON for these providers::
      "stream": bool = true,
      "temperature": float?,
      "max_output_tokens": int?,     # anthropic: default TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
-     "timeout_s": float?,           # per HTTP attempt; default TOLLGATE["MODEL_TIMEOUT_S"]
-     "max_retries": int?,           # SDK retries; default TOLLGATE["MODEL_MAX_RETRIES"]
+     "timeout_s": float?,           # seconds; default TOLLGATE["MODEL_TIMEOUT_S"] (see SDKClientCache)
+     "max_retries": int?,           # the caller's retries of a transient error; default TOLLGATE["MODEL_MAX_RETRIES"]
      "context_window": int?}        # tokens; see runs.engine.context
 
 Where a request goes and with which key is the operator's choice, not the
@@ -27,15 +27,26 @@ agent could send any server variable to any host.
 ``ConfigError`` (the run fails with ``model_error`` before any request
 leaves). Error texts never contain a key, an environment variable's value
 or a provider's answer body: those are logged, the run keeps a short text.
+
+Calls are async (``openai.AsyncOpenAI``, ``anthropic.AsyncAnthropic``)
+and make one attempt: the SDKs' own retries are off (``max_retries=0``).
+An error worth retrying is a ``ModelError`` with ``transient`` set and,
+when the server said how long to wait, ``retry_after_s``
+(``transient_status``, ``retry_after_seconds``); the config's
+``max_retries`` is how often the caller may retry one.
 """
 
+import asyncio
+import email.utils
 import logging
+import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 from django.conf import settings
 from django.utils.translation import gettext as _
 
@@ -192,15 +203,39 @@ def _number(config: dict, key: str, kind: type, default):
     return default if value is None else kind(value)
 
 
-def status_error_message(provider: str, status: int, error_class: str, retries: int) -> str:
+def status_error_message(provider: str, status: int, error_class: str) -> str:
     """The run's one-line error for an HTTP error answer: status and error class, never the body.
 
     ``error_class`` is the SDK's exception class (e.g. ``RateLimitError``).
     The body may echo anything the endpoint chose, so it is only logged.
     """
-    retried = status == 429 or status >= 500 or status in (408, 409)
-    suffix = f" (gave up after {retries} retries)" if retried and retries else ""
-    return f"{provider} API error {status} ({error_class}){suffix}"
+    return f"{provider} API error {status} ({error_class})"
+
+
+def transient_status(status: int) -> bool:
+    """Whether an HTTP error status is worth retrying later: 408, 409, 429 and 5xx (not other 4xx)."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def retry_after_seconds(headers) -> float | None:
+    """The seconds (0 or more) an error answer's ``headers`` ask to wait, or ``None`` if they do not say.
+
+    ``retry-after-ms`` (milliseconds) wins over ``Retry-After``, which is
+    seconds or an HTTP date (the wait is then until that date, 0 if it
+    has passed). A value that does not parse, or is not finite, says nothing.
+    """
+    for name, divisor in (("retry-after-ms", 1000), ("retry-after", 1)):
+        try:
+            seconds = float(headers.get(name) or "") / divisor
+        except ValueError:
+            continue
+        if math.isfinite(seconds):
+            return max(seconds, 0.0)
+    try:
+        date = email.utils.parsedate_to_datetime(headers.get("retry-after") or "")
+    except (TypeError, ValueError):
+        return None
+    return max(date.timestamp() - time.time(), 0.0)
 
 
 def normalise_finish_reason(raw: str | None, table: dict[str, str], calls: list[dict]) -> str:
@@ -215,11 +250,27 @@ def normalise_finish_reason(raw: str | None, table: dict[str, str], calls: list[
     return normalised
 
 
-class SDKClientCache:
-    """SDK clients per (key, base URL, timeout, retries), reused: each pools its connections.
+# The SDKs never retry: a transient error goes back to the caller, which owns retries and backoff.
+SDK_MAX_RETRIES = 0
 
-    At most ``max_clients`` are kept; an evicted one is closed by the
-    garbage collector once no call uses it any more. Thread-safe.
+
+class SDKClientCache:
+    """Async SDK clients per (event loop, key, base URL, timeout), reused: each pools its connections.
+
+    A client belongs to the event loop it is first used on: its httpx
+    connections are bound to that loop and cannot be used from another.
+    So the running loop is part of the key (held by the cache): two loops,
+    at once or in turn (``asyncio.run`` twice), never share a client, and
+    the clients of loops that have been closed are dropped whenever a new
+    client is made. At most ``max_clients`` are kept; an evicted one is
+    closed by the garbage collector once no call uses it any more.
+    Thread-safe.
+
+    A client's ``timeout`` is ``cfg.timeout_s`` for each connect, write,
+    read and connection-pool wait of one call (an ``httpx2.Timeout`` of
+    that many seconds); it bounds the silence of a server, not the length
+    of a streamed answer that keeps arriving. Its ``max_retries`` is
+    ``SDK_MAX_RETRIES``.
     """
 
     def __init__(self, factory, max_clients: int = 16):
@@ -229,59 +280,66 @@ class SDKClientCache:
         self._lock = threading.Lock()
 
     def get(self, cfg: HttpModelConfig):
-        """The client for ``cfg``, made with ``factory(api_key=, base_url=, timeout=, max_retries=)``."""
-        key = (cfg.api_key, cfg.base_url, cfg.timeout_s, cfg.max_retries)
+        """The client for ``cfg`` on the running event loop, made with ``factory(api_key=, base_url=,
+        timeout=, max_retries=)``. Call it inside a coroutine (``RuntimeError`` without a running loop)."""
+        loop = asyncio.get_running_loop()
+        key = (loop, cfg.api_key, cfg.base_url, cfg.timeout_s)
         with self._lock:
             client = self._clients.get(key)
             if client is None:
+                for stale in [k for k in self._clients if k[0].is_closed()]:
+                    del self._clients[stale]
                 client = self._clients[key] = self.factory(
-                    api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.max_retries)
+                    api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=SDK_MAX_RETRIES)
                 while len(self._clients) > self.max_clients:
                     del self._clients[next(iter(self._clients))]
             return client
 
 
-def read_interruptible(read, stream, request, *, connection_errors: tuple):
-    """``read(stream, request)``, turning a connection lost mid-stream into ``StreamInterrupted``.
+async def read_interruptible(read, stream, request, *, sdk):
+    """``await read(stream, request)`` (a ``ModelResponse``), turning a connection lost mid-stream into a
+    transient ``StreamInterrupted``.
 
     The response has begun (the SDK returned ``stream``), so any transport
-    error from here on means half an answer: httpx's own errors, or the
-    SDK's ``connection_errors`` wrapping them.
+    error from here on means half an answer: the errors of ``httpx2`` (the
+    SDKs' HTTP client), or the ``sdk`` module's ``APIConnectionError`` (and
+    ``APITimeoutError``) wrapping them.
     """
     try:
-        return read(stream, request)
-    except (httpx.TransportError, *connection_errors) as exc:
+        return await read(stream, request)
+    except (httpx2.TransportError, sdk.APIConnectionError) as exc:
         log.warning("response stream broke off: %s", exc)
-        raise StreamInterrupted(f"the response stream broke off: {type(exc).__name__}") from exc
+        raise StreamInterrupted(f"the response stream broke off: {type(exc).__name__}", transient=True) from exc
 
 
-def sdk_call(call, *, provider: str, sdk, transport_errors: tuple, cfg: HttpModelConfig):
-    """Run ``call()`` (one SDK request and the reading of its answer), mapping errors to ours.
+async def sdk_call(call, *, provider: str, sdk, cfg: HttpModelConfig):
+    """``await call()`` (one SDK request and the reading of its answer), mapping errors to ours.
 
     ``sdk`` is the ``openai`` or ``anthropic`` module. A transport error
-    escaping the SDK means the answer broke off (``StreamInterrupted``);
-    status, timeout and connection errors (after the SDK's own retries)
-    are ``ModelError``; an answer that cannot be read is
-    ``MalformedResponse``. The messages name the error's class and the
-    endpoint profile; the details (which may quote the answer) are logged.
+    escaping the SDK means the answer broke off (``StreamInterrupted``,
+    transient); an error status is a ``ModelError``, ``transient`` for
+    ``transient_status`` with ``retry_after_s`` from its headers; a
+    timeout or a failed connection is a transient ``ModelError``; an
+    answer that cannot be read is ``MalformedResponse``. The messages
+    name the error's class and the endpoint profile; the details (which
+    may quote the answer) are logged.
     """
     try:
-        return call()
-    except transport_errors as exc:
+        return await call()
+    except httpx2.TransportError as exc:
         log.warning("%s response broke off (endpoint %r): %s", provider, cfg.endpoint, exc)
-        raise StreamInterrupted(f"the response broke off: {type(exc).__name__}") from exc
+        raise StreamInterrupted(f"the response broke off: {type(exc).__name__}", transient=True) from exc
     except sdk.APIStatusError as exc:
         log.warning("%s API error %s (endpoint %r): %s %r", provider, exc.status_code, cfg.endpoint, exc.message,
                     exc.body)
-        raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__, cfg.max_retries),
-                         detail=staff_excerpt(exc.message)) from exc
+        raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__),
+                         detail=staff_excerpt(exc.message), transient=transient_status(exc.status_code),
+                         retry_after_s=retry_after_seconds(exc.response.headers)) from exc
     except sdk.APITimeoutError as exc:
-        raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s "
-                         f"(gave up after {cfg.max_retries} retries).") from exc
+        raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s.", transient=True) from exc
     except sdk.APIConnectionError as exc:
         log.warning("%s API unreachable (endpoint %r): %s", provider, cfg.endpoint, exc)
-        raise ModelError(f"{provider} API unreachable (endpoint {cfg.endpoint!r}; "
-                         f"gave up after {cfg.max_retries} retries).") from exc
+        raise ModelError(f"{provider} API unreachable (endpoint {cfg.endpoint!r}).", transient=True) from exc
     except (sdk.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("malformed %s response", provider, exc_info=True)
         raise MalformedResponse(f"Malformed {provider} response: {type(exc).__name__}") from exc

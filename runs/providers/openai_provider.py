@@ -14,15 +14,16 @@ Wire mapping of the provider-neutral messages (``ModelRequest.messages``):
   ``[runtime]``: several compatible servers reject a system message that
   is not the first one.
 
-Errors: the SDK retries 408/409/429/5xx and connection errors
-``max_retries`` times with exponential backoff, honouring ``Retry-After``
-(and ``retry-after-ms``); what is left, and any other 4xx at once, raises
-``ModelError`` with the status and the provider's message. A body or
-stream that cannot be understood raises ``MalformedResponse``.
+Calls are async (``openai.AsyncOpenAI``; clients per event loop, see
+``runs.providers.http_config.SDKClientCache``) and make one attempt: the
+SDK does not retry. An error status raises ``ModelError`` with the status
+and the SDK's error class, ``transient`` for 408/409/429/5xx with
+``retry_after_s`` from ``Retry-After`` / ``retry-after-ms``; a timeout or
+an unreachable server raises a transient ``ModelError``; a connection lost
+mid-answer ``StreamInterrupted``. A body or stream that cannot be
+understood raises ``MalformedResponse``.
 """
 
-
-import httpx
 import openai
 
 from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse, Provider
@@ -31,7 +32,7 @@ from runs.providers.http_config import (
     config_problems,
     normalise_finish_reason,
     parse_config,
-    read_interruptible as _read_interruptible,
+    read_interruptible,
     sdk_call,
 )
 
@@ -69,17 +70,23 @@ def to_openai_tools(tools: list[dict]) -> list[dict]:
 
 
 class OpenAIClient:
-    """One agent's OpenAI-compatible endpoint."""
+    """One agent's OpenAI-compatible endpoint.
+
+    ``timeout_s``: the config's ``timeout_s`` (seconds), what the SDK allows
+    each connect, write, read and pool wait of a call (``SDKClientCache``).
+    Raises ``ConfigError`` for an unusable config.
+    """
 
     name = "openai"
 
     def __init__(self, config: dict):
         self.config = parse_config(config, default_key_env="OPENAI_API_KEY")
-        self.client = _sdk_client(self.config)
+        self.timeout_s = self.config.timeout_s
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        """One Chat Completions call. Raises ``ModelError`` / ``MalformedResponse``."""
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One Chat Completions call. Raises ``ModelError`` / ``StreamInterrupted`` / ``MalformedResponse``."""
         cfg = self.config
+        client = _CLIENTS.get(cfg)
         params = {"model": cfg.model, "messages": to_openai_messages(request.instructions, request.messages)}
         if request.tools:
             params["tools"] = to_openai_tools(request.tools)
@@ -87,16 +94,16 @@ class OpenAIClient:
             params["temperature"] = cfg.temperature
         if cfg.max_output_tokens is not None:
             params["max_completion_tokens"] = cfg.max_output_tokens
-        def call():
-            if cfg.stream:
-                stream = self.client.chat.completions.create(
-                    **params, stream=True, stream_options={"include_usage": True})
-                return _read_interruptible(_read_stream, stream, request,
-                                          connection_errors=(openai.APIConnectionError,))
-            return _read_completion(self.client.chat.completions.create(**params))
 
-        return sdk_call(call, provider="OpenAI", sdk=openai, transport_errors=(httpx.TransportError,),
-                        cfg=cfg)
+        async def call():
+            if cfg.stream:
+                stream = await client.chat.completions.create(
+                    **params, stream=True, stream_options={"include_usage": True})
+                return await read_interruptible(_read_stream, stream, request, sdk=openai)
+            return _read_completion(await client.chat.completions.create(**params))
+
+        return await sdk_call(call, provider="OpenAI", sdk=openai, cfg=cfg)
+
 
 def _read_completion(completion) -> ModelResponse:
     """A non-streamed ``chat.completion`` -> ``ModelResponse``."""
@@ -116,7 +123,7 @@ def _read_completion(completion) -> ModelResponse:
     )
 
 
-def _read_stream(stream, request: ModelRequest) -> ModelResponse:
+async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
     """Accumulate ``chat.completion.chunk`` events, reporting deltas as they arrive.
 
     Tool calls arrive as fragments keyed by ``index``: the first carries
@@ -125,8 +132,8 @@ def _read_stream(stream, request: ModelRequest) -> ModelResponse:
     ``MalformedResponse``.
     """
     text, calls, finish, usage = [], {}, None, None
-    with stream:
-        for chunk in stream:
+    async with stream:
+        async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices or []:
@@ -162,11 +169,7 @@ def _finish_reason(reason: str | None, calls: list[dict]) -> str:
     return normalise_finish_reason(reason, FINISH_REASONS, calls)
 
 
-_CLIENTS = SDKClientCache(openai.OpenAI)
-
-
-def _sdk_client(cfg):
-    return _CLIENTS.get(cfg)
+_CLIENTS = SDKClientCache(openai.AsyncOpenAI)
 
 
 PROVIDER = Provider(name="openai", config_problems=config_problems, client=OpenAIClient)

@@ -29,6 +29,7 @@ have stays as written (and the tool's schema will likely refuse it).
 import json
 import re
 
+from django.conf import settings
 from django.utils.translation import gettext as _, gettext_noop
 
 from runs.providers.base import ConfigError, ModelError, ModelRequest, ModelResponse, Provider
@@ -131,15 +132,22 @@ def _answer(turn: dict, messages: list[dict]) -> str:
 
 
 class ScriptedClient:
-    """Plays back ``config["turns"]`` by the run's model-call index."""
+    """Plays back ``config["turns"]`` by the run's model-call index.
+
+    It answers at once, without I/O; ``timeout_s`` is the server's default
+    model timeout (``TOLLGATE["MODEL_TIMEOUT_S"]``, seconds), like an HTTP
+    provider's with no ``timeout_s`` in its config.
+    """
 
     def __init__(self, config: dict):
         turns = config.get("turns")
         if not isinstance(turns, list):
             raise ConfigError(NEEDS_TURNS)
         self.turns = turns
+        self.timeout_s = float(settings.TOLLGATE["MODEL_TIMEOUT_S"])
 
-    def complete(self, request: ModelRequest) -> ModelResponse:
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The turn ``request.turn_index``. Raises ``ModelError`` (not transient) when there is no such turn."""
         if request.turn_index >= len(self.turns):
             raise ModelError(f"The scripted model has no turn {request.turn_index + 1} (it has {len(self.turns)}).")
         turn = self.turns[request.turn_index]
