@@ -383,11 +383,9 @@ TOLLGATE = {
     # Seconds one model call may take in all (a stream that keeps coming
     # included); the provider's own timeout bounds each wait within it.
     "MODEL_CALL_MAX_S": env.float("TOLLGATE_MODEL_CALL_MAX_S", default=600.0),
-    # A model call that failed transiently (connection, 408, 409, 429, 5xx)
-    # is tried again after a backoff from MODEL_BACKOFF_S seconds, doubling
-    # (full jitter; at least the server's Retry-After, at most an hour), up
-    # to MODEL_MAX_ATTEMPTS calls in a row; then the run fails model_error.
-    "MODEL_MAX_ATTEMPTS": env.int("TOLLGATE_MODEL_MAX_ATTEMPTS", default=5),
+    # Backoff before a transiently failed model call is tried again (the
+    # engine retries, MODEL_MAX_RETRIES times): the server's Retry-After,
+    # else from this many seconds, doubling, with full jitter.
     "MODEL_BACKOFF_S": env.float("TOLLGATE_MODEL_BACKOFF_S", default=2.0),
     # Live sockets re-check their user's access when told it changed (a
     # logout, a group or permission change) and, as a backstop, before an

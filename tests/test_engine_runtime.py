@@ -16,8 +16,9 @@ import pytest
 
 from runs import awaiting
 from runs.engine.lifecycle import cancel_run, start_run
-from runs.models import Run, RunStatus
+from runs.models import Run, RunStatus, Step
 from tests.durability import lookup_agent, make_agent
+from tests.provider_helpers import llm  # noqa: F401  (a fixture)
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool
@@ -152,3 +153,28 @@ def test_a_deadline_passing_during_a_call_fails_the_run(demo, worker, monkeypatc
     run.refresh_from_db()
     assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
     assert "deadline passed" in ToolCall.objects.get(run=run).error
+
+
+def test_a_hung_model_call_holds_back_no_other_run_and_a_cancel_cuts_it_short(demo, worker, llm):
+    _server, agent = llm("openai", [{"content": "Too late.", "delay_s": 300}])
+    hung_run = start_run(agent=agent, user=demo["requester"], input="x")
+    wait_until(lambda: Step.objects.filter(run=hung_run, status="started").exists())
+    other = start_run(agent=lookup_agent(), user=demo["requester"], input="y")
+    wait_until(lambda: Run.objects.get(pk=other.pk).status == RunStatus.COMPLETED)
+
+    assert Run.objects.get(pk=hung_run.pk).status == RunStatus.RUNNING  # still waiting for its model
+    cancel_run(run=Run.objects.get(pk=hung_run.pk), actor="user:requester")
+    worker.drain()
+    hung_run.refresh_from_db()
+    assert hung_run.status == RunStatus.CANCELLED
+    step = Step.objects.get(run=hung_run)
+    assert step.status == "discarded" and "cancel was requested" in step.error
+
+
+def test_a_deadline_passing_during_a_model_call_fails_the_run(demo, worker, llm):
+    _server, agent = llm("openai", [{"content": "Too late.", "delay_s": 300}], agent_fields={"deadline_s": 1})
+    run = start_run(agent=agent, user=demo["requester"], input="x")
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
+    assert "deadline passed" in Step.objects.get(run=run).error

@@ -5,6 +5,7 @@ where the worker's own copy of the run would go stale: input supplemented
 while a tool runs, and an approval given between the proposal and the wait.
 """
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -115,8 +116,9 @@ def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(id
         real = get_client(config)
 
         async def complete(request):
-            submit_input(agent=agent, user=demo["requester"], input="and order 124 too", session=run.session,
-                         multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+            await asyncio.to_thread(  # the database is not touched from the event loop
+                submit_input, agent=agent, user=demo["requester"], input="and order 124 too", session=run.session,
+                multitask_strategy=MultitaskStrategy.SUPPLEMENT)
             return await real.complete(request)
 
         return type("Interrupted", (), {"complete": staticmethod(complete), "timeout_s": real.timeout_s})()

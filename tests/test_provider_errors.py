@@ -1,12 +1,18 @@
-"""Provider HTTP errors: the SDK retries what is retryable, then the run fails with model_error.
+"""Provider HTTP errors: the engine tries a transient one again after a backoff, then the run fails model_error.
 
-The 500 answers carry ``retry-after-ms`` so the SDK's real retry path runs
-without its multi-second backoff; the 429 carries ``Retry-After: 0`` as in
-the issue (the SDK then falls back to its short exponential backoff).
+The SDK makes one attempt per call; each attempt is a step of its own. The
+500 answers carry ``retry-after-ms`` and the 429 ``Retry-After: 0``, so the
+engine's backoff (the server's word when it gives one) stays short; a
+``Retry-After`` past ``INLINE_BACKOFF_MAX_S`` puts the run to wait instead.
 """
 
-import pytest
+from datetime import timedelta
 
+import pytest
+from django.utils import timezone
+
+from runs.engine import runtime
+from runs.engine.recovery import sweep
 from tests.provider_helpers import REFUND_30, events, llm, run_to_rest  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,7 +31,31 @@ def test_rate_limited_then_answered_completes(worker, demo, llm, provider):
     assert (run.status, run.outcome) == ("completed", "achieved")
     assert len(server.requests) == 3
     assert server.bodies()[0] == server.bodies()[1], "the retry re-sends the same request"
-    assert run.steps.count() == 2 and run.model_calls == 2
+    assert list(run.steps.values_list("status", flat=True)) == ["failed", "succeeded", "succeeded"]
+    assert run.model_calls == 2
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_an_outage_waits_holding_no_worker_and_the_run_completes_once_the_model_is_back(worker, demo, llm, provider):
+    server, agent = llm(provider, [
+        {"status": 503, "message": "Service unavailable.", "headers": {"Retry-After": "30"}},
+        {"tool_calls": [REFUND_30]},
+        {"content": "Refunded 30."},
+    ])
+    asked_at = timezone.now()
+    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    assert (run.status, run.waiting_reason) == ("waiting", "retry_backoff")
+    assert timedelta(seconds=29) <= run.wake_at - asked_at <= timedelta(seconds=40), "Retry-After: 30 honoured"
+    assert runtime.engine().in_flight == 0, "the wait holds no worker"
+    assert len(server.requests) == 1
+
+    type(run).objects.filter(pk=run.pk).update(wake_at=timezone.now() - timedelta(seconds=1))  # 30 s later
+    sweep()
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == ("completed", "achieved")
+    assert list(run.steps.values_list("status", flat=True)) == ["failed", "succeeded", "succeeded"]
+    assert len(server.requests) == 3
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

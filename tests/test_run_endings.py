@@ -1,5 +1,6 @@
 """Every way a run ends keeps the truth: results delivered, nothing left in flight, input and cancels honoured."""
 
+import asyncio
 import dataclasses
 from decimal import Decimal
 import json
@@ -229,7 +230,7 @@ def during_turn(monkeypatch, turn_index: int, action):
 
     async def complete(self, request):
         if request.turn_index == turn_index and pending:
-            pending.pop()()
+            await asyncio.to_thread(pending.pop())  # the database is not touched from the event loop
         return await original(self, request)
 
     monkeypatch.setattr(ScriptedClient, "complete", complete)
@@ -316,9 +317,9 @@ def test_the_model_hears_the_approvers_edit_and_comment(demo, worker, api):
 def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_grace(demo, worker, monkeypatch):
     from django.db import OperationalError
 
-    import runs.engine.actors
+    from runs.engine import runtime
 
-    original = runs.engine.actors.advance
+    original = runtime.advance_slice
     failures = []
 
     def flaky(run_id):
@@ -327,7 +328,7 @@ def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_gra
             raise OperationalError("server closed the connection unexpectedly")
         return original(run_id)
 
-    monkeypatch.setattr(runs.engine.actors, "advance", flaky)
+    monkeypatch.setattr(runtime, "advance_slice", flaky)
     agent = make_agent("db-blip", [{"content": "fine"}], tools=["query_order"])
     run = start_run(agent=agent, user=demo["requester"], input="hello")
     worker.drain()  # includes the delayed re-send; no sweeper runs here

@@ -349,7 +349,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
         return _interrupted_stream(run, step, exc)
     except (ModelError, ConfigError) as exc:
         if getattr(exc, "transient", False):
-            return (yield from _model_backoff(run, step, exc))
+            return (yield from _model_backoff(run, step, client, exc))
         with transaction.atomic():  # the staff see the server's words; the event and the run do not
             apply(step.fail, actor=ACTOR, reason="failed", payload={"error": str(exc)}, error=_staff_error(exc),
                   now=timezone.now())
@@ -380,24 +380,31 @@ def _staff_error(exc: Exception) -> str:
 MAX_MODEL_BACKOFF_S = 3600
 
 
-def _model_backoff(run: Run, step: Step, exc: ModelError) -> Steps:
+def _model_backoff(run: Run, step: Step, client, exc: ModelError) -> Steps:
     """A transient provider error (``ModelError.transient``): the step fails and the model is asked again later.
 
-    The next try comes after ``MODEL_BACKOFF_S * 2**(tries-1)`` seconds
-    with full jitter, at least the server's ``retry_after_s``, at most
-    ``MAX_MODEL_BACKOFF_S``: paused inline up to ``INLINE_BACKOFF_MAX_S``,
-    else the run waits ``retry_backoff`` (holding no process) until then.
-    After ``MODEL_MAX_ATTEMPTS`` failed calls in a row the run fails
-    ``model_error`` with the provider's message.
+    The next try comes after the server's ``retry_after_s`` when it gave
+    one, else after ``MODEL_BACKOFF_S * 2**(tries-1)`` seconds with full
+    jitter; at most ``MAX_MODEL_BACKOFF_S``. Up to ``INLINE_BACKOFF_MAX_S``
+    it is paused inline, else the run waits ``retry_backoff`` (holding no
+    process) until then. After the client's ``max_retries`` (the agent's
+    config, default ``MODEL_MAX_RETRIES``) tries again in a row, the run
+    fails ``model_error`` with the provider's message.
     """
-    apply(step.fail, actor=ACTOR, reason="failed, transient", payload={"error": str(exc), "transient": True},
+    retries = getattr(client, "max_retries", settings.TOLLGATE["MODEL_MAX_RETRIES"])
+    tries = _transient_failures_in_a_row(run, before=step, limit=retries) + 1
+    if tries > retries:
+        message = f"{exc} (gave up after {retries} retries)"
+        with transaction.atomic():
+            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": message}, error=_staff_error(exc),
+                  now=timezone.now(), transient=True)
+            return _fail(run, FailureType.MODEL_ERROR, message)
+    apply(step.fail, actor=ACTOR, reason="failed, will retry", payload={"error": str(exc), "transient": True},
           error=_staff_error(exc), now=timezone.now(), transient=True)
-    tries = _transient_failures_in_a_row(run)
-    limit = settings.TOLLGATE["MODEL_MAX_ATTEMPTS"]
-    if tries >= limit:
-        return _fail(run, FailureType.MODEL_ERROR, f"{exc} (failed {tries} times in a row)")
-    backoff = random.uniform(0, settings.TOLLGATE["MODEL_BACKOFF_S"] * 2 ** (tries - 1))
-    delay = min(max(backoff, exc.retry_after_s or 0.0), MAX_MODEL_BACKOFF_S)
+    delay = exc.retry_after_s
+    if delay is None:
+        delay = random.uniform(0, settings.TOLLGATE["MODEL_BACKOFF_S"] * 2 ** (tries - 1))
+    delay = min(delay, MAX_MODEL_BACKOFF_S)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
         yield Await(start=lambda: asyncio.sleep(delay), what="pause")
         return True
@@ -406,11 +413,11 @@ def _model_backoff(run: Run, step: Step, exc: ModelError) -> Steps:
     return False
 
 
-def _transient_failures_in_a_row(run: Run) -> int:
-    """How many of ``run``'s last steps failed transiently, in a row (at most ``MODEL_MAX_ATTEMPTS``)."""
-    limit = settings.TOLLGATE["MODEL_MAX_ATTEMPTS"]
+def _transient_failures_in_a_row(run: Run, *, before: Step, limit: int) -> int:
+    """How many of ``run``'s steps just ``before`` that one failed transiently, in a row (``limit`` at most)."""
     tries = 0
-    for status, response in run.steps.order_by("-index").values_list("status", "response")[:limit]:
+    earlier = run.steps.filter(index__lt=before.index).order_by("-index")
+    for status, response in earlier.values_list("status", "response")[:limit]:
         if status != Step.Status.FAILED or not (response.get("error") or {}).get("transient"):
             break
         tries += 1

@@ -111,8 +111,9 @@ class AnthropicClient:
     """One agent's Anthropic Messages endpoint.
 
     ``timeout_s``: the config's ``timeout_s`` (seconds), what the SDK allows
-    each connect, write, read and pool wait of a call (``SDKClientCache``).
-    Raises ``ConfigError`` for an unusable config.
+    each connect, write, read and pool wait of a call (``SDKClientCache``);
+    ``max_retries``: the config's, how often the engine tries a transiently
+    failed call again (``runs.engine.loop``). Raises ``ConfigError`` for an unusable config.
     """
 
     name = "anthropic"
@@ -120,6 +121,7 @@ class AnthropicClient:
     def __init__(self, config: dict):
         self.config = parse_config(config, default_key_env="ANTHROPIC_API_KEY")
         self.timeout_s = self.config.timeout_s
+        self.max_retries = self.config.max_retries
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One Messages call. Raises ``ModelError`` / ``StreamInterrupted`` / ``MalformedResponse``."""

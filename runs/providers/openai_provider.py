@@ -73,8 +73,9 @@ class OpenAIClient:
     """One agent's OpenAI-compatible endpoint.
 
     ``timeout_s``: the config's ``timeout_s`` (seconds), what the SDK allows
-    each connect, write, read and pool wait of a call (``SDKClientCache``).
-    Raises ``ConfigError`` for an unusable config.
+    each connect, write, read and pool wait of a call (``SDKClientCache``);
+    ``max_retries``: the config's, how often the engine tries a transiently
+    failed call again (``runs.engine.loop``). Raises ``ConfigError`` for an unusable config.
     """
 
     name = "openai"
@@ -82,6 +83,7 @@ class OpenAIClient:
     def __init__(self, config: dict):
         self.config = parse_config(config, default_key_env="OPENAI_API_KEY")
         self.timeout_s = self.config.timeout_s
+        self.max_retries = self.config.max_retries
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One Chat Completions call. Raises ``ModelError`` / ``StreamInterrupted`` / ``MalformedResponse``."""
