@@ -473,16 +473,17 @@ def tollgate_figures(run_ids: list[int], posts: dict, started: float, created: f
         "runs_per_s": round(len(finished) / window, 2),
         "steps_per_s": round(step_count / window, 1),
         "latency_ms": {
-            "run created -> first model call": _p50_p99(first_call),
-            "approval POST sent -> refund start": _p50_p99(post_to_start),
-            "approval POST round trip": _p50_p99(round_trip),
-            "approval stored (resolved_at) -> refund start": _p50_p99(resolved_to_start),
-            "tool result -> next model call": _p50_p99(result_to_next),
+            "run created -> first model call": p50_p99(first_call),
+            "approval POST sent -> refund start": p50_p99(post_to_start),
+            "approval POST round trip": p50_p99(round_trip),
+            "approval stored (resolved_at) -> refund start": p50_p99(resolved_to_start),
+            "tool result -> next model call": p50_p99(result_to_next),
         },
     }
 
 
-def _p50_p99(seconds: list[float]) -> str:
+def p50_p99(seconds: list[float]) -> str:
+    """``"p50 X, p99 Y (n=N)"`` of durations given in seconds, printed in ms; "n/a" when empty."""
     if not seconds:
         return "n/a"
     return f"p50 {percentile(seconds, 50) * 1000:.0f}, p99 {percentile(seconds, 99) * 1000:.0f} (n={len(seconds)})"
