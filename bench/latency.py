@@ -90,8 +90,8 @@ sys.path.insert(0, str(ROOT))
 from bench.cluster import (  # noqa: E402
     Cluster, free_port, healthy, prepare_django, require_postgres_and_redis, wait_for, without_collector_pauses)
 from bench.throughput import (  # noqa: E402
-    ORDER_TOTAL, Database, next_order_number, p50_p99, postgres_pid, print_figures, redis_cpu_s, tollgate_figures,
-    tree_cpu_s)
+    ORDER_TOTAL, Database, model_tools_graph, next_order_number, p50_p99, postgres_pid, print_figures, process_tree,
+    redis_cpu_s, tollgate_figures, tree_cpu_s, wait_until_ended)
 
 STEPS_PER_RUN = 5  # 3 model calls + 2 tool executions
 ENDPOINT = "bench-latency"  # the endpoint profile of the model server
@@ -139,13 +139,8 @@ def tree_rss(pid: int) -> int:
     """Resident bytes of process ``pid`` and its descendants (0 when it is gone)."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
     total = 0
-    for process in processes:
+    for process in process_tree(pid):
         try:
             total += process.memory_info().rss
         except psutil.Error:
@@ -328,10 +323,7 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
         started = time.time()
         run_ids = [start_run(agent=agent, user=requester, input=f"refund order {number}").pk for number in orders]
         created = time.time()
-        deadline = time.monotonic() + args.timeout
-        active = Run.objects.filter(pk__in=run_ids).exclude(status__in=TERMINAL_STATUSES)
-        while active.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until_ended(run_ids, time.monotonic() + args.timeout, 0.2)
         ended = time.time()
         sampler.stop()
         meter.stop()
@@ -398,7 +390,7 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
     import httpx
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, convert_to_openai_messages
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.graph import MessagesState
     from openai import AsyncOpenAI
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
@@ -472,13 +464,7 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
             out.append(ToolMessage(content=json.dumps(result), tool_call_id=call["id"], name=call["name"]))
         return {"messages": out}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("model", model)
-    builder.add_node("tools", tools)
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1].tool_calls else END)
-    builder.add_edge("tools", "model")
-    graph = builder.compile(checkpointer=AsyncPostgresSaver(pool))
+    graph = model_tools_graph(model, tools).compile(checkpointer=AsyncPostgresSaver(pool))
     mine = orders[index::processes]
     durations: list[float] = []
 
