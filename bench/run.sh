@@ -2,10 +2,11 @@
 # Run a benchmark against a private, throwaway PostgreSQL + Redis on
 # loopback (started and removed here, like tests/run.sh does), after
 # installing the bench dependencies (`pip install -e '.[bench]'`).
-# The first argument may name the benchmark (throughput, live, scale;
+# The first argument may name the benchmark (throughput, live, scale, latency;
 # default throughput); the rest go to bench/<name>.py, e.g.
 #   bash bench/run.sh --runs 100 --workers 2 --threads 4 --langgraph-processes 1 2
 #   bash bench/run.sh live --clients 100
+#   bash bench/run.sh latency --runs 200 --latency 1.0 --langgraph-processes 1 2
 # Needs the PostgreSQL server binaries and redis-server (tests/run.sh
 # installs them).  PostgreSQL keeps its defaults for durability (fsync and
 # synchronous commit on), and loads pg_stat_statements so queries can be
@@ -19,7 +20,7 @@ die() { log "error: $*"; exit 1; }
 
 BENCH=throughput
 case ${1:-} in
-    throughput|live|scale) BENCH=$1; shift ;;
+    throughput|live|scale|latency) BENCH=$1; shift ;;
 esac
 
 source tests/services.sh

@@ -113,6 +113,19 @@ def percentile(values: list[float], p: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1] if p < 100 else max(values)
 
 
+def process_tree(pid: int | None) -> list:
+    """``psutil.Process`` objects of ``pid`` and its descendants; empty when it is gone or not readable."""
+    import psutil
+
+    if not pid:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def tree_cpu_s(pid: int | None) -> float:
     """CPU seconds (user + system) used so far by process ``pid``, its descendants and their exited children.
 
@@ -120,15 +133,8 @@ def tree_cpu_s(pid: int | None) -> float:
     """
     import psutil
 
-    if not pid:
-        return 0.0
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
     total = 0.0
-    for process in processes:
+    for process in process_tree(pid):
         try:
             t = process.cpu_times()
         except psutil.Error:
@@ -328,6 +334,15 @@ class Approver:
         self.posts[item_id] = (sent, time.time(), response.status_code)
 
 
+def wait_until_ended(run_ids: list[int], deadline: float, poll_s: float) -> None:
+    """Look every ``poll_s`` seconds until none of the runs is active or ``time.monotonic()`` passes ``deadline``."""
+    from runs.models import TERMINAL_STATUSES, Run
+
+    active = Run.objects.filter(pk__in=run_ids).exclude(status__in=TERMINAL_STATUSES)
+    while active.exists() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+
+
 def run_tollgate(args, database: Database) -> dict:
     """Start the cluster, run the workload, return the figures (see the module doc)."""
     import httpx
@@ -335,7 +350,6 @@ def run_tollgate(args, database: Database) -> dict:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
-    from runs.models import TERMINAL_STATUSES, Run
     from runs.engine.lifecycle import start_run
 
     gateway_port, api_port = urlparse(os.environ["GATEWAY_URL"]).port, free_port()
@@ -379,9 +393,7 @@ def run_tollgate(args, database: Database) -> dict:
             run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
         created = time.time()
         deadline = time.monotonic() + args.timeout
-        active = Run.objects.filter(pk__in=run_ids).exclude(status__in=TERMINAL_STATUSES)
-        while active.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until_ended(run_ids, deadline, 0.2)
         ended = time.time()
         cpu_after = {kind: sum(tree_cpu_s(p) for p in plist) for kind, plist in pids.items()}
         cpu_after["redis"] = redis_cpu_s(env["REDIS_URL"])
@@ -393,9 +405,7 @@ def run_tollgate(args, database: Database) -> dict:
         for number, agent in serial:  # one at a time: each starts when the previous one has ended
             run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
             serial_ids.append(run_ids[-1])
-            one = Run.objects.filter(pk=run_ids[-1]).exclude(status__in=TERMINAL_STATUSES)
-            while one.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until_ended(run_ids[-1:], deadline, 0.02)
         approver.stop()
     finally:
         cluster.stop()
@@ -473,22 +483,40 @@ def tollgate_figures(run_ids: list[int], posts: dict, started: float, created: f
         "runs_per_s": round(len(finished) / window, 2),
         "steps_per_s": round(step_count / window, 1),
         "latency_ms": {
-            "run created -> first model call": _p50_p99(first_call),
-            "approval POST sent -> refund start": _p50_p99(post_to_start),
-            "approval POST round trip": _p50_p99(round_trip),
-            "approval stored (resolved_at) -> refund start": _p50_p99(resolved_to_start),
-            "tool result -> next model call": _p50_p99(result_to_next),
+            "run created -> first model call": p50_p99(first_call),
+            "approval POST sent -> refund start": p50_p99(post_to_start),
+            "approval POST round trip": p50_p99(round_trip),
+            "approval stored (resolved_at) -> refund start": p50_p99(resolved_to_start),
+            "tool result -> next model call": p50_p99(result_to_next),
         },
     }
 
 
-def _p50_p99(seconds: list[float]) -> str:
+def p50_p99(seconds: list[float]) -> str:
+    """``"p50 X, p99 Y (n=N)"`` of durations given in seconds, printed in ms; "n/a" when empty."""
     if not seconds:
         return "n/a"
     return f"p50 {percentile(seconds, 50) * 1000:.0f}, p99 {percentile(seconds, 99) * 1000:.0f} (n={len(seconds)})"
 
 
 # --- LangGraph ---------------------------------------------------------------
+
+def model_tools_graph(model, tools):
+    """The graph of both LangGraph sides: ``model``, then ``tools`` while the last message calls tools, else the end.
+
+    ``model`` and ``tools`` are node functions (plain or ``async``) over
+    ``MessagesState``; returns the builder, not compiled.
+    """
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1].tool_calls else END)
+    builder.add_edge("tools", "model")
+    return builder
+
 
 def langgraph_worker(index: int, processes: int, orders: list[int], database_url: str, gateway_url: str,
                      go, results) -> None:
@@ -512,7 +540,7 @@ def _langgraph_process(index, processes, orders, database_url, gateway_url, go, 
     import httpx
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     from langgraph.checkpoint.postgres import PostgresSaver
-    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.graph import MessagesState
     from langgraph.types import Command, interrupt
     from psycopg import Connection
     from psycopg.rows import dict_row
@@ -573,12 +601,7 @@ def _langgraph_process(index, processes, orders, database_url, gateway_url, go, 
             out.append(ToolMessage(content=json.dumps(result), tool_call_id=call["id"], name=call["name"]))
         return {"messages": out}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("model", model)
-    builder.add_node("tools", tools)
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1].tool_calls else END)
-    builder.add_edge("tools", "model")
+    builder = model_tools_graph(model, tools)
 
     with Connection.connect(database_url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
         graph = builder.compile(checkpointer=PostgresSaver(conn))
