@@ -19,10 +19,8 @@ whose model config is ``{"provider": "openai", "endpoint": "bench-latency",
 ...}`` (the endpoint profile is given to every process in
 ``TOLLGATE_MODEL_ENDPOINTS``: the model server's ``base_url``, no key),
 then starts the runs (``runs.engine.lifecycle.start_run``, in this
-process, all in a row). ``--runs-in-flight`` is for the engine that runs
-many runs per process on an event loop: it is refused until
-config/settings.py reads ``TOLLGATE_RUNS_IN_FLIGHT``, then passed to the
-workers in that variable.
+process, all in a row). ``--runs-in-flight`` sets the engine's runs in
+flight per worker process (``TOLLGATE_RUNS_IN_FLIGHT``, default 1,000).
 
 LangGraph (``pip install -e '.[bench]'``): the same work as an async graph
 of a model node (``AsyncOpenAI`` against the same model server, streaming
@@ -108,8 +106,8 @@ def parse_args():
     parser.add_argument("--workers", type=int, default=2, help="rundramatiq worker processes (default 2)")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker process (default 4)")
     parser.add_argument("--runs-in-flight", type=int, default=None, metavar="N",
-                        help=f"runs in flight per worker process, passed in {RUNS_IN_FLIGHT_VARIABLE}; refused "
-                             f"while config/settings.py does not read that variable")
+                        help=f"runs in flight per worker process, passed in {RUNS_IN_FLIGHT_VARIABLE} "
+                             f"(default: the setting's, 1,000)")
     parser.add_argument("--langgraph-processes", type=int, nargs="*", default=[1, 2], metavar="P",
                         help="LangGraph process counts to measure (default 1 2); none: skip")
     parser.add_argument("--langgraph-pool", type=int, default=10,
@@ -126,11 +124,6 @@ def parse_args():
                         help="seconds to wait for the runs of one side to end (default 1800)")
     parser.add_argument("--skip-tollgate", action="store_true", help="measure LangGraph only")
     return parser.parse_args()
-
-
-def runs_in_flight_supported() -> bool:
-    """Whether config/settings.py reads ``TOLLGATE_RUNS_IN_FLIGHT`` (the event-loop engine's setting)."""
-    return RUNS_IN_FLIGHT_VARIABLE in (ROOT / "config" / "settings.py").read_text()
 
 
 # --- measuring ---------------------------------------------------------------
@@ -571,10 +564,6 @@ def main() -> int:
     args = parse_args()
     if args.warmup_runs is None:
         args.warmup_runs = args.workers * args.threads
-    if args.runs_in_flight is not None and not runs_in_flight_supported():
-        print(f"latency: --runs-in-flight needs the engine that reads {RUNS_IN_FLIGHT_VARIABLE} "
-              f"(config/settings.py does not yet)", file=sys.stderr)
-        return 2
     if not require_postgres_and_redis("latency"):
         return 2
     gateway_port, model_port = free_port(), free_port()
