@@ -16,7 +16,8 @@ Layers, top to bottom:
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.brokers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
-   pages and choices show for machine values).
+   pages and choices show for machine values), ``runs.awaiting`` (what a
+   step waits for outside the database, and how it is awaited).
 
 Every ``import`` counts, including those inside functions: an import
 placed in a function to dodge a cycle is still an upward import.
@@ -69,6 +70,7 @@ LAYERS = {
     "runs.masking": 0,
     "runs.errors": 0,
     "runs.labels": 0,
+    "runs.awaiting": 0,
 }
 SURFACE = 5
 # Installed apps the product must run without; only their own modules may import them.

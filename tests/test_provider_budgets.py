@@ -67,10 +67,11 @@ def test_max_cost_cannot_be_enforced_for_an_unpriced_model(worker, demo, llm):
 
 
 def test_deadline(worker, demo, llm):
-    slow = {**LOOKUP, "delay_s": 1.2}
+    slow = {**LOOKUP, "delay_s": 3}
     server, agent = llm("openai", [slow, LOOKUP], agent_fields={"deadline_s": 1})
     run = run_to_rest(worker, agent, demo["requester"])
     assert (run.status, run.failure_type) == ("failed", "deadline_exceeded")
     assert run.error.startswith("Deadline deadline_s (1s) exceeded")
-    assert len(server.requests) == 1
-    assert run.tool_calls.get().status == "cancelled", "the deadline is checked at every safe point"
+    step, = run.steps.all()  # the call is cut short at the deadline, not waited for
+    assert step.status == "discarded" and "deadline passed" in step.error
+    assert not run.tool_calls.exists()

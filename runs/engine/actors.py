@@ -6,7 +6,6 @@ import dramatiq
 from django.db import DatabaseError
 
 from approvals.notifications import NOTIFY_ACTOR, send_queued
-from runs import lease
 from runs.engine.runtime import RETRY_AFTER_DB_ERROR_MS, engine
 from runs.models import Run
 from runs.wakeups import ADVANCE_ACTOR, wake_now
@@ -16,7 +15,7 @@ log = logging.getLogger(__name__)
 
 @dramatiq.actor(actor_name=ADVANCE_ACTOR, max_retries=0, time_limit=5 * 60 * 1000)
 def advance_run(run_id: int) -> None:
-    """Take run ``run_id``'s lease and hand the run to this process's engine (``runs.engine.runtime``).
+    """Hand run ``run_id`` to this process's engine (``runs.engine.runtime.Engine.submit``).
 
     Returns once the run is under way, not when its slice ends; blocks
     while the engine has ``RUNS_IN_FLIGHT`` runs in flight. A run whose
@@ -25,16 +24,13 @@ def advance_run(run_id: int) -> None:
     ``RETRY_AFTER_DB_ERROR_MS``.
     """
     try:
-        held = lease.acquire(run_id)
+        held = engine().submit(run_id)
     except DatabaseError:
         log.exception("database error taking run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS)
         wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
         return
-    if held is None:
-        if not Run.objects.filter(pk=run_id).exists():
-            log.warning("run %s does not exist; dropping the message", run_id)
-        return
-    engine().submit(held)
+    if held is None and not Run.objects.filter(pk=run_id).exists():
+        log.warning("run %s does not exist; dropping the message", run_id)
 
 
 @dramatiq.actor(actor_name=NOTIFY_ACTOR, max_retries=0, time_limit=5 * 60 * 1000)

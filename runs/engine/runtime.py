@@ -1,7 +1,7 @@
 """The engine of one worker process: many runs in flight on one event loop, their database work on a few threads.
 
-A Dramatiq message (``runs.engine.actors.advance_run``) takes its run's
-lease in the broker's worker thread and hands the run here (``submit``),
+A Dramatiq message (``runs.engine.actors.advance_run``) hands its run
+here (``submit``: the run's lease is taken in the broker's worker thread),
 then returns: that thread is free for the next message at once. Each run
 in flight is an asyncio task that drives the loop's slice
 (``runs.engine.loop.advance_slice``, a step generator, ``runs.awaiting``):
@@ -78,17 +78,30 @@ class Engine:
         """Runs being advanced now."""
         return self._in_flight
 
-    def submit(self, held: lease.Lease) -> None:
-        """Advance ``held``'s run (its lease, just taken) in this process; returns once it is under way.
+    def submit(self, run_id: int) -> lease.Lease | None:
+        """Take run ``run_id``'s lease and advance it in this process; returns once it is under way.
 
-        Blocks while ``runs_in_flight`` runs are in flight. The lease is
-        released when the slice ends, whatever happens.
+        Returns the lease, or None when the run was not taken (another
+        worker holds it, or it waits, ended or is gone). Blocks while
+        ``runs_in_flight`` runs are in flight, before the lease is taken
+        (so a lease is never held by a run still waiting for room). The
+        lease is released when the slice ends, whatever happens. Raises
+        ``DatabaseError`` from taking the lease.
         """
         self._slots.acquire()
+        try:
+            held = lease.acquire(run_id)
+        except BaseException:
+            self._slots.release()
+            raise
+        if held is None:
+            self._slots.release()
+            return None
         with self._changed:
             self._in_flight += 1
             self.submitted += 1
         asyncio.run_coroutine_threadsafe(self._advance(held), self._loop)
+        return held
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no run is in flight (at most ``timeout_s`` seconds); True if none is."""
