@@ -24,6 +24,7 @@ from runs.transitions import apply
 from runs.webhooks.models import OutboxEntry, WebhookSubscription
 from tests.durability import lookup_agent
 from tools.models import ToolCall, ToolCallStatus
+from runs.awaiting import drive
 from tools.services import assess_tool_calls, propose_tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,7 +107,7 @@ def test_a_proposal_stores_each_call_once_in_its_assessed_status_and_logs_propos
     calls = [{"id": "c1", "name": "query_order", "arguments": {"order_id": 123}},
              {"id": "c2", "name": "refund", "arguments": {"order_id": 123, "amount": 80}},  # over 50: asks
              {"id": "c3", "name": "no_such_tool", "arguments": {}}]
-    assessments = assess_tool_calls(run=run, calls=calls, truncated=False)
+    assessments = drive(assess_tool_calls(run=run, calls=calls, truncated=False))
     start = Run.objects.get(pk=run.pk).last_event_seq
 
     with CaptureQueriesContext(connection) as captured, transaction.atomic():

@@ -25,6 +25,7 @@ from runs.models import Agent, Run, Step
 from runs.engine.lifecycle import start_run
 from tests.api_helpers import gateway_refunds
 from tools.registry import Tool, ToolTimeout, register
+from runs.awaiting import drive
 from tools.services import assess_tool_calls, propose_tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -214,7 +215,7 @@ def test_two_runs_proposing_at_once_are_judged_one_after_the_other(demo):
     runs = [start_run(agent=agent, user=demo["requester"], input=f"Refund {n}.") for n in (1, 2)]
     steps = [Step.objects.create(run=run, index=0, request={}) for run in runs]
     calls = [[refund(50, call_id="a")], [refund(45, call_id="b")]]
-    assessments = [assess_tool_calls(run=run, calls=c, truncated=False) for run, c in zip(runs, calls)]
+    assessments = [drive(assess_tool_calls(run=run, calls=c, truncated=False)) for run, c in zip(runs, calls)]
     a_proposed, b_done = threading.Event(), threading.Event()
 
     def propose_a():

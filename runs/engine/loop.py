@@ -146,7 +146,7 @@ def _step(run: Run, known: Known) -> Steps:
     if ready:
         return (yield from _execute(run, known, ready[0]))
     if any(c.status == S.UNKNOWN for c in calls):
-        return _reconcile(run, [c for c in calls if c.status == S.UNKNOWN])
+        return (yield from _reconcile(run, [c for c in calls if c.status == S.UNKNOWN]))
     if any(c.status == S.AWAITING_APPROVAL for c in calls):
         if _wait_for_approval(run):
             return False
@@ -218,10 +218,12 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     return False
 
 
-def _reconcile(run: Run, unknown: list[ToolCall]) -> bool:
+def _reconcile(run: Run, unknown: list[ToolCall]) -> Steps:
     """Settle unknown outcomes: the tool's hook first (a call it may send again is ``ready`` for the next
     pass), else a person; the run waits meanwhile."""
-    verdicts = {call.pk: reconcile_unknown_call(call, actor=ACTOR, resend=True) for call in unknown}
+    verdicts = {}
+    for call in unknown:
+        verdicts[call.pk] = yield from reconcile_unknown_call(call, actor=ACTOR, resend=True)
     later = [call for call in unknown if verdicts[call.pk] == "later"]
     people = [call for call in unknown if verdicts[call.pk] == "person"]
     if not later and not people:
@@ -359,7 +361,8 @@ def _model_turn(run: Run, known: Known) -> Steps:
     if response.tool_calls:
         _unique_call_ids(step, response.tool_calls, used=known.session_call_ids)
     # Policy first, outside the transaction: preconditions may do I/O.
-    assessments = assess_tool_calls(run=run, calls=response.tool_calls, truncated=response.finish_reason == "length")
+    assessments = yield from assess_tool_calls(run=run, calls=response.tool_calls,
+                                               truncated=response.finish_reason == "length")
     try:
         return _record_model_answer(run, known, step, response, cost, assessments)
     except (DataError, IntegrityError) as exc:

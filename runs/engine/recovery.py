@@ -33,6 +33,7 @@ from approvals.services import (
     overdue_interrupts,
     request_reconciliation,
 )
+from runs.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.waits import due_waits, end_due_waits
@@ -126,7 +127,7 @@ def reconcile_after_run_end(*, now, limit: int | None = None) -> int:
         if not ToolCall.objects.filter(pk=call.pk, reconcile_after=call.reconcile_after).update(
                 reconcile_after=claim_until):
             continue
-        verdict = reconcile_unknown_call(call, actor="sweeper")
+        verdict = drive(reconcile_unknown_call(call, actor="sweeper"))
         asked += 1
         if verdict == "later":
             next_try = timezone.now() + timedelta(seconds=reconcile_delay(call))

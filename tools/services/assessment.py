@@ -6,11 +6,13 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 
 from dataclasses import dataclass
 
+from runs.awaiting import Steps
 from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
 from tools.registry import Tool, ToolContext, tools_for_agent
 from tools.services.arguments import action_identity, parse_raw_arguments
+from tools.services.execution import call_hook
 
 
 @dataclass(frozen=True)
@@ -53,15 +55,17 @@ def effective_rule(agent, tool: Tool) -> tuple[str, str]:
     return combine(tool.approval, agent_rule), ""
 
 
-def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assessment]:
-    """Decide what happens to each call of one model turn; writes nothing.
+def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> Steps:
+    """Decide what happens to each call of one model turn; writes nothing. A step (``runs.awaiting``)
+    that returns the ``Assessment`` of each call, in order.
 
     ``calls`` is ``[{"id", "name", "arguments": str | dict}]`` as the
     provider returned them; ``truncated`` is True when the output was cut
     off (``finish_reason=length``). Unknown tool, unparsable, truncated or
     schema-breaking arguments -> ``invalidate``; a failed precondition ->
     ``deny``; else the approval rule decides. Preconditions may do I/O
-    (the refund asks the gateway), so call this outside any transaction.
+    (the refund asks the gateway: ``execution.call_hook``), so call this
+    outside any transaction.
     """
     allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
     assessments: list[Assessment] = []
@@ -87,7 +91,9 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> list[Assess
         if error:
             assessments.append(Assessment(arguments, "invalidate", error, tool, action_key=key))
             continue
-        denial = tool.precondition(ToolContext(run=run, user=run.requested_by), arguments) if tool.precondition else None
+        denial = None
+        if tool.precondition:
+            denial = yield from call_hook(tool, tool.precondition, ToolContext(run=run, user=run.requested_by), arguments)
         if denial:
             assessments.append(Assessment(arguments, "deny", denial, tool, action_key=key))
             continue

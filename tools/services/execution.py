@@ -111,7 +111,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
             if holder is not None:
                 on_target_busy(holder, target)
                 return tool_call
-    begun = _begin(tool_call, tool, actor=actor, assessed_now=assessed_now, outcome=outcome)
+    begun = yield from _begin(tool_call, tool, actor=actor, assessed_now=assessed_now, outcome=outcome)
     if begun is None:  # settled without being sent
         return tool_call
     key, reusable = begun
@@ -152,6 +152,18 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     return _store_result(tool_call, tool, result, outcome)
 
 
+def call_hook(tool: Tool, hook: Callable, *args) -> Steps:
+    """Call one of ``tool``'s sync hooks (``precondition``, ``reconcile``) as a step (``runs.awaiting``).
+
+    It runs in the sync handler pool, off the engine's database threads
+    (a hook may do I/O: the refund's precondition asks the gateway), within
+    the tool's ``timeout_s`` (``ToolTimeout`` past it). Returns what the
+    hook returns; raises what it raises.
+    """
+    return (yield Await(start=lambda: run_blocking(hook, *args), timeout_s=tool.timeout_s, what=f"hook:{tool.name}",
+                        timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s.")))
+
+
 async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
     """Await ``tool``'s handler on ``arguments``: an ``async def`` handler on the event loop, a sync one in
     the sync handler pool (``runs.awaiting.run_blocking``). Cancelled (a timeout), it sets
@@ -165,15 +177,15 @@ async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
         raise
 
 
-def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool,
-           outcome) -> tuple[str, tuple[int, object] | None] | None:
-    """Commit ``running`` with the idempotency key; returns ``(key, reusable)`` (``_key_and_reusable_result``).
+def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool, outcome) -> Steps:
+    """Commit ``running`` with the idempotency key; a step that returns ``(key, reusable)``
+    (``_key_and_reusable_result``).
 
     Returns None instead when the checks before sending settled the call
     (``_instead_of_sending``: denied, or found by its key), each step
     stored by ``outcome(transition, **arguments)``.
     """
-    instead = _instead_of_sending(tool_call, tool, assessed_now=assessed_now)
+    instead = yield from _instead_of_sending(tool_call, tool, assessed_now=assessed_now)
     if instead:
         for name, arguments in instead:
             outcome(getattr(tool_call, name), **arguments)
@@ -186,10 +198,11 @@ def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool,
     return key, reusable
 
 
-def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) -> list[tuple[str, dict]]:
-    """The transitions (name, arguments) that settle the call instead of sending it; empty: send it.
+def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) -> Steps:
+    """A step that returns the transitions (name, arguments) that settle the call instead of sending it;
+    empty: send it.
 
-    Writes nothing; the precondition and the ``reconcile`` hook may do I/O.
+    Writes nothing; the precondition and the ``reconcile`` hook may do I/O (``call_hook``).
     See ``execute_tool_call`` for when each check applies.
     """
     # The world may have changed since the proposal (or the approval). A
@@ -197,7 +210,7 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) 
     # the same key, not a new one: its own earlier effect must not deny it,
     # so where the tool can tell, that effect is looked for first.
     if tool_call.attempts and tool.side_effect and tool.reconcile is not None:
-        found = ask_reconcile(tool, tool_call)
+        found = yield from ask_reconcile(tool, tool_call)
         asked = {"error": "Sent before; the external system is asked what became of it before sending again."}
         if found.status == "succeeded":
             return [("mark_unknown", asked), ("succeed", {"reason": "found at the external system before sending "
@@ -214,15 +227,16 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) 
         return []
     if tool.precondition is None:
         return []
-    denial = tool.precondition(ToolContext(run=tool_call.run, user=tool_call.run.requested_by,
-                                           tool_call=tool_call), tool_call.arguments)
+    denial = yield from call_hook(tool, tool.precondition, ToolContext(
+        run=tool_call.run, user=tool_call.run.requested_by, tool_call=tool_call), tool_call.arguments)
     if denial:
         return [("deny", {"reason": "precondition checked before running", "error": denial})]
     return []
 
 
-def ask_reconcile(tool: Tool, tool_call: ToolCall) -> Reconciliation:
-    """Ask ``tool``'s ``reconcile`` hook what became of ``tool_call`` (sent under its idempotency key).
+def ask_reconcile(tool: Tool, tool_call: ToolCall) -> Steps:
+    """Ask ``tool``'s ``reconcile`` hook what became of ``tool_call`` (sent under its idempotency key); a step
+    (``call_hook``) that returns the ``Reconciliation``.
 
     The answer comes from an external system, so it is checked as a
     handler's result is (``_storable``): a ``succeeded`` whose result cannot
@@ -232,7 +246,7 @@ def ask_reconcile(tool: Tool, tool_call: ToolCall) -> Reconciliation:
     stay in the log, masked). Never raises.
     """
     try:
-        found = tool.reconcile(tool_call.idempotency_key)
+        found = yield from call_hook(tool, tool.reconcile, tool_call.idempotency_key)
     except Exception as exc:
         log.warning("reconcile hook of %s raised: %s", tool_call.name, exc)
         return Reconciliation("not_found", error=f"The external system could not be asked ({type(exc).__name__}).")

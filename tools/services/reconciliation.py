@@ -9,13 +9,14 @@ from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall
 from tools.registry import get_tool
+from runs.awaiting import Steps
 from tools.services.execution import ask_reconcile, charged_attempts
 
 
-def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> str:
-    """Ask the tool's ``reconcile`` hook about an ``unknown`` call.
+def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> Steps:
+    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; a step (``runs.awaiting``).
 
-    Returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
+    It returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
     call is now too), ``"resend"`` (see below: the call is ``ready``
     again), ``"later"`` (no trace yet, or the external system could not
     be asked: try again after ``reconcile_delay``) or ``"person"`` (the
@@ -37,7 +38,7 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = Fa
         return "person"
     ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_attempts=F("reconcile_attempts") + 1)
     tool_call.refresh_from_db()
-    found = ask_reconcile(tool, tool_call)
+    found = yield from ask_reconcile(tool, tool_call)
     if found.status == "succeeded":
         apply(tool_call.succeed, actor=actor, reason="reconciled automatically",
               result=found.result, now=timezone.now())
