@@ -129,9 +129,9 @@ def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, d
     reached = []
     refund = registry.get_tool("refund")
 
-    def handler(context, arguments):
+    async def handler(context, arguments):
         reached.append(len(recorder.sql))
-        return refund.handler(context, arguments)
+        return await refund.handler(context, arguments)
 
     monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(refund, handler=handler))
     with connection.execute_wrapper(recorder):

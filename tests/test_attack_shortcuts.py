@@ -142,9 +142,9 @@ def checks(monkeypatch):
         seen.append("assessed" if ctx.tool_call is None else "rechecked")
         return tool.precondition(ctx, arguments)
 
-    def handler(ctx, arguments):
+    async def handler(ctx, arguments):
         seen.append("sent")
-        return tool.handler(ctx, arguments)
+        return await tool.handler(ctx, arguments)
 
     monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(
         tool, precondition=precondition, handler=handler))
@@ -226,11 +226,11 @@ def test_a_read_whose_order_changed_hands_while_an_earlier_call_of_its_turn_ran_
         seen.append(("assessed" if ctx.tool_call is None else "rechecked", arguments["order_id"]))
         return tool.precondition(ctx, arguments)
 
-    def handler(ctx, arguments):
+    async def handler(ctx, arguments):
         seen.append(("sent", arguments["order_id"]))
         if arguments["order_id"] == 123:  # meanwhile, another request: order 124 is no longer the requester's
-            Order.objects.filter(number=124).update(owner=demo["admin"])
-        return tool.handler(ctx, arguments)
+            await Order.objects.filter(number=124).aupdate(owner=demo["admin"])
+        return await tool.handler(ctx, arguments)
 
     monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(
         tool, precondition=precondition, handler=handler))

@@ -14,6 +14,7 @@ per outermost ``atomic`` block that ran a statement.
 """
 
 import dataclasses
+import inspect
 import re
 
 import pytest
@@ -120,9 +121,19 @@ def _kind(events: list[RunEvent]) -> str:
 
 
 def _outside_transactions(function, what: str):
-    """``function`` wrapped to fail if it is called with a database transaction open."""
-    def checked(*args, **kwargs):
+    """``function`` (sync or ``async def``, which it stays) wrapped to fail if it is called with a database
+    transaction open."""
+    def check():
         assert not connection.in_atomic_block, f"{what} called inside a transaction"
+
+    if inspect.iscoroutinefunction(function):
+        async def checked_async(*args, **kwargs):
+            check()
+            return await function(*args, **kwargs)
+        return checked_async
+
+    def checked(*args, **kwargs):
+        check()
         return function(*args, **kwargs)
     return checked
 

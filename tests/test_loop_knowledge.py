@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from approvals.models import Interrupt
@@ -54,10 +55,12 @@ def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
     run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
     tool = registry.get_tool("query_order")
 
-    def handler(context, arguments):  # a person adds to the conversation while the call is out
-        submit_input(agent=agent, user=demo["requester"], input="and please hurry", session=run.session,
-                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
-        return tool.handler(context, arguments)
+    session = run.session  # read here: the handler runs on an event loop
+
+    async def handler(context, arguments):  # a person adds to the conversation while the call is out
+        await sync_to_async(submit_input)(agent=agent, user=demo["requester"], input="and please hurry",
+                                          session=session, multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        return await tool.handler(context, arguments)
 
     monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
     loop.advance(run.pk)

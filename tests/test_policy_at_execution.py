@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
@@ -157,11 +158,13 @@ def test_a_read_after_another_writers_event_in_the_same_slice_is_checked_again(d
     run = start_run(agent=agent, user=demo["requester"], input="look at both")
     tool = registry.get_tool("query_order")
 
-    def handler(ctx, arguments):
+    session = run.session  # read here: the handler runs on an event loop
+
+    async def handler(ctx, arguments):
         if arguments["order_id"] == 123:
-            submit_input(agent=agent, user=demo["requester"], input="quickly please", session=run.session,
-                         multitask_strategy="supplement")
-        return tool.handler(ctx, arguments)
+            await sync_to_async(submit_input)(agent=agent, user=demo["requester"], input="quickly please",
+                                              session=session, multitask_strategy="supplement")
+        return await tool.handler(ctx, arguments)
 
     monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
     loop.advance(run.pk)

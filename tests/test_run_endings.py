@@ -84,9 +84,9 @@ def test_a_refund_done_before_the_run_ended_is_known_to_the_next_run_and_not_don
 def decimal_tool():
     """A side-effecting tool that charges the gateway, then returns a value JSON cannot hold."""
 
-    def handler(ctx, args):
-        gateway.refund(order_number=args["order_id"], amount=Decimal("5.00"),
-                       idempotency_key=ctx.idempotency_key, timeout_s=5)
+    async def handler(ctx, args):
+        await gateway.arefund(order_number=args["order_id"], amount=Decimal("5.00"),
+                              idempotency_key=ctx.idempotency_key, timeout_s=5)
         return {"charged": Decimal("5.00")}
 
     tool = registry.register(Tool(

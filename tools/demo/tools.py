@@ -7,6 +7,14 @@ refunds of the order over 30 days, this one included, add up to more
 than 50), ``find_refundable_order`` (read-only: the requester's newest
 order with room for a refund), ``legal_check`` (read-only) and ``send_email`` (side
 effect, always approved, only after a passed legal check in the same run).
+
+The handlers that wait on the gateway (``query_order``, ``refund``,
+``find_refundable_order``) are ``async def``: they run on the engine's
+event loop, read orders with Django's async ORM (``afirst``, ``async
+for``) and ask the gateway with its async client, holding no thread
+while they wait. The others, and every precondition (called
+synchronously by the core), stay sync; ``cancel_order``'s write in
+``transaction.atomic`` runs in the sync handler pool.
 """
 
 from decimal import Decimal
@@ -36,7 +44,7 @@ def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
 
 def _refundable(order: Order) -> Decimal:
     """What may still be refunded: total less what the gateway refunded since the order's ``refunds_since``
-    (0 if cancelled).
+    (0 if cancelled). For the sync preconditions; ``_arefundable`` in handlers.
 
     Raises ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
@@ -45,8 +53,15 @@ def _refundable(order: Order) -> Decimal:
     return order.total - gateway.refunded_total(order.number, since=order.refunds_since)
 
 
-def _order_view(order: Order) -> dict:
-    refundable = _refundable(order)
+async def _arefundable(order: Order) -> Decimal:
+    """``_refundable`` on the running event loop (the async gateway client)."""
+    if order.status == Order.Status.CANCELLED:
+        return Decimal("0")
+    return order.total - await gateway.arefunded_total(order.number, since=order.refunds_since)
+
+
+def _order_view(order: Order, refundable: Decimal) -> dict:
+    """What ``query_order`` answers about ``order``, of which ``refundable`` may still be refunded."""
     return {
         "order_id": order.number,
         "total": str(order.total),
@@ -65,11 +80,11 @@ def _query_order_precondition(ctx: ToolContext, args: dict) -> str | None:
     return None
 
 
-def _query_order(ctx: ToolContext, args: dict) -> dict:
-    order = _own_order(ctx, args["order_id"])
+async def _query_order(ctx: ToolContext, args: dict) -> dict:
+    order = await _orders_of(ctx, args["order_id"]).afirst()
     if order is None:
         raise ToolError(f"Order {args['order_id']} not found.")
-    return _order_view(order)
+    return _order_view(order, await _arefundable(order))
 
 
 QUERY_ORDER = Tool(
@@ -138,13 +153,13 @@ def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
     return None
 
 
-def _refund(ctx: ToolContext, args: dict) -> dict:
+async def _refund(ctx: ToolContext, args: dict) -> dict:
     amount = Decimal(str(args["amount"])).quantize(Decimal("0.01"))
-    order = _own_order(ctx, args["order_id"])
+    order = await _orders_of(ctx, args["order_id"]).afirst()
     if order is None or order.status != Order.Status.OPEN:
         raise ToolError(f"Order {args['order_id']} is not refundable.")
-    return gateway.refund(order_number=order.number, amount=amount, idempotency_key=ctx.idempotency_key,
-                          timeout_s=ctx.timeout_s)
+    return await gateway.arefund(order_number=order.number, amount=amount, idempotency_key=ctx.idempotency_key,
+                                 timeout_s=ctx.timeout_s)
 
 
 REFUND = Tool(
@@ -170,7 +185,7 @@ REFUND = Tool(
 
 # --- find_refundable_order -----------------------------------------------------
 
-def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
+async def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     """The requester's newest open order that can take a refund of ``amount`` now (``query_order``'s view).
 
     Skips the contested order (``CONTESTED_ORDER``) and orders a refund of
@@ -178,13 +193,15 @@ def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     can, ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
     amount = Decimal(str(args["amount"]))
-    under_way = set(ToolCall.objects.filter(name=REFUND.name, run__requested_by=ctx.user, status__in=PENDING_STATUSES)
-                    .values_list("arguments__order_id", flat=True))
+    under_way = {order_id async for order_id in ToolCall.objects.filter(
+        name=REFUND.name, run__requested_by=ctx.user, status__in=PENDING_STATUSES).values_list(
+        "arguments__order_id", flat=True)}
     candidates = (Order.objects.filter(owner=ctx.user, status=Order.Status.OPEN, total__gte=amount)
                   .exclude(number__in=under_way | {CONTESTED_ORDER}).order_by("-number"))
-    for order in candidates:
-        if _refundable(order) >= amount:
-            return _order_view(order)
+    async for order in candidates:
+        refundable = await _arefundable(order)
+        if refundable >= amount:
+            return _order_view(order, refundable)
     raise ToolError(f"None of the requester's open orders can take a refund of {amount} now.")
 
 
