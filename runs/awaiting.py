@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable, Generator
 
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,40 @@ def drive(steps: Steps):
         answer = loop.run_until_complete(settle(value))
 
 
+def keeping_connection(fn: Callable, *args):
+    """``fn(*args)`` in a long-lived thread of a pool: after a database error this thread's connection is
+    closed if it no longer works (a database restart), so the thread's next job connects afresh.
+    Connections otherwise stay open (a pool's threads are few and reused)."""
+    try:
+        return fn(*args)
+    except DatabaseError:
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+        raise
+
+
+def close_pool_connections(executor: ThreadPoolExecutor, threads: int, *, timeout_s: float = 10) -> None:
+    """Close the database connection of each of ``executor``'s ``threads`` idle threads.
+
+    Each thread takes one job and the jobs wait for each other (a
+    barrier), so every thread closes its own connection (Django's
+    connections belong to their thread). Gives up after ``timeout_s`` when
+    fewer threads are free (one is stuck in an abandoned call).
+    """
+    barrier = threading.Barrier(threads)
+
+    def close() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout_s)
+        connection.close()
+
+    for future in [executor.submit(close) for _ in range(threads)]:
+        with contextlib.suppress(TimeoutError):
+            future.result(timeout_s)
+
+
 class _BlockingPool:
-    """The threads sync tool handlers run in (``TOLLGATE["TOOL_THREADS"]``), and those abandoned."""
+    """The threads sync tool handlers and hooks run in (``TOLLGATE["TOOL_THREADS"]``), and those abandoned."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -144,7 +177,7 @@ class _BlockingPool:
             return self._executor
 
     async def run(self, fn: Callable, *args):
-        future = self.executor().submit(fn, *args)
+        future = self.executor().submit(keeping_connection, fn, *args)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -160,15 +193,30 @@ class _BlockingPool:
         with self._lock:
             self.abandoned -= 1
 
+    def close_connections(self) -> None:
+        if self._executor is not None:
+            close_pool_connections(self._executor, self._executor._max_workers - self.abandoned)
+
 
 _pool = _BlockingPool()
 
 
 async def run_blocking(fn: Callable, *args):
-    """Await ``fn(*args)`` run in the sync handler pool; cancelling the await abandons the thread."""
+    """Await ``fn(*args)`` run in the sync handler pool; cancelling the await abandons the thread.
+
+    What an ``async def`` tool handler uses for its database work (Django's
+    ORM is sync): ``order = await run_blocking(load_order, number)``. The
+    pool's threads keep their connections and drop one that broke.
+    """
     return await _pool.run(fn, *args)
 
 
 def abandoned_threads() -> int:
     """How many sync handler threads are still running a call whose awaiter gave up (timed out)."""
     return _pool.abandoned
+
+
+def close_connections() -> None:
+    """Close the database connections of the sync handler pool's idle threads (e.g. before a test
+    database is dropped)."""
+    _pool.close_connections()

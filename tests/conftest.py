@@ -21,6 +21,7 @@ from dramatiq.brokers.stub import StubBroker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from runs import awaiting
 from runs.engine import runtime
 from runs.engine.actors import advance_run
 from tests.fake_tools import forget_transfers
@@ -62,6 +63,18 @@ class RunWorker:
         self.worker.join()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def pool_threads_let_go_of_the_test_database(django_db_setup):
+    """At the end, the engine's and the handler pool's threads close their connections, so that the test
+    database can be dropped (PostgreSQL refuses while a connection is open)."""
+    yield
+    engine = runtime.running_engine()
+    if engine is not None:
+        engine.wait_idle(60)
+        engine.close_connections()
+    awaiting.close_connections()
+
+
 @pytest.fixture
 def idle_worker(transactional_db):
     """A worker that is not consuming yet: call ``.worker.start()`` when the test is ready."""
@@ -71,9 +84,10 @@ def idle_worker(transactional_db):
     yield run_worker
     run_worker.worker.stop()
     engine = runtime.running_engine()
-    if engine is not None:  # runs handed over finish, and the engine lets go of the test database
+    if engine is not None:  # runs handed over finish, and the engine's threads let go of the test database
         engine.wait_idle(60)
         engine.close_connections()
+        awaiting.close_connections()
     broker.flush_all()
     _forget_taken_messages(broker)
 

@@ -35,12 +35,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs import lease
-from runs.awaiting import resume, settle
+from runs.awaiting import close_pool_connections, keeping_connection, resume, settle
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
 from runs.lease import LeaseLost
@@ -113,18 +113,11 @@ class Engine:
 
         Call it only while no run is in flight.
         """
-        barrier = threading.Barrier(self._db_threads)
-
-        def close() -> None:
-            barrier.wait()  # every thread takes one: each closes its own connection
-            connection.close()
-
-        for future in [self._db.submit(close) for _ in range(self._db_threads)]:
-            future.result()
+        close_pool_connections(self._db, self._db_threads)
 
     async def _in_db_thread(self, fn, *args):
         """``fn(*args)`` on a database thread, in a copy of this task's context (its lease)."""
-        return await self._loop.run_in_executor(self._db, contextvars.copy_context().run, _keeping_connection,
+        return await self._loop.run_in_executor(self._db, contextvars.copy_context().run, keeping_connection,
                                                 fn, *args)
 
     async def _advance(self, held: lease.Lease) -> None:
@@ -177,17 +170,6 @@ class Engine:
             for run_id in requested:
                 if run_id in self._cancels:
                     self._cancels[run_id].set()
-
-
-def _keeping_connection(fn, *args):
-    """``fn(*args)``; after a database error, this thread's connection is closed if it no longer works
-    (a database restart), so the thread's next work connects afresh. Connections otherwise stay open."""
-    try:
-        return fn(*args)
-    except DatabaseError:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-        raise
 
 
 def _cancel_requested(run_ids: list[int]) -> list[int]:

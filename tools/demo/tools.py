@@ -10,11 +10,11 @@ effect, always approved, only after a passed legal check in the same run).
 
 The handlers that wait on the gateway (``query_order``, ``refund``,
 ``find_refundable_order``) are ``async def``: they run on the engine's
-event loop, read orders with Django's async ORM (``afirst``, ``async
-for``) and ask the gateway with its async client, holding no thread
-while they wait. The others, and every precondition (called
-synchronously by the core), stay sync; ``cancel_order``'s write in
-``transaction.atomic`` runs in the sync handler pool.
+event loop, read orders in the sync handler pool
+(``runs.awaiting.run_blocking``: Django's ORM is sync) and ask the
+gateway with its async client, holding no thread while they wait. The
+others, and every precondition, stay sync; the engine runs them in the
+sync handler pool.
 """
 
 from decimal import Decimal
@@ -22,6 +22,7 @@ from decimal import Decimal
 from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 
+from runs.awaiting import run_blocking
 from tools.demo import conf, gateway, summaries
 from tools.demo.models import CONTESTED_ORDER, Order
 from tools.models import ToolCall, ToolCallStatus
@@ -81,7 +82,7 @@ def _query_order_precondition(ctx: ToolContext, args: dict) -> str | None:
 
 
 async def _query_order(ctx: ToolContext, args: dict) -> dict:
-    order = await _orders_of(ctx, args["order_id"]).afirst()
+    order = await run_blocking(_own_order, ctx, args["order_id"])
     if order is None:
         raise ToolError(f"Order {args['order_id']} not found.")
     return _order_view(order, await _arefundable(order))
@@ -155,7 +156,7 @@ def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
 
 async def _refund(ctx: ToolContext, args: dict) -> dict:
     amount = Decimal(str(args["amount"])).quantize(Decimal("0.01"))
-    order = await _orders_of(ctx, args["order_id"]).afirst()
+    order = await run_blocking(_own_order, ctx, args["order_id"])
     if order is None or order.status != Order.Status.OPEN:
         raise ToolError(f"Order {args['order_id']} is not refundable.")
     return await gateway.arefund(order_number=order.number, amount=amount, idempotency_key=ctx.idempotency_key,
@@ -193,16 +194,20 @@ async def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     can, ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
     amount = Decimal(str(args["amount"]))
-    under_way = {order_id async for order_id in ToolCall.objects.filter(
-        name=REFUND.name, run__requested_by=ctx.user, status__in=PENDING_STATUSES).values_list(
-        "arguments__order_id", flat=True)}
-    candidates = (Order.objects.filter(owner=ctx.user, status=Order.Status.OPEN, total__gte=amount)
-                  .exclude(number__in=under_way | {CONTESTED_ORDER}).order_by("-number"))
-    async for order in candidates:
+    for order in await run_blocking(_refund_candidates, ctx, amount):
         refundable = await _arefundable(order)
         if refundable >= amount:
             return _order_view(order, refundable)
     raise ToolError(f"None of the requester's open orders can take a refund of {amount} now.")
+
+
+def _refund_candidates(ctx: ToolContext, amount: Decimal) -> list[Order]:
+    """The requester's open orders of at least ``amount``, newest first, but the contested one and those a
+    refund of theirs is already under way on."""
+    under_way = set(ToolCall.objects.filter(name=REFUND.name, run__requested_by=ctx.user, status__in=PENDING_STATUSES)
+                    .values_list("arguments__order_id", flat=True))
+    return list(Order.objects.filter(owner=ctx.user, status=Order.Status.OPEN, total__gte=amount)
+                .exclude(number__in=under_way | {CONTESTED_ORDER}).order_by("-number"))
 
 
 FIND_REFUNDABLE_ORDER = Tool(
