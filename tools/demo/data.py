@@ -142,6 +142,7 @@ def load_demo(*, reset_passwords: bool = False) -> dict[str, str | None]:
             "shipped": number == 124 or number % 2 == 0 and number != CONTESTED_ORDER,
             "status": Order.Status.OPEN,
             "refunds_since": now,
+            "held_for_run": None,
         })
     for spec in DEMO_AGENTS:
         Agent.objects.update_or_create(slug=spec["slug"], defaults={k: v for k, v in spec.items() if k != "slug"})

@@ -36,6 +36,11 @@ class Order(models.Model):
     refunds_since = models.DateTimeField(
         _("refunds counted since"), null=True, blank=True,
         help_text=_("Refunds made before this time do not count against the order (set when the demo is reset)."))
+    # Claimed by one run with a conditional UPDATE, so two runs in flight at once never pick the same order.
+    held_for_run = models.PositiveIntegerField(
+        _("held for run"), null=True, blank=True,
+        help_text=_("The run that found this order for a refund (find_refundable_order); no other run in "
+                    "progress picks it."))
 
     class Meta:
         verbose_name = _("order")

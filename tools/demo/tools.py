@@ -21,8 +21,10 @@ from decimal import Decimal
 
 from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
+from django.db.models import Q
 
 from runs.awaiting import run_blocking
+from runs.models import ACTIVE_STATUSES, Run
 from tools.demo import conf, gateway, summaries
 from tools.demo.models import CONTESTED_ORDER, Order
 from tools.models import ToolCall, ToolCallStatus
@@ -189,25 +191,39 @@ REFUND = Tool(
 async def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     """The requester's newest open order that can take a refund of ``amount`` now (``query_order``'s view).
 
-    Skips the contested order (``CONTESTED_ORDER``) and orders a refund of
-    the requester's is already under way on. Raises ``ToolError`` when none
+    Skips the contested order (``CONTESTED_ORDER``), orders a refund of
+    the requester's is already under way on, and orders another run in
+    progress found first; the order found is held for this run
+    (``Order.held_for_run``), so runs in flight together pick different ones. Raises ``ToolError`` when none
     can, ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
     amount = Decimal(str(args["amount"]))
     for order in await run_blocking(_refund_candidates, ctx, amount):
         refundable = await _arefundable(order)
-        if refundable >= amount:
+        if refundable >= amount and await run_blocking(_hold, order, ctx.run):
             return _order_view(order, refundable)
     raise ToolError(f"None of the requester's open orders can take a refund of {amount} now.")
 
 
+def _held_by_another(run) -> Q:
+    """Orders held for a run in progress other than ``run`` (``Order.held_for_run``)."""
+    in_progress = Run.objects.filter(status__in=ACTIVE_STATUSES).exclude(pk=run.pk).values("pk")
+    return Q(held_for_run__in=in_progress)
+
+
 def _refund_candidates(ctx: ToolContext, amount: Decimal) -> list[Order]:
-    """The requester's open orders of at least ``amount``, newest first, but the contested one and those a
-    refund of theirs is already under way on."""
+    """The requester's open orders of at least ``amount``, newest first, but the contested one, those a
+    refund of theirs is already under way on and those another run in progress holds."""
     under_way = set(ToolCall.objects.filter(name=REFUND.name, run__requested_by=ctx.user, status__in=PENDING_STATUSES)
                     .values_list("arguments__order_id", flat=True))
     return list(Order.objects.filter(owner=ctx.user, status=Order.Status.OPEN, total__gte=amount)
-                .exclude(number__in=under_way | {CONTESTED_ORDER}).order_by("-number"))
+                .exclude(number__in=under_way | {CONTESTED_ORDER}).exclude(_held_by_another(ctx.run))
+                .order_by("-number"))
+
+
+def _hold(order: Order, run) -> bool:
+    """Hold ``order`` for ``run`` unless another run in progress holds it (one conditional UPDATE); True if held."""
+    return Order.objects.filter(pk=order.pk).exclude(_held_by_another(run)).update(held_for_run=run.pk) == 1
 
 
 FIND_REFUNDABLE_ORDER = Tool(
