@@ -202,7 +202,8 @@ class _Keeper:
             self._woken.clear()
             with self._lock:
                 leases = list(self._held)
-            if not leases:
+            if not leases:  # idle: let go of the database until there is a lease again
+                connection.close()
                 continue
             try:
                 renewed = renew_all(leases)
