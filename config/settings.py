@@ -379,7 +379,7 @@ TOLLGATE = {
     # the runs' database work, and threads that run sync tool handlers.
     "RUNS_IN_FLIGHT": env.int("TOLLGATE_RUNS_IN_FLIGHT", default=1000),
     "ENGINE_DB_THREADS": env.int("TOLLGATE_ENGINE_DB_THREADS", default=4),
-    "TOOL_THREADS": env.int("TOLLGATE_TOOL_THREADS", default=32),
+    "TOOL_THREADS": env.int("TOLLGATE_TOOL_THREADS", default=16),
     # Seconds one model call may take in all (a stream that keeps coming
     # included); the provider's own timeout bounds each wait within it.
     "MODEL_CALL_MAX_S": env.float("TOLLGATE_MODEL_CALL_MAX_S", default=600.0),

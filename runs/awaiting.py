@@ -130,15 +130,24 @@ def drive(steps: Steps):
 
 
 def keeping_connection(fn: Callable, *args):
-    """``fn(*args)`` in a long-lived thread of a pool: after a database error this thread's connection is
-    closed if it no longer works (a database restart), so the thread's next job connects afresh.
-    Connections otherwise stay open (a pool's threads are few and reused)."""
+    """``fn(*args)`` in a long-lived thread of a pool of threads, minding its database connection.
+
+    With a connection pool (PostgreSQL, ``OPTIONS["pool"]``) the
+    connection goes back to the pool after every job, so threads that wait
+    hold none and a process needs no more connections than it has jobs
+    running. Without one (SQLite) the thread keeps its connection. After a
+    database error a connection that no longer works (a database restart)
+    is closed, so the thread's next job connects afresh.
+    """
     try:
         return fn(*args)
     except DatabaseError:
         if connection.connection is not None and not connection.is_usable():
             connection.close()
         raise
+    finally:
+        if connection.connection is not None and getattr(connection, "pool", None) is not None:
+            connection.close()  # back to the pool
 
 
 def close_pool_connections(executor: ThreadPoolExecutor, threads: int, *, timeout_s: float = 10) -> None:
