@@ -250,3 +250,31 @@ def test_a_one_pass_sweep_sends_its_pushes_before_the_command_returns(demo, monk
     run.refresh_from_db()
     assert run.status == "failed"  # the sweep expired the approval and ended the run
     assert live.run_group(run.pk) in layer.sent
+
+
+def test_a_token_by_token_stream_is_pushed_in_few_pieces_that_add_up_to_it(monkeypatch):
+    """``DeltaBuffer``: a stream's fragments within ``DELTA_INTERVAL_S`` of each other go out as one push per kind
+    and call; what the pushes carry, joined, is exactly what was streamed."""
+    from runs import live
+
+    pushed = []
+    clock = [100.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    buffer = live.DeltaBuffer(5, push=lambda run_id, *, kind, data: pushed.append((run_id, kind, dict(data))))
+    text = "Order 123 can be refunded."
+    buffer.add("text_delta", {"text": text[0]})  # the first fragment goes out at once
+    for char in text[1:]:
+        clock[0] += 0.001
+        buffer.add("text_delta", {"text": char})
+    buffer.add("tool_call_delta", {"index": 0, "id": "c1", "name": "refund", "arguments": '{"order_id"'})
+    buffer.add("tool_call_delta", {"index": 0, "id": "c1", "name": "refund", "arguments": ': 123}'})
+    clock[0] += live.DELTA_INTERVAL_S  # the next fragment comes a push interval later: it and all before it go
+    buffer.add("tool_call_delta", {"index": 1, "id": "c2", "name": "query_order", "arguments": "{}"})
+    buffer.flush()  # nothing left: nothing pushed
+
+    assert len(pushed) == 4  # "O" at once, then the rest of the text and each call's fragments joined
+    assert {run_id for run_id, _, _ in pushed} == {5}
+    assert "".join(d["text"] for _, kind, d in pushed if kind == "text_delta") == text
+    calls = [d for _, kind, d in pushed if kind == "tool_call_delta"]
+    assert calls == [{"index": 0, "id": "c1", "name": "refund", "arguments": '{"order_id": 123}'},
+                     {"index": 1, "id": "c2", "name": "query_order", "arguments": "{}"}]

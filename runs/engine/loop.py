@@ -55,7 +55,7 @@ from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context
 from runs.engine.lifecycle import begin_run, end_run, ending_reads
 from runs.engine.state import Known
-from runs.live import publish_delta
+from runs.live import DeltaBuffer, publish_delta
 from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
 from runs.wakeups import wake_now
@@ -325,7 +325,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
     exhausted = _exhausted_budget(run, steps=known.steps)
     if exhausted:
         return _fail(run, *exhausted)
-    request, summary = _model_request(run, known.history)
+    request, summary, deltas = _model_request(run, known.history)
     with transaction.atomic():
         set_phase(run, Phase.CALLING_MODEL)  # fenced: no step is stored for a lease taken over
         step = Step.objects.create(run=run, index=known.steps, request=summary)
@@ -340,6 +340,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
                                  timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
                                                               transient=True),
                                  stop_at=deadline_of(run), what="model")
+            deltas.flush()  # the stream's last events
             response = screen_response(answer)
     except Interrupted as exc:  # the run ends at the next pass (its cancel, its deadline)
         apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}", error=f"Stopped waiting for the answer: {exc}.",
@@ -559,25 +560,28 @@ def _finish(run: Run, known: Known, content: str, *, read_upto: int | None = Non
     return _fail(run, FailureType.INCOMPLETE, f"Not complete after {limit} reminders: {verdict.reason}")
 
 
-def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict]:
-    """The request for ``run``'s next model call (``history``: the session's messages) and its summary.
+def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict, DeltaBuffer]:
+    """The request for ``run``'s next model call (``history``: the session's messages), its summary and
+    the buffer of its streaming deltas.
 
     The summary goes to ``Step.request``; streaming deltas go to the run's
-    Channels group (``runs.live``).
+    Channels group, coalesced (``runs.live.DeltaBuffer``: flush it once the
+    call answered).
     """
     context = build_context(run, history)
+    deltas = DeltaBuffer(run.pk, push=publish_delta)
     request = ModelRequest(
         instructions=context.instructions,
         messages=context.messages,
         tools=context.tools,
         turn_index=run.model_calls,
         run_id=run.pk,
-        on_delta=lambda kind, data: publish_delta(run.pk, kind=kind, data=data),
+        on_delta=deltas.add,
     )
     summary = {"turn_index": request.turn_index, "messages": len(context.messages),
                "last_message_id": context.last_message_id,
                "omitted_messages": context.omitted, "estimated_tokens": context.estimated_tokens}
-    return request, summary
+    return request, summary, deltas
 
 
 def _call_cost(agent, response):
