@@ -216,7 +216,7 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
         return True
     delay = retry_delay(call)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
-        yield Await(start=lambda: asyncio.sleep(delay), what="pause")
+        yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=deadline_of(run))
         return True
     _wait(run, reason=f"retrying {call.name} in {delay:.1f}s", waiting_reason=WaitingReason.RETRY_BACKOFF,
           wake_at=timezone.now() + timedelta(seconds=delay))
@@ -419,7 +419,7 @@ def _model_backoff(run: Run, step: Step, client, exc: ModelError) -> Steps:
         delay = random.uniform(0, settings.TOLLGATE["MODEL_BACKOFF_S"] * 2 ** (tries - 1))
     delay = min(delay, MAX_MODEL_BACKOFF_S)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
-        yield Await(start=lambda: asyncio.sleep(delay), what="pause")
+        yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=deadline_of(run))
         return True
     _wait(run, reason=f"the model is unavailable ({exc}); trying again in {delay:.1f}s",
           waiting_reason=WaitingReason.RETRY_BACKOFF, wake_at=timezone.now() + timedelta(seconds=delay))
