@@ -66,7 +66,8 @@ async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tupl
     The exception is what the awaitable raised; ``request.timed_out()``
     past its ``timeout_s``; ``Interrupted`` past its ``stop_at`` or once
     ``cancelled`` is set (the run's cancel was requested). In the last
-    three cases the awaitable is cancelled (and awaited) first. The run's
+    three cases the awaitable is cancelled first and given ``CANCEL_GRACE_S``
+    to end (one that ignores its cancel is left running, its answer dropped). The run's
     own task being cancelled (``asyncio.CancelledError``) propagates.
     """
     timeout_s, deadline = request.timeout_s, None
@@ -85,13 +86,29 @@ async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tupl
     if call in done:
         return (True, call.result()) if call.exception() is None else (False, call.exception())
     call.cancel()
-    with contextlib.suppress(BaseException):
-        await call
+    await _let_go(call, request.what)
     if watch is not None and watch in done:
         return False, Interrupted("the run's cancel was requested")
     if deadline is not None:
         return False, Interrupted("the run's deadline passed")
     return False, request.timed_out()
+
+
+# Seconds a cancelled call may take to wind down before the step goes on without it.
+CANCEL_GRACE_S = 2.0
+
+
+async def _let_go(call: asyncio.Future, what: str) -> None:
+    """Wait (at most ``CANCEL_GRACE_S``) for the cancelled ``call`` to end; one that ignores its cancel
+    (swallows ``CancelledError``) is left running on the loop, its answer dropped. The run's own task
+    being cancelled meanwhile propagates."""
+    await asyncio.wait([call], timeout=CANCEL_GRACE_S)
+    if call.done():
+        if not call.cancelled():
+            call.exception()  # retrieved: what a cancelled call raised on its way out is dropped
+        return
+    log.warning("a call (%s) ignored its cancel; it is left running and its answer dropped", what or "?")
+    call.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:

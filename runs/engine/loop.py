@@ -134,7 +134,12 @@ def advance_slice(run_id: int) -> Steps:
         if passed:
             _fail(run, *passed)
             return run, False
-        if not (yield from _step(run, known)):
+        try:
+            going_on = yield from _step(run, known)
+        except Interrupted:  # a hook or a pause cut short by the run's cancel or deadline: the next pass ends it
+            known.reload()
+            continue
+        if not going_on:
             return run, False
     return run, True
 
@@ -211,7 +216,7 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
         return True
     delay = retry_delay(call)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
-        yield Await(start=lambda: asyncio.sleep(delay), what="pause")
+        yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=deadline_of(run))
         return True
     _wait(run, reason=f"retrying {call.name} in {delay:.1f}s", waiting_reason=WaitingReason.RETRY_BACKOFF,
           wake_at=timezone.now() + timedelta(seconds=delay))
@@ -362,8 +367,13 @@ def _model_turn(run: Run, known: Known) -> Steps:
     if response.tool_calls:
         _unique_call_ids(step, response.tool_calls, used=known.session_call_ids)
     # Policy first, outside the transaction: preconditions may do I/O.
-    assessments = yield from assess_tool_calls(run=run, calls=response.tool_calls,
-                                               truncated=response.finish_reason == "length")
+    try:
+        assessments = yield from assess_tool_calls(run=run, calls=response.tool_calls,
+                                                   truncated=response.finish_reason == "length")
+    except Interrupted as exc:  # a precondition cut short: the answer is dropped, the run ends at the next pass
+        apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}",
+              error=f"Stopped waiting for a tool's precondition: {exc}.", now=timezone.now())
+        return True
     try:
         return _record_model_answer(run, known, step, response, cost, assessments)
     except (DataError, IntegrityError) as exc:
@@ -410,7 +420,7 @@ def _model_backoff(run: Run, step: Step, client, exc: ModelError) -> Steps:
         delay = random.uniform(0, settings.TOLLGATE["MODEL_BACKOFF_S"] * 2 ** (tries - 1))
     delay = min(delay, MAX_MODEL_BACKOFF_S)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
-        yield Await(start=lambda: asyncio.sleep(delay), what="pause")
+        yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=deadline_of(run))
         return True
     _wait(run, reason=f"the model is unavailable ({exc}); trying again in {delay:.1f}s",
           waiting_reason=WaitingReason.RETRY_BACKOFF, wake_at=timezone.now() + timedelta(seconds=delay))

@@ -7,12 +7,13 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 from dataclasses import dataclass
 
 from runs.awaiting import Steps
+from runs.engine.budgets import deadline_of
 from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
 from tools.registry import Tool, ToolContext, tools_for_agent
 from tools.services.arguments import action_identity, parse_raw_arguments
-from tools.services.execution import call_hook
+from tools.services.execution import check_precondition
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> Steps:
     off (``finish_reason=length``). Unknown tool, unparsable, truncated or
     schema-breaking arguments -> ``invalidate``; a failed precondition ->
     ``deny``; else the approval rule decides. Preconditions may do I/O
-    (the refund asks the gateway: ``execution.call_hook``), so call this
+    (the refund asks the gateway: ``execution.check_precondition``; one that
+    raises or hangs denies), so call this
     outside any transaction.
     """
     allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
@@ -93,7 +95,8 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> Steps:
             continue
         denial = None
         if tool.precondition:
-            denial = yield from call_hook(tool, tool.precondition, ToolContext(run=run, user=run.requested_by), arguments)
+            denial = yield from check_precondition(tool, ToolContext(run=run, user=run.requested_by), arguments,
+                                                   stop_at=deadline_of(run))
         if denial:
             assessments.append(Assessment(arguments, "deny", denial, tool, action_key=key))
             continue

@@ -49,7 +49,8 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     ``unknown``, a read-only one ``failed``.
 
     The tool's precondition is checked again before the first attempt
-    (``denied`` if it no longer holds), as the world may have changed since
+    (``denied`` if it no longer holds, or cannot be checked:
+    ``check_precondition``), as the world may have changed since
     the proposal or the approval; except for a read-only call the caller
     says was ``assessed_now`` (proposed ready moments ago by the same
     worker, nothing in between, no other call sent since:
@@ -111,7 +112,8 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
             if holder is not None:
                 on_target_busy(holder, target)
                 return tool_call
-    begun = yield from _begin(tool_call, tool, actor=actor, assessed_now=assessed_now, outcome=outcome)
+    begun = yield from _begin(tool_call, tool, actor=actor, assessed_now=assessed_now, outcome=outcome,
+                              stop_at=stop_at)
     if begun is None:  # settled without being sent
         return tool_call
     key, reusable = begun
@@ -152,16 +154,35 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     return _store_result(tool_call, tool, result, outcome)
 
 
-def call_hook(tool: Tool, hook: Callable, *args) -> Steps:
+def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
     """Call one of ``tool``'s sync hooks (``precondition``, ``reconcile``) as a step (``runs.awaiting``).
 
     It runs in the sync handler pool, off the engine's database threads
     (a hook may do I/O: the refund's precondition asks the gateway), within
-    the tool's ``timeout_s`` (``ToolTimeout`` past it). Returns what the
-    hook returns; raises what it raises.
+    the tool's ``timeout_s`` (``ToolTimeout`` past it) and until ``stop_at``
+    (the run's deadline: ``Interrupted`` past it, as on a cancel). Returns
+    what the hook returns; raises what it raises.
     """
     return (yield Await(start=lambda: run_blocking(hook, *args), timeout_s=tool.timeout_s, what=f"hook:{tool.name}",
-                        timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s.")))
+                        timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s."), stop_at=stop_at))
+
+
+def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, stop_at=None) -> Steps:
+    """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step that returns the reason to deny
+    the call, or None.
+
+    A precondition that raises or outlives the tool's timeout could not
+    say the call may go: that is a denial too (fail-safe: nothing is sent),
+    naming only the exception's type (the details stay in the log).
+    ``Interrupted`` (the run's cancel or deadline) propagates.
+    """
+    try:
+        return (yield from call_hook(tool, tool.precondition, context, arguments, stop_at=stop_at))
+    except Interrupted:
+        raise
+    except Exception as exc:
+        log.warning("precondition of %s raised: %r", tool.name, exc)
+        return f"The precondition could not be checked ({type(exc).__name__})."
 
 
 async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
@@ -177,7 +198,7 @@ async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
         raise
 
 
-def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool, outcome) -> Steps:
+def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool, outcome, stop_at=None) -> Steps:
     """Commit ``running`` with the idempotency key; a step that returns ``(key, reusable)``
     (``_key_and_reusable_result``).
 
@@ -185,7 +206,7 @@ def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool, o
     (``_instead_of_sending``: denied, or found by its key), each step
     stored by ``outcome(transition, **arguments)``.
     """
-    instead = yield from _instead_of_sending(tool_call, tool, assessed_now=assessed_now)
+    instead = yield from _instead_of_sending(tool_call, tool, assessed_now=assessed_now, stop_at=stop_at)
     if instead:
         for name, arguments in instead:
             outcome(getattr(tool_call, name), **arguments)
@@ -198,7 +219,7 @@ def _begin(tool_call: ToolCall, tool: Tool, *, actor: str, assessed_now: bool, o
     return key, reusable
 
 
-def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) -> Steps:
+def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool, stop_at=None) -> Steps:
     """A step that returns the transitions (name, arguments) that settle the call instead of sending it;
     empty: send it.
 
@@ -227,8 +248,9 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool) 
         return []
     if tool.precondition is None:
         return []
-    denial = yield from call_hook(tool, tool.precondition, ToolContext(
-        run=tool_call.run, user=tool_call.run.requested_by, tool_call=tool_call), tool_call.arguments)
+    denial = yield from check_precondition(tool, ToolContext(
+        run=tool_call.run, user=tool_call.run.requested_by, tool_call=tool_call), tool_call.arguments,
+        stop_at=stop_at)
     if denial:
         return [("deny", {"reason": "precondition checked before running", "error": denial})]
     return []
