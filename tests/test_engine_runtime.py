@@ -178,3 +178,29 @@ def test_a_deadline_passing_during_a_model_call_fails_the_run(demo, worker, llm)
     run.refresh_from_db()
     assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
     assert "deadline passed" in Step.objects.get(run=run).error
+
+
+def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_lease(demo, monkeypatch, hung):
+    from runs.engine import runtime
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    monkeypatch.setattr(runtime, "SUBMIT_WAIT_S", 0.2)
+    engine = runtime.Engine(runs_in_flight=1, db_threads=1)
+    agent = calling("busy", "busy_lookup")
+    first, second = (start_run(agent=agent, user=demo["requester"], input=str(n)) for n in range(2))
+    assert engine.submit(first.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=first, status=S.RUNNING).exists())
+
+    with pytest.raises(runtime.EngineFull):
+        engine.submit(second.pk)
+    assert Run.objects.get(pk=second.pk).lease_owner == ""  # its lease was never taken
+    hung.set()
+    assert engine.wait_idle(30)
+    assert engine.submit(second.pk) is not None  # room again
+    assert engine.wait_idle(30)
+    assert Run.objects.get(pk=second.pk).status == RunStatus.COMPLETED
+    engine.close_connections()

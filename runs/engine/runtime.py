@@ -51,6 +51,13 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_DB_ERROR_MS = 2000
 # Seconds between two looks for cancels requested on runs waiting for a call (one query for all of them).
 CANCEL_POLL_S = 0.5
+# Seconds a hand-over waits for room in a full engine before the run is sent to the queue again (well
+# within the actor's time limit, so the broker never cuts a hand-over off half-way).
+SUBMIT_WAIT_S = 60
+
+
+class EngineFull(Exception):
+    """The engine had no room for another run within ``SUBMIT_WAIT_S``."""
 
 
 class Engine:
@@ -84,11 +91,13 @@ class Engine:
         Returns the lease, or None when the run was not taken (another
         worker holds it, or it waits, ended or is gone). Blocks while
         ``runs_in_flight`` runs are in flight, before the lease is taken
-        (so a lease is never held by a run still waiting for room). The
-        lease is released when the slice ends, whatever happens. Raises
-        ``DatabaseError`` from taking the lease.
+        (so a lease is never held by a run still waiting for room), at most
+        ``SUBMIT_WAIT_S``: then raises ``EngineFull`` (the caller sends the
+        run again later). The lease is released when the slice ends,
+        whatever happens. Raises ``DatabaseError`` from taking the lease.
         """
-        self._slots.acquire()
+        if not self._slots.acquire(timeout=SUBMIT_WAIT_S):
+            raise EngineFull(f"{self._in_flight} runs in flight for {SUBMIT_WAIT_S} s")
         try:
             held = lease.acquire(run_id)
         except BaseException:
@@ -159,17 +168,14 @@ class Engine:
         (a person, the API, a newer run's ``interrupt`` strategy); their calls are cut short."""
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            waiting = [run_id for run_id in self._awaiting if not self._cancels[run_id].is_set()]
-            if not waiting:
-                continue
             try:
-                requested = await self._in_db_thread(_cancel_requested, waiting)
-            except Exception:  # a database blip: the next look tries again
-                log.warning("looking for cancels failed", exc_info=True)
-                continue
-            for run_id in requested:
-                if run_id in self._cancels:
-                    self._cancels[run_id].set()
+                waiting = [run_id for run_id in self._awaiting if not self._cancels[run_id].is_set()]
+                requested = await self._in_db_thread(_cancel_requested, waiting) if waiting else []
+                for run_id in requested:
+                    if run_id in self._cancels:
+                        self._cancels[run_id].set()
+            except Exception:  # a database blip, or a bug: logged, and the next look tries again
+                log.exception("looking for cancels failed")
 
 
 def _cancel_requested(run_ids: list[int]) -> list[int]:
