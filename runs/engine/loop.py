@@ -368,7 +368,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
         _unique_call_ids(step, response.tool_calls, used=known.session_call_ids)
     # Policy first, outside the transaction: preconditions may do I/O.
     try:
-        assessments = yield from assess_tool_calls(run=run, calls=response.tool_calls,
+        assessments = yield from assess_tool_calls(run=run, calls=response.tool_calls, stop_at=deadline_of(run),
                                                    truncated=response.finish_reason == "length")
     except Interrupted as exc:  # a precondition cut short: the answer is dropped, the run ends at the next pass
         apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}",

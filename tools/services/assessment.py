@@ -7,7 +7,6 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 from dataclasses import dataclass
 
 from runs.awaiting import Steps
-from runs.engine.budgets import deadline_of
 from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
@@ -56,7 +55,7 @@ def effective_rule(agent, tool: Tool) -> tuple[str, str]:
     return combine(tool.approval, agent_rule), ""
 
 
-def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> Steps:
+def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) -> Steps:
     """Decide what happens to each call of one model turn; writes nothing. A step (``runs.awaiting``)
     that returns the ``Assessment`` of each call, in order.
 
@@ -67,7 +66,9 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> Steps:
     ``deny``; else the approval rule decides. Preconditions may do I/O
     (the refund asks the gateway: ``execution.check_precondition``; one that
     raises or hangs denies), so call this
-    outside any transaction.
+    outside any transaction. ``stop_at``: the run's deadline (an aware
+    datetime, or None), past which a precondition still running is cut
+    short (``runs.awaiting.Interrupted``).
     """
     allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
     assessments: list[Assessment] = []
@@ -96,7 +97,7 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool) -> Steps:
         denial = None
         if tool.precondition:
             denial = yield from check_precondition(tool, ToolContext(run=run, user=run.requested_by), arguments,
-                                                   stop_at=deadline_of(run))
+                                                   stop_at=stop_at)
         if denial:
             assessments.append(Assessment(arguments, "deny", denial, tool, action_key=key))
             continue
