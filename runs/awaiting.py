@@ -19,6 +19,7 @@ a handler that outlives its timeout cannot be stopped, so its thread is
 import asyncio
 import contextlib
 import logging
+import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
+
+
+def full_jitter(base_s: float, attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1`` after ``attempt`` (1 or more) failed: a random delay in
+    ``[0, base_s * 2**(attempt-1)]``. Source: "Exponential Backoff And Jitter", AWS Architecture Blog (2015)."""
+    return random.uniform(0, base_s * 2 ** max(attempt - 1, 0))
 
 
 class Interrupted(Exception):

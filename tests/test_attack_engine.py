@@ -113,7 +113,7 @@ def test_a_cancel_during_a_tools_retry_pause_cancels_the_run(demo, worker, monke
         raise ToolUnavailable("busy")
 
     use_tool(monkeypatch, "busy_lookup", unavailable, backoff_s=20, max_attempts=3)
-    monkeypatch.setattr("tools.services.execution.random.uniform", lambda a, b: b)
+    monkeypatch.setattr("runs.awaiting.random.uniform", lambda a, b: b)
     run = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="x")
     wait_until(lambda: sent)
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")

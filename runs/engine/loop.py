@@ -28,7 +28,6 @@ result message); no transaction stays open across a model or tool call.
 
 import asyncio
 import logging
-import random
 from datetime import timedelta
 
 from django.conf import settings
@@ -38,7 +37,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs import lease
-from runs.awaiting import Await, Interrupted, Steps, drive
+from runs.awaiting import Await, Interrupted, Steps, drive, full_jitter
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
@@ -417,7 +416,7 @@ def _model_backoff(run: Run, step: Step, client, exc: ModelError) -> Steps:
           error=_staff_error(exc), now=timezone.now(), transient=True)
     delay = exc.retry_after_s
     if delay is None:
-        delay = random.uniform(0, settings.TOLLGATE["MODEL_BACKOFF_S"] * 2 ** (tries - 1))
+        delay = full_jitter(settings.TOLLGATE["MODEL_BACKOFF_S"], tries)
     delay = min(delay, MAX_MODEL_BACKOFF_S)
     if delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]:
         yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=deadline_of(run))

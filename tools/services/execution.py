@@ -6,7 +6,6 @@ import asyncio
 import inspect
 import json
 import logging
-import random
 from typing import Callable
 
 from django.db import DataError, IntegrityError, transaction
@@ -14,7 +13,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from config.strict_json import check_value
-from runs.awaiting import Await, Interrupted, Steps, run_blocking
+from runs.awaiting import Await, Interrupted, Steps, full_jitter, run_blocking
 from runs.failpoints import failpoint
 from runs.models import Phase, RunEvent
 from runs.services import RunColumns
@@ -346,12 +345,9 @@ def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
 
 
 def retry_delay(tool_call: ToolCall) -> float:
-    """Seconds to wait before the next attempt: full jitter on ``backoff_s * 2**(attempts-1)``.
-
-    Source: "Exponential Backoff And Jitter", AWS Architecture Blog (2015).
-    """
-    tool = get_tool(tool_call.name)
-    return random.uniform(0, tool.backoff_s * 2 ** max(tool_call.attempts - 1, 0))
+    """Seconds to wait before the next attempt: full jitter on ``backoff_s * 2**(attempts-1)``
+    (``runs.awaiting.full_jitter``)."""
+    return full_jitter(get_tool(tool_call.name).backoff_s, tool_call.attempts)
 
 
 def charged_attempts(tool_call: ToolCall) -> int:
