@@ -379,6 +379,10 @@ TOLLGATE = {
     # the runs' database work, and threads that run sync tool handlers.
     "RUNS_IN_FLIGHT": env.int("TOLLGATE_RUNS_IN_FLIGHT", default=1000),
     "ENGINE_DB_THREADS": env.int("TOLLGATE_ENGINE_DB_THREADS", default=4),
+    # At most this many runs' database work (each run's between two calls)
+    # one of those threads commits in one transaction when it is ready at
+    # once (runs/engine/group_commit.py); 1 commits each on its own.
+    "ENGINE_GROUP_MAX": env.int("TOLLGATE_ENGINE_GROUP_MAX", default=32),
     "TOOL_THREADS": env.int("TOLLGATE_TOOL_THREADS", default=16),
     # Seconds one model call may take in all (a stream that keeps coming
     # included); the provider's own timeout bounds each wait within it.

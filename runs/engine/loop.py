@@ -57,7 +57,7 @@ from runs.engine.state import Known
 from runs.live import DeltaBuffer, publish_delta
 from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
-from runs.wakeups import wake_now
+from runs.wakeups import wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
 from tools.services import (
@@ -103,7 +103,7 @@ def hand_back(run_id: int, *, more: bool) -> None:
     left running with nobody on it (a decision or timer resumed it while this worker held the lease,
     and its wake-up was refused)."""
     if more or Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists():
-        wake_now(run_id)  # hand the run back to the queue so other runs get a turn
+        wake_on_commit(run_id)  # hand the run back to the queue so other runs get a turn
 
 
 def advance_slice(run_id: int) -> Steps:

@@ -9,7 +9,9 @@ in flight is an asyncio task that drives the loop's slice
 * the database work between two calls runs on one of
   ``TOLLGATE["ENGINE_DB_THREADS"]`` threads, so a process opens that many
   database connections (plus the broker's threads and the lease keeper)
-  however many runs it has in flight;
+  however many runs it has in flight; the work of several runs that is
+  ready at once is committed in one transaction
+  (``runs.engine.group_commit``, at most ``ENGINE_GROUP_MAX`` runs);
 * a model call, an async tool handler or a retry pause is awaited on the
   event loop, holding no thread; a sync handler runs in the bounded pool
   of ``runs.awaiting.run_blocking``;
@@ -29,10 +31,8 @@ blocking work in a bounded executor) is asyncio's own
 """
 
 import asyncio
-import contextvars
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -40,12 +40,13 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs import lease
-from runs.awaiting import close_pool_connections, keeping_connection, resume, settle
+from runs.awaiting import resume, settle
+from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
 from runs.lease import LeaseLost
 from runs.models import FailureType, Run
-from runs.wakeups import wake_now
+from runs.wakeups import wake_on_commit
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_DB_ERROR_MS = 2000
@@ -64,13 +65,13 @@ class Engine:
     """Runs in flight in this process (see the module's docstring).
 
     ``runs_in_flight``: how many at most; ``db_threads``: the threads (and
-    database connections) for their database work.
+    database connections) for their database work; ``group_max``: how many
+    runs' jobs one of them commits together at most (``group_commit``).
     """
 
-    def __init__(self, *, runs_in_flight: int, db_threads: int):
+    def __init__(self, *, runs_in_flight: int, db_threads: int, group_max: int = 1):
         self._slots = threading.BoundedSemaphore(runs_in_flight)
-        self._db_threads = db_threads
-        self._db = ThreadPoolExecutor(db_threads, thread_name_prefix="tollgate-db")
+        self.db = GroupCommit(threads=db_threads, max_group=group_max)
         self._loop = asyncio.new_event_loop()
         self._changed = threading.Condition()
         self._in_flight = 0
@@ -122,12 +123,12 @@ class Engine:
 
         Call it only while no run is in flight.
         """
-        close_pool_connections(self._db, self._db_threads)
+        self.db.close_connections()
 
     async def _in_db_thread(self, fn, *args):
-        """``fn(*args)`` on a database thread, in a copy of this task's context (its lease)."""
-        return await self._loop.run_in_executor(self._db, contextvars.copy_context().run, keeping_connection,
-                                                fn, *args)
+        """``fn(*args)`` on a database thread, in a copy of this task's context (its lease), committed
+        with whatever other runs' work is ready then (``group_commit``)."""
+        return await asyncio.wrap_future(self.db.submit(fn, *args))
 
     async def _advance(self, held: lease.Lease) -> None:
         more, failure = False, None
@@ -210,7 +211,7 @@ def settle_failure(run_id: int, exc: Exception) -> None:
     if isinstance(exc, DatabaseError):
         log.error("database error advancing run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS,
                   exc_info=exc)
-        wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
+        wake_on_commit(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
         return
     log.error("advancing run %s failed", run_id, exc_info=exc)
     run = Run.objects.get(pk=run_id)
@@ -230,7 +231,8 @@ def engine() -> Engine:
     with _engine_lock:
         if _engine is None:
             _engine = Engine(runs_in_flight=settings.TOLLGATE["RUNS_IN_FLIGHT"],
-                             db_threads=settings.TOLLGATE["ENGINE_DB_THREADS"])
+                             db_threads=settings.TOLLGATE["ENGINE_DB_THREADS"],
+                             group_max=settings.TOLLGATE["ENGINE_GROUP_MAX"])
         return _engine
 
 

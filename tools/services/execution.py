@@ -91,7 +91,9 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     tool = get_tool(tool_call.name)
 
     def outcome(transition, **arguments) -> ToolCall:
-        with transaction.atomic(savepoint=False):
+        # A savepoint when nested (a group commit, runs.engine.group_commit): ``_store_result`` goes on
+        # after a refused result, which only a savepoint leaves the enclosing transaction usable for.
+        with transaction.atomic():
             apply(transition, actor=actor, savepoint=False, **arguments)
             if tool is not None:  # any outcome gives up the call's claim on its target
                 release(tool_call, tool, actor=actor)

@@ -1,0 +1,150 @@
+"""Group commit: the database work of several runs' steps, committed in one transaction.
+
+The engine (``runs.engine.runtime``) runs each run's database work
+between two calls as one *job* (a function of that run, e.g. resuming its
+step generator). When jobs are ready faster than the database threads can
+commit them one by one, a thread takes up to ``ENGINE_GROUP_MAX`` of them
+and runs them in one database transaction, each in a savepoint of its own,
+then commits once:
+
+* **One run's failure is its own.** A job that raises (its fenced write
+  found the lease taken over: ``LeaseLost``; a transition refused; a bug)
+  is rolled back to its savepoint, so nothing it wrote is committed; the
+  others commit.
+* **Durable before anything goes on.** No job's result is handed back
+  before the group's COMMIT: a step's next call (a model call, a side
+  effect whose idempotency key the job stored) starts only once its writes
+  are durable. If the COMMIT fails, every job of the group gets the error,
+  as a lone transaction's caller would.
+* **A lone job commits at once.** A thread never waits for company: it
+  takes what is queued when it is free, so when the system is not
+  saturated a group is one job and latency is as before.
+* **A broken transaction ends the group early.** When a job leaves the
+  transaction unusable (its savepoint could not be rolled back: the
+  connection broke), the jobs already run get that error and the jobs not
+  yet run go back to the queue untouched.
+
+What commits together is only ever a batch of complete, independent run
+transactions; ``transaction.on_commit`` hooks (wake-ups, live pushes) run
+after the group's COMMIT, a failed job's hooks never. Rows other runs'
+jobs lock (a tool target's policy lock) are held until the group commits,
+so a group's jobs may wait for another group's: PostgreSQL breaks any
+deadlock this makes by failing one job, whose run is retried
+(``runtime.settle_failure``).
+
+The idea is the database's own group commit (PostgreSQL's ``commit_delay``,
+"Group Commit for the Write-Ahead Log"), applied to whole transactions in
+the application, where one COMMIT (one WAL flush, one round trip) then
+serves many runs.
+"""
+
+import collections
+import contextvars
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
+
+from runs.awaiting import close_pool_connections, keeping_connection
+
+
+@dataclass
+class _Job:
+    context: contextvars.Context
+    fn: Callable
+    args: tuple
+    future: Future
+
+
+class GroupCommit:
+    """Jobs run on ``threads`` database threads, up to ``max_group`` of them per transaction.
+
+    ``submit(fn, *args)`` returns a ``concurrent.futures.Future`` of
+    ``fn(*args)``'s result (or its exception), set once the transaction it
+    ran in committed (or failed). ``fn`` runs in a copy of the submitter's
+    context (``contextvars``: the run's lease) and must do only database
+    work (it holds the group's transaction while it runs).
+    """
+
+    def __init__(self, *, threads: int, max_group: int):
+        self._threads = threads
+        self._max_group = max(1, max_group)
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="tollgate-db")
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._lock = threading.Lock()
+        self.groups = 0  # transactions committed or failed since start
+        self.jobs = 0  # jobs run in them
+
+    def submit(self, fn: Callable, *args) -> Future:
+        """Queue ``fn(*args)``; a free database thread runs it with whatever else is queued by then."""
+        future = Future()
+        self._jobs.append(_Job(contextvars.copy_context(), fn, args, future))
+        self._executor.submit(self._drain)
+        return future
+
+    def close_connections(self) -> None:
+        """Close the database connection of every database thread (call it only while no job is queued)."""
+        close_pool_connections(self._executor, self._threads)
+
+    def _drain(self) -> None:
+        """Run what is queued now (at most ``max_group`` jobs) as one group; nothing queued: nothing to do
+        (each submit queues one drain, and an earlier drain may have taken its job)."""
+        group = []
+        while len(group) < self._max_group:
+            try:
+                group.append(self._jobs.popleft())
+            except IndexError:
+                break
+        if group:
+            keeping_connection(self._commit, group)
+
+    def _commit(self, group: list[_Job]) -> None:
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            try:
+                with transaction.atomic():
+                    for job in group:
+                        outcomes.append(_run_in_savepoint(job))
+                        if connection.needs_rollback:  # the transaction is unusable: stop here
+                            raise _Broken(outcomes[-1][1])
+            except _Broken as broken:
+                self._requeue(group[len(outcomes):])
+                group = group[:len(outcomes)]
+                outcomes = [(False, broken.error)] * len(group)
+            except Exception as exc:  # the COMMIT failed: nothing of the group is stored
+                outcomes = [(False, exc)] * len(group)
+        finally:
+            with self._lock:
+                self.groups += 1
+                self.jobs += len(group)
+            for job, (ok, value) in zip(group, outcomes):
+                job.future.set_result(value) if ok else job.future.set_exception(value)
+            for job in group[len(outcomes):]:  # something outside Exception (e.g. SystemExit) stopped the group
+                job.future.set_exception(RuntimeError("the database thread stopped"))
+
+    def _requeue(self, jobs: list[_Job]) -> None:
+        """Queue ``jobs`` (never run) again, ahead of the others."""
+        for job in reversed(jobs):
+            self._jobs.appendleft(job)
+        for _ in jobs:
+            self._executor.submit(self._drain)
+
+
+class _Broken(Exception):
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _run_in_savepoint(job: _Job) -> tuple[bool, Any]:
+    """``(True, result)`` of the job, or ``(False, its exception)`` with its writes rolled back."""
+    try:
+        with transaction.atomic():
+            result = job.context.run(job.fn, *job.args)
+            if connection.needs_rollback:  # it caught a database error and went on: its writes are void
+                raise TransactionManagementError("a job went on after a database error in its transaction")
+        return True, result
+    except Exception as exc:
+        return False, exc
