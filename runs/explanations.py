@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop, ngettext
 
 from approvals.models import Decision, Interrupt, InterruptKind
-from runs.engine.completion import call_facts, unresolved_calls
+from runs.engine.completion import call_facts, deciding_calls, unresolved_calls
 from runs.labels import label
 from runs.models import Outcome, Run, RunEvent, RunStatus
 from runs.selectors import CALLS_IN_ORDER
@@ -71,8 +71,10 @@ def outcome_explanation(run: Run) -> Explanation | None:
     (``runs.engine.completion.judge_calls``): not achieved names the first
     call that ended without its effect and that no later call made up for
     (with the person's comment or the tool's error beneath); achieved
-    names the side-effecting calls that succeeded, or says the model
-    answered without tool calls, or how many read-only calls succeeded.
+    names the side-effecting calls that succeeded, those that reused an
+    earlier call's result and the read-only calls that failed beside them,
+    or says the model answered without tool calls, or how many read-only
+    calls succeeded.
     Where the agent's completion check decided beyond what the calls show
     (not achieved with no such call, achieved despite one), the check's
     stored reason is shown beneath. Reads the run's calls (prefetched by
@@ -85,10 +87,11 @@ def outcome_explanation(run: Run) -> Explanation | None:
     by_id = {call.pk: call for call in calls}
     facts = [fact for fact in call_facts(run, calls) if fact.registered]
     unresolved = unresolved_calls(facts)
+    deciding = deciding_calls(facts, unresolved)
     if run.outcome == Outcome.NOT_ACHIEVED:
-        if not unresolved:
+        if not deciding:
             return Explanation(_("The agent's completion check found the task not achieved."), run.outcome_reason)
-        first = _ended(by_id[unresolved[0].id])
+        first = _ended(by_id[next(fact for fact in unresolved if fact in deciding).id])
         if len(unresolved) == 1:
             return first
         more = len(unresolved) - 1
@@ -96,19 +99,29 @@ def outcome_explanation(run: Run) -> Explanation | None:
                         "%(first)s (and %(count)d more calls without their effect)", more) % {
             "first": first.text, "count": more}
         return Explanation(text, first.detail)
-    if unresolved:
-        first = by_id[unresolved[0].id]
+    if deciding:
+        first = by_id[deciding[0].id]
         return Explanation(_("Achieved by the agent's completion check, although %(call)s: %(status)s") % {
             "call": call_label(first), "status": label(first.status)}, run.outcome_reason)
     succeeded = [fact for fact in facts if fact.status == S.SUCCEEDED]
     if not succeeded:
         return Explanation(_("Answered without tool calls."))
-    effects = [by_id[fact.id] for fact in succeeded if fact.side_effect]
-    if effects:
-        return Explanation(_("Done: %(calls)s succeeded.") % {"calls": _(", ").join(map(call_label, effects))})
-    return Explanation(ngettext("%(count)d read-only tool call succeeded.",
-                                "%(count)d read-only tool calls succeeded.", len(succeeded)) % {
-        "count": len(succeeded)})
+    if not any(fact.side_effect for fact in succeeded):
+        return Explanation(ngettext("%(count)d read-only tool call succeeded.",
+                                    "%(count)d read-only tool calls succeeded.", len(succeeded)) % {
+            "count": len(succeeded)})
+    sentences = []
+    done = [by_id[fact.id] for fact in succeeded if fact.side_effect and not fact.duplicate]
+    if done:
+        sentences.append(_("Done: %(calls)s succeeded.") % {"calls": _(", ").join(map(call_label, done))})
+    for fact in succeeded:
+        if fact.side_effect and fact.duplicate:
+            sentences.append(_("%(call)s reused the result of #%(original)s: it was not done again.") % {
+                "call": call_label(by_id[fact.id]), "original": fact.original})
+    if unresolved:
+        sentences.append(_("Read-only calls without their result (not held against the goal): %(calls)s.") % {
+            "calls": _(", ").join(_ended(by_id[fact.id]).text for fact in unresolved)})
+    return Explanation(" ".join(sentences))
 
 
 @dataclass(frozen=True)

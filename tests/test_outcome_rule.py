@@ -92,5 +92,29 @@ def test_only_a_success_on_the_same_target_corrects_a_failure():
 def test_a_replayed_result_corrects_nothing():
     done = CallFact(id=1, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123")
     denied = CallFact(id=2, tool="refund", side_effect=True, status=S.DENIED, target="123")
-    replay = CallFact(id=3, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123", duplicate=True)
+    replay = CallFact(id=3, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123", original=1)
     assert judge_calls([done, denied, replay]).outcome == "not_achieved"
+
+
+def test_a_failed_lookup_does_not_undo_a_booking_that_succeeded_and_the_reason_lists_it():
+    lookup = _fact(1, S.FAILED, tool="find_room", side_effect=False, error="timeout")
+    verdict = judge_calls([lookup, _fact(2, S.SUCCEEDED, tool="book_room")])
+    assert (verdict.outcome, verdict.reason) == (
+        "achieved", "done: book_room #2 succeeded; read-only call(s) without their result: find_room #1 failed: timeout")
+
+
+def test_a_failed_lookup_decides_a_run_with_no_side_effect_that_succeeded():
+    lookup = _fact(1, S.FAILED, tool="find_room", side_effect=False)
+    assert judge_calls([lookup, _fact(2, S.SUCCEEDED, tool="find_room", side_effect=False)]).outcome == "achieved"
+    denied = _fact(2, S.DENIED, tool="book_room")
+    verdict = judge_calls([lookup, denied, _fact(3, S.SUCCEEDED, tool="list_rooms", side_effect=False)])
+    assert (verdict.outcome, verdict.reason) == ("not_achieved", "find_room #1 failed (and 1 more)")
+    assert judge_calls([_fact(1, S.FAILED, tool="find_room", side_effect=False, error="down"),
+                        _fact(2, S.SUCCEEDED, tool="list_rooms", side_effect=False)]).reason == "find_room #1 failed: down"
+
+
+def test_a_reused_result_is_named_as_reused_never_as_a_new_effect():
+    done = CallFact(id=1, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123")
+    replay = CallFact(id=2, tool="refund", side_effect=True, status=S.SUCCEEDED, target="123", original=1)
+    assert judge_calls([done, replay]).reason == "done: refund #1 succeeded; reused: refund #2 (result of #1)"
+    assert judge_calls([replay]).reason == "reused: refund #2 (result of #1)"

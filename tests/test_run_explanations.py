@@ -135,3 +135,27 @@ def test_the_contract_email_run_reads_in_chinese(client, demo, worker):
     told = [row for _, row in timeline_of(page)]
     assert f"#{email.pk} " in told[-6] and told[-6].endswith("获批，可以执行")
     assert "approval rule" not in page and "picked up by worker" not in page
+
+
+def test_a_failed_lookup_beside_a_refund_that_succeeded_is_achieved_and_named(client, demo, worker):
+    """The goal is the effect: a lookup of a missing order is denied, the refund of order 123 succeeds."""
+    turns = [{"tool_calls": [{"name": "query_order", "arguments": {"order_id": 99999}}]},
+             {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 30}}]},
+             {"content": "Refunded 30.00."}]
+    agent = Agent.objects.create(slug="lookup-then-refund", name="lookup then refund", tools=["query_order", "refund"],
+                                 model={"provider": "scripted", "turns": turns})
+    run = start_run(agent=agent, user=demo["requester"], input="please")
+    worker.drain()
+    run.refresh_from_db()
+    lookup, refund = run.tool_calls.get(name="query_order"), run.tool_calls.get(name="refund")
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, Outcome.ACHIEVED)
+    assert run.outcome_reason == (f"done: refund #{refund.pk} succeeded; read-only call(s) without their result: "
+                                  f"query_order #{lookup.pk} denied: Order 99999 does not exist or does not belong to the "
+                                  f"requester.")
+
+    page = page_in(client, demo["requester"], run, "en")
+    assert outcome_of(page) == (f"achieved Done: #{refund.pk} Refund 30.00 on order 123 succeeded. Read-only calls "
+                                f"without their result (not held against the goal): #{lookup.pk} Look up order "
+                                f"99999: denied.")
+    page = page_in(client, demo["requester"], run, "zh-hans")
+    assert not LATIN_WORDS.findall(outcome_of(page))

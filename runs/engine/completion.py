@@ -26,10 +26,19 @@ The floor's rule, over the calls in the order they were proposed:
   an earlier result (``duplicate_of``) is no new success and corrects
   nothing;
 * a call of a tool the agent does not have is ignored (it names no effect,
-  and the model was told so); any unresolved call -> **not_achieved**, with a reason naming the first
-  one ("refund #14 rejected: A person rejected this call. Comment: ...");
-  read-only and side-effecting calls are judged alike;
-* otherwise -> **achieved**.
+  and the model was told so);
+* the goal is the run's effects: an unresolved side effect -> **not_achieved**,
+  with a reason naming the first unresolved call ("refund #14 rejected: A
+  person rejected this call. Comment: ..."). An unresolved *read-only* call
+  decides only when no side effect succeeded (a run of lookups, whose reads
+  are its goal): then -> **not_achieved** too. When a side effect succeeded
+  the failed reads are not held against it: -> **achieved**, the reason
+  naming them ("done: book_room #7 succeeded; read-only call(s) without
+  their result: find_room #5 failed: ...");
+* otherwise -> **achieved**. A side effect answered with an earlier call's
+  result (``duplicate_of``: the same action, done once) is named as reused,
+  never as an effect of its own ("done: refund #3 succeeded; reused:
+  refund #4 (result of #3)").
 
 A domain check keeps priority, with one limit: it may not call a run
 ``achieved`` while the floor says ``not_achieved`` unless it says why, with
@@ -83,7 +92,7 @@ class CallFact:
 
     ``registered``: whether ``tool`` is one the agent has (False for an invented or withheld name);
     ``target``: the canonical value of the tool's ``target_key`` argument ("" if none);
-    ``duplicate``: whether the call was answered with an earlier call's result.
+    ``original``: the id of the earlier call whose result answered it (``duplicate_of``), or None.
     """
 
     id: int
@@ -93,7 +102,12 @@ class CallFact:
     error: str = ""
     registered: bool = True
     target: str = ""
-    duplicate: bool = False
+    original: int | None = None
+
+    @property
+    def duplicate(self) -> bool:
+        """Whether the call was answered with an earlier call's result (the same action, not a new one)."""
+        return self.original is not None
 
 
 def _describe(fact: CallFact) -> str:
@@ -117,16 +131,36 @@ def judge_calls(facts: Iterable[CallFact]) -> Verdict:
         listed = ", ".join(f"{fact.tool} #{fact.id} ({fact.status})" for fact in pending)
         return incomplete(_clip(f"{len(pending)} tool call(s) have not finished: {listed}."))
     unresolved = unresolved_calls(facts)
-    if unresolved:
+    deciding = deciding_calls(facts, unresolved)
+    if deciding:
+        first = next(fact for fact in unresolved if fact in deciding)
         others = f" (and {len(unresolved) - 1} more)" if len(unresolved) > 1 else ""
-        return not_achieved(_clip(_describe(unresolved[0]) + others))
+        return not_achieved(_clip(_describe(first) + others))
     succeeded = [fact for fact in facts if fact.status == S.SUCCEEDED]
     if not succeeded:
         return achieved("answered without tool calls")
     effects = [fact for fact in succeeded if fact.side_effect]
-    if effects:
-        return achieved(_clip("done: " + ", ".join(f"{fact.tool} #{fact.id} succeeded" for fact in effects)))
-    return achieved(f"{len(succeeded)} read-only tool call(s) succeeded")
+    if not effects:
+        return achieved(f"{len(succeeded)} read-only tool call(s) succeeded")
+    done = [f"{fact.tool} #{fact.id} succeeded" for fact in effects if not fact.duplicate]
+    reused = [f"{fact.tool} #{fact.id} (result of #{fact.original})" for fact in effects if fact.duplicate]
+    parts = ["done: " + ", ".join(done)] if done else []
+    if reused:
+        parts.append("reused: " + ", ".join(reused))
+    if unresolved:
+        parts.append("read-only call(s) without their result: " + ", ".join(map(_describe, unresolved)))
+    return achieved(_clip("; ".join(parts)))
+
+
+def deciding_calls(facts: list[CallFact], unresolved: list[CallFact]) -> list[CallFact]:
+    """Those of ``unresolved`` (``unresolved_calls(facts)``) that make the run ``not_achieved``.
+
+    Every unresolved side effect; the unresolved read-only calls only when
+    no side effect of ``facts`` succeeded (see the module doc). Pure.
+    """
+    if any(fact.side_effect and fact.status == S.SUCCEEDED for fact in facts if fact.registered):
+        return [fact for fact in unresolved if fact.side_effect]
+    return list(unresolved)
 
 
 def unresolved_calls(facts: Iterable[CallFact]) -> list[CallFact]:
@@ -161,7 +195,7 @@ def call_facts(run, calls: Iterable[ToolCall] | None = None) -> list[CallFact]:
         rows = [(call.pk, call.name, call.side_effect, call.status, call.error, call.arguments, call.duplicate_of_id)
                 for call in calls]
     return [CallFact(pk, name, side_effect, status, error, registered=name in offered,
-                     target=_target(offered.get(name), arguments), duplicate=original is not None)
+                     target=_target(offered.get(name), arguments), original=original)
             for pk, name, side_effect, status, error, arguments, original in rows]
 
 
