@@ -67,6 +67,21 @@ class Await:
 Steps = Generator[Await, Any, Any]
 
 
+async def _nothing() -> None:
+    return None
+
+
+def commit_point() -> Await:
+    """An ``Await`` of nothing, for a step whose writes so far must be durable before it goes on.
+
+    The engine commits a step's writes before it starts any awaitable
+    (``runs.engine.group_commit``): after ``yield commit_point()`` what the
+    step wrote is committed, e.g. a death counted at a takeover, before
+    code that may die the same way runs again.
+    """
+    return Await(start=_nothing, what="commit")
+
+
 async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tuple[bool, Any]:
     """Await ``request``: ``(True, answer)``, or ``(False, the exception for the step)``.
 

@@ -1,8 +1,11 @@
 """Approval rules and idempotency keys: pure functions, decided by code."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from tools.policy import InvalidRule, approval_required, check_rule
+from tools.registry import Tool
 from tools.services import action_identity, idempotency_key_base
 
 
@@ -34,21 +37,62 @@ def test_malformed_rules_are_refused(rule):
         check_rule(rule)
 
 
+def _tool(name: str = "refund", same_action="session") -> Tool:
+    return Tool(name=name, description=name, parameters={"type": "object"}, handler=lambda ctx, args: None,
+                side_effect=True, same_action=same_action)
+
+
+def _run(pk: int = 1, session: int = 7):
+    return SimpleNamespace(pk=pk, session_id=session, requested_by=None)
+
+
 def test_action_identity_names_the_logical_action_not_the_call():
-    first = action_identity(7, "refund", {"order_id": 123, "amount": 80})
-    reordered = action_identity(7, "refund", {"amount": 80, "order_id": 123})
-    assert first == reordered
-    assert action_identity(7, "refund", {"order_id": 123.0, "amount": 8e1}) == first
-    assert action_identity(8, "refund", {"order_id": 123, "amount": 80}) != first
-    assert action_identity(7, "refund", {"order_id": 123, "amount": 81}) != first
-    assert action_identity(7, "cancel_order", {"order_id": 123, "amount": 80}) != first
+    refund, order = _tool(), {"order_id": 123, "amount": 80}
+    first = action_identity(refund, _run(), order)
+    assert action_identity(refund, _run(), {"amount": 80, "order_id": 123}) == first
+    assert action_identity(refund, _run(), {"order_id": 123.0, "amount": 8e1}) == first
+    assert action_identity(refund, _run(pk=2), order) == first  # another run of the session: the same action
+    assert action_identity(refund, _run(session=8), order) != first
+    assert action_identity(refund, _run(), {"order_id": 123, "amount": 81}) != first
+    assert action_identity(_tool("cancel_order"), _run(), order) != first
+
+
+def test_a_run_scoped_action_is_the_same_only_within_its_run():
+    report, arguments = _tool("send_report", same_action="run"), {"day": "2026-12-05"}
+    first = action_identity(report, _run(pk=1), arguments)
+    assert action_identity(report, _run(pk=1), arguments) == first
+    assert action_identity(report, _run(pk=2), arguments) != first  # a later run of the session sends it again
+    assert idempotency_key_base(report, _run(pk=1), arguments).startswith("send_report-r1-")
+
+
+def test_a_business_key_makes_the_same_action_of_other_arguments_and_two_of_the_same():
+    booking = _tool("book_room", same_action=lambda ctx, a: f"{a['room']}/{a['date']}")
+    first = action_identity(booking, _run(), {"room": "A", "date": "2026-12-24", "note": "window seat"})
+    assert action_identity(booking, _run(session=9), {"room": "A", "date": "2026-12-24", "note": "aisle"}) == first
+    assert action_identity(booking, _run(), {"room": "B", "date": "2026-12-24", "note": "window seat"}) != first
+    assert idempotency_key_base(booking, _run(), {"room": "A", "date": "2026-12-24"}).startswith("book_room-k-")
+    with pytest.raises(ValueError):
+        action_identity(_tool("book_room", same_action=lambda ctx, a: ""), _run(), {})
+
+
+@pytest.mark.parametrize("same_action", ["tenant", None, 3])
+def test_same_action_is_the_session_the_run_or_a_function(same_action):
+    with pytest.raises(ValueError):
+        _tool(same_action=same_action)
+
+
+def test_only_side_effecting_tools_take_another_same_action():
+    with pytest.raises(ValueError):
+        Tool(name="lookup", description="", parameters={"type": "object"}, handler=lambda ctx, a: None,
+             same_action="run")
 
 
 def test_idempotency_key_is_the_session_and_action():
-    key = idempotency_key_base(7, "refund", {"order_id": 123, "amount": 80})
-    assert key == idempotency_key_base(7, "refund", {"amount": 80.0, "order_id": 123})
+    refund = _tool()
+    key = idempotency_key_base(refund, _run(), {"order_id": 123, "amount": 80})
+    assert key == idempotency_key_base(refund, _run(), {"amount": 80.0, "order_id": 123})
     assert key.startswith("refund-s7-") and len(key) == len("refund-s7-") + 32
-    assert idempotency_key_base(8, "refund", {"order_id": 123, "amount": 80}) != key
+    assert idempotency_key_base(refund, _run(session=8), {"order_id": 123, "amount": 80}) != key
 
 
 @pytest.mark.parametrize(

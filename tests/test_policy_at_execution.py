@@ -213,9 +213,9 @@ def test_only_deduplicated_calls_get_a_fresh_key_after_a_failure(people, worker,
     lookups = list(ToolCall.objects.filter(run=run, name="fake_lookup").order_by("id"))
     sent = list(ToolCall.objects.filter(run=run, name="fake_transfer").order_by("id"))
     assert [c.status for c in lookups + sent] == ["failed", "succeeded"] * 2
-    base = idempotency_key_base(run.session_id, "fake_lookup", {"key": "a"})
+    base = idempotency_key_base(registry.get_tool("fake_lookup"), run, {"key": "a"})
     assert [c.idempotency_key for c in lookups] == [base, base]  # reads are never deduplicated
-    base = idempotency_key_base(run.session_id, "fake_transfer", {"account": "acct-1", "amount": 5})
+    base = idempotency_key_base(registry.get_tool("fake_transfer"), run, {"account": "acct-1", "amount": 5})
     assert [c.idempotency_key for c in sent] == [base, f"{base}-1"]
     assert [t["transfer_id"] for t in transfers()] == [1] and sent[1].result["transfer_id"] == 1
 

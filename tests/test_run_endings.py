@@ -67,7 +67,8 @@ def test_a_refund_done_before_the_run_ended_is_known_to_the_next_run_and_not_don
     f_call.refresh_from_db()
     assert tool_message(f_call)["status"] in ("cancelled", "expired")
     ending = run.events.get(type="transition", to_status=run.status)
-    assert ending.payload["effects"] == [{"tool_call": e_call.pk, "name": "refund", "status": "succeeded"}]
+    assert ending.payload["effects"] == [{"tool_call": e_call.pk, "name": "refund", "status": "succeeded",
+                                          "reused": False, "duplicate_of": None}]
 
     with transaction.atomic():  # the worker is woken on commit, when the run already starts at the second turn
         follow_up = start_run(agent=agent, user=demo["requester"], input="Did you refund 123?", session=run.session)
@@ -78,6 +79,16 @@ def test_a_refund_done_before_the_run_ended_is_known_to_the_next_run_and_not_don
     assert repeat.duplicate_of_id == e_call.pk and repeat.status == S.SUCCEEDED
     assert len(charges(123)) == 1, "order 123 was charged once"
     assert follow_up.status == RunStatus.COMPLETED
+    # Reused, everywhere: what the model was told, the outcome's reason, the effects of the ending.
+    told = tool_message(repeat)
+    assert told["reused"]["tool_call"] == e_call.pk and told["reused"]["run"] == run.pk
+    assert "was not done again" in told["reused"]["note"] and told["result"] == e_call.result
+    assert follow_up.outcome_reason == f"reused: refund #{repeat.pk} (result of #{e_call.pk})"
+    ending = follow_up.events.get(type="transition", to_status=RunStatus.COMPLETED)
+    assert ending.payload["effects"] == [{"tool_call": repeat.pk, "name": "refund", "status": "succeeded",
+                                          "reused": True, "duplicate_of": e_call.pk}]
+    settled = follow_up.events.get(type="tool_call", to_status=S.SUCCEEDED)
+    assert (settled.payload["reused"], settled.payload["duplicate_of"]) == (True, e_call.pk)
 
 
 @pytest.fixture
@@ -166,7 +177,8 @@ def test_an_unknown_refund_of_a_cancelled_run_is_still_looked_up_and_settled(dem
     assert call.status == S.SUCCEEDED
     assert len(charges(123)) == 1 and len(lookups) == 2
     effects = run.events.get(type="transition", to_status="cancelled").payload["effects"]
-    assert effects == [{"tool_call": call.pk, "name": "refund", "status": "unknown"}]
+    assert effects == [{"tool_call": call.pk, "name": "refund", "status": "unknown", "reused": False,
+                        "duplicate_of": None}]
 
 
 def test_a_step_that_kills_its_worker_every_time_ends_in_a_crash_loop_within_max_attempts(

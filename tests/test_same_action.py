@@ -1,6 +1,13 @@
 """One business action is one action: a re-proposal is linked to the original, never done or asked twice."""
 
+import json
+
 from approvals.models import Interrupt
+from runs.engine.lifecycle import start_run as start_run_as
+from runs.models import Message
+from tests.durability import make_agent
+from tools import registry
+from tools.registry import Tool
 from tests.api_helpers import create_agent, events, gateway_refunds, get_run, pending_interrupts, start_run, tool_calls
 from tools.models import ToolCall
 
@@ -35,6 +42,12 @@ def test_refund_proposed_again_after_it_succeeded_reuses_the_result_one_item_one
     assert Interrupt.objects.filter(run_id=run["id"]).count() == 1
     assert len(gateway_refunds()) == 1
     assert any(e["reason"] == f"same action as #{first['id']}: result reused" for e in events(requester, run["id"]))
+    # The model's next request was told the result is the earlier call's, not a new effect.
+    told = json.loads(Message.objects.get(run_id=run["id"], role="tool", tool_call_id=second["provider_call_id"]).content)
+    assert told["reused"]["tool_call"] == first["id"] and told["reused"]["run"] == run["id"]
+    assert told["result"] == first["result"]
+    assert run["outcome_reason"] == f"done: refund #{first['id']} succeeded; reused: refund #{second['id']} " \
+                                    f"(result of #{first['id']})"
 
 
 def test_refund_proposed_twice_in_one_turn_waits_on_one_decision(worker, demo, api):
@@ -171,3 +184,63 @@ def test_after_an_edit_the_proposed_arguments_are_a_new_action_that_needs_a_pers
     call, = tool_calls(requester, response.json()["id"])
     assert call["duplicate_of"] is None and call["status"] == "awaiting_approval"
     assert len(pending_interrupts(approver, response.json()["id"])) == 1
+
+
+def _counting_tool(monkeypatch, name: str, same_action) -> list:
+    """Register side-effecting tool ``name`` (arguments room, date, note) deduplicated by ``same_action``;
+    returns the list of the arguments it was called with."""
+    sent = []
+
+    def handler(ctx, arguments):
+        sent.append(arguments)
+        return {"booked": arguments["room"], "number": len(sent)}
+
+    parameters = {"type": "object", "properties": {key: {"type": "string"} for key in ("room", "date", "note")},
+                  "required": ["room", "date"], "additionalProperties": False}
+    monkeypatch.setitem(registry._TOOLS, name, Tool(name=name, description=name, parameters=parameters,
+                                                    handler=handler, side_effect=True, same_action=same_action))
+    return sent
+
+
+def _booking(tool: str, note: str) -> dict:
+    return {"tool_calls": [{"name": tool, "arguments": {"room": "A", "date": "2026-12-24", "note": note}}]}
+
+
+def test_a_business_key_makes_calls_with_other_arguments_one_action_and_other_keys_two(worker, demo, monkeypatch):
+    """Room A on 24 Dec is booked once per user, whatever the note says, in any session."""
+    sent = _counting_tool(monkeypatch, "book_room", lambda ctx, a: f"{ctx.user.pk}/{a['room']}/{a['date']}")
+    agent = make_agent("booker", [_booking("book_room", "window"), _booking("book_room", "aisle"), {"content": "Booked."}],
+                       tools=["book_room"])
+    first_run = start_run_as(agent=agent, user=demo["requester"], input="book")
+    worker.drain()
+    first, again = ToolCall.objects.filter(run=first_run).order_by("id")
+    assert (first.status, again.status, again.duplicate_of_id) == ("succeeded", "succeeded", first.pk)
+    assert len(sent) == 1  # other arguments (the note), the same key: one action
+
+    other_session = start_run_as(agent=agent, user=demo["requester"], input="book again")
+    worker.drain()
+    assert {call.duplicate_of_id for call in ToolCall.objects.filter(run=other_session)} == {first.pk}
+    assert len(sent) == 1  # the key spans sessions
+
+    other_user = start_run_as(agent=agent, user=demo["approver"], input="book for me")
+    worker.drain()
+    mine, mine_again = ToolCall.objects.filter(run=other_user).order_by("id")
+    assert (mine.duplicate_of_id, mine_again.duplicate_of_id) == (None, mine.pk)
+    assert len(sent) == 2  # the same arguments, another key: a second action
+    assert mine.idempotency_key.startswith("book_room-k-") and mine.idempotency_key != first.idempotency_key
+
+
+def test_a_run_scoped_action_is_done_once_per_run_and_again_in_a_later_run_of_the_session(worker, demo, monkeypatch):
+    sent = _counting_tool(monkeypatch, "send_report", "run")
+    agent = make_agent("reporter", [_booking("send_report", "x"), _booking("send_report", "x"), {"content": "Sent."}],
+                       tools=["send_report"])
+    run = start_run_as(agent=agent, user=demo["requester"], input="report")
+    worker.drain()
+    first, again = ToolCall.objects.filter(run=run).order_by("id")
+    assert again.duplicate_of_id == first.pk and len(sent) == 1
+
+    follow_up = start_run_as(agent=agent, user=demo["requester"], input="report again", session=run.session)
+    worker.drain()
+    calls = list(ToolCall.objects.filter(run=follow_up).order_by("id"))
+    assert calls[0].duplicate_of_id is None and calls[1].duplicate_of_id == calls[0].pk
+    assert len(sent) == 2  # a later run of the session sends it again

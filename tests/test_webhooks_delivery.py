@@ -125,7 +125,8 @@ def test_the_events_of_one_run_arrive_in_the_order_they_happened(demo, worker, r
         interrupt.pk, "resolved", "approved", "refund")
     completed = receiver.bodies()[4]["data"]
     assert (completed["status"], completed["outcome"]) == ("completed", "achieved")
-    assert completed["effects"] == [{"tool_call": interrupt.tool_call_id, "name": "refund", "status": "succeeded"}]
+    assert completed["effects"] == [{"tool_call": interrupt.tool_call_id, "name": "refund", "status": "succeeded",
+                                     "reused": False, "duplicate_of": None}]
 
 
 def test_events_committed_while_the_broker_lost_every_message_are_sent_by_the_sweeper_pass(

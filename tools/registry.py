@@ -168,6 +168,18 @@ class Tool:
       ends as a ``ToolTimeout`` (an async handler is cancelled, a sync one
       is abandoned and ``ctx.cancelled`` set); a side-effecting call that
       timed out is ``unknown`` and goes to reconciliation.
+    * ``same_action``: what makes two calls of a side-effecting tool the
+      same action (answered with the first one's result, done once, under
+      one idempotency key; ``tools.services.arguments.action_identity``):
+      ``"session"`` (default): the same arguments in any run of the
+      session; ``"run"``: the same arguments within one run (a later run of
+      the session does it again, e.g. "send today's report"); or a
+      function ``(ctx, arguments) -> str``, a business key: any two calls
+      whose keys are equal, in any session of any user (e.g.
+      ``lambda ctx, a: f"{a['room']}/{a['date']}"`` books a room once per
+      day, whatever the note says; put the user or tenant in the key when
+      their results must not cross). Read-only tools are never
+      deduplicated: ``ValueError`` for anything but the default on one.
     * ``idempotent``: the external system deduplicates by our idempotency
       key, so a call interrupted by a crash may be sent again, and so may
       an ``unknown`` one its ``reconcile`` hook finds no trace of.
@@ -205,6 +217,7 @@ class Tool:
     allow_requester_approval: bool | None = None
     target_key: str = ""
     timeout_s: float = 30.0
+    same_action: str | Callable[[ToolContext, dict], str] = "session"
     idempotent: bool = False
     reconcile: Callable[[str], Reconciliation] | None = None
     max_attempts: int = 3
@@ -218,6 +231,12 @@ class Tool:
     def __post_init__(self):
         Draft202012Validator.check_schema(self.parameters)
         check_rule(self.approval, target_key=self.target_key)
+        if not (self.same_action in ("session", "run") or callable(self.same_action)):
+            raise ValueError(f"tool {self.name}: same_action is 'session', 'run' or a function, "
+                             f"not {self.same_action!r}")
+        if self.same_action != "session" and not self.side_effect:
+            raise ValueError(f"tool {self.name}: only side-effecting calls are deduplicated; "
+                             "same_action needs side_effect=True")
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters, format_checker=FORMAT_CHECKER))
 
     @property

@@ -37,7 +37,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs import lease
-from runs.awaiting import Await, Interrupted, Steps, drive, full_jitter
+from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
@@ -119,10 +119,14 @@ def advance_slice(run_id: int) -> Steps:
         if not begin_run(run, actor=ACTOR):
             return run, False  # an older run of the session goes first; its end wakes this one
         known.started()
-    elif recover_after_takeover(run, actor=ACTOR, calls=known.calls) == "crash_loop":
-        limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
-        return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
-                    error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
+    else:
+        seq = run.last_event_seq
+        if recover_after_takeover(run, actor=ACTOR, calls=known.calls) == "crash_loop":
+            limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
+            return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
+                        error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False
+        if run.last_event_seq != seq:  # a death was counted: durable before anything that may die again
+            yield commit_point()
     for _ in range(SLICE_STEPS):
         known.revalidate()
         if run.status != RunStatus.RUNNING:
@@ -334,13 +338,17 @@ def _model_turn(run: Run, known: Known) -> Steps:
         set_phase(run, Phase.CALLING_MODEL)  # fenced: no step is stored for a lease taken over
         step = Step.objects.create(run=run, index=known.steps, request=summary)
     known.step_added()
-    failpoint("model_call_started")
     try:
         # Untrusted: made storable, bad calls marked, before anything is written.
         with storable_errors():
             client = get_client(agent.model)
             limit_s = settings.TOLLGATE["MODEL_CALL_MAX_S"]
-            answer = yield Await(start=lambda: client.complete(request), timeout_s=limit_s,
+
+            def start():  # once the step is committed
+                failpoint("model_call_started")
+                return client.complete(request)
+
+            answer = yield Await(start=start, timeout_s=limit_s,
                                  timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
                                                               transient=True),
                                  stop_at=deadline_of(run), what="model")
@@ -374,7 +382,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
               error=f"Stopped waiting for a tool's precondition: {exc}.", now=timezone.now())
         return True
     try:
-        return _record_model_answer(run, known, step, response, cost, assessments)
+        going_on = _record_model_answer(run, known, step, response, cost, assessments)
     except (DataError, IntegrityError) as exc:
         # Deterministic: the same output would be refused again. Never a
         # crash-and-retry loop; the answer is invalid output.
@@ -382,6 +390,14 @@ def _model_turn(run: Run, known: Known) -> Steps:
         step.refresh_from_db()  # what the rolled-back transaction wrote in memory is gone
         known.reload()
         return _malformed_response(run, known, step, f"the answer could not be stored ({type(exc).__name__})")
+    if going_on is not None:
+        return going_on
+    yield commit_point()  # a final answer is durable before it is judged: a crash then is not asked again
+    failpoint("model_call_returned", response.finish_reason)
+    if not response.content.strip():
+        return _repair_turn(run, known, "the model returned neither text nor tool calls",
+                            tell="Your last reply was empty. Answer or call a tool.")
+    return _finish(run, known, response.content, read_upto=step.request.get("last_message_id"))
 
 
 def _staff_error(exc: Exception) -> str:
@@ -437,10 +453,12 @@ def _transient_failures_in_a_row(run: Run, *, before: Step, limit: int) -> int:
     return tries
 
 
-def _record_model_answer(run: Run, known: Known, step: Step, response, cost, assessments) -> bool:
-    """Store one model answer with its usage and tool calls in one transaction; act on a final answer.
+def _record_model_answer(run: Run, known: Known, step: Step, response, cost, assessments) -> bool | None:
+    """Store one model answer with its usage and tool calls in one transaction.
 
-    A final answer leaves the run in phase ``finalizing`` until it is judged.
+    Returns whether the run goes on after a turn with tool calls, or None
+    for a final answer (left in phase ``finalizing`` until it is judged) or
+    an empty one: the caller acts on those.
     """
     final = not response.tool_calls and bool(response.content.strip())
     going_on = None
@@ -476,13 +494,7 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
                 going_on = _repair_turn(run, known, "every tool call of the turn was invalid")
     known.messages_added([message])
     known.calls_added(created)
-    if going_on is not None:
-        return going_on
-    failpoint("model_call_returned", response.finish_reason)
-    if not final:
-        return _repair_turn(run, known, "the model returned neither text nor tool calls",
-                            tell="Your last reply was empty. Answer or call a tool.")
-    return _finish(run, known, response.content, read_upto=step.request.get("last_message_id"))
+    return going_on
 
 
 def _unique_call_ids(step: Step, calls: list[dict], *, used: set[str]) -> None:

@@ -100,10 +100,13 @@ class ToolCall(FSMModel):
         return self.run
 
     def event_payload(self, arguments: dict) -> dict:
-        """``{"tool_call": id, "name": tool}``, and the call's ``error`` when it has one."""
+        """``{"tool_call": id, "name": tool}``, the call's ``error`` when it has one, and, once it ended with an
+        earlier call's result, ``"reused": true`` and that call's id (``duplicate_of``): not a new effect."""
         payload = {"tool_call": self.pk, "name": self.name}
         if self.error:
             payload["error"] = self.error
+        if self.status == ToolCallStatus.SUCCEEDED and self.duplicate_of_id:
+            payload.update(reused=True, duplicate_of=self.duplicate_of_id)
         return payload
 
     # --- transitions (docs/design.md#tool-call-status) -------------------
@@ -155,10 +158,14 @@ class ToolCall(FSMModel):
         self.error = error
 
     @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.SUCCEEDED)
-    def succeed(self, result, now):
+    def succeed(self, result, now, reused_from: int | None = None):
+        """Done: ``result`` is the handler's, or, with ``reused_from``, that of the earlier call of the same
+        action (sent under the same idempotency key) whose result answers this one: nothing was sent."""
         self.result = result
         self.error = ""
         self.finished_at = now
+        if reused_from is not None:
+            self.duplicate_of_id = reused_from
 
     @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.FAILED)
     def fail(self, error: str, now):

@@ -7,6 +7,7 @@ import json
 from decimal import Decimal
 
 from runs.model_output import UnsafeArguments, parse_arguments
+from tools.registry import ToolContext
 
 
 def canonical_value(value):
@@ -28,29 +29,56 @@ def _canonical_json(arguments: dict) -> str:
     return json.dumps(canonical_value(arguments), sort_keys=True, separators=(",", ":"), default=str)
 
 
-def action_identity(session_id: int, name: str, arguments: dict) -> str:
-    """The business identity of one action in a session: 64 hex digits of sha256(session, tool, arguments).
+def action_identity(tool, run, arguments: dict) -> str:
+    """The business identity of one action: 64 hex digits of sha256 over what makes calls of ``tool``
+    the same action (``Tool.same_action``).
 
+    ``"session"``: the session, the tool and the arguments; ``"run"``: the
+    run, the tool and the arguments; a function: the tool and the business
+    key it returns for ``(ToolContext(run, requester), arguments)``.
     Arguments are canonicalised (sorted keys, no spaces, one spelling per
-    number), so the same action proposed again, in any run of the session
-    and under any ``tool_call_id``, has the same identity.
+    number), so the same action proposed again, under any
+    ``tool_call_id``, has the same identity. Raises ``ValueError`` when a
+    key function returns anything but a non-empty string, and whatever it
+    raises.
     """
-    return _digest(str(session_id), name, _canonical_json(arguments))
+    if tool.same_action == "session":
+        return _digest(str(run.session_id), tool.name, _canonical_json(arguments))
+    if tool.same_action == "run":
+        return _digest(f"run {run.pk}", tool.name, _canonical_json(arguments))
+    key = tool.same_action(ToolContext(run=run, user=run.requested_by), arguments)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"the business key of {tool.name} must be a non-empty string, not {key!r}")
+    return _digest("key", tool.name, key)
 
 
-def idempotency_key_base(session_id: int, name: str, arguments: dict) -> str:
-    """The idempotency key of ``name(arguments)`` in a session before any failure: ``"<tool>-s<session>-<hex>"``.
+def same_action_scope(tool, run) -> dict:
+    """Lookup arguments (``ToolCall.objects.filter(**...)``) for the calls that may be the same action as one of
+    ``tool`` in ``run`` (``Tool.same_action``): the session's, the run's, or every call of the tool."""
+    if tool.same_action == "session":
+        return {"run__session_id": run.session_id}
+    if tool.same_action == "run":
+        return {"run_id": run.pk}
+    return {"name": tool.name}
 
-    ``<hex>``: the first 32 hex digits of ``action_identity``; at most 80
-    characters. The same action executed again (a re-send after a crash, a
-    re-proposal, a follow-up run) gets the same key, so it takes effect at
-    most once. For a tool whose calls are deduplicated by key (side-effecting
-    or ``idempotent``) the key sent is this base followed by ``-<n>`` when
-    ``n`` earlier calls of the session definitely failed under it, so that a
-    fresh attempt after a failure is not answered with the stored failure
-    (``tools.services.execution``; no query here).
+
+def idempotency_key_base(tool, run, arguments: dict, *, identity: str = "") -> str:
+    """The idempotency key of ``tool(arguments)`` in ``run`` before any failure, at most 80 characters.
+
+    ``"<tool>-s<session>-<hex>"`` (``"-r<run>-"`` for ``same_action="run"``,
+    ``"-k-"`` for a business key); ``<hex>``: the first 32 hex digits of
+    the action's identity (``identity`` when the caller has it, else
+    ``action_identity``). The same action executed again (a re-send after
+    a crash, a re-proposal, a follow-up run) gets the same key, so it takes
+    effect at most once. For a tool whose calls are deduplicated by key
+    (side-effecting or ``idempotent``) the key sent is this base followed
+    by ``-<n>`` when ``n`` earlier calls of the same action definitely
+    failed under it, so that a fresh attempt after a failure is not
+    answered with the stored failure (``tools.services.execution``; no
+    query here).
     """
-    return f"{name[:30]}-s{session_id}-{action_identity(session_id, name, arguments)[:32]}"
+    scope = {"session": f"s{run.session_id}", "run": f"r{run.pk}"}.get(tool.same_action, "k")
+    return f"{tool.name[:30]}-{scope}-{(identity or action_identity(tool, run, arguments))[:32]}"
 
 
 def parse_raw_arguments(raw) -> tuple[dict | None, str]:

@@ -4,6 +4,7 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 (preconditions may do I/O), and ``tools.services.proposal`` records.
 """
 
+import logging
 from dataclasses import dataclass
 
 from runs.awaiting import Steps
@@ -11,8 +12,10 @@ from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
 from tools.registry import Tool, ToolContext, tools_for_agent
-from tools.services.arguments import action_identity, parse_raw_arguments
+from tools.services.arguments import action_identity, parse_raw_arguments, same_action_scope
 from tools.services.execution import check_precondition
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,10 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
             arguments, error = None, "The output was cut off (finish_reason=length); the arguments are incomplete."
         elif call.get("refused"):
             error = call["refused"]
-        key = action_identity(run.session_id, name, arguments) if tool and tool.side_effect and not error else ""
-        original = _same_action(run, key, assessments) if key else None
+        key = ""
+        if tool and tool.side_effect and not error:
+            key, error = _identity(tool, run, arguments)
+        original = _same_action(run, tool, key, assessments) if key else None
         if original is not None:
             assessments.append(Assessment(arguments, "duplicate", "", tool, action_key=key, original=original))
             continue
@@ -108,7 +113,17 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
     return assessments
 
 
-def _same_action(run, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall | int | None":
+def _identity(tool, run, arguments) -> tuple[str, str]:
+    """``(action identity, "")`` of a side-effecting call, or ``("", why it is invalid)`` when the tool's
+    business key function (``Tool.same_action``) failed on these arguments (its details stay in the log)."""
+    try:
+        return action_identity(tool, run, arguments), ""
+    except Exception as exc:
+        log.exception("the business key of %s could not be computed", tool.name)
+        return "", f"The action's business key could not be computed from these arguments ({type(exc).__name__})."
+
+
+def _same_action(run, tool, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall | int | None":
     """The call that already stands for action ``key``: earlier in this turn, or earlier in the session.
 
     Only an original that succeeded or is still pending counts; an action
@@ -117,7 +132,7 @@ def _same_action(run, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall 
     for index, assessment in enumerate(earlier_in_turn):
         if assessment.action_key == key and assessment.outcome in ("duplicate", "request_approval", "make_ready"):
             return assessment.original if assessment.outcome == "duplicate" else index
-    latest = (ToolCall.objects.filter(run__session_id=run.session_id, action_key=key)
+    latest = (ToolCall.objects.filter(action_key=key, **same_action_scope(tool, run))
               .exclude(status__in=NO_EFFECT_STATUSES).order_by("-id").first())
     if latest is None:
         return None

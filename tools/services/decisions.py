@@ -26,7 +26,7 @@ def approve_tool_call(*, tool_call: ToolCall, arguments: dict | None, actor: str
         if denial:
             raise InvalidInput(f"Edited arguments are not allowed: {denial}")
         if tool_call.action_key:  # the action is now what the person approved, not what was proposed
-            action_key = action_identity(tool_call.run.session_id, tool_call.name, arguments)
+            action_key = action_identity(tool, tool_call.run, arguments)
     return apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key,
                  savepoint=savepoint, batch=batch)
 

@@ -20,7 +20,7 @@ from runs.services import RunColumns
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Reconciliation, Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
-from tools.services.arguments import idempotency_key_base
+from tools.services.arguments import idempotency_key_base, same_action_scope
 from tools.services.targets import Target, claim, release, target_of
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,16 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     if reusable is not None:
         earlier_id, result = reusable
         return outcome(tool_call.succeed, reason=f"reused result of call {earlier_id}", result=result,
-                       now=timezone.now())
+                       now=timezone.now(), reused_from=earlier_id)
     context = ToolContext(run=tool_call.run, user=tool_call.run.requested_by, idempotency_key=key,
                           timeout_s=tool.timeout_s, tool_call=tool_call)
-    failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
+
+    def start():  # once the key is committed
+        failpoint("tool_call_started", tool_call.name, f"agent={tool_call.run.agent.slug}")
+        return call_handler(tool, context, tool_call.arguments)
+
     try:
-        result = yield Await(start=lambda: call_handler(tool, context, tool_call.arguments),
+        result = yield Await(start=start,
                              timeout_s=tool.timeout_s, what=f"tool:{tool.name}", stop_at=stop_at,
                              timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s."))
         failpoint("tool_call_returned", tool_call.name)
@@ -293,7 +297,8 @@ def _storable(result) -> str:
 
 def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tuple[int, object] | None]:
     """(key, reusable): the idempotency key to send ``tool_call`` under, and ``(call id, result)`` of a call
-    of the session that succeeded under that key, whose result is reused instead of executing again (or None).
+    that succeeded under that key (in the session, the run or anywhere: ``Tool.same_action``), whose result is
+    reused instead of executing again (or None).
 
     One query at most. A call sent before keeps its key. Otherwise the key
     is the action's (``idempotency_key_base``), followed by ``-<n>`` after
@@ -304,15 +309,16 @@ def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tupl
     nothing is counted for them. Only side-effecting calls reuse a result;
     reads are always done afresh.
     """
-    session_id = tool_call.run.session_id
-    key = tool_call.idempotency_key or idempotency_key_base(session_id, tool_call.name, tool_call.arguments)
+    run = tool_call.run
+    key = tool_call.idempotency_key or idempotency_key_base(tool, run, tool_call.arguments,
+                                                            identity=tool_call.action_key)
     numbered = not tool_call.idempotency_key and (tool.side_effect or tool.idempotent)
     if not numbered and not tool.side_effect:
         return key, None
     # Keys are the base or ``<base>-<n>``: one prefix match finds both kinds of earlier call.
     statuses = ([S.FAILED] if numbered else []) + ([S.SUCCEEDED] if tool.side_effect else [])
-    earlier = list(ToolCall.objects.filter(run__session_id=session_id, idempotency_key__startswith=key,
-                                           status__in=statuses)
+    earlier = list(ToolCall.objects.filter(idempotency_key__startswith=key, status__in=statuses,
+                                           **same_action_scope(tool, run))
                    .exclude(pk=tool_call.pk).order_by("pk").values_list("pk", "status", "idempotency_key", "result"))
     if numbered:
         failures = sum(1 for _, status, _, _ in earlier if status == S.FAILED)

@@ -40,7 +40,9 @@ def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[d
     (``tools.services.targets``): once the ending commits, its waiters are
     woken (``release_on_commit``).
 
-    Each effect is ``{"tool_call": id, "name": str, "status": "succeeded" | "unknown"}``.
+    Each effect is ``{"tool_call": id, "name": str, "status": "succeeded" | "unknown", "reused": bool,
+    "duplicate_of": id | None}``: ``reused`` when the call was answered with an earlier call's result (the
+    same action, ``duplicate_of``), which is not a new effect (count effects without it, e.g. to bill).
     """
     now = timezone.now()
     claimable = [call for call in calls if call.status in (S.READY, S.RUNNING)]  # may hold their target
@@ -63,7 +65,9 @@ def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[d
               if call.status == S.UNKNOWN and getattr(get_tool(call.name), "reconcile", None) is not None]
     if hooked:
         ToolCall.objects.filter(pk__in=hooked).update(reconcile_after=now)
-    return [{"tool_call": call.pk, "name": call.name, "status": call.status}
+    return [{"tool_call": call.pk, "name": call.name, "status": call.status,
+             "reused": call.status == S.SUCCEEDED and call.duplicate_of_id is not None,
+             "duplicate_of": call.duplicate_of_id if call.status == S.SUCCEEDED else None}
             for call in calls if call.side_effect and call.status in (S.SUCCEEDED, S.UNKNOWN)]
 
 
@@ -99,10 +103,11 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
     if not due:
         return []
     notes = _approval_notes(due, never_asked=never_asked)
+    reused = _reuse_notes(due)
     # All or nothing (an error ends the caller's transaction too); the first
     # message's lease check covers the whole transaction.
     with transaction.atomic(savepoint=False):
-        return [append_message(run, role="tool", content=_content(call, notes.get(call.pk, {})),
+        return [append_message(run, role="tool", content=_content(call, notes.get(call.pk, {}), reused.get(call.pk)),
                                tool_call_id=call.provider_call_id, fence=fence and index == 0)
                 for index, call in enumerate(due)]
 
@@ -116,13 +121,22 @@ def tool_result_content(tool_call: ToolCall) -> str:
     checked (never "did not run" for a call that was sent). A call a person
     approved also carries ``"approval": {"comment", "proposed_arguments",
     "approved_arguments"}`` (the argument pair only when they were edited).
+    A call answered with an earlier call's result (the same action,
+    ``duplicate_of``) carries ``"reused": {"tool_call", "run", "done_at",
+    "note"}`` ahead of that result: the action was done then, not again now.
     """
-    return _content(tool_call, _approval_notes([tool_call]).get(tool_call.pk, {}) if tool_call.pk else {})
+    if not tool_call.pk:
+        return _content(tool_call, {}, None)
+    return _content(tool_call, _approval_notes([tool_call]).get(tool_call.pk, {}),
+                    _reuse_notes([tool_call]).get(tool_call.pk))
 
 
-def _content(tool_call: ToolCall, approval: dict) -> str:
-    """``tool_result_content`` of a call whose approval note (``_approval_notes``) is known."""
-    if tool_call.status == S.SUCCEEDED:
+def _content(tool_call: ToolCall, approval: dict, reused: dict | None) -> str:
+    """``tool_result_content`` of a call whose approval note (``_approval_notes``) and reuse note
+    (``_reuse_notes``) are known."""
+    if tool_call.status == S.SUCCEEDED and reused is not None:
+        body = {"status": tool_call.status, "reused": reused, "result": tool_call.result}
+    elif tool_call.status == S.SUCCEEDED:
         body = {"status": tool_call.status, "result": tool_call.result}
     elif tool_call.status in (S.UNKNOWN, S.RUNNING):
         body = {"status": S.UNKNOWN, "error": "Whether this call took effect is not known yet; it is being checked. "
@@ -134,6 +148,28 @@ def _content(tool_call: ToolCall, approval: dict) -> str:
     if approval:
         body["approval"] = approval
     return json.dumps(body, default=str)
+
+
+def _reuse_notes(tool_calls: list[ToolCall]) -> dict[int, dict]:
+    """For each succeeded call answered with an earlier call's result, by call id: what the model is told of
+    that earlier call (its id, run, when it was done) and that nothing was done again. One query, none when
+    no call was answered so."""
+    reused = {call.pk: call.duplicate_of_id for call in tool_calls
+              if call.status == S.SUCCEEDED and call.duplicate_of_id is not None}
+    if not reused:
+        return {}
+    originals = {pk: (run_id, done_at) for pk, run_id, done_at in
+                 ToolCall.objects.filter(pk__in=set(reused.values())).values_list("pk", "run_id", "finished_at")}
+    notes = {}
+    for call_id, original in reused.items():
+        run_id, done_at = originals.get(original, (None, None))
+        notes[call_id] = {
+            "tool_call": original, "run": run_id, "done_at": done_at.isoformat() if done_at else None,
+            "note": f"This action was already done by call #{original} of run #{run_id}"
+                    f"{f' at {done_at.isoformat()}' if done_at else ''}. This is that call's result: "
+                    "it was not done again.",
+        }
+    return notes
 
 
 def _approval_notes(tool_calls: list[ToolCall], *, never_asked: Collection[int] = ()) -> dict[int, dict]:
