@@ -61,6 +61,9 @@ INSTALLED_APPS = [
     # The demo shop, a plug-in: take it out and the product runs without it.
     "tools.demo",
     "runs.webhooks",
+    # An integrator's own apps (their tools, completion checks, providers),
+    # by dotted path, comma-separated: no settings module of their own needed.
+    *env.list("TOLLGATE_EXTRA_APPS", default=[]),
 ]
 
 MIDDLEWARE = [
