@@ -35,7 +35,7 @@ import httpx
 from tools.demo import conf
 from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
-LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8)
+LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32)
 MAX_ASYNC_CLIENTS = 8  # (loop, URL) pairs kept; more happen only in tests that make many loops
 
 

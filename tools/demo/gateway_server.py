@@ -108,6 +108,9 @@ class GatewayHandler(BaseHTTPRequestHandler):
 
     ledger: Ledger
     faults: dict
+    # Keep-alive: a client's pooled connection serves many requests (HTTP/1.0 would close each one,
+    # so every request would pay a TCP connect on both sides). Every answer carries Content-Length.
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, format, *args):  # keep test output quiet
         pass
