@@ -56,7 +56,7 @@ class RunTx:
 
     ``run``: the locked ``Run``; ``cache``: the layers' rows loaded under
     the lock (``{key: anything}``, keys chosen by each layer, e.g.
-    ``"approvals.pending"``).
+    ``runs.engine.waits.DUE``).
     """
 
     def __init__(self, run: Run):
@@ -72,7 +72,7 @@ class RunTx:
         """Apply the bound ``transition`` of the run or of a row of it; returns the instance.
 
         The run's own transition logs the events kept so far ahead of its
-        own and writes the columns given by ``set``/``add`` in the same
+        own and writes the columns given by ``set`` in the same
         UPDATE; another row's is written at once and its event kept. Raises
         what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
         ``ConcurrentTransition``, ``LeaseLost``), which undoes the block.
