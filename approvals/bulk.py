@@ -15,7 +15,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from django.db import transaction
 from django.utils.translation import gettext as _
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
@@ -23,7 +22,7 @@ from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt
 from config.strict_json import MAX_INT
 from runs.errors import InvalidInput, TollgateError
-from runs.models import Run
+from runs.tx import locked
 
 MAX_BULK_ITEMS = 100
 
@@ -155,9 +154,9 @@ def decide_bulk(*, user, decision: str, comment: str, expected: dict[int, str]) 
 
 def _decide_one(pk: int, *, user, decision: str, comment: str, shown: str) -> BulkOutcome:
     try:
-        with transaction.atomic():
-            run_id = Interrupt.objects.values_list("run_id", flat=True).get(pk=pk)
-            run = Run.objects.select_for_update().get(pk=run_id)
+        run_id = Interrupt.objects.values_list("run_id", flat=True).get(pk=pk)
+        with locked(run_id) as tx:
+            run = tx.run
             interrupt = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=pk)
             if run.is_terminal or run.cancel_requested_at is not None:  # first: it also cancels the items
                 return BulkOutcome(pk, False, RUN_ENDED, run.status)

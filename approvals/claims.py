@@ -9,30 +9,32 @@ written to the run's event log. The claimer is warned by email before the
 item expires (``approvals.notifications.warn_claimed_items_expiring``).
 """
 
-from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
 from runs.errors import Conflict, Forbidden
-from runs.models import Run
-from runs.services import actor_for, append_event
+from runs.services import actor_for
+from runs.tx import RunTx, locked
 
 
-def _locked_pending(interrupt: Interrupt, user) -> Interrupt:
-    """The item locked (after its run), if ``user`` may decide it (else ``Forbidden``) and it is pending
-    (else ``Conflict``)."""
+def _locked_pending(interrupt: Interrupt) -> Interrupt:
+    """The item locked (after its run, in the caller's ``runs.tx.locked`` block), if it is pending (else
+    ``Conflict``)."""
+    pending = Interrupt.objects.select_for_update(of=("self",)).select_related("claimed_by").get(pk=interrupt.pk)
+    if pending.status != InterruptStatus.PENDING:
+        raise Conflict("The item is no longer pending.", details={"status": pending.status})
+    return pending
+
+
+def _may_claim(interrupt: Interrupt, user) -> None:
+    """``Forbidden`` unless ``user`` may decide ``interrupt`` (checked before any lock is taken)."""
     if not Interrupt.objects.decidable_by(user).filter(pk=interrupt.pk).exists():
         raise Forbidden("You may not claim this item.")
-    Run.objects.select_for_update().get(pk=interrupt.run_id)  # the run first, as every decision locks
-    locked = Interrupt.objects.select_for_update(of=("self",)).select_related("claimed_by").get(pk=interrupt.pk)
-    if locked.status != InterruptStatus.PENDING:
-        raise Conflict("The item is no longer pending.", details={"status": locked.status})
-    return locked
 
 
-def _log(interrupt: Interrupt, user, reason: str) -> None:
-    append_event(interrupt.run, type="claim", actor=actor_for(user), reason=reason,
-                 payload={"interrupt": interrupt.pk, "claimed_by": interrupt.claimed_by_id})
+def _log(tx: RunTx, interrupt: Interrupt, user, reason: str) -> None:
+    tx.log(type="claim", actor=actor_for(user), reason=reason,
+           payload={"interrupt": interrupt.pk, "claimed_by": interrupt.claimed_by_id})
 
 
 def claim_interrupt(*, interrupt: Interrupt, user) -> Interrupt:
@@ -41,17 +43,18 @@ def claim_interrupt(*, interrupt: Interrupt, user) -> Interrupt:
     Raises ``Forbidden`` (may not decide it; checked first), ``Conflict``
     (not pending, or claimed by someone else: ``details.claimed_by`` names them).
     """
-    with transaction.atomic():
-        locked = _locked_pending(interrupt, user)
-        if locked.claimed_by_id == user.pk:
-            return locked
-        if locked.claimed_by_id is not None:
-            raise Conflict(f"{locked.claimed_by.get_username()} is handling this item.",
-                           details={"claimed_by": locked.claimed_by.get_username()})
-        locked.claimed_by, locked.claimed_at, locked.expiry_warning_sent_at = user, timezone.now(), None
-        locked.save(update_fields=["claimed_by", "claimed_at", "expiry_warning_sent_at"])
-        _log(locked, user, f"claimed by {user.get_username()}")
-    return locked
+    _may_claim(interrupt, user)
+    with locked(interrupt.run_id) as tx:
+        pending = _locked_pending(interrupt)
+        if pending.claimed_by_id == user.pk:
+            return pending
+        if pending.claimed_by_id is not None:
+            raise Conflict(f"{pending.claimed_by.get_username()} is handling this item.",
+                           details={"claimed_by": pending.claimed_by.get_username()})
+        pending.claimed_by, pending.claimed_at, pending.expiry_warning_sent_at = user, timezone.now(), None
+        pending.save(update_fields=["claimed_by", "claimed_at", "expiry_warning_sent_at"])
+        _log(tx, pending, user, f"claimed by {user.get_username()}")
+    return pending
 
 
 def unclaim_interrupt(*, interrupt: Interrupt, user) -> Interrupt:
@@ -60,14 +63,15 @@ def unclaim_interrupt(*, interrupt: Interrupt, user) -> Interrupt:
     Raises ``Forbidden`` (may not decide it, or someone else's claim and
     ``user`` is not staff) and ``Conflict`` (not pending).
     """
-    with transaction.atomic():
-        locked = _locked_pending(interrupt, user)
-        if locked.claimed_by_id is None:
-            return locked
-        if locked.claimed_by_id != user.pk and not user.is_staff:
+    _may_claim(interrupt, user)
+    with locked(interrupt.run_id) as tx:
+        pending = _locked_pending(interrupt)
+        if pending.claimed_by_id is None:
+            return pending
+        if pending.claimed_by_id != user.pk and not user.is_staff:
             raise Forbidden("Only its claimer or staff may unclaim this item.")
-        previous = locked.claimed_by.get_username()
-        locked.claimed_by, locked.claimed_at = None, None
-        locked.save(update_fields=["claimed_by", "claimed_at"])
-        _log(locked, user, f"unclaimed (was {previous})")
-    return locked
+        previous = pending.claimed_by.get_username()
+        pending.claimed_by, pending.claimed_at = None, None
+        pending.save(update_fields=["claimed_by", "claimed_at"])
+        _log(tx, pending, user, f"unclaimed (was {previous})")
+    return pending

@@ -11,7 +11,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.files.base import ContentFile
-from django.db import transaction
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django_fsm import can_proceed
@@ -19,11 +18,11 @@ from django_fsm import can_proceed
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus, item_title
 from runs.errors import Expired, Forbidden, InvalidInput
-from runs.models import Run, Wait, WaitingReason, WaitStatus
+from runs.models import Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
-from runs.transitions import EventBatch, apply
+from runs.transitions import apply
+from runs.tx import RunTx, locked
 from runs.waits import settle_wait
-from runs.wakeups import wake_on_commit
 from tools.registry import Tool, get_tool
 from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
 from tools.services.edits import argument_changes
@@ -129,15 +128,15 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
         raise InvalidInput.for_fields({"evidence": "Say what you checked: evidence is required."})
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
-    with transaction.atomic():
-        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id, decider=user)
-        resumes = _unblocks(interrupt)
+    with locked(interrupt.run_id) as tx:
+        interrupt = _lock_item(tx, interrupt.pk, decider=user)
+        resumes = _unblocks(tx, interrupt)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
         settle_unknown_call(tool_call=interrupt.tool_call, succeeded=succeeded, result=result,
                             evidence=evidence, actor=actor)
         if resumes:
-            apply(interrupt.run.resume, actor=actor, reason="resumed after decision")
+            apply(tx.run.resume, actor=actor, reason="resumed after decision")
     return interrupt
 
 
@@ -155,15 +154,13 @@ def overdue_interrupts(*, now, limit: int | None = None) -> list[tuple[int, int]
     return list(overdue.values_list("pk", "run_id")[:limit])
 
 
-def expire_interrupt(*, interrupt_id: int, now, actor: str, run: Run | None = None) -> Interrupt | None:
-    """Expire one overdue pending item and its tool call (``awaiting_approval -> expired``).
+def expire_interrupt(tx: RunTx, *, interrupt_id: int, now, actor: str) -> Interrupt | None:
+    """Expire one overdue pending item of ``tx.run`` and its tool call (``awaiting_approval -> expired``).
 
-    Returns the item, or None if it was no longer pending. Call inside a
-    transaction that holds the run's row lock (``run``: that run as locked,
-    if the caller has it, so it is not read again); ending the run is the
-    caller's (the engine's sweeper fails it with ``approval_expired``).
+    Returns the item, or None if it was no longer pending. Ending the run
+    is the caller's (the engine's sweeper fails it with ``approval_expired``).
     """
-    return expire_locked_interrupt(_lock_item(interrupt_id, run=run), now=now, actor=actor)
+    return expire_locked_interrupt(_lock_item(tx, interrupt_id), now=now, actor=actor)
 
 
 def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interrupt | None:
@@ -254,8 +251,8 @@ def answer_interrupt(*, interrupt: Interrupt, user, answer: str, file=None) -> I
     result = {"answer": answer, "answered_by": user.get_username()}
     stored = None
     try:
-        with transaction.atomic():
-            interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id, decider=user)
+        with locked(interrupt.run_id) as tx:
+            interrupt = _lock_item(tx, interrupt.pk, decider=user)
             apply(interrupt.resolve, actor=actor, reason=Decision.ANSWERED, decision=Decision.ANSWERED, user=user,
                   comment=answer, edited_arguments=None, now=timezone.now())
             if checked is not None:
@@ -272,23 +269,21 @@ def answer_interrupt(*, interrupt: Interrupt, user, answer: str, file=None) -> I
     return interrupt
 
 
-def expire_input_item(*, tool_call, now, actor: str) -> Interrupt | None:
-    """Expire the pending input item of ``tool_call`` (its wait timed out); None if there is none.
-
-    Call inside a transaction holding the run's row lock.
-    """
+def expire_input_item(tx: RunTx, *, tool_call, now, actor: str) -> Interrupt | None:
+    """Expire the pending input item of ``tool_call``, a call of ``tx.run`` (its wait timed out); None if
+    there is none."""
     interrupt = tool_call.interrupts.filter(kind=InterruptKind.INPUT, status=InterruptStatus.PENDING).first()
     if interrupt is None:
         return None
-    return expire_interrupt(interrupt_id=interrupt.pk, now=now, actor=actor)
+    return expire_interrupt(tx, interrupt_id=interrupt.pk, now=now, actor=actor)
 
 
-def _lock_item(interrupt_id: int, *, run: Run | None, decider=None) -> Interrupt:
-    """Item ``interrupt_id`` locked (``SELECT ... FOR UPDATE`` of its row only) with its tool call and
-    answer file loaded (the answer shows both); ``run`` (the item's run, already locked by the caller)
-    is attached to both, so events and transitions on them do not read the run again. With ``decider``
-    (a user), the same statement loads ``user_may_decide`` for them (``with_decidable_flag``), and
-    ``Forbidden`` is raised unless they may decide it now. Raises ``Interrupt.DoesNotExist``."""
+def _lock_item(tx: RunTx, interrupt_id: int, *, decider=None) -> Interrupt:
+    """Item ``interrupt_id`` of ``tx.run`` locked (``SELECT ... FOR UPDATE`` of its row only, after the
+    run's: ``runs.tx``'s lock order) with its tool call and answer file loaded (the answer shows both);
+    ``tx.run`` is attached to both, so events and transitions on them do not read the run again. With
+    ``decider`` (a user), the same statement loads ``user_may_decide`` for them (``with_decidable_flag``),
+    and ``Forbidden`` is raised unless they may decide it now. Raises ``Interrupt.DoesNotExist``."""
     rows = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
     if decider is not None:
         rows = rows.with_decidable_flag(decider)
@@ -297,17 +292,11 @@ def _lock_item(interrupt_id: int, *, run: Run | None, decider=None) -> Interrupt
         # The caller's check trusted a flag loaded before the lock (``can_decide``); this one is
         # taken with the row locked, so a decider who lost the right meanwhile decides nothing.
         raise Forbidden(_("You may not decide this item."))
-    if run is not None and run.pk == interrupt.run_id:
-        interrupt.run = run
+    if tx.run.pk == interrupt.run_id:
+        interrupt.run = tx.run
         if interrupt.tool_call is not None:
-            interrupt.tool_call.run = run
+            interrupt.tool_call.run = tx.run
     return interrupt
-
-
-def _lock_run_and_item(interrupt_id: int, *, run_id: int, decider=None) -> Interrupt:
-    """Lock run ``run_id`` first, then its item ``interrupt_id`` (the order every writer of both keeps);
-    ``decider``: as in ``_lock_item``."""
-    return _lock_item(interrupt_id, run=Run.objects.select_for_update().get(pk=run_id), decider=decider)
 
 
 def decide_interrupt(
@@ -332,29 +321,24 @@ def decide_interrupt(
     if interrupt.kind != InterruptKind.APPROVAL:
         raise InvalidInput(f"A {interrupt.kind} item is not approved or rejected.")
     actor = actor_for(user)
-    with transaction.atomic():
-        # Lock the run first: the worker takes the same lock before it puts
-        # the run to wait, so a decision cannot slip in between.
-        interrupt = _lock_run_and_item(interrupt.pk, run_id=interrupt.run_id, decider=user)
+    # The run first: the worker takes the same lock before it puts the run
+    # to wait, so a decision cannot slip in between. Any error undoes the
+    # whole decision; the three transitions log their events with one
+    # reservation (the run's own, or the block's end).
+    with locked(interrupt.run_id) as tx:
+        interrupt = _lock_item(tx, interrupt.pk, decider=user)
         _refuse_if_expired(interrupt)
-        resumes = _unblocks(interrupt)
+        resumes = _unblocks(tx, interrupt)
         edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
-        # No savepoints inside: any error undoes the whole decision. With the run locked, the three
-        # transitions log their events with one reservation (the run's own, or the batch's end).
-        with EventBatch(interrupt.run) as batch:
-            apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
-                  comment=comment, edited_arguments=edited_arguments, now=timezone.now(), savepoint=False,
-                  batch=batch)
-            if decision == Decision.APPROVED:
-                approve_tool_call(tool_call=interrupt.tool_call, arguments=edited_arguments, actor=actor,
-                                  savepoint=False, batch=batch)
-            else:
-                reject_tool_call(tool_call=interrupt.tool_call, comment=comment, actor=actor, savepoint=False,
-                                 batch=batch)
-            if resumes:
-                apply(interrupt.run.resume, actor=actor, reason="resumed after decision", savepoint=False,
-                      batch=batch)
+        tx.apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
+                 comment=comment, edited_arguments=edited_arguments, now=timezone.now())
+        if decision == Decision.APPROVED:
+            approve_tool_call(tx, interrupt.tool_call, arguments=edited_arguments, actor=actor)
+        else:
+            reject_tool_call(tx, interrupt.tool_call, comment=comment, actor=actor)
+        if resumes:
+            tx.apply(tx.run.resume, actor=actor, reason="resumed after decision")
     return interrupt
 
 
@@ -366,21 +350,18 @@ def _refuse_if_expired(interrupt: Interrupt) -> None:
                       "it can no longer be decided.", details={"expires_at": interrupt.expires_at.isoformat()})
 
 
-def _unblocks(interrupt: Interrupt) -> bool:
-    """Whether resolving ``interrupt`` lets its run resume: the run waits for people and no other
-    item of it is pending. Call with both rows locked (``_lock_run_and_item``: nothing else can
-    change either until commit), before the item's transition.
-
-    If so, the worker's wake-up is queued for the commit at once, ahead of the live push that
-    the transitions queue (commit hooks run in order): the worker need not wait for the push.
-    """
-    run = interrupt.run
+def _unblocks(tx: RunTx, interrupt: Interrupt) -> bool:
+    """Whether resolving ``interrupt`` lets its run ``tx.run`` resume: the run waits for people and no
+    other item of it is pending. Call with the item locked (``_lock_item``: nothing else can change
+    either row until commit), before the item's transition. If so, a worker is woken on commit
+    (``RunTx.wake``: ahead of the live push)."""
+    run = tx.run
     # waiting for an approval or a settlement (a wait for an answer or an event ends with its wait)
     if run.waiting_reason not in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) or not can_proceed(run.resume):
         return False
     if run.interrupts.filter(status=InterruptStatus.PENDING).exclude(pk=interrupt.pk).exists():
         return False
-    wake_on_commit(run.pk)
+    tx.wake()
     return True
 
 

@@ -11,8 +11,8 @@ Layers, top to bottom:
 2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
    ``tools.policy``, ``tools.services``;
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
-   ``runs.lease``, ``runs.wakeups``, ``runs.live``, ``runs.waits``, ``runs.access``
-   (who sees and decides what);
+   ``runs.tx`` (one transaction on one run), ``runs.lease``, ``runs.wakeups``,
+   ``runs.live``, ``runs.waits``, ``runs.access`` (who sees and decides what);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.brokers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
@@ -55,6 +55,7 @@ LAYERS = {
     "runs.models": 1,
     "runs.services": 1,
     "runs.transitions": 1,
+    "runs.tx": 1,
     "runs.lease": 1,
     "runs.wakeups": 1,
     "runs.live": 1,

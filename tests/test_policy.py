@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from tools.policy import InvalidRule, approval_required, check_rule
 from tools.registry import Tool
@@ -71,18 +72,18 @@ def test_a_business_key_makes_the_same_action_of_other_arguments_and_two_of_the_
     assert action_identity(booking, _run(session=9), {"room": "A", "date": "2026-12-24", "note": "aisle"}) == first
     assert action_identity(booking, _run(), {"room": "B", "date": "2026-12-24", "note": "window seat"}) != first
     assert idempotency_key_base(booking, _run(), {"room": "A", "date": "2026-12-24"}).startswith("book_room-k-")
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):
         action_identity(_tool("book_room", same_action=lambda ctx, a: ""), _run(), {})
 
 
 @pytest.mark.parametrize("same_action", ["tenant", None, 3])
 def test_same_action_is_the_session_the_run_or_a_function(same_action):
-    with pytest.raises(ValueError):
+    with pytest.raises(ImproperlyConfigured):
         _tool(same_action=same_action)
 
 
 def test_only_side_effecting_tools_take_another_same_action():
-    with pytest.raises(ValueError):
+    with pytest.raises(ImproperlyConfigured):
         Tool(name="lookup", description="", parameters={"type": "object"}, handler=lambda ctx, a: None,
              same_action="run")
 

@@ -179,7 +179,7 @@ class Tool:
       ``lambda ctx, a: f"{a['room']}/{a['date']}"`` books a room once per
       day, whatever the note says; put the user or tenant in the key when
       their results must not cross). Read-only tools are never
-      deduplicated: ``ValueError`` for anything but the default on one.
+      deduplicated: ``ImproperlyConfigured`` for anything but the default on one.
     * ``idempotent``: the external system deduplicates by our idempotency
       key, so a call interrupted by a crash may be sent again, and so may
       an ``unknown`` one its ``reconcile`` hook finds no trace of.
@@ -232,10 +232,10 @@ class Tool:
         Draft202012Validator.check_schema(self.parameters)
         check_rule(self.approval, target_key=self.target_key)
         if not (self.same_action in ("session", "run") or callable(self.same_action)):
-            raise ValueError(f"tool {self.name}: same_action is 'session', 'run' or a function, "
+            raise ImproperlyConfigured(f"tool {self.name}: same_action is 'session', 'run' or a function, "
                              f"not {self.same_action!r}")
         if self.same_action != "session" and not self.side_effect:
-            raise ValueError(f"tool {self.name}: only side-effecting calls are deduplicated; "
+            raise ImproperlyConfigured(f"tool {self.name}: only side-effecting calls are deduplicated; "
                              "same_action needs side_effect=True")
         object.__setattr__(self, "validator", Draft202012Validator(self.parameters, format_checker=FORMAT_CHECKER))
 

@@ -33,6 +33,7 @@ from runs.models import (
 )
 from runs.services import actor_for, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
+from runs.tx import locked, relock
 from runs.waits import cancel_waits
 from runs.wakeups import wake_on_commit
 from tools.models import ToolCall
@@ -136,12 +137,12 @@ def submit_input(
                 if busy and multitask_strategy == MultitaskStrategy.SUPPLEMENT:
                     # Under the run's lock (end_run takes it too): a run that is ending or
                     # asked to cancel gets no input it will never read; a new run takes it.
-                    busy = Run.objects.select_for_update().get(pk=busy.pk)
-                    if busy.status in BUSY_STATUSES and busy.cancel_requested_at is None:
-                        append_message(busy, role="user", content=input)
-                        append_event(busy, type="input", actor=actor, reason="supplemented",
-                                     payload={"chars": len(input), **request})
-                        return Submitted(busy, "supplemented")
+                    with locked(busy.pk) as tx:
+                        if tx.run.status in BUSY_STATUSES and tx.run.cancel_requested_at is None:
+                            tx.message(role="user", content=input)
+                            tx.log(type="input", actor=actor, reason="supplemented",
+                                   payload={"chars": len(input), **request})
+                            return Submitted(tx.run, "supplemented")
                 if multitask_strategy == MultitaskStrategy.INTERRUPT:
                     for other in active:
                         cancel_run(run=other, actor=actor, reason="interrupted by a new input")
@@ -192,8 +193,8 @@ def retry_run(*, run: Run, user, idempotency_key: str | None = None) -> Submitte
     """
     if run.requested_by_id != user.pk:
         raise Forbidden("Only the run's requester may retry it.")
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)  # one retry decided at a time
+    with locked(run.pk) as tx:  # one retry decided at a time
+        run = tx.run
         if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
             raise Conflict(f"Only a failed or cancelled run can be retried; run {run.pk} is {run.status}.",
                            details={"status": run.status})
@@ -344,7 +345,7 @@ def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None
     run = ending.__self__
     with transaction.atomic(savepoint=reads is None):
         if reads is None:
-            list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # serialises with submit_input
+            relock(run)  # serialises with submit_input
         cancel_pending_interrupts(run=run, actor=actor, pending=reads.items if reads else None)
         cancel_waits(run, actor=actor, pending=reads.waits if reads else None)
         calls = reads.calls if reads else list(run.tool_calls.order_by("id"))
@@ -402,16 +403,18 @@ def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run
     Effects that already happened stay (they are listed in the events).
     Raises ``TransitionNotAllowed`` for a terminal run.
     """
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
+    with locked(run.pk) as tx:
+        run = tx.run
         if run.is_terminal:
             run.cancel()  # raises TransitionNotAllowed
+        if run.status == RunStatus.RUNNING:  # the worker's next safe point reads the column
+            if run.cancel_requested_at is None:
+                tx.set(cancel_requested_at=timezone.now())
+            tx.log(type="cancel_requested", actor=actor, reason=reason)
+            return run
         if run.cancel_requested_at is None:
             run.cancel_requested_at = timezone.now()
             Run.objects.filter(pk=run.pk).update(cancel_requested_at=run.cancel_requested_at)
-        if run.status == RunStatus.RUNNING:
-            append_event(run, type="cancel_requested", actor=actor, reason=reason)
-            return run
         return end_run(run.cancel, actor=actor, reason=reason)
 
 

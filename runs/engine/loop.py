@@ -57,6 +57,7 @@ from runs.engine.state import Known
 from runs.live import DeltaBuffer, publish_delta
 from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
+from runs.tx import relock
 from runs.wakeups import wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
@@ -201,7 +202,7 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     waited = []
 
     def on_target_busy(holder: int, target) -> None:  # in the transaction that found the target held
-        _lock_and_reread_cancel(run)
+        relock(run)
         _wait_locked(run, reason=f"{call.name} waits for call #{holder} on {target.label}",
                      waiting_reason=WaitingReason.RETRY_BACKOFF,
                      wake_at=timezone.now() + timedelta(seconds=settings.TOLLGATE["LEASE_TTL_S"]))
@@ -261,19 +262,6 @@ def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
     return False
 
 
-def _lock_and_reread_cancel(run: Run) -> bool:
-    """Take the run's row lock (as ``cancel_run`` does) and re-read whether a cancel was requested.
-
-    Returns True when no other writer logged an event on the run since
-    ``run`` last knew its counter (``runs.services.append_event``), i.e.
-    what the loop knows of the run (``Known``) still holds.
-    """
-    cancel_requested_at, seq = (Run.objects.select_for_update().filter(pk=run.pk).order_by()
-                                .values_list("cancel_requested_at", "last_event_seq").get())
-    run.cancel_requested_at = cancel_requested_at
-    return seq == run.last_event_seq
-
-
 def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
     """Put the run to wait, unless a cancel was accepted meanwhile: then it ends ``cancelled`` instead.
 
@@ -282,12 +270,12 @@ def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
     wait and be left for nobody.
     """
     with transaction.atomic():
-        _lock_and_reread_cancel(run)
+        relock(run)
         _wait_locked(run, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
 
 
 def _wait_locked(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
-    """``_wait`` for a caller whose transaction holds the run's row lock (``_lock_and_reread_cancel``)."""
+    """``_wait`` for a caller whose transaction holds the run's row lock (``runs.tx.relock``)."""
     if not can_proceed(run.wait):
         _end(run.cancel, reason="cancelled at a safe point (before waiting)")
         return
@@ -311,7 +299,7 @@ def _wait_settled(run: Run, call: ToolCall, tool) -> bool:
 def _wait_for_approval(run: Run) -> bool:
     """Put the run in ``waiting/approval`` unless a decision came in first; True if it waits."""
     with transaction.atomic():
-        _lock_and_reread_cancel(run)  # decisions take the lock too
+        relock(run)  # decisions take the lock too
         if not run.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
             return False
         _wait_locked(run, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
@@ -565,7 +553,7 @@ def _finish(run: Run, known: Known, content: str, *, read_upto: int | None = Non
     verdict = completion.evaluate(run)
     if verdict.complete:
         with transaction.atomic():
-            unchanged = _lock_and_reread_cancel(run)
+            unchanged = relock(run)
             if not can_proceed(run.complete):  # a cancel was accepted first: it wins
                 _end(run.cancel, reason="cancelled before the final answer was accepted")
                 return False

@@ -36,11 +36,12 @@ from approvals.services import (
 from runs.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
-from runs.engine.waits import due_waits, end_due_waits
+from runs.engine.waits import end_due_waits, prefetch_due_waits
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, Step
 from runs.services import append_event
 from runs.transitions import apply
+from runs.tx import locked_many
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
@@ -153,17 +154,6 @@ def _chunks(items: list, size: int = ITEMS_PER_TRANSACTION):
         yield items[start:start + size]
 
 
-def _locked_runs(run_ids, *, with_agent: bool = False) -> dict[int, Run]:
-    """``{id: run}`` of the runs ``run_ids`` that still exist, row-locked in id order (one statement).
-
-    Every batch of the sweeper locks its runs in this order and each other
-    writer locks one run at a time, so two of them never wait on each other
-    in a circle. ``with_agent``: the agent row is read along (not locked).
-    """
-    runs = Run.objects.select_for_update(of=("self",)).filter(pk__in=run_ids).order_by("pk")
-    return {run.pk: run for run in (runs.select_related("agent") if with_agent else runs)}
-
-
 def fail_waiting_runs_past_deadline(*, now, limit: int | None = None) -> int:
     """Fail waiting runs whose agent's ``deadline_s`` has passed (``deadline_exceeded``); returns how many.
 
@@ -185,8 +175,8 @@ def fail_waiting_runs_past_deadline(*, now, limit: int | None = None) -> int:
         due += past.order_by("started_at").values_list("pk", flat=True)[:limit - len(due)]
     failed = 0
     for chunk in _chunks(due):
-        with transaction.atomic():
-            runs = _locked_runs(chunk, with_agent=True)
+        with locked_many(chunk, related=("agent",)) as txs:
+            runs = {run_id: tx.run for run_id, tx in txs.items()}
             reads = load_endings(list(runs.values()))
             for run in runs.values():
                 passed = deadline_passed(run, now=now)
@@ -213,8 +203,8 @@ def expire_overdue_approvals(*, now, limit: int | None = None) -> int:
     """
     count = 0
     for chunk in _chunks(overdue_interrupts(now=now, limit=_limit(limit))):
-        with transaction.atomic():
-            runs = _locked_runs({run_id for _, run_id in chunk})
+        with locked_many({run_id for _, run_id in chunk}) as txs:
+            runs = {run_id: tx.run for run_id, tx in txs.items()}
             reads = load_endings(list(runs.values()))
             for interrupt_id, run_id in chunk:
                 if run_id not in runs:
@@ -309,22 +299,22 @@ def wake_due_runs(*, now, limit: int | None = None) -> int:
 
     Returns how many were woken. The earliest first, at most ``limit``
     (default ``SWEEP_BATCH``), ``ITEMS_PER_TRANSACTION`` per transaction: their
-    row locks taken in id order, their due waits read with one query. A run
+    row locks taken in id order, their due waits read with one query (``prefetch_due_waits``). A run
     that moved on or whose timer moved since it was found is left alone.
     """
     due = list(Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now).order_by("wake_at")
                .values_list("pk", flat=True)[:_limit(limit)])
     woken = 0
     for chunk in _chunks(due):
-        with transaction.atomic():
-            runs = _locked_runs(chunk)
-            waits = due_waits(list(runs), now=now)
-            for run in runs.values():
+        with locked_many(chunk) as txs:
+            prefetch_due_waits(txs, now=now)
+            for tx in txs.values():
+                run = tx.run
                 if not can_proceed(run.wake) or run.wake_at > now:  # moved on, or its timer moved
                     continue
-                end_due_waits(run, now=now, actor="sweeper", due=waits.get(run.pk, []))
-                apply(run.wake, actor="sweeper", reason=f"wake_at passed ({run.waiting_reason})", savepoint=False)
-                wake_on_commit(run.pk)
+                end_due_waits(tx, now=now, actor="sweeper")
+                tx.apply(run.wake, actor="sweeper", reason=f"wake_at passed ({run.waiting_reason})")
+                tx.wake()
                 woken += 1
     return woken
 

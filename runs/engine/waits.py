@@ -30,6 +30,7 @@ from runs.access import may_deliver_event
 from runs.errors import InvalidInput, NotFound
 from runs.models import ExternalEvent, Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
+from runs.tx import RunTx, locked
 from runs.waits import settle_wait
 from tools.builtin import WAIT_FOR_EVENT, key_in_use
 from tools.registry import Tool, ToolContext
@@ -85,33 +86,36 @@ def _woke(deadline, now) -> dict:
     return {"waited_until": deadline.isoformat(), "woke_at": now.isoformat()}
 
 
-def due_waits(run_ids, *, now) -> dict[int, list[Wait]]:
-    """``{run id: its pending waits whose deadline passed by now}`` for ``run_ids``, with their calls (one query)."""
-    due: dict[int, list[Wait]] = {}
-    for wait in Wait.objects.filter(run_id__in=run_ids, status=WaitStatus.PENDING, deadline__lte=now).select_related(
+DUE = "engine.waits.due"  # RunTx.cache key: the run's pending waits past their deadline (prefetch_due_waits)
+
+
+def prefetch_due_waits(txs: dict, *, now) -> None:
+    """Load into each ``RunTx`` of ``txs`` (``{run id: RunTx}``, locked) its run's pending waits whose
+    deadline passed by ``now``, with their calls, in id order: one query for all (``tx.cache[DUE]``)."""
+    for tx in txs.values():
+        tx.cache[DUE] = []
+    for wait in Wait.objects.filter(run_id__in=txs, status=WaitStatus.PENDING, deadline__lte=now).select_related(
             "tool_call").order_by("id"):
-        due.setdefault(wait.run_id, []).append(wait)
-    return due
+        txs[wait.run_id].cache[DUE].append(wait)
 
 
-def end_due_waits(run: Run, *, now, actor: str, due: list[Wait] | None = None) -> int:
-    """End the pending waits of ``run`` whose deadline passed by ``now``; returns how many.
+def end_due_waits(tx: RunTx, *, now, actor: str) -> int:
+    """End the pending waits of ``tx.run`` whose deadline passed by ``now``, as ``prefetch_due_waits``
+    loaded them under the run's lock (``KeyError`` if it did not); returns how many.
 
-    For the sweeper, which holds the run's row lock and resumes the run
-    afterwards. A scheduled wait is ``done``; a question's wait times out
-    and its inbox item expires; an event wait times out. The call then
-    fails with the reason (``TIMEOUT_ERRORS``) and the run goes on.
-    ``due``: those waits, if the caller loaded them (``due_waits``) under the lock.
+    For the sweeper, which resumes the run afterwards. A scheduled wait is
+    ``done``; a question's wait times out and its inbox item expires; an
+    event wait times out. The call then fails with the reason
+    (``TIMEOUT_ERRORS``) and the run goes on.
     """
-    if due is None:
-        due = due_waits([run.pk], now=now).get(run.pk, [])
+    due = tx.cache[DUE]
     for wait in due:
         if wait.kind == WaitingReason.SCHEDULED:
             settle_wait(wait, status=WaitStatus.DONE, actor=actor, result=_woke(wait.deadline, now), resume=False,
                         now=now)
             continue
         if wait.kind == WaitingReason.INPUT:
-            expire_input_item(tool_call=wait.tool_call, now=now, actor=actor)
+            expire_input_item(tx, tool_call=wait.tool_call, now=now, actor=actor)
         error = TIMEOUT_ERRORS.get(wait.kind, "Timed out.").format(event_type=wait.event_type)
         settle_wait(wait, status=WaitStatus.TIMED_OUT, actor=actor, error=error, resume=False, now=now)
     return len(due)
@@ -170,8 +174,8 @@ def receive_event(*, event_type: str, key: str, payload, user) -> Received:
         if earlier is not None or wait is None or not may_deliver_event(user, wait.run):
             raise NotFound("No run is waiting for an event of this type with this key.")
         try:
-            with transaction.atomic():
-                run = Run.objects.select_for_update().get(pk=wait.run_id)
+            with locked(wait.run_id) as tx:
+                run = tx.run
                 event = ExternalEvent.objects.create(type=event_type, key=key, payload=payload, run=run, wait=wait,
                                                      received_by=user)
                 append_event(run, type="external_event", actor=actor, reason=f"{event_type} received",

@@ -38,7 +38,7 @@ def action_identity(tool, run, arguments: dict) -> str:
     key it returns for ``(ToolContext(run, requester), arguments)``.
     Arguments are canonicalised (sorted keys, no spaces, one spelling per
     number), so the same action proposed again, under any
-    ``tool_call_id``, has the same identity. Raises ``ValueError`` when a
+    ``tool_call_id``, has the same identity. Raises ``TypeError`` when a
     key function returns anything but a non-empty string, and whatever it
     raises.
     """
@@ -48,7 +48,7 @@ def action_identity(tool, run, arguments: dict) -> str:
         return _digest(f"run {run.pk}", tool.name, _canonical_json(arguments))
     key = tool.same_action(ToolContext(run=run, user=run.requested_by), arguments)
     if not isinstance(key, str) or not key:
-        raise ValueError(f"the business key of {tool.name} must be a non-empty string, not {key!r}")
+        raise TypeError(f"the business key of {tool.name} must be a non-empty string, not {key!r}")
     return _digest("key", tool.name, key)
 
 

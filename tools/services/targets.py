@@ -40,9 +40,8 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django_fsm import can_proceed
 
-from runs.models import Run, RunStatus, WaitingReason
-from runs.transitions import apply
-from runs.wakeups import wake_on_commit
+from runs.models import RunStatus, WaitingReason
+from runs.tx import locked_many
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import Tool, get_tool
 from tools.services.arguments import canonical_value
@@ -216,11 +215,14 @@ def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     waiting = list(_calls_on(target).filter(status=S.READY, attempts=0, run__status=RunStatus.WAITING,
                                             run__waiting_reason=WaitingReason.RETRY_BACKOFF)
                    .exclude(pk=call.pk).values_list("run_id", flat=True).distinct())
+    if not waiting:
+        return 0
     woken = 0
-    for run in Run.objects.select_for_update().filter(pk__in=waiting).order_by("pk") if waiting else ():
-        if not can_proceed(run.wake):
-            continue
-        apply(run.wake, actor=actor, reason=f"call #{call.pk} released {target.label}", savepoint=False)
-        wake_on_commit(run.pk)
-        woken += 1
+    with locked_many(waiting) as txs:
+        for tx in txs.values():
+            if not can_proceed(tx.run.wake):
+                continue
+            tx.apply(tx.run.wake, actor=actor, reason=f"call #{call.pk} released {target.label}")
+            tx.wake()
+            woken += 1
     return woken
