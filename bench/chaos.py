@@ -53,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from decimal import Decimal
@@ -334,15 +335,16 @@ def _spread(values) -> str:
                     for v in (min(values), statistics.median(values), max(values)))
 
 
-def approve_pending(approver, run_ids: list[int]) -> int:
-    """Approve every pending approval item of these runs, as a person would; returns how many."""
+def approve_pending(approver, run_ids: list[int], limit: int | None = None) -> int:
+    """Approve pending approval items of these runs (the oldest ``limit``, default all), as a person would;
+    returns how many."""
     from django_fsm import TransitionNotAllowed
 
     from approvals.models import Interrupt
     from approvals.services import decide_interrupt
 
     approved = 0
-    for item in Interrupt.objects.filter(run_id__in=run_ids, status="pending", kind="approval"):
+    for item in Interrupt.objects.filter(run_id__in=run_ids, status="pending", kind="approval").order_by("pk")[:limit]:
         try:
             decide_interrupt(interrupt=item, user=approver, decision="approved", comment="chaos approver")
             approved += 1
@@ -420,10 +422,48 @@ def _tolerating_outages(step, fallback=None):
         return fallback
 
 
+class Supervisor:
+    """A thread that restarts every worker group that died by itself (a poison run's failpoint), within
+    ``every_s`` seconds, as an operator's process supervisor would; ``lock`` is held around each restart
+    and must be held by whoever else kills or starts worker groups."""
+
+    def __init__(self, cluster: Cluster, every_s: float = 0.2):
+        self.cluster, self.every_s = cluster, every_s
+        self.lock = threading.Lock()
+        self.revived = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with self.lock:
+                self.revived += self.cluster.revive()
+
+    def stop(self) -> None:
+        """Stop watching (the cluster is about to be torn down)."""
+        self._stop.set()
+        self._thread.join()
+
+
+# Approval items decided per turn of the driver's loop, so that kills and restarts are not held up by a
+# backlog of thousands.
+APPROVALS_PER_TURN = 200
+
+
 def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gateway_url: str,
           servers: Servers) -> dict:
     """Approve, kill and restart workers (and Redis and PostgreSQL once) until the kills are done; then wait
     for the runs to settle. Returns the figures of the drive."""
+    supervisor = Supervisor(cluster)
+    try:
+        return _drive(cluster, supervisor, run_ids, args, rng, gateway_url, servers)
+    finally:
+        supervisor.stop()
+
+
+def _drive(cluster: Cluster, supervisor: Supervisor, run_ids: list[int], args, rng: random.Random,
+           gateway_url: str, servers: Servers) -> dict:
     from django.contrib.auth import get_user_model
 
     approver = get_user_model().objects.get(username="approver")
@@ -436,12 +476,9 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gatewa
     next_kill = time.monotonic() + rng.uniform(*args.kill_every)
     started = time.monotonic()
     last_kill = started
-    revived = 0
 
     def tend():
-        nonlocal revived
-        revived += cluster.revive()
-        approve_pending(approver, run_ids)
+        approve_pending(approver, run_ids, APPROVALS_PER_TURN)
         reconcile_pending(approver, run_ids, gateway_url)
 
     while kills < args.kills:
@@ -455,18 +492,19 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gatewa
                 del restart_at[server]
         if time.monotonic() >= next_kill:
             held = _tolerating_outages(lambda: leases_held(cluster), [])
-            targets = [i for i, n in enumerate(held) if n >= args.min_held and cluster.workers[i].poll() is None]
-            if targets:
-                victim = rng.choice(targets)
-                cluster.kill_worker(victim)
-                kills += 1
-                held_per_kill.append(held[victim])
-                print(f"chaos: kill {kills}: worker group {victim} holding {held[victim]} runs", file=sys.stderr)
-                last_kill = time.monotonic()
-                time.sleep(0.3)
-                cluster.start_worker(victim)
-                next_kill = time.monotonic() + rng.uniform(*args.kill_every)
-            elif not _tolerating_outages(lambda: unsettled(run_ids), 1):
+            targets = [i for i, n in enumerate(held) if n >= args.min_held]
+            victim = rng.choice(targets) if targets else None
+            with supervisor.lock:
+                if victim is not None and cluster.workers[victim].poll() is None:  # not died meanwhile
+                    cluster.kill_worker(victim)
+                    kills += 1
+                    held_per_kill.append(held[victim])
+                    print(f"chaos: kill {kills}: worker group {victim} holding {held[victim]} runs", file=sys.stderr)
+                    last_kill = time.monotonic()
+                    time.sleep(0.3)
+                    cluster.start_worker(victim)
+                    next_kill = time.monotonic() + rng.uniform(*args.kill_every)
+            if victim is None and not _tolerating_outages(lambda: unsettled(run_ids), 1):
                 print(f"chaos: every run settled after {kills} kills; no more kills", file=sys.stderr)
                 break
         time.sleep(0.1)
@@ -478,7 +516,7 @@ def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gatewa
     return {"kills": kills, "runs_held_per_kill": _spread(held_per_kill),
             "runs_held_per_kill_all": held_per_kill,
             "redis_restart": restarts.get("redis", "-"), "postgres_restart": restarts.get("postgres", "-"),
-            "worker_groups_revived": revived, "seconds_total": round(settled_at - started, 1),
+            "worker_groups_revived": supervisor.revived, "seconds_total": round(settled_at - started, 1),
             "seconds_last_kill_to_settled": round(settled_at - last_kill, 1)}
 
 
