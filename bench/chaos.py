@@ -18,8 +18,8 @@ runs each kill held.
 
 Poison runs: ``--poison-percent P`` makes P % of the ``--runs`` runs (mixed
 in among the others) refund through an agent whose refund kills its worker
-every time it starts (a failpoint); ``--crash-runs N`` adds N such runs on
-top. Those runs must end ``failed/crash_loop`` in bounded time with no
+every time it starts (a failpoint; each poison run has its own agent and
+order); ``--crash-runs N`` adds N such runs on top. Those runs must end ``failed/crash_loop`` in bounded time with no
 charge, while the others complete; worker groups that die this way are
 restarted, as an operator's supervisor would.
 
@@ -89,6 +89,10 @@ def parse_args(argv=None):
     parser.add_argument("--restart-postgres", action="store_true",
                         help="restart PostgreSQL once, after two thirds of the kills")
     parser.add_argument("--outage-s", type=float, default=3.0, help="seconds a restarted server stays down")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="stop killing and waiting this many seconds after the drive began, and audit "
+                             "(runs not settled by then count as lost); restarts come by a quarter and a half "
+                             "of it at the latest")
     return parser.parse_args(argv)
 
 
@@ -114,7 +118,10 @@ def main() -> int:
         "TOLLGATE_QUEUED_GRACE_S": "5",
         "TOLLGATE_RECONCILE_BACKOFF_S": "0.5",
         "TOLLGATE_RECONCILE_MAX_TRIES": "8",
-        "TOLLGATE_FAILPOINTS": f"tool_call_started:agent={CRASHER}",
+        # Each poison run has an agent (and an order) of its own, so poison runs do not queue for one
+        # order's refund (one side effect at a time per target) but die as they come.
+        "TOLLGATE_FAILPOINTS": ",".join(f"tool_call_started:agent={crasher_slug(k)}"
+                                        for k in range(poison + args.crash_runs)),
     }
     os.environ.update(env)
 
@@ -144,7 +151,7 @@ def main() -> int:
             cluster.start_worker(index)
         cluster.start_sweeper()
         run_ids, crash_ids = create_mixed_runs(args.runs - poison, poison)
-        crash_ids += create_crashing_runs(args.crash_runs)
+        crash_ids += create_crashing_runs(args.crash_runs, first=poison)
         figures = {"seconds_creating_runs": round(time.monotonic() - began, 1)}
         figures.update(drive(cluster, run_ids + crash_ids, args, rng, env["GATEWAY_URL"], servers))
         figures.update(audit(run_ids, env["GATEWAY_URL"]))
@@ -250,14 +257,14 @@ def create_mixed_runs(count: int, poison: int) -> tuple[list[int], list[int]]:
     from runs.engine.lifecycle import start_run
 
     requester = get_user_model().objects.get(username="requester")
-    crasher = _crasher_agent(requester) if poison else None
     stamp = int(time.time()) % 100_000 * 10_000
     run_ids, crash_ids = [], []
     total = count + poison
     for i in range(total):
         # Poison run k goes at position ~ (k + 0.5) * total / poison.
         if len(crash_ids) < poison and (i + 0.5) >= (len(crash_ids) + 0.5) * total / poison:
-            crash_ids.append(start_run(agent=crasher, user=requester, input=f"crash {len(crash_ids)}").pk)
+            k = len(crash_ids)
+            crash_ids.append(start_run(agent=_crasher_agent(requester, k), user=requester, input=f"crash {k}").pk)
             continue
         number = 1_000_000_000 + stamp + len(run_ids)
         agent = _new_order_and_agent(requester, number)
@@ -268,15 +275,20 @@ def create_mixed_runs(count: int, poison: int) -> tuple[list[int], list[int]]:
 CRASHER = "chaos-crasher"
 
 
-def _crasher_agent(requester):
-    """The agent whose refund (of a shared order) kills the worker whenever it starts."""
+def crasher_slug(k: int) -> str:
+    """The slug of poison run ``k``'s agent (the failpoint names it)."""
+    return f"{CRASHER}-{k}"
+
+
+def _crasher_agent(requester, k: int):
+    """Poison run ``k``'s agent, whose refund (of an order of its own) kills the worker whenever it starts."""
     from runs.models import Agent
     from tools.demo.models import Order
 
-    number = 999_999_999
+    number = 900_000_000 + k
     Order.objects.update_or_create(number=number, defaults={"owner": requester, "total": Decimal("100.00")})
-    agent, _ = Agent.objects.update_or_create(slug=CRASHER, defaults={
-        "name": "chaos crasher", "tools": ["refund"], "completion_check": "default",
+    agent, _ = Agent.objects.update_or_create(slug=crasher_slug(k), defaults={
+        "name": f"chaos crasher {k}", "tools": ["refund"], "completion_check": "default",
         "model": {"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
             {"content": "Refunded."},
@@ -285,17 +297,16 @@ def _crasher_agent(requester):
     return agent
 
 
-def create_crashing_runs(count: int) -> list[int]:
-    """``count`` runs of one agent whose refund (of a shared order) kills the worker whenever it starts."""
+def create_crashing_runs(count: int, first: int = 0) -> list[int]:
+    """``count`` poison runs (numbered from ``first``), each of an agent whose refund kills the worker
+    whenever it starts."""
     from django.contrib.auth import get_user_model
 
     from runs.engine.lifecycle import start_run
 
-    if not count:
-        return []
     requester = get_user_model().objects.get(username="requester")
-    agent = _crasher_agent(requester)
-    return [start_run(agent=agent, user=requester, input=f"crash {i}").pk for i in range(count)]
+    return [start_run(agent=_crasher_agent(requester, k), user=requester, input=f"crash {k}").pk
+            for k in range(first, first + count)]
 
 
 def audit_crashing(run_ids: list[int]) -> dict:
@@ -476,15 +487,18 @@ def _drive(cluster: Cluster, supervisor: Supervisor, run_ids: list[int], args, r
     next_kill = time.monotonic() + rng.uniform(*args.kill_every)
     started = time.monotonic()
     last_kill = started
+    deadline_at = started + args.deadline_s if args.deadline_s else float("inf")
+    restart_by = {"redis": started + (args.deadline_s or float("inf")) / 4,
+                  "postgres": started + (args.deadline_s or float("inf")) / 2}
 
     def tend():
         approve_pending(approver, run_ids, APPROVALS_PER_TURN)
         reconcile_pending(approver, run_ids, gateway_url)
 
-    while kills < args.kills:
+    while kills < args.kills and time.monotonic() < deadline_at:
         _tolerating_outages(tend)
         for server, at in list(restart_at.items()):
-            if kills >= at:
+            if kills >= at or time.monotonic() >= restart_by[server]:
                 down = servers.restart_redis(args.outage_s) if server == "redis" else \
                     servers.restart_postgres(args.outage_s)
                 restarts[server] = f"after kill {kills}, {time.monotonic() - started:.1f} s in, down {down:.1f} s"
@@ -508,7 +522,7 @@ def _drive(cluster: Cluster, supervisor: Supervisor, run_ids: list[int], args, r
                 print(f"chaos: every run settled after {kills} kills; no more kills", file=sys.stderr)
                 break
         time.sleep(0.1)
-    deadline = time.monotonic() + args.settle_timeout
+    deadline = min(time.monotonic() + args.settle_timeout, deadline_at)
     while _tolerating_outages(lambda: unsettled(run_ids), 1) and time.monotonic() < deadline:
         _tolerating_outages(tend)
         time.sleep(0.2)
@@ -517,7 +531,8 @@ def _drive(cluster: Cluster, supervisor: Supervisor, run_ids: list[int], args, r
             "runs_held_per_kill_all": held_per_kill,
             "redis_restart": restarts.get("redis", "-"), "postgres_restart": restarts.get("postgres", "-"),
             "worker_groups_revived": supervisor.revived, "seconds_total": round(settled_at - started, 1),
-            "seconds_last_kill_to_settled": round(settled_at - last_kill, 1)}
+            "seconds_last_kill_to_settled": round(settled_at - last_kill, 1),
+            "stopped_at_deadline": settled_at >= deadline_at}
 
 
 def audit(run_ids: list[int], gateway_url: str) -> dict:
