@@ -1,36 +1,64 @@
-"""Chaos run: refunds under worker SIGKILLs and a faulty payment gateway.
+"""Chaos run: refunds under worker SIGKILLs, a faulty payment gateway and restarts of Redis and PostgreSQL.
 
 Production shape only (PostgreSQL + Redis): set ``DATABASE_URL`` and
-``REDIS_URL``. The harness migrates that database, creates one order and
-one scripted refund agent per run (refund 60.00: needs approval), starts
-the payment gateway with injected timeouts-after-commit and 5xx, starts
+``REDIS_URL`` (``bash bench/run.sh chaos ...`` starts private ones). The
+harness migrates that database, creates one order and one scripted refund
+agent per run (refund 60.00: needs approval), starts the payment gateway
+with injected timeouts-after-commit and 5xx (and ``--gateway-latency``
+seconds on every refund, so a worker holds many runs in flight), starts
 ``--workers`` ``manage.py rundramatiq`` process groups and one sweeper
 (``manage.py recover_runs --loop``), creates ``--runs`` runs, approves
 every approval item as the ``approver`` user (and settles any
 reconciliation item by looking the key up in the gateway's ledger, as a
-person would), and SIGKILLs a random worker
-group at random intervals (restarting it) until ``--kills`` kills are done.
-With ``--crash-runs N``, N more runs refund through an agent whose refund
-kills its worker every time it starts (a failpoint): those runs must end
-``failed/crash_loop`` in bounded time with no charge, while the others
-complete; worker groups that die this way are restarted.
+person would), and SIGKILLs a worker group at random intervals
+(restarting it) until ``--kills`` kills are done. With ``--min-held N`` a
+kill waits for a group holding at least N run leases (counted in the
+database, by the lease owner's process id) and the figures say how many
+runs each kill held.
+
+Poison runs: ``--poison-percent P`` makes P % of the ``--runs`` runs (mixed
+in among the others) refund through an agent whose refund kills its worker
+every time it starts (a failpoint; each poison run has its own agent and
+order); ``--crash-runs N`` adds N such runs on top. Those runs must end ``failed/crash_loop`` in bounded time with no
+charge, while the others complete; worker groups that die this way are
+restarted, as an operator's supervisor would.
+
+Restarts: ``--restart-redis`` and ``--restart-postgres`` stop the server
+and start it again (same port, same data directory, down for
+``--outage-s`` seconds), Redis after a third of the kills, PostgreSQL
+after two thirds. The harness needs to know the servers: PostgreSQL from
+``BENCH_PG_BIN``, ``BENCH_PG_DATA``, ``BENCH_PG_LOG`` and
+``BENCH_PG_OS_USER``; Redis from ``REDIS_URL`` (its port) and
+``BENCH_REDIS_DIR`` (``bench/run.sh`` sets them all). Redis keeps nothing
+on disk (``--save ''``, no AOF, as ``tests/services.sh`` starts it), so
+its restart loses every queued and delayed message: the sweeper must send
+them again. The workers and the sweeper are not restarted for either
+restart: they must ride through it on their own (the figures count only
+the worker groups restarted after a SIGKILL or a poison run's death).
+
 Then it waits for every run to settle and prints the figures. Exit code 0
-only if no run was lost and no refund was charged twice.
+only if no run was lost, no refund was charged twice and every poison run
+ended ``failed/crash_loop``.
 
 Short (CI): ``python bench/chaos.py --runs 20 --kills 3``.
-Long:       ``python bench/chaos.py --runs 500 --kills 20``.
+Raised:     ``bash bench/run.sh chaos --runs 5000 --kills 50 --min-held 100 --poison-percent 5
+--restart-redis --restart-postgres --gateway-latency 2``.
 """
 
 import argparse
 import os
 import random
 import signal
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,39 +66,62 @@ sys.path.insert(0, str(ROOT))
 from bench.cluster import Cluster, free_port, healthy, require_postgres_and_redis, wait_for  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv=None):
+    """The command line (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=20, help="runs in all (poison runs of --poison-percent included)")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="worker process groups")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker")
     parser.add_argument("--kill-every", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN_S", "MAX_S"))
+    parser.add_argument("--min-held", type=int, default=0,
+                        help="kill a worker group only while it holds at least this many run leases")
     parser.add_argument("--p-timeout", type=float, default=0.05, help="gateway timeout-after-commit probability")
     parser.add_argument("--p-5xx", type=float, default=0.05, help="gateway 503-before-commit probability")
+    parser.add_argument("--gateway-latency", type=float, default=0.0, help="seconds the gateway takes per refund")
     parser.add_argument("--settle-timeout", type=float, default=300.0, help="seconds to wait after the last kill")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--crash-runs", type=int, default=0,
                         help="extra runs whose refund kills its worker on every attempt")
-    return parser.parse_args()
+    parser.add_argument("--poison-percent", type=float, default=0.0,
+                        help="share of --runs (in %%) whose refund kills its worker on every attempt")
+    parser.add_argument("--restart-redis", action="store_true", help="restart Redis once, after a third of the kills")
+    parser.add_argument("--restart-postgres", action="store_true",
+                        help="restart PostgreSQL once, after two thirds of the kills")
+    parser.add_argument("--outage-s", type=float, default=3.0, help="seconds a restarted server stays down")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="stop killing and waiting this many seconds after the drive began, and audit "
+                             "(runs not settled by then count as lost); restarts come by a quarter and a half "
+                             "of it at the latest")
+    return parser.parse_args(argv)
 
 
 def main() -> int:
     args = parse_args()
     if not require_postgres_and_redis("chaos"):
         return 2
+    servers = Servers.from_environment()
+    missing = servers.missing(redis=args.restart_redis, postgres=args.restart_postgres)
+    if missing:
+        print(f"chaos: restarting needs {', '.join(missing)} (bash bench/run.sh chaos sets them)", file=sys.stderr)
+        return 2
     rng = random.Random(args.seed)
+    poison = round(args.runs * args.poison_percent / 100)
     gateway_port = free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "GATEWAY_URL": f"http://127.0.0.1:{gateway_port}",
-        "GATEWAY_TIMEOUT_S": "1.0",
+        "GATEWAY_TIMEOUT_S": str(1.0 + args.gateway_latency),
         "TOLLGATE_LEASE_TTL_S": "3",
         "TOLLGATE_SWEEP_INTERVAL_S": "1",
         "TOLLGATE_QUEUED_GRACE_S": "5",
         "TOLLGATE_RECONCILE_BACKOFF_S": "0.5",
         "TOLLGATE_RECONCILE_MAX_TRIES": "8",
-        "TOLLGATE_FAILPOINTS": f"tool_call_started:agent={CRASHER}",
+        # Each poison run has an agent (and an order) of its own, so poison runs do not queue for one
+        # order's refund (one side effect at a time per target) but die as they come.
+        "TOLLGATE_FAILPOINTS": ",".join(f"tool_call_started:agent={crasher_slug(k)}"
+                                        for k in range(poison + args.crash_runs)),
     }
     os.environ.update(env)
 
@@ -88,81 +139,179 @@ def main() -> int:
     cluster = Cluster(env, args.workers, args.threads, log_dir)
     # Stopped from outside (timeout, Ctrl-C): still tear the cluster down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    began = time.monotonic()
     try:
         cluster.start_gateway(gateway_port)
         wait_for(lambda: healthy(f"{env['GATEWAY_URL']}/health"), 10, "gateway")
         httpx.post(f"{env['GATEWAY_URL']}/faults", json={
             "p_timeout_after_commit": args.p_timeout, "p_error_before_commit": args.p_5xx, "hang_s": 2.0,
+            "latency_s": args.gateway_latency,
         }).raise_for_status()
         for index in range(args.workers):
             cluster.start_worker(index)
         cluster.start_sweeper()
-        run_ids = create_runs(args.runs)
-        crash_ids = create_crashing_runs(args.crash_runs)
-        figures = drive(cluster, run_ids + crash_ids, args, rng, env["GATEWAY_URL"])
+        run_ids, crash_ids = create_mixed_runs(args.runs - poison, poison)
+        crash_ids += create_crashing_runs(args.crash_runs, first=poison)
+        figures = {"seconds_creating_runs": round(time.monotonic() - began, 1)}
+        figures.update(drive(cluster, run_ids + crash_ids, args, rng, env["GATEWAY_URL"], servers))
         figures.update(audit(run_ids, env["GATEWAY_URL"]))
         figures.update(audit_crashing(crash_ids))
     finally:
         cluster.stop()
+    figures["seconds_wall"] = round(time.monotonic() - began, 1)
     print_figures(figures, log_dir)
     return 0 if figures["lost_runs"] == 0 and figures["refunds_charged_twice"] == 0 \
         and figures["max_charges_per_key"] <= 1 and figures["crash_runs_not_crash_loop"] == 0 else 1
 
 
+class Servers:
+    """How to stop and start the PostgreSQL and Redis servers the run uses (see the module's docstring)."""
+
+    def __init__(self, *, pg_bin, pg_data, pg_log, pg_os_user, redis_port, redis_dir):
+        self.pg_bin, self.pg_data, self.pg_log, self.pg_os_user = pg_bin, pg_data, pg_log, pg_os_user
+        self.redis_port, self.redis_dir = redis_port, redis_dir
+        self.redis_process: subprocess.Popen | None = None
+
+    @classmethod
+    def from_environment(cls) -> "Servers":
+        """From ``BENCH_PG_BIN``, ``BENCH_PG_DATA``, ``BENCH_PG_LOG``, ``BENCH_PG_OS_USER``, ``REDIS_URL``
+        and ``BENCH_REDIS_DIR``."""
+        get = os.environ.get
+        return cls(pg_bin=get("BENCH_PG_BIN"), pg_data=get("BENCH_PG_DATA"), pg_log=get("BENCH_PG_LOG"),
+                   pg_os_user=get("BENCH_PG_OS_USER"), redis_port=urlparse(get("REDIS_URL", "")).port,
+                   redis_dir=get("BENCH_REDIS_DIR"))
+
+    def missing(self, *, redis: bool, postgres: bool) -> list[str]:
+        """The environment variables a requested restart needs and does not have."""
+        needed = {}
+        if postgres:
+            needed.update(BENCH_PG_BIN=self.pg_bin, BENCH_PG_DATA=self.pg_data, BENCH_PG_LOG=self.pg_log)
+        if redis:
+            needed.update(BENCH_REDIS_DIR=self.redis_dir)
+        return [name for name, value in needed.items() if not value]
+
+    def _as_pg(self, *command: str) -> list[str]:
+        if os.geteuid() == 0 and self.pg_os_user and self.pg_os_user != "root":
+            return ["runuser", "-u", self.pg_os_user, "--", *command]
+        return list(command)
+
+    def restart_postgres(self, outage_s: float) -> float:
+        """Stop PostgreSQL (``pg_ctl stop -m fast``: its sessions are cut off), wait ``outage_s``, start
+        it again on the same data directory and port; returns the seconds it was unreachable."""
+        pg_ctl = str(Path(self.pg_bin) / "pg_ctl")
+        stopped = time.monotonic()
+        subprocess.run(self._as_pg(pg_ctl, "-D", self.pg_data, "-m", "fast", "-w", "stop"), check=True,
+                       cwd="/", stdout=subprocess.DEVNULL)
+        time.sleep(outage_s)
+        subprocess.run(self._as_pg(pg_ctl, "-D", self.pg_data, "-l", self.pg_log, "-w", "-t", "60", "start"),
+                       check=True, cwd="/", stdout=subprocess.DEVNULL)
+        return time.monotonic() - stopped
+
+    def restart_redis(self, outage_s: float) -> float:
+        """Shut Redis down (nothing saved: every message is lost), wait ``outage_s``, start it again with
+        the flags ``tests/services.sh`` uses; returns the seconds it was unreachable."""
+        stopped = time.monotonic()
+        subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.redis_port), "shutdown", "nosave"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: not self._redis_answers(), 10, "Redis shutdown")
+        time.sleep(outage_s)
+        log = Path(self.redis_dir).parent / "redis.log"
+        self.redis_process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", "", "--appendonly",
+             "no", "--daemonize", "no", "--dir", self.redis_dir, "--logfile", str(log)],
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(self._redis_answers, 10, "Redis")
+        return time.monotonic() - stopped
+
+    def _redis_answers(self) -> bool:
+        answer = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.redis_port), "ping"],
+                                capture_output=True, text=True)
+        return answer.stdout.strip() == "PONG"
+
+
+def _new_order_and_agent(requester, number: int):
+    from runs.models import Agent
+    from tools.demo.models import Order
+
+    Order.objects.create(number=number, owner=requester, total=Decimal("100.00"))
+    return Agent.objects.create(
+        slug=f"chaos-{number}", name=f"chaos {number}", tools=["query_order", "refund"], completion_check="refund",
+        model={"provider": "scripted", "turns": [
+            {"tool_calls": [{"name": "query_order", "arguments": {"order_id": number}}]},
+            {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
+            {"content": f"Refunded 60.00 on order {number}."},
+        ]},
+    )
+
+
 def create_runs(count: int) -> list[int]:
     """One order (total 100.00) and one agent refunding 60.00 of it per run; start the runs."""
+    return create_mixed_runs(count, 0)[0]
+
+
+def create_mixed_runs(count: int, poison: int) -> tuple[list[int], list[int]]:
+    """``count`` refund runs (as ``create_runs``) and ``poison`` crashing runs (as ``create_crashing_runs``),
+    started in one sequence with the poison runs spread evenly among the others; returns both id lists."""
     from django.contrib.auth import get_user_model
 
-    from runs.models import Agent
     from runs.engine.lifecycle import start_run
-    from tools.demo.models import Order
 
     requester = get_user_model().objects.get(username="requester")
     stamp = int(time.time()) % 100_000 * 10_000
-    run_ids = []
-    for i in range(count):
-        number = 1_000_000_000 + stamp + i
-        Order.objects.create(number=number, owner=requester, total=Decimal("100.00"))
-        agent = Agent.objects.create(
-            slug=f"chaos-{number}", name=f"chaos {number}", tools=["query_order", "refund"], completion_check="refund",
-            model={"provider": "scripted", "turns": [
-                {"tool_calls": [{"name": "query_order", "arguments": {"order_id": number}}]},
-                {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
-                {"content": f"Refunded 60.00 on order {number}."},
-            ]},
-        )
+    run_ids, crash_ids = [], []
+    total = count + poison
+    for i in range(total):
+        # Poison run k goes at position ~ (k + 0.5) * total / poison.
+        if len(crash_ids) < poison and (i + 0.5) >= (len(crash_ids) + 0.5) * total / poison:
+            k = len(crash_ids)
+            crash_ids.append(start_run(agent=_crasher_agent(requester, k), user=requester, input=f"crash {k}").pk)
+            continue
+        number = 1_000_000_000 + stamp + len(run_ids)
+        agent = _new_order_and_agent(requester, number)
         run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
-    return run_ids
+    return run_ids, crash_ids
 
 
 CRASHER = "chaos-crasher"
 
 
-def create_crashing_runs(count: int) -> list[int]:
-    """``count`` runs of one agent whose refund (of a shared order) kills the worker whenever it starts."""
-    from django.contrib.auth import get_user_model
+def crasher_slug(k: int) -> str:
+    """The slug of poison run ``k``'s agent (the failpoint names it)."""
+    return f"{CRASHER}-{k}"
 
+
+def _crasher_agent(requester, k: int):
+    """Poison run ``k``'s agent, whose refund (of an order of its own) kills the worker whenever it starts."""
     from runs.models import Agent
-    from runs.engine.lifecycle import start_run
     from tools.demo.models import Order
 
-    if not count:
-        return []
-    requester = get_user_model().objects.get(username="requester")
-    number = 999_999_999
+    number = 900_000_000 + k
     Order.objects.update_or_create(number=number, defaults={"owner": requester, "total": Decimal("100.00")})
-    agent, _ = Agent.objects.update_or_create(slug=CRASHER, defaults={
-        "name": "chaos crasher", "tools": ["refund"], "completion_check": "default",
+    agent, _ = Agent.objects.update_or_create(slug=crasher_slug(k), defaults={
+        "name": f"chaos crasher {k}", "tools": ["refund"], "completion_check": "default",
         "model": {"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
             {"content": "Refunded."},
         ]},
     })
-    return [start_run(agent=agent, user=requester, input=f"crash {i}").pk for i in range(count)]
+    return agent
+
+
+def create_crashing_runs(count: int, first: int = 0) -> list[int]:
+    """``count`` poison runs (numbered from ``first``), each of an agent whose refund kills the worker
+    whenever it starts."""
+    from django.contrib.auth import get_user_model
+
+    from runs.engine.lifecycle import start_run
+
+    requester = get_user_model().objects.get(username="requester")
+    return [start_run(agent=_crasher_agent(requester, k), user=requester, input=f"crash {k}").pk
+            for k in range(first, first + count)]
 
 
 def audit_crashing(run_ids: list[int]) -> dict:
-    """How the runs whose refund always kills its worker ended."""
+    """How the runs whose refund always kills its worker ended, and how long after their approval."""
+    from approvals.models import Interrupt
     from runs.models import Run, RunEvent
     from tools.models import ToolCall
 
@@ -174,25 +323,39 @@ def audit_crashing(run_ids: list[int]) -> dict:
     for event in RunEvent.objects.filter(run_id__in=run_ids, type="recovery"):
         if event.payload.get("blamed") is False:
             spared.update(event.payload.get("tool_calls", []))
+    approved = dict(Interrupt.objects.filter(run_id__in=run_ids, kind="approval", resolved_at__isnull=False)
+                    .values_list("run_id", "resolved_at"))
+    to_end = [(run.finished_at - approved[run.pk]).total_seconds() for run in runs
+              if run.finished_at is not None and run.pk in approved]
     return {
         "crash_runs_created": len(run_ids),
         "crash_runs_ended": dict(Counter(f"{r.status}/{r.failure_type or r.outcome}" for r in runs)),
         "crash_runs_not_crash_loop": runs.exclude(status="failed", failure_type="crash_loop").count(),
+        "crash_runs_seconds_approved_to_ended": _spread(to_end),
         "crash_runs_max_refund_attempts": max(calls.values_list("attempts", flat=True), default=0),
         "crash_runs_max_blamed_refund_attempts": max((call.attempts - spared[call.pk] for call in calls), default=0),
         "crash_runs_lost_leases": sum(runs.values_list("lost_leases", flat=True)),
     }
 
 
-def approve_pending(approver, run_ids: list[int]) -> int:
-    """Approve every pending approval item of these runs, as a person would; returns how many."""
+def _spread(values) -> str:
+    """``min/median/max`` of ``values`` (one decimal), or ``-`` when there are none."""
+    if not values:
+        return "-"
+    return "/".join(f"{v:.1f}" if isinstance(v, float) else str(v)
+                    for v in (min(values), statistics.median(values), max(values)))
+
+
+def approve_pending(approver, run_ids: list[int], limit: int | None = None) -> int:
+    """Approve pending approval items of these runs (the oldest ``limit``, default all), as a person would;
+    returns how many."""
     from django_fsm import TransitionNotAllowed
 
     from approvals.models import Interrupt
     from approvals.services import decide_interrupt
 
     approved = 0
-    for item in Interrupt.objects.filter(run_id__in=run_ids, status="pending", kind="approval"):
+    for item in Interrupt.objects.filter(run_id__in=run_ids, status="pending", kind="approval").order_by("pk")[:limit]:
         try:
             decide_interrupt(interrupt=item, user=approver, decision="approved", comment="chaos approver")
             approved += 1
@@ -224,44 +387,152 @@ def reconcile_pending(approver, run_ids: list[int], gateway_url: str) -> int:
 
 
 def unsettled(run_ids: list[int]) -> int:
-    """Runs not yet terminal and not waiting for approval (which the approver will give)."""
+    """Runs not yet terminal (waiting ones included: the approver will approve them)."""
     from runs.models import Run
 
     return Run.objects.filter(pk__in=run_ids, status__in=["queued", "running", "waiting"]).count()
 
 
-def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gateway_url: str) -> dict:
-    """Approve, kill and restart workers until the kills are done; then wait for the runs to settle."""
+def leases_held(cluster: Cluster) -> list[int]:
+    """Run leases each worker group holds now (unexpired leases whose owner is one of its processes)."""
+    import psutil
+    from django.utils import timezone
+
+    from runs.models import Run
+
+    per_pid = Counter()
+    for owner in Run.objects.filter(lease_expires_at__gt=timezone.now()).values_list("lease_owner", flat=True):
+        parts = owner.split(":")  # host:pid:nonce (runs.lease.WORKER_ID)
+        if len(parts) >= 3 and parts[-2].isdigit():
+            per_pid[int(parts[-2])] += 1
+    held = []
+    for process in cluster.workers:
+        pids = set()
+        if process is not None and process.poll() is None:
+            try:
+                pids = {process.pid} | {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
+            except psutil.NoSuchProcess:
+                pass
+        held.append(sum(per_pid[pid] for pid in pids))
+    return held
+
+
+def _tolerating_outages(step, fallback=None):
+    """``step()``; a database or Redis error (a server restarting) is printed, the connection dropped and
+    ``fallback`` returned, so the harness outlives the restarts it makes."""
+    import httpx
+    import redis
+    from django.db import DatabaseError, connection
+
+    try:
+        return step()
+    except (DatabaseError, redis.RedisError, httpx.TransportError) as exc:
+        print(f"chaos: {type(exc).__name__} in the driver ({str(exc).strip()[:120]}); going on", file=sys.stderr)
+        connection.close()
+        time.sleep(0.5)
+        return fallback
+
+
+class Supervisor:
+    """A thread that restarts every worker group that died by itself (a poison run's failpoint), within
+    ``every_s`` seconds, as an operator's process supervisor would; ``lock`` is held around each restart
+    and must be held by whoever else kills or starts worker groups."""
+
+    def __init__(self, cluster: Cluster, every_s: float = 0.2):
+        self.cluster, self.every_s = cluster, every_s
+        self.lock = threading.Lock()
+        self.revived = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with self.lock:
+                self.revived += self.cluster.revive()
+
+    def stop(self) -> None:
+        """Stop watching (the cluster is about to be torn down)."""
+        self._stop.set()
+        self._thread.join()
+
+
+# Approval items decided per turn of the driver's loop, so that kills and restarts are not held up by a
+# backlog of thousands.
+APPROVALS_PER_TURN = 200
+
+
+def drive(cluster: Cluster, run_ids: list[int], args, rng: random.Random, gateway_url: str,
+          servers: Servers) -> dict:
+    """Approve, kill and restart workers (and Redis and PostgreSQL once) until the kills are done; then wait
+    for the runs to settle. Returns the figures of the drive."""
+    supervisor = Supervisor(cluster)
+    try:
+        return _drive(cluster, supervisor, run_ids, args, rng, gateway_url, servers)
+    finally:
+        supervisor.stop()
+
+
+def _drive(cluster: Cluster, supervisor: Supervisor, run_ids: list[int], args, rng: random.Random,
+           gateway_url: str, servers: Servers) -> dict:
     from django.contrib.auth import get_user_model
 
     approver = get_user_model().objects.get(username="approver")
-    kills = 0
+    kills, held_per_kill, restarts = 0, [], {}
+    restart_at = {}
+    if args.restart_redis:
+        restart_at["redis"] = max(1, args.kills // 3)
+    if args.restart_postgres:
+        restart_at["postgres"] = max(1, 2 * args.kills // 3)
     next_kill = time.monotonic() + rng.uniform(*args.kill_every)
     started = time.monotonic()
     last_kill = started
-    revived = 0
-    while kills < args.kills:
-        revived += cluster.revive()
-        approve_pending(approver, run_ids)
+    deadline_at = started + args.deadline_s if args.deadline_s else float("inf")
+    restart_by = {"redis": started + (args.deadline_s or float("inf")) / 4,
+                  "postgres": started + (args.deadline_s or float("inf")) / 2}
+
+    def tend():
+        approve_pending(approver, run_ids, APPROVALS_PER_TURN)
         reconcile_pending(approver, run_ids, gateway_url)
+
+    while kills < args.kills and time.monotonic() < deadline_at:
+        _tolerating_outages(tend)
+        for server, at in list(restart_at.items()):
+            if kills >= at or time.monotonic() >= restart_by[server]:
+                down = servers.restart_redis(args.outage_s) if server == "redis" else \
+                    servers.restart_postgres(args.outage_s)
+                restarts[server] = f"after kill {kills}, {time.monotonic() - started:.1f} s in, down {down:.1f} s"
+                print(f"chaos: {server} restarted {restarts[server]}", file=sys.stderr)
+                del restart_at[server]
         if time.monotonic() >= next_kill:
-            victim = rng.randrange(args.workers)
-            cluster.kill_worker(victim)
-            kills += 1
-            last_kill = time.monotonic()
-            time.sleep(0.3)
-            cluster.start_worker(victim)
-            next_kill = time.monotonic() + rng.uniform(*args.kill_every)
+            held = _tolerating_outages(lambda: leases_held(cluster), [])
+            targets = [i for i, n in enumerate(held) if n >= args.min_held]
+            victim = rng.choice(targets) if targets else None
+            with supervisor.lock:
+                if victim is not None and cluster.workers[victim].poll() is None:  # not died meanwhile
+                    cluster.kill_worker(victim)
+                    kills += 1
+                    held_per_kill.append(held[victim])
+                    print(f"chaos: kill {kills}: worker group {victim} holding {held[victim]} runs", file=sys.stderr)
+                    last_kill = time.monotonic()
+                    time.sleep(0.3)
+                    cluster.start_worker(victim)
+                    next_kill = time.monotonic() + rng.uniform(*args.kill_every)
+            if victim is None and not _tolerating_outages(lambda: unsettled(run_ids), 1):
+                print(f"chaos: every run settled after {kills} kills; no more kills", file=sys.stderr)
+                break
         time.sleep(0.1)
-    deadline = time.monotonic() + args.settle_timeout
-    while unsettled(run_ids) and time.monotonic() < deadline:
-        revived += cluster.revive()
-        approve_pending(approver, run_ids)
-        reconcile_pending(approver, run_ids, gateway_url)
+    deadline = min(time.monotonic() + args.settle_timeout, deadline_at)
+    while _tolerating_outages(lambda: unsettled(run_ids), 1) and time.monotonic() < deadline:
+        _tolerating_outages(tend)
         time.sleep(0.2)
     settled_at = time.monotonic()
-    return {"kills": kills, "worker_groups_revived": revived, "seconds_total": round(settled_at - started, 1),
-            "seconds_last_kill_to_settled": round(settled_at - last_kill, 1)}
+    return {"kills": kills, "runs_held_per_kill": _spread(held_per_kill),
+            "runs_held_per_kill_all": held_per_kill,
+            "redis_restart": restarts.get("redis", "-"), "postgres_restart": restarts.get("postgres", "-"),
+            "worker_groups_revived": supervisor.revived, "seconds_total": round(settled_at - started, 1),
+            "seconds_last_kill_to_settled": round(settled_at - last_kill, 1),
+            "stopped_at_deadline": settled_at >= deadline_at}
 
 
 def audit(run_ids: list[int], gateway_url: str) -> dict:
@@ -298,10 +569,14 @@ def audit(run_ids: list[int], gateway_url: str) -> dict:
         "requests_resent_and_deduplicated": sum(n - 1 for n in ledger["requests_per_key"].values() if n > 1),
         "refund_calls_by_status": dict(Counter(refund_calls.values_list("status", flat=True))),
         "crash_recoveries": refund_calls.filter(attempts__gt=1).count(),
+        "runs_lost_leases_max": max(runs.values_list("lost_leases", flat=True), default=0),
+        "runs_seconds_created_to_ended": _spread([(end - start).total_seconds() for start, end in runs.filter(
+            finished_at__isnull=False).values_list("created_at", "finished_at")]),
     }
 
 
 def print_figures(figures: dict, log_dir: Path) -> None:
+    """Print ``figures`` one ``  key: value`` line each (tests/test_chaos.py reads them), then the log folder."""
     print("chaos figures")
     for key, value in figures.items():
         print(f"  {key}: {value}")

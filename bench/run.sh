@@ -2,11 +2,15 @@
 # Run a benchmark against a private, throwaway PostgreSQL + Redis on
 # loopback (started and removed here, like tests/run.sh does), after
 # installing the bench dependencies (`pip install -e '.[bench]'`).
-# The first argument may name the benchmark (throughput, live, scale, latency;
-# default throughput); the rest go to bench/<name>.py, e.g.
+# The first argument may name the benchmark (throughput, live, scale, latency,
+# chaos; default throughput); the rest go to bench/<name>.py, e.g.
 #   bash bench/run.sh --runs 100 --workers 2 --threads 4 --langgraph-processes 1 2
 #   bash bench/run.sh live --clients 100
 #   bash bench/run.sh latency --runs 200 --latency 1.0 --langgraph-processes 1 2
+#   bash bench/run.sh chaos --runs 500 --kills 20 --restart-redis --restart-postgres
+# The benchmark is told where the servers live (BENCH_PG_BIN, BENCH_PG_DATA,
+# BENCH_PG_LOG, BENCH_PG_OS_USER, BENCH_REDIS_DIR), so that the chaos run can
+# stop and start them again.
 # Needs the PostgreSQL server binaries and redis-server (tests/run.sh
 # installs them).  PostgreSQL keeps its defaults for durability (fsync and
 # synchronous commit on), and loads pg_stat_statements so queries can be
@@ -20,7 +24,7 @@ die() { log "error: $*"; exit 1; }
 
 BENCH=throughput
 case ${1:-} in
-    throughput|live|scale|latency) BENCH=$1; shift ;;
+    throughput|live|scale|latency|chaos) BENCH=$1; shift ;;
 esac
 
 source tests/services.sh
@@ -62,6 +66,8 @@ rc=0
 env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
     BENCH_POSTGRES_PID="$PG_PID" \
+    BENCH_PG_BIN="$PG_BIN" BENCH_PG_DATA="$SERVICES_TMP/pgdata" BENCH_PG_LOG="$SERVICES_TMP/postgres.log" \
+    BENCH_PG_OS_USER="$PG_OS_USER" BENCH_REDIS_DIR="$SERVICES_TMP/redis" \
     .venv/bin/python "bench/$BENCH.py" "$@" </dev/null &
 BENCH_PID=$!
 wait "$BENCH_PID" || rc=$?

@@ -38,6 +38,8 @@ stop_private_services() {
         kill "$REDIS_PID" 2>/dev/null
         wait "$REDIS_PID" 2>/dev/null
         REDIS_PID=
+        # A Redis started again on the same port by someone else (bench/chaos.py's restart) goes too.
+        redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
     fi
     [[ -n $SERVICES_TMP ]] && rm -rf "$SERVICES_TMP"
     SERVICES_TMP=

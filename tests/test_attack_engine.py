@@ -9,6 +9,7 @@ test sets only at its end.
 
 import asyncio
 import threading
+from collections import Counter
 
 import pytest
 
@@ -146,20 +147,31 @@ def test_an_async_handler_swallowing_its_cancel_does_not_hold_the_run(demo, work
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, "reconciliation")
 
 
+# Runs the killed worker holds in flight at once: hundreds, as a worker of the event-loop engine does.
+KILLED_IN_FLIGHT = 250
+
+
 def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idle_worker, payment_gateway,
                                                                          short_lease, settings):
-    """SIGKILL of a worker process holding six runs, each awaiting a slow refund at the gateway: after the
-    sweeper every run completes, each order is charged exactly once, no run is left stuck."""
+    """SIGKILL of a worker process holding ``KILLED_IN_FLIGHT`` runs, each with its refund in flight: some
+    already charged by the gateway, whose answer hangs (lost with the worker), the others waiting for one of
+    the gateway client's connections (never sent). After the sweeper every run completes, each order is
+    charged exactly once under its call's key, and no run is lost."""
     import os
     import subprocess
     import sys
 
+    from django.utils import timezone
+
     from runs.engine.recovery import sweep
     from tests.conftest import database_url_for_subprocess
-    from tests.durability import make_agent, refund_turns, wait_for_lease_expiry
+    from tests.durability import make_agent, refund_turns
+    from tools.demo.models import Order
 
-    payment_gateway.faults(latency_s=3)
-    orders = list(range(100, 106))
+    # Every refund the gateway takes is charged, then its answer hangs until long after the kill.
+    payment_gateway.faults(p_timeout_after_commit=1.0, hang_s=120)
+    orders = list(range(200_000, 200_000 + KILLED_IN_FLIGHT))
+    Order.objects.bulk_create([Order(number=n, owner=demo["requester"], total=100) for n in orders])
     runs = []
     for order in orders:
         turns = refund_turns(10)
@@ -169,37 +181,39 @@ def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idl
         runs.append(start_run(agent=agent, user=demo["requester"], input=f"refund order {order}"))
     ids = [r.pk for r in runs]
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
-           "TOLLGATE_LEASE_TTL_S": str(short_lease), "DJANGO_SETTINGS_MODULE": "config.settings"}
+           "GATEWAY_TIMEOUT_S": "600", "TOLLGATE_LEASE_TTL_S": str(short_lease),
+           "DJANGO_SETTINGS_MODULE": "config.settings"}
     code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
             "from runs.engine.runtime import engine; import time\n"
             f"for run_id in {ids}: advance_run(run_id)\n"
-            "time.sleep(60)")
+            "time.sleep(600)")
     process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
+    refunds_in_flight = ToolCall.objects.filter(run_id__in=ids, name="refund", status=S.RUNNING)
     try:
-        wait_until(lambda: ToolCall.objects.filter(run_id__in=ids, name="refund", status=S.RUNNING).count()
-                   >= 3, timeout_s=40)
-    except AssertionError:
-        raise AssertionError([(r.status, r.waiting_reason, r.failure_type, r.error,
-                               list(r.tool_calls.values_list("name", "status", "error")))
-                              for r in Run.objects.filter(pk__in=ids)])
+        wait_until(lambda: refunds_in_flight.count() == len(ids) or process.poll() is not None, timeout_s=300)
+        held = Run.objects.filter(pk__in=ids, lease_expires_at__gt=timezone.now()).count()
+        charged_before_kill = len(payment_gateway.ledger()["refunds"])
     finally:
         process.kill()
         process.wait(10)
+    assert process.returncode == -9  # it was alive, holding them, until the kill
+    assert held == len(ids)
+    assert 0 < charged_before_kill < len(ids)  # both kinds in flight: charged (answer lost) and never sent
 
-    idle_worker.worker.start()
-    for run_id in ids:
-        wait_for_lease_expiry(run_id)
+    payment_gateway.faults()  # the gateway answers again
+    wait_until(lambda: not Run.objects.filter(pk__in=ids, lease_expires_at__gt=timezone.now()).exists(),
+               timeout_s=60)
     assert sweep()["reenqueued"] == len(ids)
-    idle_worker.drain(timeout_s=60)
+    idle_worker.worker.start()
+    idle_worker.drain(timeout_s=300)
 
-    assert [Run.objects.get(pk=i).status for i in ids] == [RunStatus.COMPLETED] * len(ids)
+    assert Counter(Run.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
+        RunStatus.COMPLETED: len(ids)}
     refunds = payment_gateway.ledger()["refunds"]
     assert sorted(r["order_id"] for r in refunds) == orders
-    for run_id in ids:
-        call = ToolCall.objects.get(run_id=run_id, name="refund")
-        assert call.status == S.SUCCEEDED
-        assert [r["idempotency_key"] for r in refunds if r["order_id"] == call.arguments["order_id"]] == [
-            call.idempotency_key]
+    keys = dict(ToolCall.objects.filter(run_id__in=ids, name="refund", status=S.SUCCEEDED)
+                .values_list("arguments__order_id", "idempotency_key"))
+    assert {r["order_id"]: r["idempotency_key"] for r in refunds} == keys
 
 
 def test_an_async_handler_raising_cancelled_error_leaves_its_side_effect_unknown(demo, worker, monkeypatch):

@@ -185,3 +185,81 @@ def test_sends_a_bystander_lost_to_a_neighbours_crashes_leave_its_retries_whole(
     assert [e.payload["blamed"] for e in run.events.filter(type="recovery")] == [False, False]
     assert [r["idempotency_key"] for r in _charges(payment_gateway)] == [call.idempotency_key]
     assert payment_gateway.ledger()["requests_per_key"] == {call.idempotency_key: 2}
+
+
+def _refund_whose_earlier_send_lands_late(monkeypatch, gateway, order_id: int, amount: str, hidden_lookups: int):
+    """Replace the refund tool's ``reconcile`` hook: the first time it is asked, the refund's earlier send
+    (still on its way when its worker died) lands at the gateway just after the lookup; the first
+    ``hidden_lookups`` lookups answer ``not_found`` (the gateway's view lagging behind)."""
+    import dataclasses
+
+    import httpx
+
+    from tools import registry
+    from tools.registry import Reconciliation
+
+    real = registry.get_tool("refund")
+    asked = []
+
+    def late(key):
+        asked.append(key)
+        found = real.reconcile(key) if len(asked) > hidden_lookups else Reconciliation("not_found")
+        if len(asked) == 1:
+            httpx.post(f"{gateway.url}/refunds", json={"order_id": order_id, "amount": amount},
+                       headers={"Idempotency-Key": key}, timeout=5).raise_for_status()
+        return found
+
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(real, reconcile=late))
+    return asked
+
+
+def _refund_of_most_of_a_small_order(demo, order_id: int):
+    from tools.demo.models import Order
+
+    Order.objects.create(number=order_id, owner=demo["requester"], total=40)
+    turns = refund_turns(30)
+    for turn in turns[:2]:
+        turn["tool_calls"][0]["arguments"]["order_id"] = order_id
+    agent = make_agent(f"refund-{order_id}", turns, tools=["query_order", "refund"], check="refund")
+    return start_run(agent=agent, user=demo["requester"], input=f"refund order {order_id}")
+
+
+def test_an_earlier_send_landing_after_the_lookup_is_found_not_denied_by_its_own_refund(
+    demo, idle_worker, worker_process, payment_gateway, monkeypatch
+):
+    """The worker dies with the refund (30 of 40) sent; the next worker looks its key up (not there yet),
+    then the earlier send lands, so the precondition sees the call's own refund and says no room is left.
+    The gateway paid it: the call ends ``succeeded`` (looked up again), never ``denied``; one charge."""
+    run = _refund_of_most_of_a_small_order(demo, 700)
+    assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
+    asked = _refund_whose_earlier_send_lands_late(monkeypatch, payment_gateway, 700, "30.00", hidden_lookups=1)
+    idle_worker.worker.start()
+    run = _recover(run, idle_worker)
+
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert len(asked) == 2
+    assert (call.status, run.status, run.outcome) == (ToolCallStatus.SUCCEEDED, RunStatus.COMPLETED, "achieved")
+    assert [c["idempotency_key"] for c in _charges(payment_gateway, 700)] == [call.idempotency_key]
+    assert not run.events.filter(type="tool_call", to_status="denied").exists()
+
+
+def test_an_earlier_send_the_lookup_cannot_see_is_unknown_when_its_precondition_says_no(
+    demo, idle_worker, worker_process, payment_gateway, monkeypatch
+):
+    """Same, but the gateway's lookups never show the landed refund: the precondition's "no" may be the
+    call's own refund, so the call is ``unknown``, and after ``RECONCILE_MAX_TRIES`` looks a person
+    reconciles it; never ``denied``, never sent again."""
+    run = _refund_of_most_of_a_small_order(demo, 701)
+    assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
+    _refund_whose_earlier_send_lands_late(monkeypatch, payment_gateway, 701, "30.00", hidden_lookups=10**6)
+    idle_worker.worker.start()
+    run = _recover(run, idle_worker)
+
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert call.status == ToolCallStatus.UNKNOWN
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
+    assert Interrupt.objects.filter(run=run, kind=InterruptKind.RECONCILIATION,
+                                    status=InterruptStatus.PENDING).exists()
+    assert len(_charges(payment_gateway, 701)) == 1
+    assert call.attempts == 1
+    assert not run.events.filter(type="tool_call", to_status="denied").exists()

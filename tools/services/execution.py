@@ -59,7 +59,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     or it was ``unknown`` and is sent again) is first looked up by its key
     with the tool's ``reconcile`` hook: found, it is settled as found
     (``unknown``, then ``succeeded`` or ``failed``, nothing sent); not
-    found, it is checked like a first send; the hook failing leaves it
+    found, it is checked like a first send, except that a "no" from the
+    precondition may be the call's own earlier send landing meanwhile: it
+    is looked up once more, and settled as found or left ``unknown``
+    (reconciliation), never ``denied``; the hook failing leaves it
     ``unknown`` (reconciliation). Without a hook it is sent again under
     its key, unchecked (its own earlier effect must not deny it).
 
@@ -235,20 +238,12 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool, 
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it,
     # so where the tool can tell, that effect is looked for first.
-    if tool_call.attempts and tool.side_effect and tool.reconcile is not None:
+    looked_up = tool_call.attempts and tool.side_effect and tool.reconcile is not None
+    if looked_up:
         found = yield from ask_reconcile(tool, tool_call)
-        asked = {"error": "Sent before; the external system is asked what became of it before sending again."}
-        if found.status == "succeeded":
-            return [("mark_unknown", asked), ("succeed", {"reason": "found at the external system before sending "
-                                                                    "again", "result": found.result,
-                                                          "now": timezone.now()})]
-        if found.status == "failed":
-            return [("mark_unknown", asked), ("fail", {
-                "reason": "found at the external system before sending again", "now": timezone.now(),
-                "error": found.error or "The external system reports that the call failed."})]
-        if found.error:  # it could not be asked: never sent again blindly
-            return [("mark_unknown", {"error": f"Could not ask the external system before sending again: "
-                                               f"{found.error}"})]
+        settled = _settled_as_found(found, "found at the external system before sending again")
+        if settled is not None:
+            return settled
     elif tool_call.attempts or not tool.precondition or (assessed_now and not tool.side_effect):
         return []
     if tool.precondition is None:
@@ -256,9 +251,38 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool, 
     denial = yield from check_precondition(tool, ToolContext(
         run=tool_call.run, user=tool_call.run.requested_by, tool_call=tool_call), tool_call.arguments,
         stop_at=stop_at)
+    if denial and looked_up:
+        # The earlier send may have landed since it was looked up (a request
+        # still on its way when its worker died): the "no" may be its own
+        # effect. Looked up once more; still not found, it is ``unknown``
+        # (reconciled), never ``denied``: that would say nothing was done.
+        found = yield from ask_reconcile(tool, tool_call)
+        settled = _settled_as_found(found, "found at the external system after its precondition said no")
+        if settled is not None:
+            return settled
+        return [("mark_unknown", {"error": f"Sent before, not found at the external system, and its precondition "
+                                           f"now says no ({denial}); the earlier send may still take effect."})]
     if denial:
         return [("deny", {"reason": "precondition checked before running", "error": denial})]
     return []
+
+
+def _settled_as_found(found, reason: str) -> list | None:
+    """The transitions that settle a call sent before as the external system ``found`` it (``succeeded``,
+    ``failed``, or ``unknown`` when it could not be asked), each logged with ``reason``; None when it
+    holds no trace of the call (``not_found``)."""
+    asked = {"error": "Sent before; the external system is asked what became of it before sending again."}
+    if found.status == "succeeded":
+        return [("mark_unknown", asked), ("succeed", {"reason": reason, "result": found.result,
+                                                      "now": timezone.now()})]
+    if found.status == "failed":
+        return [("mark_unknown", asked), ("fail", {
+            "reason": reason, "now": timezone.now(),
+            "error": found.error or "The external system reports that the call failed."})]
+    if found.error:  # it could not be asked: never sent again blindly
+        return [("mark_unknown", {"error": f"Could not ask the external system before sending again: "
+                                           f"{found.error}"})]
+    return None
 
 
 def ask_reconcile(tool: Tool, tool_call: ToolCall) -> Steps:

@@ -27,7 +27,10 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = Fa
     ``resend``: the caller holds the run's lease and sends ``ready`` calls
     next (the loop; never once the run has ended). Then a call of an
     ``idempotent`` tool with attempts left (``charged_attempts < max_attempts``)
-    that the external system answered it has no trace of is requeued, to
+    that the external system answered it has no trace of is requeued
+    (unless this was its ``RECONCILE_MAX_TRIES``-th try: a call that is
+    never sent again, e.g. its precondition says no after every look, goes
+    to a person in the end, see ``execute_tool_call``), to
     be sent again under the same idempotency key, as after a crash: the
     key makes a late first send and the new one a single effect, and the
     answer settles the call (e.g. a 503 that came after the client's
@@ -48,7 +51,8 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = Fa
               error=found.error or "The external system reports that the call failed.", now=timezone.now())
         return "settled"
     if resend and found.status == "not_found" and not found.error and tool.idempotent \
-            and charged_attempts(tool_call) < tool.max_attempts:
+            and charged_attempts(tool_call) < tool.max_attempts \
+            and tool_call.reconcile_attempts < settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
         apply(tool_call.requeue, actor=actor, reason="no trace at the external system: sending again, same key",
               error="The external system has no trace of this call; it is sent again under the same key.")
         return "resend"
