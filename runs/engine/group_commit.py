@@ -18,7 +18,8 @@ then commits once:
   as a lone transaction's caller would.
 * **A lone job commits at once.** A thread never waits for company: it
   takes what is queued when it is free, so when the system is not
-  saturated a group is one job and latency is as before.
+  saturated a group is one job, run as outside the engine (its own
+  transactions commit as it makes them), and latency is as before.
 * **A broken transaction ends the group early.** When a job leaves the
   transaction unusable (its savepoint could not be rolled back: the
   connection broke), the jobs already run get that error and the jobs not
@@ -30,7 +31,12 @@ after the group's COMMIT, a failed job's hooks never. Rows other runs'
 jobs lock (a tool target's policy lock) are held until the group commits,
 so a group's jobs may wait for another group's: PostgreSQL breaks any
 deadlock this makes by failing one job, whose run is retried
-(``runtime.settle_failure``).
+(``runtime.settle_failure``). Under contention for tool targets (a
+release locks the rows of the runs waiting for the target) such
+deadlocks are frequent enough to slow runs down badly (a worker killed
+with 250 refunds in flight: tests/test_attack_engine.py), which is why
+``ENGINE_GROUP_MAX`` is 1 by default, every job alone, until target
+claims and releases take their locks in one order across a group.
 
 The idea is the database's own group commit (PostgreSQL's ``commit_delay``,
 "Group Commit for the Write-Ahead Log"), applied to whole transactions in
@@ -102,6 +108,12 @@ class GroupCommit:
             keeping_connection(self._commit, group)
 
     def _commit(self, group: list[_Job]) -> None:
+        if len(group) == 1:  # alone: its own transactions commit as it makes them, as outside the engine
+            _run_alone(group[0])
+            with self._lock:
+                self.groups += 1
+                self.jobs += 1
+            return
         outcomes: list[tuple[bool, Any]] = []
         try:
             try:
@@ -136,6 +148,17 @@ class GroupCommit:
 class _Broken(Exception):
     def __init__(self, error: BaseException):
         self.error = error
+
+
+def _run_alone(job: _Job) -> None:
+    try:
+        result = job.context.run(job.fn, *job.args)
+    except BaseException as exc:
+        job.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError("the database thread stopped"))
+        if not isinstance(exc, Exception):
+            raise
+    else:
+        job.future.set_result(result)
 
 
 def _run_in_savepoint(job: _Job) -> tuple[bool, Any]:
