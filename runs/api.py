@@ -37,6 +37,7 @@ from runs.serializers import (
     RunSerializer,
     SessionCreateSerializer,
     SessionSerializer,
+    StepSerializer,
     ToolCallSerializer,
     decided_items_prefetch,
 )
@@ -73,7 +74,7 @@ class AgentViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMo
     retrieve=extend_schema(summary="One run"),
 )
 class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Runs: start one, read it with its events and tool calls, cancel it."""
+    """Runs: start one, read it with its events, steps and tool calls, cancel it."""
 
     serializer_class = RunSerializer
     queryset = with_final_output_facts(with_pending_waits(Run.objects.select_related("agent", "requested_by")
@@ -135,6 +136,14 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
         run = self.get_object()
         page = self.paginate_queryset(run.events.order_by("seq"))
         return self.get_paginated_response(RunEventSerializer(page, many=True).data)
+
+    @extend_schema(summary="The run's steps (model calls), in order", responses={200: StepSerializer(many=True)})
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstCursorPagination, filter_backends=[])
+    def steps(self, request, pk=None):
+        """Every model call of the run, in order: status, timings, usage, finish reason, error (cursor-paginated)."""
+        run = self.get_object()
+        page = self.paginate_queryset(run.steps.order_by("id"))
+        return self.get_paginated_response(StepSerializer(page, many=True).data)
 
     @extend_schema(summary="The run's tool calls", responses={200: ToolCallSerializer(many=True)})
     @action(detail=True, methods=["get"], url_path="tool-calls", pagination_class=OldestFirstCursorPagination,

@@ -99,13 +99,14 @@ def test_profiles_come_from_settings_and_unknown_ones_are_refused(demo, api, set
         assert response.status_code == 400, model
 
 
-def test_provider_error_bodies_reach_the_log_masked_and_never_the_requester(demo, worker, llm, api, caplog):
+def test_provider_error_messages_reach_the_log_and_the_requester_masked(demo, worker, llm, api, caplog):
     server, agent = llm("openai", [{"status": 401, "message": f"invalid key; by the way {SECRET}"}])
     run = run_to_rest(worker, agent, demo["requester"])
     shown = api(demo["requester"]).get(f"/api/runs/{run.pk}/").content.decode()
     events = api(demo["requester"]).get(f"/api/runs/{run.pk}/events/").content.decode()
-    assert run.error == "OpenAI API error 401 (AuthenticationError)"
-    assert "hunter2" not in shown and "hunter2" not in events
+    steps = api(demo["requester"]).get(f"/api/runs/{run.pk}/steps/").content.decode()
+    assert run.error.startswith("OpenAI API error 401 (AuthenticationError): invalid key; by the way postgres://")
+    assert "hunter2" not in shown + events + steps + run.error
     assert "invalid key; by the way" in caplog.text and "hunter2" not in caplog.text  # runs.masking
 
 
