@@ -60,7 +60,7 @@ class AgentAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("tools"))
     def tool_list(self, agent: Agent) -> str:
-        return ", ".join(agent.tools) if agent.tools else _("all")
+        return ", ".join(agent.tools) if agent.tools else _("none")
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)

@@ -26,7 +26,7 @@ class Agent(models.Model):
 
     ``model`` is the provider config, e.g. ``{"provider": "scripted",
     "turns": [...]}`` (see ``runs.providers``). ``tools`` lists registered
-    tool names (empty list: every registered tool). ``approval_policy``
+    tool names (empty list: no tools). ``approval_policy``
     maps a tool name to an approval rule (``tools.policy``), which adds
     to the tool's own rule: approval is needed when either asks. Only when
     ``approval_policy_granted_by`` is set (a holder of

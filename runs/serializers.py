@@ -45,7 +45,7 @@ class AgentCreateSerializer(StrictSerializer):
     instructions = serializers.CharField(required=False, allow_blank=True, default="")
     model = serializers.JSONField(help_text='Provider config, e.g. {"provider": "scripted", "turns": [...]}.')
     tools = serializers.ListField(child=serializers.CharField(), required=False,
-                                  help_text="Registered tool names; omitted or empty: every tool.")
+                                  help_text="Registered tool names the model may call; omitted or empty: none.")
     max_turns = serializers.IntegerField(required=False, min_value=1, max_value=MAX_TURNS_LIMIT)
     max_model_calls = serializers.IntegerField(required=False, allow_null=True, min_value=1,
                                                max_value=BUDGET_LIMITS["max_model_calls"])
