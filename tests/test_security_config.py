@@ -171,6 +171,19 @@ def test_debug_is_off_unless_set_and_nothing_serves_or_signs_without_a_key(tmp_p
     assert debug.stdout.strip() == "DEBUG True", debug.stderr
 
 
+@pytest.mark.parametrize("command", [["--help"], ["check"], ["demo", "--help"], ["serve", "--help"]],
+                         ids=" ".join)
+def test_help_and_check_run_from_a_new_shell_without_a_secret_key(command, tmp_path):
+    """Nothing is served or signed, so no key is needed (issue 22): no traceback, exit 0."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+    result = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    expected = "System check identified no issues" if command == ["check"] else "usage:"
+    assert expected in result.stdout or (command == ["--help"] and "Available subcommands" in result.stdout)
+
+
 def test_a_body_limit_below_what_an_answer_file_needs_is_refused_at_start():
     key = {"SECRET_KEY": get_random_secret_key()}
     too_small = _settings_probe({**key, "TOLLGATE_REQUEST_BODY_MAX_BYTES": "1000000"})
