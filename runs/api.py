@@ -133,26 +133,25 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
     @action(detail=True, methods=["get"], pagination_class=EventCursorPagination, filter_backends=[])
     def events(self, request, pk=None):
         """The run's append-only event log by ``seq`` (cursor-paginated)."""
-        run = self.get_object()
-        page = self.paginate_queryset(run.events.order_by("seq"))
-        return self.get_paginated_response(RunEventSerializer(page, many=True).data)
+        return self._run_page(lambda run: run.events.order_by("seq"), RunEventSerializer)
 
     @extend_schema(summary="The run's steps (model calls), in order", responses={200: StepSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=OldestFirstCursorPagination, filter_backends=[])
     def steps(self, request, pk=None):
         """Every model call of the run, in order: status, timings, usage, finish reason, error (cursor-paginated)."""
-        run = self.get_object()
-        page = self.paginate_queryset(run.steps.order_by("id"))
-        return self.get_paginated_response(StepSerializer(page, many=True).data)
+        return self._run_page(lambda run: run.steps.order_by("id"), StepSerializer)
 
     @extend_schema(summary="The run's tool calls", responses={200: ToolCallSerializer(many=True)})
     @action(detail=True, methods=["get"], url_path="tool-calls", pagination_class=OldestFirstCursorPagination,
             filter_backends=[])
     def tool_calls(self, request, pk=None):
         """Every tool call the model proposed in this run, in order."""
-        run = self.get_object()
-        page = self.paginate_queryset(run.tool_calls.order_by("id"))
-        return self.get_paginated_response(ToolCallSerializer(page, many=True).data)
+        return self._run_page(lambda run: run.tool_calls.order_by("id"), ToolCallSerializer)
+
+    def _run_page(self, rows, serializer_class):
+        """One cursor page of ``rows(run)`` for the run in the URL (404 unless visible), serialized."""
+        page = self.paginate_queryset(rows(self.get_object()))
+        return self.get_paginated_response(serializer_class(page, many=True).data)
 
     @extend_schema(summary="Cancel the run", request=CancelSerializer,
                    responses={200: RunSerializer, 403: OpenApiResponse(description="You may not cancel this run."),
