@@ -154,14 +154,18 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
         return self.get_paginated_response(serializer_class(page, many=True).data)
 
     @extend_schema(summary="Cancel the run", request=CancelSerializer,
-                   responses={200: RunSerializer, 403: OpenApiResponse(description="You may not cancel this run."),
-                              409: OpenApiResponse(description="The run already ended; `details.status` is its status.")})
+                   responses={200: OpenApiResponse(RunSerializer, description="Cancelled, or asked to be (a running "
+                                                                          "run stops at its next safe point); a "
+                                                                          "cancelled run again, unchanged."),
+                              403: OpenApiResponse(description="You may not cancel this run."),
+                              409: OpenApiResponse(description="The run completed or failed; `details.status` is "
+                                                               "its status.")})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         """Cancel through ``cancel_run_as``: at once if queued or waiting, at the next safe point if running.
 
         Only users the run is ``cancellable_by`` may cancel (403); the
-        body, if any, must be empty.
+        body, if any, must be empty. Cancelling a cancelled run answers it unchanged.
         """
         run = self.get_object()
         CancelSerializer(data=request.data).is_valid(raise_exception=True)
