@@ -30,7 +30,7 @@ from runs.engine.agents import may_loosen_policy
 from runs.engine.lifecycle import cancel_run_as
 from runs.errors import TollgateError
 from runs.labels import label
-from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, Session, Step
+from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, RunStatus, Session, Step
 
 
 # --- Agent and Session ---------------------------------------------------
@@ -60,7 +60,7 @@ class AgentAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("tools"))
     def tool_list(self, agent: Agent) -> str:
-        return ", ".join(agent.tools) if agent.tools else _("all")
+        return ", ".join(agent.tools) if agent.tools else _("none")
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
@@ -181,6 +181,10 @@ class RunAdmin(admin.ModelAdmin):
         """Cancel each selected run via ``cancel_run_as``; terminal runs and refusals are reported, not touched."""
         cancelled = requested = 0
         for run in queryset.order_by("pk"):
+            if run.status == RunStatus.CANCELLED:  # cancel_run_as would return it unchanged
+                self.message_user(request, _("Run %(run)s was already cancelled.") % {"run": run.pk},
+                                  level=messages.INFO)
+                continue
             try:
                 run = cancel_run_as(run=run, user=request.user, reason="cancelled via admin")
             except (TransitionNotAllowed, ConcurrentTransition):

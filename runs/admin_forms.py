@@ -10,8 +10,7 @@
 
 A value stored before its tool or check was removed from the code stays
 selected and listed as "not registered", so saving never drops it in
-silence (an empty tool list would mean every tool); the check then asks
-to remove it. Submitted text is shown back as typed when the form has errors.
+silence; the check then asks to remove it. Submitted text is shown back as typed when the form has errors.
 """
 
 import json
@@ -84,8 +83,7 @@ class AgentAdminForm(forms.ModelForm):
         fields = self.fields
         fields["tools"].choices = tool_choices(instance.tools if instance.pk else ())
         fields["tools"].help_text = _(
-            "The tools the model may call. Tick none to give it every registered tool, "
-            "including tools added later.")
+            "The tools the model may call; none ticked: it calls no tools.")
         fields["completion_check"].choices = check_choices(instance.completion_check if instance.pk else "")
         fields["completion_check"].initial = instance.completion_check or "default"
         fields["completion_check"].help_text = _(

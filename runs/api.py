@@ -37,6 +37,7 @@ from runs.serializers import (
     RunSerializer,
     SessionCreateSerializer,
     SessionSerializer,
+    StepSerializer,
     ToolCallSerializer,
     decided_items_prefetch,
 )
@@ -73,7 +74,7 @@ class AgentViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMo
     retrieve=extend_schema(summary="One run"),
 )
 class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Runs: start one, read it with its events and tool calls, cancel it."""
+    """Runs: start one, read it with its events, steps and tool calls, cancel it."""
 
     serializer_class = RunSerializer
     queryset = with_final_output_facts(with_pending_waits(Run.objects.select_related("agent", "requested_by")
@@ -132,28 +133,39 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
     @action(detail=True, methods=["get"], pagination_class=EventCursorPagination, filter_backends=[])
     def events(self, request, pk=None):
         """The run's append-only event log by ``seq`` (cursor-paginated)."""
-        run = self.get_object()
-        page = self.paginate_queryset(run.events.order_by("seq"))
-        return self.get_paginated_response(RunEventSerializer(page, many=True).data)
+        return self._run_page(lambda run: run.events.order_by("seq"), RunEventSerializer)
+
+    @extend_schema(summary="The run's steps (model calls), in order", responses={200: StepSerializer(many=True)})
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstCursorPagination, filter_backends=[])
+    def steps(self, request, pk=None):
+        """Every model call of the run, in order: status, timings, usage, finish reason, error (cursor-paginated)."""
+        return self._run_page(lambda run: run.steps.order_by("id"), StepSerializer)
 
     @extend_schema(summary="The run's tool calls", responses={200: ToolCallSerializer(many=True)})
     @action(detail=True, methods=["get"], url_path="tool-calls", pagination_class=OldestFirstCursorPagination,
             filter_backends=[])
     def tool_calls(self, request, pk=None):
         """Every tool call the model proposed in this run, in order."""
-        run = self.get_object()
-        page = self.paginate_queryset(run.tool_calls.order_by("id"))
-        return self.get_paginated_response(ToolCallSerializer(page, many=True).data)
+        return self._run_page(lambda run: run.tool_calls.order_by("id"), ToolCallSerializer)
+
+    def _run_page(self, rows, serializer_class):
+        """One cursor page of ``rows(run)`` for the run in the URL (404 unless visible), serialized."""
+        page = self.paginate_queryset(rows(self.get_object()))
+        return self.get_paginated_response(serializer_class(page, many=True).data)
 
     @extend_schema(summary="Cancel the run", request=CancelSerializer,
-                   responses={200: RunSerializer, 403: OpenApiResponse(description="You may not cancel this run."),
-                              409: OpenApiResponse(description="The run already ended; `details.status` is its status.")})
+                   responses={200: OpenApiResponse(RunSerializer, description="Cancelled, or asked to be (a running "
+                                                                          "run stops at its next safe point); a "
+                                                                          "cancelled run again, unchanged."),
+                              403: OpenApiResponse(description="You may not cancel this run."),
+                              409: OpenApiResponse(description="The run completed or failed; `details.status` is "
+                                                               "its status.")})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         """Cancel through ``cancel_run_as``: at once if queued or waiting, at the next safe point if running.
 
         Only users the run is ``cancellable_by`` may cancel (403); the
-        body, if any, must be empty.
+        body, if any, must be empty. Cancelling a cancelled run answers it unchanged.
         """
         run = self.get_object()
         CancelSerializer(data=request.data).is_valid(raise_exception=True)

@@ -96,14 +96,14 @@ def screen_response(response):
 @contextmanager
 def storable_errors():
     """Re-raise a ``ModelError`` whose text has NUL characters or lone surrogates as the same type with them
-    replaced (in ``detail`` too); ``transient`` and ``retry_after_s`` are kept."""
+    replaced (in ``detail`` too); ``status``, ``transient`` and ``retry_after_s`` are kept."""
     try:
         yield
     except ModelError as exc:
-        if _storable(str(exc)) == str(exc):
+        if _storable(str(exc)) == str(exc) and _storable(exc.detail) == exc.detail:
             raise
-        raise type(exc)(_storable(str(exc)), detail=_storable(exc.detail), transient=exc.transient,
-                        retry_after_s=exc.retry_after_s) from exc
+        raise type(exc)(_storable(str(exc)), detail=_storable(exc.detail), status=exc.status,
+                        transient=exc.transient, retry_after_s=exc.retry_after_s) from exc
 
 
 def _token_count(name: str, value) -> int:

@@ -26,7 +26,7 @@ class Agent(models.Model):
 
     ``model`` is the provider config, e.g. ``{"provider": "scripted",
     "turns": [...]}`` (see ``runs.providers``). ``tools`` lists registered
-    tool names (empty list: every registered tool). ``approval_policy``
+    tool names (empty list: no tools). ``approval_policy``
     maps a tool name to an approval rule (``tools.policy``), which adds
     to the tool's own rule: approval is needed when either asks. Only when
     ``approval_policy_granted_by`` is set (a holder of
@@ -414,17 +414,20 @@ class Step(FSMModel):
         self.finished_at = now
 
     @transition(field=status, source=Status.STARTED, target=Status.FAILED)
-    def fail(self, *, error: str, now, transient: bool = False):
+    def fail(self, *, error: str, now, transient: bool = False, server: dict | None = None):
         """The call failed (a provider error) or its response could not be understood.
 
+        ``error`` is readable by whoever may read the run (docs/design.md#model-errors).
+        ``server``: the model server's error answer, ``{"status", "message"}``
+        (``ModelError.server_answer``), kept as ``response["error"]``.
         ``transient``: the provider may well answer later (an outage, a rate
-        limit): recorded as ``response = {"error": {"transient": true}}``,
-        which the loop counts to bound its tries in a row.
+        limit): recorded as ``response["error"]["transient"] = true``, which
+        the loop counts to bound its tries in a row.
         """
         self.error = error
         self.finished_at = now
-        if transient:
-            self.response = {"error": {"transient": True}}
+        if transient or server:
+            self.response = {"error": {**(server or {}), **({"transient": True} if transient else {})}}
 
     @transition(field=status, source=Status.STARTED, target=Status.DISCARDED)
     def discard(self, *, now, error: str = ""):

@@ -15,7 +15,8 @@ from approvals.serializers import CHANGES_FIELD
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.masking import mask_credentials
-from runs.models import Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, WaitingReason
+from runs.models import (Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, Step,
+                         WaitingReason)
 from runs.selectors import CONFLICT_CODES, FINAL_OUTPUT_CODES, PENDING_WAITS, final_output_status, pending_waits
 from tools.models import ToolCall
 
@@ -44,7 +45,7 @@ class AgentCreateSerializer(StrictSerializer):
     instructions = serializers.CharField(required=False, allow_blank=True, default="")
     model = serializers.JSONField(help_text='Provider config, e.g. {"provider": "scripted", "turns": [...]}.')
     tools = serializers.ListField(child=serializers.CharField(), required=False,
-                                  help_text="Registered tool names; omitted or empty: every tool.")
+                                  help_text="Registered tool names the model may call; omitted or empty: none.")
     max_turns = serializers.IntegerField(required=False, min_value=1, max_value=MAX_TURNS_LIMIT)
     max_model_calls = serializers.IntegerField(required=False, allow_null=True, min_value=1,
                                                max_value=BUDGET_LIMITS["max_model_calls"])
@@ -280,6 +281,46 @@ class RunEventSerializer(OutputSerializer):
         model = RunEvent
         fields = ["seq", "type", "from_status", "to_status", "actor", "reason", "payload", "created_at"]
         read_only_fields = fields
+
+
+class ServerErrorSerializer(serializers.Serializer):
+    """The model server's error answer to one call (docs/design.md#model-errors)."""
+
+    status = serializers.IntegerField(help_text="The HTTP status it answered with.")
+    message = serializers.CharField(allow_blank=True, help_text=(
+        "The message of its error body, at most 300 characters, credentials masked; empty if it gave none."))
+
+
+class StepSerializer(OutputSerializer):
+    """One model call of a run: its status, when it started and ended, its usage and how it ended.
+
+    ``finish_reason``: ``stop``, ``tool_calls`` or ``length`` for an answer,
+    null otherwise. ``error``: why a call failed or was discarded, the model
+    server's words included; ``server_error``: the server's error answer
+    (status and message) when it sent one, else null.
+    """
+
+    finish_reason = serializers.SerializerMethodField()
+    server_error = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Step
+        fields = ["id", "index", "status", "started_at", "finished_at", "input_tokens", "output_tokens", "cost_usd",
+                  "finish_reason", "error", "server_error"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=["stop", "tool_calls", "length"], allow_null=True))
+    def get_finish_reason(self, step: Step) -> str | None:
+        """The answer's normalised finish reason (``runs.providers.base.ModelResponse``), null for no answer."""
+        return step.response.get("finish_reason") if step.status == Step.Status.SUCCEEDED else None
+
+    @extend_schema_field(ServerErrorSerializer(allow_null=True))
+    def get_server_error(self, step: Step) -> dict | None:
+        """``{"status", "message"}`` from ``response["error"]`` (``Step.fail``), null when no server answered."""
+        error = step.response.get("error") or {}
+        if "status" not in error:
+            return None
+        return {"status": error["status"], "message": error.get("message", "")}
 
 
 class ToolCallSerializer(OutputSerializer):

@@ -17,12 +17,13 @@ from runs.models import Agent, Step
 from runs.transitions import apply
 from tests.durability import make_agent
 from tools.models import ToolCall
-from tools.registry import get_tool
+from tools.registry import all_tools, get_tool
 
 
 def agent(slug: str = "refunder"):
-    """The scripted agent ``slug`` (never advanced here; may call every tool), made on first use."""
-    return Agent.objects.filter(slug=slug).first() or make_agent(slug, [{"content": "done"}], tools=[])
+    """The scripted agent ``slug`` (never advanced here; may call every registered tool), made on first use."""
+    return Agent.objects.filter(slug=slug).first() or make_agent(slug, [{"content": "done"}],
+                                                                 tools=[tool.name for tool in all_tools()])
 
 
 def pending_call(*, requester, name: str = "refund", arguments: dict | None = None, agent_=None,

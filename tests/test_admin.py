@@ -180,6 +180,18 @@ def test_cancel_action_leaves_a_completed_run_completed_and_warns(admin_web, dem
     assert run.events.count() == events_before
 
 
+def test_cancel_action_on_a_cancelled_run_says_so_and_changes_nothing(admin_web, demo, worker):
+    run = start_refund(demo, worker)
+    action(admin_web, Run, "cancel_selected_runs", [run])
+    events_before = run.events.count()
+
+    response = action(admin_web, Run, "cancel_selected_runs", [run])
+
+    assert warnings_of(response) == []
+    assert [m.message for m in response.context["messages"]] == [f"Run {run.pk} was already cancelled."]
+    assert run.events.count() == events_before
+
+
 def confirm(client, name: str, page, comment: str):
     """POST the admin's confirmation page back as its form would: every hidden field, and ``comment``."""
     fields = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.content.decode())

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -20,7 +21,7 @@ from django.urls import reverse
 from approvals.models import Interrupt
 from runs.models import Run
 from tests.api_helpers import gateway_refunds, get_run, pending_interrupts, start_run
-from tests.conftest import database_url_for_subprocess
+from tests.conftest import GatewayProcess, database_url_for_subprocess
 from tools.demo import gateway
 from tools.demo.models import CONTESTED_ORDER
 from tools.models import ToolCall
@@ -82,6 +83,25 @@ def test_demo_runs_twice_from_a_new_shell_and_logs_nobody_out_unless_told(paymen
     assert "approver-demo" in output
     assert logged_in_user(browser) is None  # a new password ends the log-ins made with the old one
     assert logged_in_user(log_in("approver", "approver-demo")) == "approver"
+
+
+def test_demo_changes_nothing_in_a_gateway_it_does_not_own(tmp_path):
+    """Another program's gateway answers at GATEWAY_URL, with refunds of its own: the demo leaves it as it was."""
+    theirs = GatewayProcess(tmp_path)
+    theirs.start()
+    try:
+        refund = httpx.post(f"{theirs.url}/refunds", json={"order_id": 7, "amount": "12.50"},
+                            headers={"Idempotency-Key": "their-refund-1"}, timeout=5)
+        assert refund.status_code == 201
+        before = httpx.get(f"{theirs.url}/ledger", timeout=5).json()
+
+        output = manage_demo_in_a_new_shell(gateway_url=theirs.url)
+
+        assert httpx.get(f"{theirs.url}/ledger", timeout=5).json() == before
+        assert [r["idempotency_key"] for r in before["refunds"]] == ["their-refund-1"]
+        assert f"The payment gateway at {theirs.url} was not contacted" in output
+    finally:
+        theirs.stop()
 
 
 def _start_refund(requester: Client) -> Run:

@@ -9,6 +9,7 @@ engine's backoff (the server's word when it gives one) stays short; a
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from runs.engine import runtime
@@ -66,7 +67,8 @@ def test_server_error_five_times_fails_with_model_error(worker, demo, llm, provi
     run = run_to_rest(worker, agent, demo["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert len(server.requests) == 5
-    assert run.error == f"{NAMES[provider]} API error 500 (InternalServerError) (gave up after 4 retries)"
+    assert run.error == (f"{NAMES[provider]} API error 500 (InternalServerError): The server had an error while "
+                         "processing your request. (gave up after 4 retries)")
     failed, = [e for e in events(run, "model_call") if e.reason == "failed"]
     assert failed.payload["error"] == run.error
     last = events(run, "transition")[-1]
@@ -74,40 +76,58 @@ def test_server_error_five_times_fails_with_model_error(worker, demo, llm, provi
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_unauthorised_fails_at_once_with_status_and_class_only(worker, demo, llm, provider, caplog):
+def test_unauthorised_fails_at_once_with_status_class_and_the_servers_message(worker, demo, llm, provider, caplog):
     server, agent = llm(provider, [{"status": 401, "message": "Incorrect API key provided."}, {"content": "never"}])
     run = run_to_rest(worker, agent, demo["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert len(server.requests) == 1
-    assert run.error == f"{NAMES[provider]} API error 401 (AuthenticationError)"
+    assert run.error == f"{NAMES[provider]} API error 401 (AuthenticationError): Incorrect API key provided."
     assert "Incorrect API key provided." in caplog.text, "the provider's own text is logged"
     headers = {k.lower(): v for k, v in server.requests[0]["headers"].items()}
     assert "x" in (headers.get("x-api-key"), headers.get("authorization", "").removeprefix("Bearer "))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_bad_request_fails_at_once_without_echoing_the_body(worker, demo, llm, provider, caplog):
-    server, agent = llm(provider, [{"status": 400, "message": "messages: tool_result without tool_use"}])
+def test_a_400_reads_back_over_rest_on_the_run_and_its_step_for_whoever_may_read_the_run(
+        worker, demo, llm, provider, api, caplog):
+    """A strict server refuses the request; its status and message are the integrator's to read, nobody else's."""
+    message = "Invalid schema for function 'refund': 'order_id' must be a string."
+    server, agent = llm(provider, [{"status": 400, "message": message}, {"content": "never"}])
     run = run_to_rest(worker, agent, demo["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
-    assert len(server.requests) == 1
-    assert run.error == f"{NAMES[provider]} API error 400 (BadRequestError)"
-    assert "tool_result without tool_use" in caplog.text
+    assert len(server.requests) == 1, "a 400 is not tried again"
+    expected = f"{NAMES[provider]} API error 400 (BadRequestError): {message}"
+    assert message in caplog.text
+
+    requester = api(demo["requester"])
+    assert requester.get(f"/api/runs/{run.pk}/").json()["error"] == expected
+    step, = requester.get(f"/api/runs/{run.pk}/steps/").json()["results"]
+    assert (step["status"], step["error"], step["server_error"]) == ("failed", expected,
+                                                                     {"status": 400, "message": message})
+    ended = [e for e in requester.get(f"/api/runs/{run.pk}/events/").json()["results"] if e["to_status"] == "failed"]
+    assert ended[-1]["reason"] == expected
+    outsider = get_user_model().objects.create_user("outsider")
+    assert api(outsider).get(f"/api/runs/{run.pk}/steps/").status_code == 404
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_staff_see_a_masked_excerpt_of_the_servers_words_on_the_step_requesters_do_not(
-        worker, demo, llm, provider, api):
-    body = "bad request from key sk-abcdefghijklmnopqrstuvwx at https://u:hunter2@models.internal/v1 " + "x" * 1000
-    server, agent = llm(provider, [{"status": 400, "message": body}])
+def test_the_servers_message_is_cut_short_and_its_credentials_masked_wherever_it_is_kept(
+        worker, demo, llm, provider, api, monkeypatch):
+    monkeypatch.setenv("TEST_KEY", "the-endpoint-key-0042")  # the key this server is sent, echoed back below
+    message = ("bad request from key sk-abcdefghijklmnopqrstuvwx, the-endpoint-key-0042 at "
+               "https://u:hunter2@models.internal/v1 api_key=s3cr3t-value " + "x" * 1000)
+    server, agent = llm(provider, [{"status": 400, "message": message}])
     run = run_to_rest(worker, agent, demo["requester"])
 
     step = run.steps.get()
-    assert step.error.startswith(run.error) and "bad request from key" in step.error
-    assert "sk-abcdefghijklmnopqrstuvwx" not in step.error and "hunter2" not in step.error
-    assert len(step.error) < 500
-    as_requester = str(api(demo["requester"]).get(f"/api/runs/{run.pk}/events/").json())
-    assert "bad request from key" not in as_requester and "bad request" not in run.error
+    body = str(api(demo["requester"]).get(f"/api/runs/{run.pk}/steps/").json())
+    run_body = str(api(demo["requester"]).get(f"/api/runs/{run.pk}/").json())
+    for kept in (run.error, step.error, body, run_body):
+        assert "bad request from key" in kept
+        for secret in ("sk-abcdefghijklmnopqrstuvwx", "the-endpoint-key-0042", "hunter2", "s3cr3t-value"):
+            assert secret not in kept
+    assert step.error == run.error and len(step.response["error"]["message"]) == 300
+    assert step.response["error"]["message"].endswith("x…")
 
 
 def test_missing_api_key_fails_before_any_request(worker, demo, llm, monkeypatch):

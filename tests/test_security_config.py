@@ -99,13 +99,14 @@ def test_profiles_come_from_settings_and_unknown_ones_are_refused(demo, api, set
         assert response.status_code == 400, model
 
 
-def test_provider_error_bodies_reach_the_log_masked_and_never_the_requester(demo, worker, llm, api, caplog):
+def test_provider_error_messages_reach_the_log_and_the_requester_masked(demo, worker, llm, api, caplog):
     server, agent = llm("openai", [{"status": 401, "message": f"invalid key; by the way {SECRET}"}])
     run = run_to_rest(worker, agent, demo["requester"])
     shown = api(demo["requester"]).get(f"/api/runs/{run.pk}/").content.decode()
     events = api(demo["requester"]).get(f"/api/runs/{run.pk}/events/").content.decode()
-    assert run.error == "OpenAI API error 401 (AuthenticationError)"
-    assert "hunter2" not in shown and "hunter2" not in events
+    steps = api(demo["requester"]).get(f"/api/runs/{run.pk}/steps/").content.decode()
+    assert run.error.startswith("OpenAI API error 401 (AuthenticationError): invalid key; by the way postgres://")
+    assert "hunter2" not in shown + events + steps + run.error
     assert "invalid key; by the way" in caplog.text and "hunter2" not in caplog.text  # runs.masking
 
 
@@ -168,6 +169,19 @@ def test_debug_is_off_unless_set_and_nothing_serves_or_signs_without_a_key(tmp_p
     assert keyed.returncode == 0 and keyed.stdout.strip() == "DEBUG False", keyed.stderr
     debug = _settings_probe({"DEBUG": "true"})
     assert debug.stdout.strip() == "DEBUG True", debug.stderr
+
+
+@pytest.mark.parametrize("command", [["--help"], ["check"], ["demo", "--help"], ["serve", "--help"]],
+                         ids=" ".join)
+def test_help_and_check_run_from_a_new_shell_without_a_secret_key(command, tmp_path):
+    """Nothing is served or signed, so no key is needed (issue 22): no traceback, exit 0."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+    result = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    expected = "System check identified no issues" if command == ["check"] else "usage:"
+    assert expected in result.stdout or (command == ["--help"] and "Available subcommands" in result.stdout)
 
 
 def test_a_body_limit_below_what_an_answer_file_needs_is_refused_at_start():

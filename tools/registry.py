@@ -280,7 +280,5 @@ def all_tools() -> list[Tool]:
 
 
 def tools_for_agent(agent) -> list[Tool]:
-    """The tools ``agent`` may call: its ``tools`` list, or all when it is empty."""
-    if not agent.tools:
-        return all_tools()
+    """The tools ``agent`` may call: the registered ones its ``tools`` list names (an empty list: none)."""
     return [_TOOLS[name] for name in agent.tools if name in _TOOLS]

@@ -134,7 +134,8 @@ def create_agent(
 ) -> Agent:
     """Validate an agent definition and save it.
 
-    ``tools`` None or empty means every registered tool (stored as ``[]``);
+    ``tools`` None or empty means no tools at all (stored as ``[]``), never
+    every registered tool;
     ``max_turns``, ``completion_check`` and ``approval_policy`` fall back to
     the model defaults. The budgets (``max_model_calls``,
     ``max_total_tokens``, ``max_cost_usd`` in US dollars, ``deadline_s``

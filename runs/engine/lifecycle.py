@@ -401,10 +401,13 @@ def cancel_run(*, run: Run, actor: str, reason: str = "cancel requested") -> Run
     """Ask for ``run`` to be cancelled: queued or waiting runs stop at once, running ones at the next safe point.
 
     Effects that already happened stay (they are listed in the events).
-    Raises ``TransitionNotAllowed`` for a terminal run.
+    A cancelled run is returned as it is (a repeated cancel changes nothing);
+    raises ``TransitionNotAllowed`` for a completed or failed one.
     """
     with locked(run.pk) as tx:
         run = tx.run
+        if run.status == RunStatus.CANCELLED:
+            return run
         if run.is_terminal:
             run.cancel()  # raises TransitionNotAllowed
         if run.status == RunStatus.RUNNING:  # the worker's next safe point reads the column

@@ -353,10 +353,10 @@ def _model_turn(run: Run, known: Known) -> Steps:
     except (ModelError, ConfigError) as exc:
         if getattr(exc, "transient", False):
             return (yield from _model_backoff(run, step, client, exc))
-        with transaction.atomic():  # the staff see the server's words; the event and the run do not
-            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": str(exc)}, error=_staff_error(exc),
-                  now=timezone.now())
-            return _fail(run, FailureType.MODEL_ERROR, str(exc))
+        with transaction.atomic():
+            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": _readable(exc)}, error=_readable(exc),
+                  server=_server_answer(exc), now=timezone.now())
+            return _fail(run, FailureType.MODEL_ERROR, _readable(exc))
 
     cost = _call_cost(agent, response)
     if response.tool_calls:
@@ -388,9 +388,15 @@ def _model_turn(run: Run, known: Known) -> Steps:
     return _finish(run, known, response.content, read_upto=step.request.get("last_message_id"))
 
 
-def _staff_error(exc: Exception) -> str:
-    """What staff see of a provider error: its message and, if any, the server's own words (``detail``)."""
-    return f"{exc} Server said: {exc.detail}" if getattr(exc, "detail", "") else str(exc)
+def _readable(exc: Exception) -> str:
+    """What the step, its event and the run keep of a provider error, readable by whoever may read the run:
+    ``ModelError.readable()`` (the server's own words included), else the ``ConfigError``'s text."""
+    return exc.readable() if isinstance(exc, ModelError) else str(exc)
+
+
+def _server_answer(exc: Exception) -> dict | None:
+    """``ModelError.server_answer()`` (the model server's status and message), ``None`` for anything else."""
+    return exc.server_answer() if isinstance(exc, ModelError) else None
 
 
 # Longest backoff (seconds) before a model call is tried again, whatever the server's Retry-After says.
@@ -411,13 +417,13 @@ def _model_backoff(run: Run, step: Step, client, exc: ModelError) -> Steps:
     retries = getattr(client, "max_retries", settings.TOLLGATE["MODEL_MAX_RETRIES"])
     tries = _transient_failures_in_a_row(run, before=step, limit=retries) + 1
     if tries > retries:
-        message = f"{exc} (gave up after {retries} retries)"
+        message = f"{_readable(exc)} (gave up after {retries} retries)"
         with transaction.atomic():
-            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": message}, error=_staff_error(exc),
-                  now=timezone.now(), transient=True)
+            apply(step.fail, actor=ACTOR, reason="failed", payload={"error": message}, error=_readable(exc),
+                  server=_server_answer(exc), now=timezone.now(), transient=True)
             return _fail(run, FailureType.MODEL_ERROR, message)
-    apply(step.fail, actor=ACTOR, reason="failed, will retry", payload={"error": str(exc), "transient": True},
-          error=_staff_error(exc), now=timezone.now(), transient=True)
+    apply(step.fail, actor=ACTOR, reason="failed, will retry", payload={"error": _readable(exc), "transient": True},
+          error=_readable(exc), server=_server_answer(exc), now=timezone.now(), transient=True)
     delay = exc.retry_after_s
     if delay is None:
         delay = full_jitter(settings.TOLLGATE["MODEL_BACKOFF_S"], tries)

@@ -7,9 +7,13 @@ from typing import Callable, Protocol
 class ModelError(Exception):
     """The provider could not produce a response (the run fails with model_error).
 
-    ``str(error)`` is what requesters may read (status and class, no body);
-    ``detail`` is a short excerpt of what the server said, with credentials
-    masked, kept on the step for staff (admin) only.
+    ``str(error)`` names what failed (e.g. the HTTP status and the SDK's
+    error class); ``status`` is the HTTP status the model server answered
+    with (``None`` when it did not answer); ``detail`` is the server's own
+    message (the ``message`` of its error body, or its text), truncated,
+    with credentials masked (``runs.providers.http_config.server_message``).
+    ``readable()`` joins them: what the failed step and the run keep and
+    whoever may read the run reads (docs/design.md#model-errors).
 
     ``transient``: the same request may well succeed later (a connection
     refused or broken, a timeout, HTTP 408, 409, 429 or 5xx); providers
@@ -18,12 +22,24 @@ class ModelError(Exception):
     ``retry-after-ms``; 0 or more), ``None`` when it did not say.
     """
 
-    def __init__(self, message: str = "", *, detail: str = "", transient: bool = False,
+    def __init__(self, message: str = "", *, detail: str = "", status: int | None = None, transient: bool = False,
                  retry_after_s: float | None = None):
         super().__init__(message)
         self.detail = detail
+        self.status = status
         self.transient = transient
         self.retry_after_s = retry_after_s
+
+    def readable(self) -> str:
+        """The message, then what the server said if it said anything: ``OpenAI API error 400 (BadRequestError):
+        Invalid 'messages[1]'.``"""
+        return f"{self}: {self.detail}" if self.detail else str(self)
+
+    def server_answer(self) -> dict | None:
+        """``{"status", "message"}`` of the model server's error answer, or ``None`` when no answer came."""
+        if self.status is None:
+            return None
+        return {"status": self.status, "message": self.detail}
 
 
 class StreamInterrupted(ModelError):

@@ -26,7 +26,8 @@ agent could send any server variable to any host.
 (agent creation); ``parse_config`` resolves it for a call and raises
 ``ConfigError`` (the run fails with ``model_error`` before any request
 leaves). Error texts never contain a key, an environment variable's value
-or a provider's answer body: those are logged, the run keeps a short text.
+or a provider's answer body: those are logged; of an error answer the run
+keeps its status and the server's message (``server_message``).
 
 Calls are async (``openai.AsyncOpenAI``, ``anthropic.AsyncAnthropic``)
 and make one attempt: the SDKs' own retries are off (``max_retries=0``).
@@ -50,17 +51,34 @@ import httpx2
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from runs.masking import mask_string
+from runs.masking import mask_log_text
 from runs.providers.base import ConfigError, MalformedResponse, ModelError, StreamInterrupted
 
 log = logging.getLogger(__name__)
-STAFF_EXCERPT_CHARS = 300
+SERVER_MESSAGE_CHARS = 300
 
 
-def staff_excerpt(text) -> str:
-    """At most ``STAFF_EXCERPT_CHARS`` of a provider's error text, credentials masked and NULs replaced (for staff)."""
-    text = mask_string(str(text or "")).replace("\x00", "\ufffd")
-    return text if len(text) <= STAFF_EXCERPT_CHARS else text[: STAFF_EXCERPT_CHARS - 1] + "…"
+def server_message(body) -> str:
+    """What a model server said in an error answer, fit for whoever may read the run (docs/design.md#model-errors).
+
+    ``body`` is the SDK's ``APIStatusError.body``: the ``message`` of its
+    error object (OpenAI's ``{"error": {"message"}}``, Anthropic's
+    ``{"type": "error", "error": {"message"}}``, or the error object itself),
+    or a body that is plain text; nothing else of the body, and never a
+    header. Credentials are masked (``runs.masking.mask_log_text``: this
+    process's secret environment values, values given to credential names,
+    URL passwords, key shapes), NULs replaced; at most
+    ``SERVER_MESSAGE_CHARS`` characters.
+    """
+    found = body
+    if isinstance(found, dict):
+        found = found.get("error", found)
+    if isinstance(found, dict):
+        found = found.get("message")
+    if not isinstance(found, str):
+        return ""
+    text = mask_log_text(found.strip()).replace("\x00", "\ufffd")
+    return text if len(text) <= SERVER_MESSAGE_CHARS else text[: SERVER_MESSAGE_CHARS - 1] + "…"
 
 # Keys that name where requests go; allowed in an agent only with ALLOW_AGENT_ENDPOINTS.
 RAW_ENDPOINT_KEYS = ("base_url", "api_key_env")
@@ -204,10 +222,11 @@ def _number(config: dict, key: str, kind: type, default):
 
 
 def status_error_message(provider: str, status: int, error_class: str) -> str:
-    """The run's one-line error for an HTTP error answer: status and error class, never the body.
+    """The one-line name of an HTTP error answer: status and error class.
 
     ``error_class`` is the SDK's exception class (e.g. ``RateLimitError``).
-    The body may echo anything the endpoint chose, so it is only logged.
+    What the server said goes beside it (``server_message``); the whole
+    body, which may echo anything the endpoint chose, is only logged.
     """
     return f"{provider} API error {status} ({error_class})"
 
@@ -333,7 +352,8 @@ async def sdk_call(call, *, provider: str, sdk, cfg: HttpModelConfig):
         log.warning("%s API error %s (endpoint %r): %s %r", provider, exc.status_code, cfg.endpoint, exc.message,
                     exc.body)
         raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__),
-                         detail=staff_excerpt(exc.message), transient=transient_status(exc.status_code),
+                         detail=server_message(exc.body), status=exc.status_code,
+                         transient=transient_status(exc.status_code),
                          retry_after_s=retry_after_seconds(exc.response.headers)) from exc
     except sdk.APITimeoutError as exc:
         raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s.", transient=True) from exc

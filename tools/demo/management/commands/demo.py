@@ -3,7 +3,10 @@
 It prints every demo user's API token and makes ``admin`` a superuser (with
 a known password when it creates it or ``--reset-passwords`` says so), so it
 refuses a database holding anything but demo data (``--force`` to go on).
-Passwords are otherwise left alone: a re-run logs nobody out.
+Passwords are otherwise left alone: a re-run logs nobody out. It sends
+nothing to the payment gateway, whoever runs it: the orders count only the
+refunds made since the reset (``Order.refunds_since``), so no ledger, the
+one ``serve`` started or another program's, is ever emptied.
 """
 
 from django.contrib.auth import get_user_model
@@ -11,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
 from runs.models import Agent
+from tools.demo import conf
 from tools.demo.data import DEMO_AGENTS, DEMO_ORDER_NUMBERS, USERS, load_demo
 from tools.demo.models import Order
 
@@ -63,7 +67,8 @@ class Command(BaseCommand):
             self.stdout.write("Passwords left unchanged, so nobody is logged out; --reset-passwords sets the "
                               "known ones again.")
         self.stdout.write("Orders: every demo order is open and refundable in full again (refunds made before now "
-                          "no longer count; the payment gateway's ledger keeps them and is not touched).")
+                          f"no longer count). The payment gateway at {conf.gateway_url()} was not contacted: this "
+                          "command never resets a gateway, so its ledger keeps every refund.")
         self.stdout.write("The demo agents are scripted: 'refund-order' refunds 80.00 of order 123 (needs approval; "
                           "order 123 has room for one such refund, so the next is refused until you run this "
                           "command again), 'cancel-order' tries to cancel shipped order 124 (refused), "
