@@ -393,9 +393,30 @@ def unsettled(run_ids: list[int]) -> int:
     return Run.objects.filter(pk__in=run_ids, status__in=["queued", "running", "waiting"]).count()
 
 
+def _descendants(pid: int) -> set[int]:
+    """The pids of ``pid``'s living descendants, from ``/proc`` (Linux; no third-party module, so the
+    short run needs only the test dependencies)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, ...
+        except OSError:
+            continue  # ended meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def leases_held(cluster: Cluster) -> list[int]:
     """Run leases each worker group holds now (unexpired leases whose owner is one of its processes)."""
-    import psutil
     from django.utils import timezone
 
     from runs.models import Run
@@ -409,10 +430,7 @@ def leases_held(cluster: Cluster) -> list[int]:
     for process in cluster.workers:
         pids = set()
         if process is not None and process.poll() is None:
-            try:
-                pids = {process.pid} | {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
-            except psutil.NoSuchProcess:
-                pass
+            pids = {process.pid} | _descendants(process.pid)
         held.append(sum(per_pid[pid] for pid in pids))
     return held
 
