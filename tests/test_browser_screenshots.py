@@ -68,7 +68,7 @@ def shop(demo, worker):
     worker.drain()
     completed.refresh_from_db()
     assert completed.status == RunStatus.COMPLETED
-    items = list(Interrupt.objects.filter(status="pending").order_by("created_at", "pk"))
+    items = list(Interrupt.objects.filter(status="pending").select_related("tool_call").order_by("created_at", "pk"))
     assert len(items) == len(WAITING_REFUNDS)
     return {"completed": completed, "items": items}
 
@@ -89,7 +89,8 @@ def test_screenshots_of_inbox_item_and_run_pages(shop, served, browser, tmp_path
     assert page.text_content("h1").startswith("Inbox")
     page.screenshot(path=str(directory / "inbox.png"))
 
-    item = shop["items"][0]
+    # The runs were in flight together: their items arrived in any order. The one on order 103:
+    item = next(item for item in shop["items"] if item.tool_call.arguments["order_id"] == 103)
     page.goto(f"{served}/inbox/{item.pk}/")
     body = page.text_content("main")
     assert "refund" in body and "103" in body and "60" in body
