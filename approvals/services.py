@@ -24,7 +24,9 @@ from runs.transitions import apply
 from runs.tx import RunTx, locked
 from runs.waits import settle_wait
 from tools.registry import Tool, get_tool
-from tools.services import approve_tool_call, expire_tool_call, reject_tool_call, settle_unknown_call
+from tools.services import (
+    approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call, settle_unknown_call,
+)
 from tools.services.edits import argument_changes
 from tools.services.summary import target_of
 
@@ -321,6 +323,9 @@ def decide_interrupt(
     if interrupt.kind != InterruptKind.APPROVAL:
         raise InvalidInput(f"A {interrupt.kind} item is not approved or rejected.")
     actor = actor_for(user)
+    edited = decision == Decision.APPROVED and edited_arguments is not None
+    # Checked before any lock is taken: the tool's precondition and business key are the integrator's code.
+    action_key = check_edited_arguments(interrupt.tool_call, edited_arguments) if edited else ""
     # The run first: the worker takes the same lock before it puts the run
     # to wait, so a decision cannot slip in between. Any error undoes the
     # whole decision; the three transitions log their events with one
@@ -329,12 +334,12 @@ def decide_interrupt(
         interrupt = _lock_item(tx, interrupt.pk, decider=user)
         _refuse_if_expired(interrupt)
         resumes = _unblocks(tx, interrupt)
-        edited = decision == Decision.APPROVED and edited_arguments is not None
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
         tx.apply(interrupt.resolve, actor=actor, reason=decision, payload=edits, decision=decision, user=user,
                  comment=comment, edited_arguments=edited_arguments, now=timezone.now())
         if decision == Decision.APPROVED:
-            approve_tool_call(tx, interrupt.tool_call, arguments=edited_arguments, actor=actor)
+            approve_tool_call(tx, interrupt.tool_call, arguments=edited_arguments, action_key=action_key,
+                              actor=actor)
         else:
             reject_tool_call(tx, interrupt.tool_call, comment=comment, actor=actor)
         if resumes:

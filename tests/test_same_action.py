@@ -8,7 +8,7 @@ from runs.models import Message
 from tests.durability import make_agent
 from tools import registry
 from tools.registry import Tool
-from tests.api_helpers import create_agent, events, gateway_refunds, get_run, pending_interrupts, start_run, tool_calls
+from tests.api_helpers import create_agent, error_of, events, gateway_refunds, get_run, pending_interrupts, start_run, tool_calls
 from tools.models import ToolCall
 
 REFUND_60 = {"name": "refund", "arguments": {"order_id": 123, "amount": 60}}
@@ -186,7 +186,7 @@ def test_after_an_edit_the_proposed_arguments_are_a_new_action_that_needs_a_pers
     assert len(pending_interrupts(approver, response.json()["id"])) == 1
 
 
-def _counting_tool(monkeypatch, name: str, same_action) -> list:
+def _counting_tool(monkeypatch, name: str, same_action, approval: str = "never") -> list:
     """Register side-effecting tool ``name`` (arguments room, date, note) deduplicated by ``same_action``;
     returns the list of the arguments it was called with."""
     sent = []
@@ -198,7 +198,8 @@ def _counting_tool(monkeypatch, name: str, same_action) -> list:
     parameters = {"type": "object", "properties": {key: {"type": "string"} for key in ("room", "date", "note")},
                   "required": ["room", "date"], "additionalProperties": False}
     monkeypatch.setitem(registry._TOOLS, name, Tool(name=name, description=name, parameters=parameters,
-                                                    handler=handler, side_effect=True, same_action=same_action))
+                                                    handler=handler, side_effect=True, same_action=same_action,
+                                                    approval=approval))
     return sent
 
 
@@ -244,3 +245,20 @@ def test_a_run_scoped_action_is_done_once_per_run_and_again_in_a_later_run_of_th
     calls = list(ToolCall.objects.filter(run=follow_up).order_by("id"))
     assert calls[0].duplicate_of_id is None and calls[1].duplicate_of_id == calls[0].pk
     assert len(sent) == 2  # a later run of the session sends it again
+
+
+def test_an_edit_whose_business_key_cannot_be_computed_is_refused_and_the_item_stays_pending(worker, demo, api,
+                                                                                          monkeypatch):
+    """The key function is the integrator's code: what it raises on an approver's edit is a 400, not a 500."""
+    sent = _counting_tool(monkeypatch, "book_hall", lambda ctx, a: {"x": "hall"}[a["note"]], approval="always")
+    agent = make_agent("hall-booker", [_booking("book_hall", "x"), {"content": "Booked."}], tools=["book_hall"])
+    run = start_run_as(agent=agent, user=demo["requester"], input="book the hall")
+    worker.drain()
+    approver = api(demo["approver"])
+    item, = pending_interrupts(approver, run.pk)
+
+    response = approver.post(f"/api/interrupts/{item['id']}/approve/",
+                             {"arguments": {"room": "A", "date": "2026-12-24", "note": "y"}}, format="json")
+    message = error_of(response, 400)["message"]
+    assert "business key could not be computed" in message and "KeyError" in message and "'y'" not in message
+    assert pending_interrupts(approver, run.pk)[0]["status"] == "pending" and sent == []

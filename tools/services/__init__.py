@@ -20,7 +20,7 @@ One job per module; the names imported here are what the layers above use:
 
 from tools.services.arguments import action_identity, canonical_value, idempotency_key_base
 from tools.services.assessment import assess_tool_calls
-from tools.services.decisions import approve_tool_call, expire_tool_call, reject_tool_call
+from tools.services.decisions import approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call
 from tools.services.execution import charged_attempts, execute_tool_call, recover_orphaned_call, retry_delay
 from tools.services.proposal import propose_tool_calls, settle_joined_calls
 from tools.services.reconciliation import reconcile_delay, reconcile_unknown_call, settle_unknown_call
@@ -37,6 +37,7 @@ __all__ = [
     "assess_tool_calls",
     "canonical_value",
     "charged_attempts",
+    "check_edited_arguments",
     "deliver_tool_results",
     "execute_tool_call",
     "expire_tool_call",

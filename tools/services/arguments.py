@@ -4,11 +4,13 @@ identity of the action they describe (the key that links re-proposals, and the i
 
 import hashlib
 import json
+import logging
 from decimal import Decimal
 
 from runs.model_output import UnsafeArguments, parse_arguments
 from tools.registry import ToolContext
 
+log = logging.getLogger(__name__)
 
 def canonical_value(value):
     """``value`` with every number written one way (``80``, ``80.0`` and ``8E+1`` alike)."""
@@ -50,6 +52,17 @@ def action_identity(tool, run, arguments: dict) -> str:
     if not isinstance(key, str) or not key:
         raise TypeError(f"the business key of {tool.name} must be a non-empty string, not {key!r}")
     return _digest("key", tool.name, key)
+
+
+def checked_action_identity(tool, run, arguments: dict) -> tuple[str, str]:
+    """``(action identity, "")``, or ``("", why the arguments are invalid)`` when the tool's business key
+    function (``Tool.same_action``) fails on them: whatever it raises is logged with its details, and the
+    caller gets a message that shows none of them (a model or a person may read it)."""
+    try:
+        return action_identity(tool, run, arguments), ""
+    except Exception as exc:
+        log.exception("the business key of %s could not be computed", tool.name)
+        return "", f"The action's business key could not be computed from these arguments ({type(exc).__name__})."
 
 
 def same_action_scope(tool, run) -> dict:

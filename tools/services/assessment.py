@@ -4,7 +4,6 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 (preconditions may do I/O), and ``tools.services.proposal`` records.
 """
 
-import logging
 from dataclasses import dataclass
 
 from runs.awaiting import Steps
@@ -12,10 +11,8 @@ from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
 from tools.registry import Tool, ToolContext, tools_for_agent
-from tools.services.arguments import action_identity, parse_raw_arguments, same_action_scope
+from tools.services.arguments import checked_action_identity, parse_raw_arguments, same_action_scope
 from tools.services.execution import check_precondition
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
             error = call["refused"]
         key = ""
         if tool and tool.side_effect and not error:
-            key, error = _identity(tool, run, arguments)
+            key, error = checked_action_identity(tool, run, arguments)
         original = _same_action(run, tool, key, assessments) if key else None
         if original is not None:
             assessments.append(Assessment(arguments, "duplicate", "", tool, action_key=key, original=original))
@@ -111,16 +108,6 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
         assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, action_key=key, rule=rule,
                                       granted_by=granted_by))
     return assessments
-
-
-def _identity(tool, run, arguments) -> tuple[str, str]:
-    """``(action identity, "")`` of a side-effecting call, or ``("", why it is invalid)`` when the tool's
-    business key function (``Tool.same_action``) failed on these arguments (its details stay in the log)."""
-    try:
-        return action_identity(tool, run, arguments), ""
-    except Exception as exc:
-        log.exception("the business key of %s could not be computed", tool.name)
-        return "", f"The action's business key could not be computed from these arguments ({type(exc).__name__})."
 
 
 def _same_action(run, tool, key: str, earlier_in_turn: list[Assessment]) -> "ToolCall | int | None":

@@ -5,30 +5,46 @@ from runs.transitions import apply
 from runs.tx import RunTx
 from tools.models import ToolCall
 from tools.registry import ToolContext, get_tool
-from tools.services.arguments import action_identity
+from tools.services.arguments import checked_action_identity
 
 
-def approve_tool_call(tx: RunTx, tool_call: ToolCall, *, arguments: dict | None, actor: str) -> ToolCall:
-    """Approved by a person: ``awaiting_approval -> ready``, with edited arguments if given; returns the call.
+def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
+    """Check arguments a person edited before approving ``tool_call``; returns the action identity they give
+    (``""`` when the call has none: a read-only tool's).
+
+    Call it before taking the run's lock: the precondition may do I/O, and
+    the business key function is the integrator's code. Raises
+    ``InvalidInput`` when the edit breaks the tool's schema, its
+    precondition (checked again: the approver must not get around it) or
+    its business key function (``Tool.same_action``).
+    """
+    tool = get_tool(tool_call.name)
+    problems = tool.schema_errors(arguments)
+    if problems:
+        raise InvalidInput("Edited arguments do not match the schema: " + "; ".join(problems))
+    denial = tool.precondition and tool.precondition(
+        ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments
+    )
+    if denial:
+        raise InvalidInput(f"Edited arguments are not allowed: {denial}")
+    if not tool_call.action_key:
+        return ""
+    action_key, problem = checked_action_identity(tool, tool_call.run, arguments)
+    if problem:
+        raise InvalidInput(f"Edited arguments are not allowed: {problem}")
+    return action_key
+
+
+def approve_tool_call(tx: RunTx, tool_call: ToolCall, *, arguments: dict | None, action_key: str = "",
+                      actor: str) -> ToolCall:
+    """Approved by a person: ``awaiting_approval -> ready``; returns the call.
 
     ``tool_call``: a call of ``tx.run``, loaded with that instance as its
-    run. Raises ``InvalidInput`` when edited arguments break the tool's
-    schema or its precondition (checked again: the approver must not get
-    around it), and what ``RunTx.apply`` raises.
+    run. ``arguments``: the person's edit, already checked by
+    ``check_edited_arguments``, whose answer is ``action_key`` (the action
+    is then what the person approved, not what was proposed); None: as
+    proposed. Raises what ``RunTx.apply`` raises.
     """
-    action_key = ""
-    if arguments is not None:
-        tool = get_tool(tool_call.name)
-        problems = tool.schema_errors(arguments)
-        if problems:
-            raise InvalidInput("Edited arguments do not match the schema: " + "; ".join(problems))
-        denial = tool.precondition and tool.precondition(
-            ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments
-        )
-        if denial:
-            raise InvalidInput(f"Edited arguments are not allowed: {denial}")
-        if tool_call.action_key:  # the action is now what the person approved, not what was proposed
-            action_key = action_identity(tool, tool_call.run, arguments)
     return tx.apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key)
 
 

@@ -341,8 +341,9 @@ def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tupl
         return key, None
     # Keys are the base or ``<base>-<n>``: one prefix match finds both kinds of earlier call.
     statuses = ([S.FAILED] if numbered else []) + ([S.SUCCEEDED] if tool.side_effect else [])
-    earlier = list(ToolCall.objects.filter(idempotency_key__startswith=key, status__in=statuses,
-                                           **same_action_scope(tool, run))
+    # The action's identity (indexed) narrows a business key's scope, every call of the tool, at once.
+    same = {"action_key": tool_call.action_key} if tool_call.action_key else same_action_scope(tool, run)
+    earlier = list(ToolCall.objects.filter(idempotency_key__startswith=key, status__in=statuses, **same)
                    .exclude(pk=tool_call.pk).order_by("pk").values_list("pk", "status", "idempotency_key", "result"))
     if numbered:
         failures = sum(1 for _, status, _, _ in earlier if status == S.FAILED)

@@ -134,10 +134,8 @@ def tool_result_content(tool_call: ToolCall) -> str:
 def _content(tool_call: ToolCall, approval: dict, reused: dict | None) -> str:
     """``tool_result_content`` of a call whose approval note (``_approval_notes``) and reuse note
     (``_reuse_notes``) are known."""
-    if tool_call.status == S.SUCCEEDED and reused is not None:
-        body = {"status": tool_call.status, "reused": reused, "result": tool_call.result}
-    elif tool_call.status == S.SUCCEEDED:
-        body = {"status": tool_call.status, "result": tool_call.result}
+    if tool_call.status == S.SUCCEEDED:  # the reuse note, if any, is read ahead of the result
+        body = {"status": tool_call.status, **({"reused": reused} if reused else {}), "result": tool_call.result}
     elif tool_call.status in (S.UNKNOWN, S.RUNNING):
         body = {"status": S.UNKNOWN, "error": "Whether this call took effect is not known yet; it is being checked. "
                                               "Do not repeat it."}
