@@ -428,6 +428,11 @@ TOLLGATE = {
     # Deaths in a row with work in flight, whoever was blamed, that end a
     # run all the same (a bound for a culprit that is never singled out).
     "MAX_LOSSES_PER_STEP": env.int("TOLLGATE_MAX_LOSSES_PER_STEP", default=10),
+    # A run whose worker died with it blamed, or this many times in a row
+    # with work in flight, is advanced alone in its process next time, so
+    # that a step that kills its worker takes no other run down and is
+    # blamed exactly (runs.engine.runtime).
+    "ISOLATE_AFTER_LOSSES": env.int("TOLLGATE_ISOLATE_AFTER_LOSSES", default=2),
     # A run whose worker died is sent back after a random delay of up to
     # CRASH_BACKOFF_S * 2**crash_streak seconds, so the runs of one dead
     # worker do not land together on the next one.

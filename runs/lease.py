@@ -44,11 +44,24 @@ class LeaseLost(Exception):
 
 @dataclass(frozen=True)
 class Lease:
-    """A held lease: ``run_id``, the fencing ``token`` and the ``owner`` string."""
+    """A held lease: ``run_id``, the fencing ``token`` and the ``owner`` string.
+
+    ``suspect``: the run's worker died on it and the death may be its own
+    doing (``is_suspect``), so it should be advanced alone in its process
+    (``runs.engine.runtime``).
+    """
 
     run_id: int
     token: int
     owner: str
+    suspect: bool = False
+
+
+def is_suspect(crash_streak: int, loss_streak: int) -> bool:
+    """Whether a run with these streaks (``Run.crash_streak``, ``Run.loss_streak``: deaths since its last
+    progress) may kill its worker again: a death was blamed on it, or it died ``ISOLATE_AFTER_LOSSES``
+    times (the sweeper could not tell whose step killed a worker that held many runs)."""
+    return crash_streak >= 1 or loss_streak >= settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -64,8 +77,9 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
 
     Returns None when another worker holds it or the run is waiting,
     finished or gone (a waiting run needs a person or a timer, not a
-    worker). One statement (``UPDATE ... RETURNING`` the new token) where
-    the database can return rows from a write, else an UPDATE and a SELECT.
+    worker). One statement (``UPDATE ... RETURNING`` the new token and the
+    streaks that make the run a suspect) where the database can return rows
+    from a write, else an UPDATE and a SELECT.
     """
     now = timezone.now()
     expires_at = now + ttl()
@@ -74,19 +88,22 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
         if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
                 lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
             return None
-        token = Run.objects.values_list("lease_token", flat=True).get(pk=run_id)
-        return Lease(run_id=run_id, token=token, owner=owner)
-    quote, meta = connection.ops.quote_name, Run._meta
-    pk, status, lease_owner, token, expires = (quote(meta.get_field(name).column) for name in (
-        "id", "status", "lease_owner", "lease_token", "lease_expires_at"))
-    adapt = connection.ops.adapt_datetimefield_value
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {quote(meta.db_table)} SET {lease_owner} = %s, {token} = {token} + 1, {expires} = %s "
-            f"WHERE {pk} = %s AND {status} IN (%s, %s) AND ({expires} IS NULL OR {expires} < %s) RETURNING {token}",
-            [owner, adapt(expires_at), run_id, *ACTIVE, adapt(now)])
-        row = cursor.fetchone()
-    return Lease(run_id=run_id, token=row[0], owner=owner) if row else None
+        row = Run.objects.values_list("lease_token", "crash_streak", "loss_streak").get(pk=run_id)
+    else:
+        quote, meta = connection.ops.quote_name, Run._meta
+        pk, status, lease_owner, token, expires, crashes, losses = (quote(meta.get_field(name).column) for name in (
+            "id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak"))
+        adapt = connection.ops.adapt_datetimefield_value
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {quote(meta.db_table)} SET {lease_owner} = %s, {token} = {token} + 1, {expires} = %s "
+                f"WHERE {pk} = %s AND {status} IN (%s, %s) AND ({expires} IS NULL OR {expires} < %s) "
+                f"RETURNING {token}, {crashes}, {losses}",
+                [owner, adapt(expires_at), run_id, *ACTIVE, adapt(now)])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+    return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(row[1], row[2]))
 
 
 def renew(lease: Lease) -> bool:

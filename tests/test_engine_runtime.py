@@ -204,3 +204,44 @@ def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_leas
     assert engine.wait_idle(30)
     assert Run.objects.get(pk=second.pk).status == RunStatus.COMPLETED
     engine.close_connections()
+
+
+def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo, monkeypatch, hung):
+    """A run whose worker died on it before (crash streak 1) does not start beside a run in flight, and no
+    run starts beside it: if its step kills the process again, it dies alone and is blamed alone."""
+    from runs.engine import runtime
+
+    seen = {}
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    def counting(ctx, args):
+        seen[ctx.run.pk] = engine.in_flight
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    use_tool(monkeypatch, "quick_lookup", counting)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    quick = calling("quick", "quick_lookup")
+    suspect, later = (start_run(agent=quick, user=demo["requester"], input=name) for name in ("suspect", "later"))
+    Run.objects.filter(pk=suspect.pk).update(crash_streak=1, loss_streak=1)
+    assert engine.submit(busy.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
+
+    threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
+    wait_until(lambda: engine.isolating == suspect.pk)
+    threading.Thread(target=engine.submit, args=(later.pk,), daemon=True).start()
+    time.sleep(0.5)  # both would have started by now; neither holds a lease while the busy run is in flight
+    assert Run.objects.filter(pk__in=[suspect.pk, later.pk], lease_owner="").count() == 2
+    assert not Step.objects.filter(run__in=[suspect, later]).exists()
+
+    hung.set()
+    wait_until(lambda: Run.objects.filter(pk__in=[busy.pk, suspect.pk, later.pk],
+                                          status=RunStatus.COMPLETED).count() == 3)
+    assert seen[suspect.pk] == 1  # alone in the process while its tool ran
+    assert engine.isolated == 1 and engine.isolating is None
+    assert engine.wait_idle(30)
+    engine.close_connections()

@@ -101,3 +101,11 @@ def test_stale_worker_cannot_even_start_a_model_step(run):
             stale_run = Run.objects.select_related("agent").get(pk=run.pk)
             next(_model_turn(stale_run, Known(stale_run)))  # the step's first write, before the model is asked
     assert not run.steps.exists()
+
+
+@pytest.mark.parametrize("crash_streak, loss_streak, suspect", [(0, 0, False), (0, 1, False), (1, 1, True),
+                                                                 (0, 2, True)])
+def test_a_lease_says_whether_the_run_is_a_suspect(crash_streak, loss_streak, suspect, run):
+    """Blamed for a death, or died ISOLATE_AFTER_LOSSES (2) times without progress: advanced alone next."""
+    Run.objects.filter(pk=run.pk).update(crash_streak=crash_streak, loss_streak=loss_streak)
+    assert lease.acquire(run.pk, owner="worker-a").suspect is suspect

@@ -33,6 +33,7 @@ blocking work in a bounded executor) is asyncio's own
 import asyncio
 import logging
 import threading
+import time
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -75,7 +76,9 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._changed = threading.Condition()
         self._in_flight = 0
+        self._isolated: int | None = None  # the suspect run being advanced alone (or waiting to be)
         self.submitted = 0  # runs handed over since the process started
+        self.isolated = 0  # of which advanced alone
         self._cancels: dict[int, asyncio.Event] = {}  # run id -> set once its cancel is requested
         self._awaiting: set[int] = set()  # runs waiting for a call now
         threading.Thread(target=self._loop.run_forever, name="tollgate-engine", daemon=True).start()
@@ -85,6 +88,11 @@ class Engine:
     def in_flight(self) -> int:
         """Runs being advanced now."""
         return self._in_flight
+
+    @property
+    def isolating(self) -> int | None:
+        """The id of the suspect run advanced alone now, or waiting for the process to empty (``submit``)."""
+        return self._isolated
 
     def submit(self, run_id: int) -> lease.Lease | None:
         """Take run ``run_id``'s lease and advance it in this process; returns once it is under way.
@@ -96,22 +104,83 @@ class Engine:
         ``SUBMIT_WAIT_S``: then raises ``EngineFull`` (the caller sends the
         run again later). The lease is released when the slice ends,
         whatever happens. Raises ``DatabaseError`` from taking the lease.
+
+        A suspect run (``lease.is_suspect``: its worker died on it, maybe by
+        its doing) is advanced alone: its lease is given back at once, the
+        process takes no other run and waits for those in flight to end,
+        then takes the lease again and advances it with nothing else in
+        flight. If its step kills the process again, nobody else dies with
+        it and the sweeper blames it alone (``recovery.attribute_deaths``),
+        so it ends ``crash_loop`` after ``MAX_CRASHES_PER_STEP`` such deaths
+        instead of taking its neighbours' streaks with it. This is a
+        quarantine: the process runs at one run in flight meanwhile.
         """
+        deadline = time.monotonic() + SUBMIT_WAIT_S
         if not self._slots.acquire(timeout=SUBMIT_WAIT_S):
             raise EngineFull(f"{self._in_flight} runs in flight for {SUBMIT_WAIT_S} s")
         try:
-            held = lease.acquire(run_id)
+            held = self._take(run_id, deadline)
         except BaseException:
             self._slots.release()
             raise
         if held is None:
             self._slots.release()
             return None
-        with self._changed:
-            self._in_flight += 1
-            self.submitted += 1
         asyncio.run_coroutine_threadsafe(self._advance(held), self._loop)
         return held
+
+    def _take(self, run_id: int, deadline: float) -> lease.Lease | None:
+        """The lease of ``run_id`` with the run counted in flight, or None (not taken); alone in the
+        process if it is a suspect (``submit``). Raises ``EngineFull`` past ``deadline`` (monotonic)."""
+        with self._changed:  # no other run may start while a suspect waits for the process to empty
+            self._wait(lambda: self._isolated is None, deadline)
+            self._in_flight += 1
+        held = self._acquire_counted(run_id)
+        if held is None or not held.suspect:
+            return held
+        lease.release(held)  # nothing of it ran: the next holder counts no death
+        with self._changed:
+            self._in_flight -= 1
+            self._changed.notify_all()
+            self._wait(lambda: self._isolated is None, deadline)
+            self._isolated = run_id
+            try:
+                self._wait(lambda: self._in_flight == 0, deadline)
+            except EngineFull:
+                self._isolated = None
+                self._changed.notify_all()
+                raise
+            self._in_flight += 1
+            self.isolated += 1
+        log.warning("run %s: its worker died on it before; it is advanced alone in this process", run_id)
+        return self._acquire_counted(run_id)
+
+    def _acquire_counted(self, run_id: int) -> lease.Lease | None:
+        """``lease.acquire(run_id)`` for a run already counted in flight; uncounts it if not taken."""
+        try:
+            held = lease.acquire(run_id)
+        except BaseException:
+            self._uncount(run_id)
+            raise
+        if held is None:
+            self._uncount(run_id)
+        else:
+            with self._changed:
+                self.submitted += 1
+        return held
+
+    def _uncount(self, run_id: int) -> None:
+        """Run ``run_id`` is no longer in flight (its slice ended, or it was not taken)."""
+        with self._changed:
+            self._in_flight -= 1
+            if self._isolated == run_id:
+                self._isolated = None
+            self._changed.notify_all()
+
+    def _wait(self, ready, deadline: float) -> None:
+        """Wait (holding ``_changed``) until ``ready()``; raises ``EngineFull`` past ``deadline``."""
+        if not self._changed.wait_for(ready, timeout=max(0.0, deadline - time.monotonic())):
+            raise EngineFull(f"no room to advance a run for {SUBMIT_WAIT_S} s")
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no run is in flight (at most ``timeout_s`` seconds); True if none is."""
@@ -144,9 +213,7 @@ class Engine:
                 await self._in_db_thread(_after_slice, held, more, failure)
             except Exception:  # the lease expires on its own; the sweeper sends the run back
                 log.exception("run %s: ending its slice failed", held.run_id)
-            with self._changed:
-                self._in_flight -= 1
-                self._changed.notify_all()
+            self._uncount(held.run_id)
             self._slots.release()
 
     async def _drive(self, run_id: int, steps):
