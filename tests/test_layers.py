@@ -3,7 +3,8 @@
 Layers, top to bottom:
 
 5. surfaces and plug-ins: API, pages, admin, consumers, commands, config,
-   the demo shop (``tools.demo``, an app of its own), the webhooks app
+   the demo shop (``tools.demo``, an app of its own), the example plug-in
+   of docs/integrating.md (``examples.bookings``), the webhooks app
    (``runs.webhooks``: it reads the event log; nothing below imports it);
 4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
    ``runs.providers``;
@@ -32,7 +33,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "runs", "approvals", "tools")
+PACKAGES = ("config", "runs", "approvals", "tools", "examples")
 
 # Longest matching prefix wins; anything in PACKAGES not listed is a surface (5).
 LAYERS = {
@@ -75,7 +76,7 @@ LAYERS = {
 }
 SURFACE = 5
 # Installed apps the product must run without; only their own modules may import them.
-PLUGINS = ("tools.demo",)
+PLUGINS = ("tools.demo", "examples.bookings")
 NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}
 
 
