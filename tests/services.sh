@@ -35,11 +35,11 @@ stop_private_services() {
         PG_STARTED=
     fi
     if [[ -n $REDIS_PID ]]; then
-        kill "$REDIS_PID" 2>/dev/null
-        wait "$REDIS_PID" 2>/dev/null
+        kill "$REDIS_PID" 2>/dev/null || true
+        wait "$REDIS_PID" 2>/dev/null || true
         REDIS_PID=
         # A Redis started again on the same port by someone else (bench/chaos.py's restart) goes too.
-        redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
+        redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
     fi
     [[ -n $SERVICES_TMP ]] && rm -rf "$SERVICES_TMP"
     SERVICES_TMP=
