@@ -226,6 +226,7 @@ class ReplayServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # no ~40 ms stall between the headers and the body on kept-alive connections
 
             def log_message(self, *args):
                 pass
