@@ -322,7 +322,7 @@ async def _post(remote: _Remote, path: str, payload: dict, message_id: str) -> t
 def _json(body: bytes):
     """The JSON value in ``body`` (strict: no NaN or Infinity); ``_Unusable`` if it is not JSON."""
     def refuse(constant):
-        raise ValueError(constant)
+        raise _Unusable(f"the answer is not strict JSON ({constant})")
 
     try:
         return json.loads(body, parse_constant=refuse)
