@@ -310,6 +310,7 @@ def test_misdeclared_tools_are_refused_with_a_clear_message(service, settings, e
     ({}, {SECRET_ENV: "not-a-secret"}, "does not hold a Standard Webhooks secret"),
     ({"secret_env": ""}, {}, "must name the environment variable"),
     ({"base_url": "ftp://example.com"}, {SECRET_ENV: SECRET}, "valid http"),
+    ({"base_url": "https://[::1/x"}, {SECRET_ENV: SECRET}, "without query or fragment"),
     ({"max_response_bytes": 0}, {SECRET_ENV: SECRET}, "max_response_bytes"),
     ({"token": "abc"}, {SECRET_ENV: SECRET}, "unknown key.s. token"),
 ])

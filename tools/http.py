@@ -145,7 +145,11 @@ def endpoint_profile(name: str) -> EndpointProfile:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ImproperlyConfigured(f"{where}: \"max_response_bytes\" must be a whole number of bytes, at least 1.")
     base_url = raw.get("base_url")
-    if not isinstance(base_url, str) or (parts := urlsplit(base_url)).query or parts.fragment:
+    try:
+        parts = urlsplit(base_url) if isinstance(base_url, str) else None
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = None
+    if parts is None or parts.query or parts.fragment:
         raise ImproperlyConfigured(f"{where}: \"base_url\" must be an http:// or https:// URL without query or fragment.")
     profile = EndpointProfile(name=name, base_url=base_url.rstrip("/"), secret_env=raw.get("secret_env"),
                               allowed_hosts=tuple(hosts), allow_private_networks=raw.get("allow_private_networks", False),
