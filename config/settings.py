@@ -513,6 +513,17 @@ TOLLGATE = {
     "WEBHOOK_MAX_IN_FLIGHT_PER_USER": env.int("TOLLGATE_WEBHOOK_MAX_IN_FLIGHT_PER_USER", default=2),
     # Largest metadata object of a session, as compact UTF-8 JSON (bytes).
     "MAX_SESSION_METADATA_BYTES": env.int("TOLLGATE_MAX_SESSION_METADATA_BYTES", default=16_384),
+    # --- HTTP tools (tools.http; docs/integrating.md) ---
+    # The integrators' services that HTTP tools call, by profile name:
+    # {"base_url", "secret_env" (the variable holding the whsec_ signing
+    # secret, never the secret itself), "allowed_hosts"?, "allow_private_networks"?,
+    # "allow_http"?, "max_response_bytes"?}. Checked at start.
+    "TOOL_ENDPOINTS": env.json("TOLLGATE_TOOL_ENDPOINTS", default={}),
+    # HTTP tools declared without code: a JSON list of objects {"name",
+    # "description", "parameters", "endpoint", "path", "side_effect"?,
+    # "approval"?, "timeout_s"?, "reconcile_path"?, "result_schema"?, ...}
+    # (tools.http.http_tool's arguments). Registered, and checked, at start.
+    "HTTP_TOOLS": env.json("TOLLGATE_HTTP_TOOLS", default=[]),
     # --- Model providers (runs.providers.http_config) ---
     # Endpoint profiles an agent's model config names with "endpoint"
     # (default: the provider's name): {"provider", "base_url"?,

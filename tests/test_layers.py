@@ -5,7 +5,9 @@ Layers, top to bottom:
 5. surfaces and plug-ins: API, pages, admin, consumers, commands, config,
    the demo shop (``tools.demo``, an app of its own), the example plug-in
    of docs/integrating.md (``examples.bookings``), the webhooks app
-   (``runs.webhooks``: it reads the event log; nothing below imports it);
+   (``runs.webhooks``: it reads the event log; nothing below imports it),
+   the HTTP tools (``tools.http``: tools registered like a plug-in's, calling
+   out through the webhooks' signing and address guard);
 4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
    ``runs.providers``;
 3. the approvals services: ``approvals.models``, ``approvals.services``;
@@ -39,6 +41,7 @@ PACKAGES = ("config", "runs", "approvals", "tools", "examples")
 LAYERS = {
     "tools.demo": 5,
     "runs.webhooks": 5,
+    "tools.http": 5,
     "runs.engine": 4,
     "runs.providers": 4,
     "approvals.models": 3,

@@ -184,7 +184,8 @@ class Tool:
       key, so a call interrupted by a crash may be sent again, and so may
       an ``unknown`` one its ``reconcile`` hook finds no trace of.
     * ``reconcile(idempotency_key) -> Reconciliation``: asks the external
-      system what became of a call whose outcome is unknown.
+      system what became of a call whose outcome is unknown. It may be an
+      ``async def`` (awaited on the engine's event loop, like a handler).
     * ``max_attempts`` / ``backoff_s``: retry policy for read-only tools
       (exponential backoff from ``backoff_s`` with full jitter).
     * ``wait(ctx, arguments) -> WaitSpec``: makes the tool a waiting tool

@@ -43,7 +43,6 @@ import time
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
-import httpcore
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -55,7 +54,7 @@ from standardwebhooks.webhooks import Webhook
 from runs.models import Run
 from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery, WebhookSubscription
 from runs.webhooks.nudges import wake_chain
-from runs.webhooks.urlguard import GuardedBackend, UnsafeURL
+from runs.webhooks.urlguard import UnsafeURL, guarded_client
 
 log = logging.getLogger(__name__)
 
@@ -96,20 +95,14 @@ def body_text(payload: dict) -> str:
 def http_client() -> httpx.Client:
     """The process's pooled client: no redirects, no proxies from the environment, every connection guarded.
 
-    Connections are opened by ``urlguard.GuardedBackend``, which checks
-    the addresses a host resolves to at connection time.
+    Connections are opened by ``urlguard.GuardedBackend`` under the
+    webhooks' rules, which checks the addresses a host resolves to at
+    connection time (``urlguard.guarded_client``).
     """
     global _client
     with _client_lock:
         if _client is None:
-            transport = httpx.HTTPTransport(trust_env=False)
-            # httpx builds its httpcore pool without a way to pass a network
-            # backend; this pool is the same one with the guarded backend.
-            transport._pool = httpcore.ConnectionPool(
-                ssl_context=httpx.create_ssl_context(trust_env=False), max_connections=50,
-                max_keepalive_connections=20, keepalive_expiry=30.0, network_backend=GuardedBackend())
-            _client = httpx.Client(transport=transport, trust_env=False, follow_redirects=False,
-                                   headers={"user-agent": USER_AGENT})
+            _client = guarded_client(headers={"user-agent": USER_AGENT})
     return _client
 
 

@@ -31,14 +31,22 @@ every check above. Plain ``http`` needs
 ``TOLLGATE["WEBHOOK_ALLOW_HTTP"]``; user names and passwords in the URL
 are refused. The idea follows the OWASP SSRF prevention cheat sheet
 (resolve, check every address, connect only to a checked one).
+
+Those three settings are the webhooks' ``Rules`` (``webhook_rules``); other
+outgoing calls under the same guard bring rules of their own (the HTTP
+tools' endpoint profiles, ``tools.http``) and connect through
+``guarded_client`` / ``guarded_async_client``.
 """
 
 import functools
 import ipaddress
 import socket
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import anyio
 import httpcore
+import httpx
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
@@ -58,6 +66,33 @@ HINT = ("Webhooks go to public addresses only; an operator may allow hosts with 
         "or private networks with TOLLGATE_WEBHOOK_ALLOW_PRIVATE_NETWORKS.")
 
 
+@dataclass(frozen=True)
+class Rules:
+    """What the guard lets through beyond public addresses, and how a refusal says so.
+
+    ``allowed_hosts``: host names (exact) and addresses or networks
+    (``10.1.2.0/24``) trusted whatever they are; ``allow_private_networks``:
+    private networks (never loopback or metadata addresses);
+    ``allow_http``: plain ``http://``. ``hint``: the sentence ending a
+    refused address's message (how an operator allows it);
+    ``http_refusal``: the message refusing plain ``http``.
+    """
+
+    allowed_hosts: tuple[str, ...] = ()
+    allow_private_networks: bool = False
+    allow_http: bool = False
+    hint: str = HINT
+    http_refusal: str = "Use https://: plain http is off (TOLLGATE_WEBHOOK_ALLOW_HTTP)."
+
+
+def webhook_rules() -> Rules:
+    """The webhooks' rules, from ``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]``, ``["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]``
+    and ``["WEBHOOK_ALLOW_HTTP"]`` (read on every call, so a changed setting applies at once)."""
+    return Rules(allowed_hosts=tuple(settings.TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]),
+                 allow_private_networks=settings.TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"],
+                 allow_http=settings.TOLLGATE["WEBHOOK_ALLOW_HTTP"])
+
+
 class UnsafeURL(InvalidInput):
     """A webhook URL that may not be used (400, ``details={"url": [message]}``): see the module doc."""
 
@@ -67,37 +102,41 @@ class UnsafeURL(InvalidInput):
         super().__init__(message, details={"url": [message]})
 
 
-def check_url(url: str) -> None:
-    """Check a subscription URL before it is saved; raises ``UnsafeURL`` saying why it is refused.
+def check_url(url: str, rules: Rules | None = None) -> None:
+    """Check a URL before it is saved (a subscription's) or used; raises ``UnsafeURL`` saying why it is refused.
 
-    Resolves the host name (DNS) and checks every address it gives.
+    Resolves the host name (DNS) and checks every address it gives, under
+    ``rules`` (default: ``webhook_rules()``).
     """
+    rules = rules or webhook_rules()
     try:
         URLValidator(schemes=["http", "https"])(url)
     except ValidationError:
         raise UnsafeURL("Enter a valid http:// or https:// URL.") from None
     parts = urlsplit(url)
-    if parts.scheme == "http" and not settings.TOLLGATE["WEBHOOK_ALLOW_HTTP"]:
-        raise UnsafeURL("Use https://: plain http is off (TOLLGATE_WEBHOOK_ALLOW_HTTP).")
+    if parts.scheme == "http" and not rules.allow_http:
+        raise UnsafeURL(rules.http_refusal)
     if parts.username is not None or parts.password is not None:
-        raise UnsafeURL("A webhook URL may not carry a user name or password.")
+        raise UnsafeURL("The URL may not carry a user name or password.")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise UnsafeURL("The URL's port is not a valid port number.") from None
-    checked_addresses(parts.hostname, port)
+    checked_addresses(parts.hostname, port, rules)
 
 
-def checked_addresses(host: str, port: int) -> list[str]:
-    """The addresses ``host`` resolves to now, if every one of them may be connected to; else ``UnsafeURL``.
+def checked_addresses(host: str, port: int, rules: Rules | None = None) -> list[str]:
+    """The addresses ``host`` resolves to now, if every one of them may be connected to under ``rules``
+    (default: ``webhook_rules()``); else ``UnsafeURL``.
 
     ``host`` is a name or an address literal (IPv6 without brackets).
     """
+    rules = rules or webhook_rules()
     host = host.lower().rstrip(".")
-    allowed = _allowlist()
+    allowed = _allowlist(rules)
     trusted_name = host in allowed["names"] or _literal_in(host, allowed["networks"])
     if not trusted_name and validate_host(host, [h for h in settings.ALLOWED_HOSTS if h != "*"]):
-        raise UnsafeURL(f"Refused: {host} is this server. {HINT}")
+        raise UnsafeURL(f"Refused: {host} is this server. {rules.hint}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
@@ -105,15 +144,21 @@ def checked_addresses(host: str, port: int) -> list[str]:
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     if not trusted_name:
         for address in addresses:
-            reason = refusal(ipaddress.ip_address(address), allowed["networks"])
+            reason = refusal(ipaddress.ip_address(address), allowed["networks"],
+                             allow_private_networks=rules.allow_private_networks)
             if reason:
                 shown = host if host == address else f"{host} ({address})"
-                raise UnsafeURL(f"Refused: {shown} is {reason}. {HINT}")
+                raise UnsafeURL(f"Refused: {shown} is {reason}. {rules.hint}")
     return addresses
 
 
-def refusal(address: IPAddress, trusted_networks=()) -> str | None:
-    """Why ``address`` may not be connected to (e.g. ``"a loopback address"``), or None if it may."""
+def refusal(address: IPAddress, trusted_networks=(), *, allow_private_networks: bool | None = None) -> str | None:
+    """Why ``address`` may not be connected to (e.g. ``"a loopback address"``), or None if it may.
+
+    ``allow_private_networks``: None reads ``TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]``.
+    """
+    if allow_private_networks is None:
+        allow_private_networks = settings.TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"]
     if _within(address, trusted_networks):
         return None
     if address.version == 6:
@@ -121,7 +166,7 @@ def refusal(address: IPAddress, trusted_networks=()) -> str | None:
         if address in NAT64:  # a NAT64 gateway turns it into the IPv4 address in its last 32 bits
             embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
         for inner in filter(None, embedded):
-            if reason := refusal(inner, trusted_networks):
+            if reason := refusal(inner, trusted_networks, allow_private_networks=allow_private_networks):
                 return reason
         if address.ipv4_mapped or address in NAT64:  # judged above as the IPv4 address it carries
             return None
@@ -134,7 +179,7 @@ def refusal(address: IPAddress, trusted_networks=()) -> str | None:
     if address.is_multicast:
         return "a multicast address"
     if _within(address, PRIVATE):
-        return None if settings.TOLLGATE["WEBHOOK_ALLOW_PRIVATE_NETWORKS"] else "a private network address"
+        return None if allow_private_networks else "a private network address"
     if not address.is_global or (address.version == 6 and address not in GLOBAL_UNICAST_V6):
         return "a reserved or private address"
     return None
@@ -153,10 +198,10 @@ def _literal_in(host: str, networks) -> bool:
         return False
 
 
-def _allowlist() -> dict:
-    """``TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]`` split into ``names`` (lower case) and ``networks``."""
+def _allowlist(rules: Rules) -> dict:
+    """``rules.allowed_hosts`` split into ``names`` (lower case) and ``networks``."""
     names, networks = set(), []
-    for entry in settings.TOLLGATE["WEBHOOK_ALLOWED_HOSTS"]:
+    for entry in rules.allowed_hosts:
         try:
             networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
         except ValueError:
@@ -175,18 +220,63 @@ def _own_addresses() -> frozenset:
 
 
 class GuardedBackend(httpcore.SyncBackend):
-    """httpcore's network backend, but every TCP connection goes only to an address ``checked_addresses`` allows.
+    """httpcore's network backend, but every TCP connection goes only to an address ``checked_addresses`` allows
+    under ``rules`` (default: ``webhook_rules()``, read at each connection).
 
     Raises ``UnsafeURL`` (not an httpcore error, so it reaches the caller
     as it is) when the host or any address it resolves to is refused.
     """
 
+    def __init__(self, rules: Rules | None = None):
+        self.rules = rules
+
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         failure = None
-        for address in checked_addresses(host, port):
+        for address in checked_addresses(host, port, self.rules):
             try:
                 return super().connect_tcp(address, port, timeout=timeout, local_address=local_address,
                                            socket_options=socket_options)
             except httpcore.ConnectError as exc:  # try the name's next address
                 failure = exc
         raise failure
+
+
+class AsyncGuardedBackend(httpcore.AnyIOBackend):
+    """``GuardedBackend`` for ``httpx.AsyncClient``: the name is resolved and checked in a worker thread
+    (``getaddrinfo`` blocks), then the connection goes to a checked address."""
+
+    def __init__(self, rules: Rules | None = None):
+        self.rules = rules
+
+    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        failure = None
+        for address in await anyio.to_thread.run_sync(checked_addresses, host, port, self.rules):
+            try:
+                return await super().connect_tcp(address, port, timeout=timeout, local_address=local_address,
+                                                 socket_options=socket_options)
+            except httpcore.ConnectError as exc:  # try the name's next address
+                failure = exc
+        raise failure
+
+
+# Pools of the guarded clients: httpx builds its httpcore pool without a way to pass a
+# network backend, so the clients below put in the same pool with the guarded backend.
+POOL = {"max_connections": 50, "max_keepalive_connections": 20, "keepalive_expiry": 30.0}
+
+
+def guarded_client(rules: Rules | None = None, **options) -> httpx.Client:
+    """An ``httpx.Client`` whose every connection is opened by ``GuardedBackend(rules)``: no redirects, no
+    proxies or certificates from the environment. ``options``: further ``httpx.Client`` arguments (headers...)."""
+    transport = httpx.HTTPTransport(trust_env=False)
+    transport._pool = httpcore.ConnectionPool(ssl_context=httpx.create_ssl_context(trust_env=False),
+                                              network_backend=GuardedBackend(rules), **POOL)
+    return httpx.Client(transport=transport, trust_env=False, follow_redirects=False, **options)
+
+
+def guarded_async_client(rules: Rules | None = None, **options) -> httpx.AsyncClient:
+    """``guarded_client`` for asyncio: an ``httpx.AsyncClient`` over ``AsyncGuardedBackend(rules)``. It belongs to
+    the event loop it is first used on."""
+    transport = httpx.AsyncHTTPTransport(trust_env=False)
+    transport._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(trust_env=False),
+                                                   network_backend=AsyncGuardedBackend(rules), **POOL)
+    return httpx.AsyncClient(transport=transport, trust_env=False, follow_redirects=False, **options)

@@ -163,15 +163,17 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
 
 
 def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
-    """Call one of ``tool``'s sync hooks (``precondition``, ``reconcile``) as a step (``runs.awaiting``).
+    """Call one of ``tool``'s hooks (``precondition``, ``reconcile``) as a step (``runs.awaiting``).
 
-    It runs in the sync handler pool, off the engine's database threads
-    (a hook may do I/O: the refund's precondition asks the gateway), within
+    An ``async def`` hook is awaited on the engine's event loop; a sync one
+    runs in the sync handler pool, off the engine's database threads
+    (a hook may do I/O: the refund's precondition asks the gateway); either within
     the tool's ``timeout_s`` (``ToolTimeout`` past it) and until ``stop_at``
     (the run's deadline: ``Interrupted`` past it, as on a cancel). Returns
     what the hook returns; raises what it raises.
     """
-    return (yield Await(start=lambda: run_blocking(hook, *args), timeout_s=tool.timeout_s, what=f"hook:{tool.name}",
+    start = (lambda: hook(*args)) if inspect.iscoroutinefunction(hook) else (lambda: run_blocking(hook, *args))
+    return (yield Await(start=start, timeout_s=tool.timeout_s, what=f"hook:{tool.name}",
                         timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s."), stop_at=stop_at))
 
 
