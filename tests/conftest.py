@@ -306,18 +306,20 @@ def short_lease(settings):
 
 @pytest.fixture
 def worker_process(payment_gateway, short_lease, settings):
-    """``worker_process(run_id, failpoint=None) -> exit code``: advance a run in a separate process.
+    """``worker_process(run_id, failpoint=None, kill_when=None, env=None) -> exit code``: advance a run in a
+    separate process.
 
     The process runs the real ``advance_run`` actor against this test's
-    database and gateway; with a failpoint it SIGKILLs itself there
-    (exit code -9).
+    database and gateway, with ``env`` added to its environment; with a
+    failpoint it SIGKILLs itself there (exit code -9), with ``kill_when``
+    (a predicate) it is SIGKILLed once that holds.
     """
     import os
 
-    def run(run_id: int, failpoint: str | None = None, kill_when=None) -> int:
+    def run(run_id: int, failpoint: str | None = None, kill_when=None, env: dict | None = None) -> int:
         env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
                "TOLLGATE_LEASE_TTL_S": str(short_lease), "TOLLGATE_FAILPOINTS": failpoint or "",
-               "DJANGO_SETTINGS_MODULE": "config.settings"}
+               "DJANGO_SETTINGS_MODULE": "config.settings", **(env or {})}
         code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
                 "from runs.engine.runtime import engine; "
                 f"advance_run({run_id}); engine().wait_idle(60)")

@@ -21,7 +21,8 @@ from django.core.exceptions import ImproperlyConfigured
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.engine.lifecycle import start_run
 from runs.models import Message, RunEvent, RunStatus, WaitingReason
-from tests.durability import make_agent
+from runs.engine.recovery import sweep
+from tests.durability import make_agent, wait_for_lease_expiry
 from tests.fakes.tool_service import ToolService
 from tests.provider_helpers import decide
 from tools import registry
@@ -346,3 +347,36 @@ def test_a_misconfigured_http_tool_stops_the_start(tmp_path):
     done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=environment, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("point", ["tool_call_started:book_room", "tool_call_returned:book_room"])
+def test_a_worker_killed_around_the_send_keeps_the_idempotency_key_and_books_once(
+        point, people, service, monkeypatch, settings, idle_worker, worker_process):
+    """The worker that sends the booking is another process, SIGKILLed just before the POST or just after its
+    answer; a fresh worker looks the key up and sends again only what never arrived, under the same key."""
+    book_room(monkeypatch, approval="never", idempotent=True)
+    profile = settings.TOLLGATE["TOOL_ENDPOINTS"]
+    declared = [{"name": "book_room", "description": "Book a room.", "endpoint": "bookings", "path": "/tools/book",
+                 "parameters": ROOM, "side_effect": True, "idempotent": True, "reconcile_path": "/tools/lookup",
+                 "result_schema": BOOKING}]
+    agent = make_agent("booker", [{"tool_calls": [{"name": "book_room", "arguments": {"room": 4, "night": "2026-09-01"}}]},
+                                  {"content": "Booked."}], tools=["book_room"])
+    run = start_run(agent=agent, user=people["requester"], input="Book room 4.")
+
+    assert worker_process(run.pk, failpoint=point, env={
+        SECRET_ENV: SECRET, "TOLLGATE_TOOL_ENDPOINTS": json.dumps(profile),
+        "TOLLGATE_HTTP_TOOLS": json.dumps(declared)}) == -9
+    idle_worker.worker.start()
+    wait_for_lease_expiry(run.pk)
+    assert sweep()["reenqueued"] >= 1
+    run = drained(idle_worker, run)
+
+    booking = ToolCall.objects.get(run=run, name="book_room")
+    assert (run.status, booking.status) == (RunStatus.COMPLETED, S.SUCCEEDED)
+    sent = service.to("/tools/book")
+    assert {request["body"]["idempotency_key"] for request in sent} == {booking.idempotency_key}
+    assert all(request["verified"] for request in sent + service.to("/tools/lookup"))
+    assert [request["body"]["idempotency_key"] for request in service.to("/tools/lookup")] == [booking.idempotency_key]
+    assert list(service.bookings) == [booking.idempotency_key]  # one booking
+    # Sent by the killed worker only when it died after the answer; else sent once, by the fresh one.
+    assert len(sent) == 1 and booking.result == service.bookings[booking.idempotency_key]
