@@ -61,12 +61,17 @@ INSTALLED_APPS = [
     # The demo shop, a plug-in: take it out and the product runs without it.
     "tools.demo",
     "runs.webhooks",
+    # Health and readiness probes, worker heartbeats, /metrics (docs/operating.md).
+    "runs.ops",
     # An integrator's own apps (their tools, completion checks, providers),
     # by dotted path, comma-separated: no settings module of their own needed.
     *env.list("TOLLGATE_EXTRA_APPS", default=[]),
 ]
 
 MIDDLEWARE = [
+    # First: /healthz, /readyz and /metrics are answered before host checks,
+    # HTTPS redirects, sessions and rate limits (runs.ops.middleware).
+    "runs.ops.middleware.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # A body framed by Transfer-Encoding (chunked) would be read as empty: 411.
     "config.middleware.LengthRequiredMiddleware",
