@@ -321,6 +321,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "dramatiq.middleware.TimeLimit",
     "dramatiq.middleware.Retries",
     "django_dramatiq.middleware.DbConnectionsMiddleware",
+    # Every worker process beats a heartbeat row while it runs (runs.engine.heartbeat).
+    "runs.engine.worker_middleware.HeartbeatMiddleware",
 ]
 if REDIS_URL:
     # Dramatiq's Redis broker with a doorbell per queue (runs/brokers.py): an
@@ -404,6 +406,11 @@ TOLLGATE = {
     # logout, a group or permission change) and, as a backstop, before an
     # event when their last check is older than this many seconds.
     "LIVE_ACCESS_RECHECK_S": env.float("TOLLGATE_LIVE_ACCESS_RECHECK_S", default=60.0),
+    # Each Dramatiq worker process records a heartbeat (runs.ops.models.
+    # WorkerHeartbeat) every this many seconds; one that missed three is
+    # shown stale, and its row is deleted this long after its last beat.
+    "WORKER_HEARTBEAT_S": env.float("TOLLGATE_WORKER_HEARTBEAT_S", default=15.0),
+    "WORKER_PRUNE_AFTER_S": env.float("TOLLGATE_WORKER_PRUNE_AFTER_S", default=24 * 3600.0),
     # Seconds between two passes of the sweeper (recover_runs --loop, serve).
     "SWEEP_INTERVAL_S": env.float("TOLLGATE_SWEEP_INTERVAL_S", default=10.0),
     # A queued run with no lease older than this is re-enqueued (its

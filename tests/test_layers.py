@@ -66,6 +66,7 @@ LAYERS = {
     "runs.live": 1,
     "runs.waits": 1,
     "runs.access": 1,
+    "runs.ops.models": 1,
     "runs.fsm": 0,
     "runs.failpoints": 0,
     "runs.model_output": 0,
