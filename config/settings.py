@@ -411,6 +411,10 @@ TOLLGATE = {
     # shown stale, and its row is deleted this long after its last beat.
     "WORKER_HEARTBEAT_S": env.float("TOLLGATE_WORKER_HEARTBEAT_S", default=15.0),
     "WORKER_PRUNE_AFTER_S": env.float("TOLLGATE_WORKER_PRUNE_AFTER_S", default=24 * 3600.0),
+    # /metrics (runs.ops.metrics): closed (404) while empty; set, a scrape
+    # must send "Authorization: Bearer <this token>" (else 401). A secret:
+    # at least 32 characters.
+    "METRICS_TOKEN": os.environ.get("TOLLGATE_METRICS_TOKEN", ""),
     # Seconds between two passes of the sweeper (recover_runs --loop, serve).
     "SWEEP_INTERVAL_S": env.float("TOLLGATE_SWEEP_INTERVAL_S", default=10.0),
     # A queued run with no lease older than this is re-enqueued (its
@@ -569,6 +573,9 @@ if TOLLGATE["REQUEST_BODY_MAX_BYTES"] < _ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX
     raise ImproperlyConfigured(
         "TOLLGATE_REQUEST_BODY_MAX_BYTES must be at least TOLLGATE_ANSWER_FILE_MAX_BYTES + "
         f"DATA_UPLOAD_MAX_MEMORY_SIZE ({_ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE} bytes).")
+
+if TOLLGATE["METRICS_TOKEN"] and len(TOLLGATE["METRICS_TOKEN"]) < 32:
+    raise ImproperlyConfigured("TOLLGATE_METRICS_TOKEN must be at least 32 characters (or empty: /metrics closed).")
 
 LOGGING = {
     "version": 1,

@@ -19,6 +19,7 @@ from runs.ops import views
 PROBES = {
     "/healthz": views.healthz,
     "/readyz": views.readyz,
+    "/metrics": views.prometheus_metrics,
 }
 
 
