@@ -13,6 +13,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from runs.log_context import FORMATS, logging_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -577,9 +579,10 @@ if TOLLGATE["REQUEST_BODY_MAX_BYTES"] < _ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX
 if TOLLGATE["METRICS_TOKEN"] and len(TOLLGATE["METRICS_TOKEN"]) < 32:
     raise ImproperlyConfigured("TOLLGATE_METRICS_TOKEN must be at least 32 characters (or empty: /metrics closed).")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
-}
+# Everything to the console, each record with the ids of the run it is about
+# (runs.log_context): as text (the message, then "[run 12 session 3
+# tool_call 7]") or, with TOLLGATE_LOG_FORMAT=json, one JSON object a line.
+LOG_FORMAT = env.str("TOLLGATE_LOG_FORMAT", default="text")
+if LOG_FORMAT not in FORMATS:
+    raise ImproperlyConfigured(f"TOLLGATE_LOG_FORMAT must be one of {', '.join(FORMATS)}.")
+LOGGING = logging_settings(LOG_FORMAT, env.str("LOG_LEVEL", default="WARNING"))
