@@ -18,7 +18,8 @@ Layers, top to bottom:
    shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
    pages and choices show for machine values), ``runs.awaiting`` (what a
    step waits for outside the database, and how it is awaited),
-   ``runs.log_context`` (the ids of the run a log line is about).
+   ``runs.log_context`` (the ids of the run a log line is about),
+   ``runs.tracing`` (the OpenTelemetry spans of a run).
 
 The operations app ``runs.ops`` (probes, metrics, the heartbeat's admin)
 is a surface; its model ``runs.ops.models`` sits in the runs kernel, so
@@ -79,6 +80,7 @@ LAYERS = {
     "runs.labels": 0,
     "runs.awaiting": 0,
     "runs.log_context": 0,
+    "runs.tracing": 0,
 }
 SURFACE = 5
 # Installed apps the product must run without; only their own modules may import them.

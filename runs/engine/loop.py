@@ -36,7 +36,7 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from runs import lease, log_context
+from runs import lease, log_context, tracing
 from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
@@ -212,12 +212,17 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
     log_context.note(tool_call_id=call.pk)  # its handler's log lines, and the engine's about it, carry the call
     log.debug("tool call %s (%s): executing", call.pk, call.name)
+    span = tracing.start_tool_span(run, call)
     try:
         call = yield from execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome,
                                             on_target_busy=on_target_busy,
                                             assessed_now=call.pk in known.assessed_here, stop_at=deadline_of(run))
+    except BaseException as exc:
+        tracing.end_tool_span(span, error=exc)
+        raise
     finally:
         log_context.note(tool_call_id=None)
+    tracing.end_tool_span(span, call=call)
     log.debug("tool call %s (%s): %s after %s attempt(s)", call.pk, call.name, call.status, call.attempts)
     if waited:  # the holder's outcome wakes the run (its wake_at, a lease TTL away, if that is lost)
         return False
@@ -349,12 +354,18 @@ def _model_turn(run: Run, known: Known) -> Steps:
                 failpoint("model_call_started")
                 return client.complete(request)
 
-            answer = yield Await(start=start, timeout_s=limit_s,
-                                 timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
-                                                              transient=True),
-                                 stop_at=deadline_of(run), what="model")
-            deltas.flush()  # the stream's last events
-            response = screen_response(answer)
+            span = tracing.start_model_span(run, agent.model)
+            try:
+                answer = yield Await(start=start, timeout_s=limit_s,
+                                     timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
+                                                                  transient=True),
+                                     stop_at=deadline_of(run), what="model")
+                deltas.flush()  # the stream's last events
+                response = screen_response(answer)
+            except BaseException as exc:
+                tracing.end_model_span(span, error=exc)
+                raise
+            tracing.end_model_span(span, response=response)
     except Interrupted as exc:  # the run ends at the next pass (its cancel, its deadline)
         apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}", error=f"Stopped waiting for the answer: {exc}.",
               now=timezone.now())
