@@ -84,6 +84,10 @@ def test_after_a_scripted_workload_the_metrics_show_the_databases_counts(metrics
     assert {key: value for key, value in shown.items() if value} == runs
     assert runs[("waiting", "approval")] == 1 and runs[("completed", "")] >= 3 and sum(shown.values()) == 5
     assert set(RunStatus.values) == {status for status, _ in shown}  # every status, 0 or not
+    used = Run.objects.values_list("input_tokens", "output_tokens", "cost_usd")
+    assert samples["tollgate_run_tokens"][(("direction", "input"),)] == sum(row[0] for row in used) > 0
+    assert samples["tollgate_run_tokens"][(("direction", "output"),)] == sum(row[1] for row in used) > 0
+    assert samples["tollgate_run_cost_usd"][()] == float(sum(row[2] for row in used))
 
     pending = Interrupt.objects.filter(status=InterruptStatus.PENDING)
     assert samples["tollgate_inbox_pending"][(("kind", "approval"),)] == pending.filter(kind="approval").count() == 1

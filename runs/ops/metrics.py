@@ -8,7 +8,9 @@ the processes: there is nothing to merge across processes, and no
 says what each means and what to alert on):
 
 * ``tollgate_runs{status, waiting_reason}``: runs by status (every status
-  is present, 0 included) and, for waiting runs, why they wait;
+  is present, 0 included) and, for waiting runs, why they wait; from the
+  same query, ``tollgate_run_tokens{direction}`` and
+  ``tollgate_run_cost_usd`` over every run;
 * ``tollgate_inbox_pending{kind}`` and
   ``tollgate_inbox_oldest_pending_age_seconds{kind}``: pending inbox items
   (``approval``, ``input``, ``reconciliation``) and the age of the oldest;
@@ -30,7 +32,7 @@ does not exist (404); with one, a request must bring
 import hmac
 
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Sum
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -50,19 +52,31 @@ def _age_s(now, then) -> float:
     return max(0.0, (now - then).total_seconds()) if then is not None else 0.0
 
 
-def runs_by_status() -> GaugeMetricFamily:
-    """``tollgate_runs{status, waiting_reason}``: every status (waiting once per reason), 0 where none."""
+def runs_by_status() -> list[GaugeMetricFamily]:
+    """``tollgate_runs{status, waiting_reason}`` (every status, waiting once per reason, 0 where none), and from
+    the same query ``tollgate_run_tokens{direction}`` and ``tollgate_run_cost_usd``, summed over every run."""
     family = GaugeMetricFamily("tollgate_runs", "Runs by status, and for waiting runs by waiting reason.",
                                labels=["status", "waiting_reason"])
     counts = {(status, ""): 0 for status in RunStatus.values if status != RunStatus.WAITING}
     counts.update({(RunStatus.WAITING.value, reason): 0 for reason in WaitingReason.values})
-    for status, reason, number in (Run.objects.order_by().values_list("status", "waiting_reason")
-                                   .annotate(number=Count("pk"))):
+    tokens_in = tokens_out = cost = 0
+    for status, reason, number, used_in, used_out, spent in (
+            Run.objects.order_by().values_list("status", "waiting_reason")
+            .annotate(number=Count("pk"), used_in=Sum("input_tokens"), used_out=Sum("output_tokens"),
+                      spent=Sum("cost_usd"))
+            .values_list("status", "waiting_reason", "number", "used_in", "used_out", "spent")):
         key = (status, reason if status == RunStatus.WAITING else "")
         counts[key] = counts.get(key, 0) + number
+        tokens_in, tokens_out, cost = tokens_in + (used_in or 0), tokens_out + (used_out or 0), cost + (spent or 0)
     for (status, reason), number in sorted(counts.items()):
         family.add_metric([status, reason], number)
-    return family
+    tokens = GaugeMetricFamily("tollgate_run_tokens", "Model tokens used by every run in the database, by "
+                               "direction (input, output).", labels=["direction"])
+    tokens.add_metric(["input"], tokens_in)
+    tokens.add_metric(["output"], tokens_out)
+    spend = GaugeMetricFamily("tollgate_run_cost_usd", "Model cost of every run in the database, in US dollars "
+                              "(TOLLGATE['MODEL_PRICES']).", value=float(cost))
+    return [family, tokens, spend]
 
 
 def pending_inbox(now) -> list[GaugeMetricFamily]:
@@ -144,7 +158,7 @@ class DatabaseCollector(Collector):
 
     def collect(self):
         now = timezone.now()
-        yield runs_by_status()
+        yield from runs_by_status()
         yield from pending_inbox(now)
         yield from tool_calls(now)
         yield from webhook_deliveries(now)
