@@ -166,4 +166,5 @@ def database_url_copy(tmp_dir: Path, *, port: int | None = None) -> str:
 
 
 def have_redis_server() -> bool:
+    """Whether a `redis-server` program is on PATH (the broker outage test starts its own)."""
     return shutil.which("redis-server") is not None
