@@ -13,6 +13,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from runs.log_context import FORMATS, logging_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -61,12 +63,17 @@ INSTALLED_APPS = [
     # The demo shop, a plug-in: take it out and the product runs without it.
     "tools.demo",
     "runs.webhooks",
+    # Health and readiness probes, worker heartbeats, /metrics (docs/operating.md).
+    "runs.ops",
     # An integrator's own apps (their tools, completion checks, providers),
     # by dotted path, comma-separated: no settings module of their own needed.
     *env.list("TOLLGATE_EXTRA_APPS", default=[]),
 ]
 
 MIDDLEWARE = [
+    # First: /healthz, /readyz and /metrics are answered before host checks,
+    # HTTPS redirects, sessions and rate limits (runs.ops.middleware).
+    "runs.ops.middleware.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # A body framed by Transfer-Encoding (chunked) would be read as empty: 411.
     "config.middleware.LengthRequiredMiddleware",
@@ -316,6 +323,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "dramatiq.middleware.TimeLimit",
     "dramatiq.middleware.Retries",
     "django_dramatiq.middleware.DbConnectionsMiddleware",
+    # Every worker process beats a heartbeat row while it runs (runs.engine.heartbeat).
+    "runs.engine.worker_middleware.HeartbeatMiddleware",
 ]
 if REDIS_URL:
     # Dramatiq's Redis broker with a doorbell per queue (runs/brokers.py): an
@@ -399,6 +408,15 @@ TOLLGATE = {
     # logout, a group or permission change) and, as a backstop, before an
     # event when their last check is older than this many seconds.
     "LIVE_ACCESS_RECHECK_S": env.float("TOLLGATE_LIVE_ACCESS_RECHECK_S", default=60.0),
+    # Each Dramatiq worker process records a heartbeat (runs.ops.models.
+    # WorkerHeartbeat) every this many seconds; one that missed three is
+    # shown stale, and its row is deleted this long after its last beat.
+    "WORKER_HEARTBEAT_S": env.float("TOLLGATE_WORKER_HEARTBEAT_S", default=15.0),
+    "WORKER_PRUNE_AFTER_S": env.float("TOLLGATE_WORKER_PRUNE_AFTER_S", default=24 * 3600.0),
+    # /metrics (runs.ops.metrics): closed (404) while empty; set, a scrape
+    # must send "Authorization: Bearer <this token>" (else 401). A secret:
+    # at least 32 characters.
+    "METRICS_TOKEN": os.environ.get("TOLLGATE_METRICS_TOKEN", ""),
     # Seconds between two passes of the sweeper (recover_runs --loop, serve).
     "SWEEP_INTERVAL_S": env.float("TOLLGATE_SWEEP_INTERVAL_S", default=10.0),
     # A queued run with no lease older than this is re-enqueued (its
@@ -569,9 +587,13 @@ if TOLLGATE["REQUEST_BODY_MAX_BYTES"] < _ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX
         "TOLLGATE_REQUEST_BODY_MAX_BYTES must be at least TOLLGATE_ANSWER_FILE_MAX_BYTES + "
         f"DATA_UPLOAD_MAX_MEMORY_SIZE ({_ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE} bytes).")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
-}
+if TOLLGATE["METRICS_TOKEN"] and len(TOLLGATE["METRICS_TOKEN"]) < 32:
+    raise ImproperlyConfigured("TOLLGATE_METRICS_TOKEN must be at least 32 characters (or empty: /metrics closed).")
+
+# Everything to the console, each record with the ids of the run it is about
+# (runs.log_context): as text (the message, then "[run 12 session 3
+# tool_call 7]") or, with TOLLGATE_LOG_FORMAT=json, one JSON object a line.
+LOG_FORMAT = env.str("TOLLGATE_LOG_FORMAT", default="text")
+if LOG_FORMAT not in FORMATS:
+    raise ImproperlyConfigured(f"TOLLGATE_LOG_FORMAT must be one of {', '.join(FORMATS)}.")
+LOGGING = logging_settings(LOG_FORMAT, env.str("LOG_LEVEL", default="WARNING"))

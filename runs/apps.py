@@ -9,6 +9,8 @@ class RunsConfig(AppConfig):
     def ready(self):
         from runs import access_signals
         from runs.masking import install_log_masking
+        from runs.tracing import configure_from_environment
 
         access_signals.connect()
         install_log_masking()  # every log line of every process (server, workers, sweeper) is masked
+        configure_from_environment()  # OpenTelemetry traces, if OTEL_* asks for them (runs.tracing)

@@ -30,6 +30,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from runs import log_context
+
 log = logging.getLogger(__name__)
 
 
@@ -225,7 +227,8 @@ class _BlockingPool:
             return self._executor
 
     async def run(self, fn: Callable, *args):
-        future = self.executor().submit(keeping_connection, fn, *args)
+        # The handler's log lines carry the run's ids (not the rest of the context: the lease stays with the step).
+        future = self.executor().submit(log_context.run_with, log_context.current(), keeping_connection, fn, *args)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -6,6 +6,7 @@ import dramatiq
 from django.db import DatabaseError
 
 from approvals.notifications import NOTIFY_ACTOR, send_queued
+from runs import log_context
 from runs.engine.runtime import RETRY_AFTER_DB_ERROR_MS, EngineFull, engine
 from runs.models import Run
 from runs.wakeups import ADVANCE_ACTOR, wake_now
@@ -24,18 +25,19 @@ def advance_run(run_id: int) -> None:
     alone. A database error (a restart, a failover) looks again in
     ``RETRY_AFTER_DB_ERROR_MS``.
     """
-    try:
-        held = engine().submit(run_id)
-    except EngineFull:
-        log.info("engine full; run %s goes back to the queue", run_id)
-        wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
-        return
-    except DatabaseError:
-        log.exception("database error taking run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS)
-        wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
-        return
-    if held is None and not Run.objects.filter(pk=run_id).exists():
-        log.warning("run %s does not exist; dropping the message", run_id)
+    with log_context.bound(run_id):  # its log lines carry the run (runs.log_context)
+        try:
+            held = engine().submit(run_id)
+        except EngineFull:
+            log.info("engine full; run %s goes back to the queue", run_id)
+            wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
+            return
+        except DatabaseError:
+            log.exception("database error taking run %s; trying again in %s ms", run_id, RETRY_AFTER_DB_ERROR_MS)
+            wake_now(run_id, delay_ms=RETRY_AFTER_DB_ERROR_MS)
+            return
+        if held is None and not Run.objects.filter(pk=run_id).exists():
+            log.warning("run %s does not exist; dropping the message", run_id)
 
 
 @dramatiq.actor(actor_name=NOTIFY_ACTOR, max_retries=0, time_limit=5 * 60 * 1000)

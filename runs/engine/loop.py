@@ -36,7 +36,7 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from runs import lease
+from runs import lease, log_context, tracing
 from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
@@ -93,7 +93,7 @@ def advance(run_id: int) -> Run | None:
     held = lease.acquire(run_id)
     if held is None:
         return None
-    with lease.holding(held):
+    with lease.holding(held), log_context.bound(run_id):
         run, more = drive(advance_slice(run_id))
     hand_back(run_id, more=more)
     return run
@@ -111,6 +111,7 @@ def advance_slice(run_id: int) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.awaiting``)
     that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
+    log_context.note(session_id=run.session_id)
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
         if not can_proceed(run.start):  # a cancel was requested
@@ -209,8 +210,20 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
         waited.append(holder)
 
     # Proposed ready by this worker in this slice: a read's precondition ran a moment ago.
-    call = yield from execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, on_target_busy=on_target_busy,
-                             assessed_now=call.pk in known.assessed_here, stop_at=deadline_of(run))
+    log_context.note(tool_call_id=call.pk)  # its handler's log lines, and the engine's about it, carry the call
+    log.debug("tool call %s (%s): executing", call.pk, call.name)
+    span = tracing.start_tool_span(run, call)
+    try:
+        call = yield from execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome,
+                                            on_target_busy=on_target_busy,
+                                            assessed_now=call.pk in known.assessed_here, stop_at=deadline_of(run))
+    except BaseException as exc:
+        tracing.end_tool_span(span, error=exc)
+        raise
+    finally:
+        log_context.note(tool_call_id=None)
+    tracing.end_tool_span(span, call=call)
+    log.debug("tool call %s (%s): %s after %s attempt(s)", call.pk, call.name, call.status, call.attempts)
     if waited:  # the holder's outcome wakes the run (its wake_at, a lease TTL away, if that is lost)
         return False
     known.messages_added(delivered)
@@ -232,7 +245,12 @@ def _reconcile(run: Run, unknown: list[ToolCall]) -> Steps:
     pass), else a person; the run waits meanwhile."""
     verdicts = {}
     for call in unknown:
-        verdicts[call.pk] = yield from reconcile_unknown_call(call, actor=ACTOR, resend=True)
+        log_context.note(tool_call_id=call.pk)
+        try:
+            verdicts[call.pk] = yield from reconcile_unknown_call(call, actor=ACTOR, resend=True)
+        finally:
+            log_context.note(tool_call_id=None)
+        log.debug("tool call %s (%s): outcome unknown, reconciled: %s", call.pk, call.name, verdicts[call.pk])
     later = [call for call in unknown if verdicts[call.pk] == "later"]
     people = [call for call in unknown if verdicts[call.pk] == "person"]
     if not later and not people:
@@ -336,12 +354,18 @@ def _model_turn(run: Run, known: Known) -> Steps:
                 failpoint("model_call_started")
                 return client.complete(request)
 
-            answer = yield Await(start=start, timeout_s=limit_s,
-                                 timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
-                                                              transient=True),
-                                 stop_at=deadline_of(run), what="model")
-            deltas.flush()  # the stream's last events
-            response = screen_response(answer)
+            span = tracing.start_model_span(run, agent.model)
+            try:
+                answer = yield Await(start=start, timeout_s=limit_s,
+                                     timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
+                                                                  transient=True),
+                                     stop_at=deadline_of(run), what="model")
+                deltas.flush()  # the stream's last events
+                response = screen_response(answer)
+            except BaseException as exc:
+                tracing.end_model_span(span, error=exc)
+                raise
+            tracing.end_model_span(span, response=response)
     except Interrupted as exc:  # the run ends at the next pass (its cancel, its deadline)
         apply(step.discard, actor=ACTOR, reason=f"discarded: {exc}", error=f"Stopped waiting for the answer: {exc}.",
               now=timezone.now())
@@ -359,6 +383,8 @@ def _model_turn(run: Run, known: Known) -> Steps:
             return _fail(run, FailureType.MODEL_ERROR, _readable(exc))
 
     cost = _call_cost(agent, response)
+    log.debug("model call of step %s: %s tool call(s), %s input and %s output tokens", step.index,
+              len(response.tool_calls), response.input_tokens, response.output_tokens)
     if response.tool_calls:
         _unique_call_ids(step, response.tool_calls, used=known.session_call_ids)
     # Policy first, outside the transaction: preconditions may do I/O.

@@ -1,0 +1,177 @@
+"""OpenTelemetry traces of runs, off unless the standard ``OTEL_*`` variables turn them on.
+
+One trace per run, whatever process works on it: the trace id (and the id
+of a virtual root span, the run itself) is derived from the run's id and
+creation time (``run_context``), so a worker, another worker after a
+crash and the server that takes a decision all put their spans in the
+same trace without passing anything through the broker or storing it.
+The root is virtual: no span with its id is ever exported (a trace viewer
+may say the root is missing).
+
+Spans, following OpenTelemetry's GenAI semantic conventions where they
+have a name for it:
+
+* ``chat <model>`` per model call (``gen_ai.operation.name``,
+  ``gen_ai.provider.name``, ``gen_ai.request.model``,
+  ``gen_ai.usage.input_tokens``/``output_tokens``,
+  ``gen_ai.response.finish_reasons``, ``gen_ai.conversation.id``: the
+  session);
+* ``execute_tool <tool>`` per tool call executed (``gen_ai.tool.name``,
+  ``gen_ai.tool.call.id``, ``tollgate.tool.side_effect``,
+  ``tollgate.tool.attempts``, ``tollgate.tool.outcome``);
+* ``approval wait`` from an approval item's creation to its decision, with
+  a ``decision`` span (``tollgate.decision``) at its end.
+
+Prompt and completion text, arguments and results are never recorded;
+errors are recorded by type (``error.type``), never by message (a
+provider's message may quote a key).
+
+``configure_from_environment`` (when the ``runs`` app is ready) installs
+the SDK's tracer provider when ``OTEL_TRACES_EXPORTER`` (``otlp``,
+``console``) or an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set and
+``OTEL_SDK_DISABLED`` is not ``true``; the SDK and the OTLP exporter are
+the optional ``otel`` dependencies. Otherwise every function here costs a
+type check and records nothing.
+"""
+
+import hashlib
+import logging
+import os
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+log = logging.getLogger(__name__)
+
+TRACER = "tollgate"
+SWITCHES = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+FAILED_OUTCOMES = ("failed", "unknown", "invalid", "denied")
+
+
+def configure_from_environment() -> bool:
+    """Install the SDK's tracer provider with a batching exporter if the environment asks for traces (see the
+    module doc); whether it did. Without the ``otel`` dependencies installed, logs a warning and does nothing."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true" or not any(os.environ.get(n) for n in SWITCHES):
+        return False
+    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if exporter_name == "none":
+        return False
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        if exporter_name == "console":
+            exporter = ConsoleSpanExporter()
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter()  # endpoint, headers, timeout: the OTEL_EXPORTER_OTLP_* variables
+    except ImportError:
+        log.warning("OTEL_* asks for traces but the OpenTelemetry SDK or exporter is not installed "
+                    "(pip install 'tollgate[otel]'); no traces are sent")
+        return False
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "tollgate"}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return True
+
+
+def recording() -> bool:
+    """Whether a tracer provider that records was installed (else nothing here makes a span)."""
+    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+def _tracer():
+    return trace.get_tracer_provider().get_tracer(TRACER)
+
+
+def _ns(moment) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+def run_ids(run_id: int, created_at) -> tuple[int, int]:
+    """``(trace id, root span id)`` of a run (``created_at``: its aware ``created_at``), the same in every process."""
+    digest = hashlib.sha256(f"tollgate-run:{run_id}:{created_at.isoformat()}".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
+
+
+def run_context(run):
+    """An OpenTelemetry context whose current span is the run's virtual root (``run_ids``)."""
+    trace_id, span_id = run_ids(run.pk, run.created_at)
+    root = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(root))
+
+
+def _end(span, error: BaseException | None) -> None:
+    if error is not None:
+        span.set_attribute("error.type", type(error).__name__)
+        span.set_status(Status(StatusCode.ERROR))
+    span.end()
+
+
+def start_model_span(run, model_config: dict):
+    """The span of one model call of ``run`` with the agent's ``model_config`` (``{"provider", "model"?}``),
+    started now; None when not recording. End it with ``end_model_span``."""
+    if not recording():
+        return None
+    model = str(model_config.get("model") or model_config.get("provider", ""))
+    return _tracer().start_span(f"chat {model}", context=run_context(run), kind=SpanKind.CLIENT, attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": str(model_config.get("provider", "")),
+        "gen_ai.request.model": model, "gen_ai.conversation.id": str(run.session_id), "tollgate.run.id": run.pk})
+
+
+def end_model_span(span, *, response=None, error: BaseException | None = None) -> None:
+    """End a model call's span (None: nothing) with the ``ModelResponse``'s tokens and finish reason, or the
+    ``error``'s type."""
+    if span is None:
+        return
+    if response is not None:
+        span.set_attribute("gen_ai.usage.input_tokens", response.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", response.output_tokens)
+        span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+    _end(span, error)
+
+
+def start_tool_span(run, call):
+    """The span of executing tool call ``call`` (a ``ToolCall``) of ``run``, started now; None when not
+    recording. End it with ``end_tool_span``."""
+    if not recording():
+        return None
+    return _tracer().start_span(f"execute_tool {call.name}", context=run_context(run), kind=SpanKind.INTERNAL,
+                                attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                                            "gen_ai.tool.call.id": call.provider_call_id,
+                                            "tollgate.tool_call.id": call.pk,
+                                            "tollgate.tool.side_effect": call.side_effect,
+                                            "tollgate.run.id": run.pk})
+
+
+def end_tool_span(span, *, call=None, error: BaseException | None = None) -> None:
+    """End a tool call's span (None: nothing) with the call's attempts and outcome (its status), or the
+    ``error``'s type."""
+    if span is None:
+        return
+    if call is not None:
+        span.set_attribute("tollgate.tool.attempts", call.attempts)
+        span.set_attribute("tollgate.tool.outcome", call.status)
+        if call.status in FAILED_OUTCOMES:
+            span.set_status(Status(StatusCode.ERROR))
+    _end(span, error)
+
+
+def record_decision(run, interrupt) -> None:
+    """Record a decided approval item ``interrupt`` of ``run``: an ``approval wait`` span from its creation
+    to its ``resolved_at`` and a ``decision`` span inside it. Nothing when not recording."""
+    if not recording():
+        return
+    tracer = _tracer()
+    wait = tracer.start_span("approval wait", context=run_context(run), start_time=_ns(interrupt.created_at),
+                             attributes={"tollgate.run.id": run.pk, "tollgate.interrupt.id": interrupt.pk,
+                                         "tollgate.interrupt.kind": interrupt.kind,
+                                         "tollgate.tool_call.id": interrupt.tool_call_id or 0})
+    decided = tracer.start_span("decision", context=trace.set_span_in_context(wait),
+                                start_time=_ns(interrupt.resolved_at),
+                                attributes={"tollgate.decision": interrupt.decision})
+    decided.end(end_time=_ns(interrupt.resolved_at))
+    wait.end(end_time=_ns(interrupt.resolved_at))
