@@ -92,6 +92,8 @@ class AgentAdminForm(forms.ModelForm):
             "How code decides, when the model gives its final answer, whether the run achieved its task. "
             "“default”: every tool call must have had its effect (or been corrected by a later one); "
             "the others are checks of a domain, registered in code, and bound by the same rule.")
+        if "model" not in fields:  # a view-only page (an older version): the JSON fields are shown, not edited
+            return
         fields["model"].help_text = _(
             "A JSON object naming the provider (%(providers)s) and its settings, e.g. %(example)s. "
             "“endpoint” names one of the server's endpoint profiles (%(endpoints)s); keys and addresses "
