@@ -16,8 +16,9 @@ The admin reads everything and writes through services only:
 * ``Step``, ``Message`` and ``RunEvent`` are append-only records written by
   the runtime: no add, no change, no delete.
 
-Runs, sessions and inbox items link to their pages on the site ("View on
-site", their ``get_absolute_url``). Times show seconds, in the time zone the
+Filters by agent are by slug (``AgentSlugFilter``): they match every
+version of it. Runs, sessions and inbox items link to their pages on the
+site ("View on site", their ``get_absolute_url``). Times show seconds, in the time zone the
 browser reported (``config.formats``, ``config.middleware``). The shared
 pieces are in ``runs.admin_base``, the agent form in ``runs.admin_forms``.
 """
@@ -28,7 +29,7 @@ from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.error_display import admin_error
-from runs.admin_base import ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
+from runs.admin_base import AgentSlugFilter, ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
 from runs.admin_forms import AgentAdminForm
 from runs.admin_inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
 from runs.engine.agents import DEFINITION_FIELDS, archive_agent, create_agent, update_agent
@@ -166,7 +167,7 @@ class SessionAdmin(admin.ModelAdmin):
     """
 
     list_display = ("id", "title", "owner", "agent", "created_at")
-    list_filter = ("agent", ("created_at", DateFieldListFilter))
+    list_filter = (("agent__slug", AgentSlugFilter), ("created_at", DateFieldListFilter))
     search_fields = ("title", "owner__username", "agent__slug", "=id")
     search_help_text = gettext_lazy("Title, owner's username, agent's slug or session id.")
     list_select_related = ("owner", "agent")
@@ -205,7 +206,7 @@ class RunAdmin(admin.ModelAdmin):
         "outcome_reason_summary", "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
     )
     list_display_links = ("id",)
-    list_filter = ("status", "waiting_reason", "phase", "failure_type", "outcome", "agent",
+    list_filter = ("status", "waiting_reason", "phase", "failure_type", "outcome", ("agent__slug", AgentSlugFilter),
                    ("created_at", DateFieldListFilter), ("finished_at", DateFieldListFilter))
     search_fields = ("=id", "input", "final_output", "outcome_reason", "error", "idempotency_key",
                      "requested_by__username", "agent__slug")
@@ -303,7 +304,7 @@ class StepAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Model calls of runs (request, response, usage); append-only."""
 
     list_display = ("id", "run", "index", "status", "input_tokens", "output_tokens", "started_at", "finished_at")
-    list_filter = ("status", "run__agent")
+    list_filter = ("status", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("=run__id", "error")
     list_select_related = ("run",)
     date_hierarchy = "started_at"
@@ -314,7 +315,7 @@ class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The conversation history of sessions; append-only."""
 
     list_display = ("id", "session_id_", "run_id_", "role", "content_summary", "tool_call_id", "created_at")
-    list_filter = ("role", "run__agent")
+    list_filter = ("role", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("content", "tool_call_id", "=run__id", "=session__id")
     date_hierarchy = "created_at"
 
@@ -331,7 +332,7 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The audit log of every run; append-only."""
 
     list_display = ("id", "run", "seq", "type", "from_status", "to_status", "actor", "reason", "created_at")
-    list_filter = ("type", "to_status", "run__agent")
+    list_filter = ("type", "to_status", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("=run__id", "actor", "reason", "type")
     list_select_related = ("run",)
     date_hierarchy = "created_at"

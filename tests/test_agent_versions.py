@@ -107,6 +107,22 @@ def test_new_work_in_a_session_and_a_retry_use_the_current_version_and_a_key_sen
     assert sorted(run["id"] for run in filtered) == sorted([first["id"], in_session.json()["id"], retry.json()["id"]])
 
 
+def test_the_admins_agent_filter_offers_each_slug_once_and_matches_every_version(demo, api, admin_client):
+    admin, requester = api(demo["admin"]), api(demo["requester"])
+    create_agent(admin, "versioned", OLD_TURNS)
+    first = start_run(requester, "versioned")
+    assert patch(admin, "versioned", {"name": "Versioned, second"}).status_code == 200
+    second = start_run(requester, "versioned")
+    start_run(requester, "refund-order")
+
+    page = admin_client.get(reverse("admin:runs_run_changelist"), {"agent__slug": "versioned"})
+
+    changelist = page.context["cl"]
+    assert sorted(run.pk for run in changelist.result_list) == sorted([first["id"], second["id"]])
+    agent_filter, = [spec for spec in changelist.filter_specs if spec.title == "agent"]
+    assert [choice["display"] for choice in agent_filter.choices(changelist)].count("versioned") == 1
+
+
 @pytest.mark.parametrize("body, field", [
     ({"tools": ["query_order", "teleport"]}, "tools"),
     ({"model": {"provider": "no-such-provider"}}, "model"),
