@@ -266,6 +266,23 @@ def test_delete_archives_the_agent_no_new_runs_or_sessions_and_its_runs_stay_rea
         "provider": "scripted", "turns": NEW_TURNS}}, format="json"), 400)["details"]["fields"]["slug"]
 
 
+def test_the_admins_archive_action_archives_the_current_version_of_each_selected_agent(demo, api, admin_client):
+    admin = api(demo["admin"])
+    create_agent(admin, "versioned", OLD_TURNS)
+    assert patch(admin, "versioned", {"name": "Versioned, second"}).status_code == 200
+
+    response = admin_client.post(reverse("admin:runs_agent_changelist"), {
+        "action": "archive_selected_agents", "_selected_action": list(
+            Agent.objects.filter(slug__in=["versioned", "refund-order"]).values_list("pk", flat=True))}, follow=True)
+
+    assert "Archived 2 agents." in [str(message) for message in response.context["messages"]]
+    assert [(a.version, a.archived_at is not None) for a in Agent.objects.filter(slug="versioned")] == [
+        (1, False), (2, True)]
+    assert Agent.objects.current().get(slug="refund-order").archived_at is not None
+    assert error_of(api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "Hi."},
+                                                format="json"), 409)["code"] == "agent_archived"
+
+
 def test_the_sweeper_keeps_the_deadline_of_an_older_versions_runs(demo, api, worker):
     admin, requester = api(demo["admin"]), api(demo["requester"])
     create_agent(admin, "versioned", OLD_TURNS, deadline_s=60)
