@@ -30,7 +30,7 @@ class AgentSerializer(OutputSerializer):
     ``loosened_tools``: the tools whose calls it asks approval for less often than the version before.
     """
 
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = Agent
