@@ -153,6 +153,7 @@ def test_only_staff_with_the_change_permission_may_patch_and_a_change_of_nothing
 
     assert error_of(patch(api(demo["requester"]), "versioned", {"name": "Mine"}), 403)
     assert error_of(patch(api(editor), "no-such-agent", {"name": "Mine"}), 404)
+    assert error_of(api(editor).put("/api/agents/versioned/", {**created, "name": "Mine"}, format="json"), 405)
     unchanged = patch(api(editor), "versioned", {"name": created["name"], "tools": created["tools"]})
 
     assert unchanged.status_code == 200 and unchanged.json() == created
