@@ -20,6 +20,7 @@ from approvals.forms import BulkDecisionForm
 from approvals.models import AnswerFile, Decision, Interrupt
 from config.error_display import admin_error
 from runs.admin import ReadOnlyAdminMixin
+from runs.admin_base import AgentSlugFilter
 from runs.errors import Forbidden, InvalidInput, TollgateError
 from runs.labels import label
 
@@ -38,7 +39,7 @@ class InterruptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "id", "kind", "status", "shown_title", "run", "tool_call", "requested_by", "decision", "resolved_by",
         "claimed_by", "created_at", "expires_at",
     )
-    list_filter = ("kind", "status", "decision", "required_permission", "run__agent")
+    list_filter = ("kind", "status", "decision", "required_permission", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("=id", "=run__id", "title", "comment", "required_permission", "run__requested_by__username")
     list_select_related = ("run__requested_by", "tool_call", "resolved_by", "claimed_by")
     date_hierarchy = "created_at"

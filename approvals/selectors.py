@@ -214,8 +214,11 @@ class RelatedCue:
 
 
 def agent_slugs() -> list[str]:
-    """Every agent's slug, sorted (the inbox's agent filter)."""
-    return list(Agent.objects.order_by("slug").values_list("slug", flat=True))
+    """Every agent's slug once, sorted (the inbox's agent filter; it matches every version of the slug).
+
+    Archived agents are included: their runs' items may still be pending.
+    """
+    return list(Agent.objects.current().order_by("slug").values_list("slug", flat=True))
 
 
 def pending_decidable(*, user, filters: InboxFilters = InboxFilters()):

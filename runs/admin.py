@@ -2,7 +2,12 @@
 
 The admin reads everything and writes through services only:
 
-* ``Agent`` is ordinary configuration and fully editable.
+* ``Agent``: saving the add form or the current version's change form goes
+  through ``create_agent`` / ``update_agent``, so a change is a new version
+  (the page then shows it); older versions and archived agents are
+  view-only, nothing is deleted, the "Archive selected agents" action
+  calls ``archive_agent``. A version that loosened tools' approval says so
+  in a warning when saved and when opened, and in the list.
 * ``Run`` is view-only; the only change an admin can make is the
   "Cancel selected runs" action, which calls ``runs.engine.lifecycle.cancel_run_as``
   (who may cancel: ``Run.objects.cancellable_by``).
@@ -11,8 +16,9 @@ The admin reads everything and writes through services only:
 * ``Step``, ``Message`` and ``RunEvent`` are append-only records written by
   the runtime: no add, no change, no delete.
 
-Runs, sessions and inbox items link to their pages on the site ("View on
-site", their ``get_absolute_url``). Times show seconds, in the time zone the
+Filters by agent are by slug (``AgentSlugFilter``): they match every
+version of it. Runs, sessions and inbox items link to their pages on the
+site ("View on site", their ``get_absolute_url``). Times show seconds, in the time zone the
 browser reported (``config.formats``, ``config.middleware``). The shared
 pieces are in ``runs.admin_base``, the agent form in ``runs.admin_forms``.
 """
@@ -23,10 +29,10 @@ from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.error_display import admin_error
-from runs.admin_base import ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
+from runs.admin_base import AgentSlugFilter, ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
 from runs.admin_forms import AgentAdminForm
 from runs.admin_inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
-from runs.engine.agents import may_loosen_policy
+from runs.engine.agents import DEFINITION_FIELDS, archive_agent, create_agent, update_agent
 from runs.engine.lifecycle import cancel_run_as
 from runs.errors import TollgateError
 from runs.labels import label
@@ -36,16 +42,33 @@ from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, RunStatu
 # --- Agent and Session ---------------------------------------------------
 
 
+def _loosening(agent: Agent) -> str:
+    """The warning for a version that loosened approval: which tools, by whom."""
+    return _("Version %(version)s of %(slug)s asks for approval less often than the version before for: "
+             "%(tools)s (made by %(user)s).") % {
+        "version": agent.version, "slug": agent.slug, "tools": ", ".join(agent.loosened_tools),
+        "user": agent.created_by or "-"}
+
+
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
-    """Agent definitions: instructions, provider config, tools, approval policy, budgets."""
+    """Agent versions: instructions, provider config, tools, approval policy, budgets.
+
+    Only the current version of an agent that is not archived can be changed,
+    and a change is saved as the next version by ``update_agent`` (the same
+    checks as the API's); adding goes through ``create_agent``.
+    """
 
     form = AgentAdminForm
-    list_display = ("slug", "name", "completion_check", "tool_list", "max_turns", "created_at")
+    list_display = ("slug", "version", "state", "name", "completion_check", "tool_list", "max_turns", "loosening",
+                    "created_by", "created_at")
+    list_filter = ("is_current", "completion_check")
+    list_select_related = ("created_by",)
+    ordering = ("slug", "-version")
     search_fields = ("slug", "name", "instructions")
     search_help_text = gettext_lazy("Slug, name or instructions.")
-    list_filter = ("completion_check",)
     prepopulated_fields = {"slug": ("name",)}
+    actions = ["archive_selected_agents"]
     base_fieldsets = (
         (None, {"fields": ("slug", "name", "instructions")}),
         (gettext_lazy("Model and tools"), {"fields": ("model", "tools", "approval_policy")}),
@@ -53,25 +76,86 @@ class AgentAdmin(admin.ModelAdmin):
     )
 
     def get_readonly_fields(self, request, obj=None):
-        return tuple(f.name for f in Agent._meta.concrete_fields if not f.editable and not f.primary_key)
+        fixed = tuple(f.name for f in Agent._meta.concrete_fields if not f.editable and not f.primary_key)
+        return fixed if obj is None else ("slug", *fixed)
+
+    def get_prepopulated_fields(self, request, obj=None):
+        return self.prepopulated_fields if obj is None else {}
 
     def get_fieldsets(self, request, obj=None):
         return with_remaining_fields(self.base_fieldsets, Agent, gettext_lazy("Budgets and more"))
+
+    def has_change_permission(self, request, obj=None):
+        """Only the current version of an agent that is not archived; the others are view-only."""
+        changeable = obj is None or (obj.is_current and obj.archived_at is None)
+        return changeable and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        """Never: runs and sessions keep their version; archive an agent instead."""
+        return False
+
+    def has_archive_permission(self, request) -> bool:
+        """Archiving needs the delete permission (as ``DELETE /api/agents/{slug}/`` does)."""
+        return request.user.has_perm("runs.delete_agent")
 
     @admin.display(description=gettext_lazy("tools"))
     def tool_list(self, agent: Agent) -> str:
         return ", ".join(agent.tools) if agent.tools else _("none")
 
+    @admin.display(description=gettext_lazy("state"))
+    def state(self, agent: Agent) -> str:
+        if agent.archived_at is not None:
+            return _("archived")
+        return _("current") if agent.is_current else _("older version")
+
+    @admin.display(description=gettext_lazy("loosened approval"))
+    def loosening(self, agent: Agent) -> str:
+        return "⚠ " + ", ".join(agent.loosened_tools) if agent.loosened_tools else ""
+
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
-        form.may_loosen = may_loosen_policy(request.user)
+        form.editor = request.user
         return form
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The page of a version that loosened approval warns about it."""
+        agent = self.get_object(request, object_id) if request.method == "GET" else None
+        if agent is not None and agent.loosened_tools:
+            self.message_user(request, _loosening(agent), level=messages.WARNING)
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def save_model(self, request, obj, form, change):
-        """A changed approval policy replaces the tools' rules only if its editor may loosen them (recorded)."""
-        if not change or "approval_policy" in form.changed_data:
-            obj.approval_policy_granted_by = request.user if form.may_loosen and obj.approval_policy else None
-        super().save_model(request, obj, form, change)
+        """Save through ``create_agent`` or ``update_agent`` (a new version), then let ``obj`` be what was saved.
+
+        The form ran the same checks (``check_definition``), so only a change made at the same time can
+        make them refuse now: that request fails, and nothing is saved. A new version that loosened
+        approval is reported with a warning.
+        """
+        fields = {name: form.cleaned_data.get(name) for name in DEFINITION_FIELDS}
+        if change:
+            saved = update_agent(agent=obj, user=request.user, **fields)
+        else:
+            saved = create_agent(slug=obj.slug, user=request.user, **fields)
+        made = saved.pk != obj.pk
+        for field in Agent._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(saved, field.attname))
+        obj._state.adding = False
+        if made and saved.loosened_tools:
+            self.message_user(request, _loosening(saved), level=messages.WARNING)
+
+    @admin.action(description=gettext_lazy("Archive selected agents"), permissions=["archive"])
+    def archive_selected_agents(self, request, queryset):
+        """Archive each selected agent's current version via ``archive_agent``; older versions are skipped."""
+        archived = 0
+        for agent in queryset.current().filter(archived_at__isnull=True).order_by("slug"):
+            try:
+                archive_agent(agent=agent, user=request.user)
+            except TollgateError as exc:
+                admin_error(self, request, exc, _("Agent %(agent)s was not archived: %(error)s"), agent=agent.slug)
+                continue
+            archived += 1
+        self.message_user(request, ngettext("Archived %(count)d agent.", "Archived %(count)d agents.", archived)
+                          % {"count": archived}, level=messages.SUCCESS)
 
 
 @admin.register(Session)
@@ -83,7 +167,7 @@ class SessionAdmin(admin.ModelAdmin):
     """
 
     list_display = ("id", "title", "owner", "agent", "created_at")
-    list_filter = ("agent", ("created_at", DateFieldListFilter))
+    list_filter = (("agent__slug", AgentSlugFilter), ("created_at", DateFieldListFilter))
     search_fields = ("title", "owner__username", "agent__slug", "=id")
     search_help_text = gettext_lazy("Title, owner's username, agent's slug or session id.")
     list_select_related = ("owner", "agent")
@@ -122,7 +206,7 @@ class RunAdmin(admin.ModelAdmin):
         "outcome_reason_summary", "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
     )
     list_display_links = ("id",)
-    list_filter = ("status", "waiting_reason", "phase", "failure_type", "outcome", "agent",
+    list_filter = ("status", "waiting_reason", "phase", "failure_type", "outcome", ("agent__slug", AgentSlugFilter),
                    ("created_at", DateFieldListFilter), ("finished_at", DateFieldListFilter))
     search_fields = ("=id", "input", "final_output", "outcome_reason", "error", "idempotency_key",
                      "requested_by__username", "agent__slug")
@@ -220,7 +304,7 @@ class StepAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Model calls of runs (request, response, usage); append-only."""
 
     list_display = ("id", "run", "index", "status", "input_tokens", "output_tokens", "started_at", "finished_at")
-    list_filter = ("status", "run__agent")
+    list_filter = ("status", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("=run__id", "error")
     list_select_related = ("run",)
     date_hierarchy = "started_at"
@@ -231,7 +315,7 @@ class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The conversation history of sessions; append-only."""
 
     list_display = ("id", "session_id_", "run_id_", "role", "content_summary", "tool_call_id", "created_at")
-    list_filter = ("role", "run__agent")
+    list_filter = ("role", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("content", "tool_call_id", "=run__id", "=session__id")
     date_hierarchy = "created_at"
 
@@ -248,7 +332,7 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The audit log of every run; append-only."""
 
     list_display = ("id", "run", "seq", "type", "from_status", "to_status", "actor", "reason", "created_at")
-    list_filter = ("type", "to_status", "run__agent")
+    list_filter = ("type", "to_status", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("=run__id", "actor", "reason", "type")
     list_select_related = ("run",)
     date_hierarchy = "created_at"

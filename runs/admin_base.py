@@ -151,3 +151,12 @@ class PagedInlineMixin:
         formset.page_param = f"{formset.get_default_prefix()}_page"
         formset.page_number = request.GET.get(formset.page_param)
         return formset
+
+
+class AgentSlugFilter(admin.AllValuesFieldListFilter):
+    """A list filter on an agent's slug (``("agent__slug", AgentSlugFilter)``): one choice per agent,
+    matching every version of it, titled "agent"."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.title = gettext_lazy("agent")

@@ -6,7 +6,8 @@
   saying whether it changes things and when it asks for approval;
 * ``model`` and ``approval_policy``: strict JSON (``config.strict_json``)
   with help naming the providers, endpoint profiles and rule forms;
-* then ``runs.engine.agents.config_errors``, as the API checks an agent.
+* then ``runs.engine.agents.check_definition``, as the API checks an agent
+  (a change against the version it follows: loosening needs the permission).
 
 A value stored before its tool or check was removed from the code stays
 selected and listed as "not registered", so saving never drops it in
@@ -21,7 +22,7 @@ from django.utils.translation import gettext as _, gettext_lazy
 
 from config.strict_json import StrictJSONFormField
 from runs.engine import completion
-from runs.engine.agents import LOOSEN_PERMISSION, config_errors
+from runs.engine.agents import LOOSEN_PERMISSION, check_definition
 from runs.models import Agent
 from runs.providers.registry import PROVIDER_MODULES
 from tools.registry import all_tools
@@ -61,12 +62,13 @@ def _json_example(value) -> str:
 class AgentAdminForm(forms.ModelForm):
     """Edits an agent with choices for tools and completion check and checks it as the API does.
 
-    ``may_loosen`` is set by ``AgentAdmin.get_form`` from the user's
-    permission. A field that failed its own check (bad JSON, a choice not
-    offered) gets no second message from ``config_errors``.
+    ``editor`` (who saves it) is set by ``AgentAdmin.get_form``; their
+    permissions decide what the policy may do. A field that failed its own
+    check (bad JSON, a choice not offered) gets no second message from
+    ``check_definition``.
     """
 
-    may_loosen = False
+    editor = None
 
     tools = forms.MultipleChoiceField(label=gettext_lazy("Tools"), required=False,
                                       widget=forms.CheckboxSelectMultiple)
@@ -90,6 +92,8 @@ class AgentAdminForm(forms.ModelForm):
             "How code decides, when the model gives its final answer, whether the run achieved its task. "
             "“default”: every tool call must have had its effect (or been corrected by a later one); "
             "the others are checks of a domain, registered in code, and bound by the same rule.")
+        if "model" not in fields:  # a view-only page (an older version): the JSON fields are shown, not edited
+            return
         fields["model"].help_text = _(
             "A JSON object naming the provider (%(providers)s) and its settings, e.g. %(example)s. "
             "“endpoint” names one of the server's endpoint profiles (%(endpoints)s); keys and addresses "
@@ -106,10 +110,8 @@ class AgentAdminForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        errors = config_errors(model=data.get("model"), tools=data.get("tools") or [],
-                               approval_policy=data.get("approval_policy") or {},
-                               completion_check=data.get("completion_check") or "", may_loosen=self.may_loosen)
-        for field, problems in errors.items():
+        checked = check_definition(data, user=self.editor, before=self.instance if self.instance.pk else None)
+        for field, problems in checked.errors.items():
             if field not in self.errors:
                 self.add_error(field if field in self.fields else None, problems)
         return data

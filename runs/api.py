@@ -5,7 +5,8 @@ and holders of the decide permission see every run and session, everyone
 else only the runs they requested and the sessions they own; another
 user's run or session answers 404 on every verb. Who may cancel is
 ``Run.objects.cancellable_by``, checked by ``cancel_run_as``. Creating an
-agent needs staff and the ``runs.add_agent`` permission, as in the admin.
+agent needs staff and the ``runs.add_agent`` permission, as in the admin;
+changing one (a new version) ``runs.change_agent``, archiving it ``runs.delete_agent``.
 Starting runs has its own throttle rate (``runs``). Every POST honours
 ``Idempotency-Key`` (``config.idempotency``); lists are cursor pages
 (``config.pagination``) with the filters of ``runs.filters``. Service
@@ -21,7 +22,7 @@ from rest_framework.response import Response
 from config.api import VisibleRowsMixin
 from config.idempotency import REPLAYED_HEADER, IdempotentPostMixin
 from config.pagination import EventCursorPagination, OldestFirstCursorPagination
-from runs.engine.agents import create_agent
+from runs.engine.agents import archive_agent, create_agent, update_agent
 from runs.engine.lifecycle import cancel_run_as, retry_run, submit_input
 from runs.engine.sessions import open_session
 from runs.filters import RunFilter, SessionFilter
@@ -30,6 +31,7 @@ from runs.selectors import session_messages, with_final_output_facts, with_pendi
 from runs.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
+    AgentUpdateSerializer,
     CancelSerializer,
     MessageSerializer,
     RunCreateSerializer,
@@ -44,18 +46,26 @@ from runs.serializers import (
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List agents"),
-    retrieve=extend_schema(summary="One agent"),
+    list=extend_schema(summary="List agents (current versions, archived ones left out)"),
+    retrieve=extend_schema(summary="One agent's current version (archived ones too)"),
 )
 class AgentViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Agent definitions: any user may list them; staff with ``runs.add_agent`` may create them."""
+    """Agent definitions, in versions: any user may list and read them; staff with ``runs.add_agent``,
+    ``runs.change_agent`` or ``runs.delete_agent`` may create, change (a new version) or archive them.
 
-    queryset = Agent.objects.all()
+    ``{slug}`` names the agent's current version; ``versions/`` lists them all, oldest first.
+    PUT is not offered: a change names only the fields it changes (PATCH).
+    """
+
     serializer_class = AgentSerializer
     lookup_field = "slug"
 
+    def get_queryset(self):
+        agents = Agent.objects.select_related("created_by")
+        return agents.listed() if self.action == "list" else agents.current()
+
     def get_permissions(self):
-        if self.action == "create":
+        if self.action in ("create", "partial_update", "destroy"):
             return [IsAdminUser(), DjangoModelPermissions()]
         return [IsAuthenticated()]
 
@@ -67,6 +77,36 @@ class AgentViewSet(IdempotentPostMixin, mixins.ListModelMixin, mixins.RetrieveMo
         body.is_valid(raise_exception=True)
         agent = create_agent(**body.validated_data, user=request.user)
         return Response(self.get_serializer(agent).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(summary="Change an agent: a new version (staff with the change permission)",
+                   request=AgentUpdateSerializer,
+                   responses={200: OpenApiResponse(AgentSerializer, description="The new current version (the "
+                                                                                "current one if nothing changed)."),
+                              409: OpenApiResponse(description="The agent is archived (`agent_archived`), or "
+                                                               "another change was made at the same time.")})
+    def partial_update(self, request, slug=None):
+        """Validate the body's shape, then let ``update_agent`` check it and save the next version."""
+        agent = self.get_object()
+        body = AgentUpdateSerializer(data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        agent = update_agent(agent=agent, user=request.user, **body.validated_data)
+        return Response(self.get_serializer(agent).data)
+
+    @extend_schema(summary="Archive an agent (staff with the delete permission)",
+                   responses={204: OpenApiResponse(description="Archived (again, if it was): no new runs or "
+                                                               "sessions; its runs stay readable.")})
+    def destroy(self, request, slug=None):
+        """Archive through ``archive_agent``; nothing is deleted, and archiving again answers the same."""
+        archive_agent(agent=self.get_object(), user=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(summary="Every version of the agent, oldest first", responses={200: AgentSerializer(many=True)})
+    @action(detail=True, methods=["get"], pagination_class=OldestFirstCursorPagination, filter_backends=[])
+    def versions(self, request, slug=None):
+        """All versions of the agent's slug, from version 1 on (cursor-paginated)."""
+        agent = self.get_object()
+        page = self.paginate_queryset(Agent.objects.filter(slug=agent.slug).select_related("created_by"))
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
 
 @extend_schema_view(

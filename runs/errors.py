@@ -8,6 +8,7 @@ a service lets escape (a bare ``ValueError``, say) is a bug and a 500.
 """
 
 from django.core.exceptions import PermissionDenied
+from django.utils.translation import gettext as _
 
 
 class TollgateError(Exception):
@@ -69,6 +70,17 @@ class Conflict(TollgateError):
 
     code = "conflict"
     http_status = 409
+
+
+class AgentArchived(Conflict):
+    """The agent was archived (409): it takes no new runs or sessions; its old runs stay readable.
+    ``details``: ``agent`` (the slug) and ``archived_at`` (ISO 8601)."""
+
+    code = "agent_archived"
+
+    def __init__(self, agent):
+        super().__init__(_("Agent %(slug)s was archived; it takes no new runs or sessions.") % {"slug": repr(agent.slug)},
+                         details={"agent": agent.slug, "archived_at": agent.archived_at.isoformat()})
 
 
 class Expired(Conflict):

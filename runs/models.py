@@ -21,8 +21,20 @@ from runs.fsm import FSMModel
 from runs.labels import choice
 
 
+class AgentQuerySet(models.QuerySet):
+    """Agent versions: ``current()`` is one row per slug, ``listed()`` those not archived."""
+
+    def current(self) -> "AgentQuerySet":
+        """The current version of every agent, archived ones included (what a slug names)."""
+        return self.filter(is_current=True)
+
+    def listed(self) -> "AgentQuerySet":
+        """The current version of every agent that is not archived: what new runs and sessions can use."""
+        return self.current().filter(archived_at__isnull=True)
+
+
 class Agent(models.Model):
-    """An agent definition: instructions, model provider, tools and budgets.
+    """One version of an agent definition: instructions, model provider, tools and budgets.
 
     ``model`` is the provider config, e.g. ``{"provider": "scripted",
     "turns": [...]}`` (see ``runs.providers``). ``tools`` lists registered
@@ -33,9 +45,31 @@ class Agent(models.Model):
     ``runs.loosen_approval_policy`` saved the policy) does the agent's rule
     replace the tool's, which may loosen it; runs log each such use.
     ``completion_check`` names a check in ``runs.engine.completion``.
+
+    Versions (docs/design.md#agent-versions): a row is never edited; a
+    change is a new row of the same ``slug`` with the next ``version``
+    (``runs.engine.agents.update_agent``), which becomes the one
+    ``is_current`` row of the slug. Runs and sessions point at the row they
+    started with, so a run keeps its version. ``archived_at`` is set on the
+    current row when the agent is archived (no new runs or sessions).
+    ``created_by`` made the version; ``loosened_tools`` names the tools whose
+    approval it loosened compared to the version before (or to the tools'
+    own rules, for version 1).
     """
 
-    slug = models.SlugField(_("slug"), unique=True)
+    slug = models.SlugField(_("slug"))
+    version = models.PositiveIntegerField(_("version"), default=1, editable=False)
+    is_current = models.BooleanField(_("current"), default=True, editable=False,
+                                     help_text=_("The version new runs and sessions of this slug use."))
+    archived_at = models.DateTimeField(
+        _("archived at"), null=True, blank=True, editable=False,
+        help_text=_("Set on the current version when the agent was archived: it takes no new runs or sessions."))
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, verbose_name=_("created by"), null=True, blank=True, editable=False,
+        on_delete=models.PROTECT, related_name="+")
+    loosened_tools = models.JSONField(
+        _("loosened tools"), default=list, blank=True, editable=False, decoder=StoredJSONDecoder,
+        help_text=_("Tools whose calls this version asks approval for less often than the version before."))
     name = models.CharField(_("name"), max_length=200)
     instructions = models.TextField(_("instructions"), blank=True)
     model = models.JSONField(_("model"), default=dict, decoder=StoredJSONDecoder)
@@ -61,14 +95,22 @@ class Agent(models.Model):
         _("deadline (seconds)"), null=True, blank=True, help_text=_("Seconds of wall-clock time from the run's start."))
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
+    objects = AgentQuerySet.as_manager()
+
     class Meta:
         verbose_name = _("agent")
         verbose_name_plural = _("agents")
-        ordering = ["slug"]
+        ordering = ["slug", "version"]
         permissions = [("loosen_approval_policy", "Can let an agent's approval rules replace the tools' own")]
+        constraints = [
+            models.UniqueConstraint(fields=["slug", "version"], name="agent_slug_version"),
+            models.UniqueConstraint(fields=["slug"], condition=models.Q(is_current=True),
+                                    name="agent_one_current_version",
+                                    violation_error_message=_("An agent with this slug already exists.")),
+        ]
 
     def __str__(self):
-        return self.slug
+        return f"{self.slug} v{self.version}"
 
 
 class Session(models.Model):

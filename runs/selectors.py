@@ -49,8 +49,8 @@ def session_messages(*, session_id: int) -> QuerySet[Message]:
 
 
 def agent_choices() -> QuerySet[Agent]:
-    """Agents a user can start a run with, by slug."""
-    return Agent.objects.order_by("slug")
+    """Agents a user can start a run with (current versions, not archived), by slug."""
+    return Agent.objects.listed().order_by("slug")
 
 
 def pending_waits() -> QuerySet[Wait]:

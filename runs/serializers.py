@@ -22,13 +22,21 @@ from tools.models import ToolCall
 
 
 class AgentSerializer(OutputSerializer):
-    """An agent definition; anything in its model config that looks like a credential is masked, for everyone."""
+    """One version of an agent definition; anything in its model config that looks like a credential is masked,
+    for everyone.
+
+    ``version`` counts from 1 per slug; ``is_current``: the version new runs use; ``archived_at``: when the
+    agent was archived (null: it was not; set on the current version only). ``created_by`` made this version;
+    ``loosened_tools``: the tools whose calls it asks approval for less often than the version before.
+    """
+
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = Agent
-        fields = ["slug", "name", "instructions", "model", "tools", "max_turns", "max_model_calls",
-                  "max_total_tokens", "max_cost_usd", "deadline_s", "completion_check", "approval_policy",
-                  "created_at"]
+        fields = ["slug", "version", "is_current", "archived_at", "name", "instructions", "model", "tools",
+                  "max_turns", "max_model_calls", "max_total_tokens", "max_cost_usd", "deadline_s",
+                  "completion_check", "approval_policy", "loosened_tools", "created_by", "created_at"]
         read_only_fields = fields
 
     def to_representation(self, instance):
@@ -59,6 +67,13 @@ class AgentCreateSerializer(StrictSerializer):
     completion_check = serializers.CharField(required=False)
     approval_policy = serializers.DictField(child=serializers.CharField(), required=False,
                                             help_text='Tool name to rule: "always", "never" or e.g. "amount > 50".')
+
+
+class AgentUpdateSerializer(AgentCreateSerializer):
+    """Body of ``PATCH /api/agents/{slug}/`` (use it with ``partial=True``): any field of the create body
+    but the slug; unknown fields are refused, ``runs.engine.agents.update_agent`` checks the rest."""
+
+    slug = None
 
 
 class DecisionSerializer(OutputSerializer):
@@ -113,7 +128,7 @@ class FinalOutputStatusSerializer(serializers.Serializer):
 
 
 class RunSerializer(OutputSerializer):
-    """A run: status fields, usage, timestamps; ``agent`` by slug, requester by username.
+    """A run: status fields, usage, timestamps; ``agent`` by slug (and ``agent_version``), requester by username.
 
     ``outcome`` and ``outcome_reason`` are the program's verdict (``runs.engine.completion``);
     ``final_output`` is the model's own last words, not a verdict: ``final_output_status`` says
@@ -123,6 +138,8 @@ class RunSerializer(OutputSerializer):
     """
 
     agent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    agent_version = serializers.IntegerField(source="agent.version", read_only=True,
+                                             help_text="The agent's version the run uses (fixed when it was made).")
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
     decisions = serializers.SerializerMethodField()
     final_output_status = serializers.SerializerMethodField()
@@ -134,7 +151,7 @@ class RunSerializer(OutputSerializer):
     class Meta:
         model = Run
         fields = ["id", "status", "phase", "waiting_reason", "waiting_for", "failure_type", "outcome",
-                  "outcome_reason", "session", "agent",
+                  "outcome_reason", "session", "agent", "agent_version",
                   "requested_by", "input", "final_output", "final_output_status", "error", "wake_at", "cancel_requested_at", "retry_of",
                   "model_calls", "input_tokens", "output_tokens", "created_at", "updated_at", "started_at",
                   "finished_at", "decisions"]
@@ -193,7 +210,8 @@ class OffsetDateTimeField(serializers.DateTimeField):
 class RunCreateSerializer(StrictSerializer):
     """Body of ``POST /api/runs/``: the agent's slug, the input, optionally a session to continue."""
 
-    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.all())
+    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.current(),
+                                         help_text="The agent's slug; the run uses its current version.")
     input = serializers.CharField(help_text="The user's request; limited to TOLLGATE['MAX_INPUT_CHARS'] characters.")
     session = serializers.PrimaryKeyRelatedField(queryset=Session.objects.none(), required=False, allow_null=True,
                                                  help_text="One of your sessions, to continue it; omitted: a new one.")
@@ -209,7 +227,7 @@ class RunCreateSerializer(StrictSerializer):
         super().__init__(*args, **kwargs)
         request = self.context.get("request")
         if request is not None:
-            self.fields["session"].queryset = Session.objects.filter(owner=request.user)
+            self.fields["session"].queryset = Session.objects.filter(owner=request.user).select_related("agent")
 
 
 class SessionSerializer(OutputSerializer):
@@ -227,7 +245,8 @@ class SessionSerializer(OutputSerializer):
 class SessionCreateSerializer(StrictSerializer):
     """Body of ``POST /api/sessions/``: the agent's slug, an optional title and metadata object."""
 
-    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.all())
+    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.current(),
+                                         help_text="The agent's slug; the session starts with its current version.")
     title = serializers.CharField(required=False, allow_blank=True, default="",
                                   max_length=Session._meta.get_field("title").max_length)
     metadata = serializers.DictField(required=False, default=dict, help_text=(

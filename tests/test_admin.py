@@ -311,9 +311,11 @@ def test_agent_is_editable(admin_web, demo):
     response = admin_web.post(change_url(agent), data)
 
     assert response.status_code == 302, response.context["adminform"].form.errors
+    current = Agent.objects.current().get(slug="refund-order")  # the change is the next version
+    assert (current.version, current.name, current.max_turns) == (2, "Refund order v2", 5)
+    assert current.model["provider"] == "scripted"
     agent.refresh_from_db()
-    assert (agent.name, agent.max_turns) == ("Refund order v2", 5)
-    assert agent.model["provider"] == "scripted"
+    assert (agent.is_current, agent.name, agent.max_turns) == (False, "Refund order", 20)
 
 
 def agent_form_data(agent: Agent, **changes) -> dict:
@@ -456,7 +458,7 @@ def test_agent_form_offers_the_registered_checks_and_tools(admin_web, demo):
                                                                  completion_check="default"))
 
     assert response.status_code == 302
-    agent.refresh_from_db()
+    agent = Agent.objects.current().get(slug="refund-order")
     assert (agent.tools, agent.completion_check) == (["query_order", "refund", "send_email"], "default")
 
 
@@ -499,8 +501,7 @@ def test_agent_form_keeps_a_tool_that_is_no_longer_registered_until_removed(admi
 
     response = admin_web.post(change_url(agent), agent_form_data(agent, tools=["refund"], completion_check="refund"))
     assert response.status_code == 302
-    agent.refresh_from_db()
-    assert agent.tools == ["refund"]
+    assert Agent.objects.current().get(slug="refund-order").tools == ["refund"]
 
 
 @pytest.mark.parametrize("language, words", [

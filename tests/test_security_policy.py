@@ -141,8 +141,9 @@ def test_admin_records_who_loosened_a_policy(demo, admin_client):
     response = admin_client.post(reverse("admin:runs_agent_change", args=[agent.pk]), form)
 
     assert response.status_code == 302
-    agent.refresh_from_db()
-    assert agent.approval_policy_granted_by.username == "admin"
+    current = Agent.objects.current().get(slug="refund-order")  # the change is the next version
+    assert (current.version, current.approval_policy_granted_by.username) == (2, "admin")
+    assert current.loosened_tools == ["refund"]  # the tool's own rule no longer applies
 
 
 # --- item 3: cumulative refund rule ------------------------------------------------

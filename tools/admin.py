@@ -6,7 +6,7 @@
 from django.contrib import admin
 from django.utils.translation import gettext_lazy
 
-from runs.admin_base import ReadOnlyAdminMixin, truncated
+from runs.admin_base import AgentSlugFilter, ReadOnlyAdminMixin, truncated
 from tools.models import ToolCall
 
 
@@ -17,7 +17,7 @@ class ToolCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "id", "run", "name", "status", "side_effect", "arguments_summary", "attempts", "created_at", "finished_at",
     )
-    list_filter = ("name", "status", "side_effect", "run__agent")
+    list_filter = ("name", "status", "side_effect", ("run__agent__slug", AgentSlugFilter))
     search_fields = ("=id", "=run__id", "name", "provider_call_id", "idempotency_key", "raw_arguments", "error")
     search_help_text = gettext_lazy("Call or run id, tool name, the model's call id, idempotency key, arguments or error.")
     list_select_related = ("run",)

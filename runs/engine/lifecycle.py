@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from approvals.services import cancel_pending_interrupts, pending_items_locked, request_reconciliation
+from runs.engine.agents import version_for_new_work
 from runs.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
 from runs.models import (
     ACTIVE_STATUSES,
@@ -53,9 +54,10 @@ class Submitted:
 def _fingerprint(agent: Agent, session: Session | None, input: str, strategy: str, extra: dict) -> str:
     """What makes two requests with one idempotency key the same request (sha256 hex).
 
+    The agent counts by slug: the same request sent again after a new version was made is still the same.
     ``extra`` holds the options a request set beyond the four (``start_at``, ``retry_of``).
     """
-    parts = [agent.pk, session.pk if session else None, input, strategy] + ([extra] if extra else [])
+    parts = [agent.slug, session.pk if session else None, input, strategy] + ([extra] if extra else [])
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -67,10 +69,10 @@ def _replay(user, idempotency_key: str, fingerprint: str, agent: Agent, input: s
         if earlier.payload.get("request") != fingerprint:
             raise IdempotencyKeyReused(earlier.run_id)
         return Submitted(earlier.run, "supplemented" if earlier.type == "input" else "created", replayed=True)
-    run = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).first()
+    run = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).select_related("agent").first()
     if run is None:
         return None
-    if (run.agent_id, run.input) != (agent.pk, input):  # a run keyed before requests were fingerprinted
+    if (run.agent.slug, run.input) != (agent.slug, input):  # a run keyed before requests were fingerprinted
         raise IdempotencyKeyReused(run.pk)
     return Submitted(run, "created", replayed=True)
 
@@ -88,6 +90,9 @@ def submit_input(
 ) -> Submitted:
     """Start a run for ``user``'s ``input`` (queued; a worker is woken), or add the input to one; say which.
 
+    The run uses the current version of ``agent``'s slug (``version_for_new_work``), whichever
+    version ``agent`` is; an archived agent is refused (``AgentArchived``, 409). A ``session``
+    must be of the same slug, whichever version it was opened with.
     A new session is opened when ``session`` is None. When the session
     already has an active run, ``multitask_strategy`` decides (docs/design.md#multitask):
     ``enqueue`` (default: a new run that starts once the session is free),
@@ -117,8 +122,9 @@ def submit_input(
     fingerprint = _fingerprint(agent, session, input, multitask_strategy, extra)
     if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
         return earlier
-    if session is not None and (session.owner_id != user.pk or session.agent_id != agent.pk):
+    if session is not None and (session.owner_id != user.pk or session.agent.slug != agent.slug):
         raise InvalidInput.for_fields({"session": "That session belongs to another user or agent."})
+    agent = version_for_new_work(agent)
 
     actor = actor_for(user)
     request = {"request": fingerprint, "idempotency_key": idempotency_key} if idempotency_key else {}
@@ -179,6 +185,10 @@ def _checked_start_at(start_at, strategy: str):
 
 def retry_run(*, run: Run, user, idempotency_key: str | None = None) -> Submitted:
     """Start a new run that retries a failed or cancelled ``run``: same session, agent and input, ``retry_of`` set.
+
+    The retry uses the agent's current version, not necessarily ``run``'s: it is new work, and a
+    version made since (say, one that asks for more approvals) must apply to it. An archived
+    agent's runs cannot be retried (``AgentArchived``, 409).
 
     Only the run's requester may retry it (``Forbidden`` otherwise); any
     other status is a ``Conflict``. A run is retried once: when it already
@@ -381,7 +391,11 @@ def _unread_supplements(run: Run, reads: EndingReads | None = None) -> list[Mess
 
 
 def _hand_on_unread_input(run: Run, unread: list[Message], *, actor: str, start_next: bool) -> None:
-    """Accepted input the ended run never read: queue it as the session's next run, or say it was not read."""
+    """Accepted input the ended run never read: queue it as the session's next run, or say it was not read.
+
+    The next run keeps the ended run's agent version: the input was accepted for that run, so
+    neither a newer version nor an archiving since turns it away.
+    """
     text = "\n\n".join(message.content for message in unread)
     ids = [message.pk for message in unread]
     if not start_next:

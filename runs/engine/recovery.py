@@ -159,9 +159,11 @@ def fail_waiting_runs_past_deadline(*, now, limit: int | None = None) -> int:
 
     A waiting run reaches no safe point of the loop, so the sweeper keeps
     the deadline for it: a run may wait for a person, but not past its deadline.
-    Asked per agent that has a deadline, so each query reads only the runs
+    Asked per agent version that has a deadline (every version, not only the
+    current one: a run keeps the deadline of the version it started with),
+    so each query reads only the runs
     whose deadline passed (index ``run_waiting_started``), never every
-    waiting run: one query per such agent, whatever the number of runs; at
+    waiting run: one query per such version, whatever the number of runs; at
     most ``limit`` runs (default ``SWEEP_BATCH``), the rest next pass. They
     are failed ``ITEMS_PER_TRANSACTION`` at a time, each checked again
     under its row lock and ended by ``end_run`` as ``expire_overdue_approvals`` does.

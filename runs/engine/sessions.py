@@ -10,18 +10,20 @@ import json
 from django.conf import settings
 
 from config.strict_json import StrictJSONError, check_value
+from runs.engine.agents import version_for_new_work
 from runs.errors import InvalidInput
 from runs.models import Agent, Session
 
 
 def open_session(*, user, agent: Agent, title: str = "", metadata: dict | None = None) -> Session:
-    """A new session of ``agent`` owned by ``user``.
+    """A new session of ``agent`` owned by ``user``, with the current version of its slug.
 
     ``title``: at most 200 characters (surrounding spaces dropped).
     ``metadata``: a JSON object of the client's, at most
     ``TOLLGATE["MAX_SESSION_METADATA_BYTES"]`` bytes as compact UTF-8 JSON,
     within ``config.strict_json``'s limits (depth, NUL, finite numbers).
-    Raises ``InvalidInput`` naming the field otherwise.
+    Raises ``InvalidInput`` naming the field otherwise, ``AgentArchived`` (409)
+    for an archived agent (``runs.engine.agents.version_for_new_work``).
     """
     title = (title or "").strip()
     metadata = {} if metadata is None else metadata
@@ -38,4 +40,4 @@ def open_session(*, user, agent: Agent, title: str = "", metadata: dict | None =
     limit = settings.TOLLGATE["MAX_SESSION_METADATA_BYTES"]
     if size > limit:
         raise InvalidInput.for_fields({"metadata": f"Metadata is {size} bytes as JSON; the limit is {limit}."})
-    return Session.objects.create(owner=user, agent=agent, title=title, metadata=metadata)
+    return Session.objects.create(owner=user, agent=version_for_new_work(agent), title=title, metadata=metadata)

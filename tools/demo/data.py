@@ -145,5 +145,7 @@ def load_demo(*, reset_passwords: bool = False) -> dict[str, str | None]:
             "held_for_run": None,
         })
     for spec in DEMO_AGENTS:
-        Agent.objects.update_or_create(slug=spec["slug"], defaults={k: v for k, v in spec.items() if k != "slug"})
+        # The current version is reset in place (and taken out of the archive): a reset restores the demo.
+        Agent.objects.update_or_create(slug=spec["slug"], is_current=True,
+                                       defaults={**{k: v for k, v in spec.items() if k != "slug"}, "archived_at": None})
     return passwords

@@ -28,7 +28,7 @@ def non_demo_data() -> list[str]:
     found = []
     for label, names in (
         ("user(s)", get_user_model().objects.exclude(username__in=USERS).values_list("username", flat=True)),
-        ("agent(s)", Agent.objects.exclude(slug__in=[a["slug"] for a in DEMO_AGENTS]).values_list("slug", flat=True)),
+        ("agent(s)", Agent.objects.current().exclude(slug__in=[a["slug"] for a in DEMO_AGENTS]).values_list("slug", flat=True)),
         ("order(s)", Order.objects.exclude(number__in=DEMO_ORDER_NUMBERS).values_list("number", flat=True)),
     ):
         names = [str(name) for name in names[:6]]
