@@ -542,6 +542,9 @@ TOLLGATE = {
     # "approval"?, "timeout_s"?, "reconcile_path"?, "result_schema"?, ...}
     # (tools.http.http_tool's arguments). Registered, and checked, at start.
     "HTTP_TOOLS": env.json("TOLLGATE_HTTP_TOOLS", default=[]),
+    # Record prompt and completion text on model-call spans (runs.tracing), credentials masked; off: only
+    # sizes, tokens and names are recorded.
+    "TRACE_CONTENT": env.bool("TOLLGATE_TRACE_CONTENT", default=False),
     # --- Model providers (runs.providers.http_config) ---
     # Endpoint profiles an agent's model config names with "endpoint"
     # (default: the provider's name): {"provider", "base_url"?,

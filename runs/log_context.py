@@ -1,5 +1,5 @@
-"""The run a log line is about: ``run_id``, ``session_id`` and ``tool_call_id`` on every record made while a run
-is advanced, as structured fields.
+"""The run a log line is about: ``run_id``, ``session_id``, ``tool_call_id`` and, while traces are recorded, the
+run's ``trace_id`` (``runs.tracing``) on every record made while a run is advanced, as structured fields.
 
 The engine advances many runs on one event loop and hands their database
 work to threads in a copy of each task's context (``runs.engine.runtime``),
@@ -22,7 +22,7 @@ import contextlib
 import contextvars
 import logging
 
-FIELDS = ("run_id", "session_id", "tool_call_id")
+FIELDS = ("run_id", "session_id", "tool_call_id", "trace_id")
 _ids: contextvars.ContextVar[dict | None] = contextvars.ContextVar("tollgate_log_ids", default=None)
 
 

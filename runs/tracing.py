@@ -22,9 +22,14 @@ have a name for it:
 * ``approval wait`` from an approval item's creation to its decision, with
   a ``decision`` span (``tollgate.decision``) at its end.
 
-Prompt and completion text, arguments and results are never recorded;
-errors are recorded by type (``error.type``), never by message (a
-provider's message may quote a key).
+Prompt and completion text are recorded only when an operator turns it on
+(``TOLLGATE_TRACE_CONTENT=true``: ``gen_ai.input.messages`` and
+``gen_ai.output.messages`` on the model-call span, JSON text with
+credentials masked as in logs, ``runs.masking.mask_log_text``); tool
+arguments and results never are. Errors are recorded by type
+(``error.type``), never by message (a provider's message may quote a key).
+A run's log lines carry its trace id (``trace_id_hex``) while traces are
+recorded, so a line leads to its trace.
 
 ``configure_from_environment`` (when the ``runs`` app is ready) installs
 the SDK's tracer provider when ``OTEL_TRACES_EXPORTER`` (``otlp``,
@@ -35,8 +40,11 @@ type check and records nothing.
 """
 
 import hashlib
+import json
 import logging
 import os
+
+from django.conf import settings
 
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -97,6 +105,18 @@ def run_ids(run_id: int, created_at) -> tuple[int, int]:
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
+def trace_id_hex(run) -> str | None:
+    """The 32 hex digits of ``run``'s trace id as trace viewers show it, or None when no traces are recorded."""
+    return format(run_ids(run.pk, run.created_at)[0], "032x") if recording() else None
+
+
+def _content(value) -> str:
+    """``value`` as JSON text for a span, credentials masked."""
+    from runs.masking import mask_log_text
+
+    return mask_log_text(json.dumps(value, default=str, ensure_ascii=False))
+
+
 def run_context(run):
     """An OpenTelemetry context whose current span is the run's virtual root (``run_ids``)."""
     trace_id, span_id = run_ids(run.pk, run.created_at)
@@ -111,26 +131,35 @@ def _end(span, error: BaseException | None) -> None:
     span.end()
 
 
-def start_model_span(run, model_config: dict):
+def start_model_span(run, model_config: dict, request=None):
     """The span of one model call of ``run`` with the agent's ``model_config`` (``{"provider", "model"?}``),
-    started now; None when not recording. End it with ``end_model_span``."""
+    started now; None when not recording. With ``TOLLGATE["TRACE_CONTENT"]`` on, the ``ModelRequest``'s
+    instructions and messages are recorded too. End it with ``end_model_span``."""
     if not recording():
         return None
     model = str(model_config.get("model") or model_config.get("provider", ""))
-    return _tracer().start_span(f"chat {model}", context=run_context(run), kind=SpanKind.CLIENT, attributes={
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": str(model_config.get("provider", "")),
-        "gen_ai.request.model": model, "gen_ai.conversation.id": str(run.session_id), "tollgate.run.id": run.pk})
+    attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": str(model_config.get("provider", "")),
+                  "gen_ai.request.model": model, "gen_ai.conversation.id": str(run.session_id),
+                  "tollgate.run.id": run.pk}
+    if request is not None and settings.TOLLGATE["TRACE_CONTENT"]:
+        attributes["gen_ai.system_instructions"] = _content(request.instructions)
+        attributes["gen_ai.input.messages"] = _content(request.messages)
+    return _tracer().start_span(f"chat {model}", context=run_context(run), kind=SpanKind.CLIENT,
+                                attributes=attributes)
 
 
 def end_model_span(span, *, response=None, error: BaseException | None = None) -> None:
-    """End a model call's span (None: nothing) with the ``ModelResponse``'s tokens and finish reason, or the
-    ``error``'s type."""
+    """End a model call's span (None: nothing) with the ``ModelResponse``'s tokens and finish reason (and its
+    text and tool calls with ``TOLLGATE["TRACE_CONTENT"]`` on), or the ``error``'s type."""
     if span is None:
         return
     if response is not None:
         span.set_attribute("gen_ai.usage.input_tokens", response.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", response.output_tokens)
         span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+        if settings.TOLLGATE["TRACE_CONTENT"]:
+            span.set_attribute("gen_ai.output.messages", _content(
+                [{"role": "assistant", "content": response.content, "tool_calls": response.tool_calls}]))
     _end(span, error)
 
 

@@ -8,6 +8,7 @@ the same trace.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -139,3 +140,49 @@ def test_a_worker_in_another_process_puts_its_spans_in_the_same_trace(spans, dem
     assert sorted(span.name for span in ours) == ["approval wait", "chat scripted", "chat scripted", "decision",
                                                   "execute_tool query_order"]
     assert sorted(span["name"] for span in theirs) == ["chat scripted", "execute_tool refund"]
+
+
+def test_prompt_and_completion_text_are_recorded_only_when_turned_on_with_credentials_masked(
+        spans, demo, worker, settings, monkeypatch):
+    key = "sk-test-" + "k" * 40
+    monkeypatch.setenv("EXAMPLE_PROVIDER_API_KEY", key)
+    settings.TOLLGATE = {**settings.TOLLGATE, "TRACE_CONTENT": True}
+    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"],
+                    input=f"refund please, my key is {key}")
+    worker.drain()
+
+    first = next(span for span in spans.get_finished_spans() if span.name.startswith("chat"))
+    sent = json.loads(first.attributes["gen_ai.input.messages"])
+    assert any("refund please, my key is ***" in str(message.get("content")) for message in sent)
+    assert key not in first.attributes["gen_ai.input.messages"]
+    assert first.attributes["gen_ai.system_instructions"] == json.dumps(run.agent.instructions, ensure_ascii=False)
+    answered, = json.loads(first.attributes["gen_ai.output.messages"])
+    assert answered["role"] == "assistant" and answered["tool_calls"][0]["name"] == "query_order"
+
+
+def test_a_runs_log_lines_carry_its_trace_id_while_traces_are_recorded(spans, demo, worker):
+    from runs.log_context import RunContextFilter
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if getattr(record, "run_id", None) is not None:
+                seen.append((record.run_id, record.trace_id, record.run_context))
+
+    handler = Keep(level=logging.DEBUG)
+    handler.addFilter(RunContextFilter())
+    root = logging.getLogger()
+    previous = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        run = _approved_refund(demo, worker)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+
+    trace_id = f"{tracing.run_ids(run.pk, run.created_at)[0]:032x}"
+    assert seen and {line[:2] for line in seen} == {(run.pk, trace_id)}
+    assert {f"0x{span.context.trace_id:032x}" for span in spans.get_finished_spans()} == {f"0x{trace_id}"}
+    assert all(f"trace {trace_id}" in line[2] for line in seen)

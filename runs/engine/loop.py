@@ -111,7 +111,7 @@ def advance_slice(run_id: int) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.awaiting``)
     that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
-    log_context.note(session_id=run.session_id)
+    log_context.note(session_id=run.session_id, trace_id=tracing.trace_id_hex(run))
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
         if not can_proceed(run.start):  # a cancel was requested
@@ -354,7 +354,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
                 failpoint("model_call_started")
                 return client.complete(request)
 
-            span = tracing.start_model_span(run, agent.model)
+            span = tracing.start_model_span(run, agent.model, request)
             try:
                 answer = yield Await(start=start, timeout_s=limit_s,
                                      timed_out=lambda: ModelError(f"The model did not answer within {limit_s:g} s.",
