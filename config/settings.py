@@ -513,6 +513,19 @@ TOLLGATE = {
     "WEBHOOK_MAX_IN_FLIGHT_PER_USER": env.int("TOLLGATE_WEBHOOK_MAX_IN_FLIGHT_PER_USER", default=2),
     # Largest metadata object of a session, as compact UTF-8 JSON (bytes).
     "MAX_SESSION_METADATA_BYTES": env.int("TOLLGATE_MAX_SESSION_METADATA_BYTES", default=16_384),
+    # --- MCP servers (tools.mcp) ---
+    # Remote MCP servers whose tools agents may name ("crm.lookup" or
+    # "crm.*"), by server name: {"url": "https://...", "auth_header_env"?:
+    # the environment variable holding the Authorization header's value,
+    # "auth_header"?: another header name, "timeout_s"?: seconds a call may
+    # take (default 30), "rules"?: {tool: approval rule} replacing the rule
+    # the annotations give}. A JSON object in TOLLGATE_MCP_SERVERS, e.g.
+    # {"crm": {"url": "https://crm.example.com/mcp", "auth_header_env":
+    # "CRM_MCP_AUTH"}}. The URL rules of webhooks apply (TOLLGATE_WEBHOOK_*).
+    "MCP_SERVERS": env.json("TOLLGATE_MCP_SERVERS", default={}),
+    # Largest result of one MCP tool call kept (bytes of JSON); a non-text
+    # block is kept as {type, mimeType, size}, never its data.
+    "MCP_MAX_RESULT_BYTES": env.int("TOLLGATE_MCP_MAX_RESULT_BYTES", default=262_144),
     # --- Model providers (runs.providers.http_config) ---
     # Endpoint profiles an agent's model config names with "endpoint"
     # (default: the provider's name): {"provider", "base_url"?,

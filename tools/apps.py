@@ -15,3 +15,10 @@ class ToolsConfig(AppConfig):
     def ready(self):
         # The core's own waiting tools register themselves on import.
         from tools import builtin  # noqa: F401
+        from tools.mcp.source import SOURCE
+        from tools.mcp.startup import check_servers
+        from tools.registry import add_source
+
+        # The tools of the MCP servers in TOLLGATE_MCP_SERVERS; a profile that cannot be used stops the start.
+        check_servers()
+        add_source(SOURCE)
