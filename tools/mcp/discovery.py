@@ -18,7 +18,6 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
 
-from tools.mcp import client
 from tools.mcp.conf import ServerProfile, servers
 from tools.models import McpTool, McpToolEvent
 
@@ -46,6 +45,8 @@ def refresh(server: str, *, actor: str = "refresh") -> Refreshed:
     ``tools.registry.ToolUnavailable`` / ``ToolError`` when the server
     cannot be listed (the cache is left as it was).
     """
+    from tools.mcp import client  # the SDK is an optional extra: imported only once a server is used
+
     profile = servers()[server]
     listed = async_to_sync(client.list_tools)(profile)
     definitions = {tool.name: {"description": tool.description or "", "inputSchema": tool.input_schema,

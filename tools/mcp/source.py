@@ -18,7 +18,6 @@ import logging
 from django.conf import settings
 from jsonschema import SchemaError
 
-from tools.mcp import client
 from tools.mcp.conf import ServerProfile, servers
 from tools.models import McpTool
 from tools.registry import Tool, ToolContext, ToolError, ToolSource
@@ -95,6 +94,8 @@ def build_tool(profile: ServerProfile, row: McpTool) -> Tool | None:
 
 def _handler(profile: ServerProfile, tool_name: str):
     async def call(ctx: ToolContext, arguments: dict):
+        from tools.mcp import client  # the SDK is an optional extra: imported only once a server is used
+
         meta = {f"{META_PREFIX}idempotencyKey": ctx.idempotency_key, f"{META_PREFIX}runId": ctx.run.pk,
                 f"{META_PREFIX}sessionId": ctx.run.session_id,
                 f"{META_PREFIX}toolCallId": ctx.tool_call.pk if ctx.tool_call is not None else None}

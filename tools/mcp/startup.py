@@ -7,6 +7,8 @@ or a metadata address is refused unless ``TOLLGATE_WEBHOOK_ALLOWED_HOSTS``
 ``TOLLGATE_WEBHOOK_ALLOW_HTTP``.
 """
 
+import importlib.util
+
 from django.core.exceptions import ImproperlyConfigured
 
 from runs.webhooks.urlguard import UnsafeURL, check_url
@@ -17,6 +19,9 @@ def check_servers() -> None:
     """Raise ``ImproperlyConfigured`` naming the server and the problem for any profile that cannot be used:
     malformed (``tools.mcp.conf``), its auth header's variable unset, or its URL refused. The secret's value
     is never part of a message."""
+    if servers() and importlib.util.find_spec("mcp") is None:
+        raise ImproperlyConfigured("TOLLGATE_MCP_SERVERS names servers, but the MCP SDK is not installed: "
+                                   "pip install 'tollgate[mcp]'.")
     for profile in servers().values():
         profile.headers()
         try:
