@@ -518,7 +518,9 @@ TOLLGATE = {
     # "crm.*"), by server name: {"url": "https://...", "auth_header_env"?:
     # the environment variable holding the Authorization header's value,
     # "auth_header"?: another header name, "timeout_s"?: seconds a call may
-    # take (default 30), "rules"?: {tool: approval rule} replacing the rule
+    # take (default 30), "max_attempts"? / "backoff_s"?: sends of a read-only
+    # call while the server is unreachable (default 5) and the first backoff
+    # (default 1 s, doubling, full jitter), "rules"?: {tool: approval rule} replacing the rule
     # the annotations give}. A JSON object in TOLLGATE_MCP_SERVERS, e.g.
     # {"crm": {"url": "https://crm.example.com/mcp", "auth_header_env":
     # "CRM_MCP_AUTH"}}. The URL rules of webhooks apply (TOLLGATE_WEBHOOK_*).

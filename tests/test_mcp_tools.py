@@ -4,11 +4,15 @@ The server runs on loopback behind a proxy that can cut its connections
 (tests/mcp_helpers.py); agents are scripted (runs/providers/scripted.py).
 """
 
+import threading
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from approvals.models import Interrupt
-from tests.api_helpers import create_agent, error_of, field_errors, get_run, pending_interrupts, start_run, tool_calls
+from approvals.models import Interrupt, InterruptKind, InterruptStatus
+from tests.api_helpers import create_agent, error_of, events, field_errors, get_run, pending_interrupts, start_run, tool_calls
+from runs.engine.recovery import sweep
+from tests.webhook_helpers import wait_until
 from tests.mcp_helpers import TOKEN_ENV, CuttingProxy, McpServer
 from tools.mcp.discovery import accept, refresh
 from tools.mcp.startup import check_servers
@@ -37,7 +41,8 @@ def mcp(mcp_process, settings, monkeypatch, transactional_db):
     monkeypatch.setenv(TOKEN_ENV, "Bearer s3cret")
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": ["127.0.0.1"], "WEBHOOK_ALLOW_HTTP": True,
                          "MCP_SERVERS": {"files": {"url": f"http://127.0.0.1:{proxy.port}/mcp",
-                                                   "auth_header_env": TOKEN_ENV, "timeout_s": 10}}}
+                                                   "auth_header_env": TOKEN_ENV, "timeout_s": 10,
+                                                   "max_attempts": 8, "backoff_s": 0.5}}}
     check_servers()
     refresh("files")
     server.proxy = proxy
@@ -189,3 +194,79 @@ def test_a_profile_pointing_at_a_refused_address_or_missing_its_secret_stops_the
     settings.TOLLGATE = {**settings.TOLLGATE, "MCP_SERVERS": {"files.x": {"url": "http://127.0.0.1:9/mcp"}}}
     with pytest.raises(ImproperlyConfigured, match="no '.'"):
         check_servers()
+
+
+def cut_when_called(mcp, tool: str, count: int = 1) -> threading.Thread:
+    """A thread that cuts the proxy's connections once the server received ``count`` calls of ``tool``."""
+    def cut():
+        mcp.wait_for_call(tool, count)
+        mcp.proxy.cut()
+
+    thread = threading.Thread(target=cut, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_cut_connection_during_the_destructive_call_opens_a_reconciliation_item(mcp, worker, demo, api):
+    held = {"name": "files.delete_record", "arguments": {"record_id": 7, "reason": "duplicate", "hold_s": 5}}
+    agent = mcp_agent(api, demo, "mcp-cut", [{"tool_calls": [held]}, {"content": "Deleted."}])
+    requester, approver = api(demo["requester"]), api(demo["approver"])
+    run = start_run(requester, agent["slug"], "Delete record 7.")
+    worker.drain()
+    item, = pending_interrupts(approver, run["id"])
+    cutter = cut_when_called(mcp, "delete_record")
+    assert approver.post(f"/api/interrupts/{item['id']}/approve/", {}, format="json").status_code == 200
+    worker.drain()
+    cutter.join(5)
+
+    call, = tool_calls(requester, run["id"])
+    assert (call["status"], call["attempts"]) == ("unknown", 1)  # never sent again blindly
+    assert len(mcp.journal("delete_record")) == 1
+    run = get_run(requester, run["id"])
+    assert (run["status"], run["waiting_reason"]) == ("waiting", "reconciliation")
+    assert Interrupt.objects.filter(run_id=run["id"], kind=InterruptKind.RECONCILIATION,
+                                    status=InterruptStatus.PENDING).count() == 1
+
+
+def test_a_cut_connection_during_the_idempotent_call_sends_it_once_more_under_the_same_key(mcp, worker, demo, api):
+    tag = {"name": "files.tag_record", "arguments": {"record_id": 7, "tag": "vip", "hold_s": 1}}
+    agent = mcp_agent(api, demo, "mcp-tag", [{"tool_calls": [tag]}, {"content": "Tagged."}])
+    requester = api(demo["requester"])
+    cutter = cut_when_called(mcp, "tag_record")
+    run = start_run(requester, agent["slug"], "Tag record 7.")
+    worker.drain()
+    cutter.join(5)
+
+    run = get_run(requester, run["id"])
+    call, = tool_calls(requester, run["id"])
+    assert (run["status"], call["status"], call["attempts"]) == ("completed", "succeeded", 2)
+    first, second = mcp.journal("tag_record")
+    assert first["meta"]["io.tollgate/idempotencyKey"] == second["meta"]["io.tollgate/idempotencyKey"] \
+        == call["idempotency_key"]
+    assert call["result"]["structured"] == {"record_id": 7, "tag": "vip", "keys_seen": 1}
+
+
+def test_a_server_stopped_mid_run_means_backoff_then_the_run_completes(mcp, worker, demo, api, settings):
+    agent = mcp_agent(api, demo, "mcp-down", [{"tool_calls": [LOOKUP]}, {"content": "Found it."}])
+    requester = api(demo["requester"])
+    mcp.stop()
+    restarter = threading.Timer(1.0, mcp.start)
+    restarter.start()
+    run = start_run(requester, agent["slug"], "Look up a.")
+    worker.drain()
+    restarter.join()
+
+    def completed():  # a longer backoff is a timer the sweeper wakes
+        sweep()
+        worker.drain()
+        return get_run(requester, run["id"])["status"] == "completed"
+
+    wait_until(completed, 60, "the run to complete")
+
+    run = get_run(requester, run["id"])
+    call, = tool_calls(requester, run["id"])
+    assert (run["status"], call["status"]) == ("completed", "succeeded")
+    assert call["attempts"] >= 2  # refused while the server was down, sent again after a backoff
+    assert len(mcp.journal("lookup")) == 1
+    assert any(event["type"] == "tool_call" and event["reason"] == "retrying"
+               for event in events(requester, run["id"]))

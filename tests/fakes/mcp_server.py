@@ -6,8 +6,9 @@
 * ``lookup(key)``: read-only (``readOnlyHint``), answers ``{"key", "value"}``;
 * ``delete_record(record_id, reason)``: destructive (no ``destructiveHint: false``);
   ``record_id`` is an integer from 1 to 100 in its ``inputSchema``;
-* ``tag_record(record_id, tag)``: ``idempotentHint`` and not destructive; tags
-  once per ``io.tollgate/idempotencyKey`` in the request's ``_meta``;
+* ``tag_record(record_id, tag)``: ``idempotentHint`` and not destructive, with
+  structured content: tags once per ``io.tollgate/idempotencyKey`` in the
+  request's ``_meta`` (``keys_seen`` counts the keys);
 * ``failing()``: read-only, always an ``isError`` result;
 * ``picture()``: read-only, a text block and a small PNG image block.
 
@@ -29,7 +30,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ImageContent, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.responses import JSONResponse
 
@@ -39,7 +40,7 @@ TOKEN = "Bearer s3cret"
 PNG = base64.b64encode(bytes.fromhex("89504e470d0a1a0a") + b"\0" * 24).decode()
 
 server = MCPServer("tollgate-test")
-tags_by_key: dict[str, dict] = {}
+keys_seen: set[str] = set()
 
 
 def journal(tool: str, arguments: dict, ctx: Context) -> None:
@@ -64,14 +65,20 @@ async def delete_record(record_id: Annotated[int, Field(ge=1, le=1000 if CHANGED
     return {"deleted": record_id}
 
 
+class Tagged(BaseModel):
+    record_id: int
+    tag: str
+    keys_seen: int
+
+
 @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True))
-async def tag_record(record_id: int, tag: str, ctx: Context, hold_s: float = 0) -> dict:
-    """Put a tag on a record (the same key tags once)."""
+async def tag_record(record_id: int, tag: str, ctx: Context, hold_s: float = 0) -> Tagged:
+    """Put a tag on a record (once per idempotency key); ``keys_seen``: distinct keys tagged under so far."""
     journal("tag_record", {"record_id": record_id, "tag": tag}, ctx)
     await asyncio.sleep(hold_s)
     key = (ctx.request_context.meta or {}).get("io.tollgate/idempotencyKey", "")
-    first = tags_by_key.setdefault(key, {"record_id": record_id, "tag": tag, "times_tagged": len(tags_by_key) + 1})
-    return first
+    keys_seen.add(key)
+    return Tagged(record_id=record_id, tag=tag, keys_seen=len(keys_seen))
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))

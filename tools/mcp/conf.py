@@ -12,8 +12,10 @@ from django.core.exceptions import ImproperlyConfigured
 from tools.policy import InvalidRule, check_rule
 
 SERVER_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-KNOWN_KEYS = {"url", "auth_header_env", "auth_header", "timeout_s", "rules"}
+KNOWN_KEYS = {"url", "auth_header_env", "auth_header", "timeout_s", "rules", "max_attempts", "backoff_s"}
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,9 @@ class ServerProfile:
     HTTP endpoint; ``auth_header`` / ``auth_header_env``: the header sent
     with every request and the environment variable holding its value
     (empty: no header); ``timeout_s``: seconds a call may take;
-    ``rules``: ``{tool name: approval rule}`` set by the operator, replacing
+    ``max_attempts`` / ``backoff_s``: how often a read-only call is sent
+    while the server cannot be reached, with exponential backoff from
+    ``backoff_s`` seconds (full jitter); ``rules``: ``{tool name: approval rule}`` set by the operator, replacing
     what the tool's annotations would ask (``tools.policy`` syntax).
     """
 
@@ -33,6 +37,8 @@ class ServerProfile:
     auth_header: str = "Authorization"
     auth_header_env: str = ""
     timeout_s: float = DEFAULT_TIMEOUT_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_s: float = DEFAULT_BACKOFF_S
     rules: dict = field(default_factory=dict)
 
     def headers(self) -> dict[str, str]:
@@ -84,6 +90,12 @@ def _profile(name: str, entry) -> ServerProfile:
     timeout_s = entry.get("timeout_s", DEFAULT_TIMEOUT_S)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
         raise bad("timeout_s must be a number of seconds from 0 to 3600.")
+    max_attempts = entry.get("max_attempts", DEFAULT_MAX_ATTEMPTS)
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 20:
+        raise bad("max_attempts must be an integer from 1 to 20.")
+    backoff_s = entry.get("backoff_s", DEFAULT_BACKOFF_S)
+    if isinstance(backoff_s, bool) or not isinstance(backoff_s, (int, float)) or not 0 < backoff_s <= 600:
+        raise bad("backoff_s must be a number of seconds from 0 to 600.")
     rules = entry.get("rules", {})
     if not isinstance(rules, dict):
         raise bad("rules must be an object of approval rules by tool name.")
@@ -97,4 +109,4 @@ def _profile(name: str, entry) -> ServerProfile:
             raise bad(f"{key} must be a string.")
     return ServerProfile(name=name, url=url, auth_header=entry.get("auth_header") or "Authorization",
                          auth_header_env=entry.get("auth_header_env", ""), timeout_s=float(timeout_s),
-                         rules=dict(rules))
+                         max_attempts=max_attempts, backoff_s=float(backoff_s), rules=dict(rules))
