@@ -4,9 +4,11 @@ The server runs on loopback behind a proxy that can cut its connections
 (tests/mcp_helpers.py); agents are scripted (runs/providers/scripted.py).
 """
 
+import io
 import threading
 
 import pytest
+from django.core.management import call_command
 from django.core.exceptions import ImproperlyConfigured
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
@@ -160,8 +162,9 @@ def test_an_agent_naming_an_unlisted_tool_or_server_is_refused_at_creation(mcp, 
 
 def test_a_changed_schema_is_held_for_an_operator_until_accepted(mcp, worker, demo, api, settings):
     mcp.start(changed=True)
-    refreshed = refresh("files")
-    assert refreshed.changes == (("files.delete_record", "changed"),)
+    out = io.StringIO()
+    call_command("mcp_refresh", stdout=out)
+    assert out.getvalue().splitlines() == ["files.delete_record: changed", "files: refreshed, 1 change(s)."]
     change = McpToolEvent.objects.get(kind="changed")
     assert change.detail["before"]["inputSchema"]["properties"]["record_id"]["maximum"] == 100
     assert change.detail["after"]["inputSchema"]["properties"]["record_id"]["maximum"] == 1000
