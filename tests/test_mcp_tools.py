@@ -68,6 +68,13 @@ def test_listing_is_cached_with_annotations_and_the_annotations_only_make_tools_
     assert get_tool("files.nope") is None and get_tool("other.lookup") is None
 
 
+def test_the_api_lists_the_mcp_tools_as_it_lists_in_process_tools(mcp, demo, api):
+    listed = {tool["name"]: tool for tool in api(demo["requester"]).get("/api/tools/").json()["results"]}
+    assert {"refund", "files.lookup", "files.delete_record", "files.tag_record"} <= set(listed)
+    assert (listed["files.lookup"]["side_effect"], listed["files.lookup"]["approval"]) == (False, "never")
+    assert (listed["files.delete_record"]["side_effect"], listed["files.delete_record"]["approval"]) == (True, "always")
+
+
 def test_an_operator_rule_replaces_the_rule_the_annotations_give(mcp, settings):
     profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
     settings.TOLLGATE = {**settings.TOLLGATE, "MCP_SERVERS": {"files": {

@@ -274,6 +274,10 @@ class ToolSource:
         None when the entry is not this source's at all."""
         raise NotImplementedError
 
+    def all(self) -> "list[Tool]":
+        """Every tool of this source that may be offered now, sorted by name."""
+        raise NotImplementedError
+
 
 _TOOLS: dict[str, Tool] = {}
 _SOURCES: list[ToolSource] = []
@@ -317,6 +321,15 @@ def tools_named(entry: str) -> list[Tool]:
 def all_tools() -> list[Tool]:
     """Every registered tool, sorted by name."""
     return [_TOOLS[name] for name in sorted(_TOOLS)]
+
+
+def offered_tools() -> list[Tool]:
+    """Every tool an agent may be given now: the registered ones, then each source's (``ToolSource.all``).
+
+    Unlike ``all_tools`` it may query (a source's cache), so data
+    migrations keep to ``all_tools``.
+    """
+    return all_tools() + [tool for source in _SOURCES for tool in source.all()]
 
 
 def tools_for_agent(agent) -> list[Tool]:

@@ -58,6 +58,9 @@ class McpSource(ToolSource):
             rows = rows.filter(name=tool_name)
         return [tool for row in rows.order_by("name") if (tool := self._tool(profile, row)) is not None]
 
+    def all(self) -> list[Tool]:
+        return [tool for server in sorted(servers()) for tool in self.named(f"{server}.*")]
+
     @staticmethod
     def _split(name: str) -> tuple[ServerProfile | None, str]:
         server, dot, tool_name = name.partition(".")
