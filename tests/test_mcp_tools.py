@@ -190,6 +190,27 @@ def test_a_changed_schema_is_held_for_an_operator_until_accepted(mcp, worker, de
     mcp.start()  # the original listing for the next tests
 
 
+def test_a_call_awaiting_approval_when_its_schema_changes_is_not_sent(mcp, worker, demo, api):
+    agent = mcp_agent(api, demo, "mcp-held-pending", [{"tool_calls": [DELETE_7]}, {"content": "Done."}])
+    requester, approver = api(demo["requester"]), api(demo["approver"])
+    run = start_run(requester, agent["slug"], "Delete record 7.")
+    worker.drain()
+    item, = pending_interrupts(approver, run["id"])
+    mcp.start(changed=True)
+    refresh("files")
+
+    edited = approver.post(f"/api/interrupts/{item['id']}/approve/",
+                           {"arguments": {"record_id": 8, "reason": "duplicate"}}, format="json")
+    assert error_of(edited, 400)["message"] == ("The tool 'files.delete_record' is not available now; edited "
+                                                "arguments cannot be checked.")
+    assert approver.post(f"/api/interrupts/{item['id']}/approve/", {}, format="json").status_code == 200
+    worker.drain()
+    call, = tool_calls(requester, run["id"])
+    assert (call["status"], call["error"]) == ("denied", "The tool 'files.delete_record' is no longer available.")
+    assert mcp.journal("delete_record") == []
+    mcp.start()
+
+
 def test_a_profile_pointing_at_a_refused_address_or_missing_its_secret_stops_the_start(settings, monkeypatch):
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": [], "WEBHOOK_ALLOW_HTTP": True,
                          "MCP_SERVERS": {"files": {"url": "http://169.254.169.254/mcp"}}}
