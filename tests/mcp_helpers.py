@@ -26,9 +26,13 @@ def wait_for_port(port: int, timeout_s: float = 30) -> None:
 
 
 class McpServer:
-    """The fake MCP server as a subprocess on ``port``; ``journal`` lists the calls it received."""
+    """The fake MCP server as a subprocess on ``port``; ``journal`` lists the calls it received.
+
+    ``proxy``: the ``CuttingProxy`` Tollgate reaches it through, when a test set one.
+    """
 
     def __init__(self, tmp_path: Path):
+        self.proxy: "CuttingProxy | None" = None
         self.port = free_port()
         self.journal_path = tmp_path / "mcp-journal.jsonl"
         self.log_path = tmp_path / "mcp-server.log"
