@@ -31,7 +31,7 @@ from config.error_display import error_page, page_error
 from runs.errors import TollgateError
 from runs.labels import label
 from runs.selectors import run_tool_calls, session_messages
-from tools.registry import all_tools, get_tool
+from tools.registry import get_tool, offered_tools
 from tools.services.summary import describe
 
 
@@ -93,7 +93,7 @@ MAX_ROWS = 100  # run ids one fragment request may name
 
 def _filter_form(data) -> InboxFilterForm:
     return InboxFilterForm(data, kinds=[(kind, label(kind)) for kind in InterruptKind.values],
-                           tools=[tool.name for tool in all_tools()], agents=selectors.agent_slugs())
+                           tools=[tool.name for tool in offered_tools()], agents=selectors.agent_slugs())
 
 
 def _filters(data: dict) -> selectors.InboxFilters:

@@ -545,6 +545,21 @@ TOLLGATE = {
     # Record prompt and completion text on model-call spans (runs.tracing), credentials masked; off: only
     # sizes, tokens and names are recorded.
     "TRACE_CONTENT": env.bool("TOLLGATE_TRACE_CONTENT", default=False),
+    # --- MCP servers (tools.mcp) ---
+    # Remote MCP servers whose tools agents may name ("crm.lookup" or
+    # "crm.*"), by server name: {"url": "https://...", "auth_header_env"?:
+    # the environment variable holding the Authorization header's value,
+    # "auth_header"?: another header name, "timeout_s"?: seconds a call may
+    # take (default 30), "max_attempts"? / "backoff_s"?: sends of a read-only
+    # call while the server is unreachable (default 5) and the first backoff
+    # (default 1 s, doubling, full jitter), "rules"?: {tool: approval rule} replacing the rule
+    # the annotations give}. A JSON object in TOLLGATE_MCP_SERVERS, e.g.
+    # {"crm": {"url": "https://crm.example.com/mcp", "auth_header_env":
+    # "CRM_MCP_AUTH"}}. The URL rules of webhooks apply (TOLLGATE_WEBHOOK_*).
+    "MCP_SERVERS": env.json("TOLLGATE_MCP_SERVERS", default={}),
+    # Largest result of one MCP tool call kept (bytes of JSON); a non-text
+    # block is kept as {type, mimeType, size}, never its data.
+    "MCP_MAX_RESULT_BYTES": env.int("TOLLGATE_MCP_MAX_RESULT_BYTES", default=262_144),
     # --- Model providers (runs.providers.http_config) ---
     # Endpoint profiles an agent's model config names with "endpoint"
     # (default: the provider's name): {"provider", "base_url"?,

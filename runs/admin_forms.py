@@ -25,7 +25,7 @@ from runs.engine import completion
 from runs.engine.agents import LOOSEN_PERMISSION, check_definition
 from runs.models import Agent
 from runs.providers.registry import PROVIDER_MODULES
-from tools.registry import all_tools
+from tools.registry import offered_tools
 
 MODEL_EXAMPLE = {"provider": "openai", "model": "gpt-4.1-mini", "endpoint": "openai", "temperature": 0.2}
 POLICY_EXAMPLE = {"refund": "amount > 20", "send_email": "always"}
@@ -39,9 +39,10 @@ def _with_stored(choices: list[tuple[str, str]], stored) -> list[tuple[str, str]
 
 
 def tool_choices(stored=()) -> list[tuple[str, str]]:
-    """``(name, label)`` of every registered tool, sorted; the label says side effect and approval rule."""
+    """``(name, label)`` of every tool an agent may be given (``offered_tools``: registered ones sorted, then
+    MCP servers'); the label says side effect and approval rule."""
     choices = []
-    for tool in all_tools():
+    for tool in offered_tools():
         if tool.side_effect:
             text = _("%(name)s (changes things; approval: %(rule)s)") % {"name": tool.name, "rule": tool.approval}
         else:

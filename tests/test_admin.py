@@ -12,7 +12,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.contrib.messages import WARNING
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils.html import escape
 
@@ -24,6 +24,9 @@ from runs.engine.completion import check_names
 from runs.models import Agent, Run, RunEvent, RunStatus, Session, WaitingReason
 from runs.engine.lifecycle import start_run
 from tests.answer_file_helpers import CSV, answered_with_file
+from tools.mcp.conf import ServerProfile
+from tools.mcp.discovery import store_listing
+from tools.models import McpTool
 from tools.registry import all_tools, get_tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,7 +92,19 @@ def warnings_of(response) -> list[str]:
     return [m.message for m in response.context["messages"] if m.level == WARNING]
 
 
+def held_mcp_tool() -> McpTool:
+    """An MCP tool of a server ``files`` listed, then listed with another schema: held for an operator."""
+    profile = ServerProfile(name="files", url="https://files.example.com/mcp")
+    for maximum in (100, 1000):
+        store_listing(profile, {"delete_record": {
+            "description": "Delete a record.", "annotations": {"readOnlyHint": False},
+            "inputSchema": {"type": "object", "properties": {"record_id": {"type": "integer", "maximum": maximum}}}}},
+            actor="test")
+    return McpTool.objects.get(server="files", name="delete_record")
+
+
 def test_every_changelist_and_change_page_answers_200(admin_web, demo, worker, api, media_root):
+    held_mcp_tool()
     finish_refund(demo, worker)
     start_demo_runs(demo, worker)
     answered_with_file(worker, demo, api)
@@ -542,3 +557,22 @@ def test_a_session_with_a_page_of_its_runs_shown_can_still_be_renamed(admin_web,
     assert response.status_code == 302, response.context["adminform"].form.errors
     session.refresh_from_db()
     assert session.title == "Cancel order 124" and session.runs.count() == 3
+
+
+def test_an_operator_accepts_a_held_mcp_tool_with_the_admin_action(admin_web, demo):
+    tool = held_mcp_tool()
+    assert tool.held
+    approver = Client()
+    approver.force_login(demo["approver"])  # no change permission on MCP tools: nothing accepted
+    action(approver, McpTool, "accept_selected", [tool])
+    tool.refresh_from_db()
+    assert tool.held
+
+    response = action(admin_web, McpTool, "accept_selected", [tool])
+    assert [m.message for m in response.context["messages"]] == ["Accepted 1 tool."]
+    tool.refresh_from_db()
+    assert not tool.held and tool.accepted_by == demo["admin"]
+    assert list(tool.events.values_list("kind", "actor")) == [
+        ("accepted", "admin"), ("changed", "test"), ("discovered", "test")]
+    response = action(admin_web, McpTool, "accept_selected", [tool])
+    assert [m.message for m in response.context["messages"]] == ["None of the selected tools was held."]

@@ -12,7 +12,8 @@ Layers, top to bottom:
    ``runs.providers``;
 3. the approvals services: ``approvals.models``, ``approvals.services``;
 2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
-   ``tools.policy``, ``tools.services``;
+   ``tools.policy``, ``tools.services``, ``tools.mcp`` (but its admin and its
+   start-up checks, which use the webhooks' URL rules: surfaces);
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
    ``runs.tx`` (one transaction on one run), ``runs.lease``, ``runs.wakeups``,
    ``runs.live``, ``runs.waits``, ``runs.access`` (who sees and decides what);
@@ -57,6 +58,9 @@ LAYERS = {
     "approvals.bulk": 3,
     "approvals.answer_files": 3,
     "approvals.answer_file_cleanup": 3,
+    "tools.mcp.admin": 5,
+    "tools.mcp.startup": 5,
+    "tools.mcp": 2,
     "tools.models": 2,
     "tools.registry": 2,
     "tools.policy": 2,

@@ -27,3 +27,7 @@ class ToolCallAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def arguments_summary(self, tool_call: ToolCall) -> str:
         return truncated(tool_call.raw_arguments if tool_call.arguments is None else str(tool_call.arguments), 60)
 
+
+
+# The MCP tools' admin registers itself on import.
+from tools.mcp import admin as mcp_admin  # noqa: E402,F401

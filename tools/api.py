@@ -4,7 +4,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 
 from config.pagination import WholeListPagination
-from tools.registry import all_tools
+from tools.registry import offered_tools
 
 
 class ToolSerializer(serializers.Serializer):
@@ -23,11 +23,12 @@ class ToolSerializer(serializers.Serializer):
 
 @extend_schema(summary="List registered tools (all on one page)")
 class ToolListView(generics.ListAPIView):
-    """Every registered tool, by name: the registry is small and fixed, so it is one page."""
+    """Every tool an agent may be given, by name (registered ones, then MCP servers' tools not held for an
+    operator): the list is small, so it is one page."""
 
     serializer_class = ToolSerializer
     pagination_class = WholeListPagination
     filter_backends = []
 
     def get_queryset(self):
-        return all_tools()
+        return offered_tools()

@@ -259,7 +259,29 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
 
+class ToolSource:
+    """Tools declared outside code (e.g. the tools of MCP servers: ``tools.mcp.source``), looked up by name.
+
+    The registry asks its sources only for names no registered tool has, so
+    in-process tools cost them nothing.
+    """
+
+    def get(self, name: str) -> "Tool | None":
+        """The tool called ``name`` if this source has it and it may be offered and called now, else None."""
+        raise NotImplementedError
+
+    def named(self, entry: str) -> "list[Tool] | None":
+        """The tools an agent's ``tools`` entry stands for (e.g. ``server.*``: all of that server's);
+        None when the entry is not this source's at all."""
+        raise NotImplementedError
+
+    def all(self) -> "list[Tool]":
+        """Every tool of this source that may be offered now, sorted by name."""
+        raise NotImplementedError
+
+
 _TOOLS: dict[str, Tool] = {}
+_SOURCES: list[ToolSource] = []
 
 
 def register(tool: Tool) -> Tool:
@@ -270,9 +292,31 @@ def register(tool: Tool) -> Tool:
     return tool
 
 
+def add_source(source: ToolSource) -> ToolSource:
+    """Let ``source`` answer for the names no registered tool has (once per source object)."""
+    if source not in _SOURCES:
+        _SOURCES.append(source)
+    return source
+
+
 def get_tool(name: str) -> Tool | None:
-    """The registered tool called ``name``, or None."""
-    return _TOOLS.get(name)
+    """The registered tool called ``name``, else the first source's tool of that name, or None."""
+    tool = _TOOLS.get(name)
+    if tool is None:
+        tool = next((found for source in _SOURCES if (found := source.get(name)) is not None), None)
+    return tool
+
+
+def tools_named(entry: str) -> list[Tool]:
+    """The tools an agent's ``tools`` entry stands for: the registered tool of that name, else what a source
+    makes of it (``server.tool``, ``server.*``); empty for an entry that names nothing callable now."""
+    if entry in _TOOLS:
+        return [_TOOLS[entry]]
+    for source in _SOURCES:
+        found = source.named(entry)
+        if found is not None:
+            return found
+    return []
 
 
 def all_tools() -> list[Tool]:
@@ -280,6 +324,19 @@ def all_tools() -> list[Tool]:
     return [_TOOLS[name] for name in sorted(_TOOLS)]
 
 
+def offered_tools() -> list[Tool]:
+    """Every tool an agent may be given now: the registered ones, then each source's (``ToolSource.all``).
+
+    Unlike ``all_tools`` it may query (a source's cache), so data
+    migrations keep to ``all_tools``.
+    """
+    return all_tools() + [tool for source in _SOURCES for tool in source.all()]
+
+
 def tools_for_agent(agent) -> list[Tool]:
-    """The tools ``agent`` may call: the registered ones its ``tools`` list names (an empty list: none)."""
-    return [_TOOLS[name] for name in agent.tools if name in _TOOLS]
+    """The tools ``agent`` may call: those its ``tools`` list names (``tools_named``; an empty list: none),
+    each once, in the list's order."""
+    if all(name in _TOOLS for name in agent.tools):  # in-process tools only: no source is asked
+        return [_TOOLS[name] for name in agent.tools]
+    found = {tool.name: tool for entry in agent.tools for tool in tools_named(entry)}
+    return list(found.values())

@@ -38,7 +38,7 @@ from runs.errors import AgentArchived, Conflict, InvalidInput
 from runs.models import Agent
 from runs.providers.registry import model_config_problems
 from tools.policy import InvalidRule, check_rule
-from tools.registry import get_tool
+from tools.registry import get_tool, tools_named
 
 MAX_TURNS_LIMIT = 1000
 # Largest value of each optional budget (null: no limit); see runs.engine.budgets.
@@ -99,7 +99,7 @@ def config_errors(
     rule for a tool that asks for approval is refused as pointless).
     """
     errors: dict[str, list[str]] = {}
-    unknown = [tool for tool in tools if get_tool(tool) is None]
+    unknown = [tool for tool in tools if not tools_named(tool)]
     if unknown:
         errors["tools"] = [_unknown_tool(tool) for tool in unknown]
     if completion_check not in completion.check_names():

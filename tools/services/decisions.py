@@ -16,9 +16,12 @@ def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
     the business key function is the integrator's code. Raises
     ``InvalidInput`` when the edit breaks the tool's schema, its
     precondition (checked again: the approver must not get around it) or
-    its business key function (``Tool.same_action``).
+    its business key function (``Tool.same_action``), and when the tool is
+    not available now (``get_tool`` finds none).
     """
     tool = get_tool(tool_call.name)
+    if tool is None:  # removed from the registry, or an MCP tool held for an operator: nothing to check against
+        raise InvalidInput(f"The tool {tool_call.name!r} is not available now; edited arguments cannot be checked.")
     problems = tool.schema_errors(arguments)
     if problems:
         raise InvalidInput("Edited arguments do not match the schema: " + "; ".join(problems))

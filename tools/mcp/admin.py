@@ -1,0 +1,51 @@
+"""Django admin for MCP tools: the cached listings, their events, and accepting a changed definition."""
+
+from django.contrib import admin, messages
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from runs.admin_base import ReadOnlyAdminMixin, truncated
+from tools.mcp.discovery import accept
+from tools.models import McpTool, McpToolEvent
+
+
+class McpToolEventInline(ReadOnlyAdminMixin, admin.TabularInline):
+    """What happened to the tool's definition, newest first."""
+
+    model = McpToolEvent
+    fields = ("created_at", "kind", "actor", "detail")
+    extra = 0
+
+
+@admin.register(McpTool)
+class McpToolAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The tools MCP servers listed; a held one (changed since accepted) is refused until accepted here."""
+
+    list_display = ("full_name", "server", "listed", "is_held", "description_summary", "refreshed_at", "accepted_at")
+    list_filter = ("server", "listed")
+    search_fields = ("server", "name", "description")
+    actions = ["accept_selected"]
+    inlines = [McpToolEventInline]
+
+    @admin.display(description=gettext_lazy("held for an operator"), boolean=True)
+    def is_held(self, tool: McpTool) -> bool:
+        return tool.held
+
+    @admin.display(description=gettext_lazy("description"))
+    def description_summary(self, tool: McpTool) -> str:
+        return truncated(tool.description, 60)
+
+    def has_accept_permission(self, request) -> bool:
+        """Accepting a changed definition needs the model's change permission (the page itself is view-only)."""
+        return request.user.has_perm("tools.change_mcptool")
+
+    @admin.action(description=gettext_lazy("Accept the listed definition of the selected tools"),
+                  permissions=["accept"])
+    def accept_selected(self, request, queryset):
+        """Accept each held tool's listed definition (``tools.mcp.discovery.accept``); others are left as they are."""
+        accepted = sum(accept(tool, user=request.user) for tool in queryset.order_by("pk"))
+        if accepted:
+            self.message_user(request, ngettext("Accepted %(count)d tool.", "Accepted %(count)d tools.", accepted)
+                              % {"count": accepted}, level=messages.SUCCESS)
+        else:
+            self.message_user(request, _("None of the selected tools was held."), level=messages.INFO)

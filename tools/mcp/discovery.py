@@ -1,0 +1,121 @@
+"""The tool listings of MCP servers, cached in ``McpTool``: refreshed, and a changed definition held for an operator.
+
+A tool's definition is its description, ``inputSchema`` and annotations.
+The first listing of a tool is accepted as the operator configured its
+server (trust on first use); from then on a listing whose definition
+differs from the accepted one holds the tool (``McpTool.held``: not offered
+to models, its calls refused) until an operator accepts it (``accept``,
+the admin's action). Every discovery, change, acceptance, removal and
+return is an ``McpToolEvent`` and a log record (no secret in either).
+"""
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from django.utils import timezone
+
+from tools.mcp.conf import ServerProfile, servers
+from tools.models import McpTool, McpToolEvent
+
+log = logging.getLogger(__name__)
+Kind = McpToolEvent.Kind
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """What one refresh of a server found: ``changes``, ``(full tool name, event kind)`` pairs, in order."""
+
+    server: str
+    changes: tuple[tuple[str, str], ...]
+
+
+def fingerprint(definition: dict) -> str:
+    """SHA-256 (hex) of a definition ``{"description", "inputSchema", "annotations"}`` as canonical JSON."""
+    return hashlib.sha256(json.dumps(definition, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def refresh(server: str, *, actor: str = "refresh") -> Refreshed:
+    """List the tools of the configured ``server`` now and update its cache; returns what changed.
+
+    Raises ``KeyError`` for a server that is not configured, and
+    ``tools.registry.ToolUnavailable`` / ``ToolError`` when the server
+    cannot be listed (the cache is left as it was).
+    """
+    from tools.mcp import client  # the SDK is an optional extra: imported only once a server is used
+
+    profile = servers()[server]
+    listed = async_to_sync(client.list_tools)(profile)
+    definitions = {tool.name: {"description": tool.description or "", "inputSchema": tool.input_schema,
+                               "annotations": tool.annotations.model_dump(mode="json", by_alias=True,
+                                                                          exclude_none=True)
+                               if tool.annotations else {}}
+                   for tool in listed}
+    return store_listing(profile, definitions, actor=actor)
+
+
+def store_listing(profile: ServerProfile, definitions: dict[str, dict], *, actor: str) -> Refreshed:
+    """Update ``profile``'s cached tools to the listing ``definitions`` (``{tool name: definition}``)."""
+    now = timezone.now()
+    changes = []
+    with transaction.atomic():
+        known = {row.name: row for row in McpTool.objects.select_for_update().filter(server=profile.name)}
+        for name, definition in definitions.items():
+            row, kind = _store_one(profile, known.get(name), name, definition, now)
+            if kind:
+                changes.append((row, kind))
+        for name, row in known.items():
+            if name not in definitions and row.listed:
+                row.listed = False
+                row.refreshed_at = now
+                row.save(update_fields=["listed", "refreshed_at"])
+                changes.append((row, Kind.REMOVED))
+        for row, kind in changes:
+            detail = ({"before": row.accepted_definition, "after": row.definition()} if kind == Kind.CHANGED else {})
+            McpToolEvent.objects.create(tool=row, kind=kind, actor=actor, detail=detail)
+            (log.warning if kind == Kind.CHANGED else log.info)("MCP tool %s: %s", row.full_name, kind)
+    return Refreshed(server=profile.name, changes=tuple((row.full_name, str(kind)) for row, kind in changes))
+
+
+def _store_one(profile: ServerProfile, row: McpTool | None, name: str, definition: dict, now) -> tuple:
+    """Create or update one cached tool; returns ``(row, event kind or None)``."""
+    digest = fingerprint(definition)
+    fields = {"description": definition["description"], "input_schema": definition["inputSchema"],
+              "annotations": definition["annotations"], "fingerprint": digest, "refreshed_at": now}
+    if row is None:
+        row = McpTool.objects.create(server=profile.name, name=name, accepted_fingerprint=digest,
+                                     accepted_definition=definition, accepted_at=now, **fields)
+        return row, Kind.DISCOVERED
+    kind = None
+    if not row.listed:
+        kind = Kind.RETURNED
+    if digest != row.fingerprint and digest != row.accepted_fingerprint:
+        kind = Kind.CHANGED
+    for attribute, value in fields.items():
+        setattr(row, attribute, value)
+    row.listed = True
+    row.save()
+    return row, kind
+
+
+def accept(row: McpTool, *, user) -> bool:
+    """Accept ``row``'s listed definition (an operator's decision, ``user``): it is offered again.
+
+    Returns False (nothing written) when it was not held.
+    """
+    with transaction.atomic():
+        row = McpTool.objects.select_for_update().get(pk=row.pk)
+        if not row.held:
+            return False
+        row.accepted_fingerprint = row.fingerprint
+        row.accepted_definition = row.definition()
+        row.accepted_by = user
+        row.accepted_at = timezone.now()
+        row.save(update_fields=["accepted_fingerprint", "accepted_definition", "accepted_by", "accepted_at"])
+        McpToolEvent.objects.create(tool=row, kind=Kind.ACCEPTED, actor=user.get_username(),
+                                    detail={"fingerprint": row.fingerprint})
+    log.info("MCP tool %s: accepted by %s", row.full_name, user.get_username())
+    return True
