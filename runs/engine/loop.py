@@ -54,6 +54,7 @@ from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context
 from runs.engine.lifecycle import begin_run, end_run, ending_reads
 from runs.engine.state import Known
+from runs.engine.wire_names import on_the_wire, real_names
 from runs.live import DeltaBuffer, publish_delta
 from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
@@ -339,7 +340,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
     exhausted = _exhausted_budget(run, steps=known.steps)
     if exhausted:
         return _fail(run, *exhausted)
-    request, summary, deltas = _model_request(run, known.history)
+    request, summary, deltas, back = _model_request(run, known.history)
     with transaction.atomic():
         set_phase(run, Phase.CALLING_MODEL)  # fenced: no step is stored for a lease taken over
         step = Step.objects.create(run=run, index=known.steps, request=summary)
@@ -361,6 +362,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
                                                                   transient=True),
                                      stop_at=deadline_of(run), what="model")
                 deltas.flush()  # the stream's last events
+                real_names(answer.tool_calls, back)
                 response = screen_response(answer)
             except BaseException as exc:
                 tracing.end_model_span(span, error=exc)
@@ -601,9 +603,10 @@ def _finish(run: Run, known: Known, content: str, *, read_upto: int | None = Non
     return _fail(run, FailureType.INCOMPLETE, f"Not complete after {limit} reminders: {verdict.reason}")
 
 
-def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict, DeltaBuffer]:
-    """The request for ``run``'s next model call (``history``: the session's messages), its summary and
-    the buffer of its streaming deltas.
+def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict, DeltaBuffer, dict[str, str]]:
+    """The request for ``run``'s next model call (``history``: the session's messages), its summary, the
+    buffer of its streaming deltas, and ``{name on the wire: registered name}`` for the tool names a model
+    API refuses (``runs.engine.wire_names``: read the answer's calls back with it).
 
     The summary goes to ``Step.request``; streaming deltas go to the run's
     Channels group, coalesced (``runs.live.DeltaBuffer``: flush it once the
@@ -611,10 +614,11 @@ def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict, DeltaBu
     """
     context = build_context(run, history)
     deltas = DeltaBuffer(run.pk, push=publish_delta)
+    tools, messages, back = on_the_wire(context.tools, context.messages)
     request = ModelRequest(
         instructions=context.instructions,
-        messages=context.messages,
-        tools=context.tools,
+        messages=messages,
+        tools=tools,
         turn_index=run.model_calls,
         run_id=run.pk,
         on_delta=deltas.add,
@@ -622,7 +626,7 @@ def _model_request(run: Run, history: list) -> tuple[ModelRequest, dict, DeltaBu
     summary = {"turn_index": request.turn_index, "messages": len(context.messages),
                "last_message_id": context.last_message_id,
                "omitted_messages": context.omitted, "estimated_tokens": context.estimated_tokens}
-    return request, summary, deltas
+    return request, summary, deltas, back
 
 
 def _call_cost(agent, response):
