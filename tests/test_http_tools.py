@@ -380,3 +380,15 @@ def test_a_worker_killed_around_the_send_keeps_the_idempotency_key_and_books_onc
     assert list(service.bookings) == [booking.idempotency_key]  # one booking
     # Sent by the killed worker only when it died after the answer; else sent once, by the fresh one.
     assert len(sent) == 1 and booking.result == service.bookings[booking.idempotency_key]
+
+
+def test_the_inbox_item_and_the_api_say_where_an_http_tool_lives(people, worker, service, monkeypatch, client):
+    book_room(monkeypatch)
+    run = drained(worker, booking_run(people, find=False))
+    item = Interrupt.objects.get(run=run, kind=InterruptKind.APPROVAL)
+    client.force_login(people["approver"])
+
+    page = client.get(f"/inbox/{item.pk}/").content.decode()
+    assert 'id="tool-location"' in page and "Runs outside Tollgate: HTTP bookings /tools/book." in page
+    listed = {tool["name"]: tool for tool in client.get("/api/tools/").json()["results"]}
+    assert listed["book_room"]["location"] == "HTTP bookings /tools/book" and listed["refund"]["location"] == ""

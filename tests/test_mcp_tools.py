@@ -73,6 +73,7 @@ def test_the_api_lists_the_mcp_tools_as_it_lists_in_process_tools(mcp, demo, api
     assert {"refund", "files.lookup", "files.delete_record", "files.tag_record"} <= set(listed)
     assert (listed["files.lookup"]["side_effect"], listed["files.lookup"]["approval"]) == (False, "never")
     assert (listed["files.delete_record"]["side_effect"], listed["files.delete_record"]["approval"]) == (True, "always")
+    assert (listed["files.lookup"]["location"], listed["refund"]["location"]) == ("MCP server files", "")
 
 
 def test_an_operator_rule_replaces_the_rule_the_annotations_give(mcp, settings):

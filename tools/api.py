@@ -19,6 +19,8 @@ class ToolSerializer(serializers.Serializer):
     target_key = serializers.CharField(help_text="The argument naming what a call acts on (per-target rules).")
     requester_may_decide = serializers.BooleanField(help_text="Whether a run's requester may decide its items.")
     timeout_s = serializers.FloatField()
+    location = serializers.CharField(help_text='Where a tool that runs outside Tollgate lives ("HTTP bookings '
+                                               '/tools/book", "MCP server files"); empty for an in-process tool.')
 
 
 @extend_schema(summary="List registered tools (all on one page)")

@@ -235,7 +235,8 @@ def http_tool(*, name: str, description: str, parameters: dict, endpoint: str, p
                      side_effect=side_effect, timeout_s=fields.get("timeout_s", Tool.timeout_s),
                      result_validator=validator)
     return Tool(name=name, description=description, parameters=parameters, handler=functools.partial(_call, remote),
-                reconcile=functools.partial(_look_up, remote) if reconcile_path else None, **fields)
+                reconcile=functools.partial(_look_up, remote) if reconcile_path else None,
+                location=f"HTTP {endpoint} {path}", **fields)
 
 
 def tools_from_settings() -> list[Tool]:

@@ -205,6 +205,10 @@ class Tool:
     * ``judge_together(groups) -> [Together]``: for each group (a list of
       the arguments of pending calls on one target), whether they can all
       succeed (e.g. refunds asking more than is left). Called once per page.
+    * ``location``: where a tool that runs outside Tollgate lives, for
+      people (the inbox item, ``/api/tools/``): ``"HTTP bookings
+      /tools/book"`` (``tools.http``: the endpoint profile and path),
+      ``"MCP server files"`` (``tools.mcp``); empty for an in-process tool.
     """
 
     name: str
@@ -227,6 +231,7 @@ class Tool:
     summarize: Callable[[list[dict]], list[Description]] | None = None
     title: Callable[[dict], str] | None = None
     judge_together: Callable[[list[list[dict]]], list[Together]] | None = None
+    location: str = ""
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

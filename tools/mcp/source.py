@@ -89,7 +89,8 @@ def build_tool(profile: ServerProfile, row: McpTool) -> Tool | None:
                     handler=_handler(profile, row.name), side_effect=side_effect, approval=approval,
                     idempotent=idempotent, timeout_s=profile.timeout_s,
                     # "sent once more" for an idempotent side effect; reads as the profile says.
-                    max_attempts=2 if idempotent else profile.max_attempts, backoff_s=profile.backoff_s)
+                    max_attempts=2 if idempotent else profile.max_attempts, backoff_s=profile.backoff_s,
+                    location=f"MCP server {profile.name}")
     except (SchemaError, ValueError) as exc:
         log.warning("MCP tool %s cannot be offered: %s", row.full_name, exc)
         return None
