@@ -245,3 +245,27 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo
     assert engine.isolated == 1 and engine.isolating is None
     assert engine.wait_idle(30)
     engine.close_connections()
+
+
+@pytest.mark.parametrize("error, sends, status", [("not sent", 2, S.SUCCEEDED), ("unavailable", 1, S.UNKNOWN)])
+def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff(error, sends, status, demo, worker,
+                                                                                 monkeypatch):
+    """No connection could be made (``ToolNotSent``): nothing left, so the side effect is simply sent again;
+    a failure after which it may have left (``ToolUnavailable``) makes it unknown, never sent again blindly."""
+    from tools.registry import ToolNotSent, ToolUnavailable
+
+    sent = []
+
+    async def flaky(ctx, args):
+        sent.append(ctx.idempotency_key)
+        if len(sent) == 1:
+            raise (ToolNotSent if error == "not sent" else ToolUnavailable)("connection refused")
+        return {"booked": args["key"]}
+
+    use_tool(monkeypatch, "flaky_send", flaky, side_effect=True, backoff_s=0.01)
+    run = start_run(agent=calling("flaky-send", "flaky_send"), user=demo["requester"], input="x")
+    worker.drain()
+
+    call = ToolCall.objects.get(run=run)
+    assert (len(sent), call.status, call.attempts) == (sends, status, sends)
+    assert len(set(sent)) == 1  # one idempotency key for every send

@@ -392,3 +392,25 @@ def test_the_inbox_item_and_the_api_say_where_an_http_tool_lives(people, worker,
     assert 'id="tool-location"' in page and "Runs outside Tollgate: HTTP bookings /tools/book." in page
     listed = {tool["name"]: tool for tool in client.get("/api/tools/").json()["results"]}
     assert listed["book_room"]["location"] == "HTTP bookings /tools/book" and listed["refund"]["location"] == ""
+
+
+def test_a_service_that_cannot_be_reached_raises_not_sent(settings, monkeypatch):
+    """A refused connection is ``ToolNotSent`` (nothing left); the engine may send any call again."""
+    import socket
+
+    from tools.registry import ToolContext, ToolNotSent
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    settings.TOLLGATE = {**settings.TOLLGATE, "TOOL_ENDPOINTS": {"bookings": {
+        "base_url": f"http://127.0.0.1:{port}", "secret_env": SECRET_ENV, "allowed_hosts": ["127.0.0.1"],
+        "allow_http": True}}}
+    tool = http_tool(name="book_room", description="Book a room.", parameters=ROOM, endpoint="bookings",
+                     path="/tools/book", side_effect=True)
+    run = SimpleNamespace(pk=1, session_id=2)
+    context = ToolContext(run=run, user=None, idempotency_key="k-1", timeout_s=5,
+                          tool_call=SimpleNamespace(pk=3, attempts=1))
+    with pytest.raises(ToolNotSent, match="nothing was sent"):
+        asyncio.run(tool.handler(context, {"room": 4, "night": "2026-09-01"}))

@@ -27,7 +27,9 @@ logs or errors). The answer:
   tool's ``result_schema`` if it has one): the result, the whole body;
 * 4xx: a ``ToolError``, a failed call the model is told about, with the
   ``"error"`` string of a JSON body if there is one;
-* 5xx, a connection that fails: ``ToolUnavailable``; no answer within the
+* no connection could be made: ``ToolNotSent``, sent again after a backoff
+  (within ``max_attempts``), a side effect too: nothing left;
+* 5xx, a connection that broke: ``ToolUnavailable``; no answer within the
   tool's ``timeout_s``: ``ToolTimeout``. The engine retries a read
   (``max_attempts``) and makes a side effect ``unknown``
   (reconciliation; ``tools.services.execution``);
@@ -70,7 +72,9 @@ from standardwebhooks.webhooks import Webhook
 from runs.masking import mask_log_text
 from runs.webhooks.delivery import body_text, signed_headers
 from runs.webhooks.urlguard import Rules, UnsafeURL, check_url, guarded_async_client
-from tools.registry import FORMAT_CHECKER, Reconciliation, Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable
+from tools.registry import (
+    FORMAT_CHECKER, Reconciliation, Tool, ToolContext, ToolError, ToolNotSent, ToolTimeout, ToolUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +301,8 @@ async def _post(remote: _Remote, path: str, payload: dict, message_id: str) -> t
 
     Raises ``ToolError`` (nothing sent: no secret, or a refused address),
     ``ToolTimeout`` (no answer within ``timeout_s`` seconds),
-    ``ToolUnavailable`` (connection failed or broke) and ``_Unusable``
+    ``ToolNotSent`` (no connection could be made), ``ToolUnavailable``
+    (the connection broke) and ``_Unusable``
     (a body over ``max_response_bytes``).
     """
     profile = remote.profile
@@ -317,6 +322,10 @@ async def _post(remote: _Remote, path: str, payload: dict, message_id: str) -> t
     except UnsafeURL as exc:
         log.warning("tool %s: endpoint %r refused: %s", remote.tool, profile.name, exc.message)
         raise ToolError("The tool's endpoint is at an address this server may not call; nothing was sent.") from None
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # no connection: the request never left
+        log.warning("tool %s: endpoint %r: %r", remote.tool, profile.name, exc)
+        raise ToolNotSent(f"The tool's service could not be reached ({type(exc).__name__}); nothing was sent.") \
+            from None
     except httpx.TimeoutException:
         raise ToolTimeout(f"No answer within {remote.timeout_s:g} s.") from None
     except httpx.HTTPError as exc:

@@ -55,6 +55,15 @@ class ToolUnavailable(ToolError):
     """
 
 
+class ToolNotSent(ToolUnavailable):
+    """A transient failure before anything was sent (no connection could be made): any call may be sent
+    again, a side effect too, after its backoff and within ``max_attempts``.
+
+    Raise it only when the request certainly never left (a refused or
+    timed-out connect); once it may have, raise ``ToolUnavailable``.
+    """
+
+
 @dataclass(frozen=True)
 class Reconciliation:
     """What a tool's ``reconcile(idempotency_key)`` hook learned from the external system.

@@ -4,9 +4,11 @@ Each listing or call opens its own connection (``connected``): a worker
 holds nothing open between calls, and a server restarted meanwhile is
 simply connected to again. Failures are sorted the engine's way:
 
-* the server could not be reached, the connection broke, or no answer
-  came in time: ``ToolUnavailable`` (the engine retries a read-only or
-  idempotent call with backoff; a side-effecting one becomes ``unknown``);
+* the server could not be reached before the call was sent:
+  ``ToolNotSent`` (the engine sends any call again after a backoff);
+* the connection broke, or no answer came in time: ``ToolUnavailable``
+  (the engine retries a read-only or idempotent call with backoff; a
+  side-effecting one becomes ``unknown``);
 * the server answered with a protocol error (unknown tool, bad
   arguments...): ``ToolError``, a failed call the model is told about.
 """
@@ -24,7 +26,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from django.core.exceptions import ImproperlyConfigured
 
 from tools.mcp.conf import ServerProfile
-from tools.registry import ToolError, ToolUnavailable
+from tools.registry import ToolError, ToolNotSent, ToolUnavailable
 
 CLIENT_INFO = Implementation(name="tollgate", version="1")
 MAX_LISTING_PAGES = 20
@@ -35,18 +37,22 @@ async def connected(profile: ServerProfile, *, timeout_s: float) -> AsyncIterato
     """An SDK ``Client`` connected to ``profile``'s server (protocol negotiated), closed on exit.
 
     ``timeout_s``: seconds each HTTP phase and each request may take.
-    Raises ``ToolUnavailable`` when it cannot connect (or the auth header's
-    variable is unset), ``ToolError`` for a protocol error answer; both
-    also for what the body of the ``with`` raises of those kinds.
+    Raises ``ToolNotSent`` when it cannot connect or open the session
+    (nothing of the body was sent), ``ToolUnavailable`` when the connection
+    fails later, ``ToolError`` for a protocol error answer or an unset auth
+    header variable (nothing sent); the last two also for what the body of
+    the ``with`` raises of those kinds.
     """
     try:
         headers = profile.headers()
-    except ImproperlyConfigured as exc:
-        raise ToolUnavailable(str(exc)) from None
+    except ImproperlyConfigured as exc:  # a definite failure: nothing was sent (as for HTTP tools)
+        raise ToolError(f"{exc} Nothing was sent.") from None
+    session_open = False
     try:
         async with create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout_s)) as http:
             async with Client(streamable_http_client(profile.url, http_client=http), cache=None,
                               read_timeout_seconds=timeout_s, client_info=CLIENT_INFO) as client:
+                session_open = True
                 yield client
     except (ToolError, ToolUnavailable):
         raise
@@ -54,6 +60,8 @@ async def connected(profile: ServerProfile, *, timeout_s: float) -> AsyncIterato
         failure = _failure(exc, profile)
         if failure is None:
             raise
+        if not session_open and type(failure) is ToolUnavailable:  # the call itself was never sent
+            failure = ToolNotSent(f"{failure} Nothing was sent.")
         raise failure from None
 
 

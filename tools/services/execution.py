@@ -19,7 +19,9 @@ from runs.models import Phase, RunEvent
 from runs.services import RunColumns
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import Reconciliation, Tool, ToolContext, ToolError, ToolTimeout, ToolUnavailable, get_tool
+from tools.registry import (
+    Reconciliation, Tool, ToolContext, ToolError, ToolNotSent, ToolTimeout, ToolUnavailable, get_tool,
+)
 from tools.services.arguments import idempotency_key_base, same_action_scope
 from tools.services.targets import Target, claim, release, target_of
 
@@ -143,9 +145,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.fail, error=error, now=timezone.now())
     except (ToolTimeout, ToolUnavailable) as exc:
-        # Sending again is safe for read-only tools, and after an explicit
-        # error answer for tools whose external system deduplicates by key.
-        may_retry = not tool.side_effect or (tool.idempotent and isinstance(exc, ToolUnavailable))
+        # Sending again is safe for read-only tools, for any call that was certainly not sent, and after
+        # an explicit error answer for tools whose external system deduplicates by key.
+        may_retry = (not tool.side_effect or isinstance(exc, ToolNotSent)
+                     or (tool.idempotent and isinstance(exc, ToolUnavailable)))
         if may_retry and charged_attempts(tool_call) < tool.max_attempts:
             return outcome(tool_call.requeue, reason="retrying", error=str(exc))
         if tool.side_effect:
