@@ -302,3 +302,38 @@ def test_a_server_stopped_mid_run_means_backoff_then_the_run_completes(mcp, work
     assert len(mcp.journal("lookup")) == 1
     assert any(event["type"] == "tool_call" and event["reason"] == "retrying"
                for event in events(requester, run["id"]))
+
+
+def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_permission(mcp, demo, client):
+    """The rule replaces the annotations' (the admin's over the settings'); each change is a ``rule`` event."""
+    from django.contrib.auth.models import Permission
+
+    tool = McpTool.objects.get(name="delete_record")
+    url = f"/admin/tools/mcptool/{tool.pk}/change/"
+    operator = demo["approver"]
+    operator.is_staff = True
+    operator.save()
+    operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
+                                  Permission.objects.get(codename="view_mcptool"))
+    client.force_login(operator)
+
+    refused = client.post(url, {"approval_rule": "never"})
+    assert refused.status_code == 200 and "runs.loosen_approval_policy" in refused.content.decode()
+    tool.refresh_from_db()
+    assert tool.approval_rule == "" and get_tool("files.delete_record").approval == "always"
+    assert client.post(url, {"approval_rule": "sum(record_id) per target within 1d > 3"}).status_code == 200  # no target key
+    assert client.post(url, {"approval_rule": "always"}).status_code == 302  # not looser: anyone with the change right
+
+    client.force_login(demo["admin"])  # a superuser holds the loosen permission, and sees the events inline
+    inline = client.get(url).context["inline_admin_formsets"][0].formset
+    posted = {f"{inline.prefix}-{key}": value for key, value in inline.management_form.initial.items()}
+    posted.update({f"{form.prefix}-id": form.instance.pk for form in inline.forms})
+    answer = client.post(url, {"approval_rule": "record_id > 50", **posted})
+    assert answer.status_code == 302, answer.context["adminform"].form.errors
+    tool.refresh_from_db()
+    assert tool.approval_rule == "record_id > 50" and get_tool("files.delete_record").approval == "record_id > 50"
+    assert list(McpToolEvent.objects.filter(tool=tool, kind="rule").order_by("pk").values_list("actor", "detail")) == [
+        (operator.username, {"before": "", "after": "always"}),
+        (demo["admin"].username, {"before": "always", "after": "record_id > 50"})]
+    page = client.get(url).content.decode()
+    assert 'name="approval_rule"' in page and 'name="description"' not in page  # only the rule is editable

@@ -47,6 +47,11 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 SCOPES = ("run", "user", "target")
 
 
+# Who may let an approval rule ask less often than the tool's own (an agent's policy: runs.engine.agents;
+# an MCP tool's operator rule: tools.mcp.discovery).
+LOOSEN_PERMISSION = "runs.loosen_approval_policy"
+
+
 class InvalidRule(ValueError):
     """An approval rule that is not a valid ``or`` of clauses (see the module docstring)."""
 

@@ -37,7 +37,7 @@ from runs.engine import completion
 from runs.errors import AgentArchived, Conflict, InvalidInput
 from runs.models import Agent
 from runs.providers.registry import model_config_problems
-from tools.policy import InvalidRule, check_rule
+from tools.policy import LOOSEN_PERMISSION, InvalidRule, check_rule
 from tools.registry import get_tool, tools_named
 
 MAX_TURNS_LIMIT = 1000
@@ -48,7 +48,6 @@ BUDGET_LIMITS = {
     "max_cost_usd": Decimal("100000"),
     "deadline_s": 30 * 24 * 3600,
 }
-LOOSEN_PERMISSION = "runs.loosen_approval_policy"
 # What a version defines (all but its identity and bookkeeping): ``update_agent`` changes any of these.
 DEFINITION_FIELDS = ("name", "instructions", "model", "tools", "max_turns", "completion_check", "approval_policy",
                      *BUDGET_LIMITS)

@@ -17,9 +17,13 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
+from runs.errors import Forbidden
 from tools.mcp.conf import ServerProfile, servers
+from tools.mcp.source import default_rule
 from tools.models import McpTool, McpToolEvent
+from tools.policy import LOOSEN_PERMISSION, check_rule
 
 log = logging.getLogger(__name__)
 Kind = McpToolEvent.Kind
@@ -118,4 +122,43 @@ def accept(row: McpTool, *, user) -> bool:
         McpToolEvent.objects.create(tool=row, kind=Kind.ACCEPTED, actor=user.get_username(),
                                     detail={"fingerprint": row.fingerprint})
     log.info("MCP tool %s: accepted by %s", row.full_name, user.get_username())
+    return True
+
+
+def rule_problem(row: McpTool, rule: str, *, user) -> str:
+    """Why ``user`` may not give ``row`` the approval rule ``rule`` (empty: they may).
+
+    The rule must be well-formed (``tools.policy.check_rule``; an MCP tool
+    declares no target key). One that asks less often than the annotations
+    do (anything but ``always`` where they give ``always``) needs
+    ``LOOSEN_PERMISSION``, as an agent's loosening rule does.
+    """
+    if not rule:
+        return ""
+    try:
+        check_rule(rule)
+    except ValueError as exc:
+        return str(exc)
+    if default_rule(row) == "always" and rule != "always" and not user.has_perm(LOOSEN_PERMISSION):
+        return _("Asking for approval less often than the tool's annotations do needs the %(permission)s "
+                 "permission.") % {"permission": LOOSEN_PERMISSION}
+    return ""
+
+
+def set_rule(row: McpTool, rule: str, *, user) -> bool:
+    """Give ``row`` the operator's approval rule ``rule`` (empty: none, the settings' or the annotations'
+    rule applies) on behalf of ``user``, with a ``rule`` event (``{"before", "after"}``); returns whether it
+    changed. Raises ``runs.errors.Forbidden`` with ``rule_problem``'s reason."""
+    problem = rule_problem(row, rule, user=user)
+    if problem:
+        raise Forbidden(problem)
+    with transaction.atomic():
+        row = McpTool.objects.select_for_update().get(pk=row.pk)
+        if row.approval_rule == rule:
+            return False
+        McpToolEvent.objects.create(tool=row, kind=Kind.RULE, actor=user.get_username(),
+                                    detail={"before": row.approval_rule, "after": rule})
+        row.approval_rule = rule
+        row.save(update_fields=["approval_rule"])
+    log.warning("MCP tool %s: approval rule set to %r by %s", row.full_name, rule, user.get_username())
     return True

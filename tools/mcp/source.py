@@ -70,10 +70,17 @@ class McpSource(ToolSource):
     def _tool(self, profile: ServerProfile, row: McpTool) -> Tool | None:
         if row.held:
             return None
-        key = (row.server, row.name, row.fingerprint, repr(profile))
+        key = (row.server, row.name, row.fingerprint, row.approval_rule, repr(profile))
         if key not in self._built:
             self._built[key] = build_tool(profile, row)
         return self._built[key]
+
+
+def default_rule(row: McpTool) -> str:
+    """The approval rule ``row``'s annotations give, which can only make it safer: ``always`` unless it is
+    marked ``readOnlyHint: true`` or ``destructiveHint: false``, else ``never``."""
+    hints = row.annotations or {}
+    return "always" if hints.get("readOnlyHint") is not True and hints.get("destructiveHint") is not False else "never"
 
 
 def build_tool(profile: ServerProfile, row: McpTool) -> Tool | None:
@@ -81,8 +88,7 @@ def build_tool(profile: ServerProfile, row: McpTool) -> Tool | None:
     ``inputSchema`` is not a valid JSON Schema or its rule does not fit it."""
     hints = row.annotations or {}
     side_effect = hints.get("readOnlyHint") is not True
-    destructive = hints.get("destructiveHint") is not False
-    approval = profile.rules.get(row.name) or ("always" if side_effect and destructive else "never")
+    approval = row.approval_rule or profile.rules.get(row.name) or default_rule(row)
     idempotent = side_effect and hints.get("idempotentHint") is True
     try:
         return Tool(name=row.full_name, description=row.description or row.full_name, parameters=row.input_schema,

@@ -32,6 +32,10 @@ class McpTool(models.Model):
     listed = models.BooleanField(_("listed"), default=True,
                                  help_text=_("Whether the server's last listing had this tool."))
     refreshed_at = models.DateTimeField(_("refreshed at"))
+    approval_rule = models.CharField(
+        _("approval rule"), max_length=500, blank=True,
+        help_text=_("An operator's approval rule for this tool (e.g. always, never, amount > 50), replacing the "
+                    "settings' rule and the one its annotations give; empty: those."))
 
     class Meta:
         verbose_name = _("MCP tool")
@@ -61,8 +65,9 @@ class McpToolEvent(models.Model):
     """Something that happened to an MCP tool's definition: the audit trail operators read.
 
     ``kind``: ``discovered``, ``changed`` (held until accepted), ``accepted``,
-    ``removed`` (no longer listed) or ``returned`` (listed again).
-    ``detail``: ``{"before", "after"}`` definitions where they apply.
+    ``removed`` (no longer listed), ``returned`` (listed again) or ``rule``
+    (an operator set its approval rule).
+    ``detail``: ``{"before", "after"}`` definitions (rules, for ``rule``) where they apply.
     """
 
     class Kind(models.TextChoices):
@@ -71,6 +76,7 @@ class McpToolEvent(models.Model):
         ACCEPTED = "accepted", _("accepted")
         REMOVED = "removed", _("removed")
         RETURNED = "returned", _("returned")
+        RULE = "rule", _("approval rule set")
 
     tool = models.ForeignKey(McpTool, verbose_name=_("tool"), on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
