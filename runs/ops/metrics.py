@@ -96,35 +96,35 @@ def pending_inbox(now) -> list[GaugeMetricFamily]:
     return [pending, oldest]
 
 
+def _by_status(now, rows, statuses, counted: tuple[str, str], oldest: tuple[str, str, str]) -> list[GaugeMetricFamily]:
+    """``counted`` = (name, help): ``rows`` (a queryset with ``status`` and ``created_at``) counted by status, every
+    one of ``statuses`` present (0 included); ``oldest`` = (name, help, status): seconds since the oldest row of
+    that status was created (0: none). One aggregate query."""
+    by_status = GaugeMetricFamily(*counted, labels=["status"])
+    found = {status: (number, first) for status, number, first in (
+        rows.order_by().values_list("status").annotate(number=Count("pk"), first=Min("created_at"))
+        .values_list("status", "number", "first"))}
+    for status in statuses:
+        by_status.add_metric([status], found.get(status, (0, None))[0])
+    name, documentation, status = oldest
+    return [by_status, GaugeMetricFamily(name, documentation, value=_age_s(now, found.get(status, (0, None))[1]))]
+
+
 def tool_calls(now) -> list[GaugeMetricFamily]:
     """``tollgate_tool_calls{status}`` (every status, 0 included) and
     ``tollgate_tool_calls_oldest_unknown_age_seconds`` (since the oldest unknown call was proposed)."""
-    by_status = GaugeMetricFamily("tollgate_tool_calls", "Tool calls by status (unknown: outcome not known yet, "
-                                  "to be reconciled).", labels=["status"])
-    found = {status: (number, first) for status, number, first in (
-        ToolCall.objects.order_by().values_list("status").annotate(number=Count("pk"), first=Min("created_at"))
-        .values_list("status", "number", "first"))}
-    for status in ToolCallStatus.values:
-        by_status.add_metric([status], found.get(status, (0, None))[0])
-    oldest = GaugeMetricFamily("tollgate_tool_calls_oldest_unknown_age_seconds",
-                               "Age of the oldest tool call whose outcome is unknown, in seconds (0: none).",
-                               value=_age_s(now, found.get(ToolCallStatus.UNKNOWN.value, (0, None))[1]))
-    return [by_status, oldest]
+    return _by_status(now, ToolCall.objects, ToolCallStatus.values, (
+        "tollgate_tool_calls", "Tool calls by status (unknown: outcome not known yet, to be reconciled)."), (
+        "tollgate_tool_calls_oldest_unknown_age_seconds",
+        "Age of the oldest tool call whose outcome is unknown, in seconds (0: none).", ToolCallStatus.UNKNOWN.value))
 
 
 def webhook_deliveries(now) -> list[GaugeMetricFamily]:
     """``tollgate_webhook_deliveries{status}`` and ``tollgate_webhook_oldest_pending_age_seconds``."""
-    by_status = GaugeMetricFamily("tollgate_webhook_deliveries", "Webhook deliveries by status (failed: the "
-                                  "retry schedule was used up).", labels=["status"])
-    found = {status: (number, first) for status, number, first in (
-        WebhookDelivery.objects.order_by().values_list("status").annotate(number=Count("pk"), first=Min("created_at"))
-        .values_list("status", "number", "first"))}
-    for status in DeliveryStatus.values:
-        by_status.add_metric([status], found.get(status, (0, None))[0])
-    oldest = GaugeMetricFamily("tollgate_webhook_oldest_pending_age_seconds",
-                               "Age of the oldest webhook delivery not delivered yet, in seconds (0: none).",
-                               value=_age_s(now, found.get(DeliveryStatus.PENDING.value, (0, None))[1]))
-    return [by_status, oldest]
+    return _by_status(now, WebhookDelivery.objects, DeliveryStatus.values, (
+        "tollgate_webhook_deliveries", "Webhook deliveries by status (failed: the retry schedule was used up)."), (
+        "tollgate_webhook_oldest_pending_age_seconds",
+        "Age of the oldest webhook delivery not delivered yet, in seconds (0: none).", DeliveryStatus.PENDING.value))
 
 
 def workers(now) -> list[GaugeMetricFamily]:
