@@ -77,6 +77,7 @@ LAYERS = {
     "runs.access": 1,
     "runs.ops.models": 1,
     "runs.fsm": 0,
+    "runs.rows": 0,
     "runs.failpoints": 0,
     "runs.model_output": 0,
     "runs.channel_layers": 0,

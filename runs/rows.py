@@ -1,0 +1,80 @@
+"""Row writes of the engine's hot path as one SQL statement each, built once per shape.
+
+``insert(instance)`` and ``update(instance, fields, expected=)`` do what
+``Model.save`` does for the models of the engine's hot path (runs, events,
+steps, tool calls, messages), minus the per-call work of the ORM (building
+and compiling a query for every save: most of a step's CPU), and plus what
+the engine needs from the statement (the row count, the id). The SQL text
+of each (model, fields) shape is built once and kept.
+
+Same behaviour as ``save`` where it matters here: ``auto_now`` and
+``auto_now_add`` stamps (``Field.pre_save``), values converted by the
+fields (``get_db_prep_save``), the instance marked stored. No ``pre_save``
+or ``post_save`` signal is sent: callers whose model has receivers send
+``post_save`` themselves (``runs.services.append_events``).
+"""
+
+from django.db import connection
+from django.db.models import Model
+
+_INSERTS: dict = {}  # model -> (sql, fields)
+_UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields)
+
+
+def _quote(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def insert(instance: Model) -> Model:
+    """Insert ``instance`` (not stored yet, auto primary key unset) in one statement; returns it, stored.
+
+    Its primary key is set from ``INSERT ... RETURNING`` (or the cursor's
+    last row id where the database cannot return columns). Raises what the
+    database raises (``IntegrityError``, ``DataError``).
+    """
+    model = type(instance)
+    shape = _INSERTS.get(model)
+    if shape is None:
+        meta = model._meta
+        fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
+        columns = ", ".join(_quote(f.column) for f in fields)
+        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
+        if connection.features.can_return_columns_from_insert:
+            sql += f" RETURNING {_quote(meta.pk.column)}"
+        shape = _INSERTS[model] = (sql, fields)
+    sql, fields = shape
+    params = [f.get_db_prep_save(f.pre_save(instance, add=True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        pk = cursor.fetchone()[0] if connection.features.can_return_columns_from_insert else cursor.lastrowid
+    instance.pk = pk
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    return instance
+
+
+def update(instance: Model, fields: list[str], *, expected: dict | None = None) -> int:
+    """Write the ``fields`` (names) of a stored ``instance`` in one UPDATE; returns the rows written (0 or 1).
+
+    ``expected``: ``{field name: value}`` the row must still hold (e.g.
+    the status it was loaded with: django-fsm's optimistic lock), or it is
+    not written (0). ``auto_now`` fields among ``fields`` are stamped now.
+    """
+    model, expected = type(instance), expected or {}
+    key = (model, tuple(fields), tuple(expected))
+    shape = _UPDATES.get(key)
+    if shape is None:
+        meta = model._meta
+        written = [meta.get_field(name) for name in fields]
+        sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(f'{_quote(f.column)} = %s' for f in written)} "
+               f"WHERE {_quote(meta.pk.column)} = %s"
+               + "".join(f" AND {_quote(meta.get_field(name).column)} = %s" for name in expected))
+        shape = _UPDATES[key] = (sql, written)
+    sql, written = shape
+    meta = model._meta
+    params = [f.get_db_prep_save(f.pre_save(instance, add=False), connection) for f in written]
+    params.append(instance.pk)
+    params.extend(meta.get_field(name).get_db_prep_value(value, connection) for name, value in expected.items())
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
