@@ -263,3 +263,27 @@ def test_an_earlier_send_the_lookup_cannot_see_is_unknown_when_its_precondition_
     assert len(_charges(payment_gateway, 701)) == 1
     assert call.attempts == 1
     assert not run.events.filter(type="tool_call", to_status="denied").exists()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "runs/lease.py acquire() (being rewritten elsewhere) makes Lease.suspect from the streaks before this "
+    "takeover's death is counted: a run taken from a dead worker's expired lease without the sweeper (a "
+    "duplicate or delayed message) is blamed by recover_after_takeover, yet advanced beside other runs"))
+def test_a_run_taken_over_from_a_dead_worker_before_the_sweeper_is_advanced_alone(demo, worker_process):
+    from runs.engine import runtime
+
+    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    run = _start(demo, agent)
+    assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
+    wait_for_lease_expiry(run.pk)  # no sweep: the next message for the run finds the dead worker's lease
+
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    try:
+        assert engine.submit(run.pk) is not None
+        assert engine.wait_idle(60)
+    finally:
+        engine.close_connections()
+
+    recovery = Run.objects.get(pk=run.pk).events.get(type="recovery")
+    assert recovery.payload["blamed"] and recovery.payload["crash_streak"] == 1  # its death was counted...
+    assert engine.isolated == 1  # ...so it is a suspect, advanced alone
