@@ -265,10 +265,6 @@ def test_an_earlier_send_the_lookup_cannot_see_is_unknown_when_its_precondition_
     assert not run.events.filter(type="tool_call", to_status="denied").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runs/lease.py acquire() (being rewritten elsewhere) makes Lease.suspect from the streaks before this "
-    "takeover's death is counted: a run taken from a dead worker's expired lease without the sweeper (a "
-    "duplicate or delayed message) is blamed by recover_after_takeover, yet advanced beside other runs"))
 def test_a_run_taken_over_from_a_dead_worker_before_the_sweeper_is_advanced_alone(demo, worker_process):
     from runs.engine import runtime
 
