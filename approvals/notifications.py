@@ -38,8 +38,8 @@ from django.utils.translation import gettext as _
 
 from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
-from runs.errors import InvalidInput
-from runs.masking import mask_credentials
+from runs.base.errors import InvalidInput
+from runs.base.masking import mask_credentials
 from config.strict_json import printable
 from runs.wakeups import ADVANCE_QUEUE
 from tools.services.summary import describe

@@ -7,8 +7,8 @@ class RunsConfig(AppConfig):
     verbose_name = _("Runs")
 
     def ready(self):
-        from runs import access_signals
-        from runs.masking import install_log_masking
+        from runs.web import access_signals
+        from runs.base.masking import install_log_masking
         from runs.tracing import configure_from_environment
 
         access_signals.connect()

@@ -17,8 +17,8 @@ from django_fsm import FSMField, transition
 
 from config.strict_json import StoredJSONDecoder
 from runs.access import RunQuerySet
-from runs.fsm import FSMModel
-from runs.labels import choice
+from runs.base.fsm import FSMModel
+from runs.base.labels import choice
 
 
 class AgentQuerySet(models.QuerySet):

@@ -112,7 +112,7 @@ def trace_id_hex(run) -> str | None:
 
 def _content(value) -> str:
     """``value`` as JSON text for a span, credentials masked."""
-    from runs.masking import mask_log_text
+    from runs.base.masking import mask_log_text
 
     return mask_log_text(json.dumps(value, default=str, ensure_ascii=False))
 

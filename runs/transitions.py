@@ -18,7 +18,7 @@ and, in one database transaction (joining the caller's):
 4. a live push of the run is scheduled for commit (``runs.live``), once per
    run however many transitions the transaction holds.
 
-What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
+What goes into the event is each model's (``runs.base.fsm.FSMModel`` hooks).
 Several transitions of one run may share one reservation (``EventBatch``).
 """
 

@@ -21,7 +21,7 @@ from approvals.models import Interrupt
 from approvals.selectors import PAGE_SIZE
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
 from runs.access import DECIDE_PERMISSION, RunAccess
-from runs.errors import Forbidden
+from runs.base.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
 from tools.models import ToolCall

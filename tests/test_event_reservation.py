@@ -24,7 +24,7 @@ from runs.transitions import apply
 from runs.webhooks.models import OutboxEntry, WebhookSubscription
 from tests.durability import lookup_agent
 from tools.models import ToolCall, ToolCallStatus
-from runs.awaiting import drive
+from runs.base.awaiting import drive
 from tools.services import assess_tool_calls, propose_tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)

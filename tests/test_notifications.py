@@ -18,7 +18,7 @@ from approvals.notifications import save_preferences, send_queued
 from runs.access import users_who_may_decide
 from runs.engine.lifecycle import start_run
 from runs.engine.recovery import sweep
-from runs.errors import InvalidInput
+from runs.base.errors import InvalidInput
 from runs.models import Agent, RunStatus
 from tests.conftest import free_port
 

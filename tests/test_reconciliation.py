@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
-from runs.errors import InvalidInput
+from runs.base.errors import InvalidInput
 from runs.models import RunStatus, WaitingReason
 from runs.engine.recovery import sweep
 from runs.engine.lifecycle import cancel_run, start_run

@@ -6,7 +6,7 @@ import dramatiq
 from django.db import DatabaseError
 
 from approvals.notifications import NOTIFY_ACTOR, send_queued
-from runs import log_context
+from runs.base import log_context
 from runs.engine.runtime import RETRY_AFTER_DB_ERROR_MS, EngineFull, engine
 from runs.models import Run
 from runs.wakeups import ADVANCE_ACTOR, wake_now

@@ -16,7 +16,7 @@ from django.utils.translation import gettext as _
 
 from approvals.services import cancel_pending_interrupts, pending_items_locked, request_reconciliation
 from runs.engine.agents import version_for_new_work
-from runs.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
+from runs.base.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
 from runs.models import (
     ACTIVE_STATUSES,
     BUSY_STATUSES,

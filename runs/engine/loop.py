@@ -36,19 +36,20 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from runs import lease, log_context, tracing
-from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
+from runs import lease, tracing
+from runs.base import log_context
+from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
-from runs.failpoints import failpoint
-from runs.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
+from runs.base.failpoints import failpoint
+from runs.base.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason, WaitStatus
 from runs.providers import ModelError, ModelRequest, get_client
-from runs.providers.base import ConfigError
-from runs.providers.base import MalformedResponse as _MalformedResponse
-from runs.providers.base import StreamInterrupted
+from runs.base.model_call import ConfigError
+from runs.base.model_call import MalformedResponse as _MalformedResponse
+from runs.base.model_call import StreamInterrupted
 from runs.engine.recovery import recover_after_takeover
 from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context

@@ -33,7 +33,7 @@ from approvals.services import (
     overdue_interrupts,
     request_reconciliation,
 )
-from runs.awaiting import drive
+from runs.base.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.waits import end_due_waits, prefetch_due_waits

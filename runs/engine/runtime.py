@@ -40,8 +40,9 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from runs import lease, log_context
-from runs.awaiting import resume, settle
+from runs import lease
+from runs.base import log_context
+from runs.base.awaiting import resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from approvals.services import expire_input_item, request_input
 from runs.access import may_deliver_event
-from runs.errors import InvalidInput, NotFound
+from runs.base.errors import InvalidInput, NotFound
 from runs.models import ExternalEvent, Run, Wait, WaitingReason, WaitStatus
 from runs.services import actor_for, append_event
 from runs.tx import RunTx, locked

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from runs.errors import Forbidden
+from runs.base.errors import Forbidden
 from tools.mcp.conf import ServerProfile, servers
 from tools.mcp.source import default_rule
 from tools.models import McpTool, McpToolEvent
@@ -151,7 +151,7 @@ def rule_problem(row: McpTool, rule: str, *, user) -> str:
 def set_rule(row: McpTool, rule: str, *, user) -> bool:
     """Give ``row`` the operator's approval rule ``rule`` (empty: none, the settings' or the annotations'
     rule applies) on behalf of ``user``, with a ``rule`` event (``{"before", "after"}``); returns whether it
-    changed. Raises ``runs.errors.Forbidden`` with ``rule_problem``'s reason."""
+    changed. Raises ``runs.base.errors.Forbidden`` with ``rule_problem``'s reason."""
     problem = rule_problem(row, rule, user=user)
     if problem:
         raise Forbidden(problem)

@@ -6,7 +6,7 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 
 from dataclasses import dataclass
 
-from runs.awaiting import Steps
+from runs.base.awaiting import Steps
 from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
@@ -56,7 +56,7 @@ def effective_rule(agent, tool: Tool) -> tuple[str, str]:
 
 
 def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) -> Steps:
-    """Decide what happens to each call of one model turn; writes nothing. A step (``runs.awaiting``)
+    """Decide what happens to each call of one model turn; writes nothing. A step (``runs.base.awaiting``)
     that returns the ``Assessment`` of each call, in order.
 
     ``calls`` is ``[{"id", "name", "arguments": str | dict}]`` as the
@@ -68,7 +68,7 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
     raises or hangs denies), so call this
     outside any transaction. ``stop_at``: the run's deadline (an aware
     datetime, or None), past which a precondition still running is cut
-    short (``runs.awaiting.Interrupted``).
+    short (``runs.base.awaiting.Interrupted``).
     """
     allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
     assessments: list[Assessment] = []

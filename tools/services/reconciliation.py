@@ -9,12 +9,12 @@ from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall
 from tools.registry import get_tool
-from runs.awaiting import Steps
+from runs.base.awaiting import Steps
 from tools.services.execution import ask_reconcile, charged_attempts
 
 
 def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> Steps:
-    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; a step (``runs.awaiting``).
+    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; a step (``runs.base.awaiting``).
 
     It returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
     call is now too), ``"resend"`` (see below: the call is ``ready``

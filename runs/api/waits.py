@@ -41,7 +41,7 @@ from runs.engine.waits import receive_event
 from runs.live import run_group
 from runs.models import RunStatus
 from runs.selectors import run_get_visible
-from runs.serializers import EventSerializer, ExternalEventSerializer, RunSerializer
+from runs.api.serializers import EventSerializer, ExternalEventSerializer, RunSerializer
 
 log = logging.getLogger(__name__)
 

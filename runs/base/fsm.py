@@ -16,7 +16,7 @@ importing the models of the layers above it.
 from django.db import DatabaseError, models
 from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin
 
-from runs import rows
+from runs.base import rows
 
 
 class FSMModel(ConcurrentTransitionMixin, models.Model):
@@ -52,7 +52,7 @@ class FSMModel(ConcurrentTransitionMixin, models.Model):
         self._update_initial_state()
 
     def insert_row(self) -> None:
-        """Store this new instance in one statement (``runs.rows.insert``), as ``save()`` would."""
+        """Store this new instance in one statement (``runs.base.rows.insert``), as ``save()`` would."""
         rows.insert(self)
         self._update_initial_state()
 
