@@ -15,10 +15,11 @@ import dataclasses
 from django.db import connection
 from django.db.models import F
 from django.db.models.signals import post_save
-from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs import lease
+from runs.base.rows import insert as insert_row
+from runs.base.rows import update as update_row
 from runs.lease import LeaseLost, current_token, fenced
 from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
@@ -139,13 +140,13 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
                      payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
             for seq, event in enumerate(events, start=first)]
     try:
-        if len(rows) == 1:  # the common case; save() is lighter than bulk_create for one row
-            rows[0].save(force_insert=True)
+        if len(rows) == 1:  # the common case: one statement built once (runs.base.rows)
+            insert_row(rows[0])
         else:
-            RunEvent.objects.bulk_create(rows)  # one INSERT; it sends no signals, so they are sent here
-            for row in rows:
-                post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
-                               using=row._state.db)
+            RunEvent.objects.bulk_create(rows)  # one INSERT
+        for row in rows:  # neither sends signals: sent here, as save() would
+            post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
+                           using=row._state.db)
     except BaseException:
         for name, value in held.items():
             setattr(run, name, value)
@@ -207,10 +208,11 @@ def _lease_still_held(run_id: int) -> bool:
 
 def set_phase(run: Run, phase: str) -> None:
     """Record a new ``phase`` of a running run (no event: phases are detail)."""
-    now = timezone.now()
-    if fenced(Run.objects.filter(pk=run.pk), run.pk).update(phase=phase, updated_at=now) != 1:
+    token, held = current_token(run.pk), run.phase
+    run.phase = phase
+    if update_row(run, ["phase", "updated_at"], expected={} if token is None else {"lease_token": token}) != 1:
+        run.phase = held
         raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
-    run.phase, run.updated_at = phase, now
     publish_on_commit(run)
 
 
@@ -226,14 +228,8 @@ def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, t
     """
     if fence:
         lease.check(run.pk)
-    return Message.objects.create(
-        session_id=run.session_id,
-        run=run,
-        role=role,
-        content=content,
-        tool_calls=tool_calls or [],
-        tool_call_id=tool_call_id,
-    )
+    return insert_row(Message(session_id=run.session_id, run=run, role=role, content=content,
+                              tool_calls=tool_calls or [], tool_call_id=tool_call_id))
 
 
 def wake_next_in_session(session_id: int) -> None:
