@@ -8,15 +8,17 @@ Layers, top to bottom:
    (``runs.webhooks``: it reads the event log; nothing below imports it),
    the HTTP tools (``tools.http``: tools registered like a plug-in's, calling
    out through the webhooks' signing and address guard);
-4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
-   ``runs.providers``;
-3. the approvals services: ``approvals.models``, ``approvals.services``;
+4. the engine: ``runs.engine`` (loop, lifecycle, recovery, sweep_jobs, actors, ...)
+   and ``runs.providers``;
+3. the approvals services: ``approvals.models``, ``approvals.services``,
+   ``approvals.actors`` (the email actor), ...;
 2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
    ``tools.policy``, ``tools.services``, ``tools.mcp`` (but its admin and its
    start-up checks, which use the webhooks' URL rules: surfaces);
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
    ``runs.tx`` (one transaction on one run), ``runs.lease``, ``runs.wakeups``,
-   ``runs.live``, ``runs.waits``, ``runs.access`` (who sees and decides what);
+   ``runs.live``, ``runs.waits``, ``runs.access`` (who sees and decides what),
+   ``runs.sweeping`` (the sweeper's registered jobs);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.brokers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
@@ -58,6 +60,7 @@ LAYERS = {
     "approvals.bulk": 3,
     "approvals.answer_files": 3,
     "approvals.answer_file_cleanup": 3,
+    "approvals.actors": 3,
     "tools.mcp.admin": 5,
     "tools.mcp.startup": 5,
     "tools.mcp": 2,
@@ -75,6 +78,7 @@ LAYERS = {
     "runs.live": 1,
     "runs.waits": 1,
     "runs.access": 1,
+    "runs.sweeping": 1,
     "runs.ops.models": 1,
     "runs.fsm": 0,
     "runs.failpoints": 0,

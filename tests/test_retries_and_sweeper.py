@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
 from runs.models import Agent, Run, RunStatus, Step, WaitingReason
-from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover, sweep
+from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover
+from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools import registry
