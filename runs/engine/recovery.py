@@ -21,7 +21,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from runs.lease import fenced
-from runs.models import Run, Step
+from runs.models import FailureType, Run, Step
 from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
@@ -35,18 +35,18 @@ from tools.services import charged_attempts, recover_orphaned_call
 BLAME_MARGIN = timedelta(milliseconds=500)
 
 
-def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None = None) -> str | None:
+def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall]) -> FailureType | None:
     """Clean up what the run's previous lease holder left in flight (see module doc).
 
-    ``calls``: the run's tool calls, if the caller has them loaded (the
-    loop does); else the running ones are read.
+    ``calls``: the run's tool calls as the taking worker loaded them
+    (``runs.engine.state.Known.calls``); the ``running`` ones are those in flight.
 
     A takeover that finds work in flight means a worker died on it. When
     the sweeper broke the dead lease it already counted the death and
     decided whom to blame (``attribute_deaths``); otherwise the run is
     blamed here: ``lost_leases``, ``loss_streak`` and ``crash_streak`` grow
     by one (both streaks reset whenever a model call or a tool attempt gets
-    through). Returns ``"crash_loop"`` once ``crash_streak`` reaches
+    through). Returns ``FailureType.CRASH_LOOP`` once ``crash_streak`` reaches
     ``TOLLGATE["MAX_CRASHES_PER_STEP"]`` or ``loss_streak`` reaches
     ``TOLLGATE["MAX_LOSSES_PER_STEP"]``, or when a call in flight died on
     its last allowed attempt (``max_attempts``) in a run blamed for this death
@@ -54,8 +54,6 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None
     to reconciliation), else None.
     """
     steps = list(run.steps.filter(status=Step.Status.STARTED))
-    if calls is None:
-        calls = run.tool_calls.filter(status=ToolCallStatus.RUNNING)
     calls = [call for call in calls if call.status == ToolCallStatus.RUNNING]
     if not steps and not calls:
         return None
@@ -76,10 +74,10 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall] | None
         apply(step.discard, actor=actor, reason="discarded after a worker crash", now=timezone.now())
     limits = settings.TOLLGATE
     if run.crash_streak >= limits["MAX_CRASHES_PER_STEP"] or run.loss_streak >= limits["MAX_LOSSES_PER_STEP"]:
-        return "crash_loop"
+        return FailureType.CRASH_LOOP
     # A call whose worker died on its last allowed attempt, in a run blamed for this death: the same.
     if blamed and any(charged_attempts(call) >= getattr(get_tool(call.name), "max_attempts", 1) for call in calls):
-        return "crash_loop"  # the call stays running: ending the run hands it to reconciliation
+        return FailureType.CRASH_LOOP  # the call stays running: ending the run hands it to reconciliation
     for call in calls:  # a bystander's sends cut off by a neighbour's crash do not use up its attempts
         recover_orphaned_call(call, actor=actor, spare_attempts=not blamed)
     return None

@@ -38,7 +38,7 @@ from runs.services import append_event
 from runs.tx import locked_many
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
-from tools.services import reconcile_delay, reconcile_unknown_call
+from tools.services import Reconciled, reconcile_delay, reconcile_unknown_call
 
 # Due items the sweeper handles in one transaction: fewer commits and round
 # trips per item, while the run locks it holds together stay few and short
@@ -246,13 +246,13 @@ def reconcile_after_run_end(*, now, limit: int | None = None) -> dict[str, int]:
             continue
         verdict = drive(reconcile_unknown_call(call, actor="sweeper"))
         asked += 1
-        if verdict == "later":
+        if verdict == Reconciled.LATER:
             next_try = timezone.now() + timedelta(seconds=reconcile_delay(call))
             ToolCall.objects.filter(pk=call.pk).update(reconcile_after=next_try)
             continue
         ToolCall.objects.filter(pk=call.pk).update(reconcile_after=None)
         with transaction.atomic():
-            if verdict == "person":
+            if verdict == Reconciled.PERSON:
                 request_reconciliation(tool_call=call)
             else:  # settled by the hook: a person's item for it has nothing left to decide
                 close_reconciliation_items(tool_call=call, actor="sweeper", reason="settled automatically")
