@@ -161,7 +161,6 @@ TERMINAL_STATUSES = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
 
 
 class Phase(models.TextChoices):
-    TRIAGING = choice("triaging")
     PREPARING_CONTEXT = choice("preparing_context")
     CALLING_MODEL = choice("calling_model")
     EXECUTING_TOOLS = choice("executing_tools")
@@ -180,8 +179,6 @@ class WaitingReason(models.TextChoices):
 class FailureType(models.TextChoices):
     MODEL_ERROR = choice("model_error")
     INVALID_MODEL_OUTPUT = choice("invalid_model_output")
-    TOOL_ERROR = choice("tool_error")
-    PERMISSION_DENIED = choice("permission_denied")
     BUDGET_EXHAUSTED = choice("budget_exhausted")
     DEADLINE_EXCEEDED = choice("deadline_exceeded")
     APPROVAL_EXPIRED = choice("approval_expired")

@@ -44,7 +44,8 @@ def _old_can_decide(user, item: Interrupt) -> bool:
 
 
 def _old_run_visible(user, run: Run) -> bool:
-    """The rule ``runs.selectors.run_is_visible`` applied before issue 10, plus: an inactive user sees nothing."""
+    """The rule applied before issue 10 (``run_is_visible`` in runs/selectors.py, since gone), plus: an
+    inactive user sees nothing."""
     if not (user.is_authenticated and user.is_active):
         return False
     return run.requested_by_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)

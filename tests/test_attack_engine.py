@@ -163,7 +163,7 @@ def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idl
 
     from django.utils import timezone
 
-    from runs.engine.recovery import sweep
+    from runs.sweeping import sweep
     from tests.conftest import database_url_for_subprocess
     from tests.durability import make_agent, refund_turns
     from tools.demo.models import Order

@@ -14,7 +14,8 @@ from django.utils import timezone
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt, reconcile_interrupt
 from runs.models import Agent, Run, RunStatus, Step, WaitingReason
-from runs.engine.recovery import BLAME_MARGIN, sweep
+from runs.engine.recovery import BLAME_MARGIN
+from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
 from tests.durability import make_agent, refund_turns, wait_for_lease_expiry
 from tools.models import ToolCall, ToolCallStatus
@@ -142,7 +143,7 @@ def test_waiting_run_keeps_waiting_through_a_sweep(demo, worker):
     worker.drain()
     run.refresh_from_db()
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.APPROVAL)
-    assert counts == {"reenqueued": 0, "woken": 0, "expired": 0, "reconciled": 0}
+    assert set(counts.values()) == {0}, counts  # no job of the pass did anything
 
 
 def _neighbour_blamed_for(run, neighbour):

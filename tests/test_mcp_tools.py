@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from tests.api_helpers import create_agent, error_of, events, field_errors, get_run, pending_interrupts, start_run, tool_calls
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from tests.webhook_helpers import wait_until
 from tests.mcp_helpers import TOKEN_ENV, CuttingProxy, McpServer
 from tools.mcp.discovery import accept, refresh

@@ -1,7 +1,7 @@
 """The run lifecycle: start a run (or add input to one), begin it, end it, cancel it.
 
 API views, inbox views, admin actions, the loop and the sweeper call these;
-``end_run`` is the one path by which any run ends (docs/design.md#how-a-run-ends).
+``end_run`` is the one path by which any run ends (docs/design.md#ending-a-run).
 """
 
 import hashlib

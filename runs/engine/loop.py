@@ -111,7 +111,7 @@ def hand_back(run_id: int, *, more: bool) -> None:
 
 
 def advance_slice(run_id: int) -> Steps:
-    """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.awaiting``)
+    """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.base.awaiting``)
     that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
     log_context.note(session_id=run.session_id, trace_id=tracing.trace_id_hex(run))
