@@ -20,6 +20,7 @@ from django_fsm import ConcurrentTransition
 from runs import lease
 from runs.base.rows import insert as insert_row
 from runs.base.rows import update as update_row
+from runs.base.rows import update_columns
 from runs.lease import LeaseLost, current_token, fenced
 from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
@@ -172,32 +173,11 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
         if written != 1:
             return None
         return Run.objects.values_list("last_event_seq", flat=True).get(pk=run.pk)
-    quote = connection.ops.quote_name
-    meta = Run._meta
-    assignments, params = [], []
-    for name, value in values.items():
-        field = meta.get_field(name)
-        assignments.append(f"{quote(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    for name, amount in increments.items():
-        field = meta.get_field(name)
-        assignments.append(f"{quote(field.column)} = {quote(field.column)} + %s")
-        params.append(field.get_db_prep_save(amount, connection))
-    seq, pk, token_column = (quote(meta.get_field(name).column) for name in ("last_event_seq", "id", "lease_token"))
-    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {pk} = %s"
-    params.append(run.pk)
-    for name, value in expected.items():
-        field = meta.get_field(name)
-        sql += f" AND {quote(field.column)} = %s"
-        params.append(field.get_db_prep_value(value, connection))
     token = current_token(run.pk)
     if token is not None:
-        sql += f" AND {token_column} = %s"
-        params.append(token)
-    with connection.cursor() as cursor:
-        cursor.execute(sql + f" RETURNING {seq}", params)
-        row = cursor.fetchone()
-    return row[0] if row else None
+        expected = {**expected, "lease_token": token}
+    return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
+                          returning="last_event_seq")
 
 
 def _lease_still_held(run_id: int) -> bool:

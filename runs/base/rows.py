@@ -20,6 +20,7 @@ from django.db.models import Model
 _INSERTS: dict = {}  # model -> (sql, fields, plain)
 _UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields, plain)
 _COUNTERS: dict = {}  # (model, field name) -> sql
+_COLUMNS: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, plain)
 
 
 # Fields whose value, when it is already a str, int, bool or None, goes to the database as it is
@@ -126,3 +127,34 @@ def counter(model, field: str, pk) -> int:
     if row is None:
         raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")
     return row[0]
+
+
+def update_columns(model, pk, *, values: dict, increments: dict, expected: dict, returning: str):
+    """``UPDATE`` row ``pk`` of ``model``: ``values`` set, ``increments`` added (``{name: amount}``), only
+    if the row holds ``expected`` (``{name: value}``); returns the new value of column ``returning``, or
+    None if no row was written. One statement (``UPDATE ... RETURNING``), for databases that can return
+    columns from a write (``connection.features.can_return_columns_from_insert``)."""
+    key = (model, tuple(values), tuple(increments), tuple(expected), returning)
+    shape = _COLUMNS.get(key)
+    meta = model._meta
+    if shape is None:
+        set_fields = [meta.get_field(name) for name in values]
+        added = [meta.get_field(name) for name in increments]
+        checked = [meta.get_field(name) for name in expected]
+        assignments = [f"{_quote(f.column)} = %s" for f in set_fields]
+        assignments += [f"{_quote(f.column)} = {_quote(f.column)} + %s" for f in added]
+        sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(assignments)} WHERE {_quote(meta.pk.column)} = %s"
+               + "".join(f" AND {_quote(f.column)} = %s" for f in checked)
+               + f" RETURNING {_quote(meta.get_field(returning).column)}")
+        fields = set_fields + added + [meta.pk] + checked
+        shape = _COLUMNS[key] = (sql, fields, _plain(fields))
+    sql, fields, plain = shape
+    params = []
+    for field, is_plain, value in zip(fields, plain, [*values.values(), *increments.values(), pk,
+                                                      *expected.values()]):
+        params.append(value if is_plain and isinstance(value, _PLAIN_VALUES)
+                      else field.get_db_prep_save(value, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return row[0] if row else None
