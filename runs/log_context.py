@@ -11,6 +11,10 @@ session once the run is loaded, the tool call while it executes) is seen
 by the rest of the slice whichever thread runs it, and no context token
 crosses a step's ``yield``.
 
+The same dict carries, under ``runs.tracing.CONTEXT_KEY``, the
+OpenTelemetry context the run's work is traced under (``runs.tracing``
+notes it); it is never logged.
+
 The console handler's ``RunContextFilter`` (``logging_settings``, the
 settings' ``LOGGING``) puts the three on each record as attributes, None
 where not known, and ``run_context``, a short text form for the text log
@@ -52,7 +56,8 @@ def note(**ids) -> None:
 
 
 def current() -> dict:
-    """The ids known in this context now: ``{field: value}`` for the ``FIELDS`` set (empty outside a run)."""
+    """The ids known in this context now: ``{field: value}`` for the ``FIELDS`` set, and the run's tracing context
+    (module doc) when there is one; empty outside a run."""
     return {key: value for key, value in (_ids.get() or {}).items() if value is not None}
 
 

@@ -20,10 +20,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from django.db import connection
+from django.test import Client
+
 from approvals.services import decide_interrupt
 from runs import tracing
 from runs.engine.lifecycle import start_run
-from runs.models import Agent, RunStatus
+from runs.models import Agent, Run, RunStatus
+from tests.api_helpers import start_run as start_run_by_api
 from tests.conftest import database_url_for_subprocess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,6 +49,28 @@ def spans():
     try:
         yield exporter
     finally:
+        _forget_provider()
+
+
+@pytest.fixture
+def instrumented(monkeypatch):
+    """Spans of the run and of the instrumented libraries (Django, psycopg, httpx), exported to memory through
+    the same filter as in production (``WithoutLoneQueries``); the instrumentations are turned off after."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(tracing.WithoutLoneQueries(SimpleSpanProcessor(exporter)))
+    _forget_provider()
+    trace.set_tracer_provider(provider)
+    position = "OTEL_PYTHON_DJANGO_MIDDLEWARE_POSITION"
+    monkeypatch.setenv(position, "")  # restored after; instrument_libraries sets it only where unset
+    monkeypatch.delenv(position)
+    instrumentors = tracing.instrument_libraries()
+    assert len(instrumentors) == 3
+    try:
+        yield exporter
+    finally:
+        for instrumentor in instrumentors:
+            instrumentor.uninstrument()
         _forget_provider()
 
 
@@ -99,6 +125,55 @@ def test_an_approved_refund_run_is_one_trace_of_model_calls_tool_calls_and_the_a
     assert "refund please" not in texts and "order_id" not in texts  # no prompt, arguments or results
 
 
+def _attribute(span, name: str, old_name: str):
+    """An attribute by its name in the current semantic conventions, or in the older ones."""
+    return span.attributes.get(name, span.attributes.get(old_name))
+
+
+def _http_client_spans(finished):
+    return [span for span in finished if span.kind == trace.SpanKind.CLIENT and (
+        "http.request.method" in span.attributes or "http.method" in span.attributes)]
+
+
+def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(instrumented, demo, worker,
+                                                                                          api, payment_gateway):
+    created = start_run_by_api(api(demo["requester"]), "refund-order", "refund please")
+    worker.drain()
+    run = Run.objects.get(pk=created["id"])
+    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    worker.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    finished = instrumented.get_finished_spans()
+
+    servers = [span for span in finished if span.kind == trace.SpanKind.SERVER]
+    assert [(span.name, span.attributes["http.route"]) for span in servers] == [("POST api/runs/$", "api/runs/$")]  # the router's regex
+    (server,) = servers
+    assert _attribute(server, "http.response.status_code", "http.status_code") == 201
+
+    trace_id, root_id = tracing.run_ids(run.pk, run.created_at)
+    tools = {span.attributes["gen_ai.tool.name"]: span for span in finished if span.name.startswith("execute_tool")}
+    requests = _http_client_spans(finished)  # to the payment gateway: order lookups, refunded totals, the refund
+    assert len(requests) >= 3 and {span.context.trace_id for span in requests} == {trace_id}
+    assert all(_attribute(span, "url.full", "http.url").startswith(payment_gateway.url) for span in requests)
+    (refund_request,) = [span for span in requests if _attribute(span, "http.request.method", "http.method") == "POST"]
+    assert refund_request.parent.span_id == tools["refund"].context.span_id
+    assert tools["refund"].start_time <= refund_request.start_time <= refund_request.end_time <= \
+        tools["refund"].end_time
+    assert {span.parent.span_id for span in requests} <= {root_id, tools["refund"].context.span_id,
+                                                          tools["query_order"].context.span_id}
+    queries = [span for span in finished if span.instrumentation_scope.name == tracing.PSYCOPG_SCOPE]
+    assert all(span.parent is not None for span in queries)  # lone queries (heartbeat, lease keeper) are not kept
+    assert {span.context.trace_id for span in finished if span not in queries} == {trace_id, server.context.trace_id}
+
+
+def test_probes_are_not_traced_and_still_answer_any_host(instrumented, demo):
+    client = Client(HTTP_HOST="10.0.3.7:8000")
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
+    assert not [span for span in instrumented.get_finished_spans() if span.kind == trace.SpanKind.SERVER]
+
+
 def test_nothing_is_recorded_without_a_tracer_provider(demo, worker):
     assert not tracing.recording()
     assert not tracing.configure_from_environment()  # no OTEL_* variable in the tests' environment
@@ -133,13 +208,29 @@ def test_a_worker_in_another_process_puts_its_spans_in_the_same_trace(spans, dem
         theirs.append(span)
         text = text[end:].strip()
     ours = spans.get_finished_spans()
-    trace_id = f"0x{tracing.run_ids(run.pk, run.created_at)[0]:032x}"
+    trace_id, root_id = tracing.run_ids(run.pk, run.created_at)
     assert {span["context"]["trace_id"] for span in theirs} == {f"0x{s.context.trace_id:032x}" for s in ours} == {
-        trace_id}
-    # Here: the first two model calls, the order lookup, the approval; there: the refund and the last model call.
+        f"0x{trace_id:032x}"}
+    # Here: the first two model calls, the order lookup, the approval; there: the refund and the last model call,
+    # with the libraries' spans (traces configured from OTEL_*, as in production): the refund's request to the
+    # gateway (httpx) and, on PostgreSQL, the queries (psycopg).
     assert sorted(span.name for span in ours) == ["approval wait", "chat scripted", "chat scripted", "decision",
                                                   "execute_tool query_order"]
-    assert sorted(span["name"] for span in theirs) == ["chat scripted", "execute_tool refund"]
+    queries = [span for span in theirs if span["attributes"].get("db.system", span["attributes"].get(
+        "db.system.name")) == "postgresql"]
+    requests = [span for span in theirs if "http.request.method" in span["attributes"]
+                or "http.method" in span["attributes"]]
+    assert sorted(span["name"] for span in theirs if span not in queries and span not in requests) == [
+        "chat scripted", "execute_tool refund"]
+    (refund,) = [span for span in theirs if span["name"] == "execute_tool refund"]
+    (gateway_refund,) = [span for span in requests if span["name"] == "POST"]
+    assert gateway_refund["parent_id"] == refund["context"]["span_id"]
+    if connection.vendor == "postgresql":
+        parents = {span["parent_id"] for span in queries}
+        assert refund["context"]["span_id"] in parents  # the refund's writes (running, its outcome)
+        assert f"0x{root_id:016x}" in parents  # the slice's other reads and writes, under the run
+    else:
+        assert not queries
 
 
 def test_prompt_and_completion_text_are_recorded_only_when_turned_on_with_credentials_masked(

@@ -112,7 +112,7 @@ def advance_slice(run_id: int) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.awaiting``)
     that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
-    log_context.note(session_id=run.session_id, trace_id=tracing.trace_id_hex(run))
+    log_context.note(session_id=run.session_id, **tracing.log_ids(run))
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
         if not can_proceed(run.start):  # a cancel was requested
