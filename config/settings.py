@@ -325,6 +325,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "django_dramatiq.middleware.DbConnectionsMiddleware",
     # Every worker process beats a heartbeat row while it runs (runs.engine.heartbeat).
     "runs.engine.worker_middleware.HeartbeatMiddleware",
+    # Queue lag and Dramatiq's message metrics in /metrics (runs.process_metrics).
+    "runs.engine.worker_middleware.MetricsMiddleware",
 ]
 if REDIS_URL:
     # Dramatiq's Redis broker with a doorbell per queue (runs/brokers.py): an

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from runs import log_context, tracing
+from runs import log_context, process_metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +238,7 @@ class _BlockingPool:
             if not future.cancel():  # already running: it cannot be stopped, only left
                 with self._lock:
                     self.abandoned += 1
+                process_metrics.tool_thread_abandoned()
                 log.warning("a sync handler (%s) outlived its timeout; its thread is abandoned",
                             getattr(fn, "__qualname__", fn))
                 future.add_done_callback(self._settled)
@@ -246,6 +247,7 @@ class _BlockingPool:
     def _settled(self, _future) -> None:
         with self._lock:
             self.abandoned -= 1
+        process_metrics.tool_thread_settled()
 
     def close_connections(self) -> None:
         if self._executor is not None:

@@ -23,7 +23,8 @@ Layers, top to bottom:
    pages and choices show for machine values), ``runs.awaiting`` (what a
    step waits for outside the database, and how it is awaited),
    ``runs.log_context`` (the ids of the run a log line is about),
-   ``runs.tracing`` (the OpenTelemetry spans of a run).
+   ``runs.tracing`` (the OpenTelemetry spans of a run), ``runs.process_metrics``
+   (the Prometheus metrics a process counts).
 
 The operations app ``runs.ops`` (probes, metrics, the heartbeat's admin)
 is a surface; its model ``runs.ops.models`` sits in the runs kernel, so
@@ -89,6 +90,7 @@ LAYERS = {
     "runs.awaiting": 0,
     "runs.log_context": 0,
     "runs.tracing": 0,
+    "runs.process_metrics": 0,
 }
 SURFACE = 5
 # Installed apps the product must run without; only their own modules may import them.

@@ -36,7 +36,7 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from runs import lease, log_context, tracing
+from runs import lease, log_context, process_metrics, tracing
 from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion, waits
 from runs.engine.budgets import cost_usd as _cost_usd
@@ -141,7 +141,7 @@ def advance_slice(run_id: int) -> Steps:
             _fail(run, *passed)
             return run, False
         try:
-            going_on = yield from _step(run, known)
+            going_on = yield from process_metrics.timed_step(_step(run, known))
         except Interrupted:  # a hook or a pause cut short by the run's cancel or deadline: the next pass ends it
             known.reload()
             continue
@@ -353,7 +353,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
 
             def start():  # once the step is committed
                 failpoint("model_call_started")
-                return client.complete(request)
+                return process_metrics.timed_model_call(client.complete(request), agent.model)
 
             span = tracing.start_model_span(run, agent.model, request)
             try:

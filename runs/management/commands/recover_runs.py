@@ -13,23 +13,27 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from runs import live
+from runs import live, process_metrics
 from runs.engine.recovery import sweep
 from runs.webhooks.services import sweep_webhooks
 
 log = logging.getLogger(__name__)
-PASSES = (sweep, sweep_webhooks)
+PASSES = (("runs", sweep), ("webhooks", sweep_webhooks))
 
 
 def sweep_all() -> dict:
-    """One pass of every sweeper (runs, then webhooks); returns their counts. A pass that fails is logged and skipped."""
+    """One pass of every sweeper (runs, then webhooks); returns their counts. A pass that fails is logged and
+    skipped. Each pass is counted in ``/metrics`` with what it did (``runs.process_metrics.sweeper_pass``)."""
     counts = {}
-    for one_pass in PASSES:
+    for job, one_pass in PASSES:
+        done = None
         try:
-            counts.update(one_pass())
+            done = one_pass()
+            counts.update(done)
         except Exception:  # one failed pass (database restarting, ...) must not stop the others or the sweeper
             log.exception("%s failed", one_pass.__name__)
         finally:
+            process_metrics.sweeper_pass(job, done)
             close_old_connections()
     return counts
 
