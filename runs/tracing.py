@@ -20,7 +20,12 @@ have a name for it:
   ``gen_ai.tool.call.id``, ``tollgate.tool.side_effect``,
   ``tollgate.tool.attempts``, ``tollgate.tool.outcome``);
 * ``approval wait`` from an approval item's creation to its decision, with
-  a ``decision`` span (``tollgate.decision``) at its end.
+  a ``decision`` span (``tollgate.decision``) at its end;
+* ``<reason> wait`` for the run's other waits (``retry_backoff``,
+  ``scheduled``, ``external_event``, ``input``, ``reconciliation``: its
+  ``waiting_reason``), from the moment it went to wait (or, for a run
+  created with ``start_at``, its creation) to the moment it went on or
+  ended (``record_wait``).
 
 Libraries: with traces on, the official instrumentations of Django (a
 server span per request), psycopg (a span per query) and httpx (a span per
@@ -310,6 +315,21 @@ def end_tool_span(span, *, call=None, error: BaseException | None = None) -> Non
         if call.status in FAILED_OUTCOMES:
             span.set_status(Status(StatusCode.ERROR))
     _end(span, error)
+
+
+def record_wait(run, reason: str, *, since, until, then: str) -> None:
+    """Record a wait of ``run`` that is over: a ``<reason> wait`` span (``retry_backoff``, ``scheduled``,
+    ``external_event``, ``input``, ``reconciliation``) from ``since`` to ``until`` (aware datetimes), with
+    ``tollgate.wait.reason`` and ``tollgate.run.status`` (``then``: the status the run went on in, e.g.
+    ``running``, ``queued``, ``failed``, ``cancelled``). Nothing when not recording."""
+    if not recording():
+        return
+    span = _tracer().start_span(f"{reason} wait", context=run_context(run), start_time=_ns(since),
+                                attributes={"tollgate.run.id": run.pk, "tollgate.wait.reason": reason,
+                                            "tollgate.run.status": then})
+    if then in ("failed", "cancelled"):
+        span.set_status(Status(StatusCode.ERROR))
+    span.end(end_time=_ns(until))
 
 
 def record_decision(run, interrupt) -> None:

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from opentelemetry import trace
@@ -22,13 +23,19 @@ from opentelemetry.util._once import Once
 
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from approvals.services import decide_interrupt
 from runs import tracing
 from runs.engine.lifecycle import start_run
 from runs.models import Agent, Run, RunStatus
+from runs.engine.recovery import start_scheduled_runs
+from tests.api_helpers import pending_interrupts
 from tests.api_helpers import start_run as start_run_by_api
 from tests.conftest import database_url_for_subprocess
+from tests.test_reconciliation import wire_transfer  # noqa: F401  (a fixture)
+from tests.test_retries_and_sweeper import flaky_lookup  # noqa: F401  (a fixture)
+from tests.wait_helpers import sweep_later, waiting_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -277,3 +284,76 @@ def test_a_runs_log_lines_carry_its_trace_id_while_traces_are_recorded(spans, de
     assert seen and {line[:2] for line in seen} == {(run.pk, trace_id)}
     assert {f"0x{span.context.trace_id:032x}" for span in spans.get_finished_spans()} == {f"0x{trace_id}"}
     assert all(f"trace {trace_id}" in line[2] for line in seen)
+
+
+def _waits(exporter) -> dict[int, list]:
+    """``{run id: [(reason, status it went on in, start ns, end ns)]}`` of the ``<reason> wait`` spans."""
+    found = {}
+    for span in exporter.get_finished_spans():
+        if span.name.endswith(" wait") and span.name != "approval wait":
+            found.setdefault(span.attributes["tollgate.run.id"], []).append(
+                (span.attributes["tollgate.wait.reason"], span.attributes["tollgate.run.status"], span.start_time,
+                 span.end_time))
+            assert span.name == f"{span.attributes['tollgate.wait.reason']} wait"
+            run = Run.objects.get(pk=span.attributes["tollgate.run.id"])
+            assert (span.context.trace_id, span.parent.span_id) == tracing.run_ids(run.pk, run.created_at)
+    return found
+
+
+def _went_to_wait_ns(run_id: int) -> int:
+    moment = Run.objects.get(pk=run_id).events.filter(type="transition", to_status="waiting").get().created_at
+    return int(moment.timestamp() * 1e9)
+
+
+def test_every_other_wait_of_a_run_is_a_span_from_its_start_to_its_end(spans, demo, worker, api, flaky_lookup,
+                                                                       wire_transfer, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "INLINE_BACKOFF_MAX_S": 0.0}
+    admin, requester = api(demo["admin"]), api(demo["requester"])
+    naps = waiting_agent(admin, "naps", {"name": "wait_until", "arguments": {"seconds": 3600}})
+    asks = waiting_agent(admin, "asks", {"name": "ask_user", "arguments": {"question": "A or B?",
+                                                                           "options": ["A", "B"]}})
+    listens = waiting_agent(admin, "listens", {"name": "wait_for_event", "arguments": {
+        "event_type": "payment.settled", "correlation_key": "K-1", "timeout_s": 7200}})
+    retries = waiting_agent(admin, "retries", {"name": "stock_lookup", "arguments": {"sku": "A-1"}})
+    flaky_lookup[0] = 1  # fails once: a backoff the sweeper ends
+    wires = waiting_agent(admin, "wires", {"name": "wire_transfer", "arguments": {"amount": 10}})  # unknown outcome
+    napping, asking, listening, retrying, wiring = (start_run_by_api(requester, slug, "go")["id"]
+                                                    for slug in (naps, asks, listens, retries, wires))
+    cancelled = start_run_by_api(requester, asks, "go")["id"]
+    worker.drain()
+    assert _waits(spans) == {}  # nothing ended yet
+    went_to_wait = {run_id: _went_to_wait_ns(run_id)
+                    for run_id in (napping, asking, listening, retrying, wiring, cancelled)}
+
+    item = next(i for i in pending_interrupts(requester, asking) if i["kind"] == "input")
+    assert requester.post(f"/api/interrupts/{item['id']}/respond/", {"answer": "B"}, format="json").status_code == 200
+    assert requester.post("/api/events/", {"type": "payment.settled", "key": "K-1", "payload": {}},
+                          format="json").status_code == 201
+    assert requester.post(f"/api/runs/{cancelled}/cancel/", format="json").status_code in (200, 202)
+    (unknown,) = pending_interrupts(api(demo["approver"]), wiring)
+    assert api(demo["approver"]).post(f"/api/interrupts/{unknown['id']}/reconcile/", {
+        "succeeded": False, "evidence": "bank: no such transfer"}, format="json").status_code == 200
+    worker.drain()  # before the sweeper looks an hour ahead: a lease held then would look expired to it
+    assert sweep_later(3601)["woken"] == 2  # the nap and the backoff
+    worker.drain()
+
+    waits = _waits(spans)
+    assert {run_id: [(reason, then) for reason, then, _, _ in found] for run_id, found in waits.items()} == {
+        napping: [("scheduled", "running")], asking: [("input", "running")],
+        listening: [("external_event", "running")], retrying: [("retry_backoff", "running")],
+        wiring: [("reconciliation", "running")], cancelled: [("input", "cancelled")]}
+    for run_id, [(_, _, start, end)] in waits.items():
+        assert start == went_to_wait[run_id] < end
+    assert set(Run.objects.filter(pk__in=[napping, asking, listening, retrying, wiring]).values_list(
+        "status", flat=True)) == {RunStatus.COMPLETED}
+
+
+def test_a_run_started_later_has_a_scheduled_wait_from_its_creation(spans, demo, idle_worker):
+    later = timezone.now() + timedelta(hours=1)
+    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="x", start_at=later)
+    assert start_scheduled_runs(now=later + timedelta(seconds=1)) == 1
+    (wait,) = [span for span in spans.get_finished_spans() if span.name == "scheduled wait"]
+    assert (wait.start_time, wait.end_time) == (int(run.created_at.timestamp() * 1e9),
+                                                int((later + timedelta(seconds=1)).timestamp() * 1e9))
+    assert (wait.attributes["tollgate.run.status"], wait.context.trace_id) == (
+        "queued", tracing.run_ids(run.pk, run.created_at)[0])

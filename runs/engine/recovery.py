@@ -19,6 +19,7 @@ several items per transaction (``ITEMS_PER_TRANSACTION``).
 import logging
 import random
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -33,12 +34,13 @@ from approvals.services import (
     overdue_interrupts,
     request_reconciliation,
 )
+from runs import tracing
 from runs.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.waits import end_due_waits, prefetch_due_waits
 from runs.lease import fenced
-from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, Step
+from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, Step, WaitingReason
 from runs.services import append_event
 from runs.transitions import apply
 from runs.tx import locked_many
@@ -291,6 +293,8 @@ def start_scheduled_runs(*, now, limit: int | None = None) -> int:
             for run in Run.objects.filter(pk__in=claimed).order_by("pk") if claimed else ():
                 append_event(run, type="schedule", actor="sweeper", reason="start_at reached",
                              payload={"start_at": claimed[run.pk].isoformat()})
+                transaction.on_commit(partial(tracing.record_wait, run, WaitingReason.SCHEDULED,
+                                              since=run.created_at, until=now, then=RunStatus.QUEUED))
                 wake_on_commit(run.pk)
         started += len(claimed)
     return started
