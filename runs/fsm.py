@@ -9,8 +9,9 @@ leaves the field's protection alone.
 
 Each machine also says how its transitions are written to the run's event
 log (``event_type``, ``event_run``, ``event_payload``) and what else follows
-one (``after_transition``); ``runs.transitions`` reads these, so the kernel records every machine the same way without
-importing the models of the layers above it.
+one (``after_transition``); ``runs.transitions`` reads these, so the kernel
+records every machine the same way without importing the models of the
+layers above it.
 """
 
 from django.db import models
