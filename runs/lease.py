@@ -30,6 +30,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
+from runs.base import rows
 from runs.models import Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,17 @@ def renew(lease: Lease) -> bool:
     ) == 1
 
 
-def release(lease: Lease) -> None:
-    """Give the lease up (no-op if it was already taken over)."""
-    Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(lease_owner="", lease_expires_at=None)
+def release(lease: Lease) -> str | None:
+    """Give the lease up; returns the run's status as the release left it, or None when the lease was no
+    longer this one (taken over, or broken by the sweeper: nothing is written then). One statement
+    (``UPDATE ... RETURNING``) where the database can return columns from a write."""
+    if not connection.features.can_return_columns_from_insert:
+        if not Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(lease_owner="",
+                                                                                  lease_expires_at=None):
+            return None
+        return Run.objects.values_list("status", flat=True).get(pk=lease.run_id)
+    return rows.update_columns(Run, lease.run_id, values={"lease_owner": "", "lease_expires_at": None},
+                               increments={}, expected={"lease_token": lease.token}, returning="status")
 
 
 def current_token(run_id: int) -> int | None:

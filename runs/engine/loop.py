@@ -99,15 +99,20 @@ def advance(run_id: int) -> Run | None:
         return None
     with lease.holding(held), log_context.bound(run_id):
         run, more = drive(advance_slice(run_id))
-    hand_back(run_id, more=more)
+    hand_back(run_id, more=more, released=None)
     return run
 
 
-def hand_back(run_id: int, *, more: bool) -> None:
+def hand_back(run_id: int, *, more: bool, released: str | None) -> None:
     """After a slice whose lease was released: wake the run again if it has ``more`` to do, or if it was
     left running with nobody on it (a decision or timer resumed it while this worker held the lease,
-    and its wake-up was refused)."""
-    if more or Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists():
+    and its wake-up was refused). ``released``: the run's status as ``runs.lease.release`` left it, or
+    None when that found the lease no longer this worker's (then the row is asked)."""
+    if released is None:
+        nobody_on_it = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists()
+    else:
+        nobody_on_it = released == RunStatus.RUNNING
+    if more or nobody_on_it:
         wake_on_commit(run_id)  # hand the run back to the queue so other runs get a turn
 
 

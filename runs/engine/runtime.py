@@ -268,9 +268,9 @@ def _cancel_requested(run_ids: list[int]) -> list[int]:
 def _after_slice(held: lease.Lease, more: bool, failure: Exception | None) -> None:
     """Release ``held`` and hand the run back (``hand_back``), or deal with the ``failure`` that ended
     the slice (``settle_failure``). Runs on a database thread."""
-    lease.release(held)
+    released = lease.release(held)
     if failure is None:
-        hand_back(held.run_id, more=more)
+        hand_back(held.run_id, more=more, released=released)
     else:
         settle_failure(held.run_id, failure)
 
