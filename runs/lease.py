@@ -179,12 +179,22 @@ def kept(lease: Lease):
     into the task and into the database work it hands to threads).
     """
     reset = _current.set(lease)
+    try:
+        with renewed(lease):
+            yield lease
+    finally:
+        _current.reset(reset)
+
+
+@contextlib.contextmanager
+def renewed(lease: Lease):
+    """Have the process's keeper renew ``lease`` until the block ends (without making it this context's
+    current lease: nothing in the block writes under it). Releases nothing."""
     _keeper.add(lease)
     try:
         yield lease
     finally:
         _keeper.discard(lease)
-        _current.reset(reset)
 
 
 def renew_all(leases) -> int:

@@ -11,9 +11,12 @@ wait for it.
 import asyncio
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
+from runs import lease
 from runs.base import awaiting
 from runs.engine.lifecycle import cancel_run, start_run
 from runs.models import Run, RunStatus, Step
@@ -234,8 +237,9 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo
     threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
     wait_until(lambda: engine.isolating == suspect.pk)
     threading.Thread(target=engine.submit, args=(later.pk,), daemon=True).start()
-    time.sleep(0.5)  # both would have started by now; neither holds a lease while the busy run is in flight
-    assert Run.objects.filter(pk__in=[suspect.pk, later.pk], lease_owner="").count() == 2
+    time.sleep(0.5)  # both would have started by now; the suspect keeps its lease while it waits, later has none
+    assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID
+    assert Run.objects.get(pk=later.pk).lease_owner == ""
     assert not Step.objects.filter(run__in=[suspect, later]).exists()
 
     hung.set()
@@ -243,6 +247,44 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo
                                           status=RunStatus.COMPLETED).count() == 3)
     assert seen[suspect.pk] == 1  # alone in the process while its tool ran
     assert engine.isolated == 1 and engine.isolating is None
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(demo, monkeypatch, hung, settings):
+    """A run taken from a holder that died on it (no sweep yet) is a suspect; while it waits to be advanced
+    alone its lease stays held and fresh, so the sweeper does not send it to another worker meanwhile, where
+    it would start beside other runs as no suspect."""
+    from runs.engine import runtime
+    from runs.engine.sweep_jobs import rescue_stranded
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    use_tool(monkeypatch, "quick_lookup", lambda ctx, args: {})
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    suspect = start_run(agent=calling("quick", "quick_lookup"), user=demo["requester"], input="suspect")
+    lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert engine.submit(busy.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
+
+    threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
+    wait_until(lambda: engine.isolating == suspect.pk)
+    waiting = Run.objects.get(pk=suspect.pk)
+    assert waiting.lease_owner == lease.WORKER_ID and waiting.lease_expires_at > timezone.now()
+    later = timezone.now() + timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"] + 1)
+    Run.objects.filter(pk__in=[busy.pk, suspect.pk]).update(  # as the keeper renews held leases
+        lease_expires_at=later + timedelta(seconds=60))
+    assert rescue_stranded(now=later) == {"reenqueued": 0}
+    assert lease.acquire(suspect.pk, owner="another-worker") is None
+
+    hung.set()
+    wait_until(lambda: Run.objects.filter(pk__in=[busy.pk, suspect.pk], status=RunStatus.COMPLETED).count() == 2)
+    assert engine.isolated == 1
     assert engine.wait_idle(30)
     engine.close_connections()
 

@@ -1,8 +1,11 @@
 """Leases and fencing tokens: one worker advances a run; a stale one changes nothing."""
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from runs import lease
@@ -109,3 +112,44 @@ def test_a_lease_says_whether_the_run_is_a_suspect(crash_streak, loss_streak, su
     """Blamed for a death, or died ISOLATE_AFTER_LOSSES (2) times without progress: advanced alone next."""
     Run.objects.filter(pk=run.pk).update(crash_streak=crash_streak, loss_streak=loss_streak)
     assert lease.acquire(run.pk, owner="worker-a").suspect is suspect
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks and concurrent statements: PostgreSQL")
+def test_of_two_workers_whose_statements_both_saw_the_expired_lease_only_one_takes_it(run):
+    """Both UPDATEs start while a third session holds the row (so both read the lease as expired, the
+    replaced lease included) and run once it lets go: the second one re-reads the row the first wrote and
+    takes nothing."""
+    lease.acquire(run.pk, owner="dead")
+    _expire(run.pk)
+    taken, watcher = {}, connections.create_connection(DEFAULT_DB_ALIAS)
+
+    def take(owner):
+        try:
+            taken[owner] = lease.acquire(run.pk, owner=owner)
+        finally:
+            connection.close()
+
+    def waiting_for_the_row() -> int:
+        with watcher.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE %%'")
+            return cursor.fetchone()[0]
+
+    racers = [threading.Thread(target=take, args=(owner,)) for owner in ("worker-a", "worker-b")]
+    try:
+        with transaction.atomic():
+            Run.objects.select_for_update().get(pk=run.pk)
+            for racer in racers:
+                racer.start()
+            deadline = time.monotonic() + 20
+            while waiting_for_the_row() < 2:
+                assert time.monotonic() < deadline, "the two acquisitions never both waited for the row"
+                time.sleep(0.02)
+    finally:
+        for racer in racers:
+            racer.join()
+        watcher.close()
+    winners = [owner for owner, held in taken.items() if held is not None]
+    assert len(taken) == 2 and len(winners) == 1
+    assert taken[winners[0]].suspect  # it replaced a lease nobody gave back
+    assert Run.objects.get(pk=run.pk).lease_owner == winners[0]

@@ -17,42 +17,48 @@ or ``post_save`` signal is sent: callers whose model has receivers send
 from django.db import connection
 from django.db.models import Model
 
-_INSERTS: dict = {}  # (model, rows) -> (sql, fields, plain)
-_UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields, plain)
+_INSERTS: dict = {}  # (model, rows) -> (sql, fields, kinds)
+_UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields, kinds)
 _MAX_CACHED_ROWS = 16  # statements of more rows are built each time (rare: a transaction's events of one run)
 _COUNTERS: dict = {}  # (model, field name) -> sql
-_COLUMNS: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, plain)
+_COLUMNS: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, kinds)
 
 
-# Fields whose value, when it is already a str, int, bool or None, goes to the database as it is
-# (their get_db_prep_save only checks or casts such values): skipping the call is most of an INSERT's CPU.
-_PLAIN_TYPES = frozenset({"AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "ForeignKey",
-                          "IntegerField", "PositiveIntegerField", "PositiveSmallIntegerField", "SmallIntegerField",
-                          "TextField"})
-_PLAIN_VALUES = (str, int, bool, type(None))
+# Per field type, the values its get_db_prep_save passes on unchanged (besides None): any str for text
+# (a str enum too: Django hands it to the driver as it is), and exactly int or bool for the others (Django
+# turns an int enum or a numeric str into an int, a bool into 1, and refuses text). Such values skip the
+# call, which is most of an INSERT's CPU; any other value is converted by the field as save() converts it.
+_AS_IS = {"CharField": str, "TextField": str, "BooleanField": bool, "AutoField": int, "BigAutoField": int,
+          "BigIntegerField": int, "IntegerField": int, "PositiveIntegerField": int, "PositiveSmallIntegerField": int,
+          "SmallIntegerField": int}
 
 
 def _quote(name: str) -> str:
     return connection.ops.quote_name(name)
 
 
-def _params(instance: Model, fields: list, plain: list[bool], add: bool) -> list:
-    """The database values of ``fields`` of ``instance`` (``plain``: per field, whether it is in
-    ``_PLAIN_TYPES`` and has no ``auto_now``/``auto_now_add`` stamp to take)."""
+def _params(instance: Model, fields: list, kinds: list, add: bool) -> list:
+    """The database values of ``fields`` of ``instance`` (``kinds``: ``_kinds(fields)``)."""
     params = []
-    for field, is_plain in zip(fields, plain):
-        if is_plain:
+    for field, kind in zip(fields, kinds):
+        if kind is not None:
             value = getattr(instance, field.attname)
-            if isinstance(value, _PLAIN_VALUES):
+            if value is None or value.__class__ is kind or (kind is str and isinstance(value, str)):
                 params.append(value)
                 continue
         params.append(field.get_db_prep_save(field.pre_save(instance, add=add), connection))
     return params
 
 
-def _plain(fields: list) -> list[bool]:
-    return [field.get_internal_type() in _PLAIN_TYPES and not getattr(field, "auto_now", False)
-            and not getattr(field, "auto_now_add", False) for field in fields]
+def _kinds(fields: list) -> list[type | None]:
+    """Per field, the type of the values it stores as they are (``_AS_IS``; a foreign key's: its target's),
+    or None when every value goes through the field (``pre_save`` and ``get_db_prep_save``)."""
+    kinds = []
+    for field in fields:
+        stored = field.target_field if field.is_relation else field
+        plain = not (getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False))
+        kinds.append(_AS_IS.get(stored.get_internal_type()) if plain else None)
+    return kinds
 
 
 def insert(instance: Model) -> Model:
@@ -82,19 +88,19 @@ def insert_many(instances: list[Model]) -> list[Model]:
         sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * count)}"
         if returning:
             sql += f" RETURNING {_quote(meta.pk.column)}"
-        shape = (sql, fields, _plain(fields))
+        shape = (sql, fields, _kinds(fields))
         if count <= _MAX_CACHED_ROWS:
             _INSERTS[(model, count)] = shape
-    sql, fields, plain = shape
+    sql, fields, kinds = shape
     with connection.cursor() as cursor:
         if returning:
-            params = [value for instance in instances for value in _params(instance, fields, plain, add=True)]
+            params = [value for instance in instances for value in _params(instance, fields, kinds, add=True)]
             cursor.execute(sql, params)
             pks = [row[0] for row in cursor.fetchall()]  # in VALUES order, as Django's bulk_create relies on too
         else:
             pks = []
             for instance in instances:
-                cursor.execute(sql, _params(instance, fields, plain, add=True))
+                cursor.execute(sql, _params(instance, fields, kinds, add=True))
                 pks.append(cursor.lastrowid)
     for instance, pk in zip(instances, pks):
         instance.pk = pk
@@ -119,10 +125,10 @@ def update(instance: Model, fields: list[str], *, expected: dict | None = None) 
         sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(f'{_quote(f.column)} = %s' for f in written)} "
                f"WHERE {_quote(meta.pk.column)} = %s"
                + "".join(f" AND {_quote(meta.get_field(name).column)} = %s" for name in expected))
-        shape = _UPDATES[key] = (sql, written, _plain(written))
-    sql, written, plain = shape
+        shape = _UPDATES[key] = (sql, written, _kinds(written))
+    sql, written, kinds = shape
     meta = model._meta
-    params = _params(instance, written, plain, add=False)
+    params = _params(instance, written, kinds, add=False)
     params.append(instance.pk)
     params.extend(meta.get_field(name).get_db_prep_value(value, connection) for name, value in expected.items())
     with connection.cursor() as cursor:
@@ -168,13 +174,13 @@ def update_columns(model, pk, *, values: dict, increments: dict, expected: dict,
                + "".join(f" AND {_quote(f.column)} = %s" for f in checked)
                + f" RETURNING {_quote(meta.get_field(returning).column)}")
         fields = set_fields + added + [meta.pk] + checked
-        shape = _COLUMNS[key] = (sql, fields, _plain(fields))
-    sql, fields, plain = shape
+        shape = _COLUMNS[key] = (sql, fields, _kinds(fields))
+    sql, fields, kinds = shape
     params = []
-    for field, is_plain, value in zip(fields, plain, [*values.values(), *increments.values(), pk,
-                                                      *expected.values()]):
-        params.append(value if is_plain and isinstance(value, _PLAIN_VALUES)
-                      else field.get_db_prep_save(value, connection))
+    for field, kind, value in zip(fields, kinds, [*values.values(), *increments.values(), pk, *expected.values()]):
+        as_is = kind is not None and (value is None or value.__class__ is kind
+                                      or (kind is str and isinstance(value, str)))
+        params.append(value if as_is else field.get_db_prep_save(value, connection))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()

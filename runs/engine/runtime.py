@@ -107,10 +107,10 @@ class Engine:
         whatever happens. Raises ``DatabaseError`` from taking the lease.
 
         A suspect run (``lease.is_suspect``: its worker died on it, maybe by
-        its doing) is advanced alone: its lease is given back at once, the
+        its doing) is advanced alone: its lease is kept (renewed) while the
         process takes no other run and waits for those in flight to end,
-        then takes the lease again and advances it with nothing else in
-        flight. If its step kills the process again, nobody else dies with
+        then it is advanced with nothing else in flight (past the deadline,
+        its lease is given back and ``EngineFull`` raised). If its step kills the process again, nobody else dies with
         it and the sweeper blames it alone (``recovery.attribute_deaths``),
         so it ends ``crash_loop`` after ``MAX_CRASHES_PER_STEP`` such deaths
         instead of taking its neighbours' streaks with it. This is a
@@ -139,22 +139,26 @@ class Engine:
         held = self._acquire_counted(run_id)
         if held is None or not held.suspect:
             return held
-        lease.release(held)  # nothing of it ran: the next holder counts no death
-        with self._changed:
-            self._in_flight -= 1
+        # Kept, renewed, while the process empties: given back, it would look released to the next taker
+        # (``lease.acquire``: a suspect because its last lease was never given back), whom the sweeper
+        # may send it meanwhile.
+        with lease.renewed(held), self._changed:
+            self._in_flight -= 1  # not in flight while it waits
             self._changed.notify_all()
-            self._wait(lambda: self._isolated is None, deadline)
-            self._isolated = run_id
             try:
+                self._wait(lambda: self._isolated is None, deadline)
+                self._isolated = run_id
                 self._wait(lambda: self._in_flight == 0, deadline)
-            except EngineFull:
-                self._isolated = None
+            except BaseException:
+                if self._isolated == run_id:
+                    self._isolated = None
                 self._changed.notify_all()
+                lease.release(held)  # nothing of it ran: the run is sent again later (EngineFull)
                 raise
             self._in_flight += 1
             self.isolated += 1
         log.warning("run %s: its worker died on it before; it is advanced alone in this process", run_id)
-        return self._acquire_counted(run_id)
+        return held
 
     def _acquire_counted(self, run_id: int) -> lease.Lease | None:
         """``lease.acquire(run_id)`` for a run already counted in flight; uncounts it if not taken."""
