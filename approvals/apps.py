@@ -8,7 +8,9 @@ class ApprovalsConfig(AppConfig):
     verbose_name = _("Approvals inbox")
 
     def ready(self):
-        """An answer file's stored bytes go when its row does (``approvals.answer_file_cleanup``)."""
+        """An answer file's stored bytes go when its row does (``approvals.answer_file_cleanup``); the
+        ``input`` kind of wait is registered (``approvals.waits``)."""
+        from approvals import waits  # noqa: F401
         from approvals.answer_file_cleanup import delete_stored_file
 
         post_delete.connect(delete_stored_file, sender=self.get_model("AnswerFile"),

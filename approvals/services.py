@@ -23,13 +23,13 @@ from runs.services import actor_for, append_event
 from runs.tracing import record_decision
 from runs.transitions import apply
 from runs.tx import RunTx, locked
-from runs.waits import settle_wait
 from tools.registry import Tool, get_tool
 from tools.services import (
     approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call, settle_unknown_call,
 )
 from tools.services.edits import argument_changes
 from tools.services.summary import target_of
+from tools.waits import settle_wait
 
 
 def _log_opened(interrupt: Interrupt, *, reason: str) -> None:

@@ -8,6 +8,7 @@ in the same database transaction.
 """
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.urls import reverse
@@ -18,7 +19,7 @@ from django_fsm import FSMField, transition
 from config.strict_json import StoredJSONDecoder
 from runs.access import RunQuerySet
 from runs.fsm import FSMModel
-from runs.labels import choice
+from runs.labels import choice, label
 
 
 class AgentQuerySet(models.QuerySet):
@@ -169,12 +170,49 @@ class Phase(models.TextChoices):
 
 
 class WaitingReason(models.TextChoices):
+    """The reasons the product ships with; ``Run.waiting_reason`` also takes any kind of wait registered later.
+
+    ``approval``, ``reconciliation`` and ``retry_backoff`` are the engine's
+    own. ``input``, ``scheduled`` and ``external_event`` are kinds of waits
+    (``tools.waits``): their behaviour is the kind's, registered with
+    ``tools.waits.register_wait_kind`` like any plug-in's kind. The column
+    has no ``choices``, so a new kind needs no migration (``is_waiting_reason``).
+    """
+
     APPROVAL = choice("approval")
     INPUT = choice("input")
     RECONCILIATION = choice("reconciliation")
     RETRY_BACKOFF = choice("retry_backoff")
     SCHEDULED = choice("scheduled")
     EXTERNAL_EVENT = choice("external_event")
+
+
+# The kinds of waits (``tools.waits.register_wait_kind`` adds them): name -> whether settling a wait of
+# the kind resumes its run (``Run.resume``); a kind only its deadline ends is woken (``Run.wake``).
+_WAIT_KINDS: dict[str, bool] = {}
+
+
+def add_wait_kind(name: str, *, resumes_run: bool) -> None:
+    """Let runs wait ``name``, a kind of wait; ``resumes_run``: its settlement may resume the run.
+
+    For ``tools.waits.register_wait_kind``, which checks the name first.
+    """
+    _WAIT_KINDS[name] = resumes_run
+
+
+def is_wait_kind(value: str) -> bool:
+    """Whether ``value`` names a registered kind of wait (what ``Wait.kind`` may hold)."""
+    return value in _WAIT_KINDS
+
+
+def is_waiting_reason(value: str) -> bool:
+    """Whether a run may wait ``value``: one of ``WaitingReason`` or a registered kind of wait."""
+    return value in WaitingReason.values or value in _WAIT_KINDS
+
+
+def waiting_reason_choices() -> list[tuple[str, str]]:
+    """``[(value, its page word)]`` for every waiting reason, registered kinds included, by value (filters)."""
+    return [(value, label(value)) for value in sorted({*WaitingReason.values, *_WAIT_KINDS})]
 
 
 class FailureType(models.TextChoices):
@@ -210,9 +248,10 @@ def _no_cancel_requested(run: "Run") -> bool:
 
 
 def _waits_for_a_person(run: "Run") -> bool:
-    """Guard: the run waits for an inbox decision, settlement or answer, or an outside event (not a timer alone)."""
-    return run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION, WaitingReason.INPUT,
-                                  WaitingReason.EXTERNAL_EVENT)
+    """Guard: the run waits for an inbox decision or settlement, or for a kind of wait whose settlement
+    resumes it (an answer, an outside event), not for a timer alone."""
+    return (run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION)
+            or _WAIT_KINDS.get(run.waiting_reason, False))
 
 
 def _has_a_timer(run: "Run") -> bool:
@@ -241,7 +280,8 @@ class Run(FSMModel):
 
     status = FSMField(_("status"), default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True, db_index=True)
     phase = models.CharField(_("phase"), max_length=32, choices=Phase.choices, blank=True)
-    waiting_reason = models.CharField(_("waiting reason"), max_length=32, choices=WaitingReason.choices, blank=True)
+    # No choices: a WaitingReason or a registered kind of wait (is_waiting_reason, checked by ``wait``).
+    waiting_reason = models.CharField(_("waiting reason"), max_length=32, blank=True)
     wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
     failure_type = models.CharField(_("failure type"), max_length=32, choices=FailureType.choices, blank=True)
     outcome = models.CharField(_("outcome"), max_length=32, choices=Outcome.choices, blank=True)
@@ -354,6 +394,10 @@ class Run(FSMModel):
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING, conditions=[_no_cancel_requested])
     def wait(self, waiting_reason: str, wake_at=None):
+        """The run waits ``waiting_reason`` (``is_waiting_reason``, else ``ImproperlyConfigured``: a kind of
+        wait whose app is not installed) until ``wake_at`` or a settlement."""
+        if not is_waiting_reason(waiting_reason):
+            raise ImproperlyConfigured(f"No kind of wait {waiting_reason!r} is registered.")
         self.waiting_reason = waiting_reason
         self.wake_at = wake_at
         self.phase = ""
@@ -543,22 +587,24 @@ class WaitStatus(models.TextChoices):
 
 
 class Wait(models.Model):
-    """What a run waits for on behalf of one tool call of a built-in waiting tool (``tools.builtin``).
+    """What a run waits for on behalf of one tool call of a waiting tool (``Tool.wait``, e.g. ``tools.builtin``).
 
-    ``kind`` is the run's waiting reason while it waits: ``input`` (a
-    person's answer to an inbox item of kind ``input``), ``external_event``
-    (a ``POST /api/events/`` with ``event_type`` and ``correlation_key``)
-    or ``scheduled`` (the time ``deadline``). ``deadline`` is also the run's
+    ``kind`` is a registered kind of wait (``tools.waits.WaitKind``) and the
+    run's waiting reason while it waits, e.g. ``input`` (a person's answer
+    to an inbox item of kind ``input``), ``external_event`` (a ``POST
+    /api/events/`` with ``event_type`` and ``correlation_key``) or
+    ``scheduled`` (the time ``deadline``). ``deadline`` is also the run's
     ``wake_at``: the sweeper ends the wait then (docs/design.md#waits).
     ``status`` is a plain field written with conditional updates under the
-    run's row lock (``runs.waits``); no FSM. While pending, an event
-    type + key pair belongs to one wait only.
+    run's row lock (``tools.waits.settle_wait``); no FSM. While pending, an
+    event type + key pair belongs to one wait only.
     """
 
     run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="waits")
     tool_call = models.OneToOneField("tools.ToolCall", verbose_name=_("tool call"), on_delete=models.CASCADE,
                                      related_name="wait")
-    kind = models.CharField(_("kind"), max_length=32, choices=WaitingReason.choices)
+    # No choices: a registered kind of wait (is_wait_kind), checked by tools.waits.open_wait.
+    kind = models.CharField(_("kind"), max_length=32)
     status = models.CharField(_("status"), max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING,
                               db_index=True)
     event_type = models.CharField(_("event type"), max_length=100, blank=True)

@@ -10,13 +10,15 @@ Layers, top to bottom:
    out through the webhooks' signing and address guard);
 4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
    ``runs.providers``;
-3. the approvals services: ``approvals.models``, ``approvals.services``;
+3. the approvals services: ``approvals.models``, ``approvals.services``,
+   ``approvals.waits`` (the ``input`` kind of wait);
 2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
+   ``tools.waits`` (waits and their kinds),
    ``tools.policy``, ``tools.services``, ``tools.mcp`` (but its admin and its
    start-up checks, which use the webhooks' URL rules: surfaces);
 1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
    ``runs.tx`` (one transaction on one run), ``runs.lease``, ``runs.wakeups``,
-   ``runs.live``, ``runs.waits``, ``runs.access`` (who sees and decides what);
+   ``runs.live``, ``runs.access`` (who sees and decides what);
 0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
    ``runs.channel_layers``, ``runs.brokers``, ``runs.providers.base`` (the model-call
    shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
@@ -53,6 +55,7 @@ LAYERS = {
     "runs.providers": 4,
     "approvals.models": 3,
     "approvals.services": 3,
+    "approvals.waits": 3,
     "approvals.notifications": 3,
     "approvals.claims": 3,
     "approvals.bulk": 3,
@@ -66,6 +69,7 @@ LAYERS = {
     "tools.policy": 2,
     "tools.services": 2,
     "tools.builtin": 2,
+    "tools.waits": 2,
     "runs.models": 1,
     "runs.services": 1,
     "runs.transitions": 1,
@@ -73,7 +77,6 @@ LAYERS = {
     "runs.lease": 1,
     "runs.wakeups": 1,
     "runs.live": 1,
-    "runs.waits": 1,
     "runs.access": 1,
     "runs.ops.models": 1,
     "runs.fsm": 0,

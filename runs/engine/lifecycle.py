@@ -35,10 +35,10 @@ from runs.models import (
 from runs.services import actor_for, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
 from runs.tx import locked, relock
-from runs.waits import cancel_waits
 from runs.wakeups import wake_on_commit
 from tools.models import ToolCall
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
+from tools.waits import cancel_waits
 
 
 @dataclass(frozen=True)
@@ -326,7 +326,7 @@ def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None
 
     1. pending approval and input items are cancelled (reconciliation
        items stay: an effect whose outcome is unknown is settled whatever
-       becomes of the run), and so are pending waits (``runs.waits``);
+       becomes of the run), and so are pending waits (``tools.waits.cancel_waits``);
     2. no call is left in flight (``tools.services.settle_calls_at_run_end``):
        calls never sent are cancelled, calls that were sent and not
        finished become ``unknown``; an unknown call whose tool has a

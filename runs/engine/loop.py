@@ -5,7 +5,7 @@ next thing, committing before the next pass:
 
 1. cancel requested -> cancel; deadline passed -> fail (the safe point);
 2. tool calls ``ready`` -> execute them (a waiting tool's call first waits
-   for what it asks: ``runs.engine.waits``);
+   for what it asks: ``tools.waits``);
 3. tool calls ``unknown`` -> reconcile (the tool's hook, else a person);
 4. tool calls awaiting approval -> ``waiting/approval``;
 5. finished tool calls without a result message -> deliver their results;
@@ -38,7 +38,7 @@ from django_fsm import can_proceed
 
 from runs import lease, log_context, tracing
 from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
-from runs.engine import completion, waits
+from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
@@ -60,6 +60,7 @@ from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
 from runs.tx import relock
 from runs.wakeups import wake_on_commit
+from tools import waits
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
 from tools.services import (

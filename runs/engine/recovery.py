@@ -36,7 +36,6 @@ from approvals.services import (
 from runs.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
-from runs.engine.waits import end_due_waits, prefetch_due_waits
 from runs.lease import fenced
 from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, Step
 from runs.services import append_event
@@ -46,6 +45,7 @@ from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
 from tools.services import charged_attempts, reconcile_delay, reconcile_unknown_call, recover_orphaned_call
+from tools.waits import end_due_waits, prefetch_due_waits
 
 log = logging.getLogger(__name__)
 # How much later than all other in-flight work of a dead worker a run's work
