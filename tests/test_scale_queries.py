@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from approvals.models import Interrupt
 from runs.engine.recovery import sweep
-from runs.models import Agent, Run, Session, Step, Wait
-from tools.models import ToolCall
+from runs.models import Agent, Run, Session, Step
+from tools.models import ToolCall, Wait
 
 LISTS = [
     "/api/runs/",

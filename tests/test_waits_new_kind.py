@@ -5,10 +5,11 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from runs.errors import NotFound
-from runs.models import Run, RunStatus, Wait, WaitingReason
+from runs.models import Run, RunStatus, WaitingReason
 from tests.api_helpers import get_run, start_run
 from tests.courier_app.deliveries import report_delivery
 from tests.wait_helpers import sweep_later, tool_result, waiting_agent
+from tools.models import Wait
 from tools.waits import WaitKind, register_wait_kind
 
 pytestmark = pytest.mark.django_db(transaction=True)

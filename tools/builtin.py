@@ -18,7 +18,7 @@
 
 None of them holds a worker: each names its kind of wait (``tools.waits``:
 ``input`` is the approvals app's, ``external_event`` and ``scheduled`` are
-declared there), the loop opens a ``runs.models.Wait`` and puts the run to
+declared there), the loop opens a ``tools.models.Wait`` and puts the run to
 wait, and the handler (``tools.waits.settled_result``) only runs once the
 wait is settled and turns it into the call's result. A wait that
 ends without what it waited for (no answer before the item expired, no

@@ -44,7 +44,7 @@ from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.failpoints import failpoint
 from runs.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
-from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason, WaitStatus
+from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.providers.base import ConfigError
 from runs.providers.base import MalformedResponse as _MalformedResponse
@@ -61,7 +61,7 @@ from runs.transitions import apply
 from runs.tx import relock
 from runs.wakeups import wake_on_commit
 from tools import waits
-from tools.models import ToolCall, ToolCallStatus
+from tools.models import ToolCall, ToolCallStatus, WaitStatus
 from tools.registry import get_tool
 from tools.services import (
     assess_tool_calls,

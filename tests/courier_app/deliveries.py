@@ -12,8 +12,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from runs.errors import NotFound
-from runs.models import Wait, WaitStatus
 from runs.tx import locked
+from tools.models import Wait, WaitStatus
 from tools.registry import Tool, WaitSpec, register
 from tools.waits import WaitKind, register_wait_kind, settle_wait, settled_result
 

@@ -10,9 +10,10 @@ from jsonschema import Draft202012Validator
 
 from runs.access import may_deliver_event
 from runs.errors import InvalidInput, NotFound
-from runs.models import ExternalEvent, Wait, WaitingReason, WaitStatus
+from runs.models import WaitingReason
 from runs.services import actor_for, append_event
 from runs.tx import locked
+from tools.models import ExternalEvent, Wait, WaitStatus
 from tools.waits.kinds import WaitKind, register_wait_kind
 from tools.waits.settle import settle_wait
 
@@ -70,7 +71,7 @@ def receive_event(*, event_type: str, key: str, payload, user) -> Received:
 
     Only a pending wait with exactly this type and key is resumed, and
     only by a sender who may deliver to its run (``runs.access.may_deliver_event``:
-    the run's requester, or a user with the ``runs.add_externalevent``
+    the run's requester, or a user with the ``tools.add_externalevent``
     permission, e.g. the token of the integrator's service that reports
     payments). A key can be guessed (the model may choose it), so it is
     not a capability of its own: to anyone else the wait, and an event

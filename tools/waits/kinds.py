@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from django.core.exceptions import ImproperlyConfigured
 
-from runs.models import Wait, WaitingReason, add_wait_kind
+from runs.models import WaitingReason, add_wait_kind
+from tools.models import Wait
 
 # Lower-case words joined by "_", at most 32 characters (the width of Wait.kind and Run.waiting_reason).
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

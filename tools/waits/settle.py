@@ -10,10 +10,11 @@ a wait is settled once.
 
 from django.utils import timezone
 
-from runs.models import Run, RunStatus, Wait, WaitStatus
+from runs.models import Run, RunStatus
 from runs.services import append_event
 from runs.transitions import apply
 from runs.wakeups import wake_on_commit
+from tools.models import Wait, WaitStatus
 from tools.registry import ToolContext, ToolError
 
 

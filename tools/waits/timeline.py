@@ -1,7 +1,7 @@
 """A wait's life: opened for the loop, ended at its deadline by the sweeper (docs/design.md#waits).
 
 A ``ready`` call of a waiting tool (``Tool.wait``, e.g. ``tools.builtin``)
-is not executed at once: ``open_wait`` stores a ``runs.models.Wait`` of the
+is not executed at once: ``open_wait`` stores a ``tools.models.Wait`` of the
 kind the tool names (``tools.waits.kinds``), and the loop puts the run to
 wait with ``wake_at`` = the wait's deadline. Nothing holds a worker
 meanwhile. The wait ends in one of three ways, each under the run's row
@@ -16,9 +16,10 @@ fails the call with the reason.
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from runs.models import Run, Wait, WaitStatus
+from runs.models import Run
 from runs.services import append_event
 from runs.tx import RunTx
+from tools.models import Wait, WaitStatus
 from tools.registry import Tool, ToolContext
 from tools.waits.kinds import get_wait_kind, kind_of
 from tools.waits.settle import settle_wait
