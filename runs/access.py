@@ -38,7 +38,7 @@ from django.db import models
 from django.db.models import BooleanField, ExpressionWrapper, IntegerField, Q, Value
 
 DECIDE_PERMISSION = "approvals.decide_interrupt"
-# Django's "add" permission of tools.ExternalEvent (runs.add_externalevent before issue 24): adding one is delivering it.
+# Django's "add" permission of tools.ExternalEvent (runs.add_externalevent until issue 24): adding one delivers it.
 DELIVER_EVENT_PERMISSION = "tools.add_externalevent"
 INPUT_KIND = "input"  # approvals.models.InterruptKind.INPUT: a question to the run's requester
 
