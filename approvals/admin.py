@@ -16,13 +16,13 @@ from django.utils.html import format_html
 from django.utils.translation import gettext as _, gettext_lazy, ngettext
 
 from approvals.bulk import CHANGED, GONE, NOT_PENDING, RUN_ENDED, decide_bulk, plan_bulk
-from approvals.forms import BulkDecisionForm
+from approvals.web.forms import BulkDecisionForm
 from approvals.models import AnswerFile, Decision, Interrupt
 from config.error_display import admin_error
 from runs.admin import ReadOnlyAdminMixin
-from runs.admin_base import AgentSlugFilter
-from runs.errors import Forbidden, InvalidInput, TollgateError
-from runs.labels import label
+from runs.admin.base import AgentSlugFilter
+from runs.base.errors import Forbidden, InvalidInput, TollgateError
+from runs.base.labels import label
 
 
 @admin.register(Interrupt)

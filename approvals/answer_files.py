@@ -26,7 +26,7 @@ import filetype
 from django.conf import settings
 
 from config import strict_json
-from runs.errors import InvalidInput, TooLarge
+from runs.base.errors import InvalidInput, TooLarge
 
 FILE_MODES = ("none", "optional", "required")
 TEXT_TYPES = ("text/plain", "text/csv", "application/json")

@@ -21,7 +21,7 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from approvals.models import Decision, Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt
 from config.strict_json import MAX_INT
-from runs.errors import InvalidInput, TollgateError
+from runs.base.errors import InvalidInput, TollgateError
 from runs.tx import locked
 
 MAX_BULK_ITEMS = 100

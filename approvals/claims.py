@@ -12,7 +12,7 @@ item expires (``approvals.notifications.warn_claimed_items_expiring``).
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
-from runs.errors import Conflict, Forbidden
+from runs.base.errors import Conflict, Forbidden
 from runs.services import actor_for
 from runs.tx import RunTx, locked
 

@@ -11,8 +11,8 @@ from django_fsm import FSMField, transition
 
 from config.strict_json import StoredJSONDecoder
 from runs.access import InterruptQuerySet
-from runs.fsm import FSMModel
-from runs.labels import choice
+from runs.base.fsm import FSMModel
+from runs.base.labels import choice
 from tools.services.edits import argument_changes, proposed_arguments
 from tools.services.summary import title_of
 

@@ -14,7 +14,7 @@ without a row):
 
 The first two are queued when the caller's transaction commits
 (``transaction.on_commit``: never for work rolled back) as a message to
-the ``send_notification`` actor (``runs.engine.actors``), so the worker
+the ``send_notification`` actor (``approvals.actors``), so the worker
 that opened the item or the sweeper that failed the run spends no query
 and no time on mail, and never sends while a run's row lock is held. A
 failure to queue or to send is logged and swallowed: it never breaks a run. Each
@@ -38,8 +38,8 @@ from django.utils.translation import gettext as _
 
 from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
-from runs.errors import InvalidInput
-from runs.masking import mask_credentials
+from runs.base.errors import InvalidInput
+from runs.base.masking import mask_credentials
 from config.strict_json import printable
 from runs.wakeups import ADVANCE_QUEUE
 from tools.services.summary import describe
@@ -47,7 +47,7 @@ from tools.services.summary import describe
 log = logging.getLogger(__name__)
 
 NEW_ITEM, CLAIMED_EXPIRING, RUN_EXPIRED = "new_item", "claimed_expiring", "run_expired"
-NOTIFY_ACTOR = "send_notification"  # declared by runs.engine.actors, named here (this layer never imports it)
+NOTIFY_ACTOR = "send_notification"  # declared by approvals.actors
 NOTIFY_QUEUE = ADVANCE_QUEUE
 # An email shows this much of a call's arguments (credentials masked): the item page has them all.
 MAX_ARGUMENT_CHARS = 500
@@ -164,8 +164,10 @@ def run_expired_on_commit(interrupt_id: int) -> None:
     _queue_on_commit(RUN_EXPIRED, interrupt_id)
 
 
-def warn_claimed_items_expiring(*, now) -> int:
-    """Email each claimer of a pending item expiring within the warning window, once; returns emails sent.
+def warn_claimed_items_expiring(*, now) -> dict[str, int]:
+    """Email each claimer of a pending item expiring within the warning window, once; ``{"expiry_warnings": sent}``.
+
+    A sweep job (``runs.sweeping``), registered by ``approvals.apps``.
 
     The window is ``TOLLGATE["CLAIM_EXPIRY_WARNING_HOURS"]`` before
     ``expires_at``. Each item is marked (``expiry_warning_sent_at``, a
@@ -191,7 +193,7 @@ def warn_claimed_items_expiring(*, now) -> int:
         claimer = get_user_model().objects.filter(pk=interrupt.claimed_by_id, is_active=True)
         sent += _send([_message(user, write) for user in _wanting(claimer, CLAIMED_EXPIRING)],
                       f"claimed item {interrupt.pk}")
-    return sent
+    return {"expiry_warnings": sent}
 
 
 def _queue_on_commit(kind: str, interrupt_id: int) -> None:

@@ -52,7 +52,7 @@ def _day_start(day: date) -> datetime:
 
 @dataclass(frozen=True)
 class DecidedFilters:
-    """What the history page shows, validated (``approvals.forms.DecidedFilterForm``).
+    """What the history page shows, validated (``approvals.web.forms.DecidedFilterForm``).
 
     ``mine``: only the items the user decided. ``decision``: one
     ``Decision`` value, "" for any. ``tool``: the tool call's name, "" for
@@ -172,7 +172,7 @@ FAR_FUTURE_MS = 2 ** 53 - 1  # the order key of an item that never expires (sort
 
 @dataclass(frozen=True)
 class InboxFilters:
-    """What the inbox list shows, validated (``approvals.forms.InboxFilterForm``).
+    """What the inbox list shows, validated (``approvals.web.forms.InboxFilterForm``).
 
     ``sort``: one of ``SORTS``; ``kind``, ``tool`` (tool name), ``agent``
     (slug), ``requester`` (username): exact matches, "" for any;

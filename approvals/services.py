@@ -17,7 +17,7 @@ from django_fsm import can_proceed
 
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus, item_title
-from runs.errors import Expired, Forbidden, InvalidInput
+from runs.base.errors import Expired, Forbidden, InvalidInput
 from runs.models import WaitingReason
 from runs.services import actor_for, append_event
 from runs.tracing import record_decision

@@ -26,7 +26,7 @@ the 50 requesters (who sees their own):
   filters: runs (``status``, ``waiting_reason``, ``agent``), inbox items
   (``status``), sessions, one run's events;
 * one approval (``POST /api/interrupts/<id>/approve/``), each on another item;
-* one sweeper pass (``runs.engine.recovery.sweep``) with nothing due, and
+* one sweeper pass (``runs.sweeping.sweep``) with nothing due, and
   one with ``--due`` (default 50) each of approvals past their expiry,
   retry backoffs past their ``wake_at`` and running runs whose lease
   expired (a dead worker's), made due again before each pass (not timed);
@@ -253,7 +253,7 @@ def measure(args) -> None:
     from rest_framework.test import APIClient
 
     from approvals.models import Interrupt, InterruptKind, InterruptStatus
-    from runs.engine.recovery import sweep
+    from runs.sweeping import sweep
     from runs.models import Run
 
     users = get_user_model().objects
@@ -334,7 +334,7 @@ def profile_sweep(due: int) -> None:
     import cProfile
     import pstats
 
-    from runs.engine.recovery import sweep
+    from runs.sweeping import sweep
 
     make_due(due)
     profiler = cProfile.Profile()

@@ -3,7 +3,7 @@
 Every 4xx body is ``{"error": {"code": str, "message": str, "details": {...}}}``
 (``ERROR_SCHEMA`` in ``config.api_schema`` documents it). What maps to what:
 
-* ``runs.errors.TollgateError`` (what services raise) -> its
+* ``runs.base.errors.TollgateError`` (what services raise) -> its
   ``http_status``, ``code``, ``message`` and ``details``; the field
   messages of an ``InvalidInput`` go under ``details["fields"]``;
   ``SessionBusy`` keeps ``active_run`` in ``details``;
@@ -49,7 +49,7 @@ from rest_framework.views import set_rollback
 
 from config.throttles import count_failed_authentication
 from runs.access import RunAccess
-from runs.errors import InvalidInput, TollgateError
+from runs.base.errors import InvalidInput, TollgateError
 
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:

@@ -3,10 +3,10 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from approvals.api import InterruptViewSet
+from approvals.api.items import InterruptViewSet
 from config.api_index import ApiIndexView
-from runs.api import AgentViewSet, RunViewSet, SessionViewSet
-from runs.api_waits import EventView, run_wait
+from runs.api.runs import AgentViewSet, RunViewSet, SessionViewSet
+from runs.api.waits import EventView, run_wait
 from runs.webhooks.api import WebhookDeliveryViewSet, WebhookSubscriptionViewSet
 from tools.api import ToolListView
 

@@ -2,7 +2,7 @@
 
 Two kinds of WebSocket, each with its own authentication:
 
-* ``ws/api/...`` (integrators, ``runs.routing.integrator_websocket_urlpatterns``):
+* ``ws/api/...`` (integrators, ``runs.web.routing.integrator_websocket_urlpatterns``):
   the REST API's token only (``config.ws_token.TokenAuthMiddleware``);
   cookies are never read, so no Origin is needed or checked. Connection
   attempts are counted per token and per address first
@@ -102,7 +102,7 @@ from django.urls import re_path  # noqa: E402
 from config.origin import SameOriginValidator  # noqa: E402
 from config.ws_throttle import ConnectThrottleMiddleware  # noqa: E402
 from config.ws_token import TokenAuthMiddleware  # noqa: E402
-from runs.routing import integrator_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
+from runs.web.routing import integrator_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,

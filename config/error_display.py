@@ -1,4 +1,4 @@
-"""How pages and the admin show the error family of ``runs.errors``: one mapping for people.
+"""How pages and the admin show the error family of ``runs.base.errors``: one mapping for people.
 
 ``config.api.exception_handler`` maps a ``TollgateError`` to a JSON answer;
 this module maps the same error for the other surfaces, the same way:
@@ -21,7 +21,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.translation import gettext_lazy
 
-from runs.errors import InvalidInput, TollgateError
+from runs.base.errors import InvalidInput, TollgateError
 
 # The status page's title by HTTP status.
 STATUS_TITLES = {400: gettext_lazy("Not possible"), 403: gettext_lazy("Not allowed"), 404: gettext_lazy("Not found"),

@@ -38,7 +38,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from runs.errors import IdempotencyKeyInUse, IdempotencyKeyReused
+from runs.base.errors import IdempotencyKeyInUse, IdempotencyKeyReused
 from runs.models import IdempotentRequest
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"

@@ -13,7 +13,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from runs.log_context import FORMATS, logging_settings
+from runs.base.log_context import FORMATS, logging_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -162,7 +162,7 @@ TEMPLATES = [
                 "django.template.context_processors.tz",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "approvals.context_processors.inbox_counts",
+                "approvals.web.context.inbox_counts",
             ],
         },
     },
@@ -307,7 +307,7 @@ SPECTACULAR_SETTINGS = {
     # Idempotency-Key header on every operation.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "runs.api_waits.document_run_wait",
+        "runs.api.waits.document_run_wait",
         "config.api_schema.document_errors_and_idempotency",
     ],
 }
@@ -327,12 +327,12 @@ _DRAMATIQ_MIDDLEWARE = [
     "runs.engine.worker_middleware.HeartbeatMiddleware",
 ]
 if REDIS_URL:
-    # Dramatiq's Redis broker with a doorbell per queue (runs/brokers.py): an
+    # Dramatiq's Redis broker with a doorbell per queue (runs/base/brokers.py): an
     # idle consumer blocks on it (BLPOP) and fetches as soon as a message is
     # enqueued, instead of sleeping out DRAMATIQ_POLL_MS; with nothing to do
     # it looks at the queue itself every DRAMATIQ_IDLE_WAIT_MS.
     DRAMATIQ_BROKER = {
-        "BROKER": "runs.brokers.NotifyingRedisBroker",
+        "BROKER": "runs.base.brokers.NotifyingRedisBroker",
         "OPTIONS": {"url": REDIS_URL, "namespace": env.str("DRAMATIQ_NAMESPACE", default="tollgate"),
                     "idle_wait_ms": env.int("DRAMATIQ_IDLE_WAIT_MS", default=1000)},
         "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE,
@@ -356,7 +356,7 @@ if REDIS_URL:
 else:
     DRAMATIQ_BROKER = {"BROKER": "dramatiq.brokers.stub.StubBroker", "OPTIONS": {}, "MIDDLEWARE": _DRAMATIQ_MIDDLEWARE}
     # In-memory, but safe to publish to from the in-process worker's threads.
-    CHANNEL_LAYERS = {"default": {"BACKEND": "runs.channel_layers.LoopSafeInMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "runs.base.channel_layers.LoopSafeInMemoryChannelLayer"}}
 
 # Dramatiq's worker timeout: a consumer with no room for more messages, or
 # one holding delayed messages whose time has not come, looks again after
@@ -380,7 +380,7 @@ DRAMATIQ_AUTODISCOVER_MODULES = ["engine.actors"]
 # Largest file answering a question (TOLLGATE["ANSWER_FILE_MAX_BYTES"]), also a part of the body limit.
 _ANSWER_FILE_MAX_BYTES = env.int("TOLLGATE_ANSWER_FILE_MAX_BYTES", default=5 * 1024 * 1024)
 TOLLGATE = {
-    # Crash-test failpoints (runs/failpoints.py); empty in normal operation.
+    # Crash-test failpoints (runs/base/failpoints.py); empty in normal operation.
     "FAILPOINTS": env.list("TOLLGATE_FAILPOINTS", default=[]),
     # Seconds a worker's lease on a run lasts without a heartbeat; the
     # heartbeat renews it every third of that.
@@ -479,7 +479,7 @@ TOLLGATE = {
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
     # Longest model output stored (characters): an answer's text, or one tool
-    # call's raw arguments. Longer text is refused (runs.model_output) and the
+    # call's raw arguments. Longer text is refused (runs.base.model_output) and the
     # model told so; it is never stored.
     "MAX_MODEL_TEXT_CHARS": env.int("TOLLGATE_MAX_MODEL_TEXT_CHARS", default=100_000),
     # --- Files answering a question (ask_user with "file"; approvals.answer_files) ---
@@ -609,7 +609,7 @@ if TOLLGATE["METRICS_TOKEN"] and len(TOLLGATE["METRICS_TOKEN"]) < 32:
     raise ImproperlyConfigured("TOLLGATE_METRICS_TOKEN must be at least 32 characters (or empty: /metrics closed).")
 
 # Everything to the console, each record with the ids of the run it is about
-# (runs.log_context): as text (the message, then "[run 12 session 3
+# (runs.base.log_context): as text (the message, then "[run 12 session 3
 # tool_call 7]") or, with TOLLGATE_LOG_FORMAT=json, one JSON object a line.
 LOG_FORMAT = env.str("TOLLGATE_LOG_FORMAT", default="text")
 if LOG_FORMAT not in FORMATS:

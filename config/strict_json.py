@@ -11,7 +11,7 @@ whatever the reader's parser picks (RFC 8259 section 4: names "SHOULD be
 unique"; RFC 7493, I-JSON, makes it a MUST). ``loads`` refuses all of
 these with ``StrictJSONError`` (a ``ValueError``) and a message fit for the
 requester. It is the one parser of untrusted JSON text: request bodies,
-form fields, answer files and model output (``runs.model_output``).
+form fields, answer files and model output (``runs.base.model_output``).
 ``StrictJSONParser`` is the REST API's parser built on it (400 on refusal),
 ``StrictJSONFormField`` the form field (admin JSON fields), and
 ``StoredJSONDecoder`` the decoder of every JSON column, so that what was

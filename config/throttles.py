@@ -36,7 +36,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.utils.translation import gettext
 from rest_framework import throttling
 
-from runs.errors import Throttled
+from runs.base.errors import Throttled
 
 
 class SerializedRateThrottle(throttling.SimpleRateThrottle):

@@ -9,7 +9,7 @@ from django.utils.functional import lazy
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
-from approvals import views as approvals_views
+from approvals.web import views as approvals_views
 from config.api import django_error_handler
 from config.api_schema import ApiDocsView
 
@@ -27,8 +27,8 @@ urlpatterns = [
     path("api/docs/", login_required(ApiDocsView.as_view(url_name="schema")), name="api-docs"),
     path("api/", include(("config.api_urls", "api"))),
     path("", approvals_views.home, name="home"),
-    path("", include("approvals.urls")),
-    path("", include("runs.urls")),
+    path("", include("approvals.web.urls")),
+    path("", include("runs.web.urls")),
 ]
 
 # Errors Django answers outside the API's views: JSON in the API's shape under /api/.

@@ -77,33 +77,42 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
 
     Returns None when another worker holds it or the run is waiting,
     finished or gone (a waiting run needs a person or a timer, not a
-    worker). One statement (``UPDATE ... RETURNING`` the new token and the
-    streaks that make the run a suspect) where the database can return rows
-    from a write, else an UPDATE and a SELECT.
+    worker). The lease is ``suspect`` (``is_suspect``) when the run's
+    streaks say so, or when the lease it replaces had expired without
+    being given back: its holder died on it (or stalled past the TTL) and
+    the sweeper has not counted that death yet, so the takeover will
+    blame the run (``runs.engine.recovery.recover_after_takeover``). One
+    statement on PostgreSQL (``UPDATE ... FROM ... RETURNING`` the new
+    token, the streaks and whether the old lease was still set), else a
+    SELECT, an UPDATE and a SELECT (SQLite's RETURNING cannot name the FROM).
     """
     now = timezone.now()
     expires_at = now + ttl()
-    if not connection.features.can_return_columns_from_insert:
+    if connection.vendor != "postgresql":
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+        abandoned = Run.objects.filter(pk=run_id, lease_expires_at__isnull=False).exists()
         if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
                 lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
             return None
-        row = Run.objects.values_list("lease_token", "crash_streak", "loss_streak").get(pk=run_id)
+        row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak").get(pk=run_id), abandoned)
     else:
         quote, meta = connection.ops.quote_name, Run._meta
+        table = quote(meta.db_table)
         pk, status, lease_owner, token, expires, crashes, losses = (quote(meta.get_field(name).column) for name in (
             "id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak"))
         adapt = connection.ops.adapt_datetimefield_value
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {quote(meta.db_table)} SET {lease_owner} = %s, {token} = {token} + 1, {expires} = %s "
-                f"WHERE {pk} = %s AND {status} IN (%s, %s) AND ({expires} IS NULL OR {expires} < %s) "
-                f"RETURNING {token}, {crashes}, {losses}",
-                [owner, adapt(expires_at), run_id, *ACTIVE, adapt(now)])
+            cursor.execute(  # the FROM reads the lease being replaced (RETURNING sees only the new row)
+                f"UPDATE {table} SET {lease_owner} = %s, {token} = {table}.{token} + 1, {expires} = %s "
+                f"FROM (SELECT {expires} AS held_until FROM {table} WHERE {pk} = %s) AS replaced "
+                f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
+                f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
+                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, replaced.held_until IS NOT NULL",
+                [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)])
             row = cursor.fetchone()
         if row is None:
             return None
-    return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(row[1], row[2]))
+    return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(row[1], row[2]) or bool(row[3]))
 
 
 def renew(lease: Lease) -> bool:

@@ -18,8 +18,8 @@ from django_fsm import FSMField, transition
 
 from config.strict_json import StoredJSONDecoder
 from runs.access import RunQuerySet
-from runs.fsm import FSMModel
-from runs.labels import choice, label
+from runs.base.fsm import FSMModel
+from runs.base.labels import choice, label
 
 
 class AgentQuerySet(models.QuerySet):
@@ -162,7 +162,6 @@ TERMINAL_STATUSES = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED]
 
 
 class Phase(models.TextChoices):
-    TRIAGING = choice("triaging")
     PREPARING_CONTEXT = choice("preparing_context")
     CALLING_MODEL = choice("calling_model")
     EXECUTING_TOOLS = choice("executing_tools")
@@ -218,8 +217,6 @@ def waiting_reason_choices() -> list[tuple[str, str]]:
 class FailureType(models.TextChoices):
     MODEL_ERROR = choice("model_error")
     INVALID_MODEL_OUTPUT = choice("invalid_model_output")
-    TOOL_ERROR = choice("tool_error")
-    PERMISSION_DENIED = choice("permission_denied")
     BUDGET_EXHAUSTED = choice("budget_exhausted")
     DEADLINE_EXCEEDED = choice("deadline_exceeded")
     APPROVAL_EXPIRED = choice("approval_expired")

@@ -122,7 +122,7 @@ def with_final_output_facts(runs: QuerySet[Run]) -> QuerySet[Run]:
 
     Only runs with a final text or an outcome have anything read (the
     others are ``absent`` and have nothing to explain,
-    ``runs.explanations``): a page of runs under way loads none of their calls.
+    ``runs.web.explanations``): a page of runs under way loads none of their calls.
     """
     calls = ToolCall.objects.exclude(run__final_output="", run__outcome="").order_by("id").only(
         "id", "run_id", "name", "side_effect", "status", "error", "raw_arguments", "arguments", "duplicate_of_id")

@@ -15,10 +15,12 @@ import dataclasses
 from django.db import connection
 from django.db.models import F
 from django.db.models.signals import post_save
-from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs import lease
+from runs.base.rows import insert as insert_row
+from runs.base.rows import update as update_row
+from runs.base.rows import update_columns
 from runs.lease import LeaseLost, current_token, fenced
 from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
@@ -139,13 +141,13 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
                      payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
             for seq, event in enumerate(events, start=first)]
     try:
-        if len(rows) == 1:  # the common case; save() is lighter than bulk_create for one row
-            rows[0].save(force_insert=True)
+        if len(rows) == 1:  # the common case: one statement built once (runs.base.rows)
+            insert_row(rows[0])
         else:
-            RunEvent.objects.bulk_create(rows)  # one INSERT; it sends no signals, so they are sent here
-            for row in rows:
-                post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
-                               using=row._state.db)
+            RunEvent.objects.bulk_create(rows)  # one INSERT
+        for row in rows:  # neither sends signals: sent here, as save() would
+            post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
+                           using=row._state.db)
     except BaseException:
         for name, value in held.items():
             setattr(run, name, value)
@@ -171,32 +173,11 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
         if written != 1:
             return None
         return Run.objects.values_list("last_event_seq", flat=True).get(pk=run.pk)
-    quote = connection.ops.quote_name
-    meta = Run._meta
-    assignments, params = [], []
-    for name, value in values.items():
-        field = meta.get_field(name)
-        assignments.append(f"{quote(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    for name, amount in increments.items():
-        field = meta.get_field(name)
-        assignments.append(f"{quote(field.column)} = {quote(field.column)} + %s")
-        params.append(field.get_db_prep_save(amount, connection))
-    seq, pk, token_column = (quote(meta.get_field(name).column) for name in ("last_event_seq", "id", "lease_token"))
-    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {pk} = %s"
-    params.append(run.pk)
-    for name, value in expected.items():
-        field = meta.get_field(name)
-        sql += f" AND {quote(field.column)} = %s"
-        params.append(field.get_db_prep_value(value, connection))
     token = current_token(run.pk)
     if token is not None:
-        sql += f" AND {token_column} = %s"
-        params.append(token)
-    with connection.cursor() as cursor:
-        cursor.execute(sql + f" RETURNING {seq}", params)
-        row = cursor.fetchone()
-    return row[0] if row else None
+        expected = {**expected, "lease_token": token}
+    return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
+                          returning="last_event_seq")
 
 
 def _lease_still_held(run_id: int) -> bool:
@@ -207,10 +188,11 @@ def _lease_still_held(run_id: int) -> bool:
 
 def set_phase(run: Run, phase: str) -> None:
     """Record a new ``phase`` of a running run (no event: phases are detail)."""
-    now = timezone.now()
-    if fenced(Run.objects.filter(pk=run.pk), run.pk).update(phase=phase, updated_at=now) != 1:
+    token, held = current_token(run.pk), run.phase
+    run.phase = phase
+    if update_row(run, ["phase", "updated_at"], expected={} if token is None else {"lease_token": token}) != 1:
+        run.phase = held
         raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
-    run.phase, run.updated_at = phase, now
     publish_on_commit(run)
 
 
@@ -226,14 +208,8 @@ def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, t
     """
     if fence:
         lease.check(run.pk)
-    return Message.objects.create(
-        session_id=run.session_id,
-        run=run,
-        role=role,
-        content=content,
-        tool_calls=tool_calls or [],
-        tool_call_id=tool_call_id,
-    )
+    return insert_row(Message(session_id=run.session_id, run=run, role=role, content=content,
+                              tool_calls=tool_calls or [], tool_call_id=tool_call_id))
 
 
 def wake_next_in_session(session_id: int) -> None:

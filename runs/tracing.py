@@ -25,7 +25,7 @@ have a name for it:
 Prompt and completion text are recorded only when an operator turns it on
 (``TOLLGATE_TRACE_CONTENT=true``: ``gen_ai.input.messages`` and
 ``gen_ai.output.messages`` on the model-call span, JSON text with
-credentials masked as in logs, ``runs.masking.mask_log_text``); tool
+credentials masked as in logs, ``runs.base.masking.mask_log_text``); tool
 arguments and results never are. Errors are recorded by type
 (``error.type``), never by message (a provider's message may quote a key).
 A run's log lines carry its trace id (``trace_id_hex``) while traces are
@@ -112,7 +112,7 @@ def trace_id_hex(run) -> str | None:
 
 def _content(value) -> str:
     """``value`` as JSON text for a span, credentials masked."""
-    from runs.masking import mask_log_text
+    from runs.base.masking import mask_log_text
 
     return mask_log_text(json.dumps(value, default=str, ensure_ascii=False))
 

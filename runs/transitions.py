@@ -18,7 +18,7 @@ and, in one database transaction (joining the caller's):
 4. a live push of the run is scheduled for commit (``runs.live``), once per
    run however many transitions the transaction holds.
 
-What goes into the event is each model's (``runs.fsm.FSMModel`` hooks).
+What goes into the event is each model's (``runs.base.fsm.FSMModel`` hooks).
 Several transitions of one run may share one reservation (``EventBatch``).
 """
 
@@ -175,7 +175,7 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
                        if field.attname in after and after[field.attname] != before.get(field.attname)]
             stamped = [field.name for field in model._meta.concrete_fields if getattr(field, "auto_now", False)]
             if new:
-                instance.save()
+                instance.insert_row()
             run = instance.event_run()
             saved_with_event = run is instance and not new and not any(
                 model._meta.get_field(name).is_relation for name in changed)
@@ -196,7 +196,7 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             if saved_with_event:
                 instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
             elif not new:
-                instance.save(update_fields=changed + [name for name in stamped if name not in changed])
+                instance.update_row(changed + [name for name in stamped if name not in changed])
             if deferred:  # kept only once its row is written
                 batch.keep(run, event)
         except BaseException:

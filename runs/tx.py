@@ -45,6 +45,7 @@ import contextlib
 from django.db import transaction
 
 from runs import lease
+from runs.base import rows
 from runs.models import Message, Run
 from runs.services import Event, RunColumns, append_events
 from runs.transitions import EventBatch, apply
@@ -56,7 +57,7 @@ class RunTx:
 
     ``run``: the locked ``Run``; ``cache``: the layers' rows loaded under
     the lock (``{key: anything}``, keys chosen by each layer, e.g.
-    ``runs.engine.waits.DUE``).
+    ``tools.waits.DUE``).
     """
 
     def __init__(self, run: Run):
@@ -102,8 +103,8 @@ class RunTx:
         checks the lease when it ends (``runs.lease.check``) instead.
         """
         self._messages = True
-        return Message.objects.create(session_id=self.run.session_id, run=self.run, role=role, content=content,
-                                      tool_calls=tool_calls or [], tool_call_id=tool_call_id)
+        return rows.insert(Message(session_id=self.run.session_id, run=self.run, role=role, content=content,
+                                   tool_calls=tool_calls or [], tool_call_id=tool_call_id))
 
     def wake(self) -> None:
         """Wake a worker for the run once the transaction commits, before its live push (never on rollback)."""

@@ -21,7 +21,7 @@ from dramatiq.brokers.stub import StubBroker
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from runs import awaiting
+from runs.base import awaiting
 from runs.engine import runtime
 from runs.engine.actors import advance_run
 from tests.fake_tools import forget_transfers

@@ -5,7 +5,7 @@ followed by the last message it was sent, in brackets (so a test sees that
 the run's context reached it).
 """
 
-from runs.providers.base import ModelRequest, ModelResponse, Provider
+from runs.base.model_call import ModelRequest, ModelResponse, Provider
 
 KNOWN_KEYS = {"provider", "reply"}
 

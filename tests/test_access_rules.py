@@ -21,7 +21,7 @@ from approvals.models import Interrupt
 from approvals.selectors import PAGE_SIZE
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
 from runs.access import DECIDE_PERMISSION, RunAccess
-from runs.errors import Forbidden
+from runs.base.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
 from tools.models import ToolCall
@@ -44,7 +44,8 @@ def _old_can_decide(user, item: Interrupt) -> bool:
 
 
 def _old_run_visible(user, run: Run) -> bool:
-    """The rule ``runs.selectors.run_is_visible`` applied before issue 10, plus: an inactive user sees nothing."""
+    """The rule applied before issue 10 (``run_is_visible`` in runs/selectors.py, since gone), plus: an
+    inactive user sees nothing."""
     if not (user.is_authenticated and user.is_active):
         return False
     return run.requested_by_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)

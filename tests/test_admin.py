@@ -18,8 +18,8 @@ from django.utils.html import escape
 
 from approvals.models import AnswerFile, Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
-from runs.admin_base import folded_json
-from runs.admin_inlines import SessionRunInline
+from runs.admin.base import folded_json
+from runs.admin.inlines import SessionRunInline
 from runs.engine.completion import check_names
 from runs.models import Agent, Run, RunEvent, RunStatus, Session, WaitingReason
 from runs.engine.lifecycle import start_run

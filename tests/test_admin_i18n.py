@@ -111,7 +111,7 @@ def test_inbox_item_list_and_its_bulk_action(admin_in, waiting_run, language):
 
     page = action(admin_in, Interrupt, "reject_selected", [waiting_run.interrupts.get()])
     check(page_text(page), {"zh-hans": ["确认这些决定"], "en": ["Confirm the decisions"]}, language)
-    # The service's refusal (runs.errors.InvalidInput from approvals.bulk) is in the page's language too.
+    # The service's refusal (runs.base.errors.InvalidInput from approvals.bulk) is in the page's language too.
     refused = confirm(admin_in, "reject_selected", page, "")
     check(page_text(refused), {"zh-hans": ["请说明原因：拒绝需要填写备注。"],
                                "en": ["Say why: a rejection needs a comment."]}, language)

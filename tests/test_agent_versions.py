@@ -12,7 +12,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 from django.utils import timezone
 
-from runs.engine.recovery import fail_waiting_runs_past_deadline
+from runs.engine.sweep_jobs import fail_waiting_runs_past_deadline
 from runs.models import Agent, Run
 from runs.providers.scripted import ScriptedClient
 from tests.api_helpers import REFUND_CALL, create_agent, error_of, field_errors, get_run, pending_interrupts, start_run
@@ -291,7 +291,7 @@ def test_the_sweeper_keeps_the_deadline_of_an_older_versions_runs(demo, api, wor
     worker.drain()
     assert patch(admin, "versioned", {"deadline_s": None}).status_code == 200
 
-    assert fail_waiting_runs_past_deadline(now=timezone.now() + timedelta(seconds=120)) == 1
+    assert fail_waiting_runs_past_deadline(now=timezone.now() + timedelta(seconds=120)) == {"past_deadline": 1}
 
     assert (get_run(requester, run["id"])["status"], get_run(requester, run["id"])["failure_type"]) == (
         "failed", "deadline_exceeded")

@@ -11,7 +11,7 @@ from rest_framework.authtoken.models import Token
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
-from runs.errors import Forbidden
+from runs.base.errors import Forbidden
 from runs.models import Run
 from tools.models import ToolCall
 from django_fsm import TransitionNotAllowed

@@ -1,4 +1,4 @@
-"""Attacks on the engine that runs many runs per process (runs.awaiting, runs.engine.runtime).
+"""Attacks on the engine that runs many runs per process (runs.base.awaiting, runs.engine.runtime).
 
 Each test is a finding: what an adversary (a slow or misbehaving external
 system, a person cancelling at the wrong moment) does, and what the run
@@ -114,7 +114,7 @@ def test_a_cancel_during_a_tools_retry_pause_cancels_the_run(demo, worker, monke
         raise ToolUnavailable("busy")
 
     use_tool(monkeypatch, "busy_lookup", unavailable, backoff_s=20, max_attempts=3)
-    monkeypatch.setattr("runs.awaiting.random.uniform", lambda a, b: b)
+    monkeypatch.setattr("runs.base.awaiting.random.uniform", lambda a, b: b)
     run = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="x")
     wait_until(lambda: sent)
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
@@ -163,7 +163,7 @@ def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idl
 
     from django.utils import timezone
 
-    from runs.engine.recovery import sweep
+    from runs.sweeping import sweep
     from tests.conftest import database_url_for_subprocess
     from tests.durability import make_agent, refund_turns
     from tools.demo.models import Order

@@ -95,7 +95,7 @@ def test_a_bug_under_api_outside_drf_is_a_500_in_the_error_shape(demo, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("a bug, with a secret detail")
 
-    monkeypatch.setattr("runs.api_waits._timeout_s", broken)
+    monkeypatch.setattr("runs.api.waits._timeout_s", broken)
     client = Client(raise_request_exception=False)
     client.force_login(demo["requester"])
 

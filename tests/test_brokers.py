@@ -1,4 +1,4 @@
-"""``runs.brokers.NotifyingRedisBroker`` against the real Redis: prompt wake-ups, and tokens that may
+"""``runs.base.brokers.NotifyingRedisBroker`` against the real Redis: prompt wake-ups, and tokens that may
 disagree with messages without any message being lost or handled twice.
 
 Each test uses a broker of its own (a fresh namespace, removed afterwards)
@@ -18,7 +18,7 @@ import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
 
-from runs.brokers import MAX_TOKENS, NotifyingRedisBroker
+from runs.base.brokers import MAX_TOKENS, NotifyingRedisBroker
 
 pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis (REDIS_URL)")
 

@@ -17,7 +17,7 @@ from rest_framework.authtoken.models import Token
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.engine.lifecycle import start_run
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from runs.models import Agent, Run
 from tests.api_helpers import create_agent
 from tests.api_helpers import start_run as api_start_run

@@ -21,7 +21,7 @@ from approvals.bulk import fingerprint
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.engine.lifecycle import start_run
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from runs.models import Run, RunStatus
 from tests.api_helpers import all_at_once
 from tests.durability import make_agent

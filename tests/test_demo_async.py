@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from runs.awaiting import abandoned_threads
+from runs.base.awaiting import abandoned_threads
 from runs.engine.lifecycle import start_run
 from runs.models import RunStatus, WaitingReason
 from tests.durability import make_agent, refund_turns

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from runs import awaiting
+from runs.base import awaiting
 from runs.engine.lifecycle import cancel_run, start_run
 from runs.models import Run, RunStatus, Step
 from tests.durability import lookup_agent, make_agent

@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from approvals.models import Interrupt, InterruptStatus
 from config.error_display import page_error
-from runs.errors import IdempotencyKeyReused, SessionBusy
+from runs.base.errors import IdempotencyKeyReused, SessionBusy
 from tests.security_helpers import approval_item  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -24,8 +24,9 @@ from runs.transitions import apply
 from runs.webhooks.models import OutboxEntry, WebhookSubscription
 from tests.durability import lookup_agent
 from tools.models import ToolCall, ToolCallStatus
-from runs.awaiting import drive
+from runs.base.awaiting import drive
 from tools.services import assess_tool_calls, propose_tool_calls
+from tools.services.assessment import Assessed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = ToolCallStatus
@@ -113,7 +114,9 @@ def test_a_proposal_stores_each_call_once_in_its_assessed_status_and_logs_propos
     with CaptureQueriesContext(connection) as captured, transaction.atomic():
         created = propose_tool_calls(run=run, step=step, calls=calls, assessments=assessments)
 
+    assert [a.outcome for a in assessments] == [Assessed.MAKE_READY, Assessed.REQUEST_APPROVAL, Assessed.INVALIDATE]
     assert [c.status for c in created] == [S.READY, S.AWAITING_APPROVAL, S.INVALID]
+    assert created[2].error == assessments[2].reason  # an invalid call keeps the assessment's reason as its error
     assert list(ToolCall.objects.filter(run=run).order_by("index").values_list("status", flat=True)) == [
         S.READY, S.AWAITING_APPROVAL, S.INVALID]
     statements = [q["sql"] for q in captured.captured_queries]
@@ -127,6 +130,11 @@ def test_a_proposal_stores_each_call_once_in_its_assessed_status_and_logs_propos
         ("tool_call", created[1].pk, "", S.PROPOSED), ("tool_call", created[1].pk, S.PROPOSED, S.AWAITING_APPROVAL),
         ("tool_call", created[2].pk, "", S.PROPOSED), ("tool_call", created[2].pk, S.PROPOSED, S.INVALID)]
     assert [e.reason for e in events[::2]] == ["proposed"] * 3
+
+
+def test_every_assessed_outcome_but_duplicate_is_a_tool_call_transition():
+    transitions = {name for name in dir(ToolCall) if hasattr(getattr(ToolCall, name), "_django_fsm")}
+    assert set(Assessed) - {Assessed.DUPLICATE} <= transitions
 
 
 def test_a_new_call_whose_events_the_fence_refuses_is_not_stored_and_stays_unsaved(run):

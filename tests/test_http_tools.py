@@ -21,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.engine.lifecycle import start_run
 from runs.models import Message, RunEvent, RunStatus, WaitingReason
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from tests.durability import make_agent, wait_for_lease_expiry
 from tests.fakes.tool_service import ToolService
 from tests.provider_helpers import decide

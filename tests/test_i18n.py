@@ -24,7 +24,7 @@ from django.template.base import Lexer, TokenType
 from django.urls import reverse
 
 from approvals.models import Decision, InterruptKind, InterruptStatus
-from runs.labels import LABELS
+from runs.base.labels import LABELS
 from runs.models import Agent, FailureType, Outcome, Phase, RunStatus, WaitingReason
 from runs.engine.lifecycle import start_run
 from tools.models import ToolCallStatus

@@ -266,7 +266,7 @@ def test_unclaim_by_the_claimer_or_staff_only(client, api, demo, worker, django_
 
 def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim(client, api, demo, worker,
                                                                                 django_user_model):
-    """One lookup (``approvals.lookups``) answers every inbox page: an unseen item and no item look the same."""
+    """One lookup (``approvals.web.lookups``) answers every inbox page: an unseen item and no item look the same."""
     [item] = refund_items(api, demo, worker, orders=(101,))
     client.force_login(django_user_model.objects.create_user("stranger"))
     missing = Interrupt.objects.order_by("-pk").first().pk + 1

@@ -1,38 +1,41 @@
 """One dependency direction: no module imports a layer above its own (docs/design.md#dependency-direction).
 
-Layers, top to bottom:
+A module's layer is where it is put: the first of ``RULES`` its path
+matches. Layers, top to bottom:
 
-5. surfaces and plug-ins: API, pages, admin, consumers, commands, config,
-   the demo shop (``tools.demo``, an app of its own), the example plug-in
-   of docs/integrating.md (``examples.bookings``), the webhooks app
-   (``runs.webhooks``: it reads the event log; nothing below imports it),
-   the HTTP tools (``tools.http``: tools registered like a plug-in's, calling
-   out through the webhooks' signing and address guard);
-4. the engine: ``runs.engine`` (loop, lifecycle, recovery, actors, ...) and
-   ``runs.providers``;
-3. the approvals services: ``approvals.models``, ``approvals.services``,
-   ``approvals.waits`` (the ``input`` kind of wait);
-2. the tools services: ``tools.models``, ``tools.registry``, ``tools.builtin``,
-   ``tools.waits`` (waits and their kinds),
-   ``tools.policy``, ``tools.services``, ``tools.mcp`` (but its admin and its
-   start-up checks, which use the webhooks' URL rules: surfaces);
-1. the runs kernel: ``runs.models``, ``runs.services``, ``runs.transitions``,
-   ``runs.tx`` (one transaction on one run), ``runs.lease``, ``runs.wakeups``,
-   ``runs.live``, ``runs.access`` (who sees and decides what);
-0. the shared base: ``runs.fsm``, ``runs.failpoints``, ``runs.model_output``,
-   ``runs.channel_layers``, ``runs.brokers``, ``runs.providers.base`` (the model-call
-   shapes and errors), ``config.strict_json``, ``runs.labels`` (the words
-   pages and choices show for machine values), ``runs.awaiting`` (what a
-   step waits for outside the database, and how it is awaited),
-   ``runs.log_context`` (the ids of the run a log line is about),
-   ``runs.tracing`` (the OpenTelemetry spans of a run).
-
-The operations app ``runs.ops`` (probes, metrics, the heartbeat's admin)
-is a surface; its model ``runs.ops.models`` sits in the runs kernel, so
-the engine's heartbeat (``runs.engine.heartbeat``) may write it.
+5. surfaces and plug-ins: the ``api/``, ``web/`` and ``admin/`` folders
+   (``runs/api/``, ``runs/web/``, ``runs/admin/``, ``approvals/api/``,
+   ``approvals/web/``), Django's fixed places (``admin.py``, ``apps.py``,
+   ``management/``, ``templatetags/``), each app's ``selectors.py`` (the
+   reads the API and the pages share), ``config/``, the operations app
+   ``runs/ops/`` (probes, metrics, the heartbeat's admin), the demo shop
+   (``tools/demo/``, an app of its own), the example plug-in of
+   docs/integrating.md (``examples/bookings/``), the webhooks app
+   (``runs/webhooks/``: it reads the event log; nothing below imports it),
+   the HTTP tools (``tools/http.py``: tools registered like a plug-in's,
+   calling out through the webhooks' signing and address guard), and any
+   module no rule names;
+4. the engine: ``runs/engine/`` (loop, lifecycle, recovery, actors, ...) and
+   ``runs/providers/``;
+3. the approvals services: the modules at the top of ``approvals/``
+   (models, services, bulk, claims, notifications, answer files, the
+   ``input`` kind of wait);
+2. the tools services: the modules at the top of ``tools/`` (registry,
+   policy, builtin), ``tools/models/``, ``tools/services/``, ``tools/waits/``
+   (waits and their kinds) and ``tools/mcp/`` (but its admin and its start-up checks, which use the
+   webhooks' URL rules: surfaces);
+1. the runs kernel: the modules at the top of ``runs/`` (models, services,
+   transitions, tx, lease, wakeups, live, access, serving, ...),
+   and ``runs/ops/models.py`` (the heartbeat's row, which the engine's
+   heartbeat writes);
+0. the shared base: ``runs/base/`` (state machines, errors, labels,
+   failpoints, model output checks, the model-call shapes, masking, the
+   broker and channel layer, awaiting, log context), ``config/strict_json.py``
+   and ``runs/tracing.py`` (the OpenTelemetry spans of a run).
 
 Every ``import`` counts, including those inside functions: an import
-placed in a function to dodge a cycle is still an upward import.
+placed in a function to dodge a cycle is still an upward import, and
+no chain of imports, at any depth, comes back to where it started.
 
 A plug-in (``PLUGINS``) is more than a surface: nothing outside it imports
 it at all, so taking it out of ``INSTALLED_APPS`` leaves a working product
@@ -41,70 +44,61 @@ it at all, so taking it out of ``INSTALLED_APPS`` leaves a working product
 """
 
 import ast
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("config", "runs", "approvals", "tools", "examples")
+SURFACE, ENGINE, APPROVALS, TOOLS, KERNEL, BASE = 5, 4, 3, 2, 1, 0
+NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}
 
-# Longest matching prefix wins; anything in PACKAGES not listed is a surface (5).
-LAYERS = {
-    "tools.demo": 5,
-    "runs.webhooks": 5,
-    "tools.http": 5,
-    "runs.engine": 4,
-    "runs.providers": 4,
-    "approvals.models": 3,
-    "approvals.services": 3,
-    "approvals.waits": 3,
-    "approvals.notifications": 3,
-    "approvals.claims": 3,
-    "approvals.bulk": 3,
-    "approvals.answer_files": 3,
-    "approvals.answer_file_cleanup": 3,
-    "tools.mcp.admin": 5,
-    "tools.mcp.startup": 5,
-    "tools.mcp": 2,
-    "tools.models": 2,
-    "tools.registry": 2,
-    "tools.policy": 2,
-    "tools.services": 2,
-    "tools.builtin": 2,
-    "tools.waits": 2,
-    "runs.models": 1,
-    "runs.services": 1,
-    "runs.transitions": 1,
-    "runs.tx": 1,
-    "runs.lease": 1,
-    "runs.wakeups": 1,
-    "runs.live": 1,
-    "runs.access": 1,
-    "runs.ops.models": 1,
-    "runs.fsm": 0,
-    "runs.failpoints": 0,
-    "runs.model_output": 0,
-    "runs.channel_layers": 0,
-    "runs.brokers": 0,
-    "runs.providers.base": 0,
-    "config.strict_json": 0,
-    "runs.masking": 0,
-    "runs.errors": 0,
-    "runs.labels": 0,
-    "runs.awaiting": 0,
-    "runs.log_context": 0,
-    "runs.tracing": 0,
-}
-SURFACE = 5
+# (path pattern, layer): the first rule a module's path (from the repository root, "/" between
+# parts, a package as its __init__.py) matches gives its layer; none matches: a surface.
+# "*" stands for one folder or file name, "**" for any number of folders (none included).
+RULES = (
+    # Single files whose folder says otherwise.
+    ("runs/ops/models.py", KERNEL),  # the heartbeat's row: the engine's heartbeat writes it
+    ("tools/mcp/startup.py", SURFACE),  # start-up checks through the webhooks' URL rules
+    ("runs/tracing.py", BASE),  # a base module left at the top of runs/ while the metrics work changes it
+    ("config/strict_json.py", BASE),  # the JSON rules; the DRF parser and form field are config's own
+    ("tools/http.py", SURFACE),  # HTTP tools, registered like a plug-in's, call out through the webhooks' guard
+    # Surfaces: their folders, Django's fixed places, app wiring and the reads the surfaces share.
+    ("**/api/**", SURFACE), ("**/web/**", SURFACE), ("**/admin/**", SURFACE),
+    ("**/management/**", SURFACE), ("**/templatetags/**", SURFACE),
+    ("**/api.py", SURFACE), ("**/admin.py", SURFACE), ("**/apps.py", SURFACE), ("*/selectors.py", SURFACE),
+    # Below the surfaces, by folder.
+    ("runs/base/**", BASE),
+    ("runs/engine/**", ENGINE), ("runs/providers/**", ENGINE),
+    ("approvals/*.py", APPROVALS),
+    ("tools/*.py", TOOLS), ("tools/models/**", TOOLS), ("tools/services/**", TOOLS), ("tools/waits/**", TOOLS),
+    ("tools/mcp/**", TOOLS),
+    ("runs/*.py", KERNEL),
+)
 # Installed apps the product must run without; only their own modules may import them.
 PLUGINS = ("tools.demo", "examples.bookings")
-NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services", 1: "runs kernel", 0: "base"}
+
+
+def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether path ``parts`` match glob ``pattern`` parts ("*" one name, "**" any number of folders)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_matches(parts[start:], pattern[1:]) for start in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
+
+
+def path_of(module: str) -> str:
+    """The file of dotted ``module``, from the repository root: ``runs/base/fsm.py``, ``runs/api/__init__.py``."""
+    path = Path(*module.split("."))
+    return (path / "__init__.py" if (ROOT / path).is_dir() else path.with_suffix(".py")).as_posix()
 
 
 def layer_of(module: str) -> int | None:
-    """The layer of a project module (dotted name), or None for anything outside the project."""
+    """The layer of a project module (dotted name) by the first rule its path matches, or None outside the project."""
     if module.split(".")[0] not in PACKAGES or module in PACKAGES:  # the packages' own __init__ hold nothing
         return None
-    matches = [prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")]
-    return LAYERS[max(matches, key=len)] if matches else SURFACE
+    parts = tuple(path_of(module).split("/"))
+    return next((layer for pattern, layer in RULES if _matches(parts, tuple(pattern.split("/")))), SURFACE)
 
 
 def _is_module(dotted: str) -> bool:
@@ -122,8 +116,9 @@ def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against this module's package
-                base = module.split(".")[: -node.level]
+            if node.level:  # relative: resolve against this module's package (itself, for an __init__)
+                package = module.split(".") if (ROOT / Path(*module.split("."))).is_dir() else module.split(".")[:-1]
+                base = package[: len(package) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -163,10 +158,63 @@ def project_modules():
             yield dotted.removesuffix(".__init__"), path
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports): each a sorted list of the modules
+    that reach one another, two or more (Tarjan's strongly connected components, iterative)."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while not component or component[-1] != node:
+                        component.append(stack.pop())
+                        on_stack.discard(component[-1])
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+            elif target not in index:
+                index[target] = low[target] = len(index)
+                stack.append(target)
+                on_stack.add(target)
+                work.append((target, iter(sorted(graph.get(target, ())))))
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+    return sorted(cycles)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every project module -> the project modules it imports, at any depth (function-level imports too)."""
+    modules = dict(project_modules())
+    return {module: {target for _, target in imported_modules(path.read_text(), module)
+                     if target in modules and target != module}
+            for module, path in modules.items()}
+
+
 def test_no_module_imports_a_layer_above_its_own():
     problems = [problem for module, path in project_modules()
                 for problem in upward_imports(path.read_text(), module)]
     assert problems == []
+
+
+def test_no_import_cycles():
+    assert import_cycles(import_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle_at_any_length():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}, "g": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
 def test_nothing_outside_a_plug_in_imports_it():
@@ -177,7 +225,7 @@ def test_nothing_outside_a_plug_in_imports_it():
 
 def test_the_plug_in_check_catches_any_import_of_it_and_allows_its_own():
     hidden = "def ready():\n    from tools.demo.models import Order\n    return Order\n"
-    assert plugin_imports(hidden, "runs.views") == ["runs.views:2 imports tools.demo.models"]
+    assert plugin_imports(hidden, "runs.web.views") == ["runs.web.views:2 imports tools.demo.models"]
     assert plugin_imports("from tools import demo\n", "config.urls") == ["config.urls:1 imports tools.demo"]
     assert plugin_imports("import tools.demo.gateway\n", "tools.services") == [
         "tools.services:1 imports tools.demo.gateway"]
@@ -191,28 +239,50 @@ def test_the_check_catches_an_upward_import_even_inside_a_function():
         "tools.services:2 imports runs.engine.lifecycle (tools services -> engine)"]
     assert upward_imports("from runs.engine import completion\n", "runs.models") == [
         "runs.models:1 imports runs.engine.completion (runs kernel -> engine)"]
-    assert upward_imports("from runs import views\n", "approvals.services") == [
-        "approvals.services:1 imports runs.views (approvals services -> surfaces)"]
+    assert upward_imports("from runs.web import views\n", "approvals.services") == [
+        "approvals.services:1 imports runs.web.views (approvals services -> surfaces)"]
+    assert upward_imports("from runs import selectors\n", "runs.base.labels") == [
+        "runs.base.labels:1 imports runs.selectors (base -> surfaces)"]
+    assert upward_imports("from .. import models\n", "runs.base.errors") == [
+        "runs.base.errors:1 imports runs.models (base -> runs kernel)"]
+    assert upward_imports("from .forms import AgentForm\n", "runs.admin") == []  # runs/admin/__init__.py
 
 
 def test_downward_and_outside_imports_are_fine():
-    source = "import json\nfrom django.db import models\nfrom runs.models import Run\nfrom runs.fsm import FSMModel\n"
+    source = "import json\nfrom django.db import models\nfrom runs.models import Run\nfrom runs.base.fsm import FSMModel\n"
     assert upward_imports(source, "tools.services") == []
 
 
-def test_every_layer_names_modules_that_exist():
-    for prefix in LAYERS:
-        path = ROOT / Path(*prefix.split("."))
-        assert path.with_suffix(".py").exists() or path.is_dir(), prefix
+def test_a_new_module_gets_its_layer_from_where_it_is_put():
+    assert {name: layer_of(name) for name in (
+        "runs.api.new", "runs.web.new", "runs.admin.new", "approvals.api.new", "approvals.web.new",
+        "tools.management.commands.new", "runs.webhooks.new", "config.new", "runs.new.deeper",
+        "runs.engine.new", "runs.providers.new", "approvals.new", "tools.new", "tools.services.new",
+        "runs.new", "runs.base.new", "json", "runs")} == {
+        "runs.api.new": SURFACE, "runs.web.new": SURFACE, "runs.admin.new": SURFACE,
+        "approvals.api.new": SURFACE, "approvals.web.new": SURFACE, "tools.management.commands.new": SURFACE,
+        "runs.webhooks.new": SURFACE, "config.new": SURFACE, "runs.new.deeper": SURFACE,
+        "runs.engine.new": ENGINE, "runs.providers.new": ENGINE, "approvals.new": APPROVALS,
+        "tools.new": TOOLS, "tools.services.new": TOOLS, "runs.new": KERNEL, "runs.base.new": BASE,
+        "json": None, "runs": None}
+
+
+def test_every_rule_places_a_module_that_exists():
+    """No rule is stale: each is the first match of at least one module today."""
+    firsts = set()
+    for module, _ in project_modules():
+        parts = tuple(path_of(module).split("/"))
+        firsts.add(next((pattern for pattern, _ in RULES if _matches(parts, tuple(pattern.split("/")))), None))
+    assert [pattern for pattern, _ in RULES if pattern not in firsts] == []
 
 
 def test_services_raise_only_the_error_family_on_purpose():
-    """A module that means "bad input" or "not allowed" says so with ``runs.errors``; a bare ValueError is a bug.
+    """A module that means "bad input" or "not allowed" says so with ``runs.base.errors``; a bare ValueError is a bug.
 
     Every module of runs/, tools/ and approvals/ is read. Django's or DRF's
-    ``ValidationError`` belongs in forms, serializers and the API's query
-    parameters; a refusal is ``runs.errors.Forbidden``, never a bare
-    ``PermissionDenied``.
+    ``ValidationError`` belongs in forms, serializers and the API (an
+    ``api/`` folder or an ``api.py``: its query parameters); a refusal is
+    ``runs.base.errors.Forbidden``, never a bare ``PermissionDenied``.
     """
     validation_modules = ("forms.py", "serializers.py", "api.py")
     offenders = []
@@ -220,11 +290,11 @@ def test_services_raise_only_the_error_family_on_purpose():
         for path in sorted((ROOT / package).rglob("*.py")):
             if "migrations" in path.parts:
                 continue
-            relative = str(path.relative_to(ROOT))
+            relative = path.relative_to(ROOT)
+            validates = path.name in validation_modules or "api" in relative.parts[:-1]
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                     name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
-                    if name in ("ValueError", "PermissionDenied") or (name == "ValidationError"
-                                                                      and path.name not in validation_modules):
+                    if name in ("ValueError", "PermissionDenied") or (name == "ValidationError" and not validates):
                         offenders.append(f"{relative}:{node.lineno} raises {name}")
     assert offenders == []

@@ -12,10 +12,10 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
 
-from runs.channel_layers import LoopSafeInMemoryChannelLayer
+from runs.base.channel_layers import LoopSafeInMemoryChannelLayer
 from runs.live import publish_run_update
 from runs.models import Agent
-from runs.routing import websocket_urlpatterns
+from runs.web.routing import websocket_urlpatterns
 from runs.engine.lifecycle import start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

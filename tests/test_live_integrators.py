@@ -18,7 +18,7 @@ from django.db import transaction
 from rest_framework.authtoken.models import Token
 
 from config.ws_throttle import ConnectThrottleMiddleware
-from runs import consumers
+from runs.web import consumers
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Run, RunEvent
 from runs.services import append_event

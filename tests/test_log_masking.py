@@ -1,7 +1,7 @@
 """No secret in a log line (issue 26): a provider's error answer quoting the key and a password was logged in clear.
 
 Every log record of the process is masked as it is made
-(``runs.masking.install_log_masking``, installed when the ``runs`` app is
+(``runs.base.masking.install_log_masking``, installed when the ``runs`` app is
 ready), so whatever handler prints it, the server's console, a worker's or
 pytest's ``caplog``, sees ``***`` instead.
 """
@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from runs.masking import mask_log_text
+from runs.base.masking import mask_log_text
 from tests.provider_helpers import llm, run_to_rest  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from tests.api_helpers import create_agent, error_of, events, field_errors, get_run, pending_interrupts, start_run, tool_calls
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from tests.webhook_helpers import wait_until
 from tests.mcp_helpers import TOKEN_ENV, CuttingProxy, McpServer
 from tools.mcp.discovery import accept, refresh
@@ -337,3 +337,36 @@ def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_p
         (demo["admin"].username, {"before": "always", "after": "record_id > 50"})]
     page = client.get(url).content.decode()
     assert 'name="approval_rule"' in page and 'name="description"' not in page  # only the rule is editable
+
+
+@pytest.mark.parametrize("settings_rule, posted, needs_permission", [
+    ("always", "never", True),  # the settings ask for every call: switching that off is loosening
+    ("record_id > 50", "record_id > 90", True),  # asks less often than the settings' rule
+    ("record_id > 50", "record_id > 50 or record_id < 3", False),  # asks whenever the settings' rule does
+    ("never", "record_id > 90", False),  # the settings switched approval off: any rule asks at least as often
+])
+def test_loosening_is_judged_against_the_rule_in_force_without_the_operators_the_settings_included(
+        settings_rule, posted, needs_permission, mcp, demo, client, settings):
+    """A staff user without ``runs.loosen_approval_policy`` cannot ask less often than the server profile's
+    ``rules`` do, whatever the annotations say (``lookup`` is read-only: they ask never)."""
+    from django.contrib.auth.models import Permission
+
+    profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
+    settings.TOLLGATE = {**settings.TOLLGATE, "MCP_SERVERS": {"files": {
+        **profile, "rules": {"lookup": settings_rule, "delete_record": settings_rule}}}}
+    operator = demo["approver"]
+    operator.is_staff = True
+    operator.save()
+    operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
+                                  Permission.objects.get(codename="view_mcptool"))
+    client.force_login(operator)
+    for name in ("lookup", "delete_record"):
+        tool = McpTool.objects.get(name=name)
+        answer = client.post(f"/admin/tools/mcptool/{tool.pk}/change/", {"approval_rule": posted})
+        tool.refresh_from_db()
+        if needs_permission:
+            assert answer.status_code == 200 and "runs.loosen_approval_policy" in answer.content.decode()
+            assert tool.approval_rule == "" and get_tool(f"files.{name}").approval == settings_rule
+        else:
+            assert answer.status_code == 302
+            assert tool.approval_rule == posted and get_tool(f"files.{name}").approval == posted

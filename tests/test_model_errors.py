@@ -2,8 +2,8 @@
 
 import pytest
 
-from runs.model_output import storable_errors
-from runs.providers.base import ModelError, StreamInterrupted
+from runs.base.model_output import storable_errors
+from runs.base.model_call import ModelError, StreamInterrupted
 
 
 def test_a_model_error_is_not_transient_unless_said():

@@ -20,7 +20,7 @@ from django.conf import settings
 
 from approvals.services import decide_interrupt
 from runs.engine.lifecycle import start_run
-from runs.log_context import RunContextFilter, logging_settings
+from runs.base.log_context import RunContextFilter, logging_settings
 from runs.models import Agent, RunStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +84,7 @@ def test_the_lines_of_a_run_carry_its_run_session_and_tool_call(console, demo, w
 
 
 def _log_one_line(env: dict) -> subprocess.CompletedProcess:
-    code = ("import django, logging; django.setup(); from runs import log_context\n"
+    code = ("import django, logging; django.setup(); from runs.base import log_context\n"
             "with log_context.bound(7, session_id=3):\n    logging.getLogger('tollgate.test').warning('hello')\n")
     return subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **env})

@@ -161,7 +161,7 @@ def test_prompt_and_completion_text_are_recorded_only_when_turned_on_with_creden
 
 
 def test_a_runs_log_lines_carry_its_trace_id_while_traces_are_recorded(spans, demo, worker):
-    from runs.log_context import RunContextFilter
+    from runs.base.log_context import RunContextFilter
 
     seen = []
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from runs.providers import get_client
-from runs.providers.base import ModelError, ModelRequest, StreamInterrupted
+from runs.base.model_call import ModelError, ModelRequest, StreamInterrupted
 from runs.providers.http_config import SDKClientCache, parse_config, retry_after_seconds
 from tests.fakes.llm_server import ReplayServer
 from tests.provider_helpers import model_config

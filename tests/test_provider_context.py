@@ -65,7 +65,7 @@ def test_200_turn_session_is_trimmed_in_context_only(idle_worker, demo, llm):
 
     run = start_run(agent=agent, user=demo["requester"], input="Now refund 30 on order 123.", session=session)
     assert begin_run(run, actor="test")  # what the worker does first: the input joins the history
-    context = build_context(run)
+    context = build_context(run, list(Message.objects.filter(session=session).order_by("id")))  # as Known reads it
     assert context.estimated_tokens <= WINDOW - 200
     assert context.omitted > 600
     _assert_well_formed(context.messages)

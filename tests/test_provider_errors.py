@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from runs.engine import runtime
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from tests.provider_helpers import REFUND_30, events, llm, run_to_rest  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import reconcile_interrupt
-from runs.errors import InvalidInput
+from runs.base.errors import InvalidInput
 from runs.models import RunStatus, WaitingReason
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import make_agent, refund_turns
 from tools import registry

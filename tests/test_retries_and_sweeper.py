@@ -8,8 +8,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
-from runs.models import Agent, Run, RunStatus, Step, WaitingReason
-from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover, sweep
+from runs.models import Agent, FailureType, Run, RunStatus, Step, WaitingReason
+from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover
+from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
 from tests.durability import make_agent
 from tools import registry
@@ -185,7 +186,7 @@ def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_th
         for run in (neighbour, bystander):  # the worker that takes each run over
             run.refresh_from_db()
             assert run.death_blame == "bystander"
-            assert recover_after_takeover(run, actor="worker") is None
+            assert recover_after_takeover(run, actor="worker", calls=list(run.tool_calls.all())) is None
     for run in (neighbour, bystander):
         run.refresh_from_db()
         assert (run.crash_streak, run.loss_streak, run.lost_leases, run.death_blame) == (0, 3, 3, "")
@@ -200,8 +201,8 @@ def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_th
         neighbour.refresh_from_db()
         bystander.refresh_from_db()
         assert (neighbour.death_blame, bystander.death_blame) == ("bystander", "culprit")
-        assert recover_after_takeover(neighbour, actor="worker") is None
-        verdict = recover_after_takeover(bystander, actor="worker")
-    assert verdict == "crash_loop"
+        assert recover_after_takeover(neighbour, actor="worker", calls=list(neighbour.tool_calls.all())) is None
+        verdict = recover_after_takeover(bystander, actor="worker", calls=list(bystander.tool_calls.all()))
+    assert verdict == FailureType.CRASH_LOOP
     bystander.refresh_from_db()
     assert (bystander.crash_streak, bystander.loss_streak) == (3, 6)

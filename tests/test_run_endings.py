@@ -13,7 +13,7 @@ from django.utils import timezone
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.models import Message, Run, RunStatus, WaitingReason
 from runs.providers.scripted import ScriptedClient
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from runs.engine.lifecycle import cancel_run, start_run
 from tests.durability import make_agent
 from tools import registry

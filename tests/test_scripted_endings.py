@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from runs.providers.base import ModelRequest
+from runs.base.model_call import ModelRequest
 from runs.providers.scripted import ScriptedClient, config_problems
 from tests.api_helpers import get_run, pending_interrupts, start_run
 

@@ -144,7 +144,7 @@ def test_a_session_deleted_out_of_band_is_noticed_by_the_periodic_recheck(client
 
 
 def test_forwarding_events_checks_access_only_when_told(client, demo, approval_item, monkeypatch):
-    from runs import consumers
+    from runs.web import consumers
 
     checks = []
     real = consumers._access_now

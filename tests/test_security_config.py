@@ -107,7 +107,7 @@ def test_provider_error_messages_reach_the_log_and_the_requester_masked(demo, wo
     steps = api(demo["requester"]).get(f"/api/runs/{run.pk}/steps/").content.decode()
     assert run.error.startswith("OpenAI API error 401 (AuthenticationError): invalid key; by the way postgres://")
     assert "hunter2" not in shown + events + steps + run.error
-    assert "invalid key; by the way" in caplog.text and "hunter2" not in caplog.text  # runs.masking
+    assert "invalid key; by the way" in caplog.text and "hunter2" not in caplog.text  # runs.base.masking
 
 
 # --- 2. agent creation needs the model permission, strict and bounded body --------

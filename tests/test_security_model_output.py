@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 
 from runs.engine.agents import create_agent
-from runs.model_output import UnsafeArguments, parse_arguments
+from runs.base.model_output import UnsafeArguments, parse_arguments
 from runs.models import Agent, Run
 from runs.engine.lifecycle import start_run
 from tests.provider_helpers import REFUND_30, llm  # noqa: F401

@@ -25,7 +25,7 @@ from runs.models import Agent, Run, Step
 from runs.engine.lifecycle import start_run
 from tests.api_helpers import gateway_refunds
 from tools.registry import Tool, ToolTimeout, register
-from runs.awaiting import drive
+from runs.base.awaiting import drive
 from tools.services import assess_tool_calls, propose_tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,6 +1,6 @@
 """Whatever is already stored renders (issue 26): a lone surrogate kept in a JSON column took down every list.
 
-Before the checks at the door (``runs.model_output``, ``config.strict_json``)
+Before the checks at the door (``runs.base.model_output``, ``config.strict_json``)
 a JSON column could be given a lone surrogate as its escape (``"\\ud800"``).
 SQLite keeps it; PostgreSQL's ``jsonb`` refuses it, so there the door was
 always shut and these tests have nothing to plant. Read back, it is a

@@ -37,6 +37,9 @@ def test_a_well_formed_request_passes():
     (with_(messages=[GOOD["messages"][1], GOOD["messages"][3]]), "must be a response to a preceeding message"),
     (with_(tools=[{"type": "function", "function": {"name": "find flights"}}]), "does not match pattern"),
     (with_(tools=[TOOL, TOOL]), "duplicate function name"),
+    (with_(messages=[GOOD["messages"][1], {**GOOD["messages"][2], "tool_calls": [
+        {**CALL, "function": {"name": "crm.lookup", "arguments": "{}"}}]}, GOOD["messages"][3]]),
+     "messages[1].tool_calls[0].function.name': string does not match pattern"),
     (with_(tools=[{"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}]), "type: \"object\""),
 ])
 def test_what_the_real_api_refuses_is_refused(body, words):

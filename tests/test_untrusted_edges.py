@@ -13,7 +13,7 @@
 
 import pytest
 
-from runs.model_output import UnsafeArguments, parse_arguments
+from runs.base.model_output import UnsafeArguments, parse_arguments
 from runs.models import Run
 from tests.api_helpers import get_run, start_run
 from tests.wait_helpers import tool_result, waiting_agent

@@ -4,7 +4,7 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from runs.errors import NotFound
+from runs.base.errors import NotFound
 from runs.models import Run, RunStatus, WaitingReason
 from tests.api_helpers import get_run, start_run
 from tests.courier_app.deliveries import report_delivery

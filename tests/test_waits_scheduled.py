@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from runs.models import Run
 from tests.api_helpers import field_errors, get_run, start_run, tool_calls
 from tests.wait_helpers import tool_result, waiting_agent, worker_idle
@@ -89,7 +89,7 @@ def test_a_run_with_start_at_stays_queued_until_then(worker, demo, api, settings
 
     start_at = timezone.now()  # the start time comes: the run's timer is brought forward rather than slept out
     Run.objects.filter(pk=run["id"]).update(wake_at=start_at)
-    assert sweep()["woken"] == 1
+    assert sweep()["started"] == 1
     worker.drain()
     started = get_run(requester, run["id"])
     assert (started["status"], started["waiting_reason"]) == ("waiting", "approval")  # the refund asks an approver

@@ -219,7 +219,7 @@ def test_cancel_button_cancels_and_a_second_cancel_shows_the_cancelled_run(clien
 def test_reconciliation_item_is_settled_in_the_browser_with_evidence(client, demo, idle_worker, worker_process):
     from approvals.models import InterruptKind
     from approvals.services import decide_interrupt
-    from runs.engine.recovery import sweep
+    from runs.sweeping import sweep
     from tests.durability import wait_for_lease_expiry
     from tools.models import ToolCall, ToolCallStatus
 

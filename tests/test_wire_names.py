@@ -66,3 +66,50 @@ def test_a_run_calls_a_dotted_tool_through_a_strict_openai_server(demo, worker, 
     assert [tool["function"]["name"] for tool in first["tools"]] == ["crm__lookup"]
     assistant = next(message for message in second["messages"] if message.get("tool_calls"))
     assert assistant["tool_calls"][0]["function"]["name"] == "crm__lookup"  # the history keeps the form sent
+
+
+def test_names_in_the_history_of_tools_not_offered_now_go_out_in_a_form_the_api_takes():
+    """The session's history may hold calls of tools the agent does not offer now (an earlier version's, an MCP
+    tool held for an operator): they go out in an accepted form too, and no form of an offered tool takes
+    a name the history already gives another tool."""
+    tools = [{"name": "a.b", "description": "", "parameters": LOOKUP}]
+    messages = [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "name": "crm.lookup", "arguments": "{}"}, {"id": "c2", "name": "a__b", "arguments": "{}"}]}]
+    sent_tools, sent_messages, back = on_the_wire(tools, messages)
+    sent_calls = [call["name"] for call in sent_messages[0]["tool_calls"]]
+    assert all(ACCEPTED.fullmatch(name) for name in sent_calls)
+    assert sent_calls[1] == "a__b" and sent_tools[0]["name"] not in sent_calls  # a__b was another tool
+    assert back[sent_tools[0]["name"]] == "a.b"
+
+
+def test_a_session_goes_on_with_a_version_that_no_longer_offers_the_dotted_tool(demo, worker, settings, monkeypatch):
+    """Run 1 calls ``crm.lookup``; the agent's next version drops it; run 2 of the session sends the history
+    with that call again, which the strict server takes only in an accepted form."""
+    from runs.engine.agents import update_agent
+    from runs.engine.lifecycle import start_run
+
+    monkeypatch.setenv("TEST_KEY", "x")
+    monkeypatch.setitem(registry._TOOLS, "crm.lookup", Tool(
+        name="crm.lookup", description="Look a customer up.", parameters=LOOKUP,
+        handler=lambda ctx, args: {"customer": args["id"], "tier": "gold"}))
+    server = StrictOpenAIServer([
+        {"tool_calls": [{"name": "crm__lookup", "arguments": json.dumps({"id": "C-7"})}]},
+        {"content": "C-7 is a gold customer."},
+        {"content": "Still gold."}]).start()
+    try:
+        agent = Agent.objects.create(slug="crm-agent", name="CRM", instructions="Look customers up.",
+                                     model=model_config(settings, server, "strict", stream=False),
+                                     tools=["crm.lookup"])
+        first = start_run(agent=agent, user=demo["requester"], input="Who is C-7?")
+        worker.drain()
+        update_agent(agent=agent, tools=[], user=demo["admin"])
+        agent.refresh_from_db()  # version 1, no longer current
+        second = start_run(agent=agent, user=demo["requester"], input="And now?", session=first.session)
+        worker.drain()
+        second.refresh_from_db()
+    finally:
+        server.stop()
+
+    assert server.violations == []
+    assert (second.status, second.outcome, second.final_output) == (RunStatus.COMPLETED, "achieved", "Still gold.")
+    assert second.agent.version == 2

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from runs.engine.recovery import sweep
+from runs.sweeping import sweep
 from runs.wakeups import runs_with_pending_wakeups
 from tests.api_helpers import create_agent
 

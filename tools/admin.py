@@ -6,7 +6,7 @@
 from django.contrib import admin
 from django.utils.translation import gettext_lazy
 
-from runs.admin_base import AgentSlugFilter, ReadOnlyAdminMixin, truncated
+from runs.admin.base import AgentSlugFilter, ReadOnlyAdminMixin, truncated
 from tools.models import ToolCall
 
 

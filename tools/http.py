@@ -69,7 +69,7 @@ from django.core.exceptions import ImproperlyConfigured
 from jsonschema import Draft202012Validator, SchemaError
 from standardwebhooks.webhooks import Webhook
 
-from runs.masking import mask_log_text
+from runs.base.masking import mask_log_text
 from runs.webhooks.delivery import body_text, signed_headers
 from runs.webhooks.urlguard import Rules, UnsafeURL, check_url, guarded_async_client
 from tools.registry import (

@@ -116,6 +116,15 @@ def check_rule(rule: str, *, target_key: str = "") -> None:
                               % {"rule": repr(rule)})
 
 
+def asks_as_often(rule: str, than: str) -> bool:
+    """Whether the valid rule ``rule`` certainly asks for approval whenever the valid rule ``than`` does: it holds
+    ``always``, or every clause of ``than`` but ``never`` (clauses compared as parsed, so spacing does not
+    matter). Conservative: False for a rule that asks as often in other words (``x > 5`` than ``x > 9``).
+    Raises ``InvalidRule`` for an invalid rule."""
+    clauses = set(parse_rule(rule))
+    return True in clauses or set(parse_rule(than)) - {False} <= clauses
+
+
 def cumulative_clauses(rule: str) -> list[Cumulative]:
     """The cumulative clauses of ``rule`` (they need the call history); none for an empty rule.
 

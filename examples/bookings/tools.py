@@ -8,7 +8,7 @@
   precondition checks the booking is the requester's.
 """
 
-from runs.awaiting import run_blocking
+from runs.base.awaiting import run_blocking
 from tools.registry import Reconciliation, Tool, ToolContext, ToolError
 
 from examples.bookings import backend

@@ -5,8 +5,7 @@ import logging
 import dramatiq
 from django.db import DatabaseError
 
-from approvals.notifications import NOTIFY_ACTOR, send_queued
-from runs import log_context
+from runs.base import log_context
 from runs.engine.runtime import RETRY_AFTER_DB_ERROR_MS, EngineFull, engine
 from runs.models import Run
 from runs.wakeups import ADVANCE_ACTOR, wake_now
@@ -25,7 +24,7 @@ def advance_run(run_id: int) -> None:
     alone. A database error (a restart, a failover) looks again in
     ``RETRY_AFTER_DB_ERROR_MS``.
     """
-    with log_context.bound(run_id):  # its log lines carry the run (runs.log_context)
+    with log_context.bound(run_id):  # its log lines carry the run (runs.base.log_context)
         try:
             held = engine().submit(run_id)
         except EngineFull:
@@ -39,8 +38,3 @@ def advance_run(run_id: int) -> None:
         if held is None and not Run.objects.filter(pk=run_id).exists():
             log.warning("run %s does not exist; dropping the message", run_id)
 
-
-@dramatiq.actor(actor_name=NOTIFY_ACTOR, max_retries=0, time_limit=5 * 60 * 1000)
-def send_notification(kind: str, interrupt_id: int) -> None:
-    """Send one email notification about item ``interrupt_id`` (``approvals.notifications.send_queued``)."""
-    send_queued(kind, interrupt_id)

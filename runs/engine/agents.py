@@ -2,7 +2,7 @@
 
 The REST API, the admin and any other surface that defines agents call
 ``create_agent``, ``update_agent`` and ``archive_agent``; they raise
-``runs.errors.InvalidInput`` (messages keyed by field) for anything a run
+``runs.base.errors.InvalidInput`` (messages keyed by field) for anything a run
 would later trip over: an unknown tool, provider or completion check, or a
 malformed approval rule. ``check_definition`` is that check on its own (the
 admin's form shows its errors by field).
@@ -34,7 +34,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from runs.engine import completion
-from runs.errors import AgentArchived, Conflict, InvalidInput
+from runs.base.errors import AgentArchived, Conflict, InvalidInput
 from runs.models import Agent
 from runs.providers.registry import model_config_problems
 from tools.policy import LOOSEN_PERMISSION, InvalidRule, check_rule

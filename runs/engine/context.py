@@ -158,26 +158,22 @@ def window_tokens(model_config: dict) -> int:
     return int((model_config or {}).get("context_window") or settings.TOLLGATE["CONTEXT_MAX_TOKENS"])
 
 
-def build_context(run: Run, history: list[Message] | None = None) -> Context:
-    """The context for ``run``'s next model call.
-
-    ``history``: the session's messages in id order, if the caller has them
-    loaded (``runs.engine.state``); else they are read.
-    """
+def build_context(run: Run, history: list[Message]) -> Context:
+    """The context for ``run``'s next model call; ``history``: the session's messages in id order
+    (``runs.engine.state.Known.history``)."""
     agent = run.agent
     tools = [tool.definition() for tool in tools_for_agent(agent)]
-    stored = history if history is not None else list(Message.objects.filter(session_id=run.session_id).order_by("id"))
-    messages = [as_model_message(m) for m in stored]
-    pinned_index = next((i for i, m in enumerate(stored) if m.run_id == run.pk and m.role == "user"), None)
+    messages = [as_model_message(m) for m in history]
+    pinned_index = next((i for i, m in enumerate(history) if m.run_id == run.pk and m.role == "user"), None)
     window = window_tokens(agent.model)
     reserve = min((agent.model or {}).get("max_output_tokens") or settings.TOLLGATE["DEFAULT_MAX_OUTPUT_TOKENS"],
                   window // 4)
     fixed = math.ceil((len(agent.instructions) + len(json.dumps(tools))) / 4)
     trimmed, omitted = trim_history(messages, budget_tokens=window - reserve - fixed, pinned_index=pinned_index,
-                                    known_results=_results_without_message(run.session_id, stored))
+                                    known_results=_results_without_message(run.session_id, history))
     estimated = fixed + sum(estimate_tokens(m) for m in trimmed)
     return Context(instructions=agent.instructions, tools=tools, messages=trimmed,
-                   omitted=omitted, estimated_tokens=estimated, last_message_id=stored[-1].pk if stored else 0)
+                   omitted=omitted, estimated_tokens=estimated, last_message_id=history[-1].pk if history else 0)
 
 
 def _results_without_message(session_id: int, stored: list[Message]) -> dict[str, str]:

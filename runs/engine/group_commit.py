@@ -54,7 +54,7 @@ from typing import Any, Callable
 from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from runs.awaiting import close_pool_connections, keeping_connection
+from runs.base.awaiting import close_pool_connections, keeping_connection
 
 
 @dataclass

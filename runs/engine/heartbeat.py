@@ -24,7 +24,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 from dramatiq.common import q_name
 
-from runs.awaiting import abandoned_threads
+from runs.base.awaiting import abandoned_threads
 from runs.engine.runtime import running_engine
 from runs.lease import WORKER_ID
 from runs.ops.models import WorkerHeartbeat

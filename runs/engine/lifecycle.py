@@ -1,7 +1,7 @@
 """The run lifecycle: start a run (or add input to one), begin it, end it, cancel it.
 
 API views, inbox views, admin actions, the loop and the sweeper call these;
-``end_run`` is the one path by which any run ends (docs/design.md#how-a-run-ends).
+``end_run`` is the one path by which any run ends (docs/design.md#ending-a-run).
 """
 
 import hashlib
@@ -16,7 +16,7 @@ from django.utils.translation import gettext as _
 
 from approvals.services import cancel_pending_interrupts, pending_items_locked, request_reconciliation
 from runs.engine.agents import version_for_new_work
-from runs.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
+from runs.base.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
 from runs.models import (
     ACTIVE_STATUSES,
     BUSY_STATUSES,

@@ -36,19 +36,21 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from runs import lease, log_context, tracing
-from runs.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
+from runs import lease, tracing
+from runs.base import log_context
+from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
-from runs.failpoints import failpoint
-from runs.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
+from runs.base.failpoints import failpoint
+from runs.base.rows import insert as insert_row
+from runs.base.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
-from runs.providers.base import ConfigError
-from runs.providers.base import MalformedResponse as _MalformedResponse
-from runs.providers.base import StreamInterrupted
+from runs.base.model_call import ConfigError
+from runs.base.model_call import MalformedResponse as _MalformedResponse
+from runs.base.model_call import StreamInterrupted
 from runs.engine.recovery import recover_after_takeover
 from approvals.services import request_approval, request_reconciliation
 from runs.engine.context import build_context
@@ -110,7 +112,7 @@ def hand_back(run_id: int, *, more: bool) -> None:
 
 
 def advance_slice(run_id: int) -> Steps:
-    """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.awaiting``)
+    """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.base.awaiting``)
     that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
     log_context.note(session_id=run.session_id, trace_id=tracing.trace_id_hex(run))
@@ -344,7 +346,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
     request, summary, deltas, back = _model_request(run, known.history)
     with transaction.atomic():
         set_phase(run, Phase.CALLING_MODEL)  # fenced: no step is stored for a lease taken over
-        step = Step.objects.create(run=run, index=known.steps, request=summary)
+        step = insert_row(Step(run=run, index=known.steps, request=summary))
     known.step_added()
     try:
         # Untrusted: made storable, bad calls marked, before anything is written.

@@ -4,7 +4,7 @@ A Dramatiq message (``runs.engine.actors.advance_run``) hands its run
 here (``submit``: the run's lease is taken in the broker's worker thread),
 then returns: that thread is free for the next message at once. Each run
 in flight is an asyncio task that drives the loop's slice
-(``runs.engine.loop.advance_slice``, a step generator, ``runs.awaiting``):
+(``runs.engine.loop.advance_slice``, a step generator, ``runs.base.awaiting``):
 
 * the database work between two calls runs on one of
   ``TOLLGATE["ENGINE_DB_THREADS"]`` threads, so a process opens that many
@@ -14,7 +14,7 @@ in flight is an asyncio task that drives the loop's slice
   (``runs.engine.group_commit``, at most ``ENGINE_GROUP_MAX`` runs);
 * a model call, an async tool handler or a retry pause is awaited on the
   event loop, holding no thread; a sync handler runs in the bounded pool
-  of ``runs.awaiting.run_blocking``;
+  of ``runs.base.awaiting.run_blocking``;
 * at most ``TOLLGATE["RUNS_IN_FLIGHT"]`` runs are in flight: ``submit``
   blocks the broker's thread while they are, which stops the process from
   taking more messages (back-pressure; the others stay in the queue).
@@ -40,8 +40,9 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from runs import lease, log_context
-from runs.awaiting import resume, settle
+from runs import lease
+from runs.base import log_context
+from runs.base.awaiting import resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from config.strict_json import StrictJSONError, check_value
 from runs.engine.agents import version_for_new_work
-from runs.errors import InvalidInput
+from runs.base.errors import InvalidInput
 from runs.models import Agent, Session
 
 

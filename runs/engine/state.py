@@ -24,6 +24,7 @@ be checked again before a read-only one runs, and no approval note need be
 looked up for them (``runs.engine.loop._execute``).
 """
 
+from runs.base import rows
 from runs.models import Message, Run
 from tools.models import ToolCall, ToolCallStatus
 
@@ -84,7 +85,7 @@ class Known:
         if self._fresh:
             self._fresh = False
             return
-        seq = Run.objects.filter(pk=self.run.pk).values_list("last_event_seq", flat=True).get()
+        seq = rows.counter(Run, "last_event_seq", self.run.pk)
         if seq != self.run.last_event_seq:
             self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
             self.forget()

@@ -9,6 +9,8 @@ another tool of the agent, is cut and given 8 hex digits of its sha256. The
 same agent's tools always get the same forms, so the history sent again
 (the assistant's earlier calls) keeps them, and the model's calls are read
 back to the registered names (``real_names``) before anything is judged.
+The history's calls count among those names: a tool no longer offered (an
+earlier version's, one held for an operator) still appears there.
 """
 
 import hashlib
@@ -39,8 +41,11 @@ def on_the_wire(tools: list[dict], messages: list[dict]) -> tuple[list[dict], li
     """``(tools, messages, back)``: the request's tool definitions (``{"name", ...}``) and neutral messages
     (``{"role", "tool_calls"?: [{"name", ...}]}``) with the names a model API refuses replaced
     (``wire_names``; copies, the inputs are left alone), and ``{wire form: registered name}`` to read the
-    model's calls back with (``real_names``)."""
-    forms = wire_names(tool["name"] for tool in tools)
+    model's calls back with (``real_names``). The history's calls are named the same way: they may be of tools
+    not offered now (an earlier version's, an MCP tool held for an operator), and the APIs refuse a name there too."""
+    called = [call["name"] for message in messages for call in message.get("tool_calls") or []
+              if isinstance(call.get("name"), str)]
+    forms = wire_names([tool["name"] for tool in tools] + called)
     if not forms:
         return tools, messages, {}
     tools = [{**tool, "name": forms.get(tool["name"], tool["name"])} for tool in tools]

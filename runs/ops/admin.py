@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.utils.translation import gettext_lazy as _
 
-from runs.admin_base import ReadOnlyAdminMixin
+from runs.admin.base import ReadOnlyAdminMixin
 from runs.ops.models import WorkerHeartbeat
 
 

@@ -4,7 +4,7 @@
 the providers are listed in ``runs.providers.registry``.
 """
 
-from runs.providers.base import ModelClient, ModelError, ModelRequest, ModelResponse
+from runs.base.model_call import ModelClient, ModelError, ModelRequest, ModelResponse
 from runs.providers.registry import get_client
 
 __all__ = ["ModelClient", "ModelError", "ModelRequest", "ModelResponse", "get_client"]

@@ -31,8 +31,8 @@ import re
 import anthropic
 from django.conf import settings
 
-from runs.model_output import UnsafeArguments, parse_arguments
-from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse, Provider
+from runs.base.model_output import UnsafeArguments, parse_arguments
+from runs.base.model_call import MalformedResponse, ModelRequest, ModelResponse, Provider
 from runs.providers.http_config import (
     SDKClientCache,
     config_problems,
@@ -50,7 +50,7 @@ NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 def _input_object(raw) -> dict:
     """The ``input`` of a ``tool_use`` block replayed from history: the raw arguments if they parse
-    strictly (``runs.model_output.parse_arguments``), else ``{}`` (the call was ``invalid``; its result says why)."""
+    strictly (``runs.base.model_output.parse_arguments``), else ``{}`` (the call was ``invalid``; its result says why)."""
     if isinstance(raw, dict):
         return raw
     try:

@@ -51,8 +51,8 @@ import httpx2
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from runs.masking import mask_log_text
-from runs.providers.base import ConfigError, MalformedResponse, ModelError, StreamInterrupted
+from runs.base.masking import mask_log_text
+from runs.base.model_call import ConfigError, MalformedResponse, ModelError, StreamInterrupted
 
 log = logging.getLogger(__name__)
 SERVER_MESSAGE_CHARS = 300
@@ -65,7 +65,7 @@ def server_message(body) -> str:
     error object (OpenAI's ``{"error": {"message"}}``, Anthropic's
     ``{"type": "error", "error": {"message"}}``, or the error object itself),
     or a body that is plain text; nothing else of the body, and never a
-    header. Credentials are masked (``runs.masking.mask_log_text``: this
+    header. Credentials are masked (``runs.base.masking.mask_log_text``: this
     process's secret environment values, values given to credential names,
     URL passwords, key shapes), NULs replaced; at most
     ``SERVER_MESSAGE_CHARS`` characters.

@@ -26,7 +26,7 @@ understood raises ``MalformedResponse``.
 
 import openai
 
-from runs.providers.base import MalformedResponse, ModelRequest, ModelResponse, Provider
+from runs.base.model_call import MalformedResponse, ModelRequest, ModelResponse, Provider
 from runs.providers.http_config import (
     SDKClientCache,
     config_problems,

@@ -1,7 +1,7 @@
 """The one list of model providers, and the two things asked of it: check a config, make a client.
 
 A provider is one module that declares ``PROVIDER = Provider(name, config_problems,
-client)`` (``runs.providers.base.Provider``); adding one is that module plus its
+client)`` (``runs.base.model_call.Provider``); adding one is that module plus its
 line in ``PROVIDER_MODULES``. Modules are imported on first use, so a worker that
 only runs scripted agents never loads a vendor SDK. Agent creation (API, admin)
 calls ``model_config_problems``; the loop calls ``get_client``.
@@ -12,7 +12,7 @@ import importlib
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext as _
 
-from runs.providers.base import ConfigError, ModelClient, Provider
+from runs.base.model_call import ConfigError, ModelClient, Provider
 
 # provider name -> the module that declares it (its ``PROVIDER``).
 PROVIDER_MODULES: dict[str, str] = {

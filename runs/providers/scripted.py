@@ -32,7 +32,7 @@ import re
 from django.conf import settings
 from django.utils.translation import gettext as _, gettext_noop
 
-from runs.providers.base import ConfigError, ModelError, ModelRequest, ModelResponse, Provider
+from runs.base.model_call import ConfigError, ModelError, ModelRequest, ModelResponse, Provider
 
 NEEDS_TURNS = gettext_noop("A scripted model config needs a list of 'turns'.")
 EDITED = "edited"

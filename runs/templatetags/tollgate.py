@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
 
-from runs import labels
+from runs.base import labels
 from config import strict_json
 
 register = template.Library()
@@ -58,7 +58,7 @@ def pretty_json(value) -> str:
 
 @register.filter
 def label(value) -> str:
-    """The page word for a status, phase, reason, kind or role (``runs.labels.label``), translated."""
+    """The page word for a status, phase, reason, kind or role (``runs.base.labels.label``), translated."""
     return labels.label(value)
 
 

@@ -9,8 +9,8 @@ again" calls ``services.redeliver``.
 from django.contrib import admin, messages
 from django.utils.translation import gettext as _, gettext_lazy, ngettext
 
-from runs.admin_base import ReadOnlyAdminMixin, truncated
-from runs.errors import TollgateError
+from runs.admin.base import ReadOnlyAdminMixin, truncated
+from runs.base.errors import TollgateError
 from runs.webhooks.models import WebhookDelivery, WebhookSubscription
 from runs.webhooks.services import redeliver, update_subscription
 

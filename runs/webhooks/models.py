@@ -5,7 +5,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from config.strict_json import StoredJSONDecoder
-from runs.labels import choice
+from runs.base.labels import choice
 from runs.models import RunEvent
 
 

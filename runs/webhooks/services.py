@@ -1,6 +1,6 @@
 """Subscribing, changing a subscription, sending a delivery again, and the sweeper's backstop.
 
-The API and the admin call these; errors are the ``runs.errors`` family
+The API and the admin call these; errors are the ``runs.base.errors`` family
 (``InvalidInput``/``UnsafeURL`` 400, ``Conflict`` 409).
 """
 
@@ -13,7 +13,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from runs.errors import Conflict, InvalidInput
+from runs.base.errors import Conflict, InvalidInput
 from runs.webhooks.delivery import new_secret
 from runs.webhooks.models import DeliveryStatus, EventType, WebhookDelivery, WebhookSubscription
 from runs.webhooks.nudges import wake_chain

@@ -52,7 +52,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.http.request import validate_host
 
-from runs.errors import InvalidInput
+from runs.base.errors import InvalidInput
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -4,12 +4,12 @@
  * (/ws/runs/<id>/), which sends the run's snapshot on connect and again
  * whenever the run or one of its inbox items changes. Each message makes
  * the page fetch the item's small state fragment (#item's data-state-url,
- * approvals.views.interrupt_state); once that says the item is no longer
+ * approvals.web.views.interrupt_state); once that says the item is no longer
  * pending, the fragment ("decided by X at T: comment", with the changed
  * arguments) takes the place of the form, the status badge follows and
  * the socket is closed. A lost socket reconnects with a growing delay; the
  * snapshot sent on connect catches up on anything missed meanwhile.
- * Status words come from #item's data-labels (runs.labels).
+ * Status words come from #item's data-labels (runs.base.labels).
  */
 (function () {
   "use strict";

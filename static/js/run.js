@@ -7,7 +7,7 @@
  * was lost), /runs/<id>/status/ is polled: every 2 s without a socket,
  * every 10 s with one, not at all once the run has ended.
  * Values are shown in the page's language: the words come from #run's
- * data-labels (JSON, runs.labels), the indicator's titles from its
+ * data-labels (JSON, runs.base.labels), the indicator's titles from its
  * data-title-on / data-title-off attributes.
  * A form with data-confirm (the cancel button) asks before it is sent; the
  * listener sits on the document, so it survives the #run swap (and no

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from runs.errors import NotFound
+from runs.base.errors import NotFound
 from runs.tx import locked
 from tools.models import Wait, WaitStatus
 from tools.registry import Tool, WaitSpec, register

@@ -13,7 +13,8 @@ a test can assert there were none. Checked (``chat_request_problems``):
   ``temperature`` within 0..2, ``tool_choice`` only with ``tools``;
 * messages: a known ``role``, only that role's fields ("Additional
   properties are not allowed"), string content (``null`` only for an
-  assistant message with ``tool_calls``), well-formed ``tool_calls``; every
+  assistant message with ``tool_calls``), well-formed ``tool_calls`` whose
+  function names match the tools' pattern (offered now or not); every
   assistant ``tool_calls`` followed by one ``tool`` message per id, and no
   ``tool`` message that answers none;
 * tools: ``{"type": "function", "function": {"name", "description"?,
@@ -77,6 +78,9 @@ def _tool_calls(calls, where: str) -> list[str]:
         if set(function) - {"name", "arguments"} or not isinstance(function.get("name"), str) \
                 or not isinstance(function.get("arguments"), str):
             raise Refused(f"Invalid '{here}.function': name and arguments must be strings.", f"{here}.function")
+        if not TOOL_NAME.match(function["name"]):  # the history's calls too, whatever tools are offered now
+            raise Refused(f"Invalid '{here}.function.name': string does not match pattern. Expected a string that "
+                          "matches the pattern '^[a-zA-Z0-9_-]+$'.", f"{here}.function.name")
         ids.append(call["id"])
     return ids
 

@@ -18,7 +18,7 @@ An ``httpx.AsyncClient`` is bound to the event loop it first ran on (its
 pooled connections belong to that loop), so async clients are cached per
 running loop and gateway URL (``_async_client``): the engine's one loop
 reuses one pool, and each new loop (``asyncio.run``, the private loop of
-``runs.awaiting.drive``) gets its own.
+``runs.base.awaiting.drive``) gets its own.
 """
 
 import asyncio

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from runs.labels import choice
+from runs.base.labels import choice
 
 
 # The order the "refund-order" agent refunds, whose total (120.00) has room for one of its refunds:

@@ -11,7 +11,7 @@ effect, always approved, only after a passed legal check in the same run).
 The handlers that wait on the gateway (``query_order``, ``refund``,
 ``find_refundable_order``) are ``async def``: they run on the engine's
 event loop, read orders in the sync handler pool
-(``runs.awaiting.run_blocking``: Django's ORM is sync) and ask the
+(``runs.base.awaiting.run_blocking``: Django's ORM is sync) and ask the
 gateway with its async client, holding no thread while they wait. The
 others, and every precondition, stay sync; the engine runs them in the
 sync handler pool.
@@ -23,7 +23,7 @@ from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 from django.db.models import Q
 
-from runs.awaiting import run_blocking
+from runs.base.awaiting import run_blocking
 from runs.models import ACTIVE_STATUSES, Run
 from tools.demo import conf, gateway, summaries
 from tools.demo.models import CONTESTED_ORDER, Order

@@ -10,5 +10,5 @@
 * ``tools.mcp.startup`` (a surface): the profiles checked when Django starts,
   URL rules of webhooks included.
 
-See docs/integrating.md#mcp-servers.
+See docs/integrating.md#13-mcp-servers.
 """

@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from runs.admin_base import ReadOnlyAdminMixin, truncated
+from runs.admin.base import ReadOnlyAdminMixin, truncated
 from tools.mcp.discovery import accept, rule_problem, set_rule
 from tools.models import McpTool, McpToolEvent
 

@@ -19,11 +19,11 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from runs.errors import Forbidden
+from runs.base.errors import Forbidden
 from tools.mcp.conf import ServerProfile, servers
 from tools.mcp.source import default_rule
 from tools.models import McpTool, McpToolEvent
-from tools.policy import LOOSEN_PERMISSION, check_rule
+from tools.policy import LOOSEN_PERMISSION, asks_as_often, check_rule
 
 log = logging.getLogger(__name__)
 Kind = McpToolEvent.Kind
@@ -129,9 +129,10 @@ def rule_problem(row: McpTool, rule: str, *, user) -> str:
     """Why ``user`` may not give ``row`` the approval rule ``rule`` (empty: they may).
 
     The rule must be well-formed (``tools.policy.check_rule``; an MCP tool
-    declares no target key). One that asks less often than the annotations
-    do (anything but ``always`` where they give ``always``) needs
-    ``LOOSEN_PERMISSION``, as an agent's loosening rule does.
+    declares no target key). One that may ask less often than the rule it
+    replaces (the server profile's ``rules``, else the annotations':
+    ``tools.policy.asks_as_often``) needs ``LOOSEN_PERMISSION``, as an
+    agent's loosening rule does.
     """
     if not rule:
         return ""
@@ -139,16 +140,18 @@ def rule_problem(row: McpTool, rule: str, *, user) -> str:
         check_rule(rule)
     except ValueError as exc:
         return str(exc)
-    if default_rule(row) == "always" and rule != "always" and not user.has_perm(LOOSEN_PERMISSION):
-        return _("Asking for approval less often than the tool's annotations do needs the %(permission)s "
-                 "permission.") % {"permission": LOOSEN_PERMISSION}
+    profile = servers().get(row.server)
+    replaced = (profile.rules.get(row.name) if profile is not None else None) or default_rule(row)
+    if not asks_as_often(rule, replaced) and not user.has_perm(LOOSEN_PERMISSION):
+        return _("Asking for approval less often than the settings' rule or the tool's annotations do needs the "
+                 "%(permission)s permission.") % {"permission": LOOSEN_PERMISSION}
     return ""
 
 
 def set_rule(row: McpTool, rule: str, *, user) -> bool:
     """Give ``row`` the operator's approval rule ``rule`` (empty: none, the settings' or the annotations'
     rule applies) on behalf of ``user``, with a ``rule`` event (``{"before", "after"}``); returns whether it
-    changed. Raises ``runs.errors.Forbidden`` with ``rule_problem``'s reason."""
+    changed. Raises ``runs.base.errors.Forbidden`` with ``rule_problem``'s reason."""
     problem = rule_problem(row, rule, user=user)
     if problem:
         raise Forbidden(problem)

@@ -5,8 +5,8 @@ from django.utils.translation import gettext_lazy as _
 from django_fsm import RETURN_VALUE, FSMField, transition
 
 from config.strict_json import StoredJSONDecoder
-from runs.fsm import FSMModel
-from runs.labels import choice
+from runs.base.fsm import FSMModel
+from runs.base.labels import choice
 
 
 class ToolCallStatus(models.TextChoices):

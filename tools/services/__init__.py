@@ -23,7 +23,7 @@ from tools.services.assessment import assess_tool_calls
 from tools.services.decisions import approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call
 from tools.services.execution import charged_attempts, execute_tool_call, recover_orphaned_call, retry_delay
 from tools.services.proposal import propose_tool_calls, settle_joined_calls
-from tools.services.reconciliation import reconcile_delay, reconcile_unknown_call, settle_unknown_call
+from tools.services.reconciliation import Reconciled, reconcile_delay, reconcile_unknown_call, settle_unknown_call
 from tools.services.results import (
     deliver_tool_results,
     settle_calls_at_run_end,
@@ -43,6 +43,7 @@ __all__ = [
     "expire_tool_call",
     "idempotency_key_base",
     "propose_tool_calls",
+    "Reconciled",
     "reconcile_delay",
     "reconcile_unknown_call",
     "recover_orphaned_call",

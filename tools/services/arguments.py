@@ -7,7 +7,7 @@ import json
 import logging
 from decimal import Decimal
 
-from runs.model_output import UnsafeArguments, parse_arguments
+from runs.base.model_output import UnsafeArguments, parse_arguments
 from tools.registry import ToolContext
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def idempotency_key_base(tool, run, arguments: dict, *, identity: str = "") -> s
 
 
 def parse_raw_arguments(raw) -> tuple[dict | None, str]:
-    """(arguments, error): parse a raw arguments string strictly (``runs.model_output.parse_arguments``)."""
+    """(arguments, error): parse a raw arguments string strictly (``runs.base.model_output.parse_arguments``)."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}, ""
     if not isinstance(raw, str):  # screened responses carry text; anything else is re-read as text

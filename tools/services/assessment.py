@@ -5,8 +5,9 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 """
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from runs.awaiting import Steps
+from runs.base.awaiting import Steps
 from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
 from tools.policy import approval_required, combine
@@ -15,15 +16,26 @@ from tools.services.arguments import checked_action_identity, parse_raw_argument
 from tools.services.execution import check_precondition
 
 
+class Assessed(StrEnum):
+    """What happens to a proposed call: the ``ToolCall`` transition of that name, or ``DUPLICATE``."""
+
+    INVALIDATE = "invalidate"
+    DENY = "deny"
+    REQUEST_APPROVAL = "request_approval"
+    MAKE_READY = "make_ready"
+    DUPLICATE = "duplicate"  # it repeats an action that succeeded or is still pending: linked to that call
+
+
+# Outcomes whose call stands for its action (a later call of the same action is its duplicate).
+STANDS_FOR_ITS_ACTION = frozenset({Assessed.DUPLICATE, Assessed.REQUEST_APPROVAL, Assessed.MAKE_READY})
+
+
 @dataclass(frozen=True)
 class Assessment:
     """What the policy decided for one proposed call, before anything is written.
 
-    ``outcome`` is the ToolCall transition to apply: ``invalidate``,
-    ``deny``, ``request_approval`` or ``make_ready``; or ``duplicate``
-    when the call repeats an action that succeeded or is still pending
-    (``original``: the earlier ``ToolCall``, or the index of an earlier
-    call of the same turn). ``reason`` is the error (invalid, denied) or
+    ``outcome``: an ``Assessed``; for ``DUPLICATE``, ``original`` is the
+    earlier ``ToolCall``, or the index of an earlier call of the same turn. ``reason`` is the error (invalid, denied) or
     the approval rule that applied. ``action_key``: the call's business
     identity, for side-effecting calls with parsed arguments. ``rule`` is
     the approval rule; ``granted_by`` names who allowed the agent's rule to
@@ -31,7 +43,7 @@ class Assessment:
     """
 
     arguments: dict | None
-    outcome: str
+    outcome: Assessed
     reason: str
     tool: Tool | None = None
     action_key: str = ""
@@ -56,7 +68,7 @@ def effective_rule(agent, tool: Tool) -> tuple[str, str]:
 
 
 def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) -> Steps:
-    """Decide what happens to each call of one model turn; writes nothing. A step (``runs.awaiting``)
+    """Decide what happens to each call of one model turn; writes nothing. A step (``runs.base.awaiting``)
     that returns the ``Assessment`` of each call, in order.
 
     ``calls`` is ``[{"id", "name", "arguments": str | dict}]`` as the
@@ -68,7 +80,7 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
     raises or hangs denies), so call this
     outside any transaction. ``stop_at``: the run's deadline (an aware
     datetime, or None), past which a precondition still running is cut
-    short (``runs.awaiting.Interrupted``).
+    short (``runs.base.awaiting.Interrupted``).
     """
     allowed = {tool.name: tool for tool in tools_for_agent(run.agent)}
     assessments: list[Assessment] = []
@@ -85,7 +97,7 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
             key, error = checked_action_identity(tool, run, arguments)
         original = _same_action(run, tool, key, assessments) if key else None
         if original is not None:
-            assessments.append(Assessment(arguments, "duplicate", "", tool, action_key=key, original=original))
+            assessments.append(Assessment(arguments, Assessed.DUPLICATE, "", tool, action_key=key, original=original))
             continue
         if tool is None and not error:
             error = f"Unknown tool {name!r}. Available tools: {', '.join(sorted(allowed))}."
@@ -94,17 +106,17 @@ def assess_tool_calls(*, run, calls: list[dict], truncated: bool, stop_at=None) 
             if problems:
                 error = "Arguments do not match the schema: " + "; ".join(problems)
         if error:
-            assessments.append(Assessment(arguments, "invalidate", error, tool, action_key=key))
+            assessments.append(Assessment(arguments, Assessed.INVALIDATE, error, tool, action_key=key))
             continue
         denial = None
         if tool.precondition:
             denial = yield from check_precondition(tool, ToolContext(run=run, user=run.requested_by), arguments,
                                                    stop_at=stop_at)
         if denial:
-            assessments.append(Assessment(arguments, "deny", denial, tool, action_key=key))
+            assessments.append(Assessment(arguments, Assessed.DENY, denial, tool, action_key=key))
             continue
         rule, granted_by = effective_rule(run.agent, tool)
-        outcome = "request_approval" if approval_required(rule, arguments) else "make_ready"
+        outcome = Assessed.REQUEST_APPROVAL if approval_required(rule, arguments) else Assessed.MAKE_READY
         assessments.append(Assessment(arguments, outcome, f"approval rule: {rule}", tool, action_key=key, rule=rule,
                                       granted_by=granted_by))
     return assessments
@@ -117,8 +129,8 @@ def _same_action(run, tool, key: str, earlier_in_turn: list[Assessment]) -> "Too
     that ended without effect may be proposed (and assessed) afresh.
     """
     for index, assessment in enumerate(earlier_in_turn):
-        if assessment.action_key == key and assessment.outcome in ("duplicate", "request_approval", "make_ready"):
-            return assessment.original if assessment.outcome == "duplicate" else index
+        if assessment.action_key == key and assessment.outcome in STANDS_FOR_ITS_ACTION:
+            return assessment.original if assessment.outcome == Assessed.DUPLICATE else index
     latest = (ToolCall.objects.filter(action_key=key, **same_action_scope(tool, run))
               .exclude(status__in=NO_EFFECT_STATUSES).order_by("-id").first())
     if latest is None:

@@ -1,6 +1,6 @@
 """What a person (or the clock) decides about a call awaiting approval: approved, rejected, expired."""
 
-from runs.errors import InvalidInput
+from runs.base.errors import InvalidInput
 from runs.transitions import apply
 from runs.tx import RunTx
 from tools.models import ToolCall

@@ -13,8 +13,8 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from config.strict_json import check_value
-from runs.awaiting import Await, Interrupted, Steps, full_jitter, run_blocking
-from runs.failpoints import failpoint
+from runs.base.awaiting import Await, Interrupted, Steps, full_jitter, run_blocking
+from runs.base.failpoints import failpoint
 from runs.models import Phase, RunEvent
 from runs.services import RunColumns
 from runs.transitions import apply
@@ -39,14 +39,14 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
                       stop_at=None) -> Steps:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
-    A step (``runs.awaiting``): it yields the handler's call as an
+    A step (``runs.base.awaiting``): it yields the handler's call as an
     ``Await`` and returns the call. The handler is awaited when it is an
     ``async def``, else run in the sync handler pool; either way it ends
     at the tool's ``timeout_s`` (``ToolTimeout``): an async handler is
     cancelled, a sync one abandoned, and ``ToolContext.cancelled`` is set.
     The same happens past ``stop_at`` (the run's deadline, an aware
     datetime) or when the run's cancel is requested meanwhile
-    (``runs.awaiting.Interrupted``): a side-effecting call is then
+    (``runs.base.awaiting.Interrupted``): a side-effecting call is then
     ``unknown``, a read-only one ``failed``.
 
     The tool's precondition is checked again before the first attempt
@@ -166,7 +166,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
 
 
 def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
-    """Call one of ``tool``'s hooks (``precondition``, ``reconcile``) as a step (``runs.awaiting``).
+    """Call one of ``tool``'s hooks (``precondition``, ``reconcile``) as a step (``runs.base.awaiting``).
 
     An ``async def`` hook is awaited on the engine's event loop; a sync one
     runs in the sync handler pool, off the engine's database threads
@@ -200,7 +200,7 @@ def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, sto
 
 async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
     """Await ``tool``'s handler on ``arguments``: an ``async def`` handler on the event loop, a sync one in
-    the sync handler pool (``runs.awaiting.run_blocking``). Cancelled (a timeout), it sets
+    the sync handler pool (``runs.base.awaiting.run_blocking``). Cancelled (a timeout), it sets
     ``context.cancelled`` first, so a sync handler that looks can stop."""
     try:
         if inspect.iscoroutinefunction(tool.handler):
@@ -384,7 +384,7 @@ def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
 
 def retry_delay(tool_call: ToolCall) -> float:
     """Seconds to wait before the next attempt: full jitter on ``backoff_s * 2**(attempts-1)``
-    (``runs.awaiting.full_jitter``)."""
+    (``runs.base.awaiting.full_jitter``)."""
     return full_jitter(get_tool(tool_call.name).backoff_s, tool_call.attempts)
 
 

@@ -19,7 +19,7 @@ from tools.models.tool_call import FINAL_STATUSES
 from tools.policy import Cumulative, approval_required, cumulative_clauses
 from tools.registry import Tool
 from tools.services.targets import lock_scopes, scope_lock_key, target_of
-from tools.services.assessment import Assessment
+from tools.services.assessment import Assessed, Assessment
 
 S = ToolCallStatus
 
@@ -64,7 +64,7 @@ def _lock_cumulative_scopes(run, assessments: list[Assessment]) -> None:
     """
     keys = {
         _scope_key(run, a.tool, clause, a.arguments)
-        for a in assessments if a.outcome == "make_ready"
+        for a in assessments if a.outcome == Assessed.MAKE_READY
         for clause in cumulative_clauses(a.rule)
     } - {None}
     lock_scopes(keys)
@@ -86,11 +86,11 @@ def _judge_with_history(run, assessment: Assessment) -> Assessment:
     Call with the scopes locked (``_lock_cumulative_scopes``). Returns the
     assessment unchanged, or one asking for approval.
     """
-    if assessment.outcome != "make_ready" or not cumulative_clauses(assessment.rule):
+    if assessment.outcome != Assessed.MAKE_READY or not cumulative_clauses(assessment.rule):
         return assessment
     if not _asks_with_history(run, assessment.tool, assessment.rule, assessment.arguments):
         return assessment
-    return dataclasses.replace(assessment, outcome="request_approval",
+    return dataclasses.replace(assessment, outcome=Assessed.REQUEST_APPROVAL,
                                reason=f"approval rule: {assessment.rule} (counting earlier calls)")
 
 
@@ -100,7 +100,7 @@ def _loosened(run, assessment: Assessment) -> bool:
     Call before the call is stored (it must not count itself).
     """
     tool = assessment.tool
-    return (assessment.outcome == "make_ready" and bool(assessment.granted_by)
+    return (assessment.outcome == Assessed.MAKE_READY and bool(assessment.granted_by)
             and _asks_with_history(run, tool, tool.approval, assessment.arguments))
 
 
@@ -136,7 +136,7 @@ def propose_tool_calls(
             )
             proposal_events = functools.partial(_proposal_events, call=call, assessment=assessment,
                                                 loosened=loosened, actor=actor)
-            if assessment.outcome == "duplicate":
+            if assessment.outcome == Assessed.DUPLICATE:
                 tool_call.save()
                 append_events(run, proposal_events(tool_call))
                 original = assessment.original
@@ -150,13 +150,8 @@ def propose_tool_calls(
 
 def _assessed(tool_call: ToolCall, assessment: Assessment) -> tuple:
     """The transition out of ``proposed`` that ``assessment`` decided, with the keywords ``apply`` takes for it."""
-    if assessment.outcome == "invalidate":
-        return tool_call.invalidate, {"error": assessment.reason}
-    if assessment.outcome == "deny":
-        return tool_call.deny, {"error": assessment.reason}
-    if assessment.outcome == "request_approval":
-        return tool_call.request_approval, {"reason": assessment.reason}
-    return tool_call.make_ready, {"reason": assessment.reason}
+    said_as = "error" if assessment.outcome in (Assessed.INVALIDATE, Assessed.DENY) else "reason"
+    return getattr(tool_call, assessment.outcome), {said_as: assessment.reason}
 
 
 def _proposal_events(tool_call: ToolCall, *, call: dict, assessment: Assessment, loosened: bool,

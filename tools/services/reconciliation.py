@@ -1,5 +1,7 @@
 """Unknown outcomes: ask the tool's ``reconcile`` hook, or record what a person found out."""
 
+from enum import StrEnum
+
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -9,20 +11,24 @@ from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall
 from tools.registry import get_tool
-from runs.awaiting import Steps
+from runs.base.awaiting import Steps
 from tools.services.execution import ask_reconcile, charged_attempts
 
 
-def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> Steps:
-    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; a step (``runs.awaiting``).
+class Reconciled(StrEnum):
+    """What asking a ``reconcile`` hook about an unknown call came to (``reconcile_unknown_call``)."""
 
-    It returns ``"settled"`` (the hook said ``succeeded`` or ``failed``: the
-    call is now too), ``"resend"`` (see below: the call is ``ready``
-    again), ``"later"`` (no trace yet, or the external system could not
-    be asked: try again after ``reconcile_delay``) or ``"person"`` (the
-    tool has no hook, or ``RECONCILE_MAX_TRIES`` tries found nothing: only
-    a person can settle it). A hook that raises counts as a try that
-    learned nothing; nothing is ever guessed.
+    SETTLED = "settled"  # the hook said succeeded or failed: the call is now too
+    RESEND = "resend"  # the call is ready again, to be sent under the same key
+    LATER = "later"  # no trace yet, or the external system could not be asked: again after reconcile_delay
+    PERSON = "person"  # no hook, or RECONCILE_MAX_TRIES tries found nothing: only a person can settle it
+
+
+def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = False) -> Steps:
+    """Ask the tool's ``reconcile`` hook about an ``unknown`` call; a step (``runs.base.awaiting``) returning ``Reconciled``.
+
+    A hook that raises counts as a try that learned nothing (``LATER``, or
+    ``PERSON`` after ``RECONCILE_MAX_TRIES``); nothing is ever guessed.
 
     ``resend``: the caller holds the run's lease and sends ``ready`` calls
     next (the loop; never once the run has ended). Then a call of an
@@ -38,30 +44,30 @@ def reconcile_unknown_call(tool_call: ToolCall, *, actor: str, resend: bool = Fa
     """
     tool = get_tool(tool_call.name)
     if tool is None or tool.reconcile is None:
-        return "person"
+        return Reconciled.PERSON
     ToolCall.objects.filter(pk=tool_call.pk).update(reconcile_attempts=F("reconcile_attempts") + 1)
     tool_call.refresh_from_db()
     found = yield from ask_reconcile(tool, tool_call)
     if found.status == "succeeded":
         apply(tool_call.succeed, actor=actor, reason="reconciled automatically",
               result=found.result, now=timezone.now())
-        return "settled"
+        return Reconciled.SETTLED
     if found.status == "failed":
         apply(tool_call.fail, actor=actor, reason="reconciled automatically",
               error=found.error or "The external system reports that the call failed.", now=timezone.now())
-        return "settled"
+        return Reconciled.SETTLED
     if resend and found.status == "not_found" and not found.error and tool.idempotent \
             and charged_attempts(tool_call) < tool.max_attempts \
             and tool_call.reconcile_attempts < settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
         apply(tool_call.requeue, actor=actor, reason="no trace at the external system: sending again, same key",
               error="The external system has no trace of this call; it is sent again under the same key.")
-        return "resend"
+        return Reconciled.RESEND
     with transaction.atomic():
         append_event(tool_call.run, type="reconciliation", actor=actor, reason=found.error or "not found yet",
                      payload={"tool_call": tool_call.pk, "try": tool_call.reconcile_attempts})
     if tool_call.reconcile_attempts >= settings.TOLLGATE["RECONCILE_MAX_TRIES"]:
-        return "person"
-    return "later"
+        return Reconciled.PERSON
+    return Reconciled.LATER
 
 
 def reconcile_delay(tool_call: ToolCall) -> float:

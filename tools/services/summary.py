@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections import defaultdict
 
-from runs.masking import mask_credentials
+from runs.base.masking import mask_credentials
 from tools.registry import Description, Together, get_tool
 from tools.services.arguments import canonical_value
 

@@ -9,7 +9,7 @@ from django.db import IntegrityError
 from jsonschema import Draft202012Validator
 
 from runs.access import may_deliver_event
-from runs.errors import InvalidInput, NotFound
+from runs.base.errors import InvalidInput, NotFound
 from runs.models import WaitingReason
 from runs.services import actor_for, append_event
 from runs.tx import locked

@@ -31,7 +31,7 @@ class WaitKind:
     """One kind of wait.
 
     * ``name``: ``Wait.kind`` and the run's ``waiting_reason`` (``NAME_PATTERN``);
-      pages show its ``runs.labels`` word, or the name itself without one.
+      pages show its ``runs.base.labels`` word, or the name itself without one.
     * ``resumes_run``: settling a wait of this kind (``tools.waits.settle_wait``)
       resumes its run (an answer, an event); False when only its deadline
       ends it (the sweeper wakes the run).

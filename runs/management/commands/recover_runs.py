@@ -1,50 +1,36 @@
 """``manage.py recover_runs``: one sweeper pass, or ``--loop`` for a sweeper process.
 
-A pass sweeps runs (``runs.engine.recovery.sweep``), then webhooks
-(``runs.webhooks.services.sweep_webhooks``: the outbox, and deliveries
-whose wake-up was lost or whose worker died). In a loop (here, and in
-``serve``'s embedded sweeper) one failing does not stop the other.
+A pass runs every registered sweep job in order (``runs.sweeping``: the
+engine's, then other apps' such as the webhooks' backstop). In a loop (here,
+and in ``serve``'s embedded sweeper) a job that fails is logged and the
+others still run; a single pass stops at the first error.
 """
 
-import logging
 import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
 
 from runs import live
-from runs.engine.recovery import sweep
-from runs.webhooks.services import sweep_webhooks
-
-log = logging.getLogger(__name__)
-PASSES = (sweep, sweep_webhooks)
+from runs.sweeping import JobResult, run_sweep, sweep
 
 
-def sweep_all() -> dict:
-    """One pass of every sweeper (runs, then webhooks); returns their counts. A pass that fails is logged and skipped."""
-    counts = {}
-    for one_pass in PASSES:
-        try:
-            counts.update(one_pass())
-        except Exception:  # one failed pass (database restarting, ...) must not stop the others or the sweeper
-            log.exception("%s failed", one_pass.__name__)
-        finally:
-            close_old_connections()
-    return counts
+def sweep_all() -> list[JobResult]:
+    """One pass of a long-lived sweeper (``run_sweep(keep_going=True)``); one result per job, failed ones marked."""
+    return run_sweep(keep_going=True)
 
 
 class Command(BaseCommand):
     help = ("Recover stranded runs: re-enqueue runs whose worker died or whose message was lost, "
-            "wake waiting runs whose wake_at passed, expire overdue approvals; send webhook deliveries "
-            "nobody is sending. One pass, or --loop.")
+            "wake waiting runs whose wake_at passed, expire overdue approvals, and every other "
+            "registered sweep job (webhook deliveries nobody is sending, ...). One pass, or --loop.")
 
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true", help="Sweep forever, every SWEEP_INTERVAL_S seconds.")
 
     def handle(self, *args, loop=False, **options):
         if not loop:
-            counts = {**sweep(), **sweep_webhooks()}
+            counts = sweep()
             live.flush()  # the pass's pushes go out before the process exits
             self.stdout.write(" ".join(f"{k}={v}" for k, v in counts.items()))
             return

@@ -5,8 +5,8 @@ Serves HTTP and WebSockets (Daphne's development server running
 ``TOLLGATE["REQUEST_BODY_MAX_BYTES"]`` is read; static files through
 WhiteNoise, as in production, whether DEBUG is on or off). In the embedded shape (no ``REDIS_URL``, Dramatiq's StubBroker) it
 also runs two Dramatiq workers (``embedded_workers``: one for runs, one for
-webhook deliveries, each with its own threads) and the sweeper (``recover_runs.sweep_all``: runs
-and webhooks, every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
+webhook deliveries, each with its own threads) and the sweeper (``recover_runs.sweep_all``: every
+registered sweep job, every ``TOLLGATE["SWEEP_INTERVAL_S"]``) inside this process, re-enqueues
 runs left queued or running by a previous process. Unless told not to
 (``--no-services``), it first lets installed apps start their own services
 (``runs.serving``; the demo app starts its payment gateway). With
@@ -75,7 +75,7 @@ def requeue_active_runs() -> list[int]:
 
 
 class Sweeper(threading.Thread):
-    """Runs ``recover_runs.sweep_all`` (runs, then webhooks) every ``interval_s`` seconds until ``stop()``."""
+    """Runs ``recover_runs.sweep_all`` (every sweep job, in order) every ``interval_s`` seconds until ``stop()``."""
 
     def __init__(self, interval_s: float):
         super().__init__(name="tollgate-sweeper", daemon=True)

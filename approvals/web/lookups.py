@@ -1,7 +1,7 @@
 """The inbox pages' shared lookup: an item the user may look at, or a 404.
 
-Used by ``approvals.views`` (the item page, its live state) and
-``approvals.workflow_views`` (claims), so "not yours to see" and "no such
+Used by ``approvals.web.views`` (the item page, its live state) and
+``approvals.web.workflow`` (claims), so "not yours to see" and "no such
 item" answer alike everywhere: a 404 that tells nothing about the item.
 """
 

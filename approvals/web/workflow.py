@@ -1,6 +1,6 @@
 """Inbox pages around the decisions: the history of decided items, claims, email preferences.
 
-Thin like ``approvals.views``: read through ``approvals.selectors``, change
+Thin like ``approvals.web.views``: read through ``approvals.selectors``, change
 through ``approvals.claims`` and ``approvals.notifications.save_preferences``, render.
 """
 
@@ -12,11 +12,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals import selectors
 from approvals.claims import claim_interrupt, unclaim_interrupt
-from approvals.forms import DecidedFilterForm, NotificationPreferenceForm
-from approvals.lookups import visible_item_or_404
+from approvals.web.forms import DecidedFilterForm, NotificationPreferenceForm
+from approvals.web.lookups import visible_item_or_404
 from approvals.notifications import preferences_of, save_preferences
 from config.error_display import page_error, show_in_form
-from runs.errors import InvalidInput, TollgateError
+from runs.base.errors import InvalidInput, TollgateError
 
 
 @login_required

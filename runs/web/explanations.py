@@ -6,7 +6,7 @@ return. Pages read them through this module instead, which builds each
 sentence when it is shown from recorded facts only (the run's outcome and
 tool calls; an event's type, statuses and payload), never from the stored
 English, and translates it with gettext. Statuses read through
-``runs.labels``, tool calls through their titles
+``runs.base.labels``, tool calls through their titles
 (``tools.services.summary.title_of``).
 
 A stored text is still shown, beneath the sentence, where it carries words
@@ -24,7 +24,7 @@ from django.utils.translation import gettext_noop, ngettext
 
 from approvals.models import Decision, Interrupt, InterruptKind
 from runs.engine.completion import call_facts, deciding_calls, unresolved_calls
-from runs.labels import label
+from runs.base.labels import label
 from runs.models import Outcome, Run, RunEvent, RunStatus
 from runs.selectors import CALLS_IN_ORDER
 from tools.models import ToolCall, ToolCallStatus

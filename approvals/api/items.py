@@ -8,7 +8,7 @@ is 404 on every verb, like a missing one. On one you see, the permission
 (``decidable_by``) is checked (403) before anything else about the item is
 said. Claims (``approvals.claims``) inform, they lock nothing. Decisions and
 claims honour ``Idempotency-Key`` (``config.idempotency``); the
-list is cursor pages with the filters of ``approvals.filters``.
+list is cursor pages with the filters of ``approvals.api.filters``.
 """
 
 from django.conf import settings
@@ -21,22 +21,22 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from approvals.claims import claim_interrupt, unclaim_interrupt
-from approvals.filters import InterruptFilter
+from approvals.api.filters import InterruptFilter
 from approvals.models import Decision, Interrupt
-from approvals.serializers import (
+from approvals.api.serializers import (
     ApproveSerializer,
     InterruptSerializer,
     ReconcileSerializer,
     RejectSerializer,
     RespondSerializer,
 )
-from approvals.downloads import answer_file_response
+from approvals.web.downloads import answer_file_response
 from approvals.selectors import answer_file_visible
 from approvals.services import answer_interrupt, decide_interrupt, reconcile_interrupt
 from config.api import VisibleRowsMixin
 from config.idempotency import IdempotentPostMixin
 from config.strict_json import StrictJSONParser
-from runs.errors import Forbidden, TooLarge
+from runs.base.errors import Forbidden, TooLarge
 
 DECISION_RESPONSES = {
     200: InterruptSerializer,
@@ -74,7 +74,7 @@ class BoundedMultiPartParser(MultiPartParser):
 class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                        viewsets.GenericViewSet):
     """Inbox items you may decide or whose run you may see, each saying whether you may decide it;
-    filters in ``approvals.filters``."""
+    filters in ``approvals.api.filters``."""
 
     serializer_class = InterruptSerializer
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by", "answer_file")

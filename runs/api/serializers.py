@@ -11,10 +11,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from approvals.models import Interrupt, InterruptStatus
-from approvals.serializers import CHANGES_FIELD
+from approvals.api.serializers import CHANGES_FIELD
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
-from runs.masking import mask_credentials
+from runs.base.masking import mask_credentials
 from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, Session, Step, WaitingReason
 from runs.selectors import CONFLICT_CODES, FINAL_OUTPUT_CODES, PENDING_WAITS, final_output_status, pending_waits
 from tools.models import ExternalEvent, ToolCall
@@ -329,7 +329,7 @@ class StepSerializer(OutputSerializer):
 
     @extend_schema_field(serializers.ChoiceField(choices=["stop", "tool_calls", "length"], allow_null=True))
     def get_finish_reason(self, step: Step) -> str | None:
-        """The answer's normalised finish reason (``runs.providers.base.ModelResponse``), null for no answer."""
+        """The answer's normalised finish reason (``runs.base.model_call.ModelResponse``), null for no answer."""
         return step.response.get("finish_reason") if step.status == Step.Status.SUCCEEDED else None
 
     @extend_schema_field(ServerErrorSerializer(allow_null=True))

@@ -9,7 +9,7 @@ agent needs staff and the ``runs.add_agent`` permission, as in the admin;
 changing one (a new version) ``runs.change_agent``, archiving it ``runs.delete_agent``.
 Starting runs has its own throttle rate (``runs``). Every POST honours
 ``Idempotency-Key`` (``config.idempotency``); lists are cursor pages
-(``config.pagination``) with the filters of ``runs.filters``. Service
+(``config.pagination``) with the filters of ``runs.api.filters``. Service
 exceptions become HTTP answers in ``config.api.exception_handler``.
 """
 
@@ -25,10 +25,10 @@ from config.pagination import EventCursorPagination, OldestFirstCursorPagination
 from runs.engine.agents import archive_agent, create_agent, update_agent
 from runs.engine.lifecycle import cancel_run_as, retry_run, submit_input
 from runs.engine.sessions import open_session
-from runs.filters import RunFilter, SessionFilter
+from runs.api.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
 from runs.selectors import session_messages, with_final_output_facts, with_pending_waits
-from runs.serializers import (
+from runs.api.serializers import (
     AgentCreateSerializer,
     AgentSerializer,
     AgentUpdateSerializer,

@@ -7,7 +7,7 @@ origin), mounted under ``ws/api/``.
 
 from django.urls import path
 
-from runs.consumers import RunConsumer, RunEventsConsumer, RunListConsumer
+from runs.web.consumers import RunConsumer, RunEventsConsumer, RunListConsumer
 
 websocket_urlpatterns = [
     path("ws/runs/", RunListConsumer.as_asgi()),

@@ -16,9 +16,9 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from approvals.bulk import decide_bulk, plan_bulk
 from approvals.selectors import conflicting, decorate_rows, item_outcomes
-from approvals.forms import BulkDecisionForm
+from approvals.web.forms import BulkDecisionForm
 from config.error_display import page_error, show_in_form
-from runs.errors import InvalidInput, TollgateError
+from runs.base.errors import InvalidInput, TollgateError
 
 
 @login_required

@@ -48,7 +48,7 @@ from django.conf import settings
 
 from config import strict_json
 from config.strict_json import LONE_SURROGATE, REPLACEMENT
-from runs.providers.base import MalformedResponse, ModelError
+from runs.base.model_call import MalformedResponse, ModelError
 
 MAX_TOKENS_PER_CALL = 10_000_000
 MAX_ARGUMENT_DEPTH = 32  # nesting of objects and arrays; deeper could not be stored safely

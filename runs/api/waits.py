@@ -40,7 +40,7 @@ from config.throttles import UserRateThrottle, count_failed_authentication
 from runs.live import run_group
 from runs.models import RunStatus
 from runs.selectors import run_get_visible
-from runs.serializers import EventSerializer, ExternalEventSerializer, RunSerializer
+from runs.api.serializers import EventSerializer, ExternalEventSerializer, RunSerializer
 from tools.waits import receive_event
 
 log = logging.getLogger(__name__)

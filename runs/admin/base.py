@@ -1,6 +1,6 @@
 """Pieces the admin modules share: read-only admins, one-line and folded values, paged inlines.
 
-Used by ``runs.admin``, ``runs.admin_inlines``, ``tools.admin``,
+Used by ``runs.admin``, ``runs.admin.inlines``, ``tools.admin``,
 ``approvals.admin`` and ``runs.webhooks.admin``.
 """
 
@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy
 
-from runs.labels import label
+from runs.base.labels import label
 
 # Characters of the one-line preview of a folded JSON value.
 PREVIEW_CHARS = 60
@@ -65,7 +65,7 @@ def column(field: str, description, *, as_word: bool = False) -> staticmethod:
     The value is shown as the admin shows that field (datetimes with seconds
     in the request's zone, booleans as icons, ``-`` when empty); with
     ``as_word``, a machine value (a status, kind, reason) is shown as its page
-    word (``runs.labels.label``). Sortable by the field. Assign it to a name
+    word (``runs.base.labels.label``). Sortable by the field. Assign it to a name
     in a ``ModelAdmin`` or inline class body and list that name.
     """
 

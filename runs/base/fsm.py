@@ -13,8 +13,10 @@ reads these, so the kernel records every machine the same way without
 importing the models of the layers above it.
 """
 
-from django.db import models
-from django_fsm import ConcurrentTransitionMixin
+from django.db import DatabaseError, models
+from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin
+
+from runs.base import rows
 
 
 class FSMModel(ConcurrentTransitionMixin, models.Model):
@@ -47,4 +49,26 @@ class FSMModel(ConcurrentTransitionMixin, models.Model):
                 self.__dict__[field.attname] = fresh.__dict__[field.attname]
                 if field.is_relation and field.is_cached(self):
                     field.delete_cached_value(self)
+        self._update_initial_state()
+
+    def insert_row(self) -> None:
+        """Store this new instance in one statement (``runs.base.rows.insert``), as ``save()`` would."""
+        rows.insert(self)
+        self._update_initial_state()
+
+    def update_row(self, fields: list[str]) -> None:
+        """Write ``fields`` (names) in one UPDATE, as ``save(update_fields=fields)`` would, django-fsm's
+        optimistic lock included: the row is written only if its state fields still hold the values
+        this instance was loaded (or last saved) with.
+
+        Raises ``ConcurrentTransition`` if they changed meanwhile, ``DatabaseError`` if the row is gone.
+        """
+        if not fields:
+            return
+        loaded = self._ConcurrentTransitionMixin__initial_states  # django-fsm's own record of them
+        if rows.update(self, fields, expected=dict(loaded)) != 1:
+            if type(self)._base_manager.filter(pk=self.pk).exists():
+                raise ConcurrentTransition(
+                    f"{type(self).__name__} {self.pk}: its state changed since it was loaded; not saved")
+            raise DatabaseError(f"{type(self).__name__} {self.pk} is gone; not saved")
         self._update_initial_state()

@@ -12,7 +12,7 @@ The admin reads everything and writes through services only:
   "Cancel selected runs" action, which calls ``runs.engine.lifecycle.cancel_run_as``
   (who may cancel: ``Run.objects.cancellable_by``).
   Its change page shows the tool calls, the inbox items and the timeline
-  (``RunEvent``) inline, a page of rows at a time (``runs.admin_inlines``).
+  (``RunEvent``) inline, a page of rows at a time (``runs.admin.inlines``).
 * ``Step``, ``Message`` and ``RunEvent`` are append-only records written by
   the runtime: no add, no change, no delete.
 
@@ -20,7 +20,7 @@ Filters by agent are by slug (``AgentSlugFilter``): they match every
 version of it. Runs, sessions and inbox items link to their pages on the
 site ("View on site", their ``get_absolute_url``). Times show seconds, in the time zone the
 browser reported (``config.formats``, ``config.middleware``). The shared
-pieces are in ``runs.admin_base``, the agent form in ``runs.admin_forms``.
+pieces are in ``runs.admin.base``, the agent form in ``runs.admin.forms``.
 """
 
 from django.contrib import admin, messages
@@ -29,13 +29,13 @@ from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.error_display import admin_error
-from runs.admin_base import AgentSlugFilter, ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
-from runs.admin_forms import AgentAdminForm
-from runs.admin_inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
+from runs.admin.base import AgentSlugFilter, ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
+from runs.admin.forms import AgentAdminForm
+from runs.admin.inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
 from runs.engine.agents import DEFINITION_FIELDS, archive_agent, create_agent, update_agent
 from runs.engine.lifecycle import cancel_run_as
-from runs.errors import TollgateError
-from runs.labels import label
+from runs.base.errors import TollgateError
+from runs.base.labels import label
 from runs.models import ACTIVE_STATUSES, Agent, Message, Run, RunEvent, RunStatus, Session, Step
 
 

@@ -22,14 +22,14 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from approvals import selectors
 from approvals.answer_files import file_rule
-from approvals.downloads import answer_file_response
-from approvals.forms import AnswerForm, DecisionForm, InboxFilterForm, ReconcileForm
-from approvals.lookups import visible_item_or_404
+from approvals.web.downloads import answer_file_response
+from approvals.web.forms import AnswerForm, DecisionForm, InboxFilterForm, ReconcileForm
+from approvals.web.lookups import visible_item_or_404
 from approvals.models import InterruptKind, InterruptStatus
 from approvals.services import answer_interrupt, decide_interrupt, question_options, reconcile_interrupt
 from config.error_display import error_page, page_error
-from runs.errors import TollgateError
-from runs.labels import label
+from runs.base.errors import TollgateError
+from runs.base.labels import label
 from runs.selectors import run_tool_calls, session_messages
 from tools.registry import get_tool, offered_tools
 from tools.services.summary import describe

@@ -16,12 +16,13 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from approvals.selectors import run_decided_interrupts, run_pending_interrupts
 from config.error_display import error_page, page_error
 from config.throttles import check_run_start_rate
-from runs import explanations, selectors
+from runs import selectors
+from runs.web import explanations
 from runs.access import RunAccess
 from runs.engine.lifecycle import cancel_run_as, start_run
-from runs.errors import Throttled, TollgateError
-from runs.forms import StartRunForm
-from runs.labels import label
+from runs.base.errors import Throttled, TollgateError
+from runs.web.forms import StartRunForm
+from runs.base.labels import label
 from runs.live import run_snapshot
 from runs.models import Run
 

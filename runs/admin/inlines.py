@@ -1,6 +1,6 @@
 """Read-only inlines of the run and session change pages: tool calls, inbox items, timeline, runs.
 
-Each shows one page of rows at a time (``runs.admin_base.PagedInlineMixin``),
+Each shows one page of rows at a time (``runs.admin.base.PagedInlineMixin``),
 times with seconds in the request's time zone (``config.formats``), JSON
 folded (``folded_json``), headings and machine values in the page's
 language (``column``). Rows with a page on the site get Django's "View on
@@ -11,8 +11,8 @@ from django.contrib import admin
 from django.utils.translation import gettext_lazy as _
 
 from approvals.models import Interrupt
-from runs.admin_base import PagedInlineMixin, ReadOnlyAdminMixin, column, folded_json, truncated
-from runs.labels import label
+from runs.admin.base import PagedInlineMixin, ReadOnlyAdminMixin, column, folded_json, truncated
+from runs.base.labels import label
 from runs.models import Run, RunEvent
 from tools.models import ToolCall
 

@@ -22,7 +22,7 @@ is closed before the handshake completes. Access is then kept per socket
 as the rule's facts (``runs.access.RunAccess``: who the user is, if
 still logged in, and whether they see every run) and checked again
 against the user as stored now (``current_user``) whenever
-``runs.access_signals`` says the user's access may have changed (a
+``runs.web.access_signals`` says the user's access may have changed (a
 logout, a password change, a deactivation, a change of groups or
 permissions: the ``access.changed`` message to the user's group), and in
 any case before forwarding an event when the last check is older than
@@ -49,7 +49,7 @@ from config.ws_token import SUBPROTOCOL, token_owner
 from runs import selectors
 from runs.access import RunAccess
 from runs.live import RUNS_GROUP, run_events_group, run_group, run_snapshot, user_group
-from runs.serializers import RunEventSerializer
+from runs.api.serializers import RunEventSerializer
 
 ACCESS_LOST = 4403  # close code: the user may no longer see this
 BAD_REQUEST = 4400  # close code: the handshake's query is invalid (after_seq)

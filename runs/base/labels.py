@@ -25,7 +25,6 @@ LABELS = {
     "failed": pgettext_lazy("state", "failed"),
     "cancelled": pgettext_lazy("state", "cancelled"),
     # Run.phase
-    "triaging": pgettext_lazy("state", "triaging"),
     "preparing_context": pgettext_lazy("state", "preparing context"),
     "calling_model": pgettext_lazy("state", "calling the model"),
     "executing_tools": pgettext_lazy("state", "executing tools"),
@@ -40,8 +39,6 @@ LABELS = {
     # Run.failure_type
     "model_error": pgettext_lazy("state", "model error"),
     "invalid_model_output": pgettext_lazy("state", "invalid model output"),
-    "tool_error": pgettext_lazy("state", "tool error"),
-    "permission_denied": pgettext_lazy("state", "permission denied"),
     "budget_exhausted": pgettext_lazy("state", "budget exhausted"),
     "deadline_exceeded": pgettext_lazy("state", "deadline exceeded"),
     "approval_expired": pgettext_lazy("state", "approval expired"),

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from runs import views
+from runs.web import views
 
 urlpatterns = [
     path("runs/", views.run_list, name="run-list"),

@@ -91,7 +91,7 @@ def logging_settings(log_format: str, level: str) -> dict:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"run_context": {"()": "runs.log_context.RunContextFilter"}},
+        "filters": {"run_context": {"()": "runs.base.log_context.RunContextFilter"}},
         "formatters": {
             "text": {"format": "%(message)s%(run_context)s"},
             "json": {"()": "pythonjsonlogger.json.JsonFormatter",

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from runs import log_context
+from runs.base import log_context
 
 log = logging.getLogger(__name__)
 

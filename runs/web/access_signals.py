@@ -1,6 +1,6 @@
 """Tell live sockets when a user's access may have changed (``runs.live.publish_access_changed``).
 
-The WebSocket consumers (``runs.consumers``) check access when a socket
+The WebSocket consumers (``runs.web.consumers``) check access when a socket
 connects and again when told here, so forwarding an event costs no
 query. Reported, each once the change is committed:
 

@@ -1,0 +1,160 @@
+"""Row writes of the engine's hot path as one SQL statement each, built once per shape.
+
+``insert(instance)`` and ``update(instance, fields, expected=)`` do what
+``Model.save`` does for the models of the engine's hot path (runs, events,
+steps, tool calls, messages), minus the per-call work of the ORM (building
+and compiling a query for every save: most of a step's CPU), and plus what
+the engine needs from the statement (the row count, the id). The SQL text
+of each (model, fields) shape is built once and kept.
+
+Same behaviour as ``save`` where it matters here: ``auto_now`` and
+``auto_now_add`` stamps (``Field.pre_save``), values converted by the
+fields (``get_db_prep_save``), the instance marked stored. No ``pre_save``
+or ``post_save`` signal is sent: callers whose model has receivers send
+``post_save`` themselves (``runs.services.append_events``).
+"""
+
+from django.db import connection
+from django.db.models import Model
+
+_INSERTS: dict = {}  # model -> (sql, fields, plain)
+_UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields, plain)
+_COUNTERS: dict = {}  # (model, field name) -> sql
+_COLUMNS: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, plain)
+
+
+# Fields whose value, when it is already a str, int, bool or None, goes to the database as it is
+# (their get_db_prep_save only checks or casts such values): skipping the call is most of an INSERT's CPU.
+_PLAIN_TYPES = frozenset({"AutoField", "BigAutoField", "BigIntegerField", "BooleanField", "CharField", "ForeignKey",
+                          "IntegerField", "PositiveIntegerField", "PositiveSmallIntegerField", "SmallIntegerField",
+                          "TextField"})
+_PLAIN_VALUES = (str, int, bool, type(None))
+
+
+def _quote(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def _params(instance: Model, fields: list, plain: list[bool], add: bool) -> list:
+    """The database values of ``fields`` of ``instance`` (``plain``: per field, whether it is in
+    ``_PLAIN_TYPES`` and has no ``auto_now``/``auto_now_add`` stamp to take)."""
+    params = []
+    for field, is_plain in zip(fields, plain):
+        if is_plain:
+            value = getattr(instance, field.attname)
+            if isinstance(value, _PLAIN_VALUES):
+                params.append(value)
+                continue
+        params.append(field.get_db_prep_save(field.pre_save(instance, add=add), connection))
+    return params
+
+
+def _plain(fields: list) -> list[bool]:
+    return [field.get_internal_type() in _PLAIN_TYPES and not getattr(field, "auto_now", False)
+            and not getattr(field, "auto_now_add", False) for field in fields]
+
+
+def insert(instance: Model) -> Model:
+    """Insert ``instance`` (not stored yet, auto primary key unset) in one statement; returns it, stored.
+
+    Its primary key is set from ``INSERT ... RETURNING`` (or the cursor's
+    last row id where the database cannot return columns). Raises what the
+    database raises (``IntegrityError``, ``DataError``).
+    """
+    model = type(instance)
+    shape = _INSERTS.get(model)
+    if shape is None:
+        meta = model._meta
+        fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
+        columns = ", ".join(_quote(f.column) for f in fields)
+        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
+        if connection.features.can_return_columns_from_insert:
+            sql += f" RETURNING {_quote(meta.pk.column)}"
+        shape = _INSERTS[model] = (sql, fields, _plain(fields))
+    sql, fields, plain = shape
+    params = _params(instance, fields, plain, add=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        pk = cursor.fetchone()[0] if connection.features.can_return_columns_from_insert else cursor.lastrowid
+    instance.pk = pk
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    return instance
+
+
+def update(instance: Model, fields: list[str], *, expected: dict | None = None) -> int:
+    """Write the ``fields`` (names) of a stored ``instance`` in one UPDATE; returns the rows written (0 or 1).
+
+    ``expected``: ``{field name: value}`` the row must still hold (e.g.
+    the status it was loaded with: django-fsm's optimistic lock), or it is
+    not written (0). ``auto_now`` fields among ``fields`` are stamped now.
+    """
+    model, expected = type(instance), expected or {}
+    key = (model, tuple(fields), tuple(expected))
+    shape = _UPDATES.get(key)
+    if shape is None:
+        meta = model._meta
+        written = [meta.get_field(name) for name in fields]
+        sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(f'{_quote(f.column)} = %s' for f in written)} "
+               f"WHERE {_quote(meta.pk.column)} = %s"
+               + "".join(f" AND {_quote(meta.get_field(name).column)} = %s" for name in expected))
+        shape = _UPDATES[key] = (sql, written, _plain(written))
+    sql, written, plain = shape
+    meta = model._meta
+    params = _params(instance, written, plain, add=False)
+    params.append(instance.pk)
+    params.extend(meta.get_field(name).get_db_prep_value(value, connection) for name, value in expected.items())
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def counter(model, field: str, pk) -> int:
+    """The integer column ``field`` of ``model``'s row ``pk``, read in one statement built once.
+
+    For integer columns only (the value is returned as the database gives
+    it, with no conversion). Raises ``model.DoesNotExist`` if there is no
+    such row.
+    """
+    sql = _COUNTERS.get((model, field))
+    if sql is None:
+        meta = model._meta
+        sql = _COUNTERS[(model, field)] = (f"SELECT {_quote(meta.get_field(field).column)} FROM "
+                                           f"{_quote(meta.db_table)} WHERE {_quote(meta.pk.column)} = %s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")
+    return row[0]
+
+
+def update_columns(model, pk, *, values: dict, increments: dict, expected: dict, returning: str):
+    """``UPDATE`` row ``pk`` of ``model``: ``values`` set, ``increments`` added (``{name: amount}``), only
+    if the row holds ``expected`` (``{name: value}``); returns the new value of column ``returning``, or
+    None if no row was written. One statement (``UPDATE ... RETURNING``), for databases that can return
+    columns from a write (``connection.features.can_return_columns_from_insert``)."""
+    key = (model, tuple(values), tuple(increments), tuple(expected), returning)
+    shape = _COLUMNS.get(key)
+    meta = model._meta
+    if shape is None:
+        set_fields = [meta.get_field(name) for name in values]
+        added = [meta.get_field(name) for name in increments]
+        checked = [meta.get_field(name) for name in expected]
+        assignments = [f"{_quote(f.column)} = %s" for f in set_fields]
+        assignments += [f"{_quote(f.column)} = {_quote(f.column)} + %s" for f in added]
+        sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(assignments)} WHERE {_quote(meta.pk.column)} = %s"
+               + "".join(f" AND {_quote(f.column)} = %s" for f in checked)
+               + f" RETURNING {_quote(meta.get_field(returning).column)}")
+        fields = set_fields + added + [meta.pk] + checked
+        shape = _COLUMNS[key] = (sql, fields, _plain(fields))
+    sql, fields, plain = shape
+    params = []
+    for field, is_plain, value in zip(fields, plain, [*values.values(), *increments.values(), pk,
+                                                      *expected.values()]):
+        params.append(value if is_plain and isinstance(value, _PLAIN_VALUES)
+                      else field.get_db_prep_save(value, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return row[0] if row else None
