@@ -1,4 +1,4 @@
-"""Waits and external events moved from the runs app to the tools app (runs 0018, tools 0012) with their tables:
+"""Waits and external events moved from the runs app to the tools app (runs 0019, tools 0012) with their tables:
 rows, ids and the right to deliver events survive the move both ways (docs/design.md#waits)."""
 
 from datetime import timedelta
@@ -12,7 +12,7 @@ from django.utils import timezone
 from runs.models import Agent, Run, Session, Step
 from tools.models import ExternalEvent, ToolCall, Wait
 
-BEFORE = [("runs", "0017_waiting_reason_without_choices"), ("tools", "0011_mcp_tool_approval_rule")]
+BEFORE = [("runs", "0018_waiting_reason_without_choices"), ("tools", "0011_mcp_tool_approval_rule")]
 
 
 def _migrate(targets) -> MigrationExecutor:

@@ -1,7 +1,7 @@
 """Waits and external events come to the tools app from the runs app (issue 24), tables and rows kept.
 
 State only: the models name the tables they always had (``runs_wait``,
-``runs_externalevent``; runs 0018 took them out of the runs app's state).
+``runs_externalevent``; runs 0019 took them out of the runs app's state).
 The database changes in one way: the two models' content types move from
 ``runs`` to ``tools``, so their permissions keep their rows and grants
 (the right to deliver events is ``tools.add_externalevent`` from now on)
@@ -34,7 +34,7 @@ def content_types_to_runs(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0018_waits_move_to_tools'),
+        ('runs', '0019_waits_move_to_tools'),
         ('tools', '0011_mcp_tool_approval_rule'),
         ('contenttypes', '0002_remove_content_type_name'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

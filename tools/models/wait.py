@@ -1,7 +1,7 @@
 """Waits and the external events that settle them (docs/design.md#waits); ``tools.waits`` writes them.
 
 The models moved here from the runs app in issue 24 with their tables
-(``runs_wait``, ``runs_externalevent``) and rows: runs 0018 and tools 0012
+(``runs_wait``, ``runs_externalevent``) and rows: runs 0019 and tools 0012
 move only Django's state.
 """
 

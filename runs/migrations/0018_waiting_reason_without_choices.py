@@ -12,7 +12,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0016_agent_versions'),
+        ('runs', '0017_drop_unused_phase_and_failure_types'),
     ]
 
     operations = [

@@ -13,7 +13,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runs', '0017_waiting_reason_without_choices'),
+        ('runs', '0018_waiting_reason_without_choices'),
     ]
 
     operations = [
