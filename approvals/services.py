@@ -20,7 +20,7 @@ from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, Int
 from runs.base.errors import Expired, Forbidden, InvalidInput
 from runs.models import WaitingReason
 from runs.services import actor_for, append_event
-from runs.tracing import record_decision
+from runs.base.tracing import record_decision
 from runs.transitions import apply
 from runs.tx import RunTx, locked
 from tools.models import Wait, WaitStatus
@@ -346,7 +346,7 @@ def decide_interrupt(
             reject_tool_call(tx, interrupt.tool_call, comment=comment, actor=actor)
         if resumes:
             tx.apply(tx.run.resume, actor=actor, reason="resumed after decision")
-    record_decision(tx.run, interrupt)  # the approval's wait and its decision, in the run's trace (runs.tracing)
+    record_decision(tx.run, interrupt)  # the approval's wait and its decision, in the run's trace (runs.base.tracing)
     return interrupt
 
 

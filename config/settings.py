@@ -325,6 +325,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "django_dramatiq.middleware.DbConnectionsMiddleware",
     # Every worker process beats a heartbeat row while it runs (runs.engine.heartbeat).
     "runs.engine.worker_middleware.HeartbeatMiddleware",
+    # Queue lag and Dramatiq's message metrics in /metrics (runs.base.process_metrics).
+    "runs.engine.worker_middleware.MetricsMiddleware",
 ]
 if REDIS_URL:
     # Dramatiq's Redis broker with a doorbell per queue (runs/base/brokers.py): an
@@ -542,7 +544,7 @@ TOLLGATE = {
     # "approval"?, "timeout_s"?, "reconcile_path"?, "result_schema"?, ...}
     # (tools.http.http_tool's arguments). Registered, and checked, at start.
     "HTTP_TOOLS": env.json("TOLLGATE_HTTP_TOOLS", default=[]),
-    # Record prompt and completion text on model-call spans (runs.tracing), credentials masked; off: only
+    # Record prompt and completion text on model-call spans (runs.base.tracing), credentials masked; off: only
     # sizes, tokens and names are recorded.
     "TRACE_CONTENT": env.bool("TOLLGATE_TRACE_CONTENT", default=False),
     # --- MCP servers (tools.mcp) ---

@@ -10,13 +10,14 @@ in the same database transaction.
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import models, transaction
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django_fsm import FSMField, transition
 
 from config.strict_json import StoredJSONDecoder
+from runs.base import tracing
 from runs.access import RunQuerySet
 from runs.base.fsm import FSMModel
 from runs.base.labels import choice, label
@@ -379,6 +380,20 @@ class Run(FSMModel):
         if self.waiting_reason:
             payload["waiting_reason"] = self.waiting_reason
         return payload
+
+    def after_transition(self, from_status: str, before: dict) -> None:
+        """A wait of the run ended (it leaves ``waiting`` for another status): once committed, its span goes in
+        the run's trace (``runs.base.tracing.record_wait``), from the transition that put it to wait (one query, only
+        while traces are recorded). Approval waits have theirs from the decision (``record_decision``)."""
+        reason = before.get("waiting_reason")
+        if from_status != RunStatus.WAITING or self.status == RunStatus.WAITING or not reason \
+                or reason == WaitingReason.APPROVAL or not tracing.recording():
+            return
+        since = (self.events.filter(type=self.event_type, to_status=RunStatus.WAITING).order_by("-seq")
+                 .values_list("created_at", flat=True).first())
+        if since is not None:
+            ended, status = timezone.now(), self.status
+            transaction.on_commit(lambda: tracing.record_wait(self, reason, since=since, until=ended, then=status))
 
     # --- transitions (docs/design.md#run-status) -------------------------
 

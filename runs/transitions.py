@@ -205,5 +205,6 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             for name, value in (run_held or {}).items():  # the reservation is rolled back with the rest
                 setattr(run, name, value)
             raise
+        instance.after_transition(from_status, before)
         publish_on_commit(run)
     return instance

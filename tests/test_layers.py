@@ -30,8 +30,9 @@ matches. Layers, top to bottom:
    heartbeat writes);
 0. the shared base: ``runs/base/`` (state machines, errors, labels,
    failpoints, model output checks, the model-call shapes, masking, the
-   broker and channel layer, awaiting, log context), ``config/strict_json.py``
-   and ``runs/tracing.py`` (the OpenTelemetry spans of a run).
+   broker and channel layer, awaiting, log context, the OpenTelemetry spans
+   and the process's Prometheus metrics, the hot path's row writes) and
+   ``config/strict_json.py``.
 
 Every ``import`` counts, including those inside functions: an import
 placed in a function to dodge a cycle is still an upward import, and
@@ -59,7 +60,6 @@ RULES = (
     # Single files whose folder says otherwise.
     ("runs/ops/models.py", KERNEL),  # the heartbeat's row: the engine's heartbeat writes it
     ("tools/mcp/startup.py", SURFACE),  # start-up checks through the webhooks' URL rules
-    ("runs/tracing.py", BASE),  # a base module left at the top of runs/ while the metrics work changes it
     ("config/strict_json.py", BASE),  # the JSON rules; the DRF parser and form field are config's own
     ("tools/http.py", SURFACE),  # HTTP tools, registered like a plug-in's, call out through the webhooks' guard
     # Surfaces: their folders, Django's fixed places, app wiring and the reads the surfaces share.

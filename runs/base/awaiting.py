@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from runs.base import log_context
+from runs.base import log_context, process_metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tupl
         left = (request.stop_at - timezone.now()).total_seconds()
         if timeout_s is None or left < timeout_s:
             timeout_s, deadline = max(left, 0.0), left
-    call = asyncio.ensure_future(request.start())
+    with tracing.attached():  # the call's task (and its HTTP requests) in the run's trace
+        call = asyncio.ensure_future(request.start())
     watch = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
     try:
         done, _ = await asyncio.wait([call] if watch is None else [call, watch], timeout=timeout_s,
@@ -142,10 +143,11 @@ def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:
     once it finished; raises whatever the step raised.
     """
     try:
-        if answer is None:
-            return False, next(steps)
-        ok, value = answer
-        return False, (steps.send(value) if ok else steps.throw(value))
+        with tracing.attached():  # the step's queries in the run's trace
+            if answer is None:
+                return False, next(steps)
+            ok, value = answer
+            return False, (steps.send(value) if ok else steps.throw(value))
     except StopIteration as stop:
         return True, stop.value
 
@@ -228,13 +230,15 @@ class _BlockingPool:
 
     async def run(self, fn: Callable, *args):
         # The handler's log lines carry the run's ids (not the rest of the context: the lease stays with the step).
-        future = self.executor().submit(log_context.run_with, log_context.current(), keeping_connection, fn, *args)
+        future = self.executor().submit(log_context.run_with, log_context.current(), tracing.in_run_trace,
+                                        keeping_connection, fn, *args)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             if not future.cancel():  # already running: it cannot be stopped, only left
                 with self._lock:
                     self.abandoned += 1
+                process_metrics.tool_thread_abandoned()
                 log.warning("a sync handler (%s) outlived its timeout; its thread is abandoned",
                             getattr(fn, "__qualname__", fn))
                 future.add_done_callback(self._settled)
@@ -243,6 +247,7 @@ class _BlockingPool:
     def _settled(self, _future) -> None:
         with self._lock:
             self.abandoned -= 1
+        process_metrics.tool_thread_settled()
 
     def close_connections(self) -> None:
         if self._executor is not None:

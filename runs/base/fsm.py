@@ -8,9 +8,10 @@ reload here writes the fresh values straight into the instance instead and
 leaves the field's protection alone.
 
 Each machine also says how its transitions are written to the run's event
-log (``event_type``, ``event_run``, ``event_payload``); ``runs.transitions``
-reads these, so the kernel records every machine the same way without
-importing the models of the layers above it.
+log (``event_type``, ``event_run``, ``event_payload``) and what else follows
+one (``after_transition``); ``runs.transitions`` reads these, so the kernel
+records every machine the same way without importing the models of the
+layers above it.
 """
 
 from django.db import DatabaseError, models
@@ -35,6 +36,10 @@ class FSMModel(ConcurrentTransitionMixin, models.Model):
     def event_payload(self, arguments: dict) -> dict:
         """The ``RunEvent.payload`` of a transition, given the keyword ``arguments`` it was called with."""
         return {}
+
+    def after_transition(self, from_status: str, before: dict) -> None:
+        """Called by ``runs.transitions.apply`` inside its transaction once a transition of this machine from
+        ``from_status`` is written; ``before``: the fields' values before it, by attname. Nothing by default."""
 
     def refresh_from_db(self, using=None, fields=None, from_queryset=None):
         """Reload ``fields`` (default: every concrete field) from the database.

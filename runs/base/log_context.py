@@ -1,5 +1,5 @@
 """The run a log line is about: ``run_id``, ``session_id``, ``tool_call_id`` and, while traces are recorded, the
-run's ``trace_id`` (``runs.tracing``) on every record made while a run is advanced, as structured fields.
+run's ``trace_id`` (``runs.base.tracing``) on every record made while a run is advanced, as structured fields.
 
 The engine advances many runs on one event loop and hands their database
 work to threads in a copy of each task's context (``runs.engine.runtime``),
@@ -10,6 +10,10 @@ threads share that dict, so an id learnt later in the slice (``note``: the
 session once the run is loaded, the tool call while it executes) is seen
 by the rest of the slice whichever thread runs it, and no context token
 crosses a step's ``yield``.
+
+The same dict carries, under ``runs.base.tracing.CONTEXT_KEY``, the
+OpenTelemetry context the run's work is traced under (``runs.base.tracing``
+notes it); it is never logged.
 
 The console handler's ``RunContextFilter`` (``logging_settings``, the
 settings' ``LOGGING``) puts the three on each record as attributes, None
@@ -52,7 +56,8 @@ def note(**ids) -> None:
 
 
 def current() -> dict:
-    """The ids known in this context now: ``{field: value}`` for the ``FIELDS`` set (empty outside a run)."""
+    """The ids known in this context now: ``{field: value}`` for the ``FIELDS`` set, and the run's tracing context
+    (module doc) when there is one; empty outside a run."""
     return {key: value for key, value in (_ids.get() or {}).items() if value is not None}
 
 

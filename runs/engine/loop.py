@@ -36,8 +36,9 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from runs import lease, tracing
-from runs.base import log_context
+from runs import lease
+
+from runs.base import log_context, process_metrics, tracing
 from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
@@ -115,7 +116,7 @@ def advance_slice(run_id: int) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.base.awaiting``)
     that returns (run, whether it has more to do)."""
     run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
-    log_context.note(session_id=run.session_id, trace_id=tracing.trace_id_hex(run))
+    log_context.note(session_id=run.session_id, **tracing.log_ids(run))
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
         if not can_proceed(run.start):  # a cancel was requested
@@ -144,7 +145,7 @@ def advance_slice(run_id: int) -> Steps:
             _fail(run, *passed)
             return run, False
         try:
-            going_on = yield from _step(run, known)
+            going_on = yield from process_metrics.timed_step(_step(run, known))
         except Interrupted:  # a hook or a pause cut short by the run's cancel or deadline: the next pass ends it
             known.reload()
             continue
@@ -356,7 +357,7 @@ def _model_turn(run: Run, known: Known) -> Steps:
 
             def start():  # once the step is committed
                 failpoint("model_call_started")
-                return client.complete(request)
+                return process_metrics.timed_model_call(client.complete(request), agent.model)
 
             span = tracing.start_model_span(run, agent.model, request)
             try:

@@ -41,7 +41,8 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs import lease
-from runs.base import log_context
+
+from runs.base import log_context, process_metrics
 from runs.base.awaiting import resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
@@ -201,7 +202,7 @@ class Engine:
         return await asyncio.wrap_future(self.db.submit(fn, *args))
 
     async def _advance(self, held: lease.Lease) -> None:
-        with log_context.bound(held.run_id):  # this task's log lines, and its threads', carry the run
+        with log_context.bound(held.run_id), process_metrics.run_in_flight():  # log lines carry the run
             await self._advance_logged(held)
 
     async def _advance_logged(self, held: lease.Lease) -> None:

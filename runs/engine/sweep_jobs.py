@@ -14,6 +14,7 @@ conditional UPDATEs and transitions are guarded.
 """
 
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -28,11 +29,12 @@ from approvals.services import (
     overdue_interrupts,
     request_reconciliation,
 )
+from runs.base import tracing
 from runs.base.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.recovery import attribute_deaths, restart_delay_ms
-from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus
+from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, WaitingReason
 from runs.services import append_event
 from runs.tx import locked_many
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
@@ -120,6 +122,8 @@ def start_scheduled_runs(*, now, limit: int | None = None) -> dict[str, int]:
             for run in Run.objects.filter(pk__in=claimed).order_by("pk") if claimed else ():
                 append_event(run, type="schedule", actor="sweeper", reason="start_at reached",
                              payload={"start_at": claimed[run.pk].isoformat()})
+                transaction.on_commit(partial(tracing.record_wait, run, WaitingReason.SCHEDULED,
+                                              since=run.created_at, until=now, then=RunStatus.QUEUED))
                 wake_on_commit(run.pk)
         started += len(claimed)
     return {"started": started}

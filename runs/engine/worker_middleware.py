@@ -5,7 +5,12 @@ before any model can be imported: what needs models is imported when a
 worker boots.
 """
 
+import threading
+
 import dramatiq
+from dramatiq.common import current_millis
+
+from runs.base import process_metrics
 
 
 class HeartbeatMiddleware(dramatiq.Middleware):
@@ -20,3 +25,42 @@ class HeartbeatMiddleware(dramatiq.Middleware):
         from runs.engine.heartbeat import heartbeat
 
         heartbeat.stop(id(worker))
+
+
+class MetricsMiddleware(dramatiq.Middleware):
+    """Counts every message a worker of this process handles (``runs.base.process_metrics``): the queue lag, from
+    its enqueue (``message_timestamp``, ms) or, for a delayed message, from when it was due (its ``eta``) to
+    its actor's start, and Dramatiq's own message metrics, under the names of Dramatiq's ``Prometheus``
+    middleware. A process's live gauges go when its last worker shuts down."""
+
+    def __init__(self):
+        self._started: dict[str, int] = {}  # message id -> when its actor started (ms)
+        self._workers = 0
+        self._lock = threading.Lock()
+
+    def after_worker_boot(self, broker, worker):
+        with self._lock:
+            self._workers += 1
+
+    def after_worker_shutdown(self, broker, worker):
+        with self._lock:
+            self._workers -= 1
+            last = self._workers == 0
+        if last:
+            process_metrics.process_ended()
+
+    def before_process_message(self, broker, message):
+        now = current_millis()
+        due = max(message.message_timestamp, message.options.get("eta") or 0)
+        self._started[message.message_id] = now
+        process_metrics.message_started(message.queue_name, message.actor_name, lag_s=(now - due) / 1000)
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        started = self._started.pop(message.message_id, None)
+        if started is None:  # skipped by an earlier middleware before its actor started: counted, not timed
+            process_metrics.message_skipped(message.queue_name, message.actor_name)
+            return
+        process_metrics.message_ended(message.queue_name, message.actor_name, duration_ms=current_millis() - started,
+                                      failed=exception is not None)
+
+    after_skip_message = after_process_message

@@ -1,11 +1,14 @@
-"""Prometheus metrics at ``/metrics``, computed from the database when scraped; closed unless configured.
+"""Prometheus metrics at ``/metrics``: the database's figures, computed when scraped, and the processes' own
+(``runs.base.process_metrics``); closed unless configured.
 
 ``DatabaseCollector`` makes each metric family from one aggregate query
 at scrape time (``GROUP BY`` over an indexed column where there is one),
-so every server process answers the same figures and nothing is kept in
-the processes: there is nothing to merge across processes, and no
-``PROMETHEUS_MULTIPROC_DIR`` is needed. The families (docs/operating.md
-says what each means and what to alert on):
+so every server process answers the same figures and nothing of them is
+kept in the processes. What only a process knows (latencies, queue lag,
+sweeper passes, Dramatiq's message counts) is merged from every process
+of the host that writes to ``PROMETHEUS_MULTIPROC_DIR``
+(``runs.base.process_metrics.exposition_collector``). The database's families
+(docs/operating.md says what each means and what to alert on):
 
 * ``tollgate_runs{status, waiting_reason}``: runs by status (every status
   is present, 0 included) and, for waiting runs, why they wait; from the
@@ -40,6 +43,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
+from runs.base import process_metrics
 from runs.models import Run, RunStatus, WaitingReason
 from runs.ops.models import WorkerHeartbeat, stale_after
 from runs.webhooks.models import DeliveryStatus, WebhookDelivery
@@ -165,13 +169,13 @@ class DatabaseCollector(Collector):
         yield from workers(now)
 
 
-registry = CollectorRegistry(auto_describe=False)
-registry.register(DatabaseCollector())
-
-
 def exposition() -> bytes:
-    """The metrics in Prometheus's text format (one query per family). Raises ``DatabaseError``."""
-    return generate_latest(registry)
+    """The metrics in Prometheus's text format: the database's (one query per family) and the processes'
+    (``runs.base.process_metrics``). Raises ``DatabaseError``."""
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(DatabaseCollector())
+    process_metrics.exposition_collector(scrape)
+    return generate_latest(scrape)
 
 
 def access(authorization: str) -> str:

@@ -12,12 +12,19 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from runs import live
+from runs.base import process_metrics
 from runs.sweeping import JobResult, run_sweep, sweep
 
 
 def sweep_all() -> list[JobResult]:
-    """One pass of a long-lived sweeper (``run_sweep(keep_going=True)``); one result per job, failed ones marked."""
-    return run_sweep(keep_going=True)
+    """One pass of a long-lived sweeper (``run_sweep(keep_going=True)``); one result per job, failed ones marked.
+
+    Each job's pass is counted in ``/metrics`` with what it did (``runs.base.process_metrics.sweeper_pass``).
+    """
+    results = run_sweep(keep_going=True)
+    for result in results:
+        process_metrics.sweeper_pass(result.name, None if result.failed else result.counts)
+    return results
 
 
 class Command(BaseCommand):

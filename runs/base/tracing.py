@@ -20,7 +20,28 @@ have a name for it:
   ``gen_ai.tool.call.id``, ``tollgate.tool.side_effect``,
   ``tollgate.tool.attempts``, ``tollgate.tool.outcome``);
 * ``approval wait`` from an approval item's creation to its decision, with
-  a ``decision`` span (``tollgate.decision``) at its end.
+  a ``decision`` span (``tollgate.decision``) at its end;
+* ``<reason> wait`` for the run's other waits (``retry_backoff``,
+  ``scheduled``, ``external_event``, ``input``, ``reconciliation``: its
+  ``waiting_reason``), from the moment it went to wait (or, for a run
+  created with ``start_at``, its creation) to the moment it went on or
+  ended (``record_wait``).
+
+Libraries: with traces on, the official instrumentations of Django (a
+server span per request), psycopg (a span per query) and httpx (a span per
+request) are turned on too (``instrument_libraries``). The run's work in a
+worker happens in the run's trace: the ids of the run's context
+(``runs.base.log_context``, shared by every thread of the slice) carry the
+OpenTelemetry context it is under (``log_ids``: the run's root, or the
+model call's or tool call's span while one is open), and ``attached``
+makes it current where the engine runs a step's database work and starts
+its calls (``runs.base.awaiting``). So a tool's HTTP requests are children of
+its ``execute_tool`` span and the slice's queries children of the run (or
+of the call under way). A query made outside any request, run or span (the
+heartbeat, the lease keeper, the sweeper) is not exported
+(``WithoutLoneQueries``): each would be a trace of one span every few
+seconds. The model SDKs speak ``httpx2``, which no official
+instrumentation covers: a model call is its ``chat`` span alone.
 
 Prompt and completion text are recorded only when an operator turns it on
 (``TOLLGATE_TRACE_CONTENT=true``: ``gen_ai.input.messages`` and
@@ -39,6 +60,7 @@ the optional ``otel`` dependencies. Otherwise every function here costs a
 type check and records nothing.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -46,14 +68,20 @@ import os
 
 from django.conf import settings
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from runs.base import log_context
 
 log = logging.getLogger(__name__)
 
 TRACER = "tollgate"
 SWITCHES = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 FAILED_OUTCOMES = ("failed", "unknown", "invalid", "denied")
+# The key of the run's ids (runs.base.log_context) holding the OpenTelemetry context its work is under.
+CONTEXT_KEY = "otel_context"
+PSYCOPG_SCOPE = "opentelemetry.instrumentation.psycopg"
 
 
 def configure_from_environment() -> bool:
@@ -81,9 +109,65 @@ def configure_from_environment() -> bool:
         return False
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "tollgate"}
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(WithoutLoneQueries(BatchSpanProcessor(exporter)))
     trace.set_tracer_provider(provider)
+    instrument_libraries()
     return True
+
+
+def instrument_libraries() -> list:
+    """Turn on the official OpenTelemetry instrumentations of Django, psycopg and httpx (the ``otel`` extra) for
+    the installed tracer provider; returns the instrumentors (already on ones are left as they are). Without
+    the packages, logs a warning and returns ``[]``.
+
+    Django's span middleware goes right after ``runs.ops.middleware.ProbeMiddleware`` (the probes and
+    ``/metrics`` are not traced, and are not refused for their Host header on the way), unless
+    ``OTEL_PYTHON_DJANGO_MIDDLEWARE_POSITION`` says otherwise. Query parameters and HTTP headers are not
+    recorded (the instrumentations' defaults)."""
+    try:
+        from opentelemetry.instrumentation.django import DjangoInstrumentor
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+    except ImportError:
+        log.warning("traces are on but the OpenTelemetry instrumentations are not installed "
+                    "(pip install 'tollgate[otel]'): Django, psycopg and httpx make no spans")
+        return []
+    probes = "runs.ops.middleware.ProbeMiddleware"
+    if probes in settings.MIDDLEWARE:
+        os.environ.setdefault("OTEL_PYTHON_DJANGO_MIDDLEWARE_POSITION", str(settings.MIDDLEWARE.index(probes) + 1))
+    instrumentors = [DjangoInstrumentor(), PsycopgInstrumentor(), HTTPXClientInstrumentor()]
+    for instrumentor in instrumentors:
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument()
+    return instrumentors
+
+
+class WithoutLoneQueries:
+    """An OpenTelemetry span processor that passes every ended span to ``processor`` (the exporting one) but
+    a psycopg query span with no parent: a query outside any request, run or span (module doc)."""
+
+    def __init__(self, processor):
+        self._processor = processor
+
+    def on_start(self, span, parent_context=None) -> None:
+        self._processor.on_start(span, parent_context=parent_context)
+
+    def on_end(self, span) -> None:
+        if span.parent is None and span.instrumentation_scope is not None \
+                and span.instrumentation_scope.name == PSYCOPG_SCOPE:
+            return
+        self._processor.on_end(span)
+
+    def _on_ending(self, span) -> None:  # the SDK's hook before ``on_end`` (1.39 and later)
+        on_ending = getattr(self._processor, "_on_ending", None)
+        if on_ending is not None:
+            on_ending(span)
+
+    def shutdown(self) -> None:
+        self._processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._processor.force_flush(timeout_millis)
 
 
 def recording() -> bool:
@@ -105,9 +189,47 @@ def run_ids(run_id: int, created_at) -> tuple[int, int]:
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
-def trace_id_hex(run) -> str | None:
-    """The 32 hex digits of ``run``'s trace id as trace viewers show it, or None when no traces are recorded."""
-    return format(run_ids(run.pk, run.created_at)[0], "032x") if recording() else None
+def log_ids(run) -> dict:
+    """What ``runs.base.log_context.note`` keeps of ``run`` for its slice: ``trace_id`` (the 32 hex digits of its
+    trace id as viewers show it) and, under ``CONTEXT_KEY``, the run's context (``run_context``) that
+    ``attached`` makes current; both None when no traces are recorded."""
+    if not recording():
+        return {"trace_id": None, CONTEXT_KEY: None}
+    return {"trace_id": format(run_ids(run.pk, run.created_at)[0], "032x"), CONTEXT_KEY: run_context(run)}
+
+
+def _under(span) -> None:
+    """From now on the run's work (``attached``) is under ``span`` (None: not recording, nothing)."""
+    if span is not None:
+        log_context.note(**{CONTEXT_KEY: trace.set_span_in_context(span)})
+
+
+def _back_to_root(span) -> None:
+    """``span`` ends: the run's work is under the run's root (its parent) again."""
+    if span is not None and span.parent is not None:
+        log_context.note(**{CONTEXT_KEY: trace.set_span_in_context(NonRecordingSpan(span.parent))})
+
+
+@contextlib.contextmanager
+def attached():
+    """Within the block, the OpenTelemetry context of the run this thread or task works for (``log_ids``) is
+    the current one, so instrumented libraries put their spans in the run's trace; nothing outside a run or
+    when not recording."""
+    known = log_context.current().get(CONTEXT_KEY)
+    if known is None:
+        yield
+        return
+    token = otel_context.attach(known)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def in_run_trace(fn, *args):
+    """``fn(*args)`` within ``attached()`` (for a thread the run's ids were handed to)."""
+    with attached():
+        return fn(*args)
 
 
 def _content(value) -> str:
@@ -144,8 +266,10 @@ def start_model_span(run, model_config: dict, request=None):
     if request is not None and settings.TOLLGATE["TRACE_CONTENT"]:
         attributes["gen_ai.system_instructions"] = _content(request.instructions)
         attributes["gen_ai.input.messages"] = _content(request.messages)
-    return _tracer().start_span(f"chat {model}", context=run_context(run), kind=SpanKind.CLIENT,
+    span = _tracer().start_span(f"chat {model}", context=run_context(run), kind=SpanKind.CLIENT,
                                 attributes=attributes)
+    _under(span)
+    return span
 
 
 def end_model_span(span, *, response=None, error: BaseException | None = None) -> None:
@@ -153,6 +277,7 @@ def end_model_span(span, *, response=None, error: BaseException | None = None) -
     text and tool calls with ``TOLLGATE["TRACE_CONTENT"]`` on), or the ``error``'s type."""
     if span is None:
         return
+    _back_to_root(span)
     if response is not None:
         span.set_attribute("gen_ai.usage.input_tokens", response.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", response.output_tokens)
@@ -168,12 +293,14 @@ def start_tool_span(run, call):
     recording. End it with ``end_tool_span``."""
     if not recording():
         return None
-    return _tracer().start_span(f"execute_tool {call.name}", context=run_context(run), kind=SpanKind.INTERNAL,
+    span = _tracer().start_span(f"execute_tool {call.name}", context=run_context(run), kind=SpanKind.INTERNAL,
                                 attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
                                             "gen_ai.tool.call.id": call.provider_call_id,
                                             "tollgate.tool_call.id": call.pk,
                                             "tollgate.tool.side_effect": call.side_effect,
                                             "tollgate.run.id": run.pk})
+    _under(span)
+    return span
 
 
 def end_tool_span(span, *, call=None, error: BaseException | None = None) -> None:
@@ -181,12 +308,28 @@ def end_tool_span(span, *, call=None, error: BaseException | None = None) -> Non
     ``error``'s type."""
     if span is None:
         return
+    _back_to_root(span)
     if call is not None:
         span.set_attribute("tollgate.tool.attempts", call.attempts)
         span.set_attribute("tollgate.tool.outcome", call.status)
         if call.status in FAILED_OUTCOMES:
             span.set_status(Status(StatusCode.ERROR))
     _end(span, error)
+
+
+def record_wait(run, reason: str, *, since, until, then: str) -> None:
+    """Record a wait of ``run`` that is over: a ``<reason> wait`` span (``retry_backoff``, ``scheduled``,
+    ``external_event``, ``input``, ``reconciliation``) from ``since`` to ``until`` (aware datetimes), with
+    ``tollgate.wait.reason`` and ``tollgate.run.status`` (``then``: the status the run went on in, e.g.
+    ``running``, ``queued``, ``failed``, ``cancelled``). Nothing when not recording."""
+    if not recording():
+        return
+    span = _tracer().start_span(f"{reason} wait", context=run_context(run), start_time=_ns(since),
+                                attributes={"tollgate.run.id": run.pk, "tollgate.wait.reason": reason,
+                                            "tollgate.run.status": then})
+    if then in ("failed", "cancelled"):
+        span.set_status(Status(StatusCode.ERROR))
+    span.end(end_time=_ns(until))
 
 
 def record_decision(run, interrupt) -> None:
