@@ -1,12 +1,9 @@
 """Removing an answer file's stored bytes when its row goes (``approvals.models.AnswerFile``).
 
-The row goes with its inbox item, which goes with its run or tool call
-(``on_delete=CASCADE``), or on its own; Django sends ``post_delete`` for
-every row a cascade removes, but leaves the storage alone. The receiver
-below asks the storage to delete the file once the deleting transaction
-commits (``transaction.on_commit``): a delete that rolls back keeps row
-and file together. A storage that fails then is logged, not raised (the
-rows are gone already; an orphaned file is only disk space).
+A ``post_delete`` receiver (cascades included: Django leaves the storage
+alone) deletes the file once the deleting transaction commits, so a delete
+that rolls back keeps row and file together. A storage failure then is
+logged, not raised: the rows are gone, an orphaned file is only disk space.
 """
 
 from django.db import transaction

@@ -71,16 +71,25 @@ def _link(name: str, *args) -> str:
     return settings.TOLLGATE["SITE_URL"].rstrip("/") + reverse(name, args=args)
 
 
-def _message(user, write) -> EmailMessage:
-    """One email to ``user``: ``write()`` returns ``(subject, body)``, called in the user's language.
+def _messages(users, write) -> list[EmailMessage]:
+    """One email to each of ``users`` (``_wanting``'s): ``write()`` returns ``(subject, body)`` and is
+    called once per language among them, in that language (an item's text is the same for all who read
+    it in one language: describing its call may ask the database or a tool's hook).
 
     Subject and body hold text a model chose (an item's title, arguments):
     the subject is made one clean line (``header_line``) and the body
     printable, so no stored text can make the mail library refuse it.
     """
-    with translation.override(user.email_language):
-        subject, body = write()
-    return EmailMessage(subject=header_line(subject), body=printable(body), to=[user.email])
+    texts: dict[str, tuple[str, str]] = {}
+    messages = []
+    for user in users:
+        if user.email_language not in texts:
+            with translation.override(user.email_language):
+                subject, body = write()
+            texts[user.email_language] = (header_line(subject), printable(body))
+        subject, body = texts[user.email_language]
+        messages.append(EmailMessage(subject=subject, body=body, to=[user.email]))
+    return messages
 
 
 def header_line(text: str) -> str:
@@ -138,7 +147,7 @@ def send_new_item(interrupt_id: int) -> int:
                 _("A new inbox item waits for your decision.") + "\n\n" + _item_text(interrupt))
 
     recipients = _wanting(users_who_may_decide(interrupt), NEW_ITEM)
-    return _send([_message(user, write) for user in recipients], f"new item {interrupt_id}")
+    return _send(_messages(recipients, write), f"new item {interrupt_id}")
 
 
 def new_item_on_commit(interrupt: Interrupt) -> None:
@@ -156,7 +165,7 @@ def send_run_expired(interrupt_id: int) -> int:
                 _("Nobody decided this item before it expired, so the run failed.") + "\n\n"
                 + _item_text(interrupt) + "\n" + _link("run-detail", interrupt.run_id))
 
-    return _send([_message(user, write) for user in _wanting(requester, RUN_EXPIRED)], f"expired item {interrupt_id}")
+    return _send(_messages(_wanting(requester, RUN_EXPIRED), write), f"expired item {interrupt_id}")
 
 
 def run_expired_on_commit(interrupt_id: int) -> None:
@@ -191,7 +200,7 @@ def warn_claimed_items_expiring(*, now) -> dict[str, int]:
                     % {"minutes": left.total_seconds() // 60} + "\n\n" + _item_text(interrupt))
 
         claimer = get_user_model().objects.filter(pk=interrupt.claimed_by_id, is_active=True)
-        sent += _send([_message(user, write) for user in _wanting(claimer, CLAIMED_EXPIRING)],
+        sent += _send(_messages(_wanting(claimer, CLAIMED_EXPIRING), write),
                       f"claimed item {interrupt.pk}")
     return {"expiry_warnings": sent}
 

@@ -156,13 +156,9 @@ class StrictJSONParser(JSONParser):
 class StoredJSONDecoder(json.JSONDecoder):
     """The decoder of every JSON column: a lone surrogate read back becomes U+FFFD.
 
-    Before the checks at the door a JSON column could be given a lone
-    surrogate as its escape (``"\\ud800"``; SQLite keeps it, PostgreSQL's
-    ``jsonb`` refuses it). Read back, it is a ``str`` no UTF-8 text can hold,
-    and every page, email, admin form or answer showing it failed as it was
-    encoded. Values are walked only when the text holds a ``\\ud8``-``\\udf``
-    escape (a surrogate pair's too, which decodes to one character and is
-    left alone), so ordinary rows cost one substring search.
+    Values are walked only when the text holds a ``\\ud8``-``\\udf`` escape
+    (a surrogate pair decodes to one character and is left alone), so an
+    ordinary row costs one substring search. Why: docs/design.md#model-output-validation.
     """
 
     def decode(self, s, *args, **kwargs):

@@ -50,15 +50,11 @@ def _active(user) -> bool:
 def holds_permission(user, field: str) -> Q:
     """A condition on a row: the permission named by its ``field`` (``"app_label.codename"``) is held by ``user``.
 
-    The same answer as ``user.has_perm``: nothing for an inactive or
-    anonymous user, everything for an active superuser, else ``field IN``
-    the names ``user.get_all_permissions()`` gives (Django's ``ModelBackend``,
-    the only backend here that grants permissions: granted to the user or to
-    one of their groups; two queries the first time, then cached on the user
-    object, which ``RunAccess.of`` has usually filled already). The names go
-    into the statement as a list: as a subquery over the permission tables
-    they made PostgreSQL plan a seven-table join every time the statement
-    ran (several milliseconds, more than the rest of a one-item check).
+    The same answer as ``user.has_perm`` (``ModelBackend``): nothing for an
+    inactive or anonymous user, everything for an active superuser, else
+    ``field IN`` the names of ``user.get_all_permissions()`` (two queries the
+    first time, then cached on the user). Why a list and not a subquery:
+    docs/design.md#who-may-see-and-decide.
     """
     if not _active(user):
         return Q(Value(False, output_field=BooleanField()))

@@ -1,39 +1,11 @@
-"""Push run changes to browsers and integrators over Channels.
+"""Push run changes to browsers and integrators over Channels; never changes a run, never raises.
 
-Groups: ``run-<id>`` (one run's page and WebSocket), ``runs`` (the run
-list and the inbox), ``user-<id>`` (every socket of one user, told
-``access.changed`` when that user's access may have changed) and
-``run-events-<id>`` (the integrators' sockets of one run, told
-``{"type": "run.event", "seq": N}`` when events up to ``seq`` N were
-committed; they read the events themselves from the log, so a message
-lost, repeated or sent for a transaction that rolled back costs nothing
-but a read). Messages are ``{"type": "run.update", "run": {...}}``
-with the fields of ``run_snapshot``, and ``{"type": "run.delta", ...}`` for
-streamed model output. Publishing never changes a run and never raises:
-a browser that misses an update catches up on its next load.
-
-Writers do not publish themselves: they call ``publish_on_commit`` with
-the run instance they changed (and ``runs.services.append_event`` calls
-``publish_event_on_commit``), and when their transaction commits each run
-they touched is pushed once, however many transitions the transaction
-held. The snapshot is taken from that instance, without a query: every
-writer changes a run through the instance it holds, under the run's row
-lock or lease, so at commit the instance holds what was committed. Only a
-run touched through two different instances in one transaction is read
-back from the database (one query for all such runs).
-
-Each snapshot carries ``seq``, the run's event counter that its state
-reflects. Pushes from different processes may arrive in any order; a
-client keeps the snapshot with the highest ``seq`` (``static/js/run.js``).
-
-Sending happens on one event loop per process, in a daemon thread of its
-own (``_Sender``), which every publishing thread hands its messages to
-without waiting for them to be sent; they go out in the order handed over.
-Messages still queued when the process is killed are lost (as when the
-layer is down); a short-lived process calls ``flush`` before it exits.
-``async_to_sync`` would start a thread and an event loop for every call
-from a plain thread (a worker's), and channels_redis keeps its connection
-pools per event loop: every push would open a new Redis connection.
+Messages: ``{"type": "run.update", "run": run_snapshot(...)}`` to ``run_group``
+and ``RUNS_GROUP``; ``{"type": "run.event", "seq": N}`` to ``run_events_group``;
+``{"type": "run.delta", "kind", "data"}`` (streamed output) to ``run_group``;
+``{"type": "access.changed", "ended_session"}`` to ``user_group``. Writers call
+``publish_on_commit`` / ``publish_event_on_commit``; one sender thread per
+process sends in hand-over order (docs/design.md#live-pushes).
 """
 
 import asyncio
@@ -96,23 +68,14 @@ def run_snapshot(run: Run, *, seq: int | None = None) -> dict:
 
 # Longest one message may take to reach the channel layer before it is given up (seconds).
 SEND_TIMEOUT_S = 10.0
-# Batches of messages handed over but not yet sent, at most (a channel layer that is down must
-# not grow a backlog without end): beyond it the oldest batch is dropped for the new one, with a
-# warning. Snapshots and event notices are superseded by later ones (clients keep the highest
-# ``seq``; sockets re-read the log), and sockets re-check access periodically, so the newest
-# messages are the ones worth keeping.
+# Batches of messages handed over but not yet sent, at most: beyond it the oldest batch is dropped
+# for the new one, with a warning (docs/design.md#live-pushes).
 MAX_BACKLOG = 10_000
 
 
 class _Sender:
-    """The process's publishing event loop, started in a daemon thread on first use (again after a fork).
-
-    ``send`` hands messages over and returns at once: a request or a
-    worker's step never waits for Redis round trips to push a change.
-    One task on the loop sends them strictly in the order they were handed
-    over (a later snapshot never overtakes an earlier one from the same
-    process; ``access.changed`` goes out before the update that follows it).
-    """
+    """The process's publishing event loop, started in a daemon thread on first use (again after a fork);
+    ``send`` returns at once, and one task sends what is handed over in that order."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -169,14 +132,8 @@ _sender = _Sender()
 
 
 def flush(timeout_s: float = 2.0) -> None:
-    """Let what this process has published go out: wait up to ``timeout_s`` seconds; never raises.
-
-    For a short-lived process before it exits (a one-pass ``recover_runs``):
-    queued pushes die with the process, and once the interpreter is shutting
-    down the layer may no longer open a connection (a host name is looked up
-    in a thread pool that refuses new work by then), so waiting at ``atexit``
-    is only a last resort.
-    """
+    """Let what this process has published go out: wait up to ``timeout_s`` seconds; never raises (what is
+    still queued is dropped, with a warning). For a short-lived process before it exits."""
     try:
         _sender.flush(timeout_s=timeout_s)
     except Exception:  # noqa: BLE001 (a push that cannot go out is dropped, as when the layer is down)
@@ -233,15 +190,8 @@ def _flush() -> None:
 
 def publish_on_commit(run: Run) -> None:
     """Push ``run``'s snapshot, taken from this instance, once the current transaction commits (at once
-    outside one).
-
-    Coalesced: every run touched in one transaction is pushed once, by the
-    first of the transaction's callbacks to run. A run touched through two
-    different instances is read back instead (either may lack the other's
-    changes). A run touched in a transaction that rolled back is pushed
-    with the next commit of the same thread: a spare push, whose ``seq``
-    is not above what the log holds.
-    """
+    outside one); each run touched in a transaction is pushed once, read back if touched through two
+    instances (docs/design.md#live-pushes)."""
     if not hasattr(_touched, "runs"):
         _touched.runs = {}
     held = _touched.runs.get(run.pk, run)
@@ -250,12 +200,8 @@ def publish_on_commit(run: Run) -> None:
 
 
 def publish_event_on_commit(run_id: int, seq: int) -> None:
-    """Tell run ``run_id``'s event sockets, once the transaction commits, that its log reached ``seq``.
-
-    Coalesced with ``publish_on_commit`` (one notice per run, the highest
-    ``seq``; no query). After a rollback the notice goes out with the
-    thread's next commit: the sockets find nothing new in the log.
-    """
+    """Tell run ``run_id``'s event sockets, once the transaction commits, that its log reached ``seq``
+    (coalesced with ``publish_on_commit``: one notice per run, the highest ``seq``; no query)."""
     if not hasattr(_touched, "event_seqs"):
         _touched.event_seqs = {}
     _touched.event_seqs[run_id] = max(seq, _touched.event_seqs.get(run_id, 0))
@@ -274,14 +220,11 @@ DELTA_INTERVAL_S = 0.1
 class DeltaBuffer:
     """One model call's streaming events for run ``run_id``, coalesced: pushed at most every ``DELTA_INTERVAL_S``.
 
-    ``add(kind, data)`` is the call's ``ModelRequest.on_delta``: the text
-    fragments (``text_delta``) since the last push are joined into one, and
-    so are the argument fragments of each tool call (``tool_call_delta``,
-    by ``index``, keeping its ``id`` and ``name``); ``flush()`` pushes what
-    is left, once the call answered. A page sees the same text in fewer,
-    larger pieces, and a token-by-token stream no longer costs a push (a
-    hand-over and Redis round trips) per token. ``push(run_id, kind=,
-    data=)`` sends one event (``publish_delta``).
+    ``add(kind, data)`` is the call's ``ModelRequest.on_delta``: text
+    fragments are joined into one ``text_delta``, and each tool call's
+    argument fragments into one ``tool_call_delta`` (by ``index``, keeping
+    ``id`` and ``name``); ``flush()`` pushes what is left. ``push(run_id,
+    kind=, data=)`` sends one event (default ``publish_delta``).
     """
 
     def __init__(self, run_id: int, push=None):
@@ -315,10 +258,7 @@ class DeltaBuffer:
 
 
 def publish_access_changed(user_ids, *, ended_session: str = "") -> None:
-    """Tell every socket of the users ``user_ids`` to check their access again.
-
-    ``ended_session``: the key of a session that was just logged out; its
-    sockets close without a check (the session row may not be gone yet).
-    """
+    """Tell every socket of the users ``user_ids`` to check their access again; ``ended_session``: the key of
+    a session just logged out, whose sockets close without a check (its row may not be gone yet)."""
     message = {"type": "access.changed", "ended_session": ended_session}
     _send([(user_group(user_id), message) for user_id in user_ids])

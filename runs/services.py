@@ -19,6 +19,7 @@ from django_fsm import ConcurrentTransition
 
 from runs import lease
 from runs.base.rows import insert as insert_row
+from runs.base.rows import insert_many as insert_rows
 from runs.base.rows import update as update_row
 from runs.base.rows import update_columns
 from runs.lease import LeaseLost, current_token, fenced
@@ -141,11 +142,8 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
                      payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
             for seq, event in enumerate(events, start=first)]
     try:
-        if len(rows) == 1:  # the common case: one statement built once (runs.base.rows)
-            insert_row(rows[0])
-        else:
-            RunEvent.objects.bulk_create(rows)  # one INSERT
-        for row in rows:  # neither sends signals: sent here, as save() would
+        insert_rows(rows)  # one statement, built once per number of rows (runs.base.rows)
+        for row in rows:  # it sends no signal: sent here, as save() would
             post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
                            using=row._state.db)
     except BaseException:

@@ -1,25 +1,14 @@
-"""The one way any state machine changes state: Run, Step, ToolCall and Interrupt alike.
+"""The one way any state machine changes state, Run, Step, ToolCall and Interrupt alike: ``apply``.
 
 ``apply(run.start, actor="worker")`` calls the bound django-fsm transition
-and, in one database transaction (joining the caller's):
-
-1. the method changes the instance in memory (django-fsm checks the
-   source state and the ``conditions=`` guards first);
-2. the event is appended to the run's log (``runs.services.append_events``:
-   the next ``seq``, fenced by the worker's lease, with any run columns the
-   caller passes in the same UPDATE), before any row of the machine is
-   written, so a worker whose lease was taken over writes nothing;
-3. only the fields the transition changed are saved, with any ``auto_now``
-   field (``updated_at``); the status is compared with the one loaded
-   (django-fsm's optimistic locking). A run's own transition is written
-   by step 2's UPDATE instead (its fields with the counter, the status
-   compared there); an instance not yet stored is inserted before step 2
-   (its events name its id);
-4. a live push of the run is scheduled for commit (``runs.live``), once per
-   run however many transitions the transaction holds.
-
-What goes into the event is each model's (``runs.base.fsm.FSMModel`` hooks).
-Several transitions of one run may share one reservation (``EventBatch``).
+and, in one database transaction (joining the caller's), appends its event
+to the run's log first (``runs.services.append_events``, fenced by the
+worker's lease), then saves only the fields the transition changed (a run's
+own transition rides on that UPDATE), and schedules one live push of the
+run for commit (``runs.live``). The event's content is each model's
+(``runs.base.fsm.FSMModel`` hooks). Several transitions of one run may
+share one reservation (``EventBatch``). Order and reasons:
+docs/design.md#state-machines.
 """
 
 import copy
@@ -77,24 +66,17 @@ class EventBatch:
     """The events of several transitions of one run, logged with one reservation of seqs.
 
     ``apply(..., batch=batch)`` on another machine of ``run`` (an inbox
-    item, a tool call) writes that row at once and keeps its event here;
-    the run's own ``apply(run.<transition>, batch=batch)`` then logs them
-    ahead of its own event with one fenced UPDATE and one INSERT
-    (``append_events``), in the order they were applied. Leaving the
-    ``with`` block logs whatever is left (e.g. a decision that does not
-    resume the run); leaving it by an exception logs nothing (the
-    transaction is being undone).
+    item, a tool call) writes its row at once and keeps its event here; the
+    run's own ``apply(run.<transition>, batch=batch)`` logs them, in order,
+    ahead of its own (one fenced UPDATE, one INSERT). Leaving the ``with``
+    block logs what is left; leaving it by an exception logs nothing.
 
-    The rows are written before their events, unlike a lone ``apply``, so
-    use it only in a transaction that already holds the run's row lock
-    (nothing else can append to the log meanwhile) and that any error
-    undoes whole: ``apply`` refuses a batch without ``savepoint=False``
-    (``TypeError``), so a refused write can never be caught and its event
-    logged anyway. The run must be the very instance the machines log
-    through (``event_run()``). After a refusal the rows roll back, but the
-    instances of the machines applied earlier in the batch keep their new
-    state in memory: drop them. Example: the three transitions of an
-    approval (``approvals.services.decide_interrupt``).
+    Only in a transaction that holds the run's row lock and that any error
+    undoes whole (``apply`` raises ``TypeError`` for a batch without
+    ``savepoint=False``); ``run`` must be the instance the machines log
+    through (``event_run()``). After a refusal, drop the instances applied
+    earlier: their new state stays in memory. Example:
+    ``approvals.services.decide_interrupt``; docs/design.md#state-machines.
     """
 
     def __init__(self, run):

@@ -180,12 +180,9 @@ def relock(run: Run) -> bool:
     """Lock the row of ``run``, an instance the caller holds (a leased worker's), without loading it again.
 
     Call inside the caller's transaction (Zulip's "while holding the lock"
-    contract, for code that does not open a ``RunTx`` yet). Re-reads
-    ``cancel_requested_at`` into the instance (the one column other writers
-    change without the lease) and returns True when no other writer logged
-    an event on the run since the instance last knew its counter
-    (``runs.services.append_events``). Raises ``Run.DoesNotExist`` if the
-    run is gone.
+    contract). Re-reads ``cancel_requested_at`` into the instance; returns
+    True when no other writer logged an event on the run since the instance
+    last knew its counter. Raises ``Run.DoesNotExist`` if the run is gone.
     """
     cancel_requested_at, seq = (Run.objects.select_for_update().filter(pk=run.pk).order_by()
                                 .values_list("cancel_requested_at", "last_event_seq").get())

@@ -38,13 +38,9 @@ def wake_now(run_id: int, *, delay_ms: int | None = None) -> None:
 
 
 def wake_on_commit(run_id: int, *, delay_ms: int | None = None) -> None:
-    """Enqueue a wake-up for ``run_id`` once the current transaction commits (never before, never on rollback).
-
-    ``delay_ms``: deliver it that many milliseconds later.
-
-    A broker that is down must not fail the caller's request: the error is
-    logged (``robust``) and the sweeper re-sends lost wake-ups.
-    """
+    """Enqueue a wake-up for ``run_id`` once the current transaction commits (never before, never on rollback),
+    ``delay_ms`` milliseconds later if given. Never raises: a broker error is logged (``robust``), and the
+    sweeper re-sends lost wake-ups."""
     transaction.on_commit(lambda: wake_now(run_id, delay_ms=delay_ms), robust=True)
 
 

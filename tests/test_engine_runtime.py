@@ -247,6 +247,39 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo
     engine.close_connections()
 
 
+def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(demo, monkeypatch, hung):
+    """The sweeper broke the lease of a slice still in flight here (its keeper stalled past the TTL), and the
+    run's next slice starts in the same process beside the old one: the old one ending takes nothing of the
+    new one's, which goes on to the end."""
+    from runs.engine import runtime
+
+    go_on = threading.Event()
+    attempts = []
+
+    def lookup(ctx, args):
+        attempts.append(ctx.run.pk)
+        (hung if len(attempts) == 1 else go_on).wait()
+        return {"found": True}
+
+    use_tool(monkeypatch, "slow_lookup", lookup, timeout_s=60)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    run = start_run(agent=calling("slow", "slow_lookup"), user=demo["requester"], input="x")
+    assert engine.submit(run.pk) is not None
+    wait_until(lambda: len(attempts) == 1)
+    # What the sweeper writes when it breaks the lease of a bystander of a dead worker.
+    Run.objects.filter(pk=run.pk).update(lease_owner="", lease_expires_at=None, death_blame="bystander",
+                                         loss_streak=1)
+    assert engine.submit(run.pk) is not None
+    wait_until(lambda: len(attempts) == 2)  # the new slice sent the lookup again
+    hung.set()
+    wait_until(lambda: engine.in_flight == 1)  # the old slice ended (its writes refused)
+    go_on.set()
+    assert engine.wait_idle(30)
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    engine.close_connections()
+
+
 @pytest.mark.parametrize("error, sends, status", [("not sent", 2, S.SUCCEEDED), ("unavailable", 1, S.UNKNOWN)])
 def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff(error, sends, status, demo, worker,
                                                                                  monkeypatch):

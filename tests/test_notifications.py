@@ -88,6 +88,18 @@ def test_preferences_off_means_no_email_and_language_follows_the_preference(demo
     assert item.title == "Refund 80.00 on order 123"  # stored in English; the email names it in Chinese
 
 
+def test_one_item_goes_to_each_approver_in_their_own_language(demo, worker):
+    NotificationPreference.objects.create(user=demo["approver"], language="zh-hans")
+
+    waiting_refund(demo, worker)
+
+    [chinese] = sent_to("approver@example.com")
+    [english] = sent_to("admin@example.com")
+    assert chinese.subject.startswith("[Tollgate] 等待你处理") and "订单 123" in chinese.body
+    assert english.subject == "[Tollgate] Waiting for you: Refund 80.00 on order 123"
+    assert "order 123" in english.body and "订单" not in english.body
+
+
 def test_the_requester_is_told_when_an_expired_approval_fails_the_run(demo, worker):
     item = waiting_refund(demo, worker)
     mail.outbox.clear()

@@ -2,7 +2,8 @@
 
 A tool is declared once, in code, with a JSON Schema for its arguments,
 whether it has side effects, when it needs a human's approval and what
-must hold before it may run. Agents choose tools by name.
+must hold before it may run. Agents choose tools by name
+(docs/design.md#declaring-a-tool).
 """
 
 import threading
@@ -148,77 +149,40 @@ class Together:
 
 @dataclass(frozen=True)
 class Tool:
-    """One registered tool.
+    """One registered tool (what each field means for the engine: docs/design.md#declaring-a-tool).
 
     * ``parameters``: JSON Schema (draft 2020-12) of the arguments object.
-    * ``handler(ctx, arguments) -> JSON-serialisable result``; raises
-      ``ToolError`` for a failure the model should see. It may be an
-      ``async def`` (awaited on the engine's event loop, holding no
-      thread: use it for I/O, e.g. ``httpx.AsyncClient``), or a plain
-      function (run in a bounded pool of threads, ``TOLLGATE["TOOL_THREADS"]``).
-    * ``side_effect``: True when running it changes the world (its call
-      gets an idempotency key and is never retried blindly).
-    * ``approval``: ``"never"``, ``"always"``, a condition on the
-      arguments such as ``"amount > 50"`` or a cumulative one such as
-      ``"sum(amount) per target within 30d > 50"`` (see ``tools.policy``).
-    * ``target_key``: the argument naming what the call acts on (e.g.
-      ``order_id``), counted by ``per target`` rules. For a side-effecting
-      tool it also serializes the calls on one target: each is checked
-      (precondition) and sent only while no other call of the tool on the
-      same value is (``tools.services.targets``, docs/design.md#one-effect-at-a-time-per-target).
-    * ``precondition(ctx, arguments) -> str | None``: a reason to deny
-      the call, or None; checked by code before any approval is asked.
+    * ``handler(ctx, arguments) -> JSON-serialisable result``, a plain function (run in
+      the ``TOOL_THREADS`` pool) or an ``async def`` (awaited on the engine's loop);
+      raises ``ToolError`` (or ``ToolTimeout``, ``ToolUnavailable``, ``ToolNotSent``).
+    * ``side_effect``: running it changes the world (idempotency key, no blind retry).
+    * ``approval``: ``"never"``, ``"always"`` or a rule such as ``"amount > 50"`` or
+      ``"sum(amount) per target within 30d > 50"`` (``tools.policy``).
+    * ``target_key``: the argument naming what the call acts on (e.g. ``order_id``).
+    * ``precondition(ctx, arguments) -> str | None``: a reason to deny the call, or None.
     * ``permission``: the Django permission an approver needs.
-    * ``allow_requester_approval``: whether the run's requester may decide
-      the call's inbox items. None (default): only for read-only tools
-      (four eyes for side effects); True opts a side-effecting tool out,
-      and the opt-out is recorded with each item.
-    * ``timeout_s``: seconds a call may take (in ``ToolContext.timeout_s``).
-      The engine enforces it whatever the handler does: past it the call
-      ends as a ``ToolTimeout`` (an async handler is cancelled, a sync one
-      is abandoned and ``ctx.cancelled`` set); a side-effecting call that
-      timed out is ``unknown`` and goes to reconciliation.
-    * ``same_action``: what makes two calls of a side-effecting tool the
-      same action (answered with the first one's result, done once, under
-      one idempotency key; ``tools.services.arguments.action_identity``):
-      ``"session"`` (default): the same arguments in any run of the
-      session; ``"run"``: the same arguments within one run (a later run of
-      the session does it again, e.g. "send today's report"); or a
-      function ``(ctx, arguments) -> str``, a business key: any two calls
-      whose keys are equal, in any session of any user (e.g.
-      ``lambda ctx, a: f"{a['room']}/{a['date']}"`` books a room once per
-      day, whatever the note says; put the user or tenant in the key when
-      their results must not cross). Read-only tools are never
-      deduplicated: ``ImproperlyConfigured`` for anything but the default on one.
-    * ``idempotent``: the external system deduplicates by our idempotency
-      key, so a call interrupted by a crash may be sent again, and so may
-      an ``unknown`` one its ``reconcile`` hook finds no trace of.
-    * ``reconcile(idempotency_key) -> Reconciliation``: asks the external
-      system what became of a call whose outcome is unknown. It may be an
-      ``async def`` (awaited on the engine's event loop, like a handler).
-    * ``max_attempts`` / ``backoff_s``: retry policy for read-only tools
-      (exponential backoff from ``backoff_s`` with full jitter).
+    * ``allow_requester_approval``: may the requester decide its items; None: only for
+      read-only tools.
+    * ``timeout_s``: seconds a call may take (``ToolContext.timeout_s``); then ``ToolTimeout``.
+    * ``same_action``: ``"session"`` (default), ``"run"`` or a business key
+      ``(ctx, arguments) -> str`` (``tools.services.arguments.action_identity``);
+      ``ImproperlyConfigured`` for anything but the default on a read-only tool.
+    * ``idempotent``: the external system deduplicates by our idempotency key.
+    * ``reconcile(idempotency_key) -> Reconciliation`` (may be ``async def``): what became
+      of a call whose outcome is unknown.
+    * ``max_attempts`` / ``backoff_s`` (seconds): retry policy for read-only tools.
     * ``wait(ctx, arguments) -> WaitSpec``: makes the tool a waiting tool
       (``tools.builtin``): before its handler runs, the run waits for what
       the spec names, holding no worker; once that came (or timed out) the
       handler is called with ``ctx.tool_call.wait`` settled.
-    * ``summarize(arguments_list) -> [Description]``: how pending calls read
-      to a person, one ``Description`` per arguments dict, in order. Called
-      once for all the calls of a page, so it reads what it needs in a
-      fixed number of queries (never one per call). None: the fallback,
-      tool name and top-level arguments (``tools.services.summary``).
-    * ``title(arguments) -> str``: the call in a few words, from its
-      arguments alone ("Refund 80.00 on order 123"), in the active language;
-      an inbox item's title everywhere it is shown (``tools.services.summary.title_of``).
-      It must not query: it is called per item, in lists, emails and the
-      admin. None: the fallback, tool name and top-level arguments.
-    * ``judge_together(groups) -> [Together]``: for each group (a list of
-      the arguments of pending calls on one target), whether they can all
-      succeed (e.g. refunds asking more than is left). Called once per page.
-    * ``location``: where a tool that runs outside Tollgate lives, for
-      people (the inbox item, ``/api/tools/``): ``"HTTP bookings
-      /tools/book"`` (``tools.http``: the endpoint profile and path),
-      ``"MCP server files"`` (``tools.mcp``); empty for an in-process tool.
+    * ``summarize(arguments_list) -> [Description]``: one per arguments dict, in order,
+      for all the calls of a page at once; None: tool name and top-level arguments.
+    * ``title(arguments) -> str``: the call in a few words, in the active language,
+      without a query (``tools.services.summary.title_of``); None: as above.
+    * ``judge_together(groups) -> [Together]``: for each group (the arguments of pending
+      calls on one target), whether they can all succeed; once per page.
+    * ``location``: where a tool run outside Tollgate lives, for people (``"HTTP bookings
+      /tools/book"``, ``"MCP server files"``); empty for an in-process tool.
     """
 
     name: str

@@ -50,13 +50,9 @@ class StreamInterrupted(ModelError):
 
 
 class MalformedResponse(ModelError):
-    """The provider answered, but the body or stream could not be understood.
-
-    Examples: a JSON body that does not parse, a stream that ends without
-    its final event. The loop treats it as invalid model output (a repair
-    turn that re-asks the model) rather than a provider failure, so the
-    run ends ``invalid_model_output`` once the repair turns are spent.
-    """
+    """The provider answered, but the body or stream could not be understood (a JSON body that does not parse,
+    a stream without its final event); the loop treats it as invalid model output (a repair turn), so the run
+    ends ``invalid_model_output`` once the repair turns are spent."""
 
 
 class ConfigError(ValueError):

@@ -17,8 +17,9 @@ or ``post_save`` signal is sent: callers whose model has receivers send
 from django.db import connection
 from django.db.models import Model
 
-_INSERTS: dict = {}  # model -> (sql, fields, plain)
+_INSERTS: dict = {}  # (model, rows) -> (sql, fields, plain)
 _UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields, plain)
+_MAX_CACHED_ROWS = 16  # statements of more rows are built each time (rare: a transaction's events of one run)
 _COUNTERS: dict = {}  # (model, field name) -> sql
 _COLUMNS: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, plain)
 
@@ -61,25 +62,45 @@ def insert(instance: Model) -> Model:
     last row id where the database cannot return columns). Raises what the
     database raises (``IntegrityError``, ``DataError``).
     """
-    model = type(instance)
-    shape = _INSERTS.get(model)
+    return insert_many([instance])[0]
+
+
+def insert_many(instances: list[Model]) -> list[Model]:
+    """Insert ``instances`` (at least one, all of one model, none stored yet) in one statement, in order;
+    returns them, stored, their primary keys set (``INSERT ... VALUES (...), (...) RETURNING``). Where the
+    database cannot return columns from an insert, one statement per instance. Raises what the database
+    raises."""
+    model = type(instances[0])
+    returning = connection.features.can_return_columns_from_insert
+    count = len(instances) if returning else 1
+    shape = _INSERTS.get((model, count))
     if shape is None:
         meta = model._meta
         fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
         columns = ", ".join(_quote(f.column) for f in fields)
-        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
-        if connection.features.can_return_columns_from_insert:
+        row = f"({', '.join(['%s'] * len(fields))})"
+        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * count)}"
+        if returning:
             sql += f" RETURNING {_quote(meta.pk.column)}"
-        shape = _INSERTS[model] = (sql, fields, _plain(fields))
+        shape = (sql, fields, _plain(fields))
+        if count <= _MAX_CACHED_ROWS:
+            _INSERTS[(model, count)] = shape
     sql, fields, plain = shape
-    params = _params(instance, fields, plain, add=True)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        pk = cursor.fetchone()[0] if connection.features.can_return_columns_from_insert else cursor.lastrowid
-    instance.pk = pk
-    instance._state.adding = False
-    instance._state.db = connection.alias
-    return instance
+        if returning:
+            params = [value for instance in instances for value in _params(instance, fields, plain, add=True)]
+            cursor.execute(sql, params)
+            pks = [row[0] for row in cursor.fetchall()]  # in VALUES order, as Django's bulk_create relies on too
+        else:
+            pks = []
+            for instance in instances:
+                cursor.execute(sql, _params(instance, fields, plain, add=True))
+                pks.append(cursor.lastrowid)
+    for instance, pk in zip(instances, pks):
+        instance.pk = pk
+        instance._state.adding = False
+        instance._state.db = connection.alias
+    return instances
 
 
 def update(instance: Model, fields: list[str], *, expected: dict | None = None) -> int:

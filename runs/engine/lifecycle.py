@@ -184,20 +184,13 @@ def _checked_start_at(start_at, strategy: str):
 def retry_run(*, run: Run, user, idempotency_key: str | None = None) -> Submitted:
     """Start a new run that retries a failed or cancelled ``run``: same session, agent and input, ``retry_of`` set.
 
-    The retry uses the agent's current version, not necessarily ``run``'s: it is new work, and a
-    version made since (say, one that asks for more approvals) must apply to it. An archived
-    agent's runs cannot be retried (``AgentArchived``, 409).
-
-    Only the run's requester may retry it (``Forbidden`` otherwise); any
-    other status is a ``Conflict``. A run is retried once: when it already
-    has a retry, that is a ``Conflict`` naming it (``details["retry"]``;
-    retry the retry instead), unless this is the same request again (the
-    same ``idempotency_key``), which answers with the retry it made. The
-    old run's row is locked while this is decided, so two retries sent at
-    once make one run. The new run is enqueued behind any
-    active run of the session. Side effects the old run achieved are not
-    done again: re-proposed, they are the same action in the same session
-    and get the stored result (docs/design.md#outcomes); reads run afresh.
+    Returns ``Submitted``; the retry runs on the agent's current version
+    (docs/design.md#agent-versions) and is enqueued behind any active run
+    of the session. Raises ``Forbidden`` unless ``user`` requested ``run``,
+    ``AgentArchived`` (409) for an archived agent, ``Conflict`` for another
+    status or when ``run`` already has a retry (``details["retry"]``)
+    unless this is the same ``idempotency_key`` (then that retry answers).
+    Decided under the run's row lock.
     """
     if run.requested_by_id != user.pk:
         raise Forbidden("Only the run's requester may retry it.")
@@ -241,13 +234,12 @@ def begin_run(run: Run, *, actor: str) -> bool:
 class EndingReads:
     """What ``end_run`` reads of a run before ending it, loaded for many runs at once (``load_endings``).
 
-    ``items``: its pending inbox items, locked, newest first; ``waits``: its
-    pending waits; ``calls``: its tool calls by id; ``tool_messages``: its
-    tool-result messages; ``read_upto``: the ``last_message_id`` its last
-    finished model call read (0: none finished; None: not tracked);
-    ``inputs``: ids of its user messages, ascending; ``next_queued``: the
-    oldest queued run of its session, or None. Changing these objects
-    (expiring an item, a call) before ``end_run`` is how a caller tells it.
+    ``items``: pending inbox items, locked, newest first; ``waits``: pending
+    waits; ``calls``: tool calls by id; ``tool_messages``; ``read_upto``: the
+    ``last_message_id`` its last finished model call read (0: none; None:
+    not tracked); ``inputs``: user message ids, ascending; ``next_queued``:
+    the session's oldest queued run id or None. A caller tells ``end_run``
+    of a change (an item expired) by changing these objects.
     """
 
     items: list = field(default_factory=list)
@@ -320,35 +312,17 @@ def ending_reads(run: Run, *, calls: list, history: list, read_upto: int | None)
 def end_run(ending, *, actor: str, reason: str, reads: EndingReads | None = None, **kwargs) -> Run:
     """End a run with ``ending``, its bound ``complete``, ``fail`` or ``cancel`` transition: the one ending path.
 
-    In one transaction, before the transition:
-
-    1. pending approval and input items are cancelled (reconciliation
-       items stay: an effect whose outcome is unknown is settled whatever
-       becomes of the run), and so are pending waits (``tools.waits.cancel_waits``);
-    2. no call is left in flight (``tools.services.settle_calls_at_run_end``):
-       calls never sent are cancelled, calls that were sent and not
-       finished become ``unknown``; an unknown call whose tool has a
-       reconcile hook keeps being looked up by the sweeper, one without
-       gets a person's reconciliation item;
-    3. every finished call's result is delivered into the history, so a
-       later run of the session reads what happened;
-    4. input supplemented after the last model call (never read): on
-       ``complete`` it becomes the session's next queued run, otherwise the
-       event log says it was not read.
-
-    Then the session's oldest queued run is woken. The terminal event's
-    payload lists the run's ``effects`` (side-effecting calls that
-    succeeded or whose outcome is unknown). ``kwargs`` go to the transition
-    (``outcome``/``outcome_reason``/``final_output``, or
-    ``failure_type``/``error``), e.g. ``end_run(run.fail, actor="worker",
-    reason=..., failure_type=..., error=...)``. Raises
-    ``TransitionNotAllowed`` for a terminal run, or a ``complete`` after a
-    cancel was requested.
-
-    ``reads``: what ``load_endings`` (or ``ending_reads``) loaded of the
-    run, by a caller that holds the run's row lock and whose transaction
-    any error here aborts whole; then the run is neither locked nor read
-    again here, and no savepoint is taken for the ending.
+    In one transaction: cancels pending approval and input items and waits,
+    settles the calls in flight, delivers finished results, applies
+    ``ending`` (its event lists the ``effects``), hands on unread input and
+    wakes the session's next queued run (docs/design.md#ending-a-run).
+    ``kwargs`` go to the transition (``outcome``/``outcome_reason``/
+    ``final_output``, or ``failure_type``/``error``). Returns the run.
+    Raises ``TransitionNotAllowed`` for a terminal run, or a ``complete``
+    after a cancel was requested. ``reads``: from ``load_endings`` or
+    ``ending_reads``, by a caller holding the run's row lock whose
+    transaction any error aborts whole; then nothing is locked or read
+    again, and no savepoint is taken.
     """
     run = ending.__self__
     with transaction.atomic(savepoint=reads is None):

@@ -114,12 +114,8 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
 
 
 def restart_delay_ms(crash_streak: int) -> int:
-    """Milliseconds to hold back a run whose worker died: full jitter on ``CRASH_BACKOFF_S * 2**streak``.
-
-    The runs a dead worker held are found together; sent back together they
-    would land on one worker again, so a step that kills its worker would
-    keep taking the same neighbours down with it (and push their crash
-    streaks towards ``crash_loop``). Spreading them out breaks that up.
+    """Milliseconds to hold back a run whose worker died: full jitter on ``CRASH_BACKOFF_S * 2**streak``,
+    so a dead worker's runs do not land together again (docs/design.md#recovery-and-the-sweeper).
     Source: "Exponential Backoff And Jitter", AWS Architecture Blog (2015).
     """
     return int(random.uniform(0, settings.TOLLGATE["CRASH_BACKOFF_S"] * 2 ** crash_streak) * 1000)

@@ -81,8 +81,7 @@ class Engine:
         self._isolated: int | None = None  # the suspect run being advanced alone (or waiting to be)
         self.submitted = 0  # runs handed over since the process started
         self.isolated = 0  # of which advanced alone
-        self._cancels: dict[int, asyncio.Event] = {}  # run id -> set once its cancel is requested
-        self._awaiting: set[int] = set()  # runs waiting for a call now
+        self._awaiting: set[_Slice] = set()  # slices waiting for a call now
         threading.Thread(target=self._loop.run_forever, name="tollgate-engine", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._watch_cancels(), self._loop)
 
@@ -207,14 +206,12 @@ class Engine:
 
     async def _advance_logged(self, held: lease.Lease) -> None:
         more, failure = False, None
-        self._cancels[held.run_id] = asyncio.Event()
         try:
             with lease.kept(held):
-                _run, more = await self._drive(held.run_id, advance_slice(held.run_id))
+                _run, more = await self._drive(_Slice(held.run_id), advance_slice(held.run_id))
         except Exception as exc:
             failure = exc
         finally:
-            self._cancels.pop(held.run_id, None)
             try:
                 await self._in_db_thread(_after_slice, held, more, failure)
             except Exception:  # the lease expires on its own; the sweeper sends the run back
@@ -222,20 +219,20 @@ class Engine:
             self._uncount(held.run_id)
             self._slots.release()
 
-    async def _drive(self, run_id: int, steps):
-        """Run the step generator ``steps`` of run ``run_id`` to its end: its database work on the database
-        threads, its calls awaited here, each cut short when the run's cancel is requested meanwhile
-        (``_watch_cancels``). Returns what the generator returns."""
+    async def _drive(self, this: "_Slice", steps):
+        """Run the step generator ``steps`` of the slice ``this`` to its end: its database work on the
+        database threads, its calls awaited here, each cut short when the run's cancel is requested
+        meanwhile (``_watch_cancels``). Returns what the generator returns."""
         answer = None
         while True:
             done, value = await self._in_db_thread(resume, steps, answer)
             if done:
                 return value
-            self._awaiting.add(run_id)
+            self._awaiting.add(this)
             try:
-                answer = await settle(value, self._cancels[run_id])
+                answer = await settle(value, this.cancelled)
             finally:
-                self._awaiting.discard(run_id)
+                self._awaiting.discard(this)
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_S``, one query: which runs waiting for a call had their cancel requested
@@ -243,13 +240,24 @@ class Engine:
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
             try:
-                waiting = [run_id for run_id in self._awaiting if not self._cancels[run_id].is_set()]
-                requested = await self._in_db_thread(_cancel_requested, waiting) if waiting else []
-                for run_id in requested:
-                    if run_id in self._cancels:
-                        self._cancels[run_id].set()
+                waiting = [this for this in self._awaiting if not this.cancelled.is_set()]
+                requested = set(await self._in_db_thread(_cancel_requested, list({this.run_id for this in waiting}))
+                                if waiting else ())
+                for this in waiting:
+                    if this.run_id in requested:
+                        this.cancelled.set()
             except Exception:  # a database blip, or a bug: logged, and the next look tries again
                 log.exception("looking for cancels failed")
+
+
+class _Slice:
+    """One slice of a run in flight: ``run_id`` and ``cancelled``, set once its cancel is requested. Two
+    slices of one run may be in flight in one process for a moment (the first one's lease expired and
+    the run was taken over): each has its own."""
+
+    def __init__(self, run_id: int):
+        self.run_id = run_id
+        self.cancelled = asyncio.Event()
 
 
 def _cancel_requested(run_ids: list[int]) -> list[int]:

@@ -1,27 +1,7 @@
-"""What the worker holding a run's lease knows of it between passes of the loop.
+"""What the worker holding a run's lease knows of it between passes of the loop (``Known``).
 
-The loop re-derives every decision from stored state (docs/design.md#the-loop),
-but reading the whole of it before every pass is waste: while this worker
-holds the lease, the run's tool calls, steps and messages change only
-through this worker, or through a person or process that logs an event on
-the run while doing so (a decision, a settlement, supplemented input, a
-cancel request). ``Known`` keeps what was read, the loop adds what it
-writes, and ``revalidate`` throws it all away as soon as the run's event
-counter shows an event that was not appended through the loop's own
-instance (``runs.services.append_event`` only moves the instance's counter
-over an unbroken series of its own events).
-
-Each part is read from the database the first time it is needed after a
-reload: the run's tool calls (ordered by id, each holding the loop's run
-instance, so their transitions log through it), the session's message
-history (ordered by id), the number of the run's steps and the
-``provider_call_id`` of every call of the session.
-
-``Known`` also remembers which calls this worker proposed ``ready`` in this
-slice (assessed moments ago, no approval asked): until another writer's
-event is seen or any call of the run is sent, their precondition need not
-be checked again before a read-only one runs, and no approval note need be
-looked up for them (``runs.engine.loop._execute``).
+Valid while the run's event counter shows only this worker's own events;
+why that suffices: docs/design.md#what-a-worker-keeps-between-passes.
 """
 
 from runs.base import rows
@@ -43,12 +23,8 @@ class Known:
         self.forget()
 
     def reload(self) -> None:
-        """Re-read the run's own columns and forget the rest (one query now, the rest when next used).
-
-        For a caller that carries on after a rolled-back transaction: the
-        instance may hold values (counters, the event counter) that were
-        never stored, which ``revalidate`` cannot see.
-        """
+        """Re-read the run's own columns and forget the rest (one query now, the rest when next used); for a
+        caller that carries on after a rolled-back transaction, whose instance may hold unstored values."""
         self.run.refresh_from_db(fields=_MUTABLE_FIELDS)
         self.forget()
 
@@ -65,22 +41,11 @@ class Known:
         self._calls, self._steps = [], 0
 
     def revalidate(self) -> None:
-        """Read the run's event counter (one query); if another writer logged an event meanwhile, re-read the
-        run's own columns (a second query) and forget the rest.
+        """Read the run's event counter (one query; none on the first call, the row was just read); if another
+        writer logged an event meanwhile, re-read the run's own columns (a second query) and forget the rest.
 
-        The counter is enough: every column the loop decides by changes only
-        through this worker's instance or together with another writer's
-        event (a cancel request, a decision, a settlement, an ending). Only
-        the sweeper writes without one, when it breaks a lease that ran out:
-        the lease's columns and the crash accounting (``crash_streak``,
-        ``loss_streak``, ``lost_leases``, ``death_blame``). Those are for the
-        worker that takes the run over next, which reads them then; this
-        worker keeps the streaks it read at its own takeover (it clears
-        those once a call gets through) and must not clear the sweeper's,
-        and its lease ends at the next takeover (its fenced writes fail).
-        The first call reads nothing: the row was read a moment before, and
-        since then only this worker wrote to it (through the same instance).
-        Raises ``Run.DoesNotExist`` if the run is gone.
+        Raises ``Run.DoesNotExist`` if the run is gone. Why the counter is
+        enough: docs/design.md#what-a-worker-keeps-between-passes.
         """
         if self._fresh:
             self._fresh = False
@@ -92,7 +57,7 @@ class Known:
 
     @property
     def calls(self) -> list[ToolCall]:
-        """The run's tool calls, oldest first."""
+        """The run's tool calls, oldest first, each holding ``run`` (so their transitions log through it)."""
         if self._calls is None:
             self._calls = list(self.run.tool_calls.order_by("id"))
         return self._calls
@@ -131,18 +96,13 @@ class Known:
 
     @property
     def assessed_here(self) -> frozenset[int]:
-        """Ids of the calls this worker proposed ``ready`` in this slice, no other writer's event seen since.
-
-        Such a call was assessed (schema, precondition, approval rule) a
-        moment ago and never asked for approval: a ``ready`` call cannot go
-        back to ``awaiting_approval``. Emptied by ``forget`` and ``call_sent``.
-        """
+        """Ids of the calls this worker proposed ``ready`` in this slice, no other writer's event seen since
+        (emptied by ``forget`` and ``call_sent``)."""
         return frozenset(self._assessed_here)
 
     def call_sent(self) -> None:
-        """A call of the run was sent: the world the slice's proposals were assessed in may have changed
-        (by its effect, or by anyone while it was out, its retries and backoff included), so no call counts
-        as ``assessed_here`` any more (their preconditions are checked again)."""
+        """A call of the run was sent: no call counts as ``assessed_here`` any more (their preconditions are
+        checked again)."""
         self._assessed_here.clear()
 
     def calls_added(self, calls: list[ToolCall]) -> None:

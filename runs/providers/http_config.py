@@ -222,12 +222,8 @@ def _number(config: dict, key: str, kind: type, default):
 
 
 def status_error_message(provider: str, status: int, error_class: str) -> str:
-    """The one-line name of an HTTP error answer: status and error class.
-
-    ``error_class`` is the SDK's exception class (e.g. ``RateLimitError``).
-    What the server said goes beside it (``server_message``); the whole
-    body, which may echo anything the endpoint chose, is only logged.
-    """
+    """The one-line name of an HTTP error answer: status and ``error_class``, the SDK's exception class
+    (e.g. ``RateLimitError``); the server's words go beside it (``server_message``)."""
     return f"{provider} API error {status} ({error_class})"
 
 

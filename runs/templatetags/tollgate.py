@@ -64,13 +64,9 @@ def label(value) -> str:
 
 @register.simple_tag
 def labels_json() -> str:
-    """Every label in the page's language as a JSON object ``{value: word}``, for an attribute.
-
-    The run page's script reads it (``data-labels``) to show live status
-    changes in the page's language; an attribute, not an inline script,
-    which the Content-Security-Policy forbids. The string is not marked
-    safe: the template escapes it like any attribute value.
-    """
+    """Every label in the page's language as a JSON object ``{value: word}``, for the run page's
+    ``data-labels`` attribute (the Content-Security-Policy forbids an inline script); not marked safe:
+    the template escapes it like any attribute value."""
     return json.dumps(labels.labels_in_active_language(), ensure_ascii=False)
 
 

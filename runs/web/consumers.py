@@ -117,16 +117,8 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
     subprotocol: str | None = None  # selected in the handshake's answer
 
     async def dispatch(self, message):
-        """Hand ``message`` to its handler (a type without one goes to Channels, which raises ``ValueError``).
-
-        Unlike Channels' own ``dispatch``, without closing stale database
-        connections first: that runs in the one thread Django's synchronous
-        views share, so every message to every socket waited for a turn
-        there (a change of one run seen by 100 list sockets: 100 turns,
-        queued among the HTTP requests). These consumers reach the database
-        only through ``database_sync_to_async``, which closes stale
-        connections around each call itself; forwarding a message reads nothing.
-        """
+        """Hand ``message`` to its handler (a type without one goes to Channels, which raises ``ValueError``),
+    without closing stale database connections first as Channels' own does (docs/design.md#live-pushes)."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             await super().dispatch(message)

@@ -76,19 +76,13 @@ def same_action_scope(tool, run) -> dict:
 
 
 def idempotency_key_base(tool, run, arguments: dict, *, identity: str = "") -> str:
-    """The idempotency key of ``tool(arguments)`` in ``run`` before any failure, at most 80 characters.
+    """The idempotency key of ``tool(arguments)`` in ``run`` before any failure, at most 80 characters; no query.
 
     ``"<tool>-s<session>-<hex>"`` (``"-r<run>-"`` for ``same_action="run"``,
-    ``"-k-"`` for a business key); ``<hex>``: the first 32 hex digits of
-    the action's identity (``identity`` when the caller has it, else
-    ``action_identity``). The same action executed again (a re-send after
-    a crash, a re-proposal, a follow-up run) gets the same key, so it takes
-    effect at most once. For a tool whose calls are deduplicated by key
-    (side-effecting or ``idempotent``) the key sent is this base followed
-    by ``-<n>`` when ``n`` earlier calls of the same action definitely
-    failed under it, so that a fresh attempt after a failure is not
-    answered with the stored failure (``tools.services.execution``; no
-    query here).
+    ``"-k-"`` for a business key); ``<hex>``: the first 32 hex digits of the
+    action's identity (``identity``, else ``action_identity``). The key sent
+    appends ``-<n>`` after ``n`` definite failures (``tools.services.execution``;
+    docs/design.md#outcomes).
     """
     scope = {"session": f"s{run.session_id}", "run": f"r{run.pk}"}.get(tool.same_action, "k")
     return f"{tool.name[:30]}-{scope}-{(identity or action_identity(tool, run, arguments))[:32]}"

@@ -47,13 +47,10 @@ def embedded_workers(broker, *, run_threads: int = RUN_THREADS,
                      webhook_threads: int = WEBHOOK_THREADS) -> tuple[dramatiq.Worker, dramatiq.Worker]:
     """The in-process workers of the embedded shape, not started yet: ``(run worker, webhook worker)``.
 
-    The run worker consumes ``RUN_QUEUES`` with ``run_threads`` threads;
-    the webhook worker only the ``webhooks`` queue with ``webhook_threads``,
-    so an endpoint that answers slowly holds a webhook thread, never one
-    that advances runs. (In production, ``rundramatiq --queues default``
-    and ``rundramatiq --queues webhooks`` make the same split.) Keep
-    ``webhook_threads`` above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]``,
-    or one user's slow endpoints can hold every webhook thread.
+    The run worker consumes ``RUN_QUEUES`` with ``run_threads`` threads, the
+    webhook worker only the ``webhooks`` queue with ``webhook_threads``; keep
+    the latter above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]``
+    (docs/design.md#webhooks, isolation).
     """
     return (dramatiq.Worker(broker, queues=set(RUN_QUEUES), worker_threads=run_threads,
                             worker_timeout=WORKER_TIMEOUT_MS),
