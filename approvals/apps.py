@@ -8,9 +8,11 @@ class ApprovalsConfig(AppConfig):
     verbose_name = _("Approvals inbox")
 
     def ready(self):
-        """Declares the email actor (``approvals.actors``), registers the expiry warnings as a sweep job, and
-        deletes an answer file's stored bytes when its row goes (``approvals.answer_file_cleanup``)."""
+        """Declares the email actor (``approvals.actors``), registers the expiry warnings as a sweep job and the
+        ``input`` kind of wait (``approvals.waits``), and deletes an answer file's stored bytes when its row goes
+        (``approvals.answer_file_cleanup``)."""
         from approvals import actors  # noqa: F401  (declared for every worker, as an import side effect)
+        from approvals import waits  # noqa: F401  (registers the input kind)
         from approvals.answer_file_cleanup import delete_stored_file
         from approvals.notifications import warn_claimed_items_expiring
         from runs.sweeping import register_sweep_job

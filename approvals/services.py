@@ -18,18 +18,19 @@ from django_fsm import can_proceed
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus, item_title
 from runs.base.errors import Expired, Forbidden, InvalidInput
-from runs.models import Wait, WaitingReason, WaitStatus
+from runs.models import WaitingReason
 from runs.services import actor_for, append_event
 from runs.base.tracing import record_decision
 from runs.transitions import apply
 from runs.tx import RunTx, locked
-from runs.waits import settle_wait
+from tools.models import Wait, WaitStatus
 from tools.registry import Tool, get_tool
 from tools.services import (
     approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call, settle_unknown_call,
 )
 from tools.services.edits import argument_changes
 from tools.services.summary import target_of
+from tools.waits import settle_wait
 
 
 def _log_opened(interrupt: Interrupt, *, reason: str) -> None:

@@ -469,7 +469,7 @@ TOLLGATE = {
     "SITE_URL": env.str("TOLLGATE_SITE_URL", default="http://127.0.0.1:8000"),
     # The claimer of a pending item is told this many hours before it expires (once).
     "CLAIM_EXPIRY_WARNING_HOURS": env.float("TOLLGATE_CLAIM_EXPIRY_WARNING_HOURS", default=4.0),
-    # --- Waits (runs.engine.waits, tools.builtin) ---
+    # --- Waits (tools.waits, tools.builtin) ---
     # Hours before a question to the requester (ask_user) expires unanswered.
     "INPUT_TTL_HOURS": env.int("TOLLGATE_INPUT_TTL_HOURS", default=72),
     # Longest wait (seconds) a run may take: wait_until, wait_for_event's

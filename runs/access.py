@@ -38,8 +38,8 @@ from django.db import models
 from django.db.models import BooleanField, ExpressionWrapper, IntegerField, Q, Value
 
 DECIDE_PERMISSION = "approvals.decide_interrupt"
-# Django's "add" permission of runs.ExternalEvent: adding one is delivering it.
-DELIVER_EVENT_PERMISSION = "runs.add_externalevent"
+# Django's "add" permission of tools.ExternalEvent (runs.add_externalevent until issue 24): adding one delivers it.
+DELIVER_EVENT_PERMISSION = "tools.add_externalevent"
 INPUT_KIND = "input"  # approvals.models.InterruptKind.INPUT: a question to the run's requester
 
 

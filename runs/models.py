@@ -8,6 +8,7 @@ in the same database transaction.
 """
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.urls import reverse
@@ -19,7 +20,7 @@ from config.strict_json import StoredJSONDecoder
 from runs.base import tracing
 from runs.access import RunQuerySet
 from runs.base.fsm import FSMModel
-from runs.base.labels import choice
+from runs.base.labels import choice, label
 
 
 class AgentQuerySet(models.QuerySet):
@@ -169,12 +170,49 @@ class Phase(models.TextChoices):
 
 
 class WaitingReason(models.TextChoices):
+    """The reasons the product ships with; ``Run.waiting_reason`` also takes any kind of wait registered later.
+
+    ``approval``, ``reconciliation`` and ``retry_backoff`` are the engine's
+    own. ``input``, ``scheduled`` and ``external_event`` are kinds of waits
+    (``tools.waits``): their behaviour is the kind's, registered with
+    ``tools.waits.register_wait_kind`` like any plug-in's kind. The column
+    has no ``choices``, so a new kind needs no migration (``is_waiting_reason``).
+    """
+
     APPROVAL = choice("approval")
     INPUT = choice("input")
     RECONCILIATION = choice("reconciliation")
     RETRY_BACKOFF = choice("retry_backoff")
     SCHEDULED = choice("scheduled")
     EXTERNAL_EVENT = choice("external_event")
+
+
+# The kinds of waits (``tools.waits.register_wait_kind`` adds them): name -> whether settling a wait of
+# the kind resumes its run (``Run.resume``); a kind only its deadline ends is woken (``Run.wake``).
+_WAIT_KINDS: dict[str, bool] = {}
+
+
+def add_wait_kind(name: str, *, resumes_run: bool) -> None:
+    """Let runs wait ``name``, a kind of wait; ``resumes_run``: its settlement may resume the run.
+
+    For ``tools.waits.register_wait_kind``, which checks the name first.
+    """
+    _WAIT_KINDS[name] = resumes_run
+
+
+def is_wait_kind(value: str) -> bool:
+    """Whether ``value`` names a registered kind of wait (what ``Wait.kind`` may hold)."""
+    return value in _WAIT_KINDS
+
+
+def is_waiting_reason(value: str) -> bool:
+    """Whether a run may wait ``value``: one of ``WaitingReason`` or a registered kind of wait."""
+    return value in WaitingReason.values or value in _WAIT_KINDS
+
+
+def waiting_reason_choices() -> list[tuple[str, str]]:
+    """``[(value, its page word)]`` for every waiting reason, registered kinds included, by value (filters)."""
+    return [(value, label(value)) for value in sorted({*WaitingReason.values, *_WAIT_KINDS})]
 
 
 class FailureType(models.TextChoices):
@@ -208,9 +246,10 @@ def _no_cancel_requested(run: "Run") -> bool:
 
 
 def _waits_for_a_person(run: "Run") -> bool:
-    """Guard: the run waits for an inbox decision, settlement or answer, or an outside event (not a timer alone)."""
-    return run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION, WaitingReason.INPUT,
-                                  WaitingReason.EXTERNAL_EVENT)
+    """Guard: the run waits for an inbox decision or settlement, or for a kind of wait whose settlement
+    resumes it (an answer, an outside event), not for a timer alone."""
+    return (run.waiting_reason in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION)
+            or _WAIT_KINDS.get(run.waiting_reason, False))
 
 
 def _has_a_timer(run: "Run") -> bool:
@@ -239,7 +278,8 @@ class Run(FSMModel):
 
     status = FSMField(_("status"), default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True, db_index=True)
     phase = models.CharField(_("phase"), max_length=32, choices=Phase.choices, blank=True)
-    waiting_reason = models.CharField(_("waiting reason"), max_length=32, choices=WaitingReason.choices, blank=True)
+    # No choices: a WaitingReason or a registered kind of wait (is_waiting_reason, checked by ``wait``).
+    waiting_reason = models.CharField(_("waiting reason"), max_length=32, blank=True)
     wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
     failure_type = models.CharField(_("failure type"), max_length=32, choices=FailureType.choices, blank=True)
     outcome = models.CharField(_("outcome"), max_length=32, choices=Outcome.choices, blank=True)
@@ -366,6 +406,10 @@ class Run(FSMModel):
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING, conditions=[_no_cancel_requested])
     def wait(self, waiting_reason: str, wake_at=None):
+        """The run waits ``waiting_reason`` (``is_waiting_reason``, else ``ImproperlyConfigured``: a kind of
+        wait whose app is not installed) until ``wake_at`` or a settlement."""
+        if not is_waiting_reason(waiting_reason):
+            raise ImproperlyConfigured(f"No kind of wait {waiting_reason!r} is registered.")
         self.waiting_reason = waiting_reason
         self.wake_at = wake_at
         self.phase = ""
@@ -544,86 +588,6 @@ class RunEvent(models.Model):
 
     def __str__(self):
         return f"event {self.seq} of run {self.run_id}: {self.type}"
-
-
-class WaitStatus(models.TextChoices):
-    PENDING = choice("pending")  # the run waits for it
-    DONE = choice("done")  # answered, received, or the time came: ``result`` is the tool call's result
-    TIMED_OUT = choice("timed_out")  # nothing came by ``deadline``: the tool call fails with ``error``
-    REFUSED = choice("refused")  # could not be opened (e.g. the event key is taken): the call fails with ``error``
-    CANCELLED = choice("cancelled")  # the run ended first
-
-
-class Wait(models.Model):
-    """What a run waits for on behalf of one tool call of a built-in waiting tool (``tools.builtin``).
-
-    ``kind`` is the run's waiting reason while it waits: ``input`` (a
-    person's answer to an inbox item of kind ``input``), ``external_event``
-    (a ``POST /api/events/`` with ``event_type`` and ``correlation_key``)
-    or ``scheduled`` (the time ``deadline``). ``deadline`` is also the run's
-    ``wake_at``: the sweeper ends the wait then (docs/design.md#waits).
-    ``status`` is a plain field written with conditional updates under the
-    run's row lock (``runs.waits``); no FSM. While pending, an event
-    type + key pair belongs to one wait only.
-    """
-
-    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="waits")
-    tool_call = models.OneToOneField("tools.ToolCall", verbose_name=_("tool call"), on_delete=models.CASCADE,
-                                     related_name="wait")
-    kind = models.CharField(_("kind"), max_length=32, choices=WaitingReason.choices)
-    status = models.CharField(_("status"), max_length=16, choices=WaitStatus.choices, default=WaitStatus.PENDING,
-                              db_index=True)
-    event_type = models.CharField(_("event type"), max_length=100, blank=True)
-    correlation_key = models.CharField(_("correlation key"), max_length=200, blank=True)
-    deadline = models.DateTimeField(_("deadline"),
-                                    help_text=_("When the wait ends: the time itself (scheduled), else its timeout."))
-    result = models.JSONField(_("result"), null=True, blank=True, help_text=_("The tool call's result once done."),
-                              decoder=StoredJSONDecoder)
-    error = models.TextField(_("error"), blank=True, help_text=_("Why the tool call fails (timed out, refused)."))
-    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
-    settled_at = models.DateTimeField(_("settled at"), null=True, blank=True)
-
-    class Meta:
-        verbose_name = _("wait")
-        verbose_name_plural = _("waits")
-        ordering = ["id"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["event_type", "correlation_key"],
-                condition=models.Q(status="pending", kind="external_event"),
-                name="one_pending_wait_per_event_key",
-            ),
-        ]
-
-    def __str__(self):
-        return f"{self.kind} wait {self.pk} of run {self.run_id} ({self.status})"
-
-
-class ExternalEvent(models.Model):
-    """An event an outside system delivered to a waiting run (``POST /api/events/``).
-
-    ``(type, key)`` is unique: the first delivery is stored and resumes the
-    run; a repeat changes nothing. ``payload`` became the waiting tool
-    call's result.
-    """
-
-    type = models.CharField(_("type"), max_length=100)
-    key = models.CharField(_("key"), max_length=200)
-    payload = models.JSONField(_("payload"), default=dict, blank=True, decoder=StoredJSONDecoder)
-    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="external_events")
-    wait = models.OneToOneField(Wait, verbose_name=_("wait"), on_delete=models.CASCADE, related_name="event")
-    received_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("received by"), on_delete=models.PROTECT,
-                                    related_name="+")
-    received_at = models.DateTimeField(_("received at"), auto_now_add=True)
-
-    class Meta:
-        verbose_name = _("external event")
-        verbose_name_plural = _("external events")
-        ordering = ["id"]
-        constraints = [models.UniqueConstraint(fields=["type", "key"], name="external_event_type_key")]
-
-    def __str__(self):
-        return f"event {self.type} ({self.pk}) for run {self.run_id}"
 
 
 class IdempotentRequest(models.Model):

@@ -12,8 +12,8 @@ from django.db.models import Max, Prefetch, QuerySet
 
 from approvals.models import Decision, Interrupt, InterruptKind
 from runs.engine.completion import call_facts, unresolved_calls
-from runs.models import Agent, Message, Outcome, Run, RunEvent, Wait, WaitStatus
-from tools.models import ToolCall, ToolCallStatus
+from runs.models import Agent, Message, Outcome, Run, RunEvent
+from tools.models import ToolCall, ToolCallStatus, Wait, WaitStatus
 from tools.services.edits import argument_changes, proposed_arguments
 
 # The attribute ``with_pending_waits`` puts the prefetched waits on each run under.

@@ -57,7 +57,7 @@ class RunTx:
 
     ``run``: the locked ``Run``; ``cache``: the layers' rows loaded under
     the lock (``{key: anything}``, keys chosen by each layer, e.g.
-    ``runs.engine.waits.DUE``).
+    ``tools.waits.DUE``).
     """
 
     def __init__(self, run: Run):

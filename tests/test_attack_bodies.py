@@ -13,11 +13,11 @@ import pytest
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from runs.models import ExternalEvent, Wait
 from runs.webhooks.models import WebhookSubscription
 from tests.api_helpers import error_of, get_run, start_run
 from tests.security_helpers import approval_item, stored_state  # noqa: F401
 from tests.wait_helpers import waiting_agent
+from tools.models import ExternalEvent, Wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

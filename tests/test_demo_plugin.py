@@ -117,7 +117,7 @@ def test_the_product_runs_without_the_demo_app(nodemo_server, tmp_path):
     assert tools.status_code == 200
     # the core's built-in waiting tools and the tests' own; none of the shop's
     assert [tool["name"] for tool in tools.json()["results"]] == [
-        "ask_user", "fake_lookup", "fake_transfer", "wait_for_event", "wait_until"]
+        "ask_user", "fake_lookup", "fake_transfer", "wait_for_delivery", "wait_for_event", "wait_until"]
     refund_agent = admin.post("/api/agents/", json={
         "slug": "refund", "name": "Refund", "tools": ["refund"], "completion_check": "refund",
         "model": {"provider": "scripted", "turns": [{"content": "Done."}]}})

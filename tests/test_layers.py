@@ -18,13 +18,14 @@ matches. Layers, top to bottom:
 4. the engine: ``runs/engine/`` (loop, lifecycle, recovery, actors, ...) and
    ``runs/providers/``;
 3. the approvals services: the modules at the top of ``approvals/``
-   (models, services, bulk, claims, notifications, answer files);
+   (models, services, bulk, claims, notifications, answer files, the
+   ``input`` kind of wait);
 2. the tools services: the modules at the top of ``tools/`` (registry,
-   policy, builtin), ``tools/models/``, ``tools/services/`` and
-   ``tools/mcp/`` (but its admin and its start-up checks, which use the
+   policy, builtin), ``tools/models/``, ``tools/services/``, ``tools/waits/``
+   (waits and their kinds) and ``tools/mcp/`` (but its admin and its start-up checks, which use the
    webhooks' URL rules: surfaces);
 1. the runs kernel: the modules at the top of ``runs/`` (models, services,
-   transitions, tx, lease, wakeups, live, waits, access, serving, ...),
+   transitions, tx, lease, wakeups, live, access, serving, ...),
    and ``runs/ops/models.py`` (the heartbeat's row, which the engine's
    heartbeat writes);
 0. the shared base: ``runs/base/`` (state machines, errors, labels,
@@ -69,7 +70,8 @@ RULES = (
     ("runs/base/**", BASE),
     ("runs/engine/**", ENGINE), ("runs/providers/**", ENGINE),
     ("approvals/*.py", APPROVALS),
-    ("tools/*.py", TOOLS), ("tools/models/**", TOOLS), ("tools/services/**", TOOLS), ("tools/mcp/**", TOOLS),
+    ("tools/*.py", TOOLS), ("tools/models/**", TOOLS), ("tools/services/**", TOOLS), ("tools/waits/**", TOOLS),
+    ("tools/mcp/**", TOOLS),
     ("runs/*.py", KERNEL),
 )
 # Installed apps the product must run without; only their own modules may import them.

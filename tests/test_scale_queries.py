@@ -19,9 +19,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import Interrupt
+from runs.models import Agent, Run, Session, Step
 from runs.sweeping import sweep
-from runs.models import Agent, Run, Session, Step, Wait
-from tools.models import ToolCall
+from tools.models import ToolCall, Wait
 
 LISTS = [
     "/api/runs/",

@@ -14,11 +14,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from approvals.models import Interrupt
-from runs.models import ExternalEvent, Run, Wait
+from runs.models import Run
 from tests.api_helpers import create_agent, start_run
 from tests.security_helpers import stored_state
 from tests.test_security_fuzz import FUZZ, KNOWN_BAD, bodies, text, value
 from tests.wait_helpers import waiting_agent
+from tools.models import ExternalEvent, Wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

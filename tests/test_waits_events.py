@@ -5,9 +5,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
-from runs.models import ExternalEvent, Run, RunEvent, Wait
+from runs.models import Run, RunEvent
 from tests.api_helpers import events, get_run, start_run, tool_calls
 from tests.wait_helpers import sweep_later, tool_result, waiting_agent
+from tools.models import ExternalEvent, Wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,9 +24,9 @@ def _wait_call(timeout_s: int = 3600, key: str | None = KEY) -> dict:
 
 @pytest.fixture
 def gateway_bot(api):
-    """The outside system: a service user with a token, allowed to deliver events (``runs.add_externalevent``)."""
+    """The outside system: a service user with a token, allowed to deliver events (``tools.add_externalevent``)."""
     bot = get_user_model().objects.create_user("gateway-bot", password="a-long-and-unusual-passphrase-42")
-    bot.user_permissions.add(Permission.objects.get(codename="add_externalevent", content_type__app_label="runs"))
+    bot.user_permissions.add(Permission.objects.get(codename="add_externalevent", content_type__app_label="tools"))
     return api(bot)
 
 

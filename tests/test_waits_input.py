@@ -5,9 +5,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from approvals.models import Interrupt
-from runs.models import Run, Step, Wait
+from runs.models import Run, Step
 from tests.api_helpers import events, field_errors, get_run, pending_interrupts, start_run, tool_calls
 from tests.wait_helpers import sweep_later, tool_result, waiting_agent
+from tools.models import Wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,9 +16,11 @@
 * ``wait_until`` {until} or {seconds}: the run waits ``scheduled`` until
   that time (``{"waited_until", "woke_at"}``).
 
-None of them holds a worker: the engine (``runs.engine.waits``) stores a
-``runs.models.Wait`` and puts the run to wait; the handler below only runs
-once the wait is settled and turns it into the call's result. A wait that
+None of them holds a worker: each names its kind of wait (``tools.waits``:
+``input`` is the approvals app's, ``external_event`` and ``scheduled`` are
+declared there), the loop opens a ``tools.models.Wait`` and puts the run to
+wait, and the handler (``tools.waits.settled_result``) only runs once the
+wait is settled and turns it into the call's result. A wait that
 ends without what it waited for (no answer before the item expired, no
 event before ``timeout_s``) makes the call ``failed`` with the reason, and
 the run goes on: the model reads the failure, and the outcome rule counts
@@ -32,26 +34,17 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from runs.models import ExternalEvent, Wait, WaitingReason, WaitStatus
-from tools.registry import Tool, ToolContext, ToolError, WaitSpec, register
+from runs.models import WaitingReason
+from tools.registry import Tool, ToolContext, WaitSpec, register
+from tools.waits import (
+    CORRELATION_KEY_SCHEMA, EVENT_TYPE_SCHEMA, EXTERNAL_EVENT, SCHEDULED, key_in_use, settled_result,
+)
 
-NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
-KEY_PATTERN = "^[A-Za-z0-9_.:-]+$"
 MAX_QUESTION_CHARS = 2000
 MAX_OPTION_CHARS = 200
 MAX_OPTIONS = 20
 MAX_FILE_TYPES = 20
 MIME_PATTERN = "^[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*$"
-
-
-def settled_result(ctx: ToolContext, arguments: dict):
-    """The handler of every waiting tool: the settled wait's result, or ``ToolError`` with why there is none."""
-    wait = Wait.objects.filter(tool_call_id=getattr(ctx.tool_call, "pk", None)).first()
-    if wait is None or wait.status == WaitStatus.PENDING:
-        raise ToolError("Nothing has come yet for this wait.")
-    if wait.status == WaitStatus.DONE:
-        return wait.result
-    raise ToolError(wait.error or f"The wait ended {wait.status}.")
 
 
 def _max_wait() -> timedelta:
@@ -62,6 +55,7 @@ def _max_wait() -> timedelta:
 
 def _ask_user_wait(ctx: ToolContext, args: dict) -> WaitSpec:
     ttl = timedelta(hours=settings.TOLLGATE["INPUT_TTL_HOURS"])
+    # ``input``: the approvals app's kind (approvals.waits), named here by its value.
     return WaitSpec(kind=WaitingReason.INPUT, deadline=timezone.now() + ttl, title=args["question"][:300])
 
 
@@ -101,19 +95,6 @@ ASK_USER = register(Tool(
 
 # --- wait_for_event ----------------------------------------------------------
 
-def key_in_use(event_type: str, key: str, *, tool_call=None) -> bool:
-    """Whether ``event_type`` + ``key`` is taken: a pending wait holds it, or such an event already came.
-
-    The wait of ``tool_call`` itself (checked again before it runs) does not count.
-    """
-    pending = Wait.objects.filter(kind=WaitingReason.EXTERNAL_EVENT, status=WaitStatus.PENDING,
-                                  event_type=event_type, correlation_key=key)
-    events = ExternalEvent.objects.filter(type=event_type, key=key)
-    if tool_call is not None:
-        pending, events = pending.exclude(tool_call=tool_call), events.exclude(wait__tool_call=tool_call)
-    return pending.exists() or events.exists()
-
-
 def _event_precondition(ctx: ToolContext, args: dict) -> str | None:
     limit = settings.TOLLGATE["MAX_WAIT_S"]
     if args["timeout_s"] > limit:
@@ -126,7 +107,7 @@ def _event_precondition(ctx: ToolContext, args: dict) -> str | None:
 
 def _event_wait(ctx: ToolContext, args: dict) -> WaitSpec:
     key = args.get("correlation_key") or secrets.token_urlsafe(24)
-    return WaitSpec(kind=WaitingReason.EXTERNAL_EVENT, deadline=timezone.now() + timedelta(seconds=args["timeout_s"]),
+    return WaitSpec(kind=EXTERNAL_EVENT.name, deadline=timezone.now() + timedelta(seconds=args["timeout_s"]),
                     event_type=args["event_type"], correlation_key=key)
 
 
@@ -138,8 +119,8 @@ WAIT_FOR_EVENT = register(Tool(
     parameters={
         "type": "object",
         "properties": {
-            "event_type": {"type": "string", "minLength": 1, "maxLength": 100, "pattern": NAME_PATTERN},
-            "correlation_key": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": KEY_PATTERN},
+            "event_type": EVENT_TYPE_SCHEMA,
+            "correlation_key": CORRELATION_KEY_SCHEMA,
             "timeout_s": {"type": "integer", "minimum": 1},
         },
         "required": ["event_type", "timeout_s"],
@@ -189,7 +170,7 @@ def _until_precondition(ctx: ToolContext, args: dict) -> str | None:
 
 
 def _until_wait(ctx: ToolContext, args: dict) -> WaitSpec:
-    return WaitSpec(kind=WaitingReason.SCHEDULED, deadline=_until(args))
+    return WaitSpec(kind=SCHEDULED.name, deadline=_until(args))
 
 
 WAIT_UNTIL = register(Tool(

@@ -103,9 +103,10 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class WaitSpec:
-    """What a waiting tool's call makes its run wait for (``Tool.wait``; see ``runs.engine.waits``).
+    """What a waiting tool's call makes its run wait for (``Tool.wait``; see ``tools.waits``).
 
-    ``kind``: the run's waiting reason, ``input``, ``external_event`` or
+    ``kind``: a registered kind of wait (``tools.waits.register_wait_kind``),
+    the run's waiting reason, e.g. ``input``, ``external_event`` or
     ``scheduled``. ``deadline``: an aware datetime, the time itself for
     ``scheduled``, else when the wait times out. ``event_type`` /
     ``correlation_key``: for ``external_event``. ``title``: for ``input``,

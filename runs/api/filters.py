@@ -4,7 +4,7 @@ import django_filters as filters
 from drf_spectacular.utils import extend_schema_field
 
 from config.filters import CreatedBetweenFilterSet, IdFilter, SlugFilter
-from runs.models import Run, RunStatus, Session, WaitingReason
+from runs.models import Run, RunStatus, Session, waiting_reason_choices
 
 
 @extend_schema_field({"type": "string", "enum": ["me"]})
@@ -22,7 +22,8 @@ class RunFilter(CreatedBetweenFilterSet):
     status = filters.ChoiceFilter(choices=RunStatus.choices)
     agent = SlugFilter(field_name="agent__slug", help_text="The agent's slug.")
     session = IdFilter(field_name="session_id", help_text="A session's id.")
-    waiting_reason = filters.ChoiceFilter(choices=WaitingReason.choices)
+    # Called per request: a kind of wait a plug-in registered is a choice too.
+    waiting_reason = filters.ChoiceFilter(choices=waiting_reason_choices)
     requested_by = MeFilter(method="filter_requested_by",
                                         help_text="me: only the runs you started (staff and approvers see all).")
 

@@ -15,10 +15,9 @@ from approvals.api.serializers import CHANGES_FIELD
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.base.masking import mask_credentials
-from runs.models import (Agent, ExternalEvent, Message, MultitaskStrategy, Run, RunEvent, Session, Step,
-                         WaitingReason)
+from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, Session, Step, WaitingReason
 from runs.selectors import CONFLICT_CODES, FINAL_OUTPUT_CODES, PENDING_WAITS, final_output_status, pending_waits
-from tools.models import ToolCall
+from tools.models import ExternalEvent, ToolCall
 
 
 class AgentSerializer(OutputSerializer):

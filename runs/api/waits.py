@@ -4,7 +4,7 @@
   (token or session); the key is the capability. 201 with the stored event
   when it resumed a run, 200 (``duplicate``) when that type + key was
   delivered before (nothing changes), 404 when no run waits on it
-  (``runs.engine.waits.receive_event``).
+  (``tools.waits.receive_event``).
 * ``GET /api/runs/{id}/wait/?timeout=30``: the run, as ``GET
   /api/runs/{id}/`` shows it, as soon as it is waiting or has ended, or
   when ``timeout`` seconds (1 to 60) have passed; the header
@@ -37,11 +37,11 @@ from rest_framework.views import APIView
 from config.api import error_body
 from config.idempotency import IdempotentPostMixin
 from config.throttles import UserRateThrottle, count_failed_authentication
-from runs.engine.waits import receive_event
 from runs.live import run_group
 from runs.models import RunStatus
 from runs.selectors import run_get_visible
 from runs.api.serializers import EventSerializer, ExternalEventSerializer, RunSerializer
+from tools.waits import receive_event
 
 log = logging.getLogger(__name__)
 

@@ -28,17 +28,15 @@ from runs.models import (
     RunStatus,
     Session,
     Step,
-    Wait,
     WaitingReason,
-    WaitStatus,
 )
 from runs.services import actor_for, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
 from runs.tx import locked, relock
-from runs.waits import cancel_waits
 from runs.wakeups import wake_on_commit
-from tools.models import ToolCall
+from tools.models import ToolCall, Wait, WaitStatus
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
+from tools.waits import cancel_waits
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ next thing, committing before the next pass:
 
 1. cancel requested -> cancel; deadline passed -> fail (the safe point);
 2. tool calls ``ready`` -> execute them (a waiting tool's call first waits
-   for what it asks: ``runs.engine.waits``);
+   for what it asks: ``tools.waits``);
 3. tool calls ``unknown`` -> reconcile (the tool's hook, else a person);
 4. tool calls awaiting approval -> ``waiting/approval``;
 5. finished tool calls without a result message -> deliver their results;
@@ -40,14 +40,14 @@ from runs import lease
 
 from runs.base import log_context, process_metrics, tracing
 from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
-from runs.engine import completion, waits
+from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.base.failpoints import failpoint
 from runs.base.rows import insert as insert_row
 from runs.base.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
-from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason, WaitStatus
+from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
 from runs.base.model_call import ConfigError
 from runs.base.model_call import MalformedResponse as _MalformedResponse
@@ -63,7 +63,8 @@ from runs.services import RunColumns, append_event, append_message, set_phase
 from runs.transitions import apply
 from runs.tx import relock
 from runs.wakeups import wake_on_commit
-from tools.models import ToolCall, ToolCallStatus
+from tools import waits
+from tools.models import ToolCall, ToolCallStatus, WaitStatus
 from tools.registry import get_tool
 from tools.services import (
     assess_tool_calls,

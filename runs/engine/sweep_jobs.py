@@ -4,7 +4,7 @@ Each is a job of ``runs.sweeping`` (``fn(*, now) -> {count: n}``), registered
 by ``runs.apps`` in the order of ``JOBS``: active runs whose lease expired
 (their worker died) or that lost their broker message, queued runs whose
 ``start_at`` came, waiting runs whose ``wake_at`` passed (ending their due
-waits first: ``runs.engine.waits.end_due_waits``), approvals past their
+waits first: ``tools.waits.end_due_waits``), approvals past their
 deadline, waiting runs past their agent's deadline, and unknown calls of
 ended runs. Each kind of due work is read with one query, capped per pass
 (``SWEEP_BATCH``, ``SWEEP_MAX_RESENDS``) and handled several items per
@@ -34,13 +34,13 @@ from runs.base.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.recovery import attribute_deaths, restart_delay_ms
-from runs.engine.waits import end_due_waits, prefetch_due_waits
 from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, WaitingReason
 from runs.services import append_event
 from runs.tx import locked_many
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.services import Reconciled, reconcile_delay, reconcile_unknown_call
+from tools.waits import end_due_waits, prefetch_due_waits
 
 # Due items the sweeper handles in one transaction: fewer commits and round
 # trips per item, while the run locks it holds together stay few and short

@@ -1,18 +1,21 @@
-"""Settle a run's waits (``runs.models.Wait``) and resume the run that waited (docs/design.md#waits).
+"""Settle a run's waits and resume the run that waited (docs/design.md#waits).
 
-Kernel writes shared by whoever ends a wait: a person answering a question
+Writes shared by whoever ends a wait: a person answering a question
 (``approvals.services.answer_interrupt``), an outside system's event
-(``runs.engine.waits.receive_event``), the sweeper at a wait's deadline,
-and ``end_run``. Callers hold the run's row lock, the same lock the loop
-takes before it puts the run to wait, so a wait is settled once.
+(``tools.waits.receive_event``), the sweeper at a wait's deadline
+(``tools.waits.end_due_waits``), and ``end_run``. Callers hold the run's
+row lock, the same lock the loop takes before it puts the run to wait, so
+a wait is settled once.
 """
 
 from django.utils import timezone
 
-from runs.models import Run, RunStatus, Wait, WaitStatus
+from runs.models import Run, RunStatus
 from runs.services import append_event
 from runs.transitions import apply
 from runs.wakeups import wake_on_commit
+from tools.models import Wait, WaitStatus
+from tools.registry import ToolContext, ToolError
 
 
 def settle_wait(wait: Wait, *, status: str, actor: str, result=None, error: str = "", resume: bool = True,
@@ -50,3 +53,14 @@ def cancel_waits(run: Run, *, actor: str, pending: list[Wait] | None = None) -> 
     for wait in pending:
         settle_wait(wait, status=WaitStatus.CANCELLED, actor=actor, error="The run ended first.", resume=False)
     return len(pending)
+
+
+def settled_result(ctx: ToolContext, arguments: dict):
+    """The handler of a waiting tool (any kind): the settled wait's result, or ``ToolError`` with why there
+    is none (still pending, timed out, refused, cancelled)."""
+    wait = Wait.objects.filter(tool_call_id=getattr(ctx.tool_call, "pk", None)).first()
+    if wait is None or wait.status == WaitStatus.PENDING:
+        raise ToolError("Nothing has come yet for this wait.")
+    if wait.status == WaitStatus.DONE:
+        return wait.result
+    raise ToolError(wait.error or f"The wait ended {wait.status}.")
