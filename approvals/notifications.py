@@ -67,6 +67,13 @@ def _wanting(users, kind: str) -> list:
     return wanted
 
 
+def _items():
+    """Inbox items with what an email about one shows (``_item_text``): the run, its agent (its slug; not
+    its configuration, which may be long), the requester and the tool call, in one query."""
+    return Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").defer(
+        "run__agent__model", "run__agent__tools", "run__agent__approval_policy", "run__agent__loosened_tools")
+
+
 def _link(name: str, *args) -> str:
     return settings.TOLLGATE["SITE_URL"].rstrip("/") + reverse(name, args=args)
 
@@ -138,7 +145,7 @@ def _item_text(interrupt: Interrupt) -> str:
 
 def send_new_item(interrupt_id: int) -> int:
     """Tell each user who may decide item ``interrupt_id`` (and wants it) that it arrived; returns emails sent."""
-    interrupt = Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").get(pk=interrupt_id)
+    interrupt = _items().get(pk=interrupt_id)
     if interrupt.status != InterruptStatus.PENDING:
         return 0
 
@@ -157,7 +164,7 @@ def new_item_on_commit(interrupt: Interrupt) -> None:
 
 def send_run_expired(interrupt_id: int) -> int:
     """Tell the requester of item ``interrupt_id``'s run that its expiry failed the run; returns emails sent."""
-    interrupt = Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").get(pk=interrupt_id)
+    interrupt = _items().get(pk=interrupt_id)
     requester = get_user_model().objects.filter(pk=interrupt.run.requested_by_id, is_active=True)
 
     def write():
@@ -184,11 +191,10 @@ def warn_claimed_items_expiring(*, now) -> dict[str, int]:
     once; a mail that fails is logged and not retried.
     """
     window = timedelta(hours=settings.TOLLGATE["CLAIM_EXPIRY_WARNING_HOURS"])
-    due = Interrupt.objects.filter(status=InterruptStatus.PENDING, claimed_by__isnull=False,
-                                   expiry_warning_sent_at__isnull=True, expires_at__gt=now,
-                                   expires_at__lte=now + window)
+    due = _items().filter(status=InterruptStatus.PENDING, claimed_by__isnull=False,
+                          expiry_warning_sent_at__isnull=True, expires_at__gt=now, expires_at__lte=now + window)
     sent = 0
-    for interrupt in due.select_related("run__agent", "run__requested_by", "tool_call", "claimed_by"):
+    for interrupt in due.select_related("claimed_by"):
         if not Interrupt.objects.filter(pk=interrupt.pk, expiry_warning_sent_at__isnull=True).update(
                 expiry_warning_sent_at=now):
             continue  # another sweeper took it
