@@ -12,7 +12,7 @@ without a row):
   makes it once per claim, even with two sweepers.
 * ``run_expired``: an approval expired and failed the run; to its requester.
 
-The first two are queued when the caller's transaction commits
+``new_item`` and ``run_expired`` are queued when the caller's transaction commits
 (``transaction.on_commit``: never for work rolled back) as a message to
 the ``send_notification`` actor (``approvals.actors``), so the worker
 that opened the item or the sweeper that failed the run spends no query
@@ -194,7 +194,7 @@ def warn_claimed_items_expiring(*, now) -> dict[str, int]:
     due = _items().filter(status=InterruptStatus.PENDING, claimed_by__isnull=False,
                           expiry_warning_sent_at__isnull=True, expires_at__gt=now, expires_at__lte=now + window)
     sent = 0
-    for interrupt in due.select_related("claimed_by"):
+    for interrupt in due:
         if not Interrupt.objects.filter(pk=interrupt.pk, expiry_warning_sent_at__isnull=True).update(
                 expiry_warning_sent_at=now):
             continue  # another sweeper took it

@@ -48,7 +48,8 @@ class Lease:
     """A held lease: ``run_id``, the fencing ``token`` and the ``owner`` string.
 
     ``suspect``: the run's worker died on it and the death may be its own
-    doing (``is_suspect``), so it should be advanced alone in its process
+    doing (its streaks, ``is_suspect``, or a replaced lease nobody gave
+    back: ``acquire``), so it should be advanced alone in its process
     (``runs.engine.runtime``).
     """
 
@@ -114,13 +115,6 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
         if row is None:
             return None
     return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(row[1], row[2]) or bool(row[3]))
-
-
-def renew(lease: Lease) -> bool:
-    """Extend ``lease`` by one TTL; False if it was lost."""
-    return Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(
-        lease_expires_at=timezone.now() + ttl()
-    ) == 1
 
 
 def release(lease: Lease) -> str | None:

@@ -289,6 +289,36 @@ def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(demo, monkey
     engine.close_connections()
 
 
+def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(demo, monkeypatch, hung):
+    """Past ``SUBMIT_WAIT_S`` a suspect is handed back (``EngineFull``) without giving its lease back: the
+    lease runs out unrenewed, and the next worker to take the run still finds it a suspect."""
+    from runs.engine import runtime
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    monkeypatch.setattr(runtime, "SUBMIT_WAIT_S", 0.3)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    suspect = start_run(agent=calling("quick", "busy_lookup"), user=demo["requester"], input="suspect")
+    lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert engine.submit(busy.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
+
+    with pytest.raises(runtime.EngineFull):
+        engine.submit(suspect.pk)
+    assert engine.isolating is None and not Step.objects.filter(run=suspect).exists()
+    assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID  # not given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))  # ran out
+    assert lease.acquire(suspect.pk, owner="another-worker").suspect
+    hung.set()
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
 def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(demo, monkeypatch, hung):
     """The sweeper broke the lease of a slice still in flight here (its keeper stalled past the TTL), and the
     run's next slice starts in the same process beside the old one: the old one ending takes nothing of the

@@ -22,9 +22,9 @@ The families (docs/operating.md says what each means and what to alert on):
 * ``tollgate_queue_lag_seconds{queue_name, actor_name}``: from a message's
   enqueue (or, for a delayed message, the time it was due) to its actor's start;
 * ``tollgate_sweeper_passes_total{job, result}`` and
-  ``tollgate_sweeper_actions_total{job, action}``: sweeper passes (``job``
-  ``runs`` or ``webhooks``; ``result`` ``ok`` or ``failed``) and what each
-  did (the counts the pass returns, e.g. ``reenqueued``, ``woken``);
+  ``tollgate_sweeper_actions_total{job, action}``: sweeper passes (``job``:
+  a registered sweep job's name, ``runs.sweeping``; ``result`` ``ok`` or
+  ``failed``) and what each did (the counts it returns, e.g. ``reenqueued``);
 * ``tollgate_process_runs_in_flight``: runs the process's engine is
   advancing now (per process: ``pid`` label in multi-process mode);
 * ``tollgate_tool_threads_abandoned_total`` and
@@ -66,11 +66,12 @@ QUEUE_LAG_SECONDS = Histogram(
     "to its actor's start.", MESSAGE_LABELS,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900), registry=registry)
 SWEEPER_PASSES = Counter(
-    "tollgate_sweeper_passes", "Sweeper passes, by job (runs, webhooks) and result (ok, failed).",
+    "tollgate_sweeper_passes", "Sweeper passes, by registered sweep job and result (ok, failed).",
     ["job", "result"], registry=registry)
 SWEEPER_ACTIONS = Counter(
     "tollgate_sweeper_actions", "What sweeper passes did, by job and action (the counts a pass returns: "
-    "reenqueued, woken, expired, reconciled, webhook_events, webhook_chains_woken).", ["job", "action"],
+    "reenqueued, started, woken, expired, past_deadline, expiry_warnings, reconciled, webhook_events, "
+    "webhook_chains_woken).", ["job", "action"],
     registry=registry)
 RUNS_IN_FLIGHT = Gauge(
     "tollgate_process_runs_in_flight", "Runs this process's engine is advancing now.",
@@ -160,7 +161,7 @@ def tool_thread_settled() -> None:
 
 
 def sweeper_pass(job: str, done: dict | None) -> None:
-    """One sweeper pass of ``job`` (``runs``, ``webhooks``) ended: ``done`` the counts it returned (``{action:
+    """One pass of sweep job ``job`` (its registered name) ended: ``done`` the counts it returned (``{action:
     n}``), or None when it failed."""
     SWEEPER_PASSES.labels(job, "failed" if done is None else "ok").inc()
     for action, number in (done or {}).items():

@@ -1,17 +1,20 @@
-"""Row writes of the engine's hot path as one SQL statement each, built once per shape.
+"""Row writes and reads of the engine's hot path as one SQL statement each, built once per shape.
 
-``insert(instance)`` and ``update(instance, fields, expected=)`` do what
-``Model.save`` does for the models of the engine's hot path (runs, events,
-steps, tool calls, messages), minus the per-call work of the ORM (building
-and compiling a query for every save: most of a step's CPU), and plus what
-the engine needs from the statement (the row count, the id). The SQL text
-of each (model, fields) shape is built once and kept.
+``insert``/``insert_many`` and ``update`` do what ``Model.save`` does for
+the models of the hot path (runs, events, steps, tool calls, messages);
+``update_columns`` is a fenced ``UPDATE ... RETURNING`` of chosen columns
+and ``counter`` reads one integer column. They skip the ORM's per-call
+work (building and compiling a query for every statement) and give the
+engine what it needs from the statement (the row count, the ids). The SQL
+text of each shape is built once and kept.
 
 Same behaviour as ``save`` where it matters here: ``auto_now`` and
-``auto_now_add`` stamps (``Field.pre_save``), values converted by the
-fields (``get_db_prep_save``), the instance marked stored. No ``pre_save``
-or ``post_save`` signal is sent: callers whose model has receivers send
-``post_save`` themselves (``runs.services.append_events``).
+``auto_now_add`` stamps (``Field.pre_save``), values converted as the
+fields convert them (``get_db_prep_save``, skipped only for values it
+would pass on unchanged: ``_AS_IS``), the instance marked stored. No
+``pre_save`` or ``post_save`` signal is sent: callers whose model has
+receivers send ``post_save`` themselves (``runs.services.append_events``).
+``expected`` values are compared with ``=``, so they must not be None.
 """
 
 from django.db import connection

@@ -133,7 +133,7 @@ def advance_slice(run_id: int) -> Steps:
         known.started()
     else:
         seq = run.last_event_seq
-        if recover_after_takeover(run, actor=ACTOR, calls=known.calls) == "crash_loop":
+        if recover_after_takeover(run, actor=ACTOR, calls=known.calls) == FailureType.CRASH_LOOP:
             limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
             return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
                         error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False

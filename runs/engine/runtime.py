@@ -22,8 +22,8 @@ in flight is an asyncio task that drives the loop's slice
 Nothing of a run lives only here: its lease (renewed by the process's
 keeper, ``runs.lease``) and its rows are the truth. A process that dies
 with runs in flight leaves leases that expire; the sweeper hands those
-runs to other workers (``runs.engine.recovery``), as for a thread that
-died before.
+runs to other workers (``runs.engine.sweep_jobs.rescue_stranded``), as
+for a thread that died before.
 
 The pattern (one event loop per process multiplexing I/O-bound tasks,
 blocking work in a bounded executor) is asyncio's own
@@ -101,16 +101,17 @@ class Engine:
         Returns the lease, or None when the run was not taken (another
         worker holds it, or it waits, ended or is gone). Blocks while
         ``runs_in_flight`` runs are in flight, before the lease is taken
-        (so a lease is never held by a run still waiting for room), at most
-        ``SUBMIT_WAIT_S``: then raises ``EngineFull`` (the caller sends the
-        run again later). The lease is released when the slice ends,
+        (so a lease is never held by a run still waiting for room; a
+        suspect's, below, is), at most ``SUBMIT_WAIT_S``: then raises
+        ``EngineFull`` (the caller sends the run again later). The lease is released when the slice ends,
         whatever happens. Raises ``DatabaseError`` from taking the lease.
 
-        A suspect run (``lease.is_suspect``: its worker died on it, maybe by
-        its doing) is advanced alone: its lease is kept (renewed) while the
-        process takes no other run and waits for those in flight to end,
-        then it is advanced with nothing else in flight (past the deadline,
-        its lease is given back and ``EngineFull`` raised). If its step kills the process again, nobody else dies with
+        A suspect run (``Lease.suspect``, from ``lease.acquire``: its worker
+        died on it, maybe by its doing) is advanced alone: its lease is kept
+        (renewed) while the process takes no other run and waits for those
+        in flight to end, then it is advanced with nothing else in flight.
+        Past the deadline its lease is left to run out (not given back, so
+        the next taker still finds it a suspect) and ``EngineFull`` raised. If its step kills the process again, nobody else dies with
         it and the sweeper blames it alone (``recovery.attribute_deaths``),
         so it ends ``crash_loop`` after ``MAX_CRASHES_PER_STEP`` such deaths
         instead of taking its neighbours' streaks with it. This is a
@@ -153,7 +154,8 @@ class Engine:
                 if self._isolated == run_id:
                     self._isolated = None
                 self._changed.notify_all()
-                lease.release(held)  # nothing of it ran: the run is sent again later (EngineFull)
+                # Not given back: unrenewed from here, the lease runs out, and whoever takes the run
+                # next (the sweeper sends it) finds a lease nobody gave back: a suspect still.
                 raise
             self._in_flight += 1
             self.isolated += 1
