@@ -103,6 +103,18 @@ def held_mcp_tool() -> McpTool:
     return McpTool.objects.get(server="files", name="delete_record")
 
 
+def test_the_run_list_filters_by_what_a_run_waits_for(admin_web, demo, worker):
+    waiting, done = start_refund(demo, worker), finish_refund(demo, worker)
+
+    def listed(reason: str) -> set[int]:
+        response = admin_web.get(changelist_url(Run), {"waiting_reason": reason})
+        assert response.status_code == 200
+        return {run.pk for run in response.context["cl"].result_list}
+
+    assert waiting.pk in listed("approval") and done.pk not in listed("approval")
+    assert listed("external_event") == set()
+
+
 def test_every_changelist_and_change_page_answers_200(admin_web, demo, worker, api, media_root):
     held_mcp_tool()
     finish_refund(demo, worker)

@@ -29,7 +29,15 @@ from django.utils.translation import gettext as _, gettext_lazy, ngettext
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 
 from config.error_display import admin_error
-from runs.admin.base import AgentSlugFilter, ReadOnlyAdminMixin, all_fields, column, truncated, with_remaining_fields
+from runs.admin.base import (
+    AgentSlugFilter,
+    ReadOnlyAdminMixin,
+    WaitingReasonFilter,
+    all_fields,
+    column,
+    truncated,
+    with_remaining_fields,
+)
 from runs.admin.forms import AgentAdminForm
 from runs.admin.inlines import InterruptInline, RunEventInline, SessionRunInline, ToolCallInline
 from runs.engine.agents import DEFINITION_FIELDS, archive_agent, create_agent, update_agent
@@ -206,7 +214,7 @@ class RunAdmin(admin.ModelAdmin):
         "outcome_reason_summary", "failure_type", "input_summary", "model_calls", "created_at", "finished_at",
     )
     list_display_links = ("id",)
-    list_filter = ("status", "waiting_reason", "phase", "failure_type", "outcome", ("agent__slug", AgentSlugFilter),
+    list_filter = ("status", WaitingReasonFilter, "phase", "failure_type", "outcome", ("agent__slug", AgentSlugFilter),
                    ("created_at", DateFieldListFilter), ("finished_at", DateFieldListFilter))
     search_fields = ("=id", "input", "final_output", "outcome_reason", "error", "idempotency_key",
                      "requested_by__username", "agent__slug")

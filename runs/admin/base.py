@@ -16,6 +16,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy
 
 from runs.base.labels import label
+from runs.models import waiting_reason_choices
 
 # Characters of the one-line preview of a folded JSON value.
 PREVIEW_CHARS = 60
@@ -151,6 +152,25 @@ class PagedInlineMixin:
         formset.page_param = f"{formset.get_default_prefix()}_page"
         formset.page_number = request.GET.get(formset.page_param)
         return formset
+
+
+class WaitingReasonFilter(admin.SimpleListFilter):
+    """The run list's filter on what a run waits for: every waiting reason, registered kinds of wait
+    included (``runs.models.waiting_reason_choices``), in the page's words (the field has no choices)."""
+
+    parameter_name = "waiting_reason"
+
+    def __init__(self, request, params, model, model_admin):
+        self.title = model._meta.get_field("waiting_reason").verbose_name
+        super().__init__(request, params, model, model_admin)
+
+    def lookups(self, request, model_admin):
+        """``[(value, word)]``: the waiting reasons."""
+        return waiting_reason_choices()
+
+    def queryset(self, request, queryset):
+        """The runs waiting for the chosen reason, or all of them."""
+        return queryset.filter(waiting_reason=self.value()) if self.value() else queryset
 
 
 class AgentSlugFilter(admin.AllValuesFieldListFilter):
