@@ -89,6 +89,18 @@ def log_in(browser, base: str, username: str, password: str, *, width: int = 128
     return page
 
 
+def boxes(page, *selectors: str) -> list[dict]:
+    """``{x, y, width, height}`` (CSS pixels) of the first element of each of ``selectors``, None for one that
+    is missing, all read in one script: a live re-render of the page between two separate reads could leave
+    an element detached (Playwright's ``bounding_box`` then gives None)."""
+    return page.evaluate("""selectors => selectors.map(selector => {
+        const element = document.querySelector(selector);
+        if (!element) return null;
+        const box = element.getBoundingClientRect();
+        return {x: box.x, y: box.y, width: box.width, height: box.height};
+    })""", list(selectors))
+
+
 def page_fits(page) -> bool:
     """Whether the page's document is no wider than its viewport (it does not scroll sideways)."""
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")

@@ -11,7 +11,7 @@ layer. Either way the browser sees the run move live.
 
 import pytest
 
-from tests.browser_helpers import SCREENSHOT, browser, log_in, served  # noqa: F401  (fixtures)
+from tests.browser_helpers import SCREENSHOT, boxes, browser, log_in, served  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 # How the run page marks a final text the records differ from.
@@ -129,8 +129,7 @@ def test_run_page_shows_not_achieved_beside_the_models_claim(denied_refund_run, 
     assert "not achieved" in verdict
     assert "denied" in verdict and "at most 20.00 can be refunded" in verdict
     # The verdict sits right above the model's words, not somewhere else on the page.
-    verdict_box = page.locator("#run-verdict").bounding_box()
-    words_box = page.locator("#run-final-output").bounding_box()
+    verdict_box, words_box = boxes(page, "#run-verdict", "#run-final-output")
     assert 0 <= words_box["y"] - (verdict_box["y"] + verdict_box["height"]) < 60
 
 
@@ -171,8 +170,7 @@ def test_a_rejected_emails_run_page_shows_the_sent_claim_as_contradicted_beside_
     rejected = facts.nth(1).text_content()
     assert "send_email" in rejected and "rejected" in rejected and "Legal wants a new clause first." in rejected
     # Side by side: the facts start level with the claim, to its right.
-    claim_box = requester.locator("#run-final-output").bounding_box()
-    facts_box = requester.locator("#run-facts").bounding_box()
+    claim_box, facts_box = boxes(requester, "#run-final-output", "#run-facts")
     assert facts_box["x"] >= claim_box["x"] + claim_box["width"]
     assert abs(facts_box["y"] - claim_box["y"]) < 5
     requester.screenshot(path=str(SCREENSHOT.with_name("tollgate-claim.png")), full_page=True)

@@ -19,7 +19,7 @@ import pytest
 from approvals.models import Interrupt
 from runs.models import Agent, RunStatus
 from runs.engine.lifecycle import start_run
-from tests.browser_helpers import TIMEOUT_MS, browser, served  # noqa: F401 (fixtures)
+from tests.browser_helpers import TIMEOUT_MS, boxes, browser, served  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -155,7 +155,7 @@ def test_no_page_is_wider_than_a_phone(waiting_refund, served, browser, language
         _assert_fits(page, path)
         if not path.startswith("/admin/"):
             for control in ["#logout", "#language-en", "#language-zh-hans"]:
-                box = page.locator(control).bounding_box()
+                [box] = boxes(page, control)
                 assert box and 0 <= box["x"] and box["x"] + box["width"] <= PHONE["width"], (path, control, box)
     # The tables stack their rows as cards instead of scrolling in their box (tests/test_browser_phone_tables.py).
     page.goto(f"{served}/runs/{run.pk}/")
