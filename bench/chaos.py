@@ -594,7 +594,7 @@ def audit(run_ids: list[int], gateway_url: str) -> dict:
 
 
 def print_figures(figures: dict, log_dir: Path) -> None:
-    """Print ``figures`` one ``  key: value`` line each (tests/test_chaos.py reads them), then the log folder."""
+    """Print ``figures`` one ``  key: value`` line each (tests/engine/test_chaos.py reads them), then the log folder."""
     print("chaos figures")
     for key, value in figures.items():
         print(f"  {key}: {value}")

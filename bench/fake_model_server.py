@@ -2,7 +2,7 @@
 
 Run: ``python -m bench.fake_model_server --port 8799 --latency 1.0``.
 One asyncio process, HTTP/1.1 with keep-alive, no dependency beyond the
-standard library (the bodies are rendered by ``tests/fakes/llm_server.py``,
+standard library (the bodies are rendered by ``tests/support/fakes/llm_server.py``,
 the tests' replay server, in the documented OpenAI wire format).
 
 ``POST /v1/chat/completions`` waits ``--latency`` seconds, then answers
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fakes.llm_server import openai_error, openai_json, openai_sse  # noqa: E402
+from tests.support.fakes.llm_server import openai_error, openai_json, openai_sse  # noqa: E402
 
 ORDER = re.compile(r"order\D*?(\d+)", re.IGNORECASE)
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}

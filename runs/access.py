@@ -25,7 +25,7 @@ WebSocket consumers, the admin's actions and the engine's cancel ask these
 querysets; a single object is checked with ``.filter(pk=...).exists()``, so
 each rule is written here once (docs/design.md#who-may-see-and-decide).
 
-This module is in the runs kernel (``tests/test_layers.py``): it names the
+This module is in the runs kernel (``tests/unit/test_layers.py``): it names the
 approvals app's permission and ``Interrupt`` fields as strings, never by
 import.
 """

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Run Tollgate's whole test suite, twice, then the README quickstart:
-#   1. "production shape": a private PostgreSQL + Redis started just for
-#      this run (DATABASE_URL / REDIS_URL set), all tests incl. browser ones
-#      and the short chaos run;
-#   2. "embedded default": nothing set (SQLite + Dramatiq StubBroker),
-#      everything except the browser tests;
-#   3. README's first command on a clean clone answers /inbox/ after login.
-# Extra arguments are passed to both pytest runs, e.g.
+# Run Tollgate's whole test suite, then the README quickstart:
+#   1. "unit": tests/unit alone, with no database, broker or demo app
+#      (DATABASE_URL names a closed port: a test that touched it would fail);
+#   2. "production shape": a private PostgreSQL + Redis started just for
+#      this run (DATABASE_URL / REDIS_URL set), every other test incl. the
+#      browser ones and the short chaos run;
+#   3. "embedded default": nothing set (SQLite + Dramatiq StubBroker),
+#      everything except the unit and browser tests, in two parts: the core
+#      suite under tests/settings_nodemo.py (no demo app), then the tests
+#      marked "demo" (tests/conftest.py) with the demo installed;
+#   4. README's first command on a clean clone answers /inbox/ after login.
+# Extra arguments are passed to every pytest run, e.g.
 #   bash tests/run.sh -k refund -x
 # Meant for a fresh Debian 12 machine, run as root: missing system packages
 # are installed with apt-get.  Nothing is left running afterwards.
@@ -31,7 +35,7 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v curl >/dev/null || missing+=(curl)
 command -v git >/dev/null || missing+=(git)
-# GNU gettext (xgettext, msgfmt, msgcmp): tests/test_i18n.py checks the translation catalogue.
+# GNU gettext (xgettext, msgfmt, msgcmp): tests/web/test_i18n.py checks the translation catalogue.
 command -v msgcmp >/dev/null || missing+=(gettext)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
@@ -122,21 +126,41 @@ run_pytest() {
 
 result() { case $1 in 0) echo OK ;; 5) echo "FAILED (no tests collected)" ;; *) echo "FAILED (exit $1)" ;; esac; }
 
+# With extra arguments (-k, -m) a pass may select no test (pytest's exit code 5): fine then, not otherwise.
+no_tests_ok() { [[ $1 -eq 5 && $EXTRA_ARGS -gt 0 ]] && echo 0 || echo "$1"; }
+EXTRA_ARGS=$#
+
 echo
-echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all tests ================"
+echo "================ tests/run.sh: unit (no database, no broker, no demo app) ================"
+unit_rc=0
+run_pytest env -u REDIS_URL DATABASE_URL="postgres://nobody@127.0.0.1:9/unreachable" \
+    .venv/bin/python -m pytest tests/unit --ds tests.settings_nodemo "$@" || unit_rc=$?
+unit_rc=$(no_tests_ok $unit_rc)
+
+echo
+echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all but unit ================"
 pg_rc=0
 run_pytest env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
-    .venv/bin/python -m pytest "$@" || pg_rc=$?
+    .venv/bin/python -m pytest --ignore=tests/unit --durations=25 "$@" || pg_rc=$?
 
 if [[ -f .env ]] && grep -Eq '^[[:space:]]*(export[[:space:]]+)?(DATABASE_URL|REDIS_URL)=' .env; then
     log "warning: .env sets DATABASE_URL/REDIS_URL; settings read it, so the embedded run below is not embedded"
 fi
 echo
-echo "================ tests/run.sh: embedded default (SQLite + stub broker), not browser ================"
+echo "================ tests/run.sh: embedded default (SQLite + stub broker), core suite without the demo app ================"
+core_rc=0
+run_pytest env -u DATABASE_URL -u REDIS_URL \
+    .venv/bin/python -m pytest --ignore=tests/unit --ignore=tests/demo --ds tests.settings_nodemo \
+    -m "not browser and not demo" "$@" || core_rc=$?
+core_rc=$(no_tests_ok $core_rc)
+
+echo
+echo "================ tests/run.sh: embedded default (SQLite + stub broker), tests of and through the demo ================"
 sqlite_rc=0
 run_pytest env -u DATABASE_URL -u REDIS_URL \
-    .venv/bin/python -m pytest -m "not browser" "$@" || sqlite_rc=$?
+    .venv/bin/python -m pytest --ignore=tests/unit -m "demo and not browser" "$@" || sqlite_rc=$?
+sqlite_rc=$(no_tests_ok $sqlite_rc)
 
 echo
 echo "================ tests/run.sh: README quickstart on a clean clone ================"
@@ -144,5 +168,6 @@ quickstart_rc=0
 bash tests/readme_quickstart.sh || quickstart_rc=$?
 
 echo
-echo "tests/run.sh: postgres+redis: $(result $pg_rc), sqlite: $(result $sqlite_rc), quickstart: $(result $quickstart_rc)"
-[[ $pg_rc -eq 0 && $sqlite_rc -eq 0 && $quickstart_rc -eq 0 ]]
+echo "tests/run.sh: unit: $(result $unit_rc), postgres+redis: $(result $pg_rc), sqlite core (no demo): $(result $core_rc)," \
+     "sqlite demo: $(result $sqlite_rc), quickstart: $(result $quickstart_rc)"
+[[ $unit_rc -eq 0 && $pg_rc -eq 0 && $core_rc -eq 0 && $sqlite_rc -eq 0 && $quickstart_rc -eq 0 ]]

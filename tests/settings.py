@@ -1,8 +1,8 @@
 """Settings for the test suite: ``config.settings`` as production has them, with a key made per run.
 
-Plus the tests' own small tools (``tests.fake_tools``), installed as a
+Plus the tests' own small tools (``tests.support.fake_tools``), installed as a
 plug-in app beside the demo's, and a plug-in's own kind of wait
-(``tests.courier_app``).
+(``tests.support.courier_app``).
 
 DEBUG stays off (the default), so tests see what users see. The key and
 high throttle rates are put in the environment before the settings read
@@ -23,4 +23,4 @@ for _rate in ("THROTTLE_USER", "THROTTLE_ANON", "THROTTLE_RUNS", "THROTTLE_WS_TO
 from config.settings import *  # noqa: E402,F401,F403
 from config.settings import INSTALLED_APPS  # noqa: E402
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.fake_tools.FakeToolsConfig", "tests.courier_app.apps.CourierConfig"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.support.fake_tools.FakeToolsConfig", "tests.support.courier_app.apps.CourierConfig"]

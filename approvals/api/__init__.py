@@ -1,1 +1,1 @@
-"""The approvals API (DRF views, serializers, filters): a surface (tests/test_layers.py)."""
+"""The approvals API (DRF views, serializers, filters): a surface (tests/unit/test_layers.py)."""

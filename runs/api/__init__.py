@@ -1,1 +1,1 @@
-"""The runs API (DRF views, serializers, filters): a surface (tests/test_layers.py)."""
+"""The runs API (DRF views, serializers, filters): a surface (tests/unit/test_layers.py)."""

@@ -9,7 +9,7 @@ words; the API still returns the values.
 
 One value has one word whichever enumeration it comes from (``failed`` is
 a run's, a tool call's and a reconciliation's), so templates need not say
-which enumeration they show. ``tests/test_i18n.py`` checks that every value
+which enumeration they show. ``tests/web/test_i18n.py`` checks that every value
 of the shown enumerations has a label here.
 """
 

@@ -5,5 +5,5 @@ end, cancel), takeover recovery and blame (``recovery``), the sweeper's jobs (``
 Dramatiq actor (``actors``), and what they consult: context building,
 completion checks, budgets, agent definitions. The engine may import the
 approvals and tools services and the runs kernel below it; nothing below
-imports the engine (docs/design.md#layers; enforced by tests/test_layers.py).
+imports the engine (docs/design.md#layers; enforced by tests/unit/test_layers.py).
 """

@@ -34,7 +34,7 @@ deadlock this makes by failing one job, whose run is retried
 (``runtime.settle_failure``). Under contention for tool targets (a
 release locks the rows of the runs waiting for the target) such
 deadlocks are frequent enough to slow runs down badly (a worker killed
-with 250 refunds in flight: tests/test_attack_engine.py), which is why
+with 250 refunds in flight: tests/attack/test_engine.py), which is why
 ``ENGINE_GROUP_MAX`` is 1 by default, every job alone, until target
 claims and releases take their locks in one order across a group.
 

@@ -43,6 +43,9 @@ class Order(models.Model):
                     "progress picks it."))
 
     class Meta:
+        # Named, so that importing this module with the demo app left out (settings without
+        # ``tools.demo``) cannot make the model part of the enclosing ``tools`` app.
+        app_label = "demo"
         verbose_name = _("order")
         verbose_name_plural = _("orders")
         ordering = ["number"]

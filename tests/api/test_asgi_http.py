@@ -1,0 +1,86 @@
+"""HTTP through the real ASGI application (``config.asgi``), as Daphne serves it.
+
+The middleware chain and the view run synchronously, entered once from the
+event loop (``SyncChainASGIHandler``). Django's default handler crossed
+between the loop and the request's thread around fifteen times per request
+with this project's middleware.
+"""
+
+import json
+
+import pytest
+from asgiref import sync
+from asgiref.sync import async_to_sync
+from channels.testing import HttpCommunicator
+from rest_framework.authtoken.models import Token
+
+from approvals.models import Interrupt
+from tests.support.security import approval_item  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _request(method: str, path: str, *, body: bytes = b"", headers=()) -> dict:
+    """``{"status": int, "body": bytes, "headers": list}`` of one request sent to ``config.asgi.application``."""
+    from config.asgi import application
+
+    sent = [(b"host", b"testserver"), *headers]
+    if body:
+        sent.append((b"content-length", str(len(body)).encode()))
+    communicator = HttpCommunicator(application, method, path, body=body, headers=sent)
+    return async_to_sync(communicator.get_response)(timeout=10)
+
+
+class _Hops:
+    """Counts the crossings between the event loop and threads (``sync_to_async`` / ``async_to_sync`` calls)."""
+
+    def __init__(self, monkeypatch):
+        self.to_thread = self.to_loop = 0
+        to_thread, to_loop = sync.SyncToAsync.__call__, sync.AsyncToSync.__call__
+
+        def counted_to_thread(this, *args, **kwargs):
+            self.to_thread += 1
+            return to_thread(this, *args, **kwargs)
+
+        def counted_to_loop(this, *args, **kwargs):
+            self.to_loop += 1
+            return to_loop(this, *args, **kwargs)
+
+        monkeypatch.setattr(sync.SyncToAsync, "__call__", counted_to_thread)
+        monkeypatch.setattr(sync.AsyncToSync, "__call__", counted_to_loop)
+
+
+def test_an_approval_over_asgi_enters_the_request_thread_once(demo, approval_item, monkeypatch):
+    token = Token.objects.get_or_create(user=demo["approver"])[0].key
+    body = json.dumps({"comment": "ok"}).encode()
+    hops = _Hops(monkeypatch)
+    response = _request("POST", f"/api/interrupts/{approval_item.pk}/approve/", body=body, headers=[
+        (b"authorization", f"Token {token}".encode()), (b"content-type", b"application/json")])
+    assert response["status"] == 200, response["body"]
+    assert json.loads(response["body"])["status"] == "resolved"
+    assert Interrupt.objects.get(pk=approval_item.pk).status == "resolved"
+    # request_started's receivers, the chain with the view, the response's close (request_finished)
+    # (and this test's own one call into the loop)
+    assert (hops.to_thread, hops.to_loop) == (3, 1)
+
+
+def test_the_synchronous_chain_still_applies_every_middleware(demo, approval_item):
+    # CSRF (CsrfViewMiddleware.process_view): a session POST to a page without a token is refused
+    from django.test import Client
+
+    client = Client()
+    client.force_login(demo["approver"])
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    refused = _request("POST", f"/inbox/{approval_item.pk}/", body=b"decision=approved",
+                       headers=[(b"cookie", cookie), (b"content-type", b"application/x-www-form-urlencoded")])
+    assert refused["status"] == 403
+    assert Interrupt.objects.get(pk=approval_item.pk).status == "pending"
+    # LengthRequiredMiddleware answers a chunked body; the API's error shape comes back
+    chunked = _request("POST", f"/api/interrupts/{approval_item.pk}/approve/",
+                       headers=[(b"transfer-encoding", b"chunked")])
+    assert chunked["status"] == 411 and json.loads(chunked["body"])["error"]["code"] == "length_required"
+    # security headers (SecurityMiddleware, XFrameOptionsMiddleware, CSP) on a page
+    page = _request("GET", "/accounts/login/")
+    names = {name.lower() for name, _ in page["headers"]}
+    assert page["status"] == 200
+    assert {b"x-frame-options", b"x-content-type-options", b"content-security-policy"} <= names

@@ -1,0 +1,322 @@
+"""Approval policy under attack (issue 9, items 2-4).
+
+* An agent's approval rules only add approvals; replacing (loosening) a
+  tool's rule needs ``runs.loosen_approval_policy``, and each use is logged
+  with who granted it.
+* The refund rule is cumulative per order: splitting a refund into small
+  ones, in one turn, across turns or across runs, still reaches a person;
+  two proposals at once cannot both slip under.
+* Four eyes: the requester of a run does not decide its side-effecting
+  calls unless the tool opts out, and the opt-out is recorded.
+"""
+
+import json
+import threading
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.db import connection, transaction
+from django.urls import reverse
+
+from runs.engine.agents import create_agent
+from runs.models import Agent, Run, Step
+from runs.engine.lifecycle import start_run
+from tests.support.api import gateway_refunds
+from tools.registry import Tool, ToolTimeout, register
+from runs.base.awaiting import drive
+from tools.services import assess_tool_calls, propose_tool_calls
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def refund(amount, order_id=123, call_id=None) -> dict:
+    call = {"name": "refund", "arguments": json.dumps({"order_id": order_id, "amount": amount})}
+    return {**call, "id": call_id} if call_id else call
+
+
+def scripted_agent(slug: str, turns: list[dict], **fields) -> Agent:
+    return create_agent(slug=slug, name=slug, model={"provider": "scripted", "turns": turns},
+                        tools=["query_order", "refund"], completion_check="default", **fields)
+
+
+def run_to_rest(worker, agent: Agent, user) -> Run:
+    run = start_run(agent=agent, user=user, input="Refund order 123.")
+    worker.drain()
+    run.refresh_from_db()
+    return run
+
+
+def statuses(run: Run) -> list[str]:
+    return list(run.tool_calls.order_by("id").values_list("status", flat=True))
+
+
+def staff_user(username: str, *permissions: str):
+    user = get_user_model().objects.create_user(username, password="pw", is_staff=True)
+    for name in permissions:
+        app_label, codename = name.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return get_user_model().objects.get(pk=user.pk)  # fresh permission cache
+
+
+# --- item 2: an agent's rules only tighten --------------------------------------------
+
+
+def test_staff_without_loosen_permission_cannot_switch_refund_approval_off(demo, api):
+    staff = staff_user("staff", "runs.add_agent")
+    body = {"slug": "no-approval", "name": "No approval", "model": {"provider": "scripted", "turns": []},
+            "tools": ["refund"], "approval_policy": {"refund": "never"}}
+
+    response = api(staff).post("/api/agents/", body, format="json")
+
+    assert response.status_code == 400
+    assert "loosen_approval_policy" in json.dumps(response.json())
+    assert not Agent.objects.filter(slug="no-approval").exists()
+
+
+def test_agent_rule_adds_to_the_tool_rule_instead_of_replacing_it(demo, worker):
+    agent = scripted_agent("lenient", [{"tool_calls": [refund(80)]}, {"content": "Done."}],
+                           approval_policy={"refund": "amount > 1000"})
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, run.waiting_reason) == ("waiting", "approval")
+    assert statuses(run) == ["awaiting_approval"]
+    assert gateway_refunds() == []
+
+
+def test_agent_rule_may_require_approval_where_the_tool_does_not(demo, worker):
+    query = {"name": "query_order", "arguments": json.dumps({"order_id": 123})}
+    agent = scripted_agent("careful", [{"tool_calls": [query]}, {"content": "Done."}],
+                           approval_policy={"query_order": "always"})
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert statuses(run) == ["awaiting_approval"]
+
+
+def test_loosening_needs_the_permission_and_each_use_names_who_granted_it(demo, api, worker):
+    grantor = staff_user("policy-owner", "runs.add_agent", "runs.loosen_approval_policy")
+    body = {"slug": "trusted-refunds", "name": "Trusted refunds", "tools": ["query_order", "refund"],
+            "completion_check": "refund", "approval_policy": {"refund": "never"},
+            "model": {"provider": "scripted", "turns": [{"tool_calls": [refund(80)]}, {"content": "Done."}]}}
+    assert api(grantor).post("/api/agents/", body, format="json").status_code == 201
+    agent = Agent.objects.get(slug="trusted-refunds")
+    assert agent.approval_policy_granted_by == grantor
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, run.outcome) == ("completed", "achieved")
+    assert [Decimal(r["amount"]) for r in gateway_refunds()] == [80]
+    event, = run.events.filter(type="policy")
+    assert event.reason == "loosened approval rule applied"
+    assert event.payload["granted_by"] == "policy-owner"
+    assert event.payload["tool_rule"] == "sum(amount) per target within 30d > 50"
+
+
+def test_admin_form_refuses_loosening_without_the_permission(demo, client):
+    editor = staff_user("editor", "runs.change_agent", "runs.view_agent")
+    client.force_login(editor)
+    agent = Agent.objects.get(slug="refund-order")
+    form = {"slug": agent.slug, "name": agent.name, "instructions": "", "model": json.dumps(agent.model),
+            "tools": agent.tools, "approval_policy": json.dumps({"refund": "never"}),
+            "completion_check": agent.completion_check, "max_turns": 5}
+
+    response = client.post(reverse("admin:runs_agent_change", args=[agent.pk]), form)
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["approval_policy"] and "loosen_approval_policy" in errors["approval_policy"][0]
+    agent.refresh_from_db()
+    assert agent.approval_policy == {} and agent.approval_policy_granted_by is None
+
+
+def test_admin_records_who_loosened_a_policy(demo, admin_client):
+    agent = Agent.objects.get(slug="refund-order")
+    form = {"slug": agent.slug, "name": agent.name, "instructions": "", "model": json.dumps(agent.model),
+            "tools": agent.tools, "approval_policy": json.dumps({"refund": "amount > 100"}),
+            "completion_check": agent.completion_check, "max_turns": 5}
+
+    response = admin_client.post(reverse("admin:runs_agent_change", args=[agent.pk]), form)
+
+    assert response.status_code == 302
+    current = Agent.objects.current().get(slug="refund-order")  # the change is the next version
+    assert (current.version, current.approval_policy_granted_by.username) == (2, "admin")
+    assert current.loosened_tools == ["refund"]  # the tool's own rule no longer applies
+
+
+# --- item 3: cumulative refund rule ------------------------------------------------
+
+
+def test_two_refunds_in_one_turn_on_one_order_cannot_both_slip_under(demo, worker):
+    agent = scripted_agent("split-turn", [{"tool_calls": [refund(50), refund(45)]}, {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, run.waiting_reason) == ("waiting", "approval")
+    assert statuses(run) == ["succeeded", "awaiting_approval"]
+    assert [Decimal(r["amount"]) for r in gateway_refunds()] == [50]
+    assert "counting earlier calls" in run.events.get(type="tool_call", to_status="awaiting_approval").reason
+
+
+def test_refunds_split_across_turns_reach_a_person(demo, worker):
+    agent = scripted_agent("split-turns", [{"tool_calls": [refund(50)]}, {"tool_calls": [refund(45)]},
+                                           {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert statuses(run) == ["succeeded", "awaiting_approval"]
+    assert len(gateway_refunds()) == 1
+
+
+def test_refunds_split_across_runs_of_one_user_reach_a_person(demo, worker):
+    first = run_to_rest(worker, scripted_agent("first", [{"tool_calls": [refund(50)]}, {"content": "Done."}]),
+                        demo["requester"])
+    second = run_to_rest(worker, scripted_agent("second", [{"tool_calls": [refund(45)]}, {"content": "Done."}]),
+                         demo["requester"])
+
+    assert (first.status, statuses(first)) == ("completed", ["succeeded"])
+    assert (second.waiting_reason, statuses(second)) == ("approval", ["awaiting_approval"])
+
+
+def test_refunds_on_different_orders_are_counted_apart(demo, worker):
+    agent = scripted_agent("two-orders", [{"tool_calls": [refund(50), refund(45, order_id=101)]},
+                                          {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert statuses(run) == ["succeeded", "succeeded"]
+
+
+def test_rejected_refunds_do_not_count(demo, worker):
+    agent = scripted_agent("after-reject", [{"tool_calls": [refund(80)]}, {"tool_calls": [refund(30)]},
+                                            {"content": "Done."}])
+    run = run_to_rest(worker, agent, demo["requester"])
+    from approvals.services import decide_interrupt
+
+    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="rejected")
+    worker.drain()
+    run.refresh_from_db()
+
+    assert statuses(run) == ["rejected", "succeeded"]
+
+
+def test_a_small_refund_alone_needs_no_approval(demo, worker):
+    agent = scripted_agent("small", [{"tool_calls": [refund(30)]}, {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, demo["requester"])
+
+    assert (run.status, statuses(run)) == ("completed", ["succeeded"])
+
+
+def test_two_runs_proposing_at_once_are_judged_one_after_the_other(demo):
+    """Run A proposes refund 50 and holds its transaction open; run B's refund 45 must wait and count it."""
+    agent = scripted_agent("parallel", [])
+    runs = [start_run(agent=agent, user=demo["requester"], input=f"Refund {n}.") for n in (1, 2)]
+    steps = [Step.objects.create(run=run, index=0, request={}) for run in runs]
+    calls = [[refund(50, call_id="a")], [refund(45, call_id="b")]]
+    assessments = [drive(assess_tool_calls(run=run, calls=c, truncated=False)) for run, c in zip(runs, calls)]
+    a_proposed, b_done = threading.Event(), threading.Event()
+
+    def propose_a():
+        try:
+            with transaction.atomic():
+                propose_tool_calls(run=runs[0], step=steps[0], calls=calls[0], assessments=assessments[0])
+                a_proposed.set()
+                b_done.wait(timeout=1.5)  # B must not finish while A's call is uncommitted
+        finally:
+            connection.close()
+
+    def propose_b():
+        try:
+            propose_tool_calls(run=runs[1], step=steps[1], calls=calls[1], assessments=assessments[1])
+            b_done.set()
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=propose_a)
+    first.start()
+    assert a_proposed.wait(timeout=10)
+    second = threading.Thread(target=propose_b)
+    second.start()
+    first.join(timeout=30)
+    second.join(timeout=30)
+
+    assert statuses(runs[0]) == ["ready"]
+    assert statuses(runs[1]) == ["awaiting_approval"]
+
+
+# --- item 4: four eyes -----------------------------------------------------------------
+
+
+def test_an_approver_cannot_approve_the_refund_of_their_own_run(demo, api, worker):
+    demo["requester"].groups.add(Group.objects.get(name="approvers"))
+    agent = scripted_agent("own-refund", [{"tool_calls": [refund(80)]}, {"content": "Done."}])
+    run = run_to_rest(worker, agent, demo["requester"])
+    interrupt = run.interrupts.get()
+    assert interrupt.allow_requester is False
+
+    own = api(demo["requester"]).post(f"/api/interrupts/{interrupt.pk}/approve/", {}, format="json")
+    other = api(demo["approver"]).post(f"/api/interrupts/{interrupt.pk}/approve/", {}, format="json")
+
+    assert (own.status_code, other.status_code) == (403, 200)
+
+
+def test_an_approver_cannot_settle_the_unknown_outcome_of_their_own_run(demo, worker, monkeypatch):
+    from django.core.exceptions import PermissionDenied
+
+    from approvals.services import reconcile_interrupt
+    from tools import registry
+
+    def times_out(ctx, args):
+        raise ToolTimeout("bank did not answer")
+
+    monkeypatch.setitem(registry._TOOLS, "wire_transfer", Tool(
+        name="wire_transfer", description="Send money.", handler=times_out, side_effect=True,
+        parameters={"type": "object", "properties": {"amount": {"type": "number"}}}))
+    demo["requester"].groups.add(Group.objects.get(name="approvers"))
+    call = {"name": "wire_transfer", "arguments": json.dumps({"amount": 10})}
+    agent = create_agent(slug="wire", name="Wire", tools=["wire_transfer"],
+                         model={"provider": "scripted", "turns": [{"tool_calls": [call]}, {"content": "Sent."}]})
+    run = run_to_rest(worker, agent, demo["requester"])
+    item = run.interrupts.get(kind="reconciliation")
+
+    with pytest.raises(PermissionDenied):
+        reconcile_interrupt(interrupt=item, user=demo["requester"], succeeded=True, evidence="trust me")
+    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=False, evidence="bank statement")
+    assert item.allow_requester is False
+
+
+register(Tool(
+    name="test_self_service_note",
+    description="Test tool: a side effect whose requester may approve it (four eyes waived).",
+    parameters={"type": "object", "properties": {"text": {"type": "string"}}, "additionalProperties": False},
+    handler=lambda ctx, args: {"noted": args.get("text", "")},
+    side_effect=True,
+    approval="always",
+    allow_requester_approval=True,
+))
+
+
+def test_a_tool_that_waives_four_eyes_lets_the_requester_decide_and_says_so(demo, api, worker):
+    demo["requester"].groups.add(Group.objects.get(name="approvers"))
+    call = {"name": "test_self_service_note", "arguments": json.dumps({"text": "hi"})}
+    agent = create_agent(slug="self-service", name="Self service", tools=["test_self_service_note"],
+                         model={"provider": "scripted", "turns": [{"tool_calls": [call]}, {"content": "Noted."}]})
+    run = run_to_rest(worker, agent, demo["requester"])
+    interrupt = run.interrupts.get()
+
+    response = api(demo["requester"]).post(f"/api/interrupts/{interrupt.pk}/approve/", {}, format="json")
+
+    assert response.status_code == 200
+    requested = run.events.get(type="interrupt", to_status="pending")
+    assert "no four eyes" in requested.reason and requested.payload["allow_requester"] is True
+
+
+def test_read_only_tools_keep_letting_the_requester_decide(demo):
+    from tools.registry import get_tool
+
+    assert get_tool("query_order").requester_may_decide is True
+    assert get_tool("refund").requester_may_decide is False
+    assert get_tool("send_email").requester_may_decide is False

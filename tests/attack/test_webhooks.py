@@ -1,0 +1,66 @@
+"""Webhook URLs that slipped past the SSRF guard: IPv6 addresses outside global unicast.
+
+Found by attacking the API: ``https://[::127.0.0.1]/`` (the deprecated
+IPv4-compatible form of 127.0.0.1) and other IPv6 addresses outside
+``2000::/3`` were accepted, because Python's ``is_global`` calls them
+global. They are refused when saved and when a delivery connects.
+"""
+
+import ipaddress
+import socket
+
+import pytest
+
+from runs.webhooks import urlguard
+from runs.webhooks.models import WebhookSubscription
+from runs.webhooks.services import create_subscription
+from tests.support.api import error_of
+from tests.support.webhooks import refund_needing_approval, wait_settled
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOT_GLOBAL_UNICAST = ["https://[::127.0.0.1]/hook", "https://[::169.254.169.254]/latest/meta-data/",
+                      "https://[::10.0.0.1]/hook", "https://[::8.8.8.8]/hook", "https://[4000::1]/hook",
+                      "https://[e000::1]/hook"]
+
+
+@pytest.mark.parametrize("url", NOT_GLOBAL_UNICAST)
+def test_ipv6_outside_global_unicast_is_refused_when_saved(demo, api, url):
+    response = api(demo["requester"]).post("/api/webhooks/", {"url": url}, format="json")
+
+    error = error_of(response, 400)
+    assert error["code"] == "unsafe_url"
+    assert "is a reserved or private address" in error["details"]["fields"]["url"][0]
+    assert not WebhookSubscription.objects.exists()
+
+
+@pytest.mark.parametrize("address", ["2606:4700::1111", "2a00:1450:4001::200e", "64:ff9b::808:808",
+                                     "::ffff:8.8.8.8"])
+def test_public_ipv6_and_public_ipv4_inside_ipv6_stay_allowed(address):
+    assert urlguard.refusal(ipaddress.ip_address(address)) is None
+
+
+def test_a_name_resolving_to_an_ipv4_compatible_loopback_is_refused_at_delivery(demo, worker, receiver,
+                                                                                 webhook_settings, settings,
+                                                                                 monkeypatch):
+    real_getaddrinfo = socket.getaddrinfo
+    answers = {"compat.test": "93.184.216.34"}
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "compat.test":
+            family = socket.AF_INET6 if ":" in answers[host] else socket.AF_INET
+            return [(family, socket.SOCK_STREAM, 6, "", (answers[host], port))]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(urlguard.socket, "getaddrinfo", getaddrinfo)
+    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": []}
+    subscription = create_subscription(owner=demo["requester"], url="http://compat.test:8443/hook",
+                                       event_types=["run.waiting"])
+    answers["compat.test"] = "::127.0.0.1"
+    refund_needing_approval(demo)
+    worker.drain()
+    delivery, = wait_settled(subscription, 1)
+
+    assert receiver.requests == []
+    assert (delivery.status, delivery.last_status_code) == ("failed", None)
+    assert delivery.last_error.startswith("Refused: compat.test (::127.0.0.1) is a reserved or private address")

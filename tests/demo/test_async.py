@@ -1,0 +1,57 @@
+"""The demo tools that wait on the payment gateway are async handlers, over the gateway's async client."""
+
+import asyncio
+import dataclasses
+import inspect
+from decimal import Decimal
+
+import pytest
+
+from runs.base.awaiting import abandoned_threads
+from runs.engine.lifecycle import start_run
+from runs.models import RunStatus, WaitingReason
+from tests.support.durability import make_agent, refund_turns
+from tools import registry
+from tools.demo import conf, gateway
+from tools.models import ToolCall, ToolCallStatus
+
+
+@pytest.mark.parametrize("name", ["query_order", "refund", "find_refundable_order"])
+def test_the_handlers_that_wait_on_the_gateway_are_coroutine_functions(name):
+    assert inspect.iscoroutinefunction(registry.get_tool(name).handler)
+
+
+def test_a_gateway_that_does_not_answer_within_the_refunds_timeout_leaves_it_unknown(
+        demo, worker, payment_gateway, monkeypatch):
+    # No reconcile hook: the unknown call stays unknown, for a person to settle.
+    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(registry.get_tool("refund"), timeout_s=0.5,
+                                                                       reconcile=None))
+    payment_gateway.faults(script=["error_before_commit"], latency_s=3.0)  # a 503, nothing charged, 3 s late
+    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    run = start_run(agent=agent, user=demo["requester"], input="refund order 123")
+
+    worker.drain()
+
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run, name="refund")
+    assert (call.status, call.attempts) == (ToolCallStatus.UNKNOWN, 1)
+    assert "ToolTimeout" in call.error
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
+    assert abandoned_threads() == 0, "the async handler was cancelled, not left running in a thread"
+    assert payment_gateway.ledger()["refunds"] == []
+
+
+def test_two_event_loops_in_turn_each_get_a_working_async_client(payment_gateway):
+    async def refund_then_total(key: str) -> tuple[Decimal, object, int]:
+        """Refund 5.00 on order 7 under ``key``; (its refunded total, the client used, clients of closed loops)."""
+        await gateway.arefund(order_number=7, amount=Decimal("5.00"), idempotency_key=key, timeout_s=5)
+        total = await gateway.arefunded_total(7)
+        stale = sum(1 for loop, _url in gateway._async_clients if loop.is_closed())
+        return total, gateway._async_client(conf.gateway_url()), stale
+
+    first_total, first_client, _ = asyncio.run(refund_then_total("first-loop"))
+    second_total, second_client, stale = asyncio.run(refund_then_total("second-loop"))  # the first loop is closed
+
+    assert (first_total, second_total) == (Decimal("5.00"), Decimal("10.00"))
+    assert first_client is not second_client
+    assert stale == 0, "the closed loop's client is dropped when the next loop makes its own"

@@ -1,0 +1,48 @@
+"""The short chaos run (bench/chaos.py): workers SIGKILLed, gateway faulty, nothing lost or doubled.
+
+Production shape only: it needs PostgreSQL and Redis (several worker
+processes share them). The long run is described in README.md.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+from tests.support.processes import database_url_for_subprocess
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not os.environ.get("REDIS_URL") or "postgresql" not in settings.DATABASES["default"]["ENGINE"],
+                       reason="the chaos run needs PostgreSQL and Redis"),
+]
+
+
+def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loops():
+    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "DRAMATIQ_NAMESPACE": "tollgate-chaos"}
+    result = subprocess.run(
+        [sys.executable, "bench/chaos.py", "--runs", "12", "--kills", "3", "--kill-every", "1", "3", "--seed", "3",
+         "--settle-timeout", "240", "--crash-runs", "2"],
+        cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=600,
+    )
+    print(result.stdout, result.stderr[-3000:])
+    figures = dict(re.findall(r"^  (\w+): (.*)$", result.stdout, re.MULTILINE))
+    assert figures["runs_created"] == "12"
+    assert figures["kills"] == "3"
+    assert figures["lost_runs"] == "0"
+    assert figures["max_charges_per_key"] == "1"
+    assert figures["refunds_charged_twice"] == "0"
+    assert figures["tool_calls_executed_twice"] == "0"
+    assert figures["charges_without_succeeded_call"] == "0"
+    # Runs whose refund kills its worker every time end failed/crash_loop, within max_attempts sends
+    # counted against them (a send cut off by another run's crash, as a bystander, is not).
+    assert figures["crash_runs_created"] == "2"
+    assert figures["crash_runs_not_crash_loop"] == "0"
+    assert int(figures["crash_runs_max_blamed_refund_attempts"]) <= 3
+    # Every other run completes: dying beside a crashing run is not held against it.
+    assert figures["bystanders_crash_loop"] == "0"
+    assert figures["runs_not_completed_otherwise"] == "0"
+    assert result.returncode == 0

@@ -1,0 +1,376 @@
+"""The engine runs many runs per process: calls are awaited, not held by a thread, and they end on time.
+
+Every test here uses the real Dramatiq worker of ``tests/conftest.py``
+with ONE worker thread: runs in flight together are the engine's doing
+(``runs.engine.runtime``), never the broker's threads. Nothing here
+asserts a duration: a hung call is hung for good (it waits on an event
+the test sets only at its end), so a run that finishes at all did not
+wait for it.
+"""
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from runs import lease
+from runs.base import awaiting
+from runs.engine.lifecycle import cancel_run, start_run
+from runs.models import Run, RunStatus, Step
+from tests.support.durability import lookup_agent, make_agent
+from tests.support.provider import llm  # noqa: F401  (a fixture)
+from tools import registry
+from tools.models import ToolCall, ToolCallStatus
+from tools.registry import Tool
+
+S = ToolCallStatus
+PARAMETERS = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"],
+              "additionalProperties": False}
+
+
+def use_tool(monkeypatch, name: str, handler, **fields) -> Tool:
+    """Register a tool of this test only."""
+    tool = Tool(name=name, description=name, parameters=PARAMETERS, handler=handler, **fields)
+    monkeypatch.setitem(registry._TOOLS, name, tool)
+    return tool
+
+
+def calling(slug: str, tool: str, **agent_fields):
+    """An agent that calls ``tool`` once, then answers."""
+    agent = make_agent(slug, [{"tool_calls": [{"name": tool, "arguments": {"key": "k"}}]}, {"content": "Done."}],
+                       tools=[tool])
+    if agent_fields:
+        type(agent).objects.filter(pk=agent.pk).update(**agent_fields)
+        agent.refresh_from_db()
+    return agent
+
+
+def wait_until(predicate, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def hung():
+    """A ``threading.Event`` that hung handlers wait on; set when the test ends, so their threads go."""
+    release = threading.Event()
+    yield release
+    release.set()
+
+
+def test_runs_in_flight_wait_for_their_async_calls_together(demo, worker, monkeypatch):
+    """30 runs, one broker thread: every run's async handler is in flight at once (each waits for all)."""
+    runs_count = 30
+    state = {"in": 0, "most": 0, "all_in": None}
+
+    async def gathering(ctx, args):
+        state["all_in"] = state["all_in"] or asyncio.Event()
+        state["in"] += 1
+        state["most"] = max(state["most"], state["in"])
+        if state["in"] == runs_count:
+            state["all_in"].set()
+        try:
+            await asyncio.wait_for(state["all_in"].wait(), 20)
+        except TimeoutError:
+            pass  # not all came: the assertion below says how many did
+        state["in"] -= 1
+        return {"key": args["key"], "together": state["most"]}
+
+    use_tool(monkeypatch, "gathering", gathering)
+    agent = calling("together", "gathering")
+    runs = [start_run(agent=agent, user=demo["requester"], input=str(n)) for n in range(runs_count)]
+    worker.drain(timeout_s=60)
+
+    assert state["most"] == runs_count
+    assert Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.COMPLETED).count() == runs_count
+    assert {c.result["together"] for c in ToolCall.objects.filter(name="gathering")} == {runs_count}
+
+
+def test_a_sync_handler_ignoring_its_timeout_ends_at_it_and_holds_back_no_other_run(demo, worker, monkeypatch, hung):
+    def stuck(ctx, args):
+        hung.wait()  # ignores its timeout: only the test's end lets it go
+        return {"late": True}
+
+    use_tool(monkeypatch, "stuck_lookup", stuck, timeout_s=0.5, max_attempts=1)
+    stuck_run = start_run(agent=calling("stuck", "stuck_lookup"), user=demo["requester"], input="x")
+    wait_until(lambda: ToolCall.objects.filter(run=stuck_run, status=S.RUNNING).exists())
+    other = start_run(agent=lookup_agent(), user=demo["requester"], input="y")
+    worker.drain()
+
+    stuck_run.refresh_from_db()
+    other.refresh_from_db()
+    assert other.status == RunStatus.COMPLETED and stuck_run.status == RunStatus.COMPLETED
+    call = ToolCall.objects.get(run=stuck_run)
+    assert call.status == S.FAILED and "No answer within 0.5 s" in call.error
+    assert awaiting.abandoned_threads() >= 1  # still stuck: counted for operators
+    hung.set()
+    wait_until(lambda: awaiting.abandoned_threads() == 0)
+
+
+def test_a_side_effect_past_its_timeout_is_unknown_and_reconciled(demo, worker, monkeypatch, hung):
+    async def stuck(ctx, args):
+        await asyncio.sleep(3600)
+
+    use_tool(monkeypatch, "stuck_send", stuck, side_effect=True, timeout_s=0.5)
+    run = start_run(agent=calling("stuck-send", "stuck_send"), user=demo["requester"], input="x")
+    worker.drain()
+
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert call.status == S.UNKNOWN and call.error.startswith("ToolTimeout")
+    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, "reconciliation")
+
+
+@pytest.mark.parametrize("side_effect", [False, True])
+def test_a_cancel_during_a_hung_call_takes_effect(demo, worker, monkeypatch, hung, side_effect):
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "hung_call", stuck, side_effect=side_effect, timeout_s=3600)
+    run = start_run(agent=calling("hung", "hung_call"), user=demo["requester"], input="x")
+    wait_until(lambda: ToolCall.objects.filter(run=run, status=S.RUNNING).exists())
+    cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
+    worker.drain()
+
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert run.status == RunStatus.CANCELLED
+    assert "cancel was requested" in call.error
+    assert call.status == (S.UNKNOWN if side_effect else S.FAILED)  # sent: it may have taken effect
+
+
+def test_a_deadline_passing_during_a_call_fails_the_run(demo, worker, monkeypatch, hung):
+    async def stuck(ctx, args):
+        await asyncio.sleep(3600)
+
+    use_tool(monkeypatch, "slow_lookup", stuck, timeout_s=3600)
+    run = start_run(agent=calling("late", "slow_lookup", deadline_s=1), user=demo["requester"], input="x")
+    worker.drain()
+
+    run.refresh_from_db()
+    assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
+    assert "deadline passed" in ToolCall.objects.get(run=run).error
+
+
+def test_a_hung_model_call_holds_back_no_other_run_and_a_cancel_cuts_it_short(demo, worker, llm):
+    _server, agent = llm("openai", [{"content": "Too late.", "delay_s": 300}])
+    hung_run = start_run(agent=agent, user=demo["requester"], input="x")
+    wait_until(lambda: Step.objects.filter(run=hung_run, status="started").exists())
+    other = start_run(agent=lookup_agent(), user=demo["requester"], input="y")
+    wait_until(lambda: Run.objects.get(pk=other.pk).status == RunStatus.COMPLETED)
+
+    assert Run.objects.get(pk=hung_run.pk).status == RunStatus.RUNNING  # still waiting for its model
+    cancel_run(run=Run.objects.get(pk=hung_run.pk), actor="user:requester")
+    worker.drain()
+    hung_run.refresh_from_db()
+    assert hung_run.status == RunStatus.CANCELLED
+    step = Step.objects.get(run=hung_run)
+    assert step.status == "discarded" and "cancel was requested" in step.error
+
+
+def test_a_deadline_passing_during_a_model_call_fails_the_run(demo, worker, llm):
+    _server, agent = llm("openai", [{"content": "Too late.", "delay_s": 300}], agent_fields={"deadline_s": 1})
+    run = start_run(agent=agent, user=demo["requester"], input="x")
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
+    assert "deadline passed" in Step.objects.get(run=run).error
+
+
+def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_lease(demo, monkeypatch, hung):
+    from runs.engine import runtime
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    monkeypatch.setattr(runtime, "SUBMIT_WAIT_S", 0.2)
+    engine = runtime.Engine(runs_in_flight=1, db_threads=1)
+    agent = calling("busy", "busy_lookup")
+    first, second = (start_run(agent=agent, user=demo["requester"], input=str(n)) for n in range(2))
+    assert engine.submit(first.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=first, status=S.RUNNING).exists())
+
+    with pytest.raises(runtime.EngineFull):
+        engine.submit(second.pk)
+    assert Run.objects.get(pk=second.pk).lease_owner == ""  # its lease was never taken
+    hung.set()
+    assert engine.wait_idle(30)
+    assert engine.submit(second.pk) is not None  # room again
+    assert engine.wait_idle(30)
+    assert Run.objects.get(pk=second.pk).status == RunStatus.COMPLETED
+    engine.close_connections()
+
+
+def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo, monkeypatch, hung):
+    """A run whose worker died on it before (crash streak 1) does not start beside a run in flight, and no
+    run starts beside it: if its step kills the process again, it dies alone and is blamed alone."""
+    from runs.engine import runtime
+
+    seen = {}
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    def counting(ctx, args):
+        seen[ctx.run.pk] = engine.in_flight
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    use_tool(monkeypatch, "quick_lookup", counting)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    quick = calling("quick", "quick_lookup")
+    suspect, later = (start_run(agent=quick, user=demo["requester"], input=name) for name in ("suspect", "later"))
+    Run.objects.filter(pk=suspect.pk).update(crash_streak=1, loss_streak=1)
+    assert engine.submit(busy.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
+
+    threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
+    wait_until(lambda: engine.isolating == suspect.pk)
+    threading.Thread(target=engine.submit, args=(later.pk,), daemon=True).start()
+    time.sleep(0.5)  # both would have started by now; the suspect keeps its lease while it waits, later has none
+    assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID
+    assert Run.objects.get(pk=later.pk).lease_owner == ""
+    assert not Step.objects.filter(run__in=[suspect, later]).exists()
+
+    hung.set()
+    wait_until(lambda: Run.objects.filter(pk__in=[busy.pk, suspect.pk, later.pk],
+                                          status=RunStatus.COMPLETED).count() == 3)
+    assert seen[suspect.pk] == 1  # alone in the process while its tool ran
+    assert engine.isolated == 1 and engine.isolating is None
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(demo, monkeypatch, hung, settings):
+    """A run taken from a holder that died on it (no sweep yet) is a suspect; while it waits to be advanced
+    alone its lease stays held and fresh, so the sweeper does not send it to another worker meanwhile, where
+    it would start beside other runs as no suspect."""
+    from runs.engine import runtime
+    from runs.engine.sweep_jobs import rescue_stranded
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    use_tool(monkeypatch, "quick_lookup", lambda ctx, args: {})
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    suspect = start_run(agent=calling("quick", "quick_lookup"), user=demo["requester"], input="suspect")
+    lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert engine.submit(busy.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
+
+    threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
+    wait_until(lambda: engine.isolating == suspect.pk)
+    waiting = Run.objects.get(pk=suspect.pk)
+    assert waiting.lease_owner == lease.WORKER_ID and waiting.lease_expires_at > timezone.now()
+    later = timezone.now() + timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"] + 1)
+    Run.objects.filter(pk__in=[busy.pk, suspect.pk]).update(  # as the keeper renews held leases
+        lease_expires_at=later + timedelta(seconds=60))
+    assert rescue_stranded(now=later) == {"reenqueued": 0}
+    assert lease.acquire(suspect.pk, owner="another-worker") is None
+
+    hung.set()
+    wait_until(lambda: Run.objects.filter(pk__in=[busy.pk, suspect.pk], status=RunStatus.COMPLETED).count() == 2)
+    assert engine.isolated == 1
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(demo, monkeypatch, hung):
+    """Past ``SUBMIT_WAIT_S`` a suspect is handed back (``EngineFull``) without giving its lease back: the
+    lease runs out unrenewed, and the next worker to take the run still finds it a suspect."""
+    from runs.engine import runtime
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    monkeypatch.setattr(runtime, "SUBMIT_WAIT_S", 0.3)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    suspect = start_run(agent=calling("quick", "busy_lookup"), user=demo["requester"], input="suspect")
+    lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert engine.submit(busy.pk) is not None
+    wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
+
+    with pytest.raises(runtime.EngineFull):
+        engine.submit(suspect.pk)
+    assert engine.isolating is None and not Step.objects.filter(run=suspect).exists()
+    assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID  # not given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))  # ran out
+    assert lease.acquire(suspect.pk, owner="another-worker").suspect
+    hung.set()
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(demo, monkeypatch, hung):
+    """The sweeper broke the lease of a slice still in flight here (its keeper stalled past the TTL), and the
+    run's next slice starts in the same process beside the old one: the old one ending takes nothing of the
+    new one's, which goes on to the end."""
+    from runs.engine import runtime
+
+    go_on = threading.Event()
+    attempts = []
+
+    def lookup(ctx, args):
+        attempts.append(ctx.run.pk)
+        (hung if len(attempts) == 1 else go_on).wait()
+        return {"found": True}
+
+    use_tool(monkeypatch, "slow_lookup", lookup, timeout_s=60)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    run = start_run(agent=calling("slow", "slow_lookup"), user=demo["requester"], input="x")
+    assert engine.submit(run.pk) is not None
+    wait_until(lambda: len(attempts) == 1)
+    # What the sweeper writes when it breaks the lease of a bystander of a dead worker.
+    Run.objects.filter(pk=run.pk).update(lease_owner="", lease_expires_at=None, death_blame="bystander",
+                                         loss_streak=1)
+    assert engine.submit(run.pk) is not None
+    wait_until(lambda: len(attempts) == 2)  # the new slice sent the lookup again
+    hung.set()
+    wait_until(lambda: engine.in_flight == 1)  # the old slice ended (its writes refused)
+    go_on.set()
+    assert engine.wait_idle(30)
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    engine.close_connections()
+
+
+@pytest.mark.parametrize("error, sends, status", [("not sent", 2, S.SUCCEEDED), ("unavailable", 1, S.UNKNOWN)])
+def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff(error, sends, status, demo, worker,
+                                                                                 monkeypatch):
+    """No connection could be made (``ToolNotSent``): nothing left, so the side effect is simply sent again;
+    a failure after which it may have left (``ToolUnavailable``) makes it unknown, never sent again blindly."""
+    from tools.registry import ToolNotSent, ToolUnavailable
+
+    sent = []
+
+    async def flaky(ctx, args):
+        sent.append(ctx.idempotency_key)
+        if len(sent) == 1:
+            raise (ToolNotSent if error == "not sent" else ToolUnavailable)("connection refused")
+        return {"booked": args["key"]}
+
+    use_tool(monkeypatch, "flaky_send", flaky, side_effect=True, backoff_s=0.01)
+    run = start_run(agent=calling("flaky-send", "flaky_send"), user=demo["requester"], input="x")
+    worker.drain()
+
+    call = ToolCall.objects.get(run=run)
+    assert (len(sent), call.status, call.attempts) == (sends, status, sends)
+    assert len(set(sent)) == 1  # one idempotency key for every send

@@ -1,0 +1,196 @@
+"""What the loop keeps between passes never hides another writer's change (runs/engine/state.py).
+
+Each test lets a person act in the middle of a worker's slice, at the point
+where the worker's own copy of the run would go stale: input supplemented
+while a tool runs, and an approval given between the proposal and the wait.
+"""
+
+import asyncio
+import dataclasses
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import transaction
+
+from approvals.models import Interrupt
+from approvals.services import decide_interrupt
+from runs.engine import loop
+from runs.engine.lifecycle import start_run, submit_input
+from runs.models import Agent, MultitaskStrategy, Run, RunEvent, RunStatus
+from runs.services import append_event
+from tests.support.api import gateway_refunds
+from tools import registry
+
+QUERY = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]}
+REFUND = {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 80}}]}
+
+
+@pytest.fixture
+def requests_seen(monkeypatch):
+    """Every ``ModelRequest`` the loop sends, in order."""
+    seen = []
+    get_client = loop.get_client
+
+    def client(config):
+        real = get_client(config)
+
+        async def complete(request):
+            seen.append(request)
+            return await real.complete(request)
+
+        return type("Recording", (), {"complete": staticmethod(complete), "timeout_s": real.timeout_s})()
+
+    monkeypatch.setattr(loop, "get_client", client)
+    return seen
+
+
+def _agent(turns, check: str = "refund") -> Agent:
+    return Agent.objects.create(slug="knowing", name="knowing", tools=["query_order", "refund"],
+                                completion_check=check, model={"provider": "scripted", "turns": turns})
+
+
+def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
+        idle_worker, demo, monkeypatch, requests_seen):
+    agent = _agent([QUERY, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
+    tool = registry.get_tool("query_order")
+
+    session = run.session  # read here: the handler runs on an event loop
+
+    async def handler(context, arguments):  # a person adds to the conversation while the call is out
+        await sync_to_async(submit_input)(agent=agent, user=demo["requester"], input="and please hurry",
+                                          session=session, multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        return await tool.handler(context, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
+    loop.advance(run.pk)
+
+    second = requests_seen[1]
+    assert [m["content"] for m in second.messages if m["role"] == "user"] == ["look at order 123", "and please hurry"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert not run.events.filter(type="input", reason__contains="not read").exists()
+
+
+def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(idle_worker, demo, monkeypatch):
+    run = start_run(agent=_agent([REFUND, {"content": "Refunded."}]), user=demo["requester"], input="refund 123")
+    wait_for_approval = loop._wait_for_approval
+
+    def approved_first(run):  # the approver is quicker than the worker's next pass
+        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+        return wait_for_approval(run)
+
+    monkeypatch.setattr(loop, "_wait_for_approval", approved_first)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert not run.events.filter(to_status=RunStatus.WAITING).exists()
+    assert len(gateway_refunds()) == 1
+
+
+def test_an_event_counter_in_memory_moves_only_over_its_own_unbroken_series(run_with_history):
+    mine, theirs = Run.objects.get(pk=run_with_history.pk), Run.objects.get(pk=run_with_history.pk)
+    start = mine.last_event_seq
+    with transaction.atomic():
+        append_event(mine, type="note", actor="worker")
+    with transaction.atomic():
+        append_event(theirs, type="note", actor="user:approver")  # another writer slips in
+        append_event(mine, type="note", actor="worker")
+    assert mine.last_event_seq == start + 1, "the gap shows: the database is at start + 3"
+    assert Run.objects.get(pk=mine.pk).last_event_seq == start + 3
+    assert list(RunEvent.objects.filter(run=mine, seq__gt=start).values_list("seq", flat=True)) == [
+        start + 1, start + 2, start + 3]
+
+
+@pytest.fixture
+def run_with_history(demo):
+    return start_run(agent=_agent([{"content": "Done."}], check="default"), user=demo["requester"], input="hello")
+
+
+def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(idle_worker, demo, monkeypatch):
+    """The ending takes what the loop knows only while the run's counter shows no other writer: input
+    that arrives while the model writes its final answer is never read by it, so it starts the next run."""
+    agent = _agent([{"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
+    get_client = loop.get_client
+
+    def client(config):
+        real = get_client(config)
+
+        async def complete(request):
+            await asyncio.to_thread(  # the database is not touched from the event loop
+                submit_input, agent=agent, user=demo["requester"], input="and order 124 too", session=run.session,
+                multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+            return await real.complete(request)
+
+        return type("Interrupted", (), {"complete": staticmethod(complete), "timeout_s": real.timeout_s})()
+
+    monkeypatch.setattr(loop, "get_client", client)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    event = run.events.get(type="input", reason__startswith="supplemented input was not read")
+    following = Run.objects.get(pk=event.payload["run"])
+    assert following.input == "and order 124 too" and following.status == RunStatus.QUEUED
+
+
+def _compare_at_every_pass(monkeypatch) -> list[int]:
+    """Make every pass first assert that the loop's run instance holds what the row holds (the lease's
+    columns aside); returns the list of ``model_calls`` seen at each pass."""
+    lease_columns = {"lease_owner", "lease_token", "lease_expires_at"}
+    fields = [f.attname for f in Run._meta.concrete_fields if not f.is_relation and f.attname not in lease_columns]
+    compared = []
+    step = loop._step
+
+    def checked(run, known):
+        stored = Run.objects.values(*fields).get(pk=run.pk)
+        assert {name: getattr(run, name) for name in fields} == stored
+        compared.append(run.model_calls)
+        return step(run, known)
+
+    monkeypatch.setattr(loop, "_step", checked)
+    return compared
+
+
+def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker, demo, monkeypatch):
+    """``Known.revalidate`` reads only the event counter, so every write of the loop's own to the run row
+    must show in its instance: counters after a model call, a repair turn, a tool call, an approval."""
+    agent = _agent([QUERY, {"content": ""}, REFUND, {"content": "Refunded."}])
+    run = start_run(agent=agent, user=demo["requester"], input="refund 80 on order 123")
+    compared = _compare_at_every_pass(monkeypatch)
+    loop.advance(run.pk)
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome, run.repair_turns) == (RunStatus.COMPLETED, "achieved", 1)
+    assert compared[-1] == 3 and len(compared) >= 7  # the passes after each model call were compared
+
+
+def test_a_model_answer_the_database_refuses_leaves_no_unstored_value_in_the_instance(
+        idle_worker, demo, monkeypatch):
+    """The answer's transaction rolls back after the instance took its counters in; the loop carries on
+    (a repair turn) and must not decide by what was never stored."""
+    from django.db import DataError
+
+    agent = _agent([{"content": "Done."}, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=demo["requester"], input="look")
+    compared = _compare_at_every_pass(monkeypatch)
+    append_message = loop.append_message
+    refused = []
+
+    def refusing(run, **fields):
+        if fields.get("role") == "assistant" and not refused:
+            refused.append(fields["content"])
+            raise DataError("value too long for type character varying")
+        return append_message(run, **fields)
+
+    monkeypatch.setattr(loop, "append_message", refusing)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert refused == ["Done."] and run.status == RunStatus.COMPLETED
+    assert run.repair_turns == 1 and run.model_calls == 1  # the refused answer's call was never counted
+    assert compared == [0, 0]

@@ -1,0 +1,79 @@
+"""POST /api/runs/{id}/retry/: a new run of the same session and input; done side effects are not done again."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import Interrupt
+from runs.models import Agent, Run
+from tests.support.api import QUERY_CALL, REFUND_CALL, create_agent, gateway_refunds, pending_interrupts, start_run
+from tools.demo import gateway
+from tools.models import ToolCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def failed_after_refund(worker, demo, api):
+    """A refund run that refunded (approved, 80.00 of order 123) and then failed: its model gave out."""
+    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
+    agent = create_agent(admin, "flaky-refund", [{"tool_calls": [QUERY_CALL]}, {"tool_calls": [REFUND_CALL]}])
+    run = start_run(requester, agent["slug"])
+    worker.drain()
+    item, = pending_interrupts(approver, run["id"])
+    assert approver.post(f"/api/interrupts/{item['id']}/approve/", {}, format="json").status_code == 200
+    worker.drain()
+    failed = Run.objects.get(pk=run["id"])
+    assert (failed.status, failed.failure_type) == ("failed", "model_error")
+    assert len(gateway_refunds()) == 1
+    return failed
+
+
+def test_retrying_a_failed_refund_run_charges_once_in_all(worker, demo, api, failed_after_refund):
+    requester = api(demo["requester"])
+    # The model is back (its script now ends with an answer); the requester retries.
+    agent = Agent.objects.get(slug="flaky-refund")
+    agent.model = {**agent.model, "turns": [*agent.model["turns"], {"content": "Refund issued."}]}
+    agent.save()
+
+    response = requester.post(f"/api/runs/{failed_after_refund.pk}/retry/", {}, format="json")
+    assert response.status_code == 201, response.json()
+    retry = response.json()
+    assert (retry["retry_of"], retry["session"], retry["input"], retry["status"]) == (
+        failed_after_refund.pk, failed_after_refund.session_id, failed_after_refund.input, "queued")
+    worker.drain()
+
+    done = Run.objects.get(pk=retry["id"])
+    assert (done.status, done.outcome) == ("completed", "achieved")
+    old_refund = ToolCall.objects.get(run=failed_after_refund, name="refund")
+    new_refund = ToolCall.objects.get(run=done, name="refund")
+    assert (new_refund.status, new_refund.duplicate_of_id, new_refund.result) == (
+        "succeeded", old_refund.pk, old_refund.result)
+    assert new_refund.attempts == 0  # answered with the stored result, never sent
+    new_query = ToolCall.objects.get(run=done, name="query_order")
+    assert (new_query.status, new_query.attempts) == ("succeeded", 1)  # reads run again
+    assert not Interrupt.objects.filter(run=done).exists()  # nobody is asked to approve it again
+    refund, = gateway_refunds()
+    assert gateway.ledger()["requests_per_key"] == {refund["idempotency_key"]: 1}
+
+
+def test_only_failed_or_cancelled_runs_of_your_own_can_be_retried(worker, demo, api, failed_after_refund):
+    requester = api(demo["requester"])
+    assert api(demo["approver"]).post(f"/api/runs/{failed_after_refund.pk}/retry/", {},
+                                      format="json").status_code == 403
+    assert requester.post(f"/api/runs/{failed_after_refund.pk}/retry/", {"input": "x"},
+                          format="json").status_code == 400
+    waiting = requester.post("/api/runs/", {"agent": "refund-order", "input": "Later.",
+                                            "start_at": (timezone.now() + timedelta(days=1)).isoformat()}, format="json").json()
+    assert waiting["status"] == "queued"
+    conflict = requester.post(f"/api/runs/{waiting['id']}/retry/", {}, format="json")
+    assert conflict.status_code == 409
+    assert Run.objects.filter(retry_of__isnull=False).count() == 0
+
+    assert requester.post(f"/api/runs/{waiting['id']}/cancel/", {}, format="json").status_code == 200
+    first = requester.post(f"/api/runs/{waiting['id']}/retry/", {}, format="json", headers={"Idempotency-Key": "r1"})
+    again = requester.post(f"/api/runs/{waiting['id']}/retry/", {}, format="json", headers={"Idempotency-Key": "r1"})
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert first.json()["id"] == again.json()["id"]
+    assert Run.objects.filter(retry_of_id=waiting["id"]).count() == 1

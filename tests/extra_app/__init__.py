@@ -1,1 +1,0 @@
-"""An integrator's app in a few lines, added with ``TOLLGATE_EXTRA_APPS`` (tests/test_extra_apps.py)."""

@@ -1,0 +1,171 @@
+"""Issue 27: the model's last words are its claim; recorded facts that contradict them are named beside them.
+
+The rule (``runs.selectors.final_output_status``) reads the outcome, the
+calls' statuses and the approvers' edits, never the text. The run page,
+the API's run and the ``run.completed`` webhook all show its answer.
+"""
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.support.api import (
+    QUERY_CALL,
+    REFUND_CALL,
+    SENT_CLAIM,
+    create_agent,
+    email_run_waiting,
+    get_run,
+    pending_interrupts,
+    start_run,
+    tool_calls,
+)
+from tests.support.webhooks import subscribe, wait_settled
+
+# How the run page marks a final text the records differ from.
+MARK = "the records differ from a plain success: check it against them"
+REFUND_CLAIM = "A refund of 80.00 for order 123 has been issued."
+REJECTION = "Legal wants a new clause first."
+
+
+def rejected_email_run(demo, api, worker, slug="claims-email") -> dict:
+    """A finished run whose send_email a person rejected while the model's last words say it was sent."""
+    run = email_run_waiting(demo, api, worker, slug)
+    approver = api(demo["approver"])
+    item, = pending_interrupts(approver, run["id"])
+    response = approver.post(f"/api/interrupts/{item['id']}/reject/", {"comment": REJECTION}, format="json")
+    assert response.status_code == 200, response.json()
+    worker.drain()
+    return get_run(api(demo["requester"]), run["id"])
+
+
+def refund_run(demo, api, worker, slug: str, decide: dict | None = None, turns=None) -> dict:
+    """A refund-order run with the claim ``REFUND_CLAIM``; ``decide``: the approval's body (approve as proposed if None)."""
+    agent = create_agent(api(demo["admin"]), slug, turns or [
+        {"tool_calls": [QUERY_CALL]}, {"tool_calls": [REFUND_CALL]}, {"content": REFUND_CLAIM}])
+    run = start_run(api(demo["requester"]), agent["slug"])
+    worker.drain()
+    approver = api(demo["approver"])
+    for item in pending_interrupts(approver, run["id"]):
+        response = approver.post(f"/api/interrupts/{item['id']}/approve/", decide or {}, format="json")
+        assert response.status_code == 200, response.json()
+        worker.drain()
+    return get_run(api(demo["requester"]), run["id"])
+
+
+def test_a_rejected_email_makes_the_models_sent_claim_contradicted_in_the_api(worker, demo, api):
+    run = rejected_email_run(demo, api, worker)
+
+    assert (run["status"], run["outcome"], run["final_output"]) == ("completed", "not_achieved", SENT_CLAIM)
+    send, = [call for call in tool_calls(api(demo["requester"]), run["id"]) if call["name"] == "send_email"]
+    status = run["final_output_status"]
+    assert status["code"] == "contradicted"
+    outcome, call = status["conflicts"]
+    assert outcome == {"code": "outcome_not_achieved", "status": "not_achieved", "detail": run["outcome_reason"],
+                       "tool_call": None, "tool": "", "changes": []}
+    assert {key: call[key] for key in ("code", "status", "tool_call", "tool", "changes")} == {
+        "code": "call_without_effect", "status": "rejected", "tool_call": send["id"], "tool": "send_email",
+        "changes": []}
+    assert REJECTION in call["detail"]
+
+
+def test_the_run_page_shows_the_rejected_emails_claim_as_contradicted_beside_the_facts(worker, demo, api, client):
+    run = rejected_email_run(demo, api, worker)
+    send, = [call for call in tool_calls(api(demo["requester"]), run["id"]) if call["name"] == "send_email"]
+
+    client.force_login(demo["requester"])
+    page = client.get(f"/runs/{run['id']}/").content.decode()
+
+    start = page.index('id="run-final"')
+    final = page[start:page.index("</section>", start)]  # the summary card's end
+    assert 'data-final-output-status="contradicted"' in final
+    assert "The model's claim" in final and MARK in final
+    claim = final[final.index('id="run-final-output"'):final.index('id="run-facts"')]
+    assert SENT_CLAIM in claim
+    facts = final[final.index('id="run-facts"'):]
+    assert 'data-code="outcome_not_achieved"' in facts and "not achieved" in facts
+    call_fact = facts[facts.index(f'data-tool-call="{send["id"]}"'):]
+    assert 'data-code="call_without_effect"' in facts
+    assert "send_email" in call_fact and "rejected" in call_fact and REJECTION in call_fact
+
+
+def test_an_amount_edited_by_the_approver_contradicts_the_claimed_amount(worker, demo, api, client):
+    run = refund_run(demo, api, worker, "claims-edited", decide={"arguments": {"order_id": 123, "amount": 20}})
+
+    assert (run["status"], run["outcome"], run["final_output"]) == ("completed", "achieved", REFUND_CLAIM)
+    refund, = [call for call in tool_calls(api(demo["requester"]), run["id"]) if call["name"] == "refund"]
+    assert refund["result"]["amount"] == "20.00"
+    status = run["final_output_status"]
+    assert status["code"] == "contradicted"
+    edited, = status["conflicts"]
+    assert (edited["code"], edited["status"], edited["tool_call"], edited["tool"]) == (
+        "arguments_edited", "succeeded", refund["id"], "refund")
+    assert edited["changes"] == [{"path": "/amount", "field": "amount", "change": "changed",
+                                  "proposed": 80, "approved": 20}]
+
+    client.force_login(demo["requester"])
+    page = client.get(f"/runs/{run['id']}/").content.decode()
+    start = page.index('id="run-facts"')
+    facts = page[start:page.index("</section>", start)]
+    assert 'data-code="arguments_edited"' in facts and "executed with arguments a person changed" in facts
+    assert '<del class="proposed">80</del>' in facts and '<ins class="approved">20</ins>' in facts
+
+
+def test_a_refund_approved_as_proposed_leaves_the_claim_uncontradicted(worker, demo, api, client):
+    run = refund_run(demo, api, worker, "claims-approved")
+
+    assert (run["status"], run["outcome"]) == ("completed", "achieved")
+    assert run["final_output_status"] == {"code": "not_contradicted", "conflicts": []}
+    client.force_login(demo["requester"])
+    page = client.get(f"/runs/{run['id']}/").content.decode()
+    assert 'data-final-output-status="not_contradicted"' in page
+    assert "The model's final words" in page and 'id="run-facts"' not in page
+    assert MARK not in page
+
+
+def test_a_refused_refund_the_model_then_corrected_on_the_same_order_contradicts_nothing(worker, demo, api):
+    too_much = {"name": "refund", "arguments": {"order_id": 123, "amount": 500}}
+    fits = {"name": "refund", "arguments": {"order_id": 123, "amount": 30}}  # under 50: no approval
+    run = refund_run(demo, api, worker, "claims-corrected",
+                     turns=[{"tool_calls": [too_much]}, {"tool_calls": [fits]}, {"content": "Refunded 30.00."}])
+
+    first, second = tool_calls(api(demo["requester"]), run["id"])
+    assert (first["status"], second["status"]) == ("denied", "succeeded")
+    assert (run["outcome"], run["final_output_status"]) == ("achieved", {"code": "not_contradicted", "conflicts": []})
+
+
+def test_a_run_without_final_text_has_nothing_to_contradict(worker, demo, api):
+    run = start_run(api(demo["requester"]), "refund-order")
+    worker.drain()
+    assert get_run(api(demo["requester"]), run["id"])["final_output_status"] == {"code": "absent", "conflicts": []}
+
+
+def test_the_run_completed_webhook_carries_the_contradicted_claim(worker, demo, api, receiver, webhook_settings):
+    subscription = subscribe(demo["requester"], receiver, "run.completed")
+    run = rejected_email_run(demo, api, worker, slug="wh-claims-email")
+
+    delivery, = wait_settled(subscription, 1)
+    body, = receiver.bodies()
+    assert body["type"] == "run.completed" and body["data"]["run"] == run["id"]
+    assert body["data"]["outcome"] == "not_achieved"
+    assert body["data"]["final_output_status"] == run["final_output_status"]
+    assert [c["code"] for c in body["data"]["final_output_status"]["conflicts"]] == [
+        "outcome_not_achieved", "call_without_effect"]
+
+
+def test_listing_runs_with_claims_costs_the_same_queries_for_two_runs_or_five(worker, demo, api):
+    requester = api(demo["requester"])
+
+    def listing() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as queries:
+            page = requester.get("/api/runs/").json()["results"]
+        assert {run["final_output_status"]["code"] for run in page} == {"contradicted"}
+        return len(page), len(queries)
+
+    edit = {"arguments": {"order_id": 123, "amount": 10}}
+    for number in range(5):
+        refund_run(demo, api, worker, f"claims-list-{number}", decide=edit)
+        if number == 1:
+            two = listing()
+    five = listing()
+    assert (two[0], five[0]) == (2, 5)
+    assert two[1] == five[1]

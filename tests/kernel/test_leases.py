@@ -1,0 +1,155 @@
+"""Leases and fencing tokens: one worker advances a run; a stale one changes nothing."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.utils import timezone
+
+from runs import lease
+from runs.lease import LeaseLost
+from runs.models import Run, RunStatus
+from runs.services import append_event
+from runs.transitions import apply
+from runs.engine.lifecycle import start_run
+from tests.support.durability import lookup_agent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def run(people):
+    return start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
+
+
+def _expire(run_id: int) -> None:
+    Run.objects.filter(pk=run_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_only_one_of_two_racing_workers_gets_the_lease(run):
+    first = lease.acquire(run.pk, owner="worker-a")
+    second = lease.acquire(run.pk, owner="worker-b")
+    assert first is not None and second is None
+    assert Run.objects.get(pk=run.pk).lease_owner == "worker-a"
+
+
+def test_token_grows_with_every_acquisition(run):
+    first = lease.acquire(run.pk, owner="worker-a")
+    _expire(run.pk)
+    second = lease.acquire(run.pk, owner="worker-b")
+    assert second.token == first.token + 1
+
+
+def test_worker_that_lost_its_lease_can_change_nothing(run):
+    stale = lease.acquire(run.pk, owner="worker-a")
+    _expire(run.pk)  # worker-a is paused past its lease...
+    fresh = lease.acquire(run.pk, owner="worker-b")  # ...and worker-b takes over
+    events_before = Run.objects.get(pk=run.pk).last_event_seq
+
+    with lease.holding(stale):
+        with pytest.raises(LeaseLost):
+            apply(Run.objects.get(pk=run.pk).start, actor="worker-a")
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert run.last_event_seq == events_before
+    assert run.lease_token == fresh.token
+
+    with lease.holding(fresh):
+        apply(Run.objects.get(pk=run.pk).start, actor="worker-b")
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING
+    assert run.events.last().actor == "worker-b"
+
+
+def test_releasing_a_lease_lets_the_next_worker_in_at_once(run):
+    held = lease.acquire(run.pk, owner="worker-a")
+    with lease.holding(held):
+        assert lease.acquire(run.pk, owner="worker-b") is None
+    assert lease.acquire(run.pk, owner="worker-b") is not None
+
+
+def test_writes_outside_any_lease_are_not_fenced(run):
+    """People (approvals, cancel) act without a lease; their writes are guarded by the FSM instead."""
+    lease.acquire(run.pk, owner="worker-a")
+    from django.db import transaction
+
+    with transaction.atomic():
+        append_event(run, type="note", actor="user:approver")
+    assert run.events.filter(type="note").count() == 1
+
+
+def test_heartbeat_keeps_a_long_call_leased(run, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 0.3}
+    held = lease.acquire(run.pk, owner="worker-a")
+    import time
+
+    with lease.holding(held):
+        time.sleep(0.9)  # three TTLs: only the heartbeat keeps the lease alive
+        assert Run.objects.get(pk=run.pk).lease_expires_at > timezone.now()
+        assert lease.acquire(run.pk, owner="worker-b") is None
+
+
+def test_stale_worker_cannot_even_start_a_model_step(run):
+    from runs.engine.loop import _model_turn
+    from runs.engine.state import Known
+
+    stale = lease.acquire(run.pk, owner="worker-a")
+    apply(Run.objects.get(pk=run.pk).start, actor="worker-a")
+    _expire(run.pk)
+    lease.acquire(run.pk, owner="worker-b")
+    with lease.holding(stale):
+        with pytest.raises(LeaseLost):
+            stale_run = Run.objects.select_related("agent").get(pk=run.pk)
+            next(_model_turn(stale_run, Known(stale_run)))  # the step's first write, before the model is asked
+    assert not run.steps.exists()
+
+
+@pytest.mark.parametrize("crash_streak, loss_streak, suspect", [(0, 0, False), (0, 1, False), (1, 1, True),
+                                                                 (0, 2, True)])
+def test_a_lease_says_whether_the_run_is_a_suspect(crash_streak, loss_streak, suspect, run):
+    """Blamed for a death, or died ISOLATE_AFTER_LOSSES (2) times without progress: advanced alone next."""
+    Run.objects.filter(pk=run.pk).update(crash_streak=crash_streak, loss_streak=loss_streak)
+    assert lease.acquire(run.pk, owner="worker-a").suspect is suspect
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks and concurrent statements: PostgreSQL")
+def test_of_two_workers_whose_statements_both_saw_the_expired_lease_only_one_takes_it(run):
+    """Both UPDATEs start while a third session holds the row (so both read the lease as expired, the
+    replaced lease included) and run once it lets go: the second one re-reads the row the first wrote and
+    takes nothing."""
+    lease.acquire(run.pk, owner="dead")
+    _expire(run.pk)
+    taken, watcher = {}, connections.create_connection(DEFAULT_DB_ALIAS)
+
+    def take(owner):
+        try:
+            taken[owner] = lease.acquire(run.pk, owner=owner)
+        finally:
+            connection.close()
+
+    def waiting_for_the_row() -> int:
+        with watcher.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE %%'")
+            return cursor.fetchone()[0]
+
+    racers = [threading.Thread(target=take, args=(owner,)) for owner in ("worker-a", "worker-b")]
+    try:
+        with transaction.atomic():
+            Run.objects.select_for_update().get(pk=run.pk)
+            for racer in racers:
+                racer.start()
+            deadline = time.monotonic() + 20
+            while waiting_for_the_row() < 2:
+                assert time.monotonic() < deadline, "the two acquisitions never both waited for the row"
+                time.sleep(0.02)
+    finally:
+        for racer in racers:
+            racer.join()
+        watcher.close()
+    winners = [owner for owner, held in taken.items() if held is not None]
+    assert len(taken) == 2 and len(winners) == 1
+    assert taken[winners[0]].suspect  # it replaced a lease nobody gave back
+    assert Run.objects.get(pk=run.pk).lease_owner == winners[0]

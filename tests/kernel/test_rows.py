@@ -1,0 +1,166 @@
+"""runs.base.rows writes a row as Model.save writes it (values, conversions, stamps, the optimistic lock).
+
+Each insert is made twice, once by ``save()`` and once by ``rows.insert``,
+with the same values, and the two stored rows are compared column by column
+as the database holds them (the engine's hot path writes its rows the fast
+way; anything else reads them back the ordinary way).
+"""
+
+import datetime
+import uuid
+from decimal import Decimal
+
+import pytest
+from django.db import DatabaseError, connection
+from django.utils import timezone
+from django_fsm import ConcurrentTransition
+
+from approvals.models import Interrupt, InterruptKind
+from runs.base import rows
+from runs.engine.lifecycle import start_run
+from runs.models import IdempotentRequest, Message, Phase, Run, RunEvent, RunStatus, Step
+from tests.support.durability import lookup_agent
+from tools.models import ToolCall, ToolCallStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_STAMPED = {"created_at", "started_at", "updated_at", "received_at"}  # auto_now(_add): compared apart
+
+
+@pytest.fixture
+def run(people):
+    return start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
+
+
+def _stored(model, pk) -> dict:
+    """The row as the database gives it, by column, without the primary key."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {connection.ops.quote_name(model._meta.db_table)} WHERE id = %s", [pk])
+        row = dict(zip([column[0] for column in cursor.description], cursor.fetchone()))
+    del row["id"]
+    return row
+
+
+def _auto_stamped(model) -> list[str]:
+    return [f.column for f in model._meta.concrete_fields if getattr(f, "auto_now", False) or
+            getattr(f, "auto_now_add", False)]
+
+
+def _both_ways(model, values: dict) -> tuple[dict, dict]:
+    """The row ``model(**values)`` stored by ``save()`` and by ``rows.insert`` (each deleted again after)."""
+    stored = []
+    for write in (lambda instance: instance.save(), rows.insert):
+        before = timezone.now()
+        instance = model(**values)
+        write(instance)
+        assert instance.pk is not None and not instance._state.adding
+        row = _stored(model, instance.pk)
+        for column in _auto_stamped(model):  # stamped on the instance and in the row, now
+            assert before <= getattr(instance, column) <= timezone.now()
+            row.pop(column)
+        stored.append(row)
+        model._base_manager.filter(pk=instance.pk).delete()
+    return stored[0], stored[1]
+
+
+def _cases(run, people):
+    step = Step.objects.create(run=run, index=9)
+    user = people["requester"]
+    when = timezone.now() - datetime.timedelta(hours=1)
+    return {
+        "step": (Step, dict(run=run, index=0, status=Step.Status.SUCCEEDED,
+                            request={"messages": [{"role": "user", "content": "ünïcode ✓ \"quoted\""}], "n": 1.5},
+                            response={}, input_tokens=3, cost_usd=Decimal("0.1234567"), error="",
+                            finished_at=when)),
+        "tool call": (ToolCall, dict(run=run, step=step, index=1, provider_call_id="call_1", name="lookup",
+                                     raw_arguments='{"a": 1}', arguments=None, status=ToolCallStatus.READY,
+                                     side_effect=True, duplicate_of=None, result=[1, None, {"x": []}],
+                                     reconcile_after=None)),
+        "message": (Message, dict(session_id=run.session_id, run=run, role="assistant", content="",
+                                  tool_calls=[{"id": "c", "name": "t", "arguments": "{}"}], tool_call_id="")),
+        "event": (RunEvent, dict(run=run, seq=77, type="transition", actor="worker", reason=Phase.CALLING_MODEL,
+                                 payload={"k": [True, False, None]}, from_status=RunStatus.QUEUED,
+                                 to_status=RunStatus.RUNNING)),
+        "interrupt": (Interrupt, dict(run=run, tool_call=None, kind=InterruptKind.APPROVAL, title="Approve?",
+                                      allow_requester=False, edited_arguments={"amount": 10}, expires_at=when)),
+        "encoder": (IdempotentRequest, dict(user=user, scope="s", key="k", fingerprint="f", response_status=201,
+                                            response_body={"at": when, "cost": Decimal("1.10"), "id": uuid.UUID(int=5)},
+                                            started_at=when, expires_at=when)),
+    }
+
+
+@pytest.mark.parametrize("case", ["step", "tool call", "message", "event", "interrupt", "encoder"])
+def test_an_insert_stores_what_save_stores(case, run, people):
+    model, values = _cases(run, people)[case]
+    saved, inserted = _both_ways(model, values)
+    assert inserted == saved
+
+
+@pytest.mark.parametrize("model, values", [
+    (Message, {"role": True}),  # a CharField given a bool: save stores "True"
+    (Message, {"role": 5}),  # ... given an int: "5"
+    (Step, {"index": True}),  # an IntegerField given a bool: save stores 1
+    (Step, {"index": "7"}),  # ... given a numeric string: 7
+])
+def test_a_plain_field_given_another_type_is_converted_as_save_converts_it(model, values, run):
+    base = {"run": run, "session_id": run.session_id} if model is Message else {"run": run, "index": 0}
+    saved, inserted = _both_ways(model, {**base, **values})
+    assert inserted == saved
+
+
+def test_an_integer_field_given_text_is_refused_before_the_database_as_save_refuses_it(run):
+    with pytest.raises(ValueError):
+        Step(run=run, index="x").save()
+    with pytest.raises(ValueError):
+        rows.insert(Step(run=run, index="x"))
+    assert not Step.objects.filter(run=run).exists()
+
+
+def test_an_update_writes_only_its_fields_and_stamps_auto_now(run):
+    other = Run.objects.get(pk=run.pk)
+    Run.objects.filter(pk=run.pk).update(error="written elsewhere")
+    before = timezone.now()
+    other.phase, other.final_output = Phase.CALLING_MODEL, "not written"
+    assert rows.update(other, ["phase", "updated_at"]) == 1
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.phase, stored.final_output, stored.error) == (Phase.CALLING_MODEL, "", "written elsewhere")
+    assert before <= other.updated_at == stored.updated_at
+
+
+def test_update_row_refuses_a_row_whose_status_changed_since_it_was_loaded_as_save_does(run, people):
+    step = Step.objects.create(run=run, index=0)
+    for write in (lambda s: s.save(update_fields=["error"]), lambda s: s.update_row(["error"])):
+        stale = Step.objects.get(pk=step.pk)
+        Step.objects.filter(pk=step.pk).update(status=Step.Status.FAILED)
+        stale.error = "stale"
+        with pytest.raises(ConcurrentTransition):
+            write(stale)
+        assert Step.objects.get(pk=step.pk).error == ""
+        Step.objects.filter(pk=step.pk).update(status=Step.Status.STARTED)
+
+
+def test_update_row_of_a_deleted_row_raises_a_database_error_as_save_does(run):
+    for write in (lambda s: s.save(update_fields=["error"]), lambda s: s.update_row(["error"])):
+        step = Step.objects.create(run=run, index=0)
+        Step.objects.filter(pk=step.pk).delete()
+        step.error = "gone"
+        with pytest.raises(DatabaseError):
+            write(step)
+        assert not Step.objects.filter(pk=step.pk).exists()
+
+
+def test_update_row_writes_when_the_status_is_as_loaded_and_moves_the_lock_on(run):
+    step = Step.objects.get(pk=Step.objects.create(run=run, index=0).pk)
+    step.error = "first"
+    step.update_row(["error"])
+    step.error = "second"
+    step.update_row(["error"])  # the lock compares with what this instance last wrote
+    assert Step.objects.get(pk=step.pk).error == "second"
+
+
+def test_the_run_counter_reads_the_stored_integer_and_a_missing_run_is_does_not_exist(run):
+    Run.objects.filter(pk=run.pk).update(last_event_seq=41)
+    seq = rows.counter(Run, "last_event_seq", run.pk)
+    assert seq == 41 and type(seq) is int
+    with pytest.raises(Run.DoesNotExist):
+        rows.counter(Run, "last_event_seq", run.pk + 1000)

@@ -1,0 +1,134 @@
+"""The HTTP providers' async ``complete`` against a real local server: one attempt, errors that say if they pass.
+
+No run and no engine: each test awaits a client's ``complete`` itself
+(``asyncio.run``), against a ``ReplayServer`` configured as an operator's
+endpoint profile.
+"""
+
+import asyncio
+import email.utils
+import time
+
+import pytest
+
+from runs.providers import get_client
+from runs.base.model_call import ModelError, ModelRequest, StreamInterrupted
+from runs.providers.http_config import SDKClientCache, parse_config, retry_after_seconds
+from tests.support.fakes.llm_server import ReplayServer
+from tests.support.provider import model_config
+
+PROVIDERS = ["openai", "anthropic"]
+
+
+@pytest.fixture
+def endpoint(monkeypatch, settings):
+    """``endpoint(provider, script, **model)`` -> ``(server, model config)``, the server started (stopped after)."""
+    monkeypatch.setenv("TEST_KEY", "x")
+    servers = []
+
+    def make(provider: str, script: list[dict], **model):
+        server = ReplayServer(provider, script).start()
+        servers.append(server)
+        return server, model_config(settings, server, f"replay-{len(servers)}", **model)
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def request(**fields) -> ModelRequest:
+    return ModelRequest(instructions="Be brief.", messages=[{"role": "user", "content": "Hello?"}], tools=[],
+                        turn_index=0, run_id=1, **fields)
+
+
+def failure(config: dict) -> ModelError:
+    """The ``ModelError`` one ``complete`` raises (the test fails if it answers)."""
+    with pytest.raises(ModelError) as caught:
+        asyncio.run(get_client(config).complete(request()))
+    return caught.value
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("status", [503, 429])
+def test_overloaded_or_rate_limited_is_transient_with_the_servers_wait_and_not_retried(endpoint, provider, status):
+    server, config = endpoint(provider, [{"status": status, "headers": {"Retry-After": "7"}}, {"content": "late"}])
+    error = failure(config)
+    assert (error.transient, error.retry_after_s) == (True, 7.0)
+    assert str(error).startswith(f"{'OpenAI' if provider == 'openai' else 'Anthropic'} API error {status} (")
+    assert len(server.requests) == 1, "the SDK does not retry"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_bad_request_is_not_transient(endpoint, provider):
+    server, config = endpoint(provider, [{"status": 400, "message": "messages: bad"}, {"content": "never"}],
+                              stream=False)
+    error = failure(config)
+    assert (error.transient, error.retry_after_s) == (False, None)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_refused_connection_is_transient(endpoint, provider):
+    server, config = endpoint(provider, [])
+    server.stop()
+    error = failure(config)
+    assert error.transient and "unreachable" in str(error) and not isinstance(error, StreamInterrupted)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_stream_cut_off_mid_answer_is_interrupted_and_transient(endpoint, provider):
+    server, config = endpoint(provider, [{"content": "A long answer that will not arrive whole. " * 5,
+                                          "cut_after": 400}])
+    error = failure(config)
+    assert isinstance(error, StreamInterrupted) and error.transient
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("stream", [True, False])
+def test_two_event_loops_in_turn_both_get_their_answer(endpoint, provider, stream):
+    server, config = endpoint(provider, [{"content": "First answer."}, {"content": "Second answer."}],
+                              stream=stream)
+    deltas = []
+    first = asyncio.run(get_client(config).complete(request(on_delta=lambda kind, data: deltas.append(data))))
+    second = asyncio.run(get_client(config).complete(request()))  # a new loop; the first one is closed
+    assert (first.content, second.content) == ("First answer.", "Second answer.")
+    assert len(server.requests) == 2
+    assert "".join(d["text"] for d in deltas) == ("First answer." if stream else "")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_client_exposes_the_timeout_the_sdk_is_given(endpoint, provider, settings):
+    _, config = endpoint(provider, [])
+    assert get_client({**config, "timeout_s": 2.5}).timeout_s == 2.5
+    assert get_client(config).timeout_s == settings.TOLLGATE["MODEL_TIMEOUT_S"]
+
+
+def test_scripted_client_has_a_timeout_too(settings):
+    assert get_client({"provider": "scripted", "turns": []}).timeout_s == settings.TOLLGATE["MODEL_TIMEOUT_S"]
+
+
+def test_retry_after_is_read_in_seconds_milliseconds_or_as_a_date():
+    in_a_minute = email.utils.formatdate(time.time() + 60, usegmt=True)
+    assert retry_after_seconds({"retry-after": "7"}) == 7.0
+    assert retry_after_seconds({"retry-after": "1.5", "retry-after-ms": "250"}) == 0.25
+    assert 55 <= retry_after_seconds({"retry-after": in_a_minute}) <= 60
+    assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # passed
+    assert retry_after_seconds({"retry-after": "-3"}) == 0.0
+    assert retry_after_seconds({"retry-after": "soon"}) is None
+    assert retry_after_seconds({"retry-after-ms": "nan"}) is None
+    assert retry_after_seconds({}) is None
+
+
+def test_the_client_cache_reuses_a_client_within_a_loop_and_never_across_loops(endpoint):
+    _, config = endpoint("openai", [])
+    cfg = parse_config(config, default_key_env="OPENAI_API_KEY")
+    cache = SDKClientCache(lambda **options: options)
+
+    async def twice():
+        return cache.get(cfg), cache.get(cfg)
+
+    first, again = asyncio.run(twice())
+    later, _ = asyncio.run(twice())
+    assert first is again and later is not first
+    assert first == {"api_key": "x", "base_url": cfg.base_url, "timeout": cfg.timeout_s, "max_retries": 0}
