@@ -415,15 +415,9 @@ def run_decided_interrupts(*, run) -> list[Interrupt]:
 class Why:
     """Why an item is in the inbox, from the record.
 
-    ``rule``: the approval rule that fired (e.g. ``amount > 50``), as kept
-    on the item, or for items opened before it was kept, as logged when the
-    call was assessed; empty when neither has it. ``tool_rule`` and
-    ``agent_rule``: the rules of the tool and of the run's agent now
-    (``agent_rule`` empty: none);
-    ``granted_by``: who let the agent's rule replace the tool's (empty:
-    the agent's rule only adds). ``model_reason``: the text of the model's
-    turn that proposed the call (empty if it said nothing), ``message_id``
-    that turn's message (None if not found).
+    ``rule``: the approval rule that fired, as kept on the item (or logged at assessment); ``tool_rule``, ``agent_rule``:
+    the rules now; ``granted_by``: who let the agent's rule replace the tool's; ``model_reason``: the proposing turn's
+    text, ``message_id`` its message (None: not found). Empty strings: none.
     """
 
     rule: str

@@ -94,12 +94,10 @@ class ScopedRateThrottle(throttling.ScopedRateThrottle, SerializedRateThrottle):
 
 
 def client_address(request) -> str:
-    """The address a request comes from, as every throttle and the login lockout count it.
+    """The address a request (Django's or DRF's) comes from, as every throttle and the login lockout count it.
 
-    ``REMOTE_ADDR``, or with ``NUM_PROXIES`` (``TOLLGATE_TRUSTED_PROXIES``)
-    above 0 the X-Forwarded-For entry that many places from its end (DRF's
-    ``get_ident``); a client's own X-Forwarded-For never counts.
-    ``request`` is Django's or DRF's request (``META`` and ``headers`` are read).
+    ``REMOTE_ADDR``, or with ``NUM_PROXIES`` (``TOLLGATE_TRUSTED_PROXIES``) > 0 the X-Forwarded-For entry that many places
+    from its end (DRF's ``get_ident``); a client's own X-Forwarded-For never counts.
     """
     return throttling.BaseThrottle().get_ident(request)
 

@@ -74,13 +74,7 @@ async def _nothing() -> None:
 
 
 def commit_point() -> Await:
-    """An ``Await`` of nothing, for a step whose writes so far must be durable before it goes on.
-
-    The engine commits a step's writes before it starts any awaitable
-    (``runs.engine.group_commit``): after ``yield commit_point()`` what the
-    step wrote is committed, e.g. a death counted at a takeover, before
-    code that may die the same way runs again.
-    """
+    """An ``Await`` of nothing: after ``yield commit_point()`` the step's writes so far are committed (docs/design.md#the-loop)."""
     return Await(start=_nothing, what="commit")
 
 

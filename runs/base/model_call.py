@@ -110,16 +110,10 @@ class ModelResponse:
 
 
 class ModelClient(Protocol):
-    """A provider's client for one run's calls.
+    """A provider's client for one run's calls (docs/design.md#model-providers).
 
-    ``await complete(request)`` -> ``ModelResponse``: one model call, awaited
-    on the caller's event loop without holding a thread. Raises
-    ``ModelError`` (see ``transient`` / ``retry_after_s``), including its
-    subclasses ``StreamInterrupted`` and ``MalformedResponse``; the
-    provider makes exactly one attempt. ``timeout_s`` (seconds): the
-    provider's own timeout of one call; for the HTTP providers the SDK's
-    limit on each connect, write and read wait, so a streamed answer that
-    keeps arriving may take longer in all.
+    ``await complete(request) -> ModelResponse``: one attempt, on the caller's event loop. Raises ``ModelError``
+    (``StreamInterrupted``, ``MalformedResponse``). ``timeout_s``: seconds per call (HTTP providers: per connect/write/read wait).
     """
 
     timeout_s: float

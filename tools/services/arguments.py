@@ -78,11 +78,8 @@ def same_action_scope(tool, run) -> dict:
 def idempotency_key_base(tool, run, arguments: dict, *, identity: str = "") -> str:
     """The idempotency key of ``tool(arguments)`` in ``run`` before any failure, at most 80 characters; no query.
 
-    ``"<tool>-s<session>-<hex>"`` (``"-r<run>-"`` for ``same_action="run"``,
-    ``"-k-"`` for a business key); ``<hex>``: the first 32 hex digits of the
-    action's identity (``identity``, else ``action_identity``). The key sent
-    appends ``-<n>`` after ``n`` definite failures (``tools.services.execution``;
-    docs/design.md#outcomes).
+    ``"<tool>-s<session>-<hex>"`` (``-r<run>-`` for ``same_action="run"``, ``-k-`` for a business key); ``<hex>``: 32 hex
+    digits of ``identity`` or ``action_identity``. The key sent appends ``-<n>`` after ``n`` definite failures (docs/design.md#outcomes).
     """
     scope = {"session": f"s{run.session_id}", "run": f"r{run.pk}"}.get(tool.same_action, "k")
     return f"{tool.name[:30]}-{scope}-{(identity or action_identity(tool, run, arguments))[:32]}"

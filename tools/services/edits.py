@@ -64,16 +64,11 @@ def _walk(proposed, approved, path: tuple, changes: list[dict]) -> None:
 
 
 def argument_changes(proposed: dict | None, approved: dict | None) -> list[dict]:
-    """Each changed leaf between ``proposed`` and ``approved`` arguments, in the proposed order.
+    """Each changed leaf between ``proposed`` and ``approved`` arguments, in the proposed order; pure, no I/O.
 
-    Returns ``[{"path", "field", "change", "proposed"?, "approved"?}]``:
-    ``path`` is a JSON Pointer (RFC 6901, e.g. ``/items/0/qty``), ``field``
-    the same for people (``items[0].qty``); ``change`` is ``changed``
-    (both values given), ``added`` (only ``approved``) or ``removed`` (only
-    ``proposed``). Objects are compared key by key and lists index by
-    index, so a nested edit is one entry at its leaf; a value whose type
-    changed (an object replaced by a number) is one entry at its path.
-    ``approved`` None means nothing was edited: no changes. Pure; no I/O.
+    Returns ``[{"path", "field", "change", "proposed"?, "approved"?}]``: ``path`` a JSON Pointer (RFC 6901, ``/items/0/qty``),
+    ``field`` for people (``items[0].qty``), ``change`` ``changed``/``added``/``removed``. Objects by key, lists by index;
+    a changed type is one entry. ``approved`` None: ``[]``.
     """
     if approved is None:
         return []

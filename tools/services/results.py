@@ -113,17 +113,12 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
-    """The tool-result text the model receives for a call (JSON).
+    """The tool-result text (JSON) the model receives for a call.
 
-    ``{"status": "succeeded", "result": ...}``;
-    ``{"status": <invalid|denied|rejected|...>, "error": "..."}``;
-    ``{"status": "unknown", "error": ...}`` while an outcome is being
-    checked (never "did not run" for a call that was sent). A call a person
-    approved also carries ``"approval": {"comment", "proposed_arguments",
-    "approved_arguments"}`` (the argument pair only when they were edited).
-    A call answered with an earlier call's result (the same action,
-    ``duplicate_of``) carries ``"reused": {"tool_call", "run", "done_at",
-    "note"}`` ahead of that result: the action was done then, not again now.
+    ``{"status": "succeeded", "result": ...}`` or ``{"status": <invalid|denied|rejected|...>, "error": ...}`` (a sent
+    call whose outcome is being checked is ``unknown``, never "did not run"); an approved call adds ``"approval": {"comment",
+    "proposed_arguments", "approved_arguments"}`` (the pair only when edited), a reused one (``duplicate_of``) ``"reused":
+    {"tool_call", "run", "done_at", "note"}`` ahead of its result (docs/design.md#outcomes).
     """
     if not tool_call.pk:
         return _content(tool_call, {}, None)
