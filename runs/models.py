@@ -515,12 +515,8 @@ class Step(FSMModel):
     def fail(self, *, error: str, now, transient: bool = False, server: dict | None = None):
         """The call failed (a provider error) or its response could not be understood.
 
-        ``error`` is readable by whoever may read the run (docs/design.md#model-errors).
-        ``server``: the model server's error answer, ``{"status", "message"}``
-        (``ModelError.server_answer``), kept as ``response["error"]``.
-        ``transient``: the provider may well answer later (an outage, a rate
-        limit): recorded as ``response["error"]["transient"] = true``, which
-        the loop counts to bound its tries in a row.
+        ``error``: readable by whoever may read the run (docs/design.md#model-errors). ``server``: ``{"status", "message"}``
+        (``ModelError.server_answer``), kept as ``response["error"]``; ``transient`` adds ``"transient": true`` there.
         """
         self.error = error
         self.finished_at = now

@@ -94,14 +94,11 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class WaitSpec:
-    """What a waiting tool's call makes its run wait for (``Tool.wait``; see ``tools.waits``).
+    """What a waiting tool's call makes its run wait for (``Tool.wait``; docs/design.md#waits).
 
-    ``kind``: a registered kind of wait (``tools.waits.register_wait_kind``),
-    the run's waiting reason, e.g. ``input``, ``external_event`` or
-    ``scheduled``. ``deadline``: an aware datetime, the time itself for
-    ``scheduled``, else when the wait times out. ``event_type`` /
-    ``correlation_key``: for ``external_event``. ``title``: for ``input``,
-    the inbox item's title (the question).
+    ``kind``: a registered kind (``tools.waits.register_wait_kind``), e.g. ``input``, ``external_event``, ``scheduled``.
+    ``deadline``: an aware datetime (the time itself for ``scheduled``, else the timeout). ``event_type`` /
+    ``correlation_key``: for ``external_event``; ``title``: the question of an ``input`` item.
     """
 
     kind: str
@@ -115,10 +112,7 @@ class WaitSpec:
 class Description:
     """How one pending call reads to a person (``Tool.summarize``; ``tools.services.summary``).
 
-    ``text``: one line, e.g. "Refund 80.00 on order 123 (total 120.00, refunded 0.00)".
-    ``risk_fields``: ``((label, value), ...)``, both str, in the order a
-    person should read them (amount, order, recipient...). ``target``: what
-    the call acts on, for people ("order 123"); empty when it names none.
+    ``text``: one line; ``risk_fields``: ``((label, value), ...)`` of str, in reading order; ``target``: what it acts on ("order 123"), or empty.
     """
 
     text: str

@@ -50,12 +50,9 @@ class Interrupted(Exception):
 class Await:
     """One call a step waits for.
 
-    ``start()``: makes the awaitable (called on the engine's event loop);
-    ``timeout_s``: seconds it may take (None: no limit of the engine's);
-    ``timed_out()``: the exception thrown into the step when it took longer
-    (the awaitable is cancelled first); ``stop_at``: an aware datetime (the
-    run's deadline) past which the step gets ``Interrupted`` instead;
-    ``what``: a label for logs (``model``, ``tool:<name>``, ``pause``).
+    ``start()``: makes the awaitable (on the engine's loop); ``timeout_s``: seconds (None: no limit); ``timed_out()``: the
+    exception thrown into the step past it (the awaitable cancelled first); ``stop_at``: an aware datetime (the run's
+    deadline) past which the step gets ``Interrupted``; ``what``: a log label (``model``, ``tool:<name>``, ``pause``).
     """
 
     start: Callable[[], Awaitable[Any]]
@@ -252,12 +249,7 @@ _pool = _BlockingPool()
 
 
 async def run_blocking(fn: Callable, *args):
-    """Await ``fn(*args)`` run in the sync handler pool; cancelling the await abandons the thread.
-
-    What an ``async def`` tool handler uses for its database work (Django's
-    ORM is sync): ``order = await run_blocking(load_order, number)``. The
-    pool's threads keep their connections and drop one that broke.
-    """
+    """Await ``fn(*args)`` in the sync handler pool; cancelling abandons the thread (docs/design.md#async-tool-handlers)."""
     return await _pool.run(fn, *args)
 
 

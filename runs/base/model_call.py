@@ -123,12 +123,10 @@ class ModelClient(Protocol):
 
 @dataclass(frozen=True)
 class Provider:
-    """What a provider module declares as its ``PROVIDER`` (listed in ``runs.providers.registry``).
+    """What a provider module declares as its ``PROVIDER`` (``runs.providers.registry``; docs/design.md#model-providers).
 
-    ``name``: what an agent's ``model["provider"]`` says; ``config_problems(config)``:
-    messages for everything wrong with an agent's ``model`` config (a dict), checked
-    before the agent is saved, without the environment (empty list: usable);
-    ``client(config)``: the ``ModelClient`` for one run's calls (may raise ``ConfigError``).
+    ``name``: an agent's ``model["provider"]``; ``config_problems(config)``: what is wrong with a ``model`` dict, without the
+    environment (``[]``: usable); ``client(config)``: the ``ModelClient`` (may raise ``ConfigError``).
     """
 
     name: str
