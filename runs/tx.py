@@ -177,12 +177,9 @@ def locked_many(run_ids, *, related: tuple[str, ...] = ()):
 
 
 def relock(run: Run) -> bool:
-    """Lock the row of ``run``, an instance the caller holds (a leased worker's), without loading it again.
-
-    Call inside the caller's transaction (Zulip's "while holding the lock"
-    contract). Re-reads ``cancel_requested_at`` into the instance; returns
-    True when no other writer logged an event on the run since the instance
-    last knew its counter. Raises ``Run.DoesNotExist`` if the run is gone.
+    """Lock the row of ``run`` (a leased worker's instance) inside the caller's transaction (Zulip's "while holding the
+    lock" contract), without loading it again. Re-reads ``cancel_requested_at``; True when no other writer logged an
+    event since. Raises ``Run.DoesNotExist``.
     """
     cancel_requested_at, seq = (Run.objects.select_for_update().filter(pk=run.pk).order_by()
                                 .values_list("cancel_requested_at", "last_event_seq").get())

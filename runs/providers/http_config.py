@@ -312,13 +312,8 @@ class SDKClientCache:
 
 
 async def read_interruptible(read, stream, request, *, sdk):
-    """``await read(stream, request)`` (a ``ModelResponse``), turning a connection lost mid-stream into a
-    transient ``StreamInterrupted``.
-
-    The response has begun (the SDK returned ``stream``), so any transport
-    error from here on means half an answer: the errors of ``httpx2`` (the
-    SDKs' HTTP client), or the ``sdk`` module's ``APIConnectionError`` (and
-    ``APITimeoutError``) wrapping them.
+    """``await read(stream, request)`` (a ``ModelResponse``); a transport error once the stream has begun (``httpx2``'s, or
+    ``sdk.APIConnectionError``) raises a transient ``StreamInterrupted``: half an answer.
     """
     try:
         return await read(stream, request)

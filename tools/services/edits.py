@@ -11,11 +11,9 @@ _MISSING = object()
 
 
 def proposed_arguments(tool_call) -> dict | None:
-    """The arguments the model proposed for ``tool_call``: its raw text, parsed again (None if it never parsed).
+    """The arguments the model proposed for ``tool_call`` (what was assessed and shown), parsed again from ``raw_arguments``.
 
-    ``ToolCall.arguments`` holds the approved arguments once a person
-    edited them; ``raw_arguments`` keeps the model's text, and parsing is
-    deterministic, so this is what was assessed and shown for approval.
+    None if they never parsed; ``ToolCall.arguments`` holds the approved ones once a person edited them.
     """
     arguments, _error = parse_raw_arguments(tool_call.raw_arguments)
     return arguments
