@@ -170,13 +170,8 @@ class Phase(models.TextChoices):
 
 
 class WaitingReason(models.TextChoices):
-    """The reasons the product ships with; ``Run.waiting_reason`` also takes any kind of wait registered later.
-
-    ``approval``, ``reconciliation`` and ``retry_backoff`` are the engine's
-    own. ``input``, ``scheduled`` and ``external_event`` are kinds of waits
-    (``tools.waits``): their behaviour is the kind's, registered with
-    ``tools.waits.register_wait_kind`` like any plug-in's kind. The column
-    has no ``choices``, so a new kind needs no migration (``is_waiting_reason``).
+    """The reasons the product ships with; ``Run.waiting_reason`` (no ``choices``: ``is_waiting_reason``) also takes kinds
+    registered later. ``input``, ``scheduled``, ``external_event`` are kinds of waits (docs/design.md#waits).
     """
 
     APPROVAL = choice("approval")

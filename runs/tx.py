@@ -72,10 +72,8 @@ class RunTx:
     def apply(self, transition, *, actor: str, reason: str = "", payload: dict | None = None, **arguments):
         """Apply the bound ``transition`` of the run or of a row of it; returns the instance.
 
-        The run's own transition logs the events kept so far ahead of its
-        own and writes the columns given by ``set`` in the same
-        UPDATE; another row's is written at once and its event kept. Raises
-        what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
+        The run's own logs the kept events ahead of its own and writes ``set``'s columns in the same UPDATE; another row's is
+        written at once, its event kept. Raises what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
         ``ConcurrentTransition``, ``LeaseLost``), which undoes the block.
         """
         run_own = transition.__self__ is self.run

@@ -59,16 +59,10 @@ SERVER_MESSAGE_CHARS = 300
 
 
 def server_message(body) -> str:
-    """What a model server said in an error answer, fit for whoever may read the run (docs/design.md#model-errors).
+    """What a model server said in an error answer (``APIStatusError.body``), fit for the run's readers (docs/design.md#model-errors).
 
-    ``body`` is the SDK's ``APIStatusError.body``: the ``message`` of its
-    error object (OpenAI's ``{"error": {"message"}}``, Anthropic's
-    ``{"type": "error", "error": {"message"}}``, or the error object itself),
-    or a body that is plain text; nothing else of the body, and never a
-    header. Credentials are masked (``runs.base.masking.mask_log_text``: this
-    process's secret environment values, values given to credential names,
-    URL passwords, key shapes), NULs replaced; at most
-    ``SERVER_MESSAGE_CHARS`` characters.
+    The error object's ``message`` (OpenAI's, Anthropic's, or the object itself) or a plain-text body, never more; masked
+    (``runs.base.masking.mask_log_text``), NULs replaced, at most ``SERVER_MESSAGE_CHARS`` characters; ``""`` otherwise.
     """
     found = body
     if isinstance(found, dict):

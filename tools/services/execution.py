@@ -385,13 +385,8 @@ def retry_delay(tool_call: ToolCall) -> float:
 
 
 def charged_attempts(tool_call: ToolCall) -> int:
-    """How many sends of ``tool_call`` count against its tool's ``max_attempts``.
-
-    ``attempts`` counts every send, those cut off by a worker's death too;
-    a send cut off while the run was a bystander of another run's crash (a
-    ``recovery`` event with ``"blamed": false`` that names the call, see
-    ``runs.engine.recovery.recover_after_takeover``) is not held against
-    the call. One query; asked only after a failed send or a death.
+    """How many sends of ``tool_call`` count against its tool's ``max_attempts``: ``attempts`` less the sends cut off as a
+    bystander (``recovery`` events with ``"blamed": false``; docs/design.md#recovery-and-the-sweeper). One query.
     """
     if not tool_call.attempts:
         return 0
