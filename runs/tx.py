@@ -142,12 +142,9 @@ def _rows(related: tuple[str, ...]):
 
 @contextlib.contextmanager
 def locked(run_id: int, *, related: tuple[str, ...] = ()):
-    """``with locked(run_id) as tx:``: a transaction holding run ``run_id``'s row lock, as a ``RunTx``.
+    """``with locked(run_id) as tx:``: a transaction holding the run's row lock (one ``SELECT ... FOR UPDATE``), as a ``RunTx``.
 
-    One statement (``SELECT ... FOR UPDATE``); ``related``: foreign keys of
-    the run read along (``select_related``; not locked). Raises
-    ``Run.DoesNotExist`` if there is no such run. See the module doc for
-    what leaving the block writes.
+    ``related``: foreign keys read along, not locked. Raises ``Run.DoesNotExist``. Leaving the block writes: the module doc.
     """
     with transaction.atomic():
         tx = RunTx(_rows(related).get(pk=run_id))
