@@ -376,12 +376,9 @@ def pending_items_locked(run_ids) -> list[Interrupt]:
 
 
 def cancel_pending_interrupts(*, run, actor: str, pending: list[Interrupt] | None = None) -> None:
-    """Cancel the pending approval and input items of ``run`` (the run is ending).
+    """Cancel the pending approval and input items of ``run`` (it is ending); reconciliation items stay (docs/design.md#ending-a-run).
 
-    Reconciliation items stay pending: the effect they ask about may have
-    happened, whatever becomes of the run. ``pending``: the run's items as
-    the caller loaded them under its lock (``pending_items_locked``); the
-    ones still pending in memory are cancelled. Else they are read here.
+    ``pending``: the items the caller loaded under its lock (``pending_items_locked``), else read here.
     """
     if pending is None:
         pending = pending_items_locked([run.pk])

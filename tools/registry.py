@@ -96,9 +96,8 @@ class ToolContext:
 class WaitSpec:
     """What a waiting tool's call makes its run wait for (``Tool.wait``; docs/design.md#waits).
 
-    ``kind``: a registered kind (``tools.waits.register_wait_kind``), e.g. ``input``, ``external_event``, ``scheduled``.
-    ``deadline``: an aware datetime (the time itself for ``scheduled``, else the timeout). ``event_type`` /
-    ``correlation_key``: for ``external_event``; ``title``: the question of an ``input`` item.
+    ``kind``: a registered kind (``tools.waits.register_wait_kind``); ``deadline``: an aware datetime (``scheduled``: the time,
+    else the timeout); ``event_type`` / ``correlation_key``: ``external_event``'s; ``title``: an ``input`` item's question.
     """
 
     kind: str

@@ -48,11 +48,10 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True)
 class Await:
-    """One call a step waits for.
+    """One call a step waits for: ``start()`` makes the awaitable (on the engine's loop); ``timeout_s``: seconds (None: no limit).
 
-    ``start()``: makes the awaitable (on the engine's loop); ``timeout_s``: seconds (None: no limit); ``timed_out()``: the
-    exception thrown into the step past it (the awaitable cancelled first); ``stop_at``: an aware datetime (the run's
-    deadline) past which the step gets ``Interrupted``; ``what``: a log label (``model``, ``tool:<name>``, ``pause``).
+    ``timed_out()``: the exception thrown into the step past it (the awaitable cancelled first); ``stop_at``: aware datetime
+    (the run's deadline) past which the step gets ``Interrupted``; ``what``: a log label (``model``, ``tool:<name>``).
     """
 
     start: Callable[[], Awaitable[Any]]

@@ -87,13 +87,10 @@ MAX_ORIGINAL_POLL_S = 3600
 
 
 def advance(run_id: int) -> Run | None:
-    """Advance run ``run_id`` as far as it can go without a person.
+    """Advance run ``run_id`` as far as it can go without a person, under its lease (None: another worker holds it).
 
-    Takes the run's lease first; returns None when another worker holds
-    it. Otherwise returns the run as it was left (waiting, terminal, or
-    handed back to the queue after ``SLICE_STEPS`` steps). Raises
-    ``LeaseLost`` if the lease was taken over meanwhile (nothing this
-    worker tried to write after that point was saved).
+    Returns the run as left (waiting, terminal, or handed back after ``SLICE_STEPS`` steps). Raises ``LeaseLost`` if the
+    lease was taken over meanwhile (nothing written after that was saved).
     """
     held = lease.acquire(run_id)
     if held is None:

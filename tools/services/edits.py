@@ -62,11 +62,10 @@ def _walk(proposed, approved, path: tuple, changes: list[dict]) -> None:
 
 
 def argument_changes(proposed: dict | None, approved: dict | None) -> list[dict]:
-    """Each changed leaf between ``proposed`` and ``approved`` arguments, in the proposed order; pure, no I/O.
+    """Each changed leaf between ``proposed`` and ``approved`` arguments, in the proposed order (``approved`` None: ``[]``); pure.
 
-    Returns ``[{"path", "field", "change", "proposed"?, "approved"?}]``: ``path`` a JSON Pointer (RFC 6901, ``/items/0/qty``),
-    ``field`` for people (``items[0].qty``), ``change`` ``changed``/``added``/``removed``. Objects by key, lists by index;
-    a changed type is one entry. ``approved`` None: ``[]``.
+    ``[{"path", "field", "change", "proposed"?, "approved"?}]``: ``path`` a JSON Pointer (RFC 6901, ``/items/0/qty``), ``field``
+    for people (``items[0].qty``), ``change`` ``changed``/``added``/``removed``; objects by key, lists by index.
     """
     if approved is None:
         return []

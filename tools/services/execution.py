@@ -177,13 +177,9 @@ def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
 
 
 def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, stop_at=None) -> Steps:
-    """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step that returns the reason to deny
-    the call, or None.
+    """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step returning the reason to deny the call, or None.
 
-    A precondition that raises or outlives the tool's timeout could not
-    say the call may go: that is a denial too (fail-safe: nothing is sent),
-    naming only the exception's type (the details stay in the log).
-    ``Interrupted`` (the run's cancel or deadline) propagates.
+    Fail-safe: a precondition that raises or times out denies it (naming the exception's type only). ``Interrupted`` propagates.
     """
     try:
         return (yield from call_hook(tool, tool.precondition, context, arguments, stop_at=stop_at))

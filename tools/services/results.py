@@ -113,12 +113,10 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
-    """The tool-result text (JSON) the model receives for a call.
+    """The tool-result text (JSON) the model receives for a call (docs/integrating.md#6-the-model-wire-contract).
 
-    ``{"status": "succeeded", "result": ...}`` or ``{"status": <invalid|denied|rejected|...>, "error": ...}`` (a sent
-    call whose outcome is being checked is ``unknown``, never "did not run"); an approved call adds ``"approval": {"comment",
-    "proposed_arguments", "approved_arguments"}`` (the pair only when edited), a reused one (``duplicate_of``) ``"reused":
-    {"tool_call", "run", "done_at", "note"}`` ahead of its result (docs/design.md#outcomes).
+    ``{"status": "succeeded", "result"}`` or ``{"status", "error"}`` (a sent call being checked is ``unknown``, never "did not
+    run"); plus ``"approval": {"comment", "proposed_arguments"?, "approved_arguments"?}``, ``"reused": {"tool_call", "run", "done_at", "note"}``.
     """
     if not tool_call.pk:
         return _content(tool_call, {}, None)
