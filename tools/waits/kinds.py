@@ -34,7 +34,7 @@ class WaitKind:
     * ``resumes_run``: settling it (``tools.waits.settle_wait``) resumes the run; False: only its deadline ends it.
     * ``open(wait, spec)``: once the pending wait is stored, in the run's transaction; ``spec``: ``tools.registry.WaitSpec``.
     * ``taken(wait) -> bool``: True when it cannot open now; it is then stored ``refused`` with ``taken_error``.
-    * ``done_at_deadline(wait, now) -> result``: ``done`` at its deadline with this JSON result; None: ``timed_out``.
+    * ``done_at_deadline(wait, now) -> result``: ``done`` at (or opened past) its deadline with this JSON result; None: ``timed_out``.
     * ``on_timeout(tx, wait, now=, actor=)``: under the run's lock (``runs.tx.RunTx``) just before it times out.
     * ``timeout_error``, ``taken_error``: the call's error, ``str.format``-ed with ``event_type``, ``correlation_key``.
     """
