@@ -42,14 +42,10 @@ TITLE_CHARS = 300  # Interrupt.title's length
 
 
 def item_title(kind: str, tool_call, stored: str = "") -> str:
-    """The title of an inbox item of ``kind`` about ``tool_call``, in the active language, from the call's facts.
+    """The title of an inbox item of ``kind`` about ``tool_call``, in the active language; at most 300 characters, no query.
 
-    An approval reads as its call ("Refund 80.00 on order 123",
-    ``tools.services.summary.title_of``: the tool's ``title`` hook or the
-    fallback), a reconciliation as "Outcome unknown: " and its call. A
-    question (``input``) is the model's own words, and an item without a
-    call (or with arguments that are not an object) has only its ``stored``
-    title: both are shown as stored. At most 300 characters; no query.
+    Approvals read as their call (``tools.services.summary.title_of``), reconciliations as "Outcome unknown: " and it;
+    questions and items without a call (or non-object arguments) keep ``stored`` (docs/design.md#surfaces).
     """
     if kind == InterruptKind.INPUT or tool_call is None or not isinstance(tool_call.arguments, dict):
         return stored

@@ -242,12 +242,9 @@ def preferences_of(user) -> NotificationPreference:
 
 def save_preferences(*, user, new_item: bool, claimed_expiring: bool, run_expired: bool,
                      language: str = "") -> NotificationPreference:
-    """Store which emails ``user`` wants (the flags of ``NotificationPreference``) and their ``language``.
+    """Store which emails ``user`` wants (``NotificationPreference``'s flags) and their ``language``; returns the row.
 
-    One row per user, made on the first save and updated after. ``language``:
-    "" (the site's ``LANGUAGE_CODE``) or a code of ``settings.LANGUAGES``;
-    anything else raises ``InvalidInput`` (field ``language``) and stores
-    nothing. Returns the saved row.
+    ``language``: "" (``LANGUAGE_CODE``) or a code of ``settings.LANGUAGES``, else ``InvalidInput`` (field ``language``).
     """
     if language and language not in dict(settings.LANGUAGES):
         raise InvalidInput.for_fields({"language": f"Unknown language {language!r}."})

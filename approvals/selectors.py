@@ -52,12 +52,10 @@ def _day_start(day: date) -> datetime:
 
 @dataclass(frozen=True)
 class DecidedFilters:
-    """What the history page shows, validated (``approvals.web.forms.DecidedFilterForm``).
+    """What the history page shows, validated (``approvals.web.forms.DecidedFilterForm``); "" and None mean any.
 
-    ``mine``: only the items the user decided. ``decision``: one
-    ``Decision`` value, "" for any. ``tool``: the tool call's name, "" for
-    any. ``day_from`` / ``day_to``: resolved on or after / on or before
-    these days (inclusive, in the current time zone), None for no bound.
+    ``mine``: items the user decided; ``decision``: a ``Decision``; ``tool``: a name; ``day_from`` / ``day_to``: inclusive
+    days in the current time zone.
     """
 
     mine: bool = False
@@ -172,13 +170,10 @@ FAR_FUTURE_MS = 2 ** 53 - 1  # the order key of an item that never expires (sort
 
 @dataclass(frozen=True)
 class InboxFilters:
-    """What the inbox list shows, validated (``approvals.web.forms.InboxFilterForm``).
+    """What the inbox list shows, validated (``approvals.web.forms.InboxFilterForm``); "" means any.
 
-    ``sort``: one of ``SORTS``; ``kind``, ``tool`` (tool name), ``agent``
-    (slug), ``requester`` (username): exact matches, "" for any;
-    ``search``: case-insensitive text in the title, the tool's name or the
-    model's arguments, "" for none; ``assigned``: ``"me"`` for the items the
-    user claimed (``assigned_to``), "" for any.
+    ``sort``: one of ``SORTS``; ``kind``, ``tool``, ``agent`` (slug), ``requester`` (username): exact; ``search``:
+    case-insensitive in title, tool name or arguments; ``assigned``: ``"me"`` for the user's claimed items.
     """
 
     sort: str = "expiry"
@@ -391,12 +386,9 @@ def _related(rows: list, *, user) -> dict[int, RelatedCue]:
 
 
 def inbox_counts(*, user) -> dict:
-    """Pending items ``user`` may decide: ``{"total": int, "capped": bool, "by_kind": [(kind, int), ...]}``
-    (kinds with none left out, in ``InterruptKind`` order).
+    """Pending items ``user`` may decide: ``{"total": int, "capped": bool, "by_kind": [(kind, int), ...]}`` (``InterruptKind`` order).
 
-    One grouped COUNT over at most ``COUNT_CAP`` items (so it stays cheap
-    at a million pending items); ``capped`` True means every number is a
-    lower bound (shown "1000+").
+    One grouped COUNT over at most ``COUNT_CAP`` items; ``capped``: every number is a lower bound ("1000+").
     """
     first = pending_decidable(user=user).order_by().values("pk")[:COUNT_CAP]
     counted = dict(Interrupt.objects.filter(pk__in=Subquery(first)).order_by().values_list("kind")
@@ -415,15 +407,9 @@ def run_decided_interrupts(*, run) -> list[Interrupt]:
 class Why:
     """Why an item is in the inbox, from the record.
 
-    ``rule``: the approval rule that fired (e.g. ``amount > 50``), as kept
-    on the item, or for items opened before it was kept, as logged when the
-    call was assessed; empty when neither has it. ``tool_rule`` and
-    ``agent_rule``: the rules of the tool and of the run's agent now
-    (``agent_rule`` empty: none);
-    ``granted_by``: who let the agent's rule replace the tool's (empty:
-    the agent's rule only adds). ``model_reason``: the text of the model's
-    turn that proposed the call (empty if it said nothing), ``message_id``
-    that turn's message (None if not found).
+    ``rule``: the approval rule that fired, as kept on the item (or logged at assessment); ``tool_rule``, ``agent_rule``:
+    the rules now; ``granted_by``: who let the agent's rule replace the tool's; ``model_reason``: the proposing turn's
+    text, ``message_id`` its message (None: not found). Empty strings: none.
     """
 
     rule: str
@@ -504,11 +490,8 @@ def _call_settled(call) -> bool:
 
 @dataclass(frozen=True)
 class ItemOutcome:
-    """What became of a decided item, for the bulk result page: its run's status and its call's.
-
-    ``call_status`` is a ``ToolCallStatus`` value ("" without a call);
-    ``detail`` the call's error (why it was denied, failed or is unknown);
-    ``settled``: the call has its outcome or the run has ended.
+    """What became of a decided item (bulk result page): ``run_status``; ``call_status`` (``ToolCallStatus``, "" without a
+    call); ``detail``: the call's error; ``settled``: the call has its outcome or the run has ended.
     """
 
     item: Interrupt

@@ -145,13 +145,9 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
 
 
 def overdue_interrupts(*, now, limit: int | None = None) -> list[tuple[int, int]]:
-    """``(item id, run id)`` of pending approval items whose ``expires_at`` has passed (for the sweeper).
+    """``(item id, run id)`` of pending approval items past ``expires_at`` (for the sweeper), longest overdue first, at most ``limit``.
 
-    The longest overdue first, at most ``limit`` of them, ordered by
-    ``expires_at`` alone: either partial index of pending items on it
-    (``interrupt_pending_expiry``, ``interrupt_inbox_expiry``) then serves
-    the order without a sort, whichever the planner picks. Input items are left out: their wait ends them at
-    the same moment (``expire_input_item``), and the run goes on instead of failing.
+    Input items are left out: their wait ends them (``expire_input_item``) and the run goes on (docs/design.md#scale-of-the-waiting-set).
     """
     overdue = Interrupt.objects.filter(status=InterruptStatus.PENDING, expires_at__lte=now).exclude(
         kind=InterruptKind.INPUT).order_by("expires_at")
@@ -183,13 +179,9 @@ def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interru
 
 
 def can_decide(user, interrupt: Interrupt) -> bool:
-    """Whether ``user`` may resolve ``interrupt``: ``Interrupt.objects.decidable_by``, the one rule.
+    """Whether ``user`` may resolve ``interrupt``: ``Interrupt.objects.decidable_by``, the one rule (docs/design.md#who-may-see-and-decide).
 
-    An input item (a question to the requester) is answered by the run's
-    requester or by staff; the others need the item's permission and the
-    requester rule (``runs.access``). One query, unless ``interrupt`` was
-    loaded ``with_decidable_flag(user)`` for this very user (an API or page
-    lookup of the same request): that flag is the same rule's answer.
+    One query, or none when ``interrupt`` was loaded ``with_decidable_flag(user)`` for this user.
     """
     if user.pk is not None and getattr(interrupt, "decidable_flag_for", None) == user.pk:
         return bool(interrupt.user_may_decide)
@@ -384,12 +376,9 @@ def pending_items_locked(run_ids) -> list[Interrupt]:
 
 
 def cancel_pending_interrupts(*, run, actor: str, pending: list[Interrupt] | None = None) -> None:
-    """Cancel the pending approval and input items of ``run`` (the run is ending).
+    """Cancel the pending approval and input items of ``run`` (it is ending); reconciliation items stay (docs/design.md#ending-a-run).
 
-    Reconciliation items stay pending: the effect they ask about may have
-    happened, whatever becomes of the run. ``pending``: the run's items as
-    the caller loaded them under its lock (``pending_items_locked``); the
-    ones still pending in memory are cancelled. Else they are read here.
+    ``pending``: the items the caller loaded under its lock (``pending_items_locked``), else read here.
     """
     if pending is None:
         pending = pending_items_locked([run.pk])

@@ -195,13 +195,8 @@ class VisibleRowsMixin:
 
 
 class OutputSerializer(serializers.ModelSerializer):
-    """A read-only model serializer whose schema admits the empty string where the model does.
-
-    DRF drops ``allow_blank`` from fields listed in ``read_only_fields``, so
-    a choice field that may be blank (e.g. a run's ``waiting_reason``)
-    would be documented as its enum only, and the empty value it really
-    shows would break the published schema. This keeps ``allow_blank``, so
-    drf-spectacular documents the blank choice too.
+    """A read-only model serializer that keeps ``allow_blank`` (DRF drops it for ``read_only_fields``), so drf-spectacular
+    documents a blank choice (a run's ``waiting_reason``) the field really shows.
     """
 
     def include_extra_kwargs(self, kwargs, extra_kwargs):

@@ -74,11 +74,8 @@ def _known_zone_names() -> frozenset[str]:
 
 
 def zone_named(name: str | None) -> zoneinfo.ZoneInfo | None:
-    """The time zone called ``name`` (e.g. ``"Asia/Shanghai"``), or ``None`` for anything else.
-
-    ``name`` comes from a cookie, so it is untrusted: it is looked up in the
-    set of known zone names before ``ZoneInfo`` sees it (no file paths, no
-    unbounded cache of made-up keys).
+    """The time zone called ``name`` (``"Asia/Shanghai"``), or None: the untrusted cookie value is looked up among the known
+    zone names before ``ZoneInfo`` sees it.
     """
     if not name or name not in _known_zone_names():
         return None

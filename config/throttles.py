@@ -94,22 +94,18 @@ class ScopedRateThrottle(throttling.ScopedRateThrottle, SerializedRateThrottle):
 
 
 def client_address(request) -> str:
-    """The address a request comes from, as every throttle and the login lockout count it.
+    """The address a request (Django's or DRF's) comes from, as every throttle and the login lockout count it.
 
-    ``REMOTE_ADDR``, or with ``NUM_PROXIES`` (``TOLLGATE_TRUSTED_PROXIES``)
-    above 0 the X-Forwarded-For entry that many places from its end (DRF's
-    ``get_ident``); a client's own X-Forwarded-For never counts.
-    ``request`` is Django's or DRF's request (``META`` and ``headers`` are read).
+    ``REMOTE_ADDR``, or with ``NUM_PROXIES`` (``TOLLGATE_TRUSTED_PROXIES``) > 0 the X-Forwarded-For entry that many places
+    from its end (DRF's ``get_ident``); a client's own X-Forwarded-For never counts.
     """
     return throttling.BaseThrottle().get_ident(request)
 
 
 def count_failed_authentication(request) -> float | None:
-    """Count a request that brought no credentials or bad ones against the ``anon`` rate of its address.
+    """Count a request (Django's or DRF's) with no or bad credentials against its address's ``anon`` rate.
 
-    ``request``: Django's or DRF's request. Returns None while the address
-    is within the rate, else the seconds until the next may pass (the
-    caller answers 429 instead of 401).
+    Returns None within the rate, else the seconds until the next may pass (the caller answers 429, not 401).
     """
     throttle = AnonRateThrottle()
     anonymous = SimpleNamespace(user=AnonymousUser(), META=request.META, headers=request.headers)
@@ -119,12 +115,9 @@ def count_failed_authentication(request) -> float | None:
 
 
 def check_run_start_rate(request) -> None:
-    """Count a run start by ``request.user`` (a Django request, logged in) against the ``runs`` rate.
+    """Count a run start by ``request.user`` against the per-user ``runs`` rate of ``POST /api/runs/`` (DRF's ``ScopedRateThrottle``).
 
-    The very count ``POST /api/runs/`` keeps (``ScopedRateThrottle``, scope
-    ``runs``, per user), so pages and the API share one rate. Raises
-    ``Throttled`` (429, ``details.retry_after`` in whole seconds) when it
-    is used up.
+    Raises ``Throttled`` (429, ``details.retry_after`` in whole seconds) when it is used up.
     """
     throttle = ScopedRateThrottle()
     if not throttle.allow_request(request, SimpleNamespace(throttle_scope="runs")):

@@ -45,12 +45,8 @@ class LeaseLost(Exception):
 
 @dataclass(frozen=True)
 class Lease:
-    """A held lease: ``run_id``, the fencing ``token`` and the ``owner`` string.
-
-    ``suspect``: the run's worker died on it and the death may be its own
-    doing (its streaks, ``is_suspect``, or a replaced lease nobody gave
-    back: ``acquire``), so it should be advanced alone in its process
-    (``runs.engine.runtime``).
+    """A held lease: ``run_id``, the fencing ``token``, the ``owner`` string, and ``suspect``: the run's worker died on it,
+    maybe by its doing, so it is advanced alone (docs/design.md#recovery-and-the-sweeper).
     """
 
     run_id: int

@@ -170,13 +170,8 @@ class Phase(models.TextChoices):
 
 
 class WaitingReason(models.TextChoices):
-    """The reasons the product ships with; ``Run.waiting_reason`` also takes any kind of wait registered later.
-
-    ``approval``, ``reconciliation`` and ``retry_backoff`` are the engine's
-    own. ``input``, ``scheduled`` and ``external_event`` are kinds of waits
-    (``tools.waits``): their behaviour is the kind's, registered with
-    ``tools.waits.register_wait_kind`` like any plug-in's kind. The column
-    has no ``choices``, so a new kind needs no migration (``is_waiting_reason``).
+    """The reasons the product ships with; ``Run.waiting_reason`` (no ``choices``: ``is_waiting_reason``) also takes kinds
+    registered later. ``input``, ``scheduled``, ``external_event`` are kinds of waits (docs/design.md#waits).
     """
 
     APPROVAL = choice("approval")
@@ -515,12 +510,8 @@ class Step(FSMModel):
     def fail(self, *, error: str, now, transient: bool = False, server: dict | None = None):
         """The call failed (a provider error) or its response could not be understood.
 
-        ``error`` is readable by whoever may read the run (docs/design.md#model-errors).
-        ``server``: the model server's error answer, ``{"status", "message"}``
-        (``ModelError.server_answer``), kept as ``response["error"]``.
-        ``transient``: the provider may well answer later (an outage, a rate
-        limit): recorded as ``response["error"]["transient"] = true``, which
-        the loop counts to bound its tries in a row.
+        ``error``: readable by whoever may read the run (docs/design.md#model-errors). ``server``: ``{"status", "message"}``
+        (``ModelError.server_answer``), kept as ``response["error"]``; ``transient`` adds ``"transient": true`` there.
         """
         self.error = error
         self.finished_at = now

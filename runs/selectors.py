@@ -79,16 +79,10 @@ CONFLICT_CODES = [OUTCOME_NOT_ACHIEVED, CALL_WITHOUT_EFFECT, CALL_OUTCOME_UNKNOW
 
 @dataclass(frozen=True)
 class Conflict:
-    """One recorded fact that conflicts with the model's final text.
+    """One recorded fact that conflicts with the model's final text (docs/design.md#outcomes).
 
-    ``code``: ``outcome_not_achieved`` (the run's verdict; ``status`` is the
-    outcome, ``detail`` its reason, no ``tool_call``),
-    ``call_without_effect`` (a side-effecting call that ended rejected,
-    denied, failed, expired, cancelled or invalid and that no later call made up
-    for; ``detail`` is its error), ``call_outcome_unknown`` (a side-effecting
-    call whose effect is not known), ``arguments_edited`` (a call executed
-    with arguments a person edited when approving it). ``changes``: what the
-    person changed (``tools.services.edits.argument_changes``), for any call
+    ``code``: ``outcome_not_achieved`` (``status``/``detail``: the outcome and its reason), ``call_without_effect``,
+    ``call_outcome_unknown`` or ``arguments_edited``. ``changes``: ``tools.services.edits.argument_changes`` of a call
     approved with edits, else ``[]``.
     """
 

@@ -47,17 +47,11 @@ class Event:
 
 @dataclasses.dataclass(frozen=True)
 class RunColumns:
-    """Run columns written by the same fenced UPDATE that reserves the events' seqs.
+    """Run columns written by the same fenced UPDATE that reserves the events' seqs (concrete, non-relational ``Run`` fields).
 
-    ``values``: field name -> new value (set on the instance too; the
-    status only as ``runs.transitions.apply`` has already set it);
-    ``increments``: field name -> number added to the stored value and to
-    the instance's (which mirrors the row under a lease:
-    ``runs.engine.state``); ``expected``:
-    field name -> the value the row must still hold, else nothing is
-    written (e.g. the status a transition starts from: optimistic
-    locking). Concrete, non-relational fields of ``Run`` only; never
-    ``last_event_seq``.
+    ``values``: field -> new value (set on the instance too); ``increments``: field -> number added to row and instance;
+    ``expected``: field -> value the row must still hold, else nothing is written (optimistic locking).
+    Raises ``TypeError`` for ``last_event_seq`` (``append_events`` moves it).
     """
 
     values: dict = dataclasses.field(default_factory=dict)
@@ -196,13 +190,10 @@ def set_phase(run: Run, phase: str) -> None:
 
 def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, tool_call_id: str = "",
                    fence: bool = True) -> Message:
-    """Append one message to the session history of ``run`` (never edited later).
+    """Append one message to the session history of ``run`` (never edited later); returns it.
 
-    Raises ``LeaseLost`` in a worker whose lease on the run was taken over.
-    ``fence=False`` leaves that check to the caller's transaction, which
-    must make a fenced write of its own for the run (e.g. ``append_event``):
-    one fenced statement anywhere in a transaction keeps all of it from
-    committing once the lease has changed hands.
+    Raises ``LeaseLost`` in a worker whose lease was taken over. ``fence=False``: the caller's transaction makes a fenced
+    write of its own for the run (one fenced statement keeps the whole transaction from committing).
     """
     if fence:
         lease.check(run.pk)

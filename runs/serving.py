@@ -1,11 +1,7 @@
-"""The hook through which installed apps start their own services with ``manage.py serve``.
+"""The hook through which installed apps start their own services with ``manage.py serve`` (not with ``--no-services``).
 
-``serve_starting`` is sent once, before the server listens, with
-``stdout`` (the command's output, for a line saying what was started).
-A receiver starts what its app needs beside the server (the demo app: its
-payment gateway) and returns a callable that stops it, or None when it
-started nothing. ``serve`` calls those callables, last started first, when
-it stops; ``serve --no-services`` sends nothing.
+``serve_starting`` is sent once before the server listens, with ``stdout``; a receiver returns a callable that stops
+what it started, or None. ``serve`` calls them last started first when it stops.
 """
 
 from django.dispatch import Signal

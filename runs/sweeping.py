@@ -45,11 +45,8 @@ _JOBS: dict[str, SweepJob] = {}
 
 
 def register_sweep_job(name: str, fn: Callable[..., dict[str, int]], *, order: int) -> SweepJob:
-    """Add ``fn`` to every sweeper pass as job ``name``, run at ``order`` (lower first; ties by name).
-
-    Registering the same ``fn`` under the same name again (a second
-    ``ready``) changes nothing. Raises ``ImproperlyConfigured`` if another
-    function is registered under ``name``.
+    """Add ``fn`` to every sweeper pass as job ``name``, run at ``order`` (lower first; ties by name); idempotent for the
+    same ``fn``. Raises ``ImproperlyConfigured`` if another function holds ``name``.
     """
     known = _JOBS.get(name)
     if known is not None and known.fn is not fn:

@@ -72,10 +72,8 @@ class RunTx:
     def apply(self, transition, *, actor: str, reason: str = "", payload: dict | None = None, **arguments):
         """Apply the bound ``transition`` of the run or of a row of it; returns the instance.
 
-        The run's own transition logs the events kept so far ahead of its
-        own and writes the columns given by ``set`` in the same
-        UPDATE; another row's is written at once and its event kept. Raises
-        what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
+        The run's own logs the kept events ahead of its own and writes ``set``'s columns in the same UPDATE; another row's is
+        written at once, its event kept. Raises what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
         ``ConcurrentTransition``, ``LeaseLost``), which undoes the block.
         """
         run_own = transition.__self__ is self.run
@@ -144,12 +142,9 @@ def _rows(related: tuple[str, ...]):
 
 @contextlib.contextmanager
 def locked(run_id: int, *, related: tuple[str, ...] = ()):
-    """``with locked(run_id) as tx:``: a transaction holding run ``run_id``'s row lock, as a ``RunTx``.
+    """``with locked(run_id) as tx:``: a transaction holding the run's row lock (one ``SELECT ... FOR UPDATE``), as a ``RunTx``.
 
-    One statement (``SELECT ... FOR UPDATE``); ``related``: foreign keys of
-    the run read along (``select_related``; not locked). Raises
-    ``Run.DoesNotExist`` if there is no such run. See the module doc for
-    what leaving the block writes.
+    ``related``: foreign keys read along, not locked. Raises ``Run.DoesNotExist``. Leaving the block writes: the module doc.
     """
     with transaction.atomic():
         tx = RunTx(_rows(related).get(pk=run_id))
@@ -177,12 +172,9 @@ def locked_many(run_ids, *, related: tuple[str, ...] = ()):
 
 
 def relock(run: Run) -> bool:
-    """Lock the row of ``run``, an instance the caller holds (a leased worker's), without loading it again.
-
-    Call inside the caller's transaction (Zulip's "while holding the lock"
-    contract). Re-reads ``cancel_requested_at`` into the instance; returns
-    True when no other writer logged an event on the run since the instance
-    last knew its counter. Raises ``Run.DoesNotExist`` if the run is gone.
+    """Lock the row of ``run`` (a leased worker's instance) inside the caller's transaction (Zulip's "while holding the
+    lock" contract), without loading it again. Re-reads ``cancel_requested_at``; True when no other writer logged an
+    event since. Raises ``Run.DoesNotExist``.
     """
     cancel_requested_at, seq = (Run.objects.select_for_update().filter(pk=run.pk).order_by()
                                 .values_list("cancel_requested_at", "last_event_seq").get())

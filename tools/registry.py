@@ -57,11 +57,8 @@ class ToolUnavailable(ToolError):
 
 
 class ToolNotSent(ToolUnavailable):
-    """A transient failure before anything was sent (no connection could be made): any call may be sent
-    again, a side effect too, after its backoff and within ``max_attempts``.
-
-    Raise it only when the request certainly never left (a refused or
-    timed-out connect); once it may have, raise ``ToolUnavailable``.
+    """A transient failure before anything was sent: any call, a side effect too, may be sent again after its backoff,
+    within ``max_attempts``. Raise it only when the request certainly never left (refused or timed-out connect).
     """
 
 
@@ -80,17 +77,11 @@ class Reconciliation:
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a handler or precondition may know: the run, its requester, the key.
+    """What a handler or precondition may know: the run, its requester, the key (docs/design.md#declaring-a-tool).
 
-    ``idempotency_key`` is empty for preconditions; a read-only tool's
-    calls are never deduplicated, so unless the tool is ``idempotent`` its
-    key names the action only (it is the same after a failed call, see
-    ``tools.services.execution``). ``tool_call`` (the
-    ``ToolCall``) is None while a call is assessed (none is stored yet), and
-    set when it is checked again before running and when it runs.
-    ``cancelled`` (a ``threading.Event``) is set when the engine stops
-    waiting for the call (its ``timeout_s`` passed): a sync handler that
-    looks at it can stop early; an ``async def`` handler is cancelled.
+    ``idempotency_key``: empty for preconditions; a read-only, non-``idempotent`` tool's names the action only.
+    ``tool_call``: None while a call is assessed. ``timeout_s``: seconds. ``cancelled``: set when the engine stops
+    waiting (a sync handler may stop early; an ``async def`` handler is cancelled).
     """
 
     run: Any
@@ -103,14 +94,10 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class WaitSpec:
-    """What a waiting tool's call makes its run wait for (``Tool.wait``; see ``tools.waits``).
+    """What a waiting tool's call makes its run wait for (``Tool.wait``; docs/design.md#waits).
 
-    ``kind``: a registered kind of wait (``tools.waits.register_wait_kind``),
-    the run's waiting reason, e.g. ``input``, ``external_event`` or
-    ``scheduled``. ``deadline``: an aware datetime, the time itself for
-    ``scheduled``, else when the wait times out. ``event_type`` /
-    ``correlation_key``: for ``external_event``. ``title``: for ``input``,
-    the inbox item's title (the question).
+    ``kind``: a registered kind (``tools.waits.register_wait_kind``); ``deadline``: an aware datetime (``scheduled``: the time,
+    else the timeout); ``event_type`` / ``correlation_key``: ``external_event``'s; ``title``: an ``input`` item's question.
     """
 
     kind: str
@@ -124,10 +111,7 @@ class WaitSpec:
 class Description:
     """How one pending call reads to a person (``Tool.summarize``; ``tools.services.summary``).
 
-    ``text``: one line, e.g. "Refund 80.00 on order 123 (total 120.00, refunded 0.00)".
-    ``risk_fields``: ``((label, value), ...)``, both str, in the order a
-    person should read them (amount, order, recipient...). ``target``: what
-    the call acts on, for people ("order 123"); empty when it names none.
+    ``text``: one line; ``risk_fields``: ``((label, value), ...)`` of str, in reading order; ``target``: what it acts on ("order 123"), or empty.
     """
 
     text: str

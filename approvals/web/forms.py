@@ -66,11 +66,9 @@ class ReconcileForm(forms.Form):
 
 
 class AnswerForm(forms.Form):
-    """Answer a question (an input item): free text, or one of the question's options (a button each).
+    """Answer a question (an input item): free text or one of its options, with a file when it allows one.
 
-    With a file when the question allows one (the page shows the input only
-    then). ``approvals.services.answer_interrupt`` checks the options, that
-    there is an answer or a file, and the file.
+    ``approvals.services.answer_interrupt`` checks the options, that there is an answer or a file, and the file.
     """
 
     answer = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=10_000, required=False)

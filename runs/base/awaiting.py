@@ -48,14 +48,10 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True)
 class Await:
-    """One call a step waits for.
+    """One call a step waits for: ``start()`` makes the awaitable (on the engine's loop); ``timeout_s``: seconds (None: no limit).
 
-    ``start()``: makes the awaitable (called on the engine's event loop);
-    ``timeout_s``: seconds it may take (None: no limit of the engine's);
-    ``timed_out()``: the exception thrown into the step when it took longer
-    (the awaitable is cancelled first); ``stop_at``: an aware datetime (the
-    run's deadline) past which the step gets ``Interrupted`` instead;
-    ``what``: a label for logs (``model``, ``tool:<name>``, ``pause``).
+    ``timed_out()``: the exception thrown into the step past it (the awaitable cancelled first); ``stop_at``: aware datetime
+    (the run's deadline) past which the step gets ``Interrupted``; ``what``: a log label (``model``, ``tool:<name>``).
     """
 
     start: Callable[[], Awaitable[Any]]
@@ -74,13 +70,7 @@ async def _nothing() -> None:
 
 
 def commit_point() -> Await:
-    """An ``Await`` of nothing, for a step whose writes so far must be durable before it goes on.
-
-    The engine commits a step's writes before it starts any awaitable
-    (``runs.engine.group_commit``): after ``yield commit_point()`` what the
-    step wrote is committed, e.g. a death counted at a takeover, before
-    code that may die the same way runs again.
-    """
+    """An ``Await`` of nothing: after ``yield commit_point()`` the step's writes so far are committed (docs/design.md#the-loop)."""
     return Await(start=_nothing, what="commit")
 
 
@@ -258,12 +248,7 @@ _pool = _BlockingPool()
 
 
 async def run_blocking(fn: Callable, *args):
-    """Await ``fn(*args)`` run in the sync handler pool; cancelling the await abandons the thread.
-
-    What an ``async def`` tool handler uses for its database work (Django's
-    ORM is sync): ``order = await run_blocking(load_order, number)``. The
-    pool's threads keep their connections and drop one that broke.
-    """
+    """Await ``fn(*args)`` in the sync handler pool; cancelling abandons the thread (docs/design.md#async-tool-handlers)."""
     return await _pool.run(fn, *args)
 
 

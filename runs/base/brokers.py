@@ -93,11 +93,8 @@ class NotifyingRedisBroker(RedisBroker):
         self.client.delete(self.notify_key(queue_name), self.notify_key(dq_name(queue_name)))
 
     def wait_for_enqueue(self, queue_name: str, timeout_s: float) -> bool:
-        """Block until a token of ``queue_name`` (or of this broker's shutdown) arrives, taking it, or
-        ``timeout_s`` seconds pass; whether one came.
-
-        Raises Dramatiq's ``ConnectionClosed`` when Redis cannot be reached,
-        as the consumer's own fetch does.
+        """Take a token of ``queue_name`` (or of this broker's shutdown), waiting at most ``timeout_s`` seconds; whether one came.
+        Raises Dramatiq's ``ConnectionClosed`` when Redis cannot be reached.
         """
         try:
             return self.client.blpop([self.notify_key(queue_name), self._own_key], timeout=timeout_s) is not None

@@ -1,18 +1,9 @@
-"""Failpoints: named places where a worker can be made to die, for crash tests.
+"""Failpoints (the idea is FreeBSD's and TiKV's): named places where a worker SIGKILLs itself, for crash tests.
 
-``TOLLGATE_FAILPOINTS=tool_call_returned`` (comma-separated names) makes
-the process SIGKILL itself when it reaches that point — a real ``kill -9``
-at an exact place, which the crash-recovery tests and the chaos harness
-use. Unset (the default) they do nothing. The idea is FreeBSD's and
-TiKV's failpoints.
-
-Names: ``model_call_started`` (a step is recorded, the model not yet
-answered), ``model_call_returned`` (the answer is stored, not yet acted on;
-detail: the finish reason, e.g. ``model_call_returned:stop``), ``tool_call_ready`` (a call is ready to run, not yet started),
-``tool_call_started`` (``running`` and the key committed, the external
-call not yet sent; details: the tool's name and ``agent=<slug>``),
-``tool_call_returned`` (the external call answered, the result not yet
-stored).
+``TOLLGATE_FAILPOINTS`` (comma-separated; unset: nothing happens) names them: ``model_call_started`` (step recorded,
+no answer yet), ``model_call_returned`` (answer stored, not acted on; detail: finish reason), ``tool_call_ready``,
+``tool_call_started`` (``running`` and key committed, not sent; details: tool name, ``agent=<slug>``),
+``tool_call_returned`` (answered, result not stored).
 """
 
 import os
@@ -22,11 +13,8 @@ from django.conf import settings
 
 
 def failpoint(name: str, *details: str) -> None:
-    """Kill this process with SIGKILL if failpoint ``name`` (or ``name:detail`` for any detail) is switched on.
-
-    ``details`` narrow a failpoint, e.g. ``tool_call_started:refund``
-    fires only for calls of the ``refund`` tool, and
-    ``tool_call_started:agent=crasher`` only in runs of agent ``crasher``.
+    """Kill this process with SIGKILL if failpoint ``name``, or ``name:detail`` for any of ``details``, is switched on
+    (``tool_call_started:refund``: calls of ``refund`` only; ``tool_call_started:agent=crasher``: that agent's runs only).
     """
     switched_on = settings.TOLLGATE["FAILPOINTS"]
     if not switched_on:

@@ -98,11 +98,8 @@ def choice(value: str) -> tuple[str, Promise]:
 
 
 def label(value) -> str:
-    """The page word for a machine value, in the active language.
-
-    ``value``: a string such as ``"awaiting_approval"``; ``None`` and ``""``
-    give ``""``, and a value without a label is shown as it is (a status
-    added later still reads, in English, before it is translated).
+    """The page word for a machine value (``"awaiting_approval"``) in the active language; ``""`` for None and ``""``, the
+    value itself without a label.
     """
     if not value:
         return ""

@@ -110,16 +110,10 @@ class ModelResponse:
 
 
 class ModelClient(Protocol):
-    """A provider's client for one run's calls.
+    """A provider's client for one run's calls (docs/design.md#model-providers).
 
-    ``await complete(request)`` -> ``ModelResponse``: one model call, awaited
-    on the caller's event loop without holding a thread. Raises
-    ``ModelError`` (see ``transient`` / ``retry_after_s``), including its
-    subclasses ``StreamInterrupted`` and ``MalformedResponse``; the
-    provider makes exactly one attempt. ``timeout_s`` (seconds): the
-    provider's own timeout of one call; for the HTTP providers the SDK's
-    limit on each connect, write and read wait, so a streamed answer that
-    keeps arriving may take longer in all.
+    ``await complete(request) -> ModelResponse``: one attempt, on the caller's event loop. Raises ``ModelError``
+    (``StreamInterrupted``, ``MalformedResponse``). ``timeout_s``: seconds per call (HTTP providers: per connect/write/read wait).
     """
 
     timeout_s: float
@@ -129,12 +123,10 @@ class ModelClient(Protocol):
 
 @dataclass(frozen=True)
 class Provider:
-    """What a provider module declares as its ``PROVIDER`` (listed in ``runs.providers.registry``).
+    """What a provider module declares as its ``PROVIDER`` (``runs.providers.registry``; docs/design.md#model-providers).
 
-    ``name``: what an agent's ``model["provider"]`` says; ``config_problems(config)``:
-    messages for everything wrong with an agent's ``model`` config (a dict), checked
-    before the agent is saved, without the environment (empty list: usable);
-    ``client(config)``: the ``ModelClient`` for one run's calls (may raise ``ConfigError``).
+    ``name``: an agent's ``model["provider"]``; ``config_problems(config)``: what is wrong with a ``model`` dict, without the
+    environment (``[]``: usable); ``client(config)``: the ``ModelClient`` (may raise ``ConfigError``).
     """
 
     name: str

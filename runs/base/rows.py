@@ -65,11 +65,9 @@ def _kinds(fields: list) -> list[type | None]:
 
 
 def insert(instance: Model) -> Model:
-    """Insert ``instance`` (not stored yet, auto primary key unset) in one statement; returns it, stored.
+    """Insert ``instance`` (not stored, auto primary key unset) in one statement; returns it, its key set (``RETURNING``).
 
-    Its primary key is set from ``INSERT ... RETURNING`` (or the cursor's
-    last row id where the database cannot return columns). Raises what the
-    database raises (``IntegrityError``, ``DataError``).
+    Raises what the database raises (``IntegrityError``, ``DataError``).
     """
     return insert_many([instance])[0]
 

@@ -164,12 +164,10 @@ def deciding_calls(facts: list[CallFact], unresolved: list[CallFact]) -> list[Ca
 
 
 def unresolved_calls(facts: Iterable[CallFact]) -> list[CallFact]:
-    """The calls that ended without their effect and that no later call made up for, in ``id`` order.
+    """The calls that ended without their effect and that no later call made up for, in ``id`` order; pure.
 
-    The floor's rule (see the module doc): of the calls of tools the agent
-    has, those in a no-effect status (invalid, denied, rejected, expired,
-    cancelled, failed) not corrected by a later success of the same tool on
-    the same target. Pure: no database, no clock.
+    Of the agent's tools' calls, those in ``NO_EFFECT_STATUSES`` not corrected by a later success of the same tool on the
+    same target (the floor's rule: the module doc).
     """
     facts = sorted((fact for fact in facts if fact.registered), key=lambda fact: fact.id)
     return [fact for index, fact in enumerate(facts)

@@ -232,14 +232,11 @@ def begin_run(run: Run, *, actor: str) -> bool:
 
 @dataclass
 class EndingReads:
-    """What ``end_run`` reads of a run before ending it, loaded for many runs at once (``load_endings``).
+    """What ``end_run`` reads of a run, loaded for many runs at once (``load_endings``); a caller changes them to tell of a change.
 
-    ``items``: pending inbox items, locked, newest first; ``waits``: pending
-    waits; ``calls``: tool calls by id; ``tool_messages``; ``read_upto``: the
-    ``last_message_id`` its last finished model call read (0: none; None:
-    not tracked); ``inputs``: user message ids, ascending; ``next_queued``:
-    the session's oldest queued run id or None. A caller tells ``end_run``
-    of a change (an item expired) by changing these objects.
+    ``items``: pending inbox items, locked, newest first; ``waits``: pending; ``calls``: by id; ``tool_messages``;
+    ``read_upto``: the last finished model call's ``last_message_id`` (0: none, None: not tracked); ``inputs``: user
+    message ids, ascending; ``next_queued``: the session's oldest queued run id or None.
     """
 
     items: list = field(default_factory=list)

@@ -87,13 +87,10 @@ MAX_ORIGINAL_POLL_S = 3600
 
 
 def advance(run_id: int) -> Run | None:
-    """Advance run ``run_id`` as far as it can go without a person.
+    """Advance run ``run_id`` as far as it can go without a person, under its lease (None: another worker holds it).
 
-    Takes the run's lease first; returns None when another worker holds
-    it. Otherwise returns the run as it was left (waiting, terminal, or
-    handed back to the queue after ``SLICE_STEPS`` steps). Raises
-    ``LeaseLost`` if the lease was taken over meanwhile (nothing this
-    worker tried to write after that point was saved).
+    Returns the run as left (waiting, terminal, or handed back after ``SLICE_STEPS`` steps). Raises ``LeaseLost`` if the
+    lease was taken over meanwhile (nothing written after that was saved).
     """
     held = lease.acquire(run_id)
     if held is None:
@@ -291,12 +288,7 @@ def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
 
 
 def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
-    """Put the run to wait, unless a cancel was accepted meanwhile: then it ends ``cancelled`` instead.
-
-    Holds the run's row lock, as ``cancel_run`` does, so a cancel cannot
-    slip in between the check (the ``wait`` transition's guard) and the
-    wait and be left for nobody.
-    """
+    """Put the run to wait under its row lock, as ``cancel_run`` takes it; a cancel accepted meanwhile ends it ``cancelled``."""
     with transaction.atomic():
         relock(run)
         _wait_locked(run, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
@@ -644,12 +636,8 @@ def _call_cost(agent, response):
 
 
 def _malformed_response(run: Run, known: Known, step: Step, exc: Exception) -> bool:
-    """A response that could not be understood: discard it and spend a repair turn.
-
-    The step is ``failed`` (it counts toward ``max_model_calls`` but not
-    ``max_turns``); once ``MAX_REPAIR_TURNS`` are spent the run fails with
-    ``invalid_model_output``. Text refused as it is (``RefusedText``: a
-    lone surrogate, or too long) is told to the model, so it can write it again.
+    """A response that could not be understood: the step ``failed`` (counts toward ``max_model_calls``, not ``max_turns``),
+    a repair turn spent (past ``MAX_REPAIR_TURNS``: ``invalid_model_output``); ``RefusedText`` is told to the model.
     """
     apply(step.fail, actor=ACTOR, reason="malformed response", payload={"error": str(exc)}, error=str(exc),
           now=timezone.now())

@@ -98,24 +98,11 @@ class Engine:
     def submit(self, run_id: int) -> lease.Lease | None:
         """Take run ``run_id``'s lease and advance it in this process; returns once it is under way.
 
-        Returns the lease, or None when the run was not taken (another
-        worker holds it, or it waits, ended or is gone). Blocks while
-        ``runs_in_flight`` runs are in flight, before the lease is taken
-        (so a lease is never held by a run still waiting for room; a
-        suspect's, below, is), at most ``SUBMIT_WAIT_S``: then raises
-        ``EngineFull`` (the caller sends the run again later). The lease is released when the slice ends,
-        whatever happens. Raises ``DatabaseError`` from taking the lease.
-
-        A suspect run (``Lease.suspect``, from ``lease.acquire``: its worker
-        died on it, maybe by its doing) is advanced alone: its lease is kept
-        (renewed) while the process takes no other run and waits for those
-        in flight to end, then it is advanced with nothing else in flight.
-        Past the deadline its lease is left to run out (not given back, so
-        the next taker still finds it a suspect) and ``EngineFull`` raised. If its step kills the process again, nobody else dies with
-        it and the sweeper blames it alone (``recovery.attribute_deaths``),
-        so it ends ``crash_loop`` after ``MAX_CRASHES_PER_STEP`` such deaths
-        instead of taking its neighbours' streaks with it. This is a
-        quarantine: the process runs at one run in flight meanwhile.
+        Returns the lease (released when the slice ends), or None when the run was not taken (held
+        elsewhere, waiting, ended or gone). Waits for room (``runs_in_flight``) before taking the lease,
+        at most ``SUBMIT_WAIT_S`` seconds, then raises ``EngineFull``. A suspect (``Lease.suspect``) is
+        advanced alone, its lease left to run out past the deadline (docs/design.md#recovery-and-the-sweeper,
+        "Quarantine"). Raises ``DatabaseError`` from taking the lease.
         """
         deadline = time.monotonic() + SUBMIT_WAIT_S
         if not self._slots.acquire(timeout=SUBMIT_WAIT_S):

@@ -59,16 +59,10 @@ SERVER_MESSAGE_CHARS = 300
 
 
 def server_message(body) -> str:
-    """What a model server said in an error answer, fit for whoever may read the run (docs/design.md#model-errors).
+    """What a model server said in an error answer (``APIStatusError.body``), fit for the run's readers (docs/design.md#model-errors).
 
-    ``body`` is the SDK's ``APIStatusError.body``: the ``message`` of its
-    error object (OpenAI's ``{"error": {"message"}}``, Anthropic's
-    ``{"type": "error", "error": {"message"}}``, or the error object itself),
-    or a body that is plain text; nothing else of the body, and never a
-    header. Credentials are masked (``runs.base.masking.mask_log_text``: this
-    process's secret environment values, values given to credential names,
-    URL passwords, key shapes), NULs replaced; at most
-    ``SERVER_MESSAGE_CHARS`` characters.
+    The error object's ``message`` (OpenAI's, Anthropic's, or the object itself) or a plain-text body, never more; masked
+    (``runs.base.masking.mask_log_text``), NULs replaced, at most ``SERVER_MESSAGE_CHARS`` characters; ``""`` otherwise.
     """
     found = body
     if isinstance(found, dict):
@@ -312,13 +306,8 @@ class SDKClientCache:
 
 
 async def read_interruptible(read, stream, request, *, sdk):
-    """``await read(stream, request)`` (a ``ModelResponse``), turning a connection lost mid-stream into a
-    transient ``StreamInterrupted``.
-
-    The response has begun (the SDK returned ``stream``), so any transport
-    error from here on means half an answer: the errors of ``httpx2`` (the
-    SDKs' HTTP client), or the ``sdk`` module's ``APIConnectionError`` (and
-    ``APITimeoutError``) wrapping them.
+    """``await read(stream, request)`` (a ``ModelResponse``); a transport error once the stream has begun (``httpx2``'s, or
+    ``sdk.APIConnectionError``) raises a transient ``StreamInterrupted``: half an answer.
     """
     try:
         return await read(stream, request)

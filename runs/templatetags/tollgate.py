@@ -83,11 +83,8 @@ def json_value(value) -> str:
 
 @register.filter
 def argument_fields(arguments) -> list[dict]:
-    """A call's top-level arguments as ``[{"name", "value", "text"}]`` for a field list.
-
-    ``text`` is True for strings (shown as text, line breaks kept: an
-    email's body reads as a letter, not as a JSON string with ``\\n``);
-    other values are shown as JSON. Not a dict (unparsed arguments): [].
+    """A call's top-level arguments as ``[{"name", "value", "text"}]`` (``[]`` if not a dict); ``text``: a string, shown as
+    text with its line breaks, else JSON.
     """
     if not isinstance(arguments, dict):
         return []

@@ -93,11 +93,8 @@ def body_text(payload: dict) -> str:
 
 
 def http_client() -> httpx.Client:
-    """The process's pooled client: no redirects, no proxies from the environment, every connection guarded.
-
-    Connections are opened by ``urlguard.GuardedBackend`` under the
-    webhooks' rules, which checks the addresses a host resolves to at
-    connection time (``urlguard.guarded_client``).
+    """The process's pooled client: no redirects, no proxies from the environment, every connection opened by
+    ``urlguard.GuardedBackend``, which checks the resolved addresses at connection time (``urlguard.guarded_client``).
     """
     global _client
     with _client_lock:

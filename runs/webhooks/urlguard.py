@@ -70,12 +70,8 @@ HINT = ("Webhooks go to public addresses only; an operator may allow hosts with 
 class Rules:
     """What the guard lets through beyond public addresses, and how a refusal says so.
 
-    ``allowed_hosts``: host names (exact) and addresses or networks
-    (``10.1.2.0/24``) trusted whatever they are; ``allow_private_networks``:
-    private networks (never loopback or metadata addresses);
-    ``allow_http``: plain ``http://``. ``hint``: the sentence ending a
-    refused address's message (how an operator allows it);
-    ``http_refusal``: the message refusing plain ``http``.
+    ``allowed_hosts``: exact host names, addresses or networks (``10.1.2.0/24``) always trusted; ``allow_private_networks``
+    (never loopback or metadata); ``allow_http``: plain ``http://``. ``hint``, ``http_refusal``: refusal messages.
     """
 
     allowed_hosts: tuple[str, ...] = ()

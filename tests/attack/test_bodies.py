@@ -1,6 +1,6 @@
 """Hostile request bodies on the integrator endpoints: a clear 4xx in the one error shape, nothing written.
 
-Found by attacking the API (tests/test_attack_*.py): a ``Content-Type``
+Found by attacking the API (tests/attack/): a ``Content-Type``
 whose ``charset`` names a codec that is no text encoding (``rot13``,
 ``zlib``, ...) or whose decoder fails with a bare ``UnicodeError``
 (``punycode``), and an escaped lone surrogate (``"\\ud800"``) anywhere in a

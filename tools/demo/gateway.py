@@ -73,12 +73,8 @@ def _async_client(base_url: str) -> httpx.AsyncClient:
 
 @dataclass(frozen=True)
 class _Call:
-    """One request to the gateway and how its answer is read.
-
-    ``read(response)`` turns an answer below 500 into the call's result
-    (raising ``ToolError`` or ``httpx.HTTPStatusError`` for one it refuses);
-    ``options``: further ``httpx`` request arguments (``json``, ``params``,
-    ``headers``).
+    """One request to the gateway: ``read(response)`` turns an answer below 500 into the result (raising ``ToolError`` or
+    ``httpx.HTTPStatusError`` to refuse it); ``options``: further ``httpx`` request arguments.
     """
 
     method: str
@@ -135,11 +131,9 @@ def _refund_read(response: httpx.Response) -> dict:
 
 
 async def arefund(*, order_number: int, amount: Decimal, idempotency_key: str, timeout_s: float) -> dict:
-    """Refund ``amount`` on ``order_number`` once per ``idempotency_key`` (on the running event loop).
+    """Refund ``amount`` on ``order_number`` once per ``idempotency_key``; ``{"refund_id", "idempotency_key", "order_id", "amount"}``.
 
-    Returns the refund ``{"refund_id", "idempotency_key", "order_id",
-    "amount"}``. Raises ``ToolTimeout`` (no answer in ``timeout_s``),
-    ``ToolUnavailable`` (unreachable or 5xx) or ``ToolError`` (refused).
+    Raises ``ToolTimeout`` (no answer in ``timeout_s`` seconds), ``ToolUnavailable`` (unreachable, 5xx), ``ToolError`` (refused).
     """
     return await _asend(_Call("POST", "/refunds", _refund_read,
                               {"headers": {"Idempotency-Key": idempotency_key},

@@ -189,12 +189,9 @@ REFUND = Tool(
 # --- find_refundable_order -----------------------------------------------------
 
 async def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
-    """The requester's newest open order that can take a refund of ``amount`` now (``query_order``'s view).
+    """The requester's newest open order that can take a refund of ``amount`` now (``query_order``'s view), held for this run.
 
-    Skips the contested order (``CONTESTED_ORDER``), orders a refund of
-    the requester's is already under way on, and orders another run in
-    progress found first; the order found is held for this run
-    (``Order.held_for_run``), so runs in flight together pick different ones. Raises ``ToolError`` when none
+    Skips ``CONTESTED_ORDER`` and orders with a refund under way or held by another run. Raises ``ToolError`` when none
     can, ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
     amount = Decimal(str(args["amount"]))

@@ -32,17 +32,11 @@ def _canonical_json(arguments: dict) -> str:
 
 
 def action_identity(tool, run, arguments: dict) -> str:
-    """The business identity of one action: 64 hex digits of sha256 over what makes calls of ``tool``
-    the same action (``Tool.same_action``).
+    """The business identity of one action (``Tool.same_action``): 64 hex digits of sha256, the same under any ``tool_call_id``.
 
-    ``"session"``: the session, the tool and the arguments; ``"run"``: the
-    run, the tool and the arguments; a function: the tool and the business
-    key it returns for ``(ToolContext(run, requester), arguments)``.
-    Arguments are canonicalised (sorted keys, no spaces, one spelling per
-    number), so the same action proposed again, under any
-    ``tool_call_id``, has the same identity. Raises ``TypeError`` when a
-    key function returns anything but a non-empty string, and whatever it
-    raises.
+    Over the session (``"session"``) or run (``"run"``), the tool and the canonical arguments, or the tool and the key a
+    function returns for ``(ToolContext(run, requester), arguments)``. Raises ``TypeError`` when that key is not a non-empty
+    string, and whatever the function raises.
     """
     if tool.same_action == "session":
         return _digest(str(run.session_id), tool.name, _canonical_json(arguments))
@@ -78,11 +72,8 @@ def same_action_scope(tool, run) -> dict:
 def idempotency_key_base(tool, run, arguments: dict, *, identity: str = "") -> str:
     """The idempotency key of ``tool(arguments)`` in ``run`` before any failure, at most 80 characters; no query.
 
-    ``"<tool>-s<session>-<hex>"`` (``"-r<run>-"`` for ``same_action="run"``,
-    ``"-k-"`` for a business key); ``<hex>``: the first 32 hex digits of the
-    action's identity (``identity``, else ``action_identity``). The key sent
-    appends ``-<n>`` after ``n`` definite failures (``tools.services.execution``;
-    docs/design.md#outcomes).
+    ``"<tool>-s<session>-<hex>"`` (``-r<run>-`` for ``same_action="run"``, ``-k-`` for a business key); ``<hex>``: 32 hex
+    digits of ``identity`` or ``action_identity``. The key sent appends ``-<n>`` after ``n`` definite failures (docs/design.md#outcomes).
     """
     scope = {"session": f"s{run.session_id}", "run": f"r{run.pk}"}.get(tool.same_action, "k")
     return f"{tool.name[:30]}-{scope}-{(identity or action_identity(tool, run, arguments))[:32]}"

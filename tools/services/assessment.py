@@ -34,12 +34,9 @@ STANDS_FOR_ITS_ACTION = frozenset({Assessed.DUPLICATE, Assessed.REQUEST_APPROVAL
 class Assessment:
     """What the policy decided for one proposed call, before anything is written.
 
-    ``outcome``: an ``Assessed``; for ``DUPLICATE``, ``original`` is the
-    earlier ``ToolCall``, or the index of an earlier call of the same turn. ``reason`` is the error (invalid, denied) or
-    the approval rule that applied. ``action_key``: the call's business
-    identity, for side-effecting calls with parsed arguments. ``rule`` is
-    the approval rule; ``granted_by`` names who allowed the agent's rule to
-    replace the tool's (empty: the agent's rule could only add approvals).
+    ``outcome``: an ``Assessed`` (``DUPLICATE``: ``original`` is the earlier ``ToolCall`` or an index in this turn);
+    ``reason``: the error or the rule that applied; ``action_key``: the business identity of a side-effecting call;
+    ``rule``, ``granted_by``: as ``effective_rule`` returns them.
     """
 
     arguments: dict | None
@@ -53,12 +50,10 @@ class Assessment:
 
 
 def effective_rule(agent, tool: Tool) -> tuple[str, str]:
-    """(rule, granted_by): the approval rule for ``tool`` in ``agent``'s runs.
+    """``(rule, granted_by)``: the approval rule for ``tool`` in ``agent``'s runs (docs/design.md#agent-rules-tighten-only).
 
-    An agent's own rule is added to the tool's (approval when either asks),
-    unless a holder of ``runs.loosen_approval_policy`` saved the agent's
-    policy (``Agent.approval_policy_granted_by``): then it replaces the
-    tool's, and ``granted_by`` is that user's name (else "").
+    The agent's rule is added to the tool's, or replaces it when a holder of ``runs.loosen_approval_policy`` saved it
+    (``granted_by``: that user's name, else "").
     """
     agent_rule = agent.approval_policy.get(tool.name)
     grantor = agent.approval_policy_granted_by

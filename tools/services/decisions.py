@@ -40,12 +40,9 @@ def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
 
 def approve_tool_call(tx: RunTx, tool_call: ToolCall, *, arguments: dict | None, action_key: str = "",
                       actor: str) -> ToolCall:
-    """Approved by a person: ``awaiting_approval -> ready``; returns the call.
+    """Approved by a person: ``awaiting_approval -> ready``; returns the call (of ``tx.run``, loaded with it as its run).
 
-    ``tool_call``: a call of ``tx.run``, loaded with that instance as its
-    run. ``arguments``: the person's edit, already checked by
-    ``check_edited_arguments``, whose answer is ``action_key`` (the action
-    is then what the person approved, not what was proposed); None: as
+    ``arguments``: the person's edit checked by ``check_edited_arguments`` (its answer is ``action_key``), None: as
     proposed. Raises what ``RunTx.apply`` raises.
     """
     return tx.apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key)

@@ -11,11 +11,9 @@ _MISSING = object()
 
 
 def proposed_arguments(tool_call) -> dict | None:
-    """The arguments the model proposed for ``tool_call``: its raw text, parsed again (None if it never parsed).
+    """The arguments the model proposed for ``tool_call`` (what was assessed and shown), parsed again from ``raw_arguments``.
 
-    ``ToolCall.arguments`` holds the approved arguments once a person
-    edited them; ``raw_arguments`` keeps the model's text, and parsing is
-    deterministic, so this is what was assessed and shown for approval.
+    None if they never parsed; ``ToolCall.arguments`` holds the approved ones once a person edited them.
     """
     arguments, _error = parse_raw_arguments(tool_call.raw_arguments)
     return arguments
@@ -64,16 +62,10 @@ def _walk(proposed, approved, path: tuple, changes: list[dict]) -> None:
 
 
 def argument_changes(proposed: dict | None, approved: dict | None) -> list[dict]:
-    """Each changed leaf between ``proposed`` and ``approved`` arguments, in the proposed order.
+    """Each changed leaf between ``proposed`` and ``approved`` arguments, in the proposed order (``approved`` None: ``[]``); pure.
 
-    Returns ``[{"path", "field", "change", "proposed"?, "approved"?}]``:
-    ``path`` is a JSON Pointer (RFC 6901, e.g. ``/items/0/qty``), ``field``
-    the same for people (``items[0].qty``); ``change`` is ``changed``
-    (both values given), ``added`` (only ``approved``) or ``removed`` (only
-    ``proposed``). Objects are compared key by key and lists index by
-    index, so a nested edit is one entry at its leaf; a value whose type
-    changed (an object replaced by a number) is one entry at its path.
-    ``approved`` None means nothing was edited: no changes. Pure; no I/O.
+    ``[{"path", "field", "change", "proposed"?, "approved"?}]``: ``path`` a JSON Pointer (RFC 6901, ``/items/0/qty``), ``field``
+    for people (``items[0].qty``), ``change`` ``changed``/``added``/``removed``; objects by key, lists by index.
     """
     if approved is None:
         return []

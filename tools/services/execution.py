@@ -166,14 +166,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
 
 
 def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
-    """Call one of ``tool``'s hooks (``precondition``, ``reconcile``) as a step (``runs.base.awaiting``).
+    """Call one of ``tool``'s hooks (``precondition``, ``reconcile``) as a step (``runs.base.awaiting``); returns its answer.
 
-    An ``async def`` hook is awaited on the engine's event loop; a sync one
-    runs in the sync handler pool, off the engine's database threads
-    (a hook may do I/O: the refund's precondition asks the gateway); either within
-    the tool's ``timeout_s`` (``ToolTimeout`` past it) and until ``stop_at``
-    (the run's deadline: ``Interrupted`` past it, as on a cancel). Returns
-    what the hook returns; raises what it raises.
+    Async hooks are awaited on the engine's loop, sync ones run in the handler pool. Raises what the hook raises,
+    ``ToolTimeout`` past ``tool.timeout_s`` (seconds), ``Interrupted`` past ``stop_at`` (the run's deadline).
     """
     start = (lambda: hook(*args)) if inspect.iscoroutinefunction(hook) else (lambda: run_blocking(hook, *args))
     return (yield Await(start=start, timeout_s=tool.timeout_s, what=f"hook:{tool.name}",
@@ -181,13 +177,9 @@ def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
 
 
 def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, stop_at=None) -> Steps:
-    """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step that returns the reason to deny
-    the call, or None.
+    """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step returning the reason to deny the call, or None.
 
-    A precondition that raises or outlives the tool's timeout could not
-    say the call may go: that is a denial too (fail-safe: nothing is sent),
-    naming only the exception's type (the details stay in the log).
-    ``Interrupted`` (the run's cancel or deadline) propagates.
+    Fail-safe: a precondition that raises or times out denies it (naming the exception's type only). ``Interrupted`` propagates.
     """
     try:
         return (yield from call_hook(tool, tool.precondition, context, arguments, stop_at=stop_at))
@@ -389,13 +381,8 @@ def retry_delay(tool_call: ToolCall) -> float:
 
 
 def charged_attempts(tool_call: ToolCall) -> int:
-    """How many sends of ``tool_call`` count against its tool's ``max_attempts``.
-
-    ``attempts`` counts every send, those cut off by a worker's death too;
-    a send cut off while the run was a bystander of another run's crash (a
-    ``recovery`` event with ``"blamed": false`` that names the call, see
-    ``runs.engine.recovery.recover_after_takeover``) is not held against
-    the call. One query; asked only after a failed send or a death.
+    """How many sends of ``tool_call`` count against its tool's ``max_attempts``: ``attempts`` less the sends cut off as a
+    bystander (``recovery`` events with ``"blamed": false``; docs/design.md#recovery-and-the-sweeper). One query.
     """
     if not tool_call.attempts:
         return 0
@@ -406,17 +393,11 @@ def charged_attempts(tool_call: ToolCall) -> int:
 
 
 def recover_orphaned_call(tool_call: ToolCall, *, actor: str, spare_attempts: bool = False) -> ToolCall:
-    """A call found ``running`` by a worker that just took the run's lease (its caller died).
+    """A call found ``running`` by a worker that just took the run's lease (its caller died); returns it.
 
-    Read-only and idempotent tools are sent again (``ready``, same key)
-    while ``charged_attempts < max_attempts`` -- attempts count the sends
-    cut off by crashes too, except a bystander's. Past that, a read-only
-    call fails and a side-effecting one becomes ``unknown``
-    (reconciliation), like any other side-effecting call.
-    ``spare_attempts``: the death was another run's doing (a bystander), so
-    a resendable call is sent again whatever its attempts (the run's
-    ``loss_streak`` bounds that). Its target's waiters are woken in the
-    same transaction (``tools.services.targets``).
+    Read-only and idempotent tools are sent again (``ready``, same key) while ``charged_attempts < max_attempts``,
+    or whatever their attempts with ``spare_attempts`` (a bystander's death); otherwise a read-only call fails and a
+    side-effecting one becomes ``unknown``. Its target's waiters are woken (docs/design.md#recovery-and-the-sweeper).
     """
     tool = get_tool(tool_call.name)
     with transaction.atomic():  # it no longer holds its target: its waiters are woken with the move

@@ -113,17 +113,10 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
-    """The tool-result text the model receives for a call (JSON).
+    """The tool-result text (JSON) the model receives for a call (docs/integrating.md#6-the-model-wire-contract).
 
-    ``{"status": "succeeded", "result": ...}``;
-    ``{"status": <invalid|denied|rejected|...>, "error": "..."}``;
-    ``{"status": "unknown", "error": ...}`` while an outcome is being
-    checked (never "did not run" for a call that was sent). A call a person
-    approved also carries ``"approval": {"comment", "proposed_arguments",
-    "approved_arguments"}`` (the argument pair only when they were edited).
-    A call answered with an earlier call's result (the same action,
-    ``duplicate_of``) carries ``"reused": {"tool_call", "run", "done_at",
-    "note"}`` ahead of that result: the action was done then, not again now.
+    ``{"status": "succeeded", "result"}`` or ``{"status", "error"}`` (a sent call being checked is ``unknown``, never "did not
+    run"); plus ``"approval": {"comment", "proposed_arguments"?, "approved_arguments"?}``, ``"reused": {"tool_call", "run", "done_at", "note"}``.
     """
     if not tool_call.pk:
         return _content(tool_call, {}, None)

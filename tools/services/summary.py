@@ -94,11 +94,9 @@ def describe(tool_call) -> Description:
 
 
 def title_of(tool_call) -> str:
-    """``tool_call`` (an object with ``name`` and ``arguments``) in a few words, in the active language.
+    """``tool_call`` (with ``name`` and ``arguments``) in a few words, in the active language; no query.
 
-    The tool's ``title`` hook ("Refund 80.00 on order 123"); without one,
-    for an unknown tool or arguments that are not an object, the fallback
-    summary's text ("tool_name(key=value, ...)", credentials masked). No query.
+    The tool's ``title`` hook, else (unknown tool, non-object arguments) the fallback ``tool(key=value, ...)``, masked.
     """
     tool = get_tool(tool_call.name)
     if tool is not None and tool.title is not None and isinstance(tool_call.arguments, dict):

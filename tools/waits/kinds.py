@@ -28,25 +28,15 @@ ENGINE_REASONS = (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION, WaitingR
 
 @dataclass(frozen=True)
 class WaitKind:
-    """One kind of wait.
+    """One kind of wait (docs/design.md#waits).
 
-    * ``name``: ``Wait.kind`` and the run's ``waiting_reason`` (``NAME_PATTERN``);
-      pages show its ``runs.base.labels`` word, or the name itself without one.
-    * ``resumes_run``: settling a wait of this kind (``tools.waits.settle_wait``)
-      resumes its run (an answer, an event); False when only its deadline
-      ends it (the sweeper wakes the run).
-    * ``open(wait, spec)``: called once a pending wait is stored, in the
-      transaction that puts the run to wait (e.g. the question's inbox item);
-      ``spec`` is the tool's ``tools.registry.WaitSpec``.
-    * ``taken(wait) -> bool``: True when the wait cannot be opened now (its
-      event key is held); it is then stored ``refused`` with ``taken_error``.
-    * ``done_at_deadline(wait, now) -> result``: the wait is ``done`` at its
-      deadline with this JSON result (a timer), also when it opens with the
-      deadline already past; without it a wait ``timed_out`` at its deadline.
-    * ``on_timeout(tx, wait, now=, actor=)``: under the run's lock
-      (``runs.tx.RunTx``) just before the wait times out (e.g. its item expires).
-    * ``timeout_error``, ``taken_error``: the call's error, ``str.format``-ed
-      with the wait's ``event_type`` and ``correlation_key``.
+    * ``name``: ``Wait.kind`` and the run's ``waiting_reason`` (``NAME_PATTERN``).
+    * ``resumes_run``: settling it (``tools.waits.settle_wait``) resumes the run; False: only its deadline ends it.
+    * ``open(wait, spec)``: once the pending wait is stored, in the run's transaction; ``spec``: ``tools.registry.WaitSpec``.
+    * ``taken(wait) -> bool``: True when it cannot open now; it is then stored ``refused`` with ``taken_error``.
+    * ``done_at_deadline(wait, now) -> result``: ``done`` at (or opened past) its deadline with this JSON result; None: ``timed_out``.
+    * ``on_timeout(tx, wait, now=, actor=)``: under the run's lock (``runs.tx.RunTx``) just before it times out.
+    * ``timeout_error``, ``taken_error``: the call's error, ``str.format``-ed with ``event_type``, ``correlation_key``.
     """
 
     name: str

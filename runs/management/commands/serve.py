@@ -45,12 +45,9 @@ WEBHOOK_THREADS = 4  # serve's --webhook-threads
 
 def embedded_workers(broker, *, run_threads: int = RUN_THREADS,
                      webhook_threads: int = WEBHOOK_THREADS) -> tuple[dramatiq.Worker, dramatiq.Worker]:
-    """The in-process workers of the embedded shape, not started yet: ``(run worker, webhook worker)``.
+    """The embedded shape's workers, not started: ``(run worker on RUN_QUEUES, webhook worker on its queue)``.
 
-    The run worker consumes ``RUN_QUEUES`` with ``run_threads`` threads, the
-    webhook worker only the ``webhooks`` queue with ``webhook_threads``; keep
-    the latter above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]``
-    (docs/design.md#webhooks, isolation).
+    Keep ``webhook_threads`` above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]`` (docs/design.md#webhooks).
     """
     return (dramatiq.Worker(broker, queues=set(RUN_QUEUES), worker_threads=run_threads,
                             worker_timeout=WORKER_TIMEOUT_MS),
