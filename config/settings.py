@@ -60,8 +60,8 @@ INSTALLED_APPS = [
     "runs",
     "tools",
     "approvals",
-    # The demo shop, a plug-in: take it out and the product runs without it.
-    "tools.demo",
+    # The demo shop, a plug-in: TOLLGATE_DEMO=false leaves it out and the product runs without it.
+    *(["tools.demo"] if env.bool("TOLLGATE_DEMO", default=True) else []),
     "runs.webhooks",
     # Health and readiness probes, worker heartbeats, /metrics (docs/operating.md).
     "runs.ops",

@@ -1,6 +1,12 @@
-"""The test settings without the demo app (``tools.demo``): the core product and the tests' fake tools."""
+"""The test settings without the demo app (``tools.demo``): the core product and the tests' own tools.
 
-from tests.settings import *  # noqa: F401,F403
-from tests.settings import INSTALLED_APPS
+``TOLLGATE_DEMO=false`` is put in the environment before the settings read
+it, so the processes a test starts (servers, workers, ``manage.py``) leave
+the demo out too.
+"""
 
-INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "tools.demo"]
+import os
+
+os.environ["TOLLGATE_DEMO"] = "false"
+
+from tests.settings import *  # noqa: E402,F401,F403

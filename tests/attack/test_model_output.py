@@ -18,7 +18,7 @@ from runs.models import Agent, Run
 from runs.engine.lifecycle import start_run
 from tests.support.provider import REFUND_30, llm  # noqa: F401
 from tools.demo.data import CONTRACT_TEXT
-from tools.registry import ToolContext, ToolError, get_tool
+
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LONG_ID = "x" * 200
@@ -138,19 +138,6 @@ def test_an_email_subject_with_a_line_break_is_an_invalid_call_never_unknown(dem
     assert send.status == "invalid" and "header-text" in send.error
     assert not run.tool_calls.filter(status="unknown").exists()
     assert run.interrupts.count() == 0
-
-
-@pytest.mark.parametrize("to", ["customer@example.com\nBcc: all@example.com", "customer@example.com\r"])
-def test_an_email_address_with_a_line_break_is_refused_by_the_schema(to):
-    errors = get_tool("send_email").schema_errors({"to": to, "subject": "Hi", "body": "Text"})
-    assert errors and "email" in errors[0]
-
-
-def test_a_header_django_refuses_is_a_tool_error_not_an_unknown_outcome():
-    send_email = get_tool("send_email")
-    with pytest.raises(ToolError, match="not sent"):
-        send_email.handler(ToolContext(run=None, user=None, idempotency_key="k"),
-                           {"to": "customer@example.com", "subject": "Hi\nBcc: all@example.com", "body": "Text"})
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

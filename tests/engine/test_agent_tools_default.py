@@ -72,7 +72,7 @@ def test_agents_saved_before_keep_every_tool_they_had_listed_by_name(demo):
     """The data migration: an empty list saved under the old meaning becomes the registered tools' names."""
     executor = MigrationExecutor(connection)
     before = [("runs", "0014_stored_json_decoder")]
-    after = executor.loader.graph.leaf_nodes("runs")  # through 0015, and on to where the model is now
+    after = executor.loader.graph.leaf_nodes()  # every app back where it is now, runs through 0015 and on
     executor.migrate(before)
     old_agent = executor.loader.project_state(before).apps.get_model("runs", "Agent")
     old_agent.objects.create(slug="old-all", name="Old", model={"provider": "scripted", "turns": []}, tools=[])

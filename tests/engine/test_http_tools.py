@@ -391,7 +391,7 @@ def test_the_inbox_item_and_the_api_say_where_an_http_tool_lives(people, worker,
     page = client.get(f"/inbox/{item.pk}/").content.decode()
     assert 'id="tool-location"' in page and "Runs outside Tollgate: HTTP bookings /tools/book." in page
     listed = {tool["name"]: tool for tool in client.get("/api/tools/").json()["results"]}
-    assert listed["book_room"]["location"] == "HTTP bookings /tools/book" and listed["refund"]["location"] == ""
+    assert listed["book_room"]["location"] == "HTTP bookings /tools/book" and listed["fake_lookup"]["location"] == ""
 
 
 def test_a_service_that_cannot_be_reached_raises_not_sent(settings, monkeypatch):
