@@ -5,10 +5,12 @@
 #   2. "production shape": a private PostgreSQL + Redis started just for
 #      this run (DATABASE_URL / REDIS_URL set), every other test incl. the
 #      browser ones and the short chaos run;
-#   3. "embedded default": nothing set (SQLite + Dramatiq StubBroker),
-#      everything except the unit and browser tests, in two parts: the core
-#      suite under tests/settings_nodemo.py (no demo app), then the tests
-#      marked "demo" (tests/conftest.py) with the demo installed;
+#   3. "embedded default", side by side with 2 (each pass is one process;
+#      the machine has two cores): nothing set (SQLite + Dramatiq
+#      StubBroker), everything except the unit and browser tests, in two
+#      parts: the core suite under tests/settings_nodemo.py (no demo app),
+#      then the tests marked "demo" (tests/conftest.py) with the demo in;
+#      each pass's output is shown once it ends;
 #   4. README's first command on a clean clone answers /inbox/ after login.
 # Extra arguments are passed to every pytest run, e.g.
 #   bash tests/run.sh -k refund -x
@@ -35,6 +37,7 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v curl >/dev/null || missing+=(curl)
 command -v git >/dev/null || missing+=(git)
+command -v pkill >/dev/null || missing+=(procps)
 # GNU gettext (xgettext, msgfmt, msgcmp): tests/web/test_i18n.py checks the translation catalogue.
 command -v msgcmp >/dev/null || missing+=(gettext)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
@@ -74,20 +77,24 @@ fi
 
 # --- Private PostgreSQL and Redis ------------------------------------------
 
-PYTEST_PID=
+PYTEST_PIDS=()
+PASS_LOGS=$(mktemp -d)
+export PASS_LOGS
 cleanup() {
-    local rc=$?
+    local rc=$? pid
     set +e
     trap - INT TERM HUP
-    if [[ -n $PYTEST_PID ]]; then
+    if ((${#PYTEST_PIDS[@]})); then
         # Interrupted mid-run: let pytest tear down (browser, worker), then
         # make sure it is gone before its database disappears.
-        [[ -n $FORWARD_INT ]] && kill -INT "$PYTEST_PID" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "$PYTEST_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$PYTEST_PID" 2>/dev/null
-        wait "$PYTEST_PID" 2>/dev/null
+        # A pass may be a shell running pytest: its children are signalled too.
+        [[ -n $FORWARD_INT ]] && for pid in "${PYTEST_PIDS[@]}"; do pkill -INT -P "$pid"; kill -INT "$pid"; done 2>/dev/null
+        for _ in $(seq 100); do kill -0 "${PYTEST_PIDS[@]}" 2>/dev/null || break; sleep 0.1; done
+        for pid in "${PYTEST_PIDS[@]}"; do pkill -KILL -P "$pid"; kill -KILL "$pid"; done 2>/dev/null
+        for pid in "${PYTEST_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
     fi
     stop_private_services
+    rm -rf "$PASS_LOGS"
     exit "$rc"
 }
 FORWARD_INT=
@@ -115,12 +122,27 @@ export TOLLGATE_CHROMIUM=/usr/bin/chromium
 # pytest runs in the background so that signals reach the traps above at
 # once instead of after pytest finishes.  (Background commands start with
 # SIGINT ignored; the subshell undoes that so Ctrl-C still stops pytest.)
+# start_pytest NAME CMD...: start a pass, its output going to a log of its own.
+start_pytest() {
+    local name=$1; shift
+    (trap - INT QUIT; exec "$@") </dev/null >"$PASS_LOGS/$name.log" 2>&1 &
+    PYTEST_PIDS+=($!)
+    eval "${name}_pid=$!"
+}
+# wait_pytest NAME: wait for the pass, show its output; its exit code.
+wait_pytest() {
+    local name=$1 pid rc=0
+    pid=${name}_pid
+    wait "${!pid}" || rc=$?
+    cat "$PASS_LOGS/$name.log"
+    return "$rc"
+}
 run_pytest() {
     local rc=0
     (trap - INT QUIT; exec "$@") </dev/null &
-    PYTEST_PID=$!
-    wait "$PYTEST_PID" || rc=$?
-    PYTEST_PID=
+    PYTEST_PIDS=($!)
+    wait "$!" || rc=$?
+    PYTEST_PIDS=()
     return "$rc"
 }
 
@@ -137,30 +159,39 @@ run_pytest env -u REDIS_URL DATABASE_URL="postgres://nobody@127.0.0.1:9/unreacha
     .venv/bin/python -m pytest tests/unit --ds tests.settings_nodemo "$@" || unit_rc=$?
 unit_rc=$(no_tests_ok $unit_rc)
 
+if [[ -f .env ]] && grep -Eq '^[[:space:]]*(export[[:space:]]+)?(DATABASE_URL|REDIS_URL)=' .env; then
+    log "warning: .env sets DATABASE_URL/REDIS_URL; settings read it, so the embedded runs below are not embedded"
+fi
+t_both=$(now)
+start_pytest pg env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
+    .venv/bin/python -m pytest --ignore=tests/unit --durations=25 "$@"
+# The two embedded passes one after the other (each has its own SQLite test database, named by its pid).
+start_pytest sqlite bash -c '
+    core_rc=0 demo_rc=0
+    echo "================ tests/run.sh: embedded default (SQLite + stub broker), core suite without the demo app ================"
+    env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit --ignore=tests/demo \
+        --ds tests.settings_nodemo -m "not browser and not demo" "$@" || core_rc=$?
+    echo
+    echo "================ tests/run.sh: embedded default (SQLite + stub broker), tests of and through the demo ================"
+    env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit -m "demo and not browser" "$@" \
+        || demo_rc=$?
+    echo "$core_rc $demo_rc" > "$PASS_LOGS/sqlite.rc"' sqlite "$@"
+log "production-shape and embedded passes started side by side"
+
 echo
 echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all but unit ================"
 pg_rc=0
-run_pytest env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
-    REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
-    .venv/bin/python -m pytest --ignore=tests/unit --durations=25 "$@" || pg_rc=$?
-
-if [[ -f .env ]] && grep -Eq '^[[:space:]]*(export[[:space:]]+)?(DATABASE_URL|REDIS_URL)=' .env; then
-    log "warning: .env sets DATABASE_URL/REDIS_URL; settings read it, so the embedded run below is not embedded"
-fi
+wait_pytest pg || pg_rc=$?
 echo
-echo "================ tests/run.sh: embedded default (SQLite + stub broker), core suite without the demo app ================"
-core_rc=0
-run_pytest env -u DATABASE_URL -u REDIS_URL \
-    .venv/bin/python -m pytest --ignore=tests/unit --ignore=tests/demo --ds tests.settings_nodemo \
-    -m "not browser and not demo" "$@" || core_rc=$?
-core_rc=$(no_tests_ok $core_rc)
-
-echo
-echo "================ tests/run.sh: embedded default (SQLite + stub broker), tests of and through the demo ================"
 sqlite_rc=0
-run_pytest env -u DATABASE_URL -u REDIS_URL \
-    .venv/bin/python -m pytest --ignore=tests/unit -m "demo and not browser" "$@" || sqlite_rc=$?
-sqlite_rc=$(no_tests_ok $sqlite_rc)
+wait_pytest sqlite || sqlite_rc=$?
+core_rc=$sqlite_rc demo_rc=$sqlite_rc
+[[ -f $PASS_LOGS/sqlite.rc ]] && read -r core_rc demo_rc < "$PASS_LOGS/sqlite.rc"
+core_rc=$(no_tests_ok "$core_rc")
+demo_rc=$(no_tests_ok "$demo_rc")
+PYTEST_PIDS=()
+log "production-shape and embedded passes done in $(elapsed "$t_both")s"
 
 echo
 echo "================ tests/run.sh: README quickstart on a clean clone ================"
@@ -169,5 +200,5 @@ bash tests/readme_quickstart.sh || quickstart_rc=$?
 
 echo
 echo "tests/run.sh: unit: $(result $unit_rc), postgres+redis: $(result $pg_rc), sqlite core (no demo): $(result $core_rc)," \
-     "sqlite demo: $(result $sqlite_rc), quickstart: $(result $quickstart_rc)"
-[[ $unit_rc -eq 0 && $pg_rc -eq 0 && $core_rc -eq 0 && $sqlite_rc -eq 0 && $quickstart_rc -eq 0 ]]
+     "sqlite demo: $(result $demo_rc), quickstart: $(result $quickstart_rc)"
+[[ $unit_rc -eq 0 && $pg_rc -eq 0 && $core_rc -eq 0 && $demo_rc -eq 0 && $quickstart_rc -eq 0 ]]
