@@ -21,7 +21,7 @@ from runs import lease
 from runs.base.rows import insert as insert_row
 from runs.base.rows import insert_many as insert_rows
 from runs.base.rows import update as update_row
-from runs.base.rows import update_columns
+from runs.base.rows import update_and_insert_numbered, update_columns
 from runs.lease import LeaseLost, current_token, fenced
 from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
@@ -91,8 +91,9 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
 
     The counter lives on the run row: one UPDATE adds ``len(events)`` to it
     (and writes ``columns``, if given, in the same statement), then one
-    INSERT stores the events, so a transaction that changes the run and
-    logs what it did writes the run row once. The UPDATE also serialises
+    INSERT stores the events (on PostgreSQL, both in one statement), so a
+    transaction that changes the run and logs what it did writes the run
+    row once. The UPDATE also serialises
     concurrent writers of the same run's log, so the seqs stay gapless and
     in commit order. In a worker holding the run's lease it is fenced:
     raises ``LeaseLost`` (rolling back the caller's transaction) if the
@@ -114,16 +115,19 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     """
     if columns is not None and columns.values.get("status", run.status) != run.status:
         raise TypeError("a run's status changes only through runs.transitions.apply (which sets it first)")
-    last = _reserve(run, len(events), columns)
+    rows = [RunEvent(run=run, type=event.type, actor=event.actor, reason=event.reason, payload=event.payload or {},
+                     from_status=event.from_status, to_status=event.to_status) for event in events]
+    held = counters_held(run, columns)
+    if connection.vendor == "postgresql":  # the reservation and the INSERT in one statement
+        last = _reserve(run, len(events), columns, rows=rows)
+    else:
+        last = _reserve(run, len(events), columns)
     if last is None:
         refused = ", ".join(repr(e.type) for e in events)
         if columns is not None and columns.expected and _lease_still_held(run.pk):
             raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
     first = last - len(events) + 1
-    # What the instance held, put back if the INSERT is refused: the caller's savepoint rolls the
-    # reservation back, and a counter left ahead would later hide another writer's event.
-    held = counters_held(run, columns)
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
     if columns is not None:
@@ -132,15 +136,17 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
                 setattr(run, name, value)
         for name, amount in columns.increments.items():
             setattr(run, name, getattr(run, name) + amount)
-    rows = [RunEvent(run=run, seq=seq, type=event.type, actor=event.actor, reason=event.reason,
-                     payload=event.payload or {}, from_status=event.from_status, to_status=event.to_status)
-            for seq, event in enumerate(events, start=first)]
     try:
-        insert_rows(rows)  # one statement, built once per number of rows (runs.base.rows)
-        for row in rows:  # it sends no signal: sent here, as save() would
+        if rows[0].pk is None:  # reserved only: the events go in now
+            for seq, row in enumerate(rows, start=first):
+                row.seq = seq
+            insert_rows(rows)  # one statement, built once per number of rows (runs.base.rows)
+        for row in rows:  # neither statement sends a signal: sent here, as save() would
             post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
                            using=row._state.db)
     except BaseException:
+        # What the instance held, put back: the caller's savepoint rolls the reservation back, and a
+        # counter left ahead would later hide another writer's event.
         for name, value in held.items():
             setattr(run, name, value)
         raise
@@ -148,13 +154,15 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     return rows
 
 
-def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
+def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None) -> int | None:
     """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
     Returns the new counter, or None if the row was not written (the lease
     was taken over, an expected value changed, or the run is gone). One
     statement (``UPDATE ... RETURNING``) where the database can return rows
     from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
+    With ``rows`` (PostgreSQL only), the same statement inserts them as the
+    events of the reserved seqs (``runs.base.rows.update_and_insert_numbered``).
     """
     values = columns.values if columns is not None else {}
     increments = {"last_event_seq": count, **(columns.increments if columns is not None else {})}
@@ -168,6 +176,9 @@ def _reserve(run: Run, count: int, columns: RunColumns | None) -> int | None:
     token = current_token(run.pk)
     if token is not None:
         expected = {**expected, "lease_token": token}
+    if rows is not None:
+        return update_and_insert_numbered(Run, run.pk, values=values, increments=increments, expected=expected,
+                                          counter="last_event_seq", instances=rows, position="seq")
     return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
                           returning="last_event_seq")
 

@@ -162,10 +162,20 @@ def update_columns(model, pk, *, values: dict, increments: dict, expected: dict,
     if the row holds ``expected`` (``{name: value}``); returns the new value of column ``returning``, or
     None if no row was written. One statement (``UPDATE ... RETURNING``), for databases that can return
     columns from a write (``connection.features.can_return_columns_from_insert``)."""
+    sql, fields, kinds = _columns_shape(model, values, increments, expected, returning)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _column_params(fields, kinds, [*values.values(), *increments.values(), pk,
+                                                           *expected.values()]))
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _columns_shape(model, values: dict, increments: dict, expected: dict, returning: str) -> tuple:
+    """``(sql, fields, kinds)`` of ``update_columns``' statement, built once per shape."""
     key = (model, tuple(values), tuple(increments), tuple(expected), returning)
     shape = _COLUMNS.get(key)
-    meta = model._meta
     if shape is None:
+        meta = model._meta
         set_fields = [meta.get_field(name) for name in values]
         added = [meta.get_field(name) for name in increments]
         checked = [meta.get_field(name) for name in expected]
@@ -176,13 +186,70 @@ def update_columns(model, pk, *, values: dict, increments: dict, expected: dict,
                + f" RETURNING {_quote(meta.get_field(returning).column)}")
         fields = set_fields + added + [meta.pk] + checked
         shape = _COLUMNS[key] = (sql, fields, _kinds(fields))
-    sql, fields, kinds = shape
+    return shape
+
+
+def _column_params(fields: list, kinds: list, values: list) -> list:
+    """``values`` (one per field) as the database takes them: as they are where ``_AS_IS`` allows, else converted."""
     params = []
-    for field, kind, value in zip(fields, kinds, [*values.values(), *increments.values(), pk, *expected.values()]):
+    for field, kind, value in zip(fields, kinds, values):
         as_is = kind is not None and (value is None or value.__class__ is kind
                                       or (kind is str and isinstance(value, str)))
         params.append(value if as_is else field.get_db_prep_save(value, connection))
+    return params
+
+
+
+_NUMBERED: dict = {}  # (update shape, rows model, rows, position) -> (sql, fields, kinds)
+
+
+def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counter: str,
+                               instances: list[Model], position: str) -> int | None:
+    """``update_columns`` and ``insert_many`` in one statement (PostgreSQL: a data-modifying ``WITH``), the
+    inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments`` (the
+    integer column ``counter`` among them, by ``len(instances)``) if it holds ``expected``; then
+    ``instances`` (at least one, all of one model, none stored) are inserted, their field ``position`` the
+    counter's new value for the last one, one less for the one before, and so on.
+
+    Returns the counter's new value, the instances stored (keys and ``position`` set); or None when the row
+    was not written (it does not hold ``expected``, or is gone): then no instance is inserted either. Raises
+    what the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
+    """
+    update_sql, written, kinds = _columns_shape(model, values, increments, expected, counter)
+    rows_model, count = type(instances[0]), len(instances)
+    rows_meta = rows_model._meta
+    numbered = rows_meta.get_field(position)
+    key = (update_sql, rows_model, count, position)
+    shape = _NUMBERED.get(key)
+    if shape is None:
+        fields = [f for f in rows_meta.concrete_fields if not (f.primary_key and f.auto_created) and f is not numbered]
+        names = [f"c{i}" for i in range(len(fields))]
+        # Typed placeholders: a VALUES list in a FROM clause has no column types of its own.
+        row = ", ".join(["%s"] + [f"%s::{f.db_type(connection)}" for f in fields])
+        counted = _quote(model._meta.get_field(counter).column)
+        sql = (f"WITH counted AS ({update_sql}) "
+               f"INSERT INTO {_quote(rows_meta.db_table)} ({', '.join(_quote(f.column) for f in fields)}, "
+               f"{_quote(numbered.column)}) "
+               f"SELECT {', '.join(f'v.{name}' for name in names)}, counted.{counted} - {count} + v.n "
+               f"FROM counted CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
+               f"RETURNING {_quote(rows_meta.pk.column)}, {_quote(numbered.column)}")
+        shape = (sql, fields, _kinds(fields))
+        if count <= _MAX_CACHED_ROWS:
+            _NUMBERED[key] = shape
+    sql, fields, field_kinds = shape
+    params = _column_params(written, kinds, [*values.values(), *increments.values(), pk, *expected.values()])
+    for n, instance in enumerate(instances, start=1):
+        params.append(n)
+        params.extend(_params(instance, fields, field_kinds, add=True))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return row[0] if row else None
+        keys = {number: key for key, number in cursor.fetchall()}
+    if not keys:
+        return None
+    last = max(keys)
+    for number, instance in enumerate(instances, start=last - count + 1):
+        setattr(instance, numbered.attname, number)
+        instance.pk = keys[number]
+        instance._state.adding = False
+        instance._state.db = connection.alias
+    return last

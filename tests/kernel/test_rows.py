@@ -164,3 +164,30 @@ def test_the_run_counter_reads_the_stored_integer_and_a_missing_run_is_does_not_
     assert seq == 41 and type(seq) is int
     with pytest.raises(Run.DoesNotExist):
         rows.counter(Run, "last_event_seq", run.pk + 1000)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a data-modifying WITH: PostgreSQL only")
+def test_a_numbered_insert_stores_what_save_stores_numbered_from_the_updated_counter_or_nothing(run):
+    values = dict(run=run, type="transition", actor="worker", reason=Phase.CALLING_MODEL, payload={"k": [True, None]},
+                  from_status=RunStatus.QUEUED, to_status=RunStatus.RUNNING)
+    saved = RunEvent(seq=99, **values)
+    saved.save()
+    counter = Run.objects.get(pk=run.pk).last_event_seq
+    events = [RunEvent(**values), RunEvent(**{**values, "reason": "second"})]
+
+    refused = rows.update_and_insert_numbered(Run, run.pk, values={"phase": Phase.FINALIZING},
+                                              increments={"last_event_seq": 2}, expected={"lease_token": -1},
+                                              counter="last_event_seq", instances=events, position="seq")
+    assert refused is None and all(event.pk is None for event in events)
+    assert (Run.objects.get(pk=run.pk).last_event_seq, run.events.filter(reason="second").exists()) == (counter, False)
+
+    last = rows.update_and_insert_numbered(Run, run.pk, values={"phase": Phase.FINALIZING},
+                                           increments={"last_event_seq": 2}, expected={},
+                                           counter="last_event_seq", instances=events, position="seq")
+    assert last == counter + 2 and [event.seq for event in events] == [counter + 1, counter + 2]
+    assert Run.objects.values_list("last_event_seq", "phase").get(pk=run.pk) == (counter + 2, Phase.FINALIZING)
+    first, expected = _stored(RunEvent, events[0].pk), _stored(RunEvent, saved.pk)
+    for row in (first, expected):
+        row.pop("created_at"), row.pop("seq")
+    assert first == expected
+    assert _stored(RunEvent, events[1].pk)["reason"] == "second"

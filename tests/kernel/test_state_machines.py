@@ -46,11 +46,12 @@ def running(run):
 
 
 def _columns_set(queries, table: str) -> list[list[str]]:
-    """The columns each captured ``UPDATE <table> SET ...`` statement wrote, in order."""
+    """The columns each captured ``UPDATE <table> SET ...`` statement wrote, in order (an UPDATE in a
+    ``WITH`` included: PostgreSQL reserves events' seqs and inserts them in one statement)."""
     written = []
     for query in queries:
         sql = query["sql"]
-        if sql.startswith(f'UPDATE "{table}" SET '):
+        if sql.startswith(f'UPDATE "{table}" SET ') or sql.startswith(f'WITH counted AS (UPDATE "{table}" SET '):
             assignments = sql.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
             written.append(re.findall(r'"(\w+)" = ', assignments))
     return written
