@@ -67,6 +67,7 @@ from tools import waits
 from tools.models import ToolCall, ToolCallStatus, WaitStatus
 from tools.registry import get_tool
 from tools.services import (
+    Reconciled,
     assess_tool_calls,
     deliver_tool_results,
     execute_tool_call,
@@ -258,8 +259,8 @@ def _reconcile(run: Run, unknown: list[ToolCall]) -> Steps:
         finally:
             log_context.note(tool_call_id=None)
         log.debug("tool call %s (%s): outcome unknown, reconciled: %s", call.pk, call.name, verdicts[call.pk])
-    later = [call for call in unknown if verdicts[call.pk] == "later"]
-    people = [call for call in unknown if verdicts[call.pk] == "person"]
+    later = [call for call in unknown if verdicts[call.pk] == Reconciled.LATER]
+    people = [call for call in unknown if verdicts[call.pk] == Reconciled.PERSON]
     if not later and not people:
         return True
     with transaction.atomic():
