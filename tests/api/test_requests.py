@@ -10,6 +10,7 @@ from config.idempotency import REPLAYED_HEADER
 from runs.engine.lifecycle import SubmitOutcome, submit_input
 from runs.models import Agent, Run, RunStatus
 from tests.support.api import QUERY_CALL, error_of, field_errors, start_run
+from tests.support.durability import make_agent
 
 SCRIPT = {"provider": "scripted", "turns": [{"tool_calls": [QUERY_CALL]}, {"content": "Done."}]}
 
@@ -59,8 +60,8 @@ def test_another_users_session_cannot_be_continued(demo, api, outsider):
     assert Run.objects.count() == 1
 
 
-def test_submit_input_says_what_it_did_as_a_submit_outcome_and_the_api_answers_201_or_200_by_it(demo, api):
-    requester, agent = demo["requester"], Agent.objects.get(slug="refund-order")
+def test_submit_input_says_what_it_did_as_a_submit_outcome_and_the_api_answers_201_or_200_by_it(people, api):
+    requester, agent = people["requester"], make_agent("plain", [{"content": "Done."}], tools=[])
     created = submit_input(agent=agent, user=requester, input="refund 123", idempotency_key="s-1")
     run = created.run
     Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)  # the session's run is busy
@@ -71,8 +72,8 @@ def test_submit_input_says_what_it_did_as_a_submit_outcome_and_the_api_answers_2
     assert {type(s.outcome) for s in (created, joined)} == {SubmitOutcome}
 
     # The same two requests through the API: replayed from the run's events, answered as before.
-    bodies = {"s-1": {"agent": "refund-order", "input": "refund 123"},
-              "s-2": {"agent": "refund-order", "input": "it was a gift", "session": run.session_id,
+    bodies = {"s-1": {"agent": "plain", "input": "refund 123"},
+              "s-2": {"agent": "plain", "input": "it was a gift", "session": run.session_id,
                       "multitask_strategy": "supplement"}}
     answers = [api(requester).post("/api/runs/", body, format="json", headers={"Idempotency-Key": key})
                for key, body in bodies.items()]

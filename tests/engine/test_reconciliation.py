@@ -253,16 +253,16 @@ def test_a_hook_answer_that_cannot_be_stored_settles_nothing_and_a_raising_hook_
 
 
 def test_a_run_joined_to_an_original_still_unknown_looks_again_ever_later_counted_from_its_events_not_their_words(
-        demo, worker, wire_transfer, settings):
+        people, worker, wire_transfer, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_BACKOFF_S": 100.0}
     agent = make_agent("wire-again", [{"tool_calls": [{"name": "wire_transfer", "arguments": {"amount": 10}}]},
                                       {"content": "Transferred."}], tools=["wire_transfer"])
-    first = start_run(agent=agent, user=demo["requester"], input="pay the supplier")
+    first = start_run(agent=agent, user=people["requester"], input="pay the supplier")
     worker.drain()
     original = ToolCall.objects.get(run=first)
     cancel_run(run=first, actor="user:requester")  # ended; its transfer's outcome still waits for a person
     assert ToolCall.objects.get(pk=original.pk).status == ToolCallStatus.UNKNOWN
-    run = start_run(agent=agent, user=demo["requester"], input="pay the supplier", session=first.session)
+    run = start_run(agent=agent, user=people["requester"], input="pay the supplier", session=first.session)
 
     delays = []
     for look in range(3):

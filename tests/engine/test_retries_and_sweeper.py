@@ -175,9 +175,9 @@ def _die_together(runs, owner, started):
         Step.objects.filter(pk=step.pk).update(started_at=at)
 
 
-def test_the_sweepers_blame_is_stored_as_the_strings_rows_already_hold_and_shown_as_a_word(demo):
-    agent = make_agent("co-dying", [{"content": "x"}], tools=["query_order"])
-    bystander, culprit = (start_run(agent=agent, user=demo["requester"], input="x") for _ in range(2))
+def test_the_sweepers_blame_is_stored_as_the_strings_rows_already_hold_and_shown_as_a_word(people):
+    agent = make_agent("co-dying", [{"content": "x"}], tools=[])
+    bystander, culprit = (start_run(agent=agent, user=people["requester"], input="x") for _ in range(2))
     started = timezone.now() - timedelta(minutes=5)
     _die_together([bystander, culprit], "worker-0", [started, started + BLAME_MARGIN])
     sweep()
