@@ -25,6 +25,7 @@ def _expire(tx, wait, *, now, actor: str) -> None:
 
 INPUT = register_wait_kind(WaitKind(
     name=WaitingReason.INPUT,
+    inbox_item=True,
     open=_ask,
     on_timeout=_expire,
     timeout_error="No answer came before the question expired.",

@@ -235,6 +235,13 @@ class Outcome(models.TextChoices):
     NOT_ACHIEVED = choice("not_achieved")
 
 
+class DeathBlame(models.TextChoices):
+    """How the sweeper counted a run's death with work in flight (``runs.engine.recovery.attribute_deaths``)."""
+
+    CULPRIT = choice("culprit")  # its work started last: the death counts toward its crash streak
+    BYSTANDER = choice("bystander")  # it died beside the culprit: a loss, not a crash of its own
+
+
 def _no_cancel_requested(run: "Run") -> bool:
     """Guard: nobody asked to cancel the run (a cancel beats starting, waiting and completing)."""
     return run.cancel_requested_at is None
@@ -303,7 +310,7 @@ class Run(FSMModel):
         help_text=_("Deaths with work in flight since the last progress, blamed on this run or not; "
                     "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it."))
     death_blame = models.CharField(
-        _("death blame"), max_length=16, blank=True,
+        _("death blame"), max_length=16, blank=True, choices=DeathBlame.choices,
         help_text=_("How the sweeper counted the run's last death: culprit or bystander (empty: not counted yet)."))
 
     lease_owner = models.CharField(_("lease owner"), max_length=200, blank=True)

@@ -23,7 +23,7 @@ from config.api import VisibleRowsMixin
 from config.idempotency import REPLAYED_HEADER, IdempotentPostMixin
 from config.pagination import EventCursorPagination, OldestFirstCursorPagination
 from runs.engine.agents import archive_agent, create_agent, update_agent
-from runs.engine.lifecycle import cancel_run_as, retry_run, submit_input
+from runs.engine.lifecycle import SubmitOutcome, cancel_run_as, retry_run, submit_input
 from runs.engine.sessions import open_session
 from runs.api.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
@@ -148,7 +148,7 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
         submitted = submit_input(agent=data["agent"], user=request.user, input=data["input"],
                                  session=data.get("session"), idempotency_key=self.idempotency_key,
                                  multitask_strategy=data["multitask_strategy"], start_at=data["start_at"])
-        code = status.HTTP_200_OK if submitted.outcome == "supplemented" else status.HTTP_201_CREATED
+        code = status.HTTP_200_OK if submitted.outcome == SubmitOutcome.SUPPLEMENTED else status.HTTP_201_CREATED
         headers = {REPLAYED_HEADER: "true"} if submitted.replayed else None
         return Response(self.get_serializer(submitted.run).data, status=code, headers=headers)
 

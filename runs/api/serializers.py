@@ -15,9 +15,10 @@ from approvals.api.serializers import CHANGES_FIELD
 from config.api import OutputSerializer, StrictSerializer
 from runs.engine.agents import BUDGET_LIMITS, MAX_TURNS_LIMIT
 from runs.base.masking import mask_credentials
-from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, Session, Step, WaitingReason
+from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, Session, Step
 from runs.selectors import CONFLICT_CODES, FINAL_OUTPUT_CODES, PENDING_WAITS, final_output_status, pending_waits
 from tools.models import ExternalEvent, ToolCall
+from tools.waits import kind_of
 
 
 class AgentSerializer(OutputSerializer):
@@ -183,7 +184,7 @@ class RunSerializer(OutputSerializer):
         found = {"kind": wait.kind, "deadline": wait.deadline.isoformat(), "tool_call": wait.tool_call_id}
         if wait.event_type:
             found.update(event_type=wait.event_type, correlation_key=wait.correlation_key)
-        if wait.kind == WaitingReason.INPUT:  # the inbox item to answer
+        if kind_of(wait).inbox_item:  # the inbox item to answer
             found["interrupt"] = wait.interrupt_id
         return found
 

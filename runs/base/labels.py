@@ -48,6 +48,9 @@ LABELS = {
     # Run.outcome
     "achieved": pgettext_lazy("state", "achieved"),
     "not_achieved": pgettext_lazy("state", "not achieved"),
+    # Run.death_blame
+    "culprit": pgettext_lazy("state", "culprit"),
+    "bystander": pgettext_lazy("state", "bystander"),
     # Interrupt.status and Interrupt.decision
     "pending": pgettext_lazy("state", "pending"),
     "resolved": pgettext_lazy("state", "resolved"),

@@ -21,10 +21,9 @@ from django.db import connection
 from django.db.models import Model
 
 _INSERTS: dict = {}  # (model, rows) -> (sql, fields, kinds)
-_UPDATES: dict = {}  # (model, field names, expected names) -> (sql, fields, kinds)
 _MAX_CACHED_ROWS = 16  # statements of more rows are built each time (rare: a transaction's events of one run)
 _COUNTERS: dict = {}  # (model, field name) -> sql
-_COLUMNS: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, kinds)
+_UPDATES: dict = {}  # (model, value names, increment names, expected names, returning) -> (sql, fields, kinds)
 
 
 # Per field type, the values its get_db_prep_save passes on unchanged (besides None): any str for text
@@ -118,18 +117,9 @@ def update(instance: Model, fields: list[str], *, expected: dict | None = None) 
     not written (0). ``auto_now`` fields among ``fields`` are stamped now.
     """
     model, expected = type(instance), expected or {}
-    key = (model, tuple(fields), tuple(expected))
-    shape = _UPDATES.get(key)
-    if shape is None:
-        meta = model._meta
-        written = [meta.get_field(name) for name in fields]
-        sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(f'{_quote(f.column)} = %s' for f in written)} "
-               f"WHERE {_quote(meta.pk.column)} = %s"
-               + "".join(f" AND {_quote(meta.get_field(name).column)} = %s" for name in expected))
-        shape = _UPDATES[key] = (sql, written, _kinds(written))
-    sql, written, kinds = shape
+    sql, parameters, kinds = _update_shape(model, tuple(fields), (), tuple(expected), None)
     meta = model._meta
-    params = _params(instance, written, kinds, add=False)
+    params = _params(instance, parameters[:len(fields)], kinds, add=False)
     params.append(instance.pk)
     params.extend(meta.get_field(name).get_db_prep_value(value, connection) for name, value in expected.items())
     with connection.cursor() as cursor:
@@ -157,23 +147,12 @@ def counter(model, field: str, pk) -> int:
     return row[0]
 
 
-def update_columns(model, pk, *, values: dict, increments: dict, expected: dict, returning: str):
-    """``UPDATE`` row ``pk`` of ``model``: ``values`` set, ``increments`` added (``{name: amount}``), only
-    if the row holds ``expected`` (``{name: value}``); returns the new value of column ``returning``, or
-    None if no row was written. One statement (``UPDATE ... RETURNING``), for databases that can return
-    columns from a write (``connection.features.can_return_columns_from_insert``)."""
-    sql, fields, kinds = _columns_shape(model, values, increments, expected, returning)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _column_params(fields, kinds, [*values.values(), *increments.values(), pk,
-                                                           *expected.values()]))
-        row = cursor.fetchone()
-    return row[0] if row else None
-
-
-def _columns_shape(model, values: dict, increments: dict, expected: dict, returning: str) -> tuple:
-    """``(sql, fields, kinds)`` of ``update_columns``' statement, built once per shape."""
-    key = (model, tuple(values), tuple(increments), tuple(expected), returning)
-    shape = _COLUMNS.get(key)
+def _update_shape(model, values: tuple, increments: tuple, expected: tuple, returning: str | None) -> tuple:
+    """``(sql, fields, kinds)`` of the fenced ``UPDATE`` of one ``model`` row that ``update`` and ``update_columns``
+    share, built once per shape: ``values`` set, ``increments`` added, ``WHERE pk = %s AND expected = %s``, and
+    ``RETURNING`` the ``returning`` column when given; ``fields``: each parameter's field, in that order."""
+    key = (model, values, increments, expected, returning)
+    shape = _UPDATES.get(key)
     if shape is None:
         meta = model._meta
         set_fields = [meta.get_field(name) for name in values]
@@ -183,10 +162,23 @@ def _columns_shape(model, values: dict, increments: dict, expected: dict, return
         assignments += [f"{_quote(f.column)} = {_quote(f.column)} + %s" for f in added]
         sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(assignments)} WHERE {_quote(meta.pk.column)} = %s"
                + "".join(f" AND {_quote(f.column)} = %s" for f in checked)
-               + f" RETURNING {_quote(meta.get_field(returning).column)}")
+               + (f" RETURNING {_quote(meta.get_field(returning).column)}" if returning else ""))
         fields = set_fields + added + [meta.pk] + checked
-        shape = _COLUMNS[key] = (sql, fields, _kinds(fields))
+        shape = _UPDATES[key] = (sql, fields, _kinds(fields))
     return shape
+
+
+def update_columns(model, pk, *, values: dict, increments: dict, expected: dict, returning: str):
+    """``UPDATE`` row ``pk`` of ``model``: ``values`` set, ``increments`` added (``{name: amount}``), only
+    if the row holds ``expected`` (``{name: value}``); returns the new value of column ``returning``, or
+    None if no row was written. One statement (``UPDATE ... RETURNING``), for databases that can return
+    columns from a write (``connection.features.can_return_columns_from_insert``)."""
+    sql, fields, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), returning)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _column_params(fields, kinds, [*values.values(), *increments.values(), pk,
+                                                           *expected.values()]))
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 def _column_params(fields: list, kinds: list, values: list) -> list:
@@ -197,7 +189,6 @@ def _column_params(fields: list, kinds: list, values: list) -> list:
                                       or (kind is str and isinstance(value, str)))
         params.append(value if as_is else field.get_db_prep_save(value, connection))
     return params
-
 
 
 _NUMBERED: dict = {}  # (update shape, rows model, rows, position) -> (sql, fields, kinds)
@@ -215,7 +206,7 @@ def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, exp
     was not written (it does not hold ``expected``, or is gone): then no instance is inserted either. Raises
     what the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
     """
-    update_sql, written, kinds = _columns_shape(model, values, increments, expected, counter)
+    update_sql, written, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), counter)
     rows_model, count = type(instances[0]), len(instances)
     rows_meta = rows_model._meta
     numbered = rows_meta.get_field(position)

@@ -7,6 +7,7 @@ API views, inbox views, admin actions, the loop and the sweeper call these;
 import hashlib
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -39,13 +40,20 @@ from tools.services import deliver_tool_results, settle_calls_at_run_end, unknow
 from tools.waits import cancel_waits
 
 
+class SubmitOutcome(StrEnum):
+    """What ``submit_input`` did with an input (``Submitted.outcome``)."""
+
+    CREATED = "created"  # a new run (the API's 201)
+    SUPPLEMENTED = "supplemented"  # added to the busy run's conversation (the API's 200)
+
+
 @dataclass(frozen=True)
 class Submitted:
-    """What ``submit_input`` did: ``outcome`` is ``created`` (a new run) or ``supplemented`` (added to
+    """What ``submit_input`` did: ``outcome`` is ``CREATED`` (a new run) or ``SUPPLEMENTED`` (added to
     the busy ``run``); ``replayed`` is True when an ``Idempotency-Key`` named an earlier identical request."""
 
     run: Run
-    outcome: str
+    outcome: SubmitOutcome
     replayed: bool = False
 
 
@@ -66,13 +74,14 @@ def _replay(user, idempotency_key: str, fingerprint: str, agent: Agent, input: s
     if earlier is not None:
         if earlier.payload.get("request") != fingerprint:
             raise IdempotencyKeyReused(earlier.run_id)
-        return Submitted(earlier.run, "supplemented" if earlier.type == "input" else "created", replayed=True)
+        outcome = SubmitOutcome.SUPPLEMENTED if earlier.type == "input" else SubmitOutcome.CREATED
+        return Submitted(earlier.run, outcome, replayed=True)
     run = Run.objects.filter(requested_by=user, idempotency_key=idempotency_key).select_related("agent").first()
     if run is None:
         return None
     if (run.agent.slug, run.input) != (agent.slug, input):  # a run keyed before requests were fingerprinted
         raise IdempotencyKeyReused(run.pk)
-    return Submitted(run, "created", replayed=True)
+    return Submitted(run, SubmitOutcome.CREATED, replayed=True)
 
 
 def submit_input(
@@ -146,7 +155,7 @@ def submit_input(
                             tx.message(role="user", content=input)
                             tx.log(type="input", actor=actor, reason="supplemented",
                                    payload={"chars": len(input), **request})
-                            return Submitted(tx.run, "supplemented")
+                            return Submitted(tx.run, SubmitOutcome.SUPPLEMENTED)
                 if multitask_strategy == MultitaskStrategy.INTERRUPT:
                     for other in active:
                         cancel_run(run=other, actor=actor, reason="interrupted by a new input")
@@ -163,7 +172,7 @@ def submit_input(
         if idempotency_key and (earlier := _replay(user, idempotency_key, fingerprint, agent, input)):
             return earlier  # another request with this key won the race
         raise
-    return Submitted(run, "created")
+    return Submitted(run, SubmitOutcome.CREATED)
 
 
 def _checked_start_at(start_at, strategy: str):

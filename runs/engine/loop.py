@@ -67,6 +67,7 @@ from tools import waits
 from tools.models import ToolCall, ToolCallStatus, WaitStatus
 from tools.registry import get_tool
 from tools.services import (
+    Reconciled,
     assess_tool_calls,
     deliver_tool_results,
     execute_tool_call,
@@ -258,8 +259,8 @@ def _reconcile(run: Run, unknown: list[ToolCall]) -> Steps:
         finally:
             log_context.note(tool_call_id=None)
         log.debug("tool call %s (%s): outcome unknown, reconciled: %s", call.pk, call.name, verdicts[call.pk])
-    later = [call for call in unknown if verdicts[call.pk] == "later"]
-    people = [call for call in unknown if verdicts[call.pk] == "person"]
+    later = [call for call in unknown if verdicts[call.pk] == Reconciled.LATER]
+    people = [call for call in unknown if verdicts[call.pk] == Reconciled.PERSON]
     if not later and not people:
         return True
     with transaction.atomic():
@@ -275,31 +276,36 @@ def _wait_for_original(run: Run, joined: list[ToolCall]) -> bool:
     """Re-proposed actions wait for an original still pending in another run (being reconciled).
 
     The run waits ``reconciliation`` and looks again after ``RECONCILE_BACKOFF_S``,
-    doubling with every look (at most ``MAX_ORIGINAL_POLL_S``), so an original
-    that only a person can settle costs a look an hour, not one a second.
+    doubling with every look at the same originals (at most ``MAX_ORIGINAL_POLL_S``),
+    so an original that only a person can settle costs a look an hour, not one a
+    second. Each wait's event records the originals' ids (``payload["originals"]``,
+    sorted); the looks are counted from them.
     """
-    originals = ", ".join(f"#{call.duplicate_of_id}" for call in joined)
-    reason = f"same action as {originals}, whose outcome is not settled yet"
-    looks = run.events.filter(type="transition", reason=reason).count()
+    originals = sorted({call.duplicate_of_id for call in joined})
+    looks = run.events.filter(type=run.event_type, payload__originals=originals).count()
     delay = min(settings.TOLLGATE["RECONCILE_BACKOFF_S"] * 2 ** looks, MAX_ORIGINAL_POLL_S)
-    _wait(run, reason=reason, waiting_reason=WaitingReason.RECONCILIATION,
-          wake_at=timezone.now() + timedelta(seconds=delay))
+    named = ", ".join(f"#{call.duplicate_of_id}" for call in joined)
+    _wait(run, reason=f"same action as {named}, whose outcome is not settled yet",
+          waiting_reason=WaitingReason.RECONCILIATION, wake_at=timezone.now() + timedelta(seconds=delay),
+          payload={"originals": originals})
     return False
 
 
-def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
-    """Put the run to wait under its row lock, as ``cancel_run`` takes it; a cancel accepted meanwhile ends it ``cancelled``."""
+def _wait(run: Run, *, reason: str, waiting_reason: str, wake_at=None, payload: dict | None = None) -> None:
+    """Put the run to wait under its row lock, as ``cancel_run`` takes it; a cancel accepted meanwhile ends it ``cancelled``.
+    ``payload`` is added to the wait's event."""
     with transaction.atomic():
         relock(run)
-        _wait_locked(run, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at)
+        _wait_locked(run, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at, payload=payload)
 
 
-def _wait_locked(run: Run, *, reason: str, waiting_reason: str, wake_at=None) -> None:
+def _wait_locked(run: Run, *, reason: str, waiting_reason: str, wake_at=None, payload: dict | None = None) -> None:
     """``_wait`` for a caller whose transaction holds the run's row lock (``runs.tx.relock``)."""
     if not can_proceed(run.wait):
         _end(run.cancel, reason="cancelled at a safe point (before waiting)")
         return
-    apply(run.wait, actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at, savepoint=False)
+    apply(run.wait, actor=ACTOR, reason=reason, waiting_reason=waiting_reason, wake_at=wake_at, payload=payload,
+          savepoint=False)
 
 
 def _wait_settled(run: Run, call: ToolCall, tool) -> bool:

@@ -21,7 +21,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from runs.lease import fenced
-from runs.models import FailureType, Run, Step
+from runs.models import DeathBlame, FailureType, Run, Step
 from runs.services import append_event
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
@@ -59,7 +59,7 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall]) -> Fa
         return None
     with transaction.atomic():
         counters = fenced(Run.objects.filter(pk=run.pk), run.pk)
-        blamed = run.death_blame != "bystander"
+        blamed = run.death_blame != DeathBlame.BYSTANDER
         if run.death_blame:
             counters.update(death_blame="")
         else:

@@ -34,7 +34,7 @@ from runs.base.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.recovery import attribute_deaths, restart_delay_ms
-from runs.models import TERMINAL_STATUSES, Agent, FailureType, Run, RunStatus, WaitingReason
+from runs.models import TERMINAL_STATUSES, Agent, DeathBlame, FailureType, Run, RunStatus, WaitingReason
 from runs.services import append_event
 from runs.tx import locked_many
 from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
@@ -93,7 +93,7 @@ def rescue_stranded(*, now) -> dict[str, int]:
             if run_id in blame:  # it died with work in flight: count it here, blamed or not
                 death = {"lost_leases": F("lost_leases") + 1, "loss_streak": F("loss_streak") + 1,
                          "crash_streak": F("crash_streak") + int(blame[run_id]),
-                         "death_blame": "culprit" if blame[run_id] else "bystander"}
+                         "death_blame": DeathBlame.CULPRIT if blame[run_id] else DeathBlame.BYSTANDER}
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
             ).update(lease_owner="", lease_expires_at=None, updated_at=now, **death):

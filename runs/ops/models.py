@@ -34,7 +34,7 @@ class WorkerHeartbeat(models.Model):
     runs_in_flight = models.PositiveIntegerField(_("runs in flight"), default=0)
     abandoned_threads = models.PositiveIntegerField(
         _("abandoned tool threads"), default=0,
-        help_text=_("Sync tool handler threads still running a call that timed out (runs.awaiting)."))
+        help_text=_("Sync tool handler threads still running a call that timed out (runs.base.awaiting)."))
 
     class Meta:
         verbose_name = _("worker heartbeat")

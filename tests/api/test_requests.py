@@ -6,8 +6,11 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 
-from runs.models import Agent, Run
+from config.idempotency import REPLAYED_HEADER
+from runs.engine.lifecycle import SubmitOutcome, submit_input
+from runs.models import Agent, Run, RunStatus
 from tests.support.api import QUERY_CALL, error_of, field_errors, start_run
+from tests.support.durability import make_agent
 
 SCRIPT = {"provider": "scripted", "turns": [{"tool_calls": [QUERY_CALL]}, {"content": "Done."}]}
 
@@ -55,6 +58,28 @@ def test_another_users_session_cannot_be_continued(demo, api, outsider):
 
     assert "session" in field_errors(response)
     assert Run.objects.count() == 1
+
+
+def test_submit_input_says_what_it_did_as_a_submit_outcome_and_the_api_answers_201_or_200_by_it(people, api):
+    requester, agent = people["requester"], make_agent("plain", [{"content": "Done."}], tools=[])
+    created = submit_input(agent=agent, user=requester, input="refund 123", idempotency_key="s-1")
+    run = created.run
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)  # the session's run is busy
+    joined = submit_input(agent=agent, user=requester, input="it was a gift", session=run.session,
+                          multitask_strategy="supplement", idempotency_key="s-2")
+    assert [(s.outcome, s.replayed, s.run.pk) for s in (created, joined)] == [
+        (SubmitOutcome.CREATED, False, run.pk), (SubmitOutcome.SUPPLEMENTED, False, run.pk)]
+    assert {type(s.outcome) for s in (created, joined)} == {SubmitOutcome}
+
+    # The same two requests through the API: replayed from the run's events, answered as before.
+    bodies = {"s-1": {"agent": "plain", "input": "refund 123"},
+              "s-2": {"agent": "plain", "input": "it was a gift", "session": run.session_id,
+                      "multitask_strategy": "supplement"}}
+    answers = [api(requester).post("/api/runs/", body, format="json", headers={"Idempotency-Key": key})
+               for key, body in bodies.items()]
+    assert [(a.status_code, a.json()["id"], a.headers.get(REPLAYED_HEADER)) for a in answers] == [
+        (201, run.pk, "true"), (200, run.pk, "true")]
+    assert Run.objects.count() == 1 and run.messages.filter(content="it was a gift").count() == 1
 
 
 def test_overlong_idempotency_key_is_a_bad_request(demo, api):

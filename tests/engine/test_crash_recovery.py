@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt, reconcile_interrupt
-from runs.models import Agent, Run, RunStatus, Step, WaitingReason
+from runs.models import Agent, DeathBlame, Run, RunStatus, Step, WaitingReason
 from runs.engine.recovery import BLAME_MARGIN
 from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
@@ -172,7 +172,7 @@ def test_sends_a_bystander_lost_to_a_neighbours_crashes_leave_its_retries_whole(
         _neighbour_blamed_for(run, neighbour)
         wait_for_lease_expiry(run.pk)
         sweep()
-        assert Run.objects.values_list("death_blame", flat=True).get(pk=run.pk) == "bystander"
+        assert Run.objects.values_list("death_blame", flat=True).get(pk=run.pk) == DeathBlame.BYSTANDER
     assert payment_gateway.ledger()["requests_per_key"] == {}  # neither send left the worker
 
     payment_gateway.faults(script=["error_before_commit"])

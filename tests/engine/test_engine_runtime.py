@@ -19,7 +19,7 @@ from django.utils import timezone
 from runs import lease
 from runs.base import awaiting
 from runs.engine.lifecycle import cancel_run, start_run
-from runs.models import Run, RunStatus, Step
+from runs.models import DeathBlame, Run, RunStatus, Step
 from tests.support.durability import lookup_agent, make_agent
 from tests.support.provider import llm  # noqa: F401  (a fixture)
 from tools import registry
@@ -339,7 +339,7 @@ def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(
     assert engine.submit(run.pk) is not None
     wait_until(lambda: len(attempts) == 1)
     # What the sweeper writes when it breaks the lease of a bystander of a dead worker.
-    Run.objects.filter(pk=run.pk).update(lease_owner="", lease_expires_at=None, death_blame="bystander",
+    Run.objects.filter(pk=run.pk).update(lease_owner="", lease_expires_at=None, death_blame=DeathBlame.BYSTANDER,
                                          loss_streak=1)
     assert engine.submit(run.pk) is not None
     wait_until(lambda: len(attempts) == 2)  # the new slice sent the lookup again

@@ -250,3 +250,31 @@ def test_a_hook_answer_that_cannot_be_stored_settles_nothing_and_a_raising_hook_
     else:
         assert call.status == ToolCallStatus.UNKNOWN and call.result is None
         assert run.events.filter(type="reconciliation", reason__contains="cannot be stored").exists()
+
+
+def test_a_run_joined_to_an_original_still_unknown_looks_again_ever_later_counted_from_its_events_not_their_words(
+        people, worker, wire_transfer, settings):
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_BACKOFF_S": 100.0}
+    agent = make_agent("wire-again", [{"tool_calls": [{"name": "wire_transfer", "arguments": {"amount": 10}}]},
+                                      {"content": "Transferred."}], tools=["wire_transfer"])
+    first = start_run(agent=agent, user=people["requester"], input="pay the supplier")
+    worker.drain()
+    original = ToolCall.objects.get(run=first)
+    cancel_run(run=first, actor="user:requester")  # ended; its transfer's outcome still waits for a person
+    assert ToolCall.objects.get(pk=original.pk).status == ToolCallStatus.UNKNOWN
+    run = start_run(agent=agent, user=people["requester"], input="pay the supplier", session=first.session)
+
+    delays = []
+    for look in range(3):
+        if look:
+            assert sweep(now=run.wake_at + timedelta(seconds=1))["woken"] == 1
+        worker.drain()
+        run.refresh_from_db()
+        assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
+        waited = run.events.filter(to_status=RunStatus.WAITING).latest("seq")
+        assert waited.payload["originals"] == [original.pk]
+        delays.append(round((run.wake_at - waited.created_at).total_seconds() / 100))
+        # Whatever the words of the waits so far (e.g. reworded in a later version), they still count.
+        run.events.filter(to_status=RunStatus.WAITING).update(reason=f"reworded {look}")
+    assert delays == [1, 2, 4]
+    assert ToolCall.objects.get(run=run).duplicate_of_id == original.pk

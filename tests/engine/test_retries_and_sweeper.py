@@ -4,11 +4,12 @@ from datetime import timedelta
 
 import dramatiq
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from approvals.models import Interrupt, InterruptStatus
-from runs.models import Agent, FailureType, Run, RunStatus, Step, WaitingReason
+from runs.models import Agent, DeathBlame, FailureType, Run, RunStatus, Step, WaitingReason
 from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover
 from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
@@ -174,6 +175,21 @@ def _die_together(runs, owner, started):
         Step.objects.filter(pk=step.pk).update(started_at=at)
 
 
+def test_the_sweepers_blame_is_stored_as_the_strings_rows_already_hold_and_shown_as_a_word(people):
+    agent = make_agent("co-dying", [{"content": "x"}], tools=[])
+    bystander, culprit = (start_run(agent=agent, user=people["requester"], input="x") for _ in range(2))
+    started = timezone.now() - timedelta(minutes=5)
+    _die_together([bystander, culprit], "worker-0", [started, started + BLAME_MARGIN])
+    sweep()
+    stored = dict(Run.objects.filter(pk__in=[bystander.pk, culprit.pk]).values_list("pk", "death_blame"))
+    assert stored == {bystander.pk: "bystander", culprit.pk: "culprit"}  # what migration 0008's column holds
+    culprit.refresh_from_db()
+    with translation.override("zh-hans"):
+        assert (culprit.get_death_blame_display(), DeathBlame.BYSTANDER.label) == ("肇事者", "旁观者")
+    with pytest.raises(ValidationError):  # the column's choices: the admin and full_clean refuse anything else
+        Run._meta.get_field("death_blame").clean("guilty", culprit)
+
+
 def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_their_deaths(demo, settings):
     """The killing step runs on for a moment after recording its start: a neighbour's later start proves nothing."""
     agent = make_agent("co-dying", [{"content": "x"}], tools=["query_order"])
@@ -185,7 +201,7 @@ def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_th
         sweep()
         for run in (neighbour, bystander):  # the worker that takes each run over
             run.refresh_from_db()
-            assert run.death_blame == "bystander"
+            assert run.death_blame == DeathBlame.BYSTANDER
             assert recover_after_takeover(run, actor="worker", calls=list(run.tool_calls.all())) is None
     for run in (neighbour, bystander):
         run.refresh_from_db()
@@ -200,7 +216,7 @@ def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_th
         sweep()
         neighbour.refresh_from_db()
         bystander.refresh_from_db()
-        assert (neighbour.death_blame, bystander.death_blame) == ("bystander", "culprit")
+        assert (neighbour.death_blame, bystander.death_blame) == (DeathBlame.BYSTANDER, DeathBlame.CULPRIT)
         assert recover_after_takeover(neighbour, actor="worker", calls=list(neighbour.tool_calls.all())) is None
         verdict = recover_after_takeover(bystander, actor="worker", calls=list(bystander.tool_calls.all()))
     assert verdict == FailureType.CRASH_LOOP

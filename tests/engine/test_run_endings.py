@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
-from runs.models import Message, Run, RunStatus, WaitingReason
+from runs.models import DeathBlame, Message, Run, RunStatus, WaitingReason
 from runs.providers.scripted import ScriptedClient
 from runs.sweeping import sweep
 from runs.engine.lifecycle import cancel_run, start_run
@@ -476,4 +476,4 @@ def test_the_sweeper_blames_the_run_whose_work_started_last_in_a_dead_worker(dem
         run.refresh_from_db()
     assert (culprit.crash_streak, culprit.loss_streak, culprit.lost_leases) == (1, 1, 1)
     assert (bystander.crash_streak, bystander.loss_streak, bystander.lost_leases) == (0, 1, 1)
-    assert (culprit.death_blame, bystander.death_blame) == ("culprit", "bystander")
+    assert (culprit.death_blame, bystander.death_blame) == (DeathBlame.CULPRIT, DeathBlame.BYSTANDER)

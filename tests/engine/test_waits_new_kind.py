@@ -1,16 +1,18 @@
 """A plug-in's own kind of wait (``tests.support.courier_app``): registered from its app, no migration, no change to
 ``runs/``; a run waits on it, resumes when it is settled, and goes on when it times out (docs/design.md#waits)."""
 
+import dataclasses
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from runs.base.errors import NotFound
 from runs.models import Run, RunStatus, WaitingReason
 from tests.support.api import get_run, start_run
-from tests.support.courier_app.deliveries import report_delivery
+from tests.support.courier_app.deliveries import DELIVERY, report_delivery
 from tests.support.waits import sweep_later, tool_result, waiting_agent
 from tools.models import Wait
-from tools.waits import WaitKind, register_wait_kind
+from tools.waits import WaitKind, kinds, register_wait_kind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,6 +48,15 @@ def test_a_run_waits_on_the_plug_ins_kind_and_resumes_when_the_courier_reports(w
         "status": "succeeded", "result": {"parcel": PARCEL, "signed_by": "M. Okafor"}}
     with pytest.raises(NotFound):  # settled once: a second report finds no wait
         report_delivery(parcel=PARCEL, signed_by="someone else", actor="courier")
+
+
+def test_waiting_for_names_an_inbox_item_when_the_kinds_registration_says_a_person_settles_it_there(
+        worker, people, api, monkeypatch):
+    run = _waiting_run(worker, people, api)
+    assert "interrupt" not in run["waiting_for"]  # the courier settles it, not a person in the inbox
+    monkeypatch.setitem(kinds._KINDS, "delivery", dataclasses.replace(DELIVERY, inbox_item=True))
+    again = get_run(api(people["requester"]), run["id"])["waiting_for"]
+    assert again == {**run["waiting_for"], "interrupt": None}  # asked the registry (this call has no item)
 
 
 def test_at_its_deadline_the_plug_ins_wait_times_out_with_its_own_error_and_the_run_goes_on(worker, people, api):

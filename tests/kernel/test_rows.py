@@ -191,3 +191,21 @@ def test_a_numbered_insert_stores_what_save_stores_numbered_from_the_updated_cou
         row.pop("created_at"), row.pop("seq")
     assert first == expected
     assert _stored(RunEvent, events[1].pk)["reason"] == "second"
+
+
+def test_update_and_update_columns_of_one_shape_are_two_statements_each_doing_its_own(run):
+    # The same column set and fenced, once by update (a row count) and once by update_columns (RETURNING):
+    # the statements they build and keep must not be taken for each other, in either order.
+    stale = Run.objects.get(pk=run.pk)
+    Run.objects.filter(pk=run.pk).update(last_event_seq=41)
+    for _ in range(2):
+        stale.phase = Phase.CALLING_MODEL
+        assert rows.update(stale, ["phase"], expected={"status": RunStatus.QUEUED}) == 1
+        assert Run.objects.values_list("phase", flat=True).get(pk=run.pk) == Phase.CALLING_MODEL
+        assert rows.update_columns(Run, run.pk, values={"phase": Phase.FINALIZING}, increments={},
+                                   expected={"status": RunStatus.QUEUED}, returning="last_event_seq") == 41
+        assert Run.objects.values_list("phase", flat=True).get(pk=run.pk) == Phase.FINALIZING
+    assert rows.update(stale, ["phase"], expected={"status": RunStatus.RUNNING}) == 0  # fenced: nothing written
+    assert rows.update_columns(Run, run.pk, values={"phase": Phase.CALLING_MODEL}, increments={"last_event_seq": 1},
+                               expected={"status": RunStatus.RUNNING}, returning="last_event_seq") is None
+    assert Run.objects.values_list("phase", "last_event_seq").get(pk=run.pk) == (Phase.FINALIZING, 41)

@@ -25,7 +25,7 @@ from django.urls import reverse
 
 from approvals.models import Decision, InterruptKind, InterruptStatus
 from runs.base.labels import LABELS
-from runs.models import Agent, FailureType, Outcome, Phase, RunStatus, WaitingReason
+from runs.models import Agent, DeathBlame, FailureType, Outcome, Phase, RunStatus, WaitingReason
 from runs.engine.lifecycle import start_run
 from tools.models import ToolCallStatus
 
@@ -40,8 +40,8 @@ SOURCES = ["manage.py", "config", "runs", "approvals", "tools", "templates"]
 # --- Page words for machine values ------------------------------------------
 
 def test_every_value_shown_on_pages_has_a_label():
-    enumerations = [RunStatus, Phase, WaitingReason, FailureType, Outcome, InterruptKind, InterruptStatus, Decision,
-                    ToolCallStatus]
+    enumerations = [RunStatus, Phase, WaitingReason, FailureType, Outcome, DeathBlame, InterruptKind, InterruptStatus,
+                    Decision, ToolCallStatus]
     values = {value for enumeration in enumerations for value in enumeration.values}
     values |= {"user", "assistant", "tool", "system"}  # Message.role
     assert sorted(values - set(LABELS)) == []

@@ -32,6 +32,7 @@ class WaitKind:
 
     * ``name``: ``Wait.kind`` and the run's ``waiting_reason`` (``NAME_PATTERN``).
     * ``resumes_run``: settling it (``tools.waits.settle_wait``) resumes the run; False: only its deadline ends it.
+    * ``inbox_item``: a person settles it through its tool call's inbox item; the API's ``waiting_for`` names it.
     * ``open(wait, spec)``: once the pending wait is stored, in the run's transaction; ``spec``: ``tools.registry.WaitSpec``.
     * ``taken(wait) -> bool``: True when it cannot open now; it is then stored ``refused`` with ``taken_error``.
     * ``done_at_deadline(wait, now) -> result``: ``done`` at (or opened past) its deadline with this JSON result; None: ``timed_out``.
@@ -41,6 +42,7 @@ class WaitKind:
 
     name: str
     resumes_run: bool = True
+    inbox_item: bool = False
     open: Callable[[Wait, Any], None] | None = None
     taken: Callable[[Wait], bool] | None = None
     done_at_deadline: Callable[[Wait, datetime], Any] | None = None
