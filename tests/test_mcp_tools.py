@@ -50,6 +50,8 @@ def mcp(mcp_process, settings, monkeypatch, transactional_db):
     server.proxy = proxy
     yield server
     server.journal_path.unlink(missing_ok=True)
+    if server.listing != (False, False):  # a test that changed the listing failed before restoring it
+        server.start()
 
 
 def mcp_agent(api, demo, slug, turns, tools=("files.*",)):
@@ -370,3 +372,75 @@ def test_loosening_is_judged_against_the_rule_in_force_without_the_operators_the
         else:
             assert answer.status_code == 302
             assert tool.approval_rule == posted and get_tool(f"files.{name}").approval == posted
+
+
+def mcp_operator(demo, client):
+    """The approver made staff with the MCP tools' view and change permissions (not the loosen one), logged in."""
+    from django.contrib.auth.models import Permission
+
+    operator = demo["approver"]
+    operator.is_staff = True
+    operator.save()
+    operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
+                                  Permission.objects.get(codename="view_mcptool"))
+    client.force_login(operator)
+    return operator
+
+
+def accept_in_admin(client, tool: McpTool) -> str:
+    """Run the admin's accept action on ``tool``; returns the page's messages, joined."""
+    page = client.post("/admin/tools/mcptool/", {"action": "accept_selected", "_selected_action": [tool.pk]},
+                       follow=True)
+    assert page.status_code == 200
+    return " ".join(str(message) for message in page.context["messages"])
+
+
+def test_accepting_a_listing_that_claims_read_only_needs_the_loosen_permission(mcp, demo, client):
+    """A destructive tool relisted as ``readOnlyHint: true`` would run without approval and be retried blindly:
+    accepting that loosens its policy, so ``change_mcptool`` alone is not enough."""
+    mcp.start(read_only=True)
+    refresh("files")
+    tool = McpTool.objects.get(name="delete_record")
+    assert tool.held and tool.annotations == {"readOnlyHint": True}
+    operator = mcp_operator(demo, client)
+
+    said = accept_in_admin(client, tool)
+    assert "runs.loosen_approval_policy" in said and "files.delete_record" in said
+    tool.refresh_from_db()
+    assert tool.held and get_tool("files.delete_record") is None
+    assert not McpToolEvent.objects.filter(kind="accepted").exists()
+
+    client.force_login(demo["admin"])  # a superuser holds the loosen permission
+    assert "Accepted 1 tool." in accept_in_admin(client, tool)
+    accepted = get_tool("files.delete_record")
+    assert (accepted.side_effect, accepted.approval) == (False, "never")
+    assert McpToolEvent.objects.get(kind="accepted").actor == demo["admin"].username
+    assert operator.username != demo["admin"].username
+    mcp.start()
+
+
+def test_accepting_a_change_that_loosens_nothing_needs_only_the_change_permission(mcp, demo, client):
+    mcp.start(changed=True)  # a wider schema: the approval and the retries stay as they were
+    refresh("files")
+    tool = McpTool.objects.get(name="delete_record")
+    mcp_operator(demo, client)
+    assert "Accepted 1 tool." in accept_in_admin(client, tool)
+    assert get_tool("files.delete_record").approval == "always"
+    mcp.start()
+
+
+def test_an_operator_rule_on_a_held_tool_is_judged_against_the_accepted_definition_too(mcp, demo, client):
+    """While ``delete_record`` is held with a read-only listing, ``never`` is what that listing would ask; the
+    accepted (destructive) definition asks ``always``, and is back in force when the server reverts."""
+    mcp.start(read_only=True)
+    refresh("files")
+    tool = McpTool.objects.get(name="delete_record")
+    mcp_operator(demo, client)
+
+    refused = client.post(f"/admin/tools/mcptool/{tool.pk}/change/", {"approval_rule": "never"})
+    assert refused.status_code == 200 and "runs.loosen_approval_policy" in refused.content.decode()
+    mcp.start()
+    refresh("files")
+    tool.refresh_from_db()
+    assert not tool.held and tool.approval_rule == ""
+    assert get_tool("files.delete_record").approval == "always"
