@@ -8,6 +8,7 @@ import io
 import threading
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.core.exceptions import ImproperlyConfigured
 
@@ -444,3 +445,34 @@ def test_an_operator_rule_on_a_held_tool_is_judged_against_the_accepted_definiti
     tool.refresh_from_db()
     assert not tool.held and tool.approval_rule == ""
     assert get_tool("files.delete_record").approval == "always"
+
+
+def test_a_server_name_resolving_to_a_refused_address_at_connection_time_gets_nothing(mcp, monkeypatch, settings):
+    """DNS rebinding: the profile's name resolved to a public address when it was checked, to loopback (not
+    trusted) when a listing or a call connects. The connection goes through the webhooks' guard: refused."""
+    import socket
+
+    from tools.mcp.source import SOURCE
+    from tools.registry import ToolError
+
+    real = socket.getaddrinfo
+    answers = {"mcp.example.com": [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", 80))]}
+    def resolve(host, *args, **kwargs):  # asyncio's resolver passes the name IDNA-encoded
+        name = host.decode() if isinstance(host, bytes) else host
+        return answers[name] if name in answers else real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
+    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": [], "MCP_SERVERS": {"files": {
+        **profile, "url": f"http://mcp.example.com:{mcp.proxy.port}/mcp"}}}
+    check_servers()
+    answers["mcp.example.com"] = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", mcp.proxy.port))]
+
+    with pytest.raises(ToolError, match="may not call; nothing was sent") as refused:
+        refresh("files")
+    assert type(refused.value) is ToolError  # definite: not a transient failure sent again
+    context = type("Context", (), {"idempotency_key": "k-1", "timeout_s": 5, "tool_call": None,
+                                   "run": type("Run", (), {"pk": 1, "session_id": 2})})()
+    with pytest.raises(ToolError, match="may not call; nothing was sent"):
+        async_to_sync(SOURCE.get("files.lookup").handler)(context, {"key": "a"})
+    assert mcp.journal() == []
