@@ -447,6 +447,28 @@ def test_an_operator_rule_on_a_held_tool_is_judged_against_the_accepted_definiti
     assert get_tool("files.delete_record").approval == "always"
 
 
+def served_as(mcp, monkeypatch, settings, address: str, *, trusted: list[str], name="mcp.example.com") -> dict:
+    """Reach the fake server as ``name``, which resolves to ``address`` (on the proxy's port) until the test
+    changes the returned ``{name: getaddrinfo answer, or an exception to raise}``; ``trusted``: the webhooks'
+    allowed hosts. (The server answers only requests naming it ``localhost`` or ``127.0.0.1``.)"""
+    import socket
+
+    real = socket.getaddrinfo
+    answers = {name: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, mcp.proxy.port))]}
+
+    def resolve(host, *args, **kwargs):  # asyncio's resolver passes the name IDNA-encoded
+        name = host.decode() if isinstance(host, bytes) else host
+        if isinstance(answers.get(name), Exception):
+            raise answers[name]
+        return answers[name] if name in answers else real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
+    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": trusted, "MCP_SERVERS": {"files": {
+        **profile, "url": f"http://{name}:{mcp.proxy.port}/mcp"}}}
+    return answers
+
+
 def test_a_server_name_resolving_to_a_refused_address_at_connection_time_gets_nothing(mcp, monkeypatch, settings):
     """DNS rebinding: the profile's name resolved to a public address when it was checked, to loopback (not
     trusted) when a listing or a call connects. The connection goes through the webhooks' guard: refused."""
@@ -455,16 +477,7 @@ def test_a_server_name_resolving_to_a_refused_address_at_connection_time_gets_no
     from tools.mcp.source import SOURCE
     from tools.registry import ToolError
 
-    real = socket.getaddrinfo
-    answers = {"mcp.example.com": [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", 80))]}
-    def resolve(host, *args, **kwargs):  # asyncio's resolver passes the name IDNA-encoded
-        name = host.decode() if isinstance(host, bytes) else host
-        return answers[name] if name in answers else real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
-    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": [], "MCP_SERVERS": {"files": {
-        **profile, "url": f"http://mcp.example.com:{mcp.proxy.port}/mcp"}}}
+    answers = served_as(mcp, monkeypatch, settings, "93.184.216.34", trusted=[])
     check_servers()
     answers["mcp.example.com"] = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", mcp.proxy.port))]
 
@@ -476,3 +489,20 @@ def test_a_server_name_resolving_to_a_refused_address_at_connection_time_gets_no
     with pytest.raises(ToolError, match="may not call; nothing was sent"):
         async_to_sync(SOURCE.get("files.lookup").handler)(context, {"key": "a"})
     assert mcp.journal() == []
+
+
+def test_a_server_name_that_does_not_resolve_for_a_while_is_not_sent_then_listed(mcp, monkeypatch, settings):
+    """A temporary DNS failure is ``ToolNotSent`` (no connection was made: a call is sent again after a
+    backoff), not a refusal."""
+    import socket
+
+    from tools.registry import ToolNotSent
+
+    answers = served_as(mcp, monkeypatch, settings, "127.0.0.1", trusted=["localhost"], name="localhost")
+    check_servers()
+    resolved = answers["localhost"]
+    answers["localhost"] = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    with pytest.raises(ToolNotSent, match="its name did not resolve"):
+        refresh("files")
+    answers["localhost"] = resolved
+    assert refresh("files").changes == ()

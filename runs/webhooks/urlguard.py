@@ -104,6 +104,13 @@ class UnsafeURL(InvalidInput):
         super().__init__(message, details={"url": [message]})
 
 
+class Unresolvable(UnsafeURL):
+    """An ``UnsafeURL`` whose host name could not be resolved now (DNS failed, perhaps for a while): nothing was
+    connected to, so an outgoing call may be tried again later (``tools.http``, ``tools.mcp.client``)."""
+
+    code = "unresolvable_url"
+
+
 def check_url(url: str, rules: Rules | None = None) -> None:
     """Check a URL before it is saved (a subscription's) or used; raises ``UnsafeURL`` saying why it is refused.
 
@@ -129,7 +136,7 @@ def check_url(url: str, rules: Rules | None = None) -> None:
 
 def checked_addresses(host: str, port: int, rules: Rules | None = None) -> list[str]:
     """The addresses ``host`` resolves to now, if every one of them may be connected to under ``rules``
-    (default: ``webhook_rules()``); else ``UnsafeURL``.
+    (default: ``webhook_rules()``); else ``UnsafeURL`` (``Unresolvable`` when it does not resolve now).
 
     ``host`` is a name or an address literal (IPv6 without brackets).
     """
@@ -142,7 +149,7 @@ def checked_addresses(host: str, port: int, rules: Rules | None = None) -> list[
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        raise UnsafeURL(f"The host {host} could not be resolved.") from None
+        raise Unresolvable(f"The host {host} could not be resolved.") from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     if not trusted_name:
         for address in addresses:

@@ -4,8 +4,8 @@ Each listing or call opens its own connection (``connected``): a worker
 holds nothing open between calls, and a server restarted meanwhile is
 simply connected to again. Failures are sorted the engine's way:
 
-* the server could not be reached before the call was sent:
-  ``ToolNotSent`` (the engine sends any call again after a backoff);
+* the server could not be reached before the call was sent (its name
+  did not resolve, too): ``ToolNotSent`` (the engine sends any call again after a backoff);
 * the connection broke, or no answer came in time: ``ToolUnavailable``
   (the engine retries a read-only or idempotent call with backoff; a
   side-effecting one becomes ``unknown``);
@@ -36,7 +36,7 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from django.core.exceptions import ImproperlyConfigured
 
-from runs.webhooks.urlguard import POOL, UnsafeURL, connect_checked
+from runs.webhooks.urlguard import POOL, UnsafeURL, Unresolvable, connect_checked
 from tools.mcp.conf import ServerProfile
 from tools.registry import ToolError, ToolNotSent, ToolUnavailable
 
@@ -106,6 +106,8 @@ def _failure(exc: BaseException, profile: ServerProfile, *, session_open: bool) 
         found = [_failure(inner, profile, session_open=session_open) for inner in exc.exceptions]
         found = [failure for failure in found if failure is not None]
         return found[0] if found else None
+    if isinstance(exc, Unresolvable):  # DNS failed: no connection was made (ToolNotSent before the session)
+        return ToolUnavailable(f"MCP server {profile.name} could not be reached (its name did not resolve).")
     if isinstance(exc, UnsafeURL):
         log.warning("MCP server %s: connection refused by the address guard: %s", profile.name, exc.message)
         if not session_open:
