@@ -58,7 +58,8 @@ class ToolUnavailable(ToolError):
 
 class ToolNotSent(ToolUnavailable):
     """A transient failure before anything was sent (no connection could be made): any call may be sent
-    again, a side effect too, after its backoff and within ``max_attempts``.
+    again, a side effect too, after its backoff and within ``max_attempts``; when they run out with none
+    of them sent, the call fails (never ``unknown``: nothing can have happened).
 
     Raise it only when the request certainly never left (a refused or
     timed-out connect); once it may have, raise ``ToolUnavailable``.
