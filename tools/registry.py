@@ -259,6 +259,11 @@ class ToolSource:
         """Every tool of this source that may be offered now, sorted by name."""
         raise NotImplementedError
 
+    def held(self, entry: str) -> bool:
+        """Whether an agent's ``tools`` entry names tools of this source that exist but are all held for an
+        operator now (e.g. an MCP tool whose definition changed), so ``named`` gives none of them."""
+        return False
+
 
 _TOOLS: dict[str, Tool] = {}
 _SOURCES: list[ToolSource] = []
@@ -297,6 +302,12 @@ def tools_named(entry: str) -> list[Tool]:
         if found is not None:
             return found
     return []
+
+
+def held_tool(entry: str) -> bool:
+    """Whether an agent's ``tools`` entry (or a policy's tool name) names tools that exist but are held for an
+    operator now (``ToolSource.held``): not callable, yet not unknown."""
+    return entry not in _TOOLS and any(source.held(entry) for source in _SOURCES)
 
 
 def all_tools() -> list[Tool]:

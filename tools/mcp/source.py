@@ -62,6 +62,14 @@ class McpSource(ToolSource):
     def all(self) -> list[Tool]:
         return [tool for server in sorted(servers()) for tool in self.named(f"{server}.*")]
 
+    def held(self, entry: str) -> bool:
+        profile, tool_name = self._split(entry)
+        if profile is None:
+            return False
+        rows = McpTool.objects.filter(server=profile.name, listed=True)
+        rows = list(rows if tool_name == "*" else rows.filter(name=tool_name))
+        return bool(rows) and all(row.held for row in rows)
+
     @staticmethod
     def _split(name: str) -> tuple[ServerProfile | None, str]:
         server, dot, tool_name = name.partition(".")
