@@ -27,8 +27,9 @@ logs or errors). The answer:
   tool's ``result_schema`` if it has one): the result, the whole body;
 * 4xx: a ``ToolError``, a failed call the model is told about, with the
   ``"error"`` string of a JSON body if there is one;
-* no connection could be made: ``ToolNotSent``, sent again after a backoff
-  (within ``max_attempts``), a side effect too: nothing left;
+* no connection could be made (refused, timed out, or the name did not
+  resolve): ``ToolNotSent``, sent again after a backoff (within
+  ``max_attempts``), a side effect too: nothing left;
 * 5xx, a connection that broke: ``ToolUnavailable``; no answer within the
   tool's ``timeout_s``: ``ToolTimeout``. The engine retries a read
   (``max_attempts``) and makes a side effect ``unknown``
@@ -71,7 +72,7 @@ from standardwebhooks.webhooks import Webhook
 
 from runs.base.masking import mask_log_text
 from runs.webhooks.delivery import body_text, signed_headers
-from runs.webhooks.urlguard import Rules, UnsafeURL, check_url, guarded_async_client
+from runs.webhooks.urlguard import Rules, UnsafeURL, Unresolvable, check_url, guarded_async_client
 from tools.registry import (
     FORMAT_CHECKER, Reconciliation, Tool, ToolContext, ToolError, ToolNotSent, ToolTimeout, ToolUnavailable,
 )
@@ -301,7 +302,8 @@ async def _post(remote: _Remote, path: str, payload: dict, message_id: str) -> t
 
     Raises ``ToolError`` (nothing sent: no secret, or a refused address),
     ``ToolTimeout`` (no answer within ``timeout_s`` seconds),
-    ``ToolNotSent`` (no connection could be made), ``ToolUnavailable``
+    ``ToolNotSent`` (no connection could be made: refused, timed out, or
+    the name did not resolve), ``ToolUnavailable``
     (the connection broke) and ``_Unusable``
     (a body over ``max_response_bytes``).
     """
@@ -319,6 +321,10 @@ async def _post(remote: _Remote, path: str, payload: dict, message_id: str) -> t
                     raise _Unusable(f"the answer is larger than {profile.max_response_bytes} bytes")
                 chunks.append(chunk)
             return response.status_code, b"".join(chunks)
+    except Unresolvable as exc:  # DNS failed, perhaps for a while: no connection, the request never left
+        log.warning("tool %s: endpoint %r: %s", remote.tool, profile.name, exc.message)
+        raise ToolNotSent("The tool's service could not be reached (its name did not resolve); nothing was sent.") \
+            from None
     except UnsafeURL as exc:
         log.warning("tool %s: endpoint %r refused: %s", remote.tool, profile.name, exc.message)
         raise ToolError("The tool's endpoint is at an address this server may not call; nothing was sent.") from None

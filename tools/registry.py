@@ -57,8 +57,12 @@ class ToolUnavailable(ToolError):
 
 
 class ToolNotSent(ToolUnavailable):
-    """A transient failure before anything was sent: any call, a side effect too, may be sent again after its backoff,
-    within ``max_attempts``. Raise it only when the request certainly never left (refused or timed-out connect).
+    """A transient failure before anything was sent (no connection could be made): any call may be sent
+    again, a side effect too, after its backoff and within ``max_attempts``; when they run out with none
+    of them sent, the call fails (never ``unknown``: nothing can have happened).
+
+    Raise it only when the request certainly never left (a refused or
+    timed-out connect); once it may have, raise ``ToolUnavailable``.
     """
 
 
@@ -242,6 +246,11 @@ class ToolSource:
         """Every tool of this source that may be offered now, sorted by name."""
         raise NotImplementedError
 
+    def held(self, entry: str) -> bool:
+        """Whether an agent's ``tools`` entry names tools of this source that exist but are all held for an
+        operator now (e.g. an MCP tool whose definition changed), so ``named`` gives none of them."""
+        return False
+
 
 _TOOLS: dict[str, Tool] = {}
 _SOURCES: list[ToolSource] = []
@@ -280,6 +289,12 @@ def tools_named(entry: str) -> list[Tool]:
         if found is not None:
             return found
     return []
+
+
+def held_tool(entry: str) -> bool:
+    """Whether an agent's ``tools`` entry (or a policy's tool name) names tools that exist but are held for an
+    operator now (``ToolSource.held``): not callable, yet not unknown."""
+    return entry not in _TOOLS and any(source.held(entry) for source in _SOURCES)
 
 
 def all_tools() -> list[Tool]:

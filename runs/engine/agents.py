@@ -5,7 +5,9 @@ The REST API, the admin and any other surface that defines agents call
 ``runs.base.errors.InvalidInput`` (messages keyed by field) for anything a run
 would later trip over: an unknown tool, provider or completion check, or a
 malformed approval rule. ``check_definition`` is that check on its own (the
-admin's form shows its errors by field).
+admin's form shows its errors by field). A change of an agent leaves alone a
+tool held for an operator (an MCP tool whose definition changed), which it
+may keep as it was; adding one, or changing its rule, is refused saying so.
 
 Versions (docs/design.md#agent-versions): a change never edits a row; it
 saves the next version and makes it current. Runs and sessions keep the row
@@ -38,7 +40,7 @@ from runs.base.errors import AgentArchived, Conflict, InvalidInput
 from runs.models import Agent
 from runs.providers.registry import model_config_problems
 from tools.policy import LOOSEN_PERMISSION, InvalidRule, check_rule
-from tools.registry import get_tool, tools_named
+from tools.registry import get_tool, held_tool, tools_named
 
 MAX_TURNS_LIMIT = 1000
 # Largest value of each optional budget (null: no limit); see runs.engine.budgets.
@@ -68,14 +70,27 @@ def _slug_taken(slug: str) -> str:
     return _("An agent with slug %(slug)s already exists.") % {"slug": repr(slug)}
 
 
-def _policy_errors(approval_policy, may_loosen: bool) -> list[str]:
+def _held(name, *, rule: bool) -> str:
+    if rule:
+        return _("The tool %(tool)s is held for an operator: its definition changed since it was accepted, and an "
+                 "operator must accept it before its rule can be changed.") % {"tool": repr(name)}
+    return _("The tool %(tool)s is held for an operator: its definition changed since it was accepted, and an "
+             "operator must accept it before it can be given.") % {"tool": repr(name)}
+
+
+def _policy_errors(approval_policy, may_loosen: bool, kept: dict) -> list[str]:
+    """Problems with ``approval_policy``; ``kept``: the policy it replaces, whose rules for tools held for an
+    operator (``tools.registry.held_tool``) may stay as they are, and only so."""
     if not isinstance(approval_policy, dict):
         return [_("The approval policy must be an object mapping tool names to rules.")]
-    errors = []
+    errors = [_held(name, rule=True) for name in kept if name not in approval_policy and held_tool(name)]
     for tool_name, rule in approval_policy.items():
         tool = get_tool(tool_name)
         if tool is None:
-            errors.append(_unknown_tool(tool_name))
+            if not held_tool(tool_name):
+                errors.append(_unknown_tool(tool_name))
+            elif kept.get(tool_name) != rule:
+                errors.append(_held(tool_name, rule=True))
             continue
         try:
             check_rule(rule if isinstance(rule, str) else "", target_key=tool.target_key)
@@ -90,23 +105,37 @@ def _policy_errors(approval_policy, may_loosen: bool) -> list[str]:
 
 
 def config_errors(
-    *, model, tools: list, approval_policy, completion_check: str, may_loosen: bool = False
+    *, model, tools: list, approval_policy, completion_check: str, may_loosen: bool = False,
+    before: Agent | None = None,
 ) -> dict[str, list[str]]:
     """Problems with an agent's model config, tools, approval policy and completion check, by field.
 
     ``may_loosen``: the user holds ``LOOSEN_PERMISSION`` (else a ``never``
     rule for a tool that asks for approval is refused as pointless).
+    ``before``: the version this one would follow (None: a new agent). A
+    tool held for an operator (``tools.registry.held_tool``: an MCP tool
+    whose definition changed) may stay in the tools and keep its rule
+    as ``before`` had them; adding it, or changing or dropping its rule,
+    is an error saying it is held.
     """
     errors: dict[str, list[str]] = {}
+    kept_tools = set(before.tools) if before is not None else set()
     unknown = [tool for tool in tools if not tools_named(tool)]
-    if unknown:
-        errors["tools"] = [_unknown_tool(tool) for tool in unknown]
+    problems = []
+    for tool in unknown:
+        if not held_tool(tool):
+            problems.append(_unknown_tool(tool))
+        elif tool not in kept_tools:
+            problems.append(_held(tool, rule=False))
+    if problems:
+        errors["tools"] = problems
     if completion_check not in completion.check_names():
         errors["completion_check"] = [
             _("Unknown completion check %(check)s; known: %(known)s.")
             % {"check": repr(completion_check), "known": ", ".join(completion.check_names())}
         ]
-    policy_errors = _policy_errors(approval_policy, may_loosen)
+    policy_errors = _policy_errors(approval_policy, may_loosen,
+                                   before.approval_policy if before is not None else {})
     for field, messages in (("model", model_config_problems(model)), ("approval_policy", policy_errors)):
         if messages:
             errors[field] = messages
@@ -200,7 +229,7 @@ def check_definition(fields: dict, *, user=None, before: Agent | None = None) ->
     errors.update(_budget_errors(fields))
     may_loosen = may_loosen_policy(user)
     errors.update(config_errors(model=fields["model"], tools=fields["tools"], approval_policy=fields["approval_policy"],
-                                completion_check=fields["completion_check"], may_loosen=may_loosen))
+                                completion_check=fields["completion_check"], may_loosen=may_loosen, before=before))
     policy = fields["approval_policy"]
     if before is not None and isinstance(policy, dict) and policy == before.approval_policy:
         granted_by = before.approval_policy_granted_by

@@ -35,7 +35,9 @@ are refused. The idea follows the OWASP SSRF prevention cheat sheet
 Those three settings are the webhooks' ``Rules`` (``webhook_rules``); other
 outgoing calls under the same guard bring rules of their own (the HTTP
 tools' endpoint profiles, ``tools.http``) and connect through
-``guarded_client`` / ``guarded_async_client``.
+``guarded_client`` / ``guarded_async_client``; the MCP servers' connections
+(``tools.mcp.client``, another HTTP stack) go through ``connect_checked``
+under the webhooks' rules.
 """
 
 import functools
@@ -98,6 +100,13 @@ class UnsafeURL(InvalidInput):
         super().__init__(message, details={"url": [message]})
 
 
+class Unresolvable(UnsafeURL):
+    """An ``UnsafeURL`` whose host name could not be resolved now (DNS failed, perhaps for a while): nothing was
+    connected to, so an outgoing call may be tried again later (``tools.http``, ``tools.mcp.client``)."""
+
+    code = "unresolvable_url"
+
+
 def check_url(url: str, rules: Rules | None = None) -> None:
     """Check a URL before it is saved (a subscription's) or used; raises ``UnsafeURL`` saying why it is refused.
 
@@ -123,7 +132,7 @@ def check_url(url: str, rules: Rules | None = None) -> None:
 
 def checked_addresses(host: str, port: int, rules: Rules | None = None) -> list[str]:
     """The addresses ``host`` resolves to now, if every one of them may be connected to under ``rules``
-    (default: ``webhook_rules()``); else ``UnsafeURL``.
+    (default: ``webhook_rules()``); else ``UnsafeURL`` (``Unresolvable`` when it does not resolve now).
 
     ``host`` is a name or an address literal (IPv6 without brackets).
     """
@@ -136,7 +145,7 @@ def checked_addresses(host: str, port: int, rules: Rules | None = None) -> list[
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        raise UnsafeURL(f"The host {host} could not be resolved.") from None
+        raise Unresolvable(f"The host {host} could not be resolved.") from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
     if not trusted_name:
         for address in addresses:
@@ -245,14 +254,28 @@ class AsyncGuardedBackend(httpcore.AnyIOBackend):
         self.rules = rules
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        failure = None
-        for address in await anyio.to_thread.run_sync(checked_addresses, host, port, self.rules):
-            try:
-                return await super().connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                 socket_options=socket_options)
-            except httpcore.ConnectError as exc:  # try the name's next address
-                failure = exc
-        raise failure
+        connect = super().connect_tcp
+        return await connect_checked(host, port, self.rules, lambda address: connect(
+            address, port, timeout=timeout, local_address=local_address, socket_options=socket_options),
+            httpcore.ConnectError)
+
+
+async def connect_checked(host: str, port: int, rules: Rules | None, connect, connect_error: type[Exception]):
+    """Resolve ``host`` and check its addresses (``checked_addresses`` under ``rules``, in a worker thread:
+    ``getaddrinfo`` blocks), then ``await connect(address)`` for each checked address in turn until one
+    connects; returns that connection.
+
+    For any async HTTP stack's network backend (httpcore's here, httpcore2's for the MCP SDK:
+    ``tools.mcp.client``). Raises ``UnsafeURL`` before any connection is tried, or the last address's
+    ``connect_error``.
+    """
+    failure = None
+    for address in await anyio.to_thread.run_sync(checked_addresses, host, port, rules):
+        try:
+            return await connect(address)
+        except connect_error as exc:  # try the name's next address
+            failure = exc
+    raise failure
 
 
 # Pools of the guarded clients: httpx builds its httpcore pool without a way to pass a

@@ -309,3 +309,53 @@ def test_agents_made_before_versions_become_version_1_current(transactional_db):
 
     agent = Agent.objects.get(slug="old")
     assert (agent.version, agent.is_current, agent.archived_at, agent.loosened_tools) == (1, True, None, [])
+
+
+@pytest.fixture
+def held_mcp_tool(settings):
+    """The MCP server ``files`` configured (never connected to) with ``delete_record`` and ``lookup`` in its
+    cached listing (``tools.mcp.discovery.store_listing``); returns a function that holds ``delete_record``
+    (a later listing changed its schema)."""
+    from tools.mcp.conf import servers
+    from tools.mcp.discovery import store_listing
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "MCP_SERVERS": {"files": {"url": "https://files.example.com/mcp"}}}
+    schema = {"type": "object", "properties": {"record_id": {"type": "integer", "maximum": 100}}}
+    listing = {"delete_record": {"description": "Delete a record.", "inputSchema": schema, "annotations": {}},
+               "lookup": {"description": "Look up.", "inputSchema": {"type": "object"},
+                          "annotations": {"readOnlyHint": True}}}
+    store_listing(servers()["files"], listing, actor="test")
+
+    def hold():
+        changed = {**listing, "delete_record": {**listing["delete_record"], "inputSchema": {
+            **schema, "properties": {"record_id": {"type": "integer", "maximum": 1000}}}}}
+        store_listing(servers()["files"], changed, actor="test")
+
+    return hold
+
+
+def test_a_patch_not_touching_a_held_mcp_tool_succeeds_and_one_touching_it_is_a_clear_400(demo, api, held_mcp_tool):
+    admin = api(demo["admin"])
+    create_agent(admin, "versioned", OLD_TURNS, tools=["query_order", "files.delete_record", "files.lookup"],
+                 approval_policy={"files.delete_record": "always", "files.lookup": "always"},
+                 completion_check="default")
+    held_mcp_tool()
+
+    renamed = patch(admin, "versioned", {"name": "Renamed", "approval_policy": {
+        "files.delete_record": "always", "files.lookup": "always", "query_order": "always"}})
+    dropped = patch(admin, "versioned", {"tools": ["query_order", "files.lookup"]})
+    assert renamed.status_code == 200, renamed.json()
+    assert dropped.status_code == 200, dropped.json()  # giving the held tool up does not need it
+    unruled = field_errors(patch(admin, "versioned", {"approval_policy": {"files.lookup": "always"}}))
+    assert unruled["approval_policy"][0].endswith("before its rule can be changed.")
+    added = field_errors(patch(admin, "versioned", {"tools": ["query_order", "files.lookup", "files.delete_record"]}))
+    assert added == {"tools": ["The tool 'files.delete_record' is held for an operator: its definition changed "
+                               "since it was accepted, and an operator must accept it before it can be given."]}
+
+    create_agent(admin, "second", OLD_TURNS, tools=["files.lookup"], completion_check="default")
+    assert patch(admin, "versioned", {"tools": ["files.delete_record"], "approval_policy": {}}).status_code == 400
+    ruled = field_errors(patch(admin, "second", {"approval_policy": {"files.delete_record": "always"}}))
+    assert ruled == {"approval_policy": ["The tool 'files.delete_record' is held for an operator: its definition "
+                                         "changed since it was accepted, and an operator must accept it before its "
+                                         "rule can be changed."]}
+    assert [v["version"] for v in versions(admin, "versioned")] == [1, 2, 3]

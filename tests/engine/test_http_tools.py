@@ -414,3 +414,32 @@ def test_a_service_that_cannot_be_reached_raises_not_sent(settings, monkeypatch)
                           tool_call=SimpleNamespace(pk=3, attempts=1))
     with pytest.raises(ToolNotSent, match="nothing was sent"):
         asyncio.run(tool.handler(context, {"room": 4, "night": "2026-09-01"}))
+
+
+def test_a_temporary_dns_failure_is_not_sent_and_the_side_effect_is_sent_after_a_backoff(
+        people, worker, service, monkeypatch, settings):
+    """The endpoint's name fails to resolve once (EAI_AGAIN): the request never left, so the booking is sent
+    again after a backoff, not failed (nor ``unknown``)."""
+    import socket
+
+    real, failures = socket.getaddrinfo, []
+    port = service.server.server_address[1]
+
+    def resolve(host, *args, **kwargs):
+        if host != "tools.example.com":
+            return real(host, *args, **kwargs)
+        if failures:
+            raise failures.pop()
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    settings.TOLLGATE["TOOL_ENDPOINTS"]["bookings"]["base_url"] = f"http://tools.example.com:{port}"
+    settings.TOLLGATE["TOOL_ENDPOINTS"]["bookings"]["allowed_hosts"] = ["tools.example.com"]
+    book_room(monkeypatch, approval="never", backoff_s=0.01)  # resolved here, at the declaration
+    failures.append(socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"))  # then at the call
+    run = drained(worker, booking_run(people, find=False))
+
+    call = ToolCall.objects.get(run=run, name="book_room")
+    assert (run.status, call.status, call.attempts) == (RunStatus.COMPLETED, S.SUCCEEDED, 2)
+    assert run.events.filter(type="tool_call", payload__tool_call=call.pk, reason="retrying").exists()
+    assert len(service.to("/tools/book")) == 1 and list(service.bookings) == [call.idempotency_key]

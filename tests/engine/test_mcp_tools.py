@@ -8,6 +8,7 @@ import io
 import threading
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.core.exceptions import ImproperlyConfigured
 
@@ -50,6 +51,8 @@ def mcp(mcp_process, settings, monkeypatch, transactional_db):
     server.proxy = proxy
     yield server
     server.journal_path.unlink(missing_ok=True)
+    if server.listing != (False, False):  # a test that changed the listing failed before restoring it
+        server.start()
 
 
 def mcp_agent(api, demo, slug, turns, tools=("files.*",)):
@@ -370,3 +373,136 @@ def test_loosening_is_judged_against_the_rule_in_force_without_the_operators_the
         else:
             assert answer.status_code == 302
             assert tool.approval_rule == posted and get_tool(f"files.{name}").approval == posted
+
+
+def mcp_operator(demo, client):
+    """The approver made staff with the MCP tools' view and change permissions (not the loosen one), logged in."""
+    from django.contrib.auth.models import Permission
+
+    operator = demo["approver"]
+    operator.is_staff = True
+    operator.save()
+    operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
+                                  Permission.objects.get(codename="view_mcptool"))
+    client.force_login(operator)
+    return operator
+
+
+def accept_in_admin(client, tool: McpTool) -> str:
+    """Run the admin's accept action on ``tool``; returns the page's messages, joined."""
+    page = client.post("/admin/tools/mcptool/", {"action": "accept_selected", "_selected_action": [tool.pk]},
+                       follow=True)
+    assert page.status_code == 200
+    return " ".join(str(message) for message in page.context["messages"])
+
+
+def test_accepting_a_listing_that_claims_read_only_needs_the_loosen_permission(mcp, demo, client):
+    """A destructive tool relisted as ``readOnlyHint: true`` would run without approval and be retried blindly:
+    accepting that loosens its policy, so ``change_mcptool`` alone is not enough."""
+    mcp.start(read_only=True)
+    refresh("files")
+    tool = McpTool.objects.get(name="delete_record")
+    assert tool.held and tool.annotations == {"readOnlyHint": True}
+    operator = mcp_operator(demo, client)
+
+    said = accept_in_admin(client, tool)
+    assert "runs.loosen_approval_policy" in said and "files.delete_record" in said
+    tool.refresh_from_db()
+    assert tool.held and get_tool("files.delete_record") is None
+    assert not McpToolEvent.objects.filter(kind="accepted").exists()
+
+    client.force_login(demo["admin"])  # a superuser holds the loosen permission
+    assert "Accepted 1 tool." in accept_in_admin(client, tool)
+    accepted = get_tool("files.delete_record")
+    assert (accepted.side_effect, accepted.approval) == (False, "never")
+    assert McpToolEvent.objects.get(kind="accepted").actor == demo["admin"].username
+    assert operator.username != demo["admin"].username
+    mcp.start()
+
+
+def test_accepting_a_change_that_loosens_nothing_needs_only_the_change_permission(mcp, demo, client):
+    mcp.start(changed=True)  # a wider schema: the approval and the retries stay as they were
+    refresh("files")
+    tool = McpTool.objects.get(name="delete_record")
+    mcp_operator(demo, client)
+    assert "Accepted 1 tool." in accept_in_admin(client, tool)
+    assert get_tool("files.delete_record").approval == "always"
+    mcp.start()
+
+
+def test_an_operator_rule_on_a_held_tool_is_judged_against_the_accepted_definition_too(mcp, demo, client):
+    """While ``delete_record`` is held with a read-only listing, ``never`` is what that listing would ask; the
+    accepted (destructive) definition asks ``always``, and is back in force when the server reverts."""
+    mcp.start(read_only=True)
+    refresh("files")
+    tool = McpTool.objects.get(name="delete_record")
+    mcp_operator(demo, client)
+
+    refused = client.post(f"/admin/tools/mcptool/{tool.pk}/change/", {"approval_rule": "never"})
+    assert refused.status_code == 200 and "runs.loosen_approval_policy" in refused.content.decode()
+    mcp.start()
+    refresh("files")
+    tool.refresh_from_db()
+    assert not tool.held and tool.approval_rule == ""
+    assert get_tool("files.delete_record").approval == "always"
+
+
+def served_as(mcp, monkeypatch, settings, address: str, *, trusted: list[str], name="mcp.example.com") -> dict:
+    """Reach the fake server as ``name``, which resolves to ``address`` (on the proxy's port) until the test
+    changes the returned ``{name: getaddrinfo answer, or an exception to raise}``; ``trusted``: the webhooks'
+    allowed hosts. (The server answers only requests naming it ``localhost`` or ``127.0.0.1``.)"""
+    import socket
+
+    real = socket.getaddrinfo
+    answers = {name: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, mcp.proxy.port))]}
+
+    def resolve(host, *args, **kwargs):  # asyncio's resolver passes the name IDNA-encoded
+        name = host.decode() if isinstance(host, bytes) else host
+        if isinstance(answers.get(name), Exception):
+            raise answers[name]
+        return answers[name] if name in answers else real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
+    settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": trusted, "MCP_SERVERS": {"files": {
+        **profile, "url": f"http://{name}:{mcp.proxy.port}/mcp"}}}
+    return answers
+
+
+def test_a_server_name_resolving_to_a_refused_address_at_connection_time_gets_nothing(mcp, monkeypatch, settings):
+    """DNS rebinding: the profile's name resolved to a public address when it was checked, to loopback (not
+    trusted) when a listing or a call connects. The connection goes through the webhooks' guard: refused."""
+    import socket
+
+    from tools.mcp.source import SOURCE
+    from tools.registry import ToolError
+
+    answers = served_as(mcp, monkeypatch, settings, "93.184.216.34", trusted=[])
+    check_servers()
+    answers["mcp.example.com"] = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", mcp.proxy.port))]
+
+    with pytest.raises(ToolError, match="may not call; nothing was sent") as refused:
+        refresh("files")
+    assert type(refused.value) is ToolError  # definite: not a transient failure sent again
+    context = type("Context", (), {"idempotency_key": "k-1", "timeout_s": 5, "tool_call": None,
+                                   "run": type("Run", (), {"pk": 1, "session_id": 2})})()
+    with pytest.raises(ToolError, match="may not call; nothing was sent"):
+        async_to_sync(SOURCE.get("files.lookup").handler)(context, {"key": "a"})
+    assert mcp.journal() == []
+
+
+def test_a_server_name_that_does_not_resolve_for_a_while_is_not_sent_then_listed(mcp, monkeypatch, settings):
+    """A temporary DNS failure is ``ToolNotSent`` (no connection was made: a call is sent again after a
+    backoff), not a refusal."""
+    import socket
+
+    from tools.registry import ToolNotSent
+
+    answers = served_as(mcp, monkeypatch, settings, "127.0.0.1", trusted=["localhost"], name="localhost")
+    check_servers()
+    resolved = answers["localhost"]
+    answers["localhost"] = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    with pytest.raises(ToolNotSent, match="its name did not resolve"):
+        refresh("files")
+    answers["localhost"] = resolved
+    assert refresh("files").changes == ()

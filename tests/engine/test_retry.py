@@ -77,3 +77,65 @@ def test_only_failed_or_cancelled_runs_of_your_own_can_be_retried(worker, demo, 
     assert (first.status_code, again.status_code) == (201, 201)
     assert first.json()["id"] == again.json()["id"]
     assert Run.objects.filter(retry_of_id=waiting["id"]).count() == 1
+
+
+@pytest.fixture
+def unreachable_booking(people, settings, monkeypatch):
+    """``book_room``: a side-effecting HTTP tool (no approval, ``max_attempts`` 2) of a service whose port
+    nobody listens on, so no attempt ever connects; and a run of an agent that books, then answers."""
+    import socket
+
+    from runs.engine.lifecycle import start_run
+    from runs.webhooks.delivery import new_secret
+    from tests.support.durability import make_agent
+    from tools import registry
+    from tools.http import http_tool
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("BOOKINGS_TOOLS_SECRET", new_secret())
+    settings.TOLLGATE = {**settings.TOLLGATE, "TOOL_ENDPOINTS": {"bookings": {
+        "base_url": f"http://127.0.0.1:{port}", "secret_env": "BOOKINGS_TOOLS_SECRET",
+        "allowed_hosts": ["127.0.0.1"], "allow_http": True}}}
+
+    def declare(**fields):
+        tool = http_tool(name="book_room", description="Book a room.", endpoint="bookings", path="/tools/book",
+                         parameters={"type": "object", "properties": {"room": {"type": "integer"}}},
+                         side_effect=True, approval="never", max_attempts=2, **fields)
+        monkeypatch.setitem(registry._TOOLS, tool.name, tool)
+        agent = make_agent("booker", [{"tool_calls": [{"name": "book_room", "arguments": {"room": 4}}]},
+                                      {"content": "Could not book."}], tools=["book_room"])
+        return start_run(agent=agent, user=people["requester"], input="Book room 4.")
+
+    return declare
+
+
+def test_a_side_effect_never_sent_in_any_attempt_fails_when_they_run_out_and_the_run_goes_on(
+        worker, unreachable_booking):
+    """Every attempt was ``ToolNotSent`` (the connection was refused): nothing can have happened, so the call
+    is ``failed`` (the model is told), never ``unknown`` waiting for a reconciliation."""
+    run = unreachable_booking(backoff_s=0.01)
+    worker.drain()
+
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.attempts) == ("failed", 2)
+    assert "nothing was sent" in call.error
+    assert (run.status, run.final_output) == ("completed", "Could not book.")
+    assert not Interrupt.objects.filter(run=run).exists()
+
+
+def test_a_side_effect_never_sent_is_cancelled_not_unknown_when_its_run_is_cancelled_during_the_backoff(
+        worker, unreachable_booking, api, demo):
+    run = unreachable_booking(backoff_s=600)  # the run waits retry_backoff (a timer) after the first attempt
+    worker.drain()
+    run.refresh_from_db()
+    assert (run.status, run.waiting_reason) == ("waiting", "retry_backoff")
+
+    assert api(demo["admin"]).post(f"/api/runs/{run.pk}/cancel/", {}, format="json").status_code == 200
+    worker.drain()
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert (run.status, call.status, call.attempts) == ("cancelled", "cancelled", 1)
+    assert not Interrupt.objects.filter(run=run).exists()

@@ -37,14 +37,18 @@ class McpServer:
         self.journal_path = tmp_path / "mcp-journal.jsonl"
         self.log_path = tmp_path / "mcp-server.log"
         self.process = None
+        self.listing = (False, False)  # (changed, read_only) of the running server
 
-    def start(self, *, changed: bool = False) -> "McpServer":
-        """Start (or restart) the server, serving the changed listing when ``changed``; returns once it answers."""
+    def start(self, *, changed: bool = False, read_only: bool = False) -> "McpServer":
+        """Start (or restart) the server, serving the changed listing when ``changed`` (``delete_record`` marked
+        read-only when ``read_only``); returns once it answers."""
         self.stop()
+        self.listing = (changed, read_only)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(SERVER_SCRIPT), str(self.port), str(self.journal_path),
-                 *(["--changed"] if changed else [])], stdout=log, stderr=subprocess.STDOUT)
+                 *(["--changed"] if changed else []),
+                 *(["--read-only"] if read_only else [])], stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port)
         return self
 

@@ -13,7 +13,9 @@ matches. Layers, top to bottom:
    docs/integrating.md (``examples/bookings/``), the webhooks app
    (``runs/webhooks/``: it reads the event log; nothing below imports it),
    the HTTP tools (``tools/http.py``: tools registered like a plug-in's,
-   calling out through the webhooks' signing and address guard), and any
+   calling out through the webhooks' signing and address guard), the MCP
+   servers' tools (``tools/mcp/``: a source of tools registered like a
+   plug-in's, connecting through the webhooks' address guard), and any
    module no rule names;
 4. the engine: ``runs/engine/`` (loop, lifecycle, recovery, actors, ...) and
    ``runs/providers/``;
@@ -22,8 +24,7 @@ matches. Layers, top to bottom:
    ``input`` kind of wait);
 2. the tools services: the modules at the top of ``tools/`` (registry,
    policy, builtin), ``tools/models/``, ``tools/services/``, ``tools/waits/``
-   (waits and their kinds) and ``tools/mcp/`` (but its admin and its start-up checks, which use the
-   webhooks' URL rules: surfaces);
+   (waits and their kinds);
 1. the runs kernel: the modules at the top of ``runs/`` (models, services,
    transitions, tx, lease, wakeups, live, access, serving, ...),
    and ``runs/ops/models.py`` (the heartbeat's row, which the engine's
@@ -59,9 +60,9 @@ NAMES = {5: "surfaces", 4: "engine", 3: "approvals services", 2: "tools services
 RULES = (
     # Single files whose folder says otherwise.
     ("runs/ops/models.py", KERNEL),  # the heartbeat's row: the engine's heartbeat writes it
-    ("tools/mcp/startup.py", SURFACE),  # start-up checks through the webhooks' URL rules
     ("config/strict_json.py", BASE),  # the JSON rules; the DRF parser and form field are config's own
     ("tools/http.py", SURFACE),  # HTTP tools, registered like a plug-in's, call out through the webhooks' guard
+    ("tools/mcp/**", SURFACE),  # MCP servers' tools, a source registered like a plug-in's, connect through it too
     # Surfaces: their folders, Django's fixed places, app wiring and the reads the surfaces share.
     ("**/api/**", SURFACE), ("**/web/**", SURFACE), ("**/admin/**", SURFACE),
     ("**/management/**", SURFACE), ("**/templatetags/**", SURFACE),
@@ -71,7 +72,6 @@ RULES = (
     ("runs/engine/**", ENGINE), ("runs/providers/**", ENGINE),
     ("approvals/*.py", APPROVALS),
     ("tools/*.py", TOOLS), ("tools/models/**", TOOLS), ("tools/services/**", TOOLS), ("tools/waits/**", TOOLS),
-    ("tools/mcp/**", TOOLS),
     ("runs/*.py", KERNEL),
 )
 # Installed apps the product must run without; only their own modules may import them.

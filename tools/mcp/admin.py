@@ -6,6 +6,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from runs.admin.base import ReadOnlyAdminMixin, truncated
+from runs.base.errors import Forbidden
 from tools.mcp.discovery import accept, rule_problem, set_rule
 from tools.models import McpTool, McpToolEvent
 
@@ -71,16 +72,24 @@ class McpToolAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         set_rule(McpTool.objects.get(pk=obj.pk), form.cleaned_data["approval_rule"], user=request.user)
 
     def has_accept_permission(self, request) -> bool:
-        """Accepting a changed definition needs the model's change permission (the page itself is view-only)."""
+        """Accepting a changed definition needs the model's change permission (the page itself is view-only);
+        one that loosens the tool needs the loosen permission too (``accept`` checks)."""
         return request.user.has_perm("tools.change_mcptool")
 
     @admin.action(description=gettext_lazy("Accept the listed definition of the selected tools"),
                   permissions=["accept"])
     def accept_selected(self, request, queryset):
-        """Accept each held tool's listed definition (``tools.mcp.discovery.accept``); others are left as they are."""
-        accepted = sum(accept(tool, user=request.user) for tool in queryset.order_by("pk"))
+        """Accept each held tool's listed definition (``tools.mcp.discovery.accept``); others are left as they are,
+        and so is one whose acceptance would loosen it when the user may not (the reason is shown)."""
+        accepted = refused = 0
+        for tool in queryset.order_by("pk"):
+            try:
+                accepted += accept(tool, user=request.user)
+            except Forbidden as exc:
+                refused += 1
+                self.message_user(request, str(exc), level=messages.ERROR)
         if accepted:
             self.message_user(request, ngettext("Accepted %(count)d tool.", "Accepted %(count)d tools.", accepted)
                               % {"count": accepted}, level=messages.SUCCESS)
-        else:
+        elif not refused:
             self.message_user(request, _("None of the selected tools was held."), level=messages.INFO)

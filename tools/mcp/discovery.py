@@ -5,7 +5,8 @@ The first listing of a tool is accepted as the operator configured its
 server (trust on first use); from then on a listing whose definition
 differs from the accepted one holds the tool (``McpTool.held``: not offered
 to models, its calls refused) until an operator accepts it (``accept``,
-the admin's action). Every discovery, change, acceptance, removal and
+the admin's action); accepting one that loosens how the tool is governed
+(``loosening``) needs ``LOOSEN_PERMISSION``, as any loosening does. Every discovery, change, acceptance, removal and
 return is an ``McpToolEvent`` and a log record (no secret in either).
 """
 
@@ -21,7 +22,7 @@ from django.utils.translation import gettext as _
 
 from runs.base.errors import Forbidden
 from tools.mcp.conf import ServerProfile, servers
-from tools.mcp.source import default_rule
+from tools.mcp.source import default_rule, governance
 from tools.models import McpTool, McpToolEvent
 from tools.policy import LOOSEN_PERMISSION, asks_as_often, check_rule
 
@@ -105,23 +106,55 @@ def _store_one(profile: ServerProfile, row: McpTool | None, name: str, definitio
     return row, kind
 
 
+def loosening(row: McpTool) -> list[str]:
+    """How accepting ``row``'s listed definition would loosen the way its tool is governed, compared with its
+    accepted definition (``tools.mcp.source.governance``, the operator's and the profile's rules included): a
+    side effect becoming read-only, a call becoming idempotent (sent again), a rule in force that may ask for
+    approval less often (``tools.policy.asks_as_often``). Empty: it loosens nothing. In the active language."""
+    profile = servers().get(row.server)
+    before = governance(profile, row, (row.accepted_definition or {}).get("annotations", {}))
+    after = governance(profile, row, row.annotations)
+    what = []
+    if before.side_effect and not after.side_effect:
+        what.append(_("it would be read-only"))
+    if after.idempotent and not before.idempotent:
+        what.append(_("it would be idempotent"))
+    if not asks_as_often(after.approval, before.approval):
+        what.append(_("its approval rule %(after)s would replace %(before)s")
+                    % {"after": repr(after.approval), "before": repr(before.approval)})
+    return what
+
+
 def accept(row: McpTool, *, user) -> bool:
     """Accept ``row``'s listed definition (an operator's decision, ``user``): it is offered again.
 
-    Returns False (nothing written) when it was not held.
+    Returns False (nothing written) when it was not held. Raises
+    ``runs.base.errors.Forbidden`` (nothing written) when accepting it
+    loosens how the tool is governed (``loosening``) and ``user`` lacks
+    ``LOOSEN_PERMISSION``; a loosening accepted is logged and named in the
+    ``accepted`` event (``detail["loosened"]``).
     """
     with transaction.atomic():
         row = McpTool.objects.select_for_update().get(pk=row.pk)
         if not row.held:
             return False
+        loosened = loosening(row)
+        if loosened and not user.has_perm(LOOSEN_PERMISSION):
+            raise Forbidden(_("Accepting the listed definition of %(tool)s loosens how it is governed (%(what)s); "
+                              "that needs the %(permission)s permission.")
+                            % {"tool": row.full_name, "what": "; ".join(loosened), "permission": LOOSEN_PERMISSION})
         row.accepted_fingerprint = row.fingerprint
         row.accepted_definition = row.definition()
         row.accepted_by = user
         row.accepted_at = timezone.now()
         row.save(update_fields=["accepted_fingerprint", "accepted_definition", "accepted_by", "accepted_at"])
-        McpToolEvent.objects.create(tool=row, kind=Kind.ACCEPTED, actor=user.get_username(),
-                                    detail={"fingerprint": row.fingerprint})
-    log.info("MCP tool %s: accepted by %s", row.full_name, user.get_username())
+        detail = {"fingerprint": row.fingerprint, **({"loosened": loosened} if loosened else {})}
+        McpToolEvent.objects.create(tool=row, kind=Kind.ACCEPTED, actor=user.get_username(), detail=detail)
+    if loosened:
+        log.warning("MCP tool %s: accepted by %s, loosening it: %s", row.full_name, user.get_username(),
+                    "; ".join(loosened))
+    else:
+        log.info("MCP tool %s: accepted by %s", row.full_name, user.get_username())
     return True
 
 
@@ -130,7 +163,8 @@ def rule_problem(row: McpTool, rule: str, *, user) -> str:
 
     The rule must be well-formed (``tools.policy.check_rule``; an MCP tool
     declares no target key). One that may ask less often than the rule it
-    replaces (the server profile's ``rules``, else the annotations':
+    replaces (the server profile's ``rules``, else the annotations', those
+    of the accepted definition and of a listed one still held alike:
     ``tools.policy.asks_as_often``) needs ``LOOSEN_PERMISSION``, as an
     agent's loosening rule does.
     """
@@ -141,8 +175,9 @@ def rule_problem(row: McpTool, rule: str, *, user) -> str:
     except ValueError as exc:
         return str(exc)
     profile = servers().get(row.server)
-    replaced = (profile.rules.get(row.name) if profile is not None else None) or default_rule(row)
-    if not asks_as_often(rule, replaced) and not user.has_perm(LOOSEN_PERMISSION):
+    replaced = [(profile.rules.get(row.name) if profile is not None else None) or default_rule(annotations)
+                for annotations in (row.annotations, (row.accepted_definition or {}).get("annotations", {}))]
+    if not all(asks_as_often(rule, than) for than in replaced) and not user.has_perm(LOOSEN_PERMISSION):
         return _("Asking for approval less often than the settings' rule or the tool's annotations do needs the "
                  "%(permission)s permission.") % {"permission": LOOSEN_PERMISSION}
     return ""

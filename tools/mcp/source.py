@@ -14,6 +14,7 @@ import base64
 import binascii
 import json
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 from jsonschema import SchemaError
@@ -61,6 +62,14 @@ class McpSource(ToolSource):
     def all(self) -> list[Tool]:
         return [tool for server in sorted(servers()) for tool in self.named(f"{server}.*")]
 
+    def held(self, entry: str) -> bool:
+        profile, tool_name = self._split(entry)
+        if profile is None:
+            return False
+        rows = McpTool.objects.filter(server=profile.name, listed=True)
+        rows = list(rows if tool_name == "*" else rows.filter(name=tool_name))
+        return bool(rows) and all(row.held for row in rows)
+
     @staticmethod
     def _split(name: str) -> tuple[ServerProfile | None, str]:
         server, dot, tool_name = name.partition(".")
@@ -76,20 +85,39 @@ class McpSource(ToolSource):
         return self._built[key]
 
 
-def default_rule(row: McpTool) -> str:
-    """The approval rule ``row``'s annotations give, which can only make it safer: ``always`` unless it is
+def default_rule(annotations: dict) -> str:
+    """The approval rule a tool's ``annotations`` give, which can only make it safer: ``always`` unless it is
     marked ``readOnlyHint: true`` or ``destructiveHint: false``, else ``never``."""
-    hints = row.annotations or {}
+    hints = annotations or {}
     return "always" if hints.get("readOnlyHint") is not True and hints.get("destructiveHint") is not False else "never"
+
+
+@dataclass(frozen=True)
+class Governance:
+    """How a tool is governed (see the module doc): a ``side_effect``, ``idempotent``, asking for approval
+    by the rule ``approval``."""
+
+    side_effect: bool
+    idempotent: bool
+    approval: str
+
+
+def governance(profile: ServerProfile | None, row: McpTool, annotations: dict) -> Governance:
+    """How ``row``'s tool is governed with ``annotations`` (its listed or its accepted ones) under ``profile``
+    (None: a server no longer configured): the operator's rule, else the profile's, else the annotations'."""
+    hints = annotations or {}
+    side_effect = hints.get("readOnlyHint") is not True
+    approval = row.approval_rule or (profile.rules.get(row.name) if profile is not None else "") \
+        or default_rule(hints)
+    return Governance(side_effect=side_effect, idempotent=side_effect and hints.get("idempotentHint") is True,
+                      approval=approval)
 
 
 def build_tool(profile: ServerProfile, row: McpTool) -> Tool | None:
     """The registry ``Tool`` for the cached ``row`` of ``profile``'s server; None (logged) when its
     ``inputSchema`` is not a valid JSON Schema or its rule does not fit it."""
-    hints = row.annotations or {}
-    side_effect = hints.get("readOnlyHint") is not True
-    approval = row.approval_rule or profile.rules.get(row.name) or default_rule(row)
-    idempotent = side_effect and hints.get("idempotentHint") is True
+    governed = governance(profile, row, row.annotations)
+    side_effect, approval, idempotent = governed.side_effect, governed.approval, governed.idempotent
     try:
         return Tool(name=row.full_name, description=row.description or row.full_name, parameters=row.input_schema,
                     handler=_handler(profile, row.name), side_effect=side_effect, approval=approval,

@@ -1,8 +1,8 @@
 """The MCP server profiles checked when Django starts (``tools.apps``): shapes, secrets and URL rules.
 
-A surface (it uses ``runs.webhooks.urlguard``): the URL rules of webhooks
-apply to MCP servers, so a profile pointing at loopback, a private network
-or a metadata address is refused unless ``TOLLGATE_WEBHOOK_ALLOWED_HOSTS``
+The URL rules of webhooks apply to MCP servers (``runs.webhooks.urlguard``;
+each connection is checked again: ``tools.mcp.client``), so a profile
+pointing at loopback, a private network or a metadata address is refused unless ``TOLLGATE_WEBHOOK_ALLOWED_HOSTS``
 (or ``..._ALLOW_PRIVATE_NETWORKS``) allows it, and plain ``http://`` needs
 ``TOLLGATE_WEBHOOK_ALLOW_HTTP``.
 """

@@ -35,8 +35,8 @@ FINAL_STATUSES = [S.INVALID, S.DENIED, S.REJECTED, S.EXPIRED, S.CANCELLED, S.SUC
 
 
 def _was_sent(call: "ToolCall") -> bool:
-    """Guard: the call went out at least once, so its effect may have happened."""
-    return call.attempts > 0
+    """Guard: the call may have gone out at least once (``ToolCall.maybe_sent``), so its effect may have happened."""
+    return call.maybe_sent
 
 
 class ToolCall(FSMModel):
@@ -72,6 +72,9 @@ class ToolCall(FSMModel):
                                      help_text=_("The earlier call of the same action."))
     idempotency_key = models.CharField(_("idempotency key"), max_length=80, blank=True, db_index=True)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    unsent_attempts = models.PositiveIntegerField(
+        _("unsent attempts"), default=0,
+        help_text=_("Attempts that certainly never left (no connection could be made: ToolNotSent)."))
     reconcile_attempts = models.PositiveIntegerField(_("reconcile attempts"), default=0)
     reconcile_after = models.DateTimeField(
         _("reconcile after"), null=True, blank=True, db_index=True,
@@ -95,6 +98,12 @@ class ToolCall(FSMModel):
     @property
     def is_pending(self) -> bool:
         return self.status in PENDING_STATUSES
+
+    @property
+    def maybe_sent(self) -> bool:
+        """Whether an attempt may have left (not every one of them was certainly not sent), so the call may have
+        taken effect. The attempt ``running`` now counts as one that may have left."""
+        return self.attempts > self.unsent_attempts
 
     def event_run(self):
         return self.run
@@ -152,10 +161,13 @@ class ToolCall(FSMModel):
         self.started_at = now
 
     @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.READY)
-    def requeue(self, error: str):
-        """Send again: only for read-only or idempotent tools (retry, crash recovery), and, from
-        ``unknown``, for an idempotent call the external system shows no trace of (reconciliation)."""
+    def requeue(self, error: str, not_sent: bool = False):
+        """Send again: only for read-only or idempotent tools (retry, crash recovery), for any call whose
+        attempt certainly never left (``not_sent``: counted in ``unsent_attempts``), and, from ``unknown``,
+        for an idempotent call the external system shows no trace of (reconciliation)."""
         self.error = error
+        if not_sent:
+            self.unsent_attempts += 1
 
     @transition(field=status, source=[S.RUNNING, S.UNKNOWN], target=S.SUCCEEDED)
     def succeed(self, result, now, reused_from: int | None = None):

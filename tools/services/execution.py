@@ -57,7 +57,9 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     worker, nothing in between, no other call sent since:
     ``runs.engine.state.Known.assessed_here``). A side-effecting call is
     always checked again: an earlier call of the same turn may have changed
-    what it relies on. A side-effecting call sent before (its worker died,
+    what it relies on. A call whose attempts so far all certainly stayed
+    here (``ToolNotSent``: ``ToolCall.maybe_sent`` is false) is checked as
+    before its first. A side-effecting call sent before (its worker died,
     or it was ``unknown`` and is sent again) is first looked up by its key
     with the tool's ``reconcile`` hook: found, it is settled as found
     (``unknown``, then ``succeeded`` or ``failed``, nothing sent); not
@@ -80,9 +82,12 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     a call of the session that succeeded under its key reuses that result,
     nothing is executed again); ``failed``
     (``ToolError``; for read-only tools also after ``max_attempts``
-    transient failures); ``ready`` again (a transient failure with
-    attempts left, of a read-only tool, or ``ToolUnavailable`` from an
-    idempotent one: the caller waits ``retry_delay`` first); ``unknown``
+    transient failures, and for any tool after ``max_attempts`` none of
+    which left: ``ToolNotSent`` each); ``ready`` again (a transient failure
+    with attempts left, of a read-only tool, ``ToolNotSent`` from any, or
+    ``ToolUnavailable`` from an idempotent one: the caller waits
+    ``retry_delay`` first; an attempt not sent is counted in
+    ``unsent_attempts``); ``unknown``
     (any other side-effecting call that timed out, hit a transient error
     or raised something unexpected: never retried blindly).
 
@@ -147,11 +152,13 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     except (ToolTimeout, ToolUnavailable) as exc:
         # Sending again is safe for read-only tools, for any call that was certainly not sent, and after
         # an explicit error answer for tools whose external system deduplicates by key.
-        may_retry = (not tool.side_effect or isinstance(exc, ToolNotSent)
-                     or (tool.idempotent and isinstance(exc, ToolUnavailable)))
+        not_sent = isinstance(exc, ToolNotSent)
+        may_retry = not tool.side_effect or not_sent or (tool.idempotent and isinstance(exc, ToolUnavailable))
         if may_retry and charged_attempts(tool_call) < tool.max_attempts:
-            return outcome(tool_call.requeue, reason="retrying", error=str(exc))
-        if tool.side_effect:
+            return outcome(tool_call.requeue, reason="retrying", error=str(exc), not_sent=not_sent)
+        # No attempt left: a side effect of which some attempt may have gone out is unknown; one whose every
+        # attempt certainly stayed here (this one and those before) did nothing: failed, like a read.
+        if tool.side_effect and not (not_sent and tool_call.attempts == tool_call.unsent_attempts + 1):
             return outcome(tool_call.mark_unknown, error=f"{type(exc).__name__}: {exc}")
         return outcome(tool_call.fail, now=timezone.now(), error=f"Gave up after {tool_call.attempts} attempts: {exc}")
     except ToolError as exc:
@@ -235,13 +242,13 @@ def _instead_of_sending(tool_call: ToolCall, tool: Tool, *, assessed_now: bool, 
     # call sent again after a crash or an error is the same action under
     # the same key, not a new one: its own earlier effect must not deny it,
     # so where the tool can tell, that effect is looked for first.
-    looked_up = tool_call.attempts and tool.side_effect and tool.reconcile is not None
+    looked_up = tool_call.maybe_sent and tool.side_effect and tool.reconcile is not None
     if looked_up:
         found = yield from ask_reconcile(tool, tool_call)
         settled = _settled_as_found(found, "found at the external system before sending again")
         if settled is not None:
             return settled
-    elif tool_call.attempts or not tool.precondition or (assessed_now and not tool.side_effect):
+    elif tool_call.maybe_sent or not tool.precondition or (assessed_now and not tool.side_effect):
         return []
     if tool.precondition is None:
         return []

@@ -29,7 +29,8 @@ def settle_calls_at_run_end(*, run, calls: list[ToolCall], actor: str) -> list[d
       re-proposal waiting on its original -> ``cancelled``;
     * sent before and waiting to be sent again (``ready`` after a retryable
       failure or a crash): side-effecting -> ``unknown`` (an earlier attempt
-      may have taken effect); read-only -> ``cancelled``, saying so;
+      may have taken effect) unless no attempt may have left
+      (``ToolCall.maybe_sent``: each was ``ToolNotSent``); else -> ``cancelled``, saying so;
     * ``running`` (its worker gave up on it, e.g. after an internal error):
       side-effecting -> ``unknown``; read-only -> ``failed``;
     * ``unknown`` stays unknown: ``reconcile_after`` is set so the sweeper
