@@ -140,12 +140,6 @@ def api():
     return client_for
 
 
-@pytest.fixture(autouse=True)
-def no_fake_transfers():
-    """Every test starts with no transfers made by the ``fake_transfer`` test tool."""
-    forget_transfers()
-
-
 @pytest.fixture(scope="session")
 def gateway_process(tmp_path_factory):
     """The demo's payment gateway, one process for the session (``tests.support.gateway.GatewayProcess``)."""
