@@ -9,8 +9,8 @@ words; the API still returns the values.
 
 One value has one word whichever enumeration it comes from (``failed`` is
 a run's, a tool call's and a reconciliation's), so templates need not say
-which enumeration they show. ``tests/web/test_i18n.py`` checks that every value
-of the shown enumerations has a label here.
+which enumeration they show. ``tests/unit/test_page_labels.py`` checks that
+every value of the shown enumerations has a label here.
 """
 
 from django.utils.functional import Promise

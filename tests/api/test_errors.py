@@ -4,15 +4,14 @@
 (401, 403, 404, 405, 415, 400 parse and field errors), the services'
 errors (409 with the current status, session_busy with its active run)
 and the size limit (413); the throttles' 429 is in test_security_access.
+The handler's shape for Django's own ``ValidationError`` (no request needed)
+is tests/unit/test_api_error_shape.py.
 """
 
 import json
 
-import pytest
-from django.core.exceptions import ValidationError
 from rest_framework.test import APIClient
 
-from config.api import exception_handler
 from runs.models import Run
 from tests.support.api import error_of, field_errors, start_run
 
@@ -89,22 +88,6 @@ def test_a_body_that_is_not_an_object_is_a_non_field_error(demo, api):
     response = api(demo["requester"]).post("/api/runs/", data="[1, 2]", content_type="application/json")
 
     assert list(field_errors(response)) == ["non_field_errors"]
-
-
-@pytest.mark.parametrize("error, fields", [
-    (ValidationError({"amount": ["Too much."]}), {"amount": ["Too much."]}),
-    (ValidationError("Bad as a whole."), {"non_field_errors": ["Bad as a whole."]}),
-])
-def test_djangos_validation_errors_get_the_same_shape(error, fields):
-    response = exception_handler(error, {})
-
-    assert response.status_code == 400
-    assert response.data == {"error": {"code": "invalid", "message": next(iter(fields.values()))[0],
-                                       "details": {"fields": fields}}}
-
-
-def test_an_unknown_exception_is_left_to_become_a_500():
-    assert exception_handler(ValueError("a bug"), {}) is None
 
 
 def test_the_schema_documents_the_error_object_on_every_error_status(demo, api):

@@ -3,18 +3,16 @@
 Same key and body: the first answer again, marked ``Idempotent-Replayed``,
 nothing done twice; another body: 422; keys per user and per endpoint;
 concurrent sends decided once by the unique row; errors release the key;
-keys expire after 24 hours.
+keys expire after 24 hours. That every POST endpoint has the mixin is
+tests/unit/test_idempotency_coverage.py.
 """
 
 from datetime import timedelta
 
 import pytest
-from django.urls import URLPattern, URLResolver
 from django.utils import timezone
 
 from approvals.models import Interrupt
-from config import api_urls
-from config.idempotency import IdempotentPostMixin
 from runs.models import IdempotentRequest, Run, RunEvent, Session
 from tests.support.api import all_at_once, error_of, field_errors, gateway_refunds, start_run
 from tests.support.security import approval_item  # noqa: F401
@@ -25,30 +23,6 @@ KEY = {"Idempotency-Key": "decide-7f3a"}
 def _approve(client, item, body=None, headers=KEY):
     return client.post(f"/api/interrupts/{item.pk}/approve/", body or {"comment": "ok"}, format="json",
                        headers=headers)
-
-
-def test_every_post_endpoint_honours_idempotency_keys():
-    """Every API view that answers POST has the mixin (a new endpoint cannot forget it)."""
-
-    def views(patterns):
-        for pattern in patterns:
-            if isinstance(pattern, URLResolver):
-                yield from views(pattern.url_patterns)
-            elif isinstance(pattern, URLPattern):
-                yield pattern.callback
-
-    def posts(view) -> bool:
-        if not hasattr(view, "cls"):  # a plain Django view: only the wait endpoint, GET only
-            assert view is api_urls.run_wait, f"a plain view in the API must not take POST: {view}"
-            return False
-        actions = getattr(view, "actions", None)  # a viewset route: {method: action}
-        return "post" in actions if actions is not None else hasattr(view.cls, "post")
-
-    posting = [view for view in views(api_urls.urlpatterns) if posts(view)]
-    assert {view.cls.__name__ for view in posting} == {"AgentViewSet", "RunViewSet", "InterruptViewSet",
-                                                       "SessionViewSet", "EventView", "WebhookSubscriptionViewSet",
-                                                       "WebhookDeliveryViewSet"}
-    assert all(issubclass(view.cls, IdempotentPostMixin) for view in posting)
 
 
 def test_an_approval_sent_twice_is_decided_once_and_answered_the_same(demo, api, approval_item, worker):

@@ -1,7 +1,7 @@
 """docs/integrating.md, proven: its example app (``examples/bookings``) run as an integrator runs it.
 
-* Every code block of the guide marked as coming from a file (```` ```python file=PATH ````)
-  is that file's code, line for line, so the guide cannot go stale.
+* (That every code block of the guide marked as coming from a file is that file's code is
+  tests/unit/test_integrating_guide_quotes.py.)
 * Tollgate's own settings (``config.settings``) with ``TOLLGATE_EXTRA_APPS=examples.bookings`` in the
   environment of a real ``manage.py serve`` process (plus a ``manage.py rundramatiq`` worker process where
   ``REDIS_URL`` is set: ``serve`` then only serves), on the test database; the test talks plain HTTP with
@@ -14,7 +14,6 @@
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -33,27 +32,6 @@ from tests.support.processes import database_url_for_subprocess, serving_process
 from tests.support.fakes.strict_openai import StrictOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
-GUIDE = ROOT / "docs" / "integrating.md"
-# A fenced block quoting a file: ```python file=examples/bookings/tools.py
-FROM_FILE = re.compile(r"^```\w* file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-
-
-def quoted_blocks() -> list[tuple[str, str]]:
-    """``(path, code)`` of every block of the guide marked as coming from a file."""
-    return FROM_FILE.findall(GUIDE.read_text())
-
-
-def test_every_code_block_of_the_guide_marked_with_a_file_is_that_files_code():
-    blocks = quoted_blocks()
-    assert len(blocks) >= 5, "the guide quotes the example app"
-    for path, code in blocks:
-        source = ROOT / path
-        assert source.is_file(), f"the guide quotes {path}, which does not exist"
-        assert ("\n" + source.read_text()).find("\n" + code) >= 0, (
-            f"a block of docs/integrating.md marked file={path} is not in that file (copy it again):\n{code}")
-    quoted = {path for path, _ in blocks}
-    app = {str(path.relative_to(ROOT)) for path in (ROOT / "examples" / "bookings").glob("*.py")}
-    assert app - {"examples/bookings/__init__.py"} <= quoted, "every module of the example app is shown"
 
 
 # --- the example app, served -----------------------------------------------------

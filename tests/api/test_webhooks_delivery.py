@@ -223,23 +223,3 @@ def test_without_subscriptions_the_event_log_leaves_nothing_behind(demo, worker)
     worker.drain()
     assert any(webhook_type(event) for event in run.events.all())
     assert OutboxEntry.objects.count() == 0 and WebhookDelivery.objects.count() == 0
-
-
-@pytest.mark.parametrize("row, expected", [
-    ({"type": "transition", "from_status": "running", "to_status": "waiting"}, "run.waiting"),
-    ({"type": "transition", "from_status": "running", "to_status": "completed"}, "run.completed"),
-    ({"type": "transition", "from_status": "waiting", "to_status": "failed"}, "run.failed"),
-    ({"type": "transition", "from_status": "queued", "to_status": "cancelled"}, "run.cancelled"),
-    ({"type": "transition", "from_status": "", "to_status": "queued"}, None),
-    ({"type": "transition", "from_status": "waiting", "to_status": "running"}, None),
-    ({"type": "interrupt", "from_status": "", "to_status": "pending"}, "interrupt.created"),
-    ({"type": "interrupt", "from_status": "pending", "to_status": "resolved"}, "interrupt.resolved"),
-    ({"type": "interrupt", "from_status": "pending", "to_status": "expired"}, "interrupt.resolved"),
-    ({"type": "interrupt", "from_status": "pending", "to_status": "cancelled"}, "interrupt.resolved"),
-    ({"type": "tool_call", "from_status": "running", "to_status": "unknown"}, "tool_call.unknown"),
-    ({"type": "tool_call", "from_status": "ready", "to_status": "unknown"}, "tool_call.unknown"),
-    ({"type": "tool_call", "from_status": "unknown", "to_status": "succeeded"}, None),
-    ({"type": "model_call", "from_status": "", "to_status": ""}, None),
-])
-def test_event_log_rows_map_to_webhook_types(row, expected):
-    assert webhook_type(RunEvent(**row)) == expected

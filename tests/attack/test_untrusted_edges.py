@@ -3,7 +3,7 @@
 * A model's tool arguments naming one key twice are an ``invalid`` call
   told to the model, as a body with one is a 400 (``test_attack_bodies``):
   which of the two values would have acted on the world was the parser's
-  choice.
+  choice (the parser alone: tests/unit/test_model_arguments.py).
 * ``wait_until`` with a moment UTC cannot hold (``0001-01-01T00:00:00+01:00``)
   raised ``OverflowError`` and failed the run ``internal_error``: now its
   precondition refuses it and the model is told.
@@ -13,21 +13,12 @@
 
 import pytest
 
-from runs.base.model_output import UnsafeArguments, parse_arguments
 from runs.models import Run
 from tests.support.api import get_run, start_run
 from tests.support.waits import tool_result, waiting_agent
 from tools.models import ToolCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def test_arguments_naming_a_key_twice_are_refused():
-    with pytest.raises(UnsafeArguments, match="more than once"):
-        parse_arguments('{"order_id": 123, "amount": 10, "amount": 1000}')
-    with pytest.raises(UnsafeArguments, match="more than once"):
-        parse_arguments('{"lines": [{"sku": "a", "sku": "b"}]}')
-    assert parse_arguments('{"a": {"x": 1}, "b": {"x": 2}}') == {"a": {"x": 1}, "b": {"x": 2}}
 
 
 def test_a_model_call_naming_a_key_twice_is_invalid_and_told_to_the_model(worker, demo, api):

@@ -1,4 +1,5 @@
-"""Fixtures and helpers shared by the security tests: inbox items to attack, a snapshot of what is stored.
+"""Fixtures and helpers shared by the security tests: inbox items to attack, a snapshot of what is stored,
+JSON nested too deep.
 
 Import the fixtures into a test module to use them.
 """
@@ -12,6 +13,9 @@ from tests.support.durability import make_agent
 from tools import registry
 from tools.models import ToolCall
 from tools.registry import Tool, ToolTimeout
+
+# JSON nested 1000 deep, far past the depth ``config.strict_json`` allows.
+DEEP = "[" * 1000 + "]" * 1000
 
 
 @pytest.fixture

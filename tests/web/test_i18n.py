@@ -4,47 +4,29 @@ Through Django's test client: the page language follows Accept-Language and
 the switcher's cookie, the API stays English, times follow the browser's
 zone cookie. Without a browser or server: the translation catalogue is
 complete and current (GNU gettext's own tools: ``xgettext`` through
-``makemessages``, ``msgcmp``, ``msgfmt``; tests/run.sh installs them), the
-committed ``.mo`` matches its ``.po``, and no template text is left
-unmarked. Real-browser checks are in tests/browser/test_i18n.py.
+``makemessages``, ``msgcmp``; tests/run.sh installs them). Real-browser
+checks are in tests/browser/test_i18n.py; the checks that need no database
+(every shown value has a label, the committed ``.mo`` matches its ``.po``,
+no template text is left unmarked) are in tests/unit/test_page_labels.py,
+tests/unit/test_compiled_catalogue.py and tests/unit/test_template_translations.py.
 """
 
-import gettext
-import html
 import re
 import shutil
 import subprocess
 import sys
 from datetime import timezone as dt_timezone
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from django.template.base import Lexer, TokenType
 from django.urls import reverse
 
-from approvals.models import Decision, InterruptKind, InterruptStatus
-from runs.base.labels import LABELS
-from runs.models import Agent, DeathBlame, FailureType, Outcome, Phase, RunStatus, WaitingReason
+from runs.models import Agent
 from runs.engine.lifecycle import start_run
-from tools.models import ToolCallStatus
+from tests.support.i18n import PO, ROOT, gettext_tool
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCALE = ROOT / "config" / "locale"
-PO = LOCALE / "zh_Hans" / "LC_MESSAGES" / "django.po"
-MO = PO.with_suffix(".mo")
 # What makemessages reads (README "Languages and time zones").
 SOURCES = ["manage.py", "config", "runs", "approvals", "tools", "templates"]
-
-
-# --- Page words for machine values ------------------------------------------
-
-def test_every_value_shown_on_pages_has_a_label():
-    enumerations = [RunStatus, Phase, WaitingReason, FailureType, Outcome, DeathBlame, InterruptKind, InterruptStatus,
-                    Decision, ToolCallStatus]
-    values = {value for enumeration in enumerations for value in enumeration.values}
-    values |= {"user", "assistant", "tool", "system"}  # Message.role
-    assert sorted(values - set(LABELS)) == []
 
 
 # --- Language of pages and API ----------------------------------------------
@@ -144,17 +126,10 @@ def test_times_are_shown_in_the_browsers_zone_and_labelled(client, demo, waiting
 
 # --- The catalogue ----------------------------------------------------------
 
-def _gettext_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"GNU gettext's {name} is missing: install Debian's gettext package (tests/run.sh does)")
-    return path
-
-
 def test_catalogue_is_complete_and_current(tmp_path):
     """``makemessages`` on a copy of the sources finds exactly the messages the .po holds, all translated."""
-    _gettext_tool("xgettext")
-    msgcmp = _gettext_tool("msgcmp")
+    gettext_tool("xgettext")
+    msgcmp = gettext_tool("msgcmp")
     for name in SOURCES:
         source = ROOT / name
         if source.is_dir():
@@ -171,63 +146,3 @@ def test_catalogue_is_complete_and_current(tmp_path):
     # ... and the .po holds no message the sources no longer use.
     stale = subprocess.run([msgcmp, "--use-untranslated", str(pot), str(PO)], capture_output=True, text=True)
     assert stale.returncode == 0, "run makemessages --no-obsolete:\n" + stale.stderr
-
-
-def test_committed_mo_is_the_compiled_po(tmp_path):
-    """The .mo in the repository (read on machines without gettext) says what the .po says."""
-    fresh = tmp_path / "django.mo"
-    subprocess.run([_gettext_tool("msgfmt"), "--check", "-o", str(fresh), str(PO)], check=True)
-    with open(MO, "rb") as committed, open(fresh, "rb") as compiled:
-        committed_catalog = gettext.GNUTranslations(committed)._catalog
-        compiled_catalog = gettext.GNUTranslations(compiled)._catalog
-    assert committed_catalog == compiled_catalog, "run manage.py compilemessages and commit the .mo"
-    assert len(compiled_catalog) > 150
-
-
-# --- Templates --------------------------------------------------------------
-
-# Words that stay as they are in every language.
-UNTRANSLATED = {"Tollgate"}
-# Blocks whose content is no text (base.html puts body_class in an attribute).
-NOT_TEXT_BLOCKS = {"body_class"}
-HIDDEN = "\x00"  # stands for a template tag or variable, or text inside {% blocktranslate %}
-TAG = re.compile(r"<(script|style)\b.*?</\1>|<!--.*?-->|<[^>]*>", re.S)
-VISIBLE_ATTRIBUTE = re.compile(r'\s(?:title|placeholder|alt|aria-label|data-confirm|data-title-[\w-]+)="([^"]*)"')
-LETTER = re.compile(r"[^\W\d_]")
-
-
-def unmarked_text(source: str) -> list[str]:
-    """Words of a template a user would read that are not inside ``{% translate %}``/``{% blocktranslate %}``.
-
-    Tags and variables count as marked (they render values, or translate);
-    visible text is what is left outside HTML tags, plus the values of
-    attributes browsers show (``title``, ``placeholder``, ...).
-    """
-    parts, hidden_depth, blocks = [], 0, []
-    for token in Lexer(source).tokenize():
-        if token.token_type == TokenType.BLOCK:
-            name, *args = token.contents.split()
-            hidden_depth += name in ("blocktranslate", "blocktrans")
-            hidden_depth -= name in ("endblocktranslate", "endblocktrans")
-            if name == "block":
-                blocks.append(args[0] in NOT_TEXT_BLOCKS)
-                hidden_depth += blocks[-1]
-            elif name == "endblock":
-                hidden_depth -= blocks.pop()
-        parts.append(token.contents if token.token_type == TokenType.TEXT and not hidden_depth else HIDDEN)
-    text = "".join(parts)
-    words = [value for value in VISIBLE_ATTRIBUTE.findall(text) if LETTER.search(value.replace(HIDDEN, ""))]
-    visible = html.unescape(TAG.sub(" ", text)).replace(HIDDEN, " ")
-    return words + [word for word in visible.split() if LETTER.search(word) and word not in UNTRANSLATED]
-
-
-def test_unmarked_text_finder_finds_text_and_attributes():
-    assert unmarked_text('<p title="Hello">{% translate "Marked" %} Plain</p>') == ["Hello", "Plain"]
-    assert unmarked_text('{% blocktranslate %}Marked {{ x }}{% endblocktranslate %}<a title="{% translate "y" %}">'
-                         "{{ value }}</a> → # {% block body_class %}narrow{% endblock %}") == []
-    assert unmarked_text("{% block title %}Inbox{% endblock %}<!-- a note --><script>var a;</script>") == ["Inbox"]
-
-
-@pytest.mark.parametrize("template", sorted((ROOT / "templates").rglob("*.html")), ids=lambda p: p.name)
-def test_every_template_text_is_marked_for_translation(template):
-    assert unmarked_text(template.read_text()) == []
