@@ -48,7 +48,8 @@ def console():
         handler.setStream(previous_stream)
 
 
-def test_the_lines_of_a_run_carry_its_run_session_and_tool_call(console, demo, worker, payment_gateway):
+def test_the_lines_of_a_run_carry_its_run_session_and_tool_call(payment_gateway, console, demo, worker):
+    # The gateway first: its fixture's own request (a fresh ledger) is no line of the run.
     text, as_json = console
     run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund please")
     worker.drain()

@@ -142,8 +142,9 @@ def _http_client_spans(finished):
         "http.request.method" in span.attributes or "http.method" in span.attributes)]
 
 
-def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(instrumented, demo, worker,
-                                                                                          api, payment_gateway):
+def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(payment_gateway, instrumented,
+                                                                                          demo, worker, api):
+    # The gateway first: its fixture's own request (a fresh ledger) is no part of the run.
     created = start_run_by_api(api(demo["requester"]), "refund-order", "refund please")
     worker.drain()
     run = Run.objects.get(pk=created["id"])
