@@ -12,16 +12,17 @@ runs is the engine's (``runs.engine.lifecycle``).
 
 import dataclasses
 
-from django.db import connection
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models import F, Model
 from django.db.models.signals import post_save
+from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from runs import lease
 from runs.base.rows import insert as insert_row
 from runs.base.rows import insert_many as insert_rows
 from runs.base.rows import update as update_row
-from runs.base.rows import update_and_insert_numbered, update_columns
+from runs.base.rows import update_and_insert_numbered, update_and_insert_one, update_columns
 from runs.lease import LeaseLost, current_token, fenced
 from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
@@ -189,11 +190,30 @@ def _lease_still_held(run_id: int) -> bool:
     return token is None or Run.objects.filter(pk=run_id, lease_token=token).exists()
 
 
-def set_phase(run: Run, phase: str) -> None:
-    """Record a new ``phase`` of a running run (no event: phases are detail)."""
+def set_phase(run: Run, phase: str, *, insert: Model | None = None) -> None:
+    """Record a new ``phase`` of a running run (no event: phases are detail), fenced by this thread's lease.
+
+    ``insert``: a row (not stored) inserted only if the phase was written; on PostgreSQL in the same statement
+    (``runs.base.rows.update_and_insert_one``), so that, outside a transaction, the two are one. Raises
+    ``LeaseLost`` (nothing written) if the lease was taken over.
+    """
     token, held = current_token(run.pk), run.phase
     run.phase = phase
-    if update_row(run, ["phase", "updated_at"], expected={} if token is None else {"lease_token": token}) != 1:
+    expected = {} if token is None else {"lease_token": token}
+    if insert is not None and connection.vendor == "postgresql":
+        held_at, run.updated_at = run.updated_at, timezone.now()  # auto_now, as update_row stamps it
+        written = update_and_insert_one(Run, run.pk, values={"phase": phase, "updated_at": run.updated_at},
+                                        expected=expected, instance=insert)
+        if not written:
+            run.updated_at = held_at
+    elif insert is not None:
+        with transaction.atomic():
+            written = update_row(run, ["phase", "updated_at"], expected=expected) == 1
+            if written:
+                insert_row(insert)
+    else:
+        written = update_row(run, ["phase", "updated_at"], expected=expected) == 1
+    if not written:
         run.phase = held
         raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
     publish_on_commit(run)

@@ -191,7 +191,7 @@ def _column_params(fields: list, kinds: list, values: list) -> list:
     return params
 
 
-_NUMBERED: dict = {}  # (update shape, rows model, rows, position) -> (sql, fields, kinds)
+_AND_INSERT: dict = {}  # (update statement, rows model, rows, numbered field) -> (sql, fields, kinds)
 
 
 def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counter: str,
@@ -206,27 +206,60 @@ def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, exp
     was not written (it does not hold ``expected``, or is gone): then no instance is inserted either. Raises
     what the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
     """
-    update_sql, written, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), counter)
+    numbered = type(instances[0])._meta.get_field(position)
+    keys = _update_and_insert(model, pk, values, increments, expected, counter, instances, numbered)
+    if not keys:
+        return None
+    last = max(keys)
+    for number, instance in enumerate(instances, start=last - len(instances) + 1):
+        setattr(instance, numbered.attname, number)
+        _stored(instance, keys[number])
+    return last
+
+
+def update_and_insert_one(model, pk, *, values: dict, expected: dict, instance: Model) -> bool:
+    """``update_columns`` of row ``pk`` of ``model`` (``values`` set if it holds ``expected``) and ``insert`` of
+    ``instance`` (not stored) only if the row was written, as one statement (PostgreSQL: a data-modifying
+    ``WITH``; outside a transaction, a transaction of its own). True when both were written (the instance's key
+    set); False when neither was. Raises what the database raises."""
+    keys = _update_and_insert(model, pk, values, {}, expected, model._meta.pk.name, [instance], None)
+    if keys:
+        _stored(instance, next(iter(keys.values())))
+    return bool(keys)
+
+
+def _stored(instance: Model, pk) -> None:
+    instance.pk = pk
+    instance._state.adding = False
+    instance._state.db = connection.alias
+
+
+def _update_and_insert(model, pk, values, increments, expected, returning, instances, numbered) -> dict:
+    """Run the ``WITH written AS (UPDATE ...) INSERT ... SELECT ... FROM written`` statement; the inserted
+    rows' keys by their ``numbered`` field's value (by None without one: one instance only)."""
+    update_sql, written, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), returning)
     rows_model, count = type(instances[0]), len(instances)
-    rows_meta = rows_model._meta
-    numbered = rows_meta.get_field(position)
-    key = (update_sql, rows_model, count, position)
-    shape = _NUMBERED.get(key)
+    key = (update_sql, rows_model, count, numbered)
+    shape = _AND_INSERT.get(key)
     if shape is None:
+        rows_meta = rows_model._meta
         fields = [f for f in rows_meta.concrete_fields if not (f.primary_key and f.auto_created) and f is not numbered]
         names = [f"c{i}" for i in range(len(fields))]
         # Typed placeholders: a VALUES list in a FROM clause has no column types of its own.
         row = ", ".join(["%s"] + [f"%s::{f.db_type(connection)}" for f in fields])
-        counted = _quote(model._meta.get_field(counter).column)
-        sql = (f"WITH counted AS ({update_sql}) "
-               f"INSERT INTO {_quote(rows_meta.db_table)} ({', '.join(_quote(f.column) for f in fields)}, "
-               f"{_quote(numbered.column)}) "
-               f"SELECT {', '.join(f'v.{name}' for name in names)}, counted.{counted} - {count} + v.n "
-               f"FROM counted CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
-               f"RETURNING {_quote(rows_meta.pk.column)}, {_quote(numbered.column)}")
+        columns, selected = [_quote(f.column) for f in fields], [f"v.{name}" for name in names]
+        returned = _quote(rows_meta.pk.column)
+        if numbered is not None:
+            columns.append(_quote(numbered.column))
+            selected.append(f"written.{_quote(model._meta.get_field(returning).column)} - {count} + v.n")
+            returned += f", {_quote(numbered.column)}"
+        sql = (f"WITH written AS ({update_sql}) "
+               f"INSERT INTO {_quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
+               f"FROM written CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
+               f"RETURNING {returned}")
         shape = (sql, fields, _kinds(fields))
         if count <= _MAX_CACHED_ROWS:
-            _NUMBERED[key] = shape
+            _AND_INSERT[key] = shape
     sql, fields, field_kinds = shape
     params = _column_params(written, kinds, [*values.values(), *increments.values(), pk, *expected.values()])
     for n, instance in enumerate(instances, start=1):
@@ -234,13 +267,5 @@ def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, exp
         params.extend(_params(instance, fields, field_kinds, add=True))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        keys = {number: key for key, number in cursor.fetchall()}
-    if not keys:
-        return None
-    last = max(keys)
-    for number, instance in enumerate(instances, start=last - count + 1):
-        setattr(instance, numbered.attname, number)
-        instance.pk = keys[number]
-        instance._state.adding = False
-        instance._state.db = connection.alias
-    return last
+        found = cursor.fetchall()
+    return {(row[1] if numbered is not None else None): row[0] for row in found}

@@ -45,7 +45,6 @@ from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
 from runs.engine.budgets import exhausted_budget as _exhausted_budget
 from runs.base.failpoints import failpoint
-from runs.base.rows import insert as insert_row
 from runs.base.model_output import MAX_CALL_ID_LENGTH, RefusedText, screen_response, storable_errors
 from runs.models import FailureType, Phase, Run, RunStatus, Step, WaitingReason
 from runs.providers import ModelError, ModelRequest, get_client
@@ -348,9 +347,8 @@ def _model_turn(run: Run, known: Known) -> Steps:
     if exhausted:
         return _fail(run, *exhausted)
     request, summary, deltas, back = _model_request(run, known.history)
-    with transaction.atomic():
-        set_phase(run, Phase.CALLING_MODEL)  # fenced: no step is stored for a lease taken over
-        step = insert_row(Step(run=run, index=known.steps, request=summary))
+    step = Step(run=run, index=known.steps, request=summary)
+    set_phase(run, Phase.CALLING_MODEL, insert=step)  # fenced: no step is stored for a lease taken over
     known.step_added()
     try:
         # Untrusted: made storable, bad calls marked, before anything is written.

@@ -209,3 +209,24 @@ def test_update_and_update_columns_of_one_shape_are_two_statements_each_doing_it
     assert rows.update_columns(Run, run.pk, values={"phase": Phase.CALLING_MODEL}, increments={"last_event_seq": 1},
                                expected={"status": RunStatus.RUNNING}, returning="last_event_seq") is None
     assert Run.objects.values_list("phase", "last_event_seq").get(pk=run.pk) == (Phase.FINALIZING, 41)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a data-modifying WITH: PostgreSQL only")
+def test_one_row_inserted_with_an_update_stores_what_save_stores_or_nothing(run):
+    values = dict(run=run, index=4, status="started", request={"turn_index": 4}, input_tokens=0, output_tokens=0)
+    saved = Step(**values)
+    saved.save()
+    refused = Step(**{**values, "index": 5})
+    assert rows.update_and_insert_one(Run, run.pk, values={"phase": Phase.FINALIZING}, expected={"lease_token": -1},
+                                      instance=refused) is False
+    assert refused.pk is None and not run.steps.filter(index=5).exists()
+    assert Run.objects.values_list("phase", flat=True).get(pk=run.pk) != Phase.FINALIZING
+
+    step = Step(**{**values, "index": 5})
+    assert rows.update_and_insert_one(Run, run.pk, values={"phase": Phase.FINALIZING}, expected={},
+                                      instance=step) is True
+    assert Run.objects.values_list("phase", flat=True).get(pk=run.pk) == Phase.FINALIZING
+    inserted, expected = _stored(Step, step.pk), _stored(Step, saved.pk)
+    for row in (inserted, expected):
+        row.pop("started_at"), row.pop("index")
+    assert inserted == expected

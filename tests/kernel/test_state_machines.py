@@ -51,7 +51,7 @@ def _columns_set(queries, table: str) -> list[list[str]]:
     written = []
     for query in queries:
         sql = query["sql"]
-        if sql.startswith(f'UPDATE "{table}" SET ') or sql.startswith(f'WITH counted AS (UPDATE "{table}" SET '):
+        if sql.startswith(f'UPDATE "{table}" SET ') or sql.startswith(f'WITH written AS (UPDATE "{table}" SET '):
             assignments = sql.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
             written.append(re.findall(r'"(\w+)" = ', assignments))
     return written
