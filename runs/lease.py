@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -194,16 +194,27 @@ def renewed(lease: Lease):
 def renew_all(leases) -> int:
     """Extend every lease of ``leases`` still held by its owner by one TTL; returns how many were.
 
-    One UPDATE per owner (a process has one, ``WORKER_ID``): a lease
-    taken over by another worker carries that worker's owner, so it is
-    not renewed.
+    One UPDATE per owner (a process has one, ``WORKER_ID``) of the rows
+    locked just before with ``SKIP LOCKED`` (PostgreSQL; SQLite serializes
+    writers): a group commit holds its runs' rows, taken in no particular
+    order, so waiting for one while holding others could close a circle.
+    Each row left out (busy, or taken over) then gets an UPDATE of its own,
+    which waits holding no other row. A lease taken over by another worker
+    carries that worker's owner, so it is not renewed.
     """
     by_owner: dict[str, list[int]] = {}
     for lease in leases:
         by_owner.setdefault(lease.owner, []).append(lease.run_id)
     expires_at = timezone.now() + ttl()
-    return sum(Run.objects.filter(pk__in=ids, lease_owner=owner).update(lease_expires_at=expires_at)
-               for owner, ids in by_owner.items())
+    renewed = 0
+    for owner, ids in by_owner.items():
+        with transaction.atomic():
+            done = set(Run.objects.select_for_update(skip_locked=True).filter(pk__in=ids, lease_owner=owner)
+                       .order_by().values_list("pk", flat=True))
+            Run.objects.filter(pk__in=done).update(lease_expires_at=expires_at)
+        renewed += len(done) + sum(Run.objects.filter(pk=run_id, lease_owner=owner).update(lease_expires_at=expires_at)
+                                   for run_id in ids if run_id not in done)
+    return renewed
 
 
 class _Keeper:

@@ -27,7 +27,10 @@ its writes inside the block, as the writes take no savepoint of their own.
 Lock order, so two writers never wait on each other in a circle: the run
 row first, then its own rows (items, tool calls, waits); several runs in id
 order, in one statement (``locked_many``); policy locks
-(``tools.models.PolicyLock``) in key order. Under a worker's lease every
+(``tools.models.PolicyLock``) in key order. A writer holding a policy lock
+takes other runs' rows only with ``skip_locked`` (a target's release waking
+its waiters): under group commit (``runs.engine.group_commit``) a
+transaction holds the rows of all its runs, taken in no particular order. Under a worker's lease every
 write of the block is fenced (``runs.lease``): once the lease has changed
 hands, the block's UPDATE matches no row and ``LeaseLost`` undoes it.
 
@@ -135,11 +138,11 @@ class RunTx:
             lease.check(self.run.pk)
 
 
-def _rows(related: tuple[str, ...]):
-    """Run rows to lock (``SELECT ... FOR UPDATE``); ``related``: foreign keys read along, not locked."""
+def _rows(related: tuple[str, ...], skip_locked: bool = False):
+    """Run rows to lock (``SELECT ... FOR UPDATE [SKIP LOCKED]``); ``related``: foreign keys read along, not locked."""
     if related:
-        return Run.objects.select_for_update(of=("self",)).select_related(*related)
-    return Run.objects.select_for_update()
+        return Run.objects.select_for_update(of=("self",), skip_locked=skip_locked).select_related(*related)
+    return Run.objects.select_for_update(skip_locked=skip_locked)
 
 
 @contextlib.contextmanager
@@ -159,16 +162,18 @@ def locked(run_id: int, *, related: tuple[str, ...] = ()):
 
 
 @contextlib.contextmanager
-def locked_many(run_ids, *, related: tuple[str, ...] = ()):
+def locked_many(run_ids, *, related: tuple[str, ...] = (), skip_locked: bool = False):
     """``with locked_many(run_ids) as txs:``: ``{run id: RunTx}`` of the runs that still exist, in id order.
 
     Their row locks are taken in id order in one statement, so that a
     writer of many runs (the sweeper) and writers of one never wait on
-    each other in a circle. ``related``: as in ``locked``. Leaving the
-    block closes each ``RunTx`` in id order.
+    each other in a circle. ``related``: as in ``locked``. ``skip_locked``:
+    leave out the runs whose row another transaction holds instead of
+    waiting for it (``SKIP LOCKED``; SQLite has none and needs none: its
+    writers are serialized). Leaving the block closes each ``RunTx`` in id order.
     """
     with transaction.atomic():
-        txs = {run.pk: RunTx(run) for run in _rows(related).filter(pk__in=run_ids).order_by("pk")}
+        txs = {run.pk: RunTx(run) for run in _rows(related, skip_locked).filter(pk__in=run_ids).order_by("pk")}
         for tx in txs.values():
             tx._open()
         yield txs
