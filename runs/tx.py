@@ -30,7 +30,9 @@ order, in one statement (``locked_many``); policy locks
 (``tools.models.PolicyLock``) in key order. A writer holding a policy lock
 takes other runs' rows only with ``skip_locked`` (a target's release waking
 its waiters): under group commit (``runs.engine.group_commit``) a
-transaction holds the rows of all its runs, taken in no particular order. Under a worker's lease every
+transaction holds the rows of all its runs, taken in no particular order.
+Whoever takes a policy lock says so (``note_shared_lock``), so that a group
+commits it before another run's job may wait for one. Under a worker's lease every
 write of the block is fenced (``runs.lease``): once the lease has changed
 hands, the block's UPDATE matches no row and ``LeaseLost`` undoes it.
 
@@ -44,6 +46,7 @@ while holding the lock" contract, made into a type.
 """
 
 import contextlib
+import contextvars
 
 from django.db import transaction
 
@@ -53,6 +56,20 @@ from runs.models import Message, Run
 from runs.services import Event, RunColumns, append_events
 from runs.transitions import EventBatch, apply
 from runs.wakeups import wake_now
+
+
+_shared_lock = contextvars.ContextVar("tollgate_shared_lock", default=False)
+
+
+def note_shared_lock() -> None:
+    """Note, in the current context, that its transaction now holds a lock that other runs' writers take
+    too (a policy lock, ``tools.models.PolicyLock``)."""
+    _shared_lock.set(True)
+
+
+def holds_shared_lock(context: contextvars.Context) -> bool:
+    """Whether work run in ``context`` (``contextvars.Context.run``) called ``note_shared_lock``."""
+    return context.get(_shared_lock, False)
 
 
 class RunTx:

@@ -29,7 +29,7 @@ from runs.transitions import apply
 from tests.durability import lookup_agent, make_agent
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import get_tool
-from tools.services.targets import claim, release, target_of
+from tools.services.targets import claim, lock_scopes, release, target_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,6 +153,32 @@ def test_a_broken_connection_fails_the_jobs_run_and_requeues_the_others(committe
     statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs]).values_list("pk", "status"))
     assert statuses == {runs[0].pk: RunStatus.QUEUED, runs[1].pk: RunStatus.QUEUED, runs[2].pk: RunStatus.RUNNING}
     assert committed == [runs[2].pk]
+
+
+def test_a_job_that_takes_a_policy_lock_ends_its_group_and_the_jobs_after_it_commit_in_the_next(committer, runs):
+    """A policy lock (a tool target's or a rule scope's row) is committed with the job that took it, before
+    any other job runs: a later job of the group could otherwise wait for another group that waits for it."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    seen = {}
+
+    def locking():
+        lock_scopes({f"refund/run:{runs[0].pk}"})
+        return starting(runs[0].pk, [])()
+
+    release = held_back(committer)
+    first = submit_leased(committer, leases[0], locking)
+
+    def second():
+        seen["first answered"] = first.done()
+        return starting(runs[1].pk, [])()
+
+    futures = [first, submit_leased(committer, leases[1], second),
+               submit_leased(committer, leases[2], starting(runs[2].pk, []))]
+    release.set()
+
+    assert [future.result(10) for future in futures] == [run.pk for run in runs]
+    assert seen == {"first answered": True}
+    assert (committer.groups, committer.jobs) == (3, 4)  # held back; the locking job; the two others together
 
 
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql",

@@ -55,6 +55,7 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from runs.base.awaiting import close_pool_connections, keeping_connection
+from runs.tx import holds_shared_lock
 
 
 @dataclass
@@ -115,19 +116,24 @@ class GroupCommit:
                 self.jobs += 1
             return
         outcomes: list[tuple[bool, Any]] = []
+        ran = group  # the jobs the transaction runs: all of them unless it stops early
         try:
             try:
                 with transaction.atomic():
                     for job in group:
                         outcomes.append(_run_in_savepoint(job))
                         if connection.needs_rollback:  # the transaction is unusable: stop here
+                            ran = group[:len(outcomes)]
                             raise _Broken(outcomes[-1][1])
+                        if holds_shared_lock(job.context):  # committed before another job may wait for it
+                            ran = group[:len(outcomes)]
+                            break
             except _Broken as broken:
-                self._requeue(group[len(outcomes):])
-                group = group[:len(outcomes)]
-                outcomes = [(False, broken.error)] * len(group)
+                outcomes = [(False, broken.error)] * len(ran)
             except Exception as exc:  # the COMMIT failed: nothing of the group is stored
-                outcomes = [(False, exc)] * len(group)
+                outcomes = [(False, exc)] * len(ran)
+            self._requeue(group[len(ran):])
+            group = ran
         finally:
             with self._lock:
                 self.groups += 1

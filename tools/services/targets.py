@@ -45,7 +45,7 @@ from django.db.models import Exists, OuterRef, Q
 from django_fsm import can_proceed
 
 from runs.models import RunStatus, WaitingReason
-from runs.tx import locked_many
+from runs.tx import locked_many, note_shared_lock
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import Tool, get_tool
 from tools.services.arguments import canonical_value
@@ -105,6 +105,7 @@ def lock_scopes(keys: set[str]) -> None:
     """
     if not keys:
         return
+    note_shared_lock()
     found = set(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key")
                 .values_list("key", flat=True))
     if found == keys:
@@ -126,6 +127,7 @@ def claim(target: Target, call: ToolCall) -> int | None:
     returns the new holder) where the database returns rows from a write;
     a second statement reads the holder when it is busy.
     """
+    note_shared_lock()
     if connection.features.can_return_columns_from_insert:
         if _upsert(target.lock_key, call):
             return None
@@ -219,6 +221,7 @@ def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     target = target_of(tool, call.arguments) if tool.side_effect else None
     if target is None or not PolicyLock.objects.filter(key=target.lock_key, holder=call.pk).update(holder=None):
         return 0
+    note_shared_lock()
     waiting = set(_waiters(target, call))
     if not waiting:
         return 0
