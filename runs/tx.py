@@ -32,9 +32,11 @@ takes other runs' rows only with ``skip_locked`` (a target's release waking
 its waiters): under group commit (``runs.engine.group_commit``) a
 transaction holds the rows of all its runs, taken in no particular order.
 Whoever takes a policy lock says so (``note_shared_lock``), so that a group
-commits it before another run's job may wait for one. Under a worker's lease every
-write of the block is fenced (``runs.lease``): once the lease has changed
-hands, the block's UPDATE matches no row and ``LeaseLost`` undoes it.
+commits it before another run's job may wait for one.
+
+Under a worker's lease every write of the block is fenced (``runs.lease``):
+once the lease has changed hands, the block's UPDATE matches no row and
+``LeaseLost`` undoes it.
 
 After commit, the wake-up goes before the live push (a worker need not
 wait for browsers): the wake-up's commit hook is queued when the block

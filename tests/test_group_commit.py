@@ -27,7 +27,7 @@ from runs.lease import LeaseLost
 from runs.models import Phase, Run, RunStatus, WaitingReason
 from runs.transitions import apply
 from tests.durability import lookup_agent, make_agent
-from tools.models import ToolCall, ToolCallStatus
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import get_tool
 from tools.services.targets import claim, lock_scopes, release, target_of
 
@@ -256,7 +256,7 @@ def test_a_release_does_not_wait_for_a_waiters_row_that_a_group_claiming_the_tar
         assert holds_the_row.wait(20)
         with transaction.atomic():
             ToolCall.objects.filter(pk=holder.pk).update(status=ToolCallStatus.SUCCEEDED)  # the holder's outcome
-            assert claim(target, holder) is None  # the release's own lock on the target's row, first
+            PolicyLock.objects.select_for_update().get(key=target.lock_key)  # the release's first lock, taken early
             go.set()
             wait_for_a_lock_wait("INSERT INTO")  # the other group's claim waits for the target's row
             woken_at_once = release(holder, refund, actor="test")

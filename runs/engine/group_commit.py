@@ -24,19 +24,22 @@ then commits once:
   transaction unusable (its savepoint could not be rolled back: the
   connection broke), the jobs already run get that error and the jobs not
   yet run go back to the queue untouched.
+* **So does a policy lock.** A job that took a lock other runs' jobs take
+  too (a target's claim or release, a rule's scopes:
+  ``runs.tx.note_shared_lock``) is the group's last: the group commits and
+  the jobs not yet run go back to the queue, so a group holds such locks
+  only from its last job.
 
 What commits together is only ever a batch of complete, independent run
 transactions; ``transaction.on_commit`` hooks (wake-ups, live pushes) run
-after the group's COMMIT, a failed job's hooks never. Rows other runs'
-jobs lock (a tool target's policy lock) are held until the group commits,
-so a group's jobs may wait for another group's: PostgreSQL breaks any
-deadlock this makes by failing one job, whose run is retried
-(``runtime.settle_failure``). Under contention for tool targets (a
-release locks the rows of the runs waiting for the target) such
-deadlocks are frequent enough to slow runs down badly (a worker killed
-with 250 refunds in flight: tests/test_attack_engine.py), which is why
-``ENGINE_GROUP_MAX`` is 1 by default, every job alone, until target
-claims and releases take their locks in one order across a group.
+after the group's COMMIT, a failed job's hooks never. A group holds the
+rows its jobs locked until it commits, taken in job order; so that groups
+never wait on each other in a circle, nothing waits for a row while
+holding rows of other runs (``runs.tx``'s lock order: a target's release
+and the lease keeper skip busy rows), and policy locks come last. Groups
+are on by default (``ENGINE_GROUP_MAX`` 8); docs/design.md ("Group commit")
+says what is left to PostgreSQL's deadlock detection (it fails one job,
+whose run is retried: ``runtime.settle_failure``).
 
 The idea is the database's own group commit (PostgreSQL's ``commit_delay``,
 "Group Commit for the Write-Ahead Log"), applied to whole transactions in
