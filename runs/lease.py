@@ -190,16 +190,41 @@ def renewed(lease: Lease):
 def renew_all(leases) -> int:
     """Extend every lease of ``leases`` still held by its owner by one TTL; returns how many were.
 
-    One UPDATE per owner (a process has one, ``WORKER_ID``): a lease
-    taken over by another worker carries that worker's owner, so it is
-    not renewed.
+    One UPDATE per owner (a process has one, ``WORKER_ID``). On PostgreSQL
+    it skips the rows other transactions hold (``SKIP LOCKED``): a group
+    commit holds its runs' rows, taken in no particular order, so waiting
+    for one while holding others could close a circle; each row left out
+    (busy, or taken over) then gets an UPDATE of its own, which waits
+    holding no other row. A lease taken over by another worker carries
+    that worker's owner, so it is not renewed.
     """
     by_owner: dict[str, list[int]] = {}
     for lease in leases:
         by_owner.setdefault(lease.owner, []).append(lease.run_id)
     expires_at = timezone.now() + ttl()
-    return sum(Run.objects.filter(pk__in=ids, lease_owner=owner).update(lease_expires_at=expires_at)
-               for owner, ids in by_owner.items())
+    renewed = 0
+    for owner, ids in by_owner.items():
+        if connection.vendor != "postgresql":  # SQLite serializes writers: nothing to skip
+            renewed += Run.objects.filter(pk__in=ids, lease_owner=owner).update(lease_expires_at=expires_at)
+            continue
+        done = _renew_free(ids, owner, expires_at)
+        renewed += len(done) + sum(Run.objects.filter(pk=run_id, lease_owner=owner).update(lease_expires_at=expires_at)
+                                   for run_id in ids if run_id not in done)
+    return renewed
+
+
+def _renew_free(ids: list[int], owner: str, expires_at) -> set[int]:
+    """Renew the leases of ``owner`` on the runs ``ids`` whose rows no transaction holds; returns their ids.
+    One statement (PostgreSQL: ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``)."""
+    quote, meta = connection.ops.quote_name, Run._meta
+    table = quote(meta.db_table)
+    pk, lease_owner, expires = (quote(meta.get_field(name).column) for name in ("id", "lease_owner", "lease_expires_at"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {expires} = %s WHERE {pk} IN (SELECT {pk} FROM {table} "
+            f"WHERE {pk} = ANY(%s) AND {lease_owner} = %s FOR UPDATE SKIP LOCKED) RETURNING {pk}",
+            [connection.ops.adapt_datetimefield_value(expires_at), list(ids), owner])
+        return {row[0] for row in cursor.fetchall()}
 
 
 class _Keeper:

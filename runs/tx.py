@@ -27,9 +27,16 @@ its writes inside the block, as the writes take no savepoint of their own.
 Lock order, so two writers never wait on each other in a circle: the run
 row first, then its own rows (items, tool calls, waits); several runs in id
 order, in one statement (``locked_many``); policy locks
-(``tools.models.PolicyLock``) in key order. Under a worker's lease every
-write of the block is fenced (``runs.lease``): once the lease has changed
-hands, the block's UPDATE matches no row and ``LeaseLost`` undoes it.
+(``tools.models.PolicyLock``) in key order. A writer holding a policy lock
+takes other runs' rows only with ``skip_locked`` (a target's release waking
+its waiters): under group commit (``runs.engine.group_commit``) a
+transaction holds the rows of all its runs, taken in no particular order.
+Whoever takes a policy lock says so (``note_shared_lock``), so that a group
+commits it before another run's job may wait for one.
+
+Under a worker's lease every write of the block is fenced (``runs.lease``):
+once the lease has changed hands, the block's UPDATE matches no row and
+``LeaseLost`` undoes it.
 
 After commit, the wake-up goes before the live push (a worker need not
 wait for browsers): the wake-up's commit hook is queued when the block
@@ -41,6 +48,7 @@ while holding the lock" contract, made into a type.
 """
 
 import contextlib
+import contextvars
 
 from django.db import transaction
 
@@ -50,6 +58,20 @@ from runs.models import Message, Run
 from runs.services import Event, RunColumns, append_events
 from runs.transitions import EventBatch, apply
 from runs.wakeups import wake_now
+
+
+_shared_lock = contextvars.ContextVar("tollgate_shared_lock", default=False)
+
+
+def note_shared_lock() -> None:
+    """Note, in the current context, that its transaction now holds a lock that other runs' writers take
+    too (a policy lock, ``tools.models.PolicyLock``)."""
+    _shared_lock.set(True)
+
+
+def holds_shared_lock(context: contextvars.Context) -> bool:
+    """Whether work run in ``context`` (``contextvars.Context.run``) called ``note_shared_lock``."""
+    return context.get(_shared_lock, False)
 
 
 class RunTx:
@@ -133,11 +155,11 @@ class RunTx:
             lease.check(self.run.pk)
 
 
-def _rows(related: tuple[str, ...]):
-    """Run rows to lock (``SELECT ... FOR UPDATE``); ``related``: foreign keys read along, not locked."""
+def _rows(related: tuple[str, ...], skip_locked: bool = False):
+    """Run rows to lock (``SELECT ... FOR UPDATE [SKIP LOCKED]``); ``related``: foreign keys read along, not locked."""
     if related:
-        return Run.objects.select_for_update(of=("self",)).select_related(*related)
-    return Run.objects.select_for_update()
+        return Run.objects.select_for_update(of=("self",), skip_locked=skip_locked).select_related(*related)
+    return Run.objects.select_for_update(skip_locked=skip_locked)
 
 
 @contextlib.contextmanager
@@ -154,16 +176,18 @@ def locked(run_id: int, *, related: tuple[str, ...] = ()):
 
 
 @contextlib.contextmanager
-def locked_many(run_ids, *, related: tuple[str, ...] = ()):
+def locked_many(run_ids, *, related: tuple[str, ...] = (), skip_locked: bool = False):
     """``with locked_many(run_ids) as txs:``: ``{run id: RunTx}`` of the runs that still exist, in id order.
 
     Their row locks are taken in id order in one statement, so that a
     writer of many runs (the sweeper) and writers of one never wait on
-    each other in a circle. ``related``: as in ``locked``. Leaving the
-    block closes each ``RunTx`` in id order.
+    each other in a circle. ``related``: as in ``locked``. ``skip_locked``:
+    leave out the runs whose row another transaction holds instead of
+    waiting for it (``SKIP LOCKED``; SQLite has none and needs none: its
+    writers are serialized). Leaving the block closes each ``RunTx`` in id order.
     """
     with transaction.atomic():
-        txs = {run.pk: RunTx(run) for run in _rows(related).filter(pk__in=run_ids).order_by("pk")}
+        txs = {run.pk: RunTx(run) for run in _rows(related, skip_locked).filter(pk__in=run_ids).order_by("pk")}
         for tx in txs.values():
             tx._open()
         yield txs

@@ -24,19 +24,22 @@ then commits once:
   transaction unusable (its savepoint could not be rolled back: the
   connection broke), the jobs already run get that error and the jobs not
   yet run go back to the queue untouched.
+* **So does a policy lock.** A job that took a lock other runs' jobs take
+  too (a target's claim or release, a rule's scopes:
+  ``runs.tx.note_shared_lock``) is the group's last: the group commits and
+  the jobs not yet run go back to the queue, so a group holds such locks
+  only from its last job.
 
 What commits together is only ever a batch of complete, independent run
 transactions; ``transaction.on_commit`` hooks (wake-ups, live pushes) run
-after the group's COMMIT, a failed job's hooks never. Rows other runs'
-jobs lock (a tool target's policy lock) are held until the group commits,
-so a group's jobs may wait for another group's: PostgreSQL breaks any
-deadlock this makes by failing one job, whose run is retried
-(``runtime.settle_failure``). Under contention for tool targets (a
-release locks the rows of the runs waiting for the target) such
-deadlocks are frequent enough to slow runs down badly (a worker killed
-with 250 refunds in flight: tests/attack/test_engine.py), which is why
-``ENGINE_GROUP_MAX`` is 1 by default, every job alone, until target
-claims and releases take their locks in one order across a group.
+after the group's COMMIT, a failed job's hooks never. A group holds the
+rows its jobs locked until it commits, taken in job order; so that groups
+never wait on each other in a circle, nothing waits for a row while
+holding rows of other runs (``runs.tx``'s lock order: a target's release
+and the lease keeper skip busy rows), and policy locks come last. Groups
+are on by default (``ENGINE_GROUP_MAX`` 8); docs/design.md ("Group commit")
+says what is left to PostgreSQL's deadlock detection (it fails one job,
+whose run is retried: ``runtime.settle_failure``).
 
 The idea is the database's own group commit (PostgreSQL's ``commit_delay``,
 "Group Commit for the Write-Ahead Log"), applied to whole transactions in
@@ -55,6 +58,7 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from runs.base.awaiting import close_pool_connections, keeping_connection
+from runs.tx import holds_shared_lock
 
 
 @dataclass
@@ -115,19 +119,24 @@ class GroupCommit:
                 self.jobs += 1
             return
         outcomes: list[tuple[bool, Any]] = []
+        ran = group  # the jobs the transaction runs: all of them unless it stops early
         try:
             try:
                 with transaction.atomic():
                     for job in group:
                         outcomes.append(_run_in_savepoint(job))
                         if connection.needs_rollback:  # the transaction is unusable: stop here
+                            ran = group[:len(outcomes)]
                             raise _Broken(outcomes[-1][1])
+                        if holds_shared_lock(job.context):  # committed before another job may wait for it
+                            ran = group[:len(outcomes)]
+                            break
             except _Broken as broken:
-                self._requeue(group[len(outcomes):])
-                group = group[:len(outcomes)]
-                outcomes = [(False, broken.error)] * len(group)
+                outcomes = [(False, broken.error)] * len(ran)
             except Exception as exc:  # the COMMIT failed: nothing of the group is stored
-                outcomes = [(False, exc)] * len(group)
+                outcomes = [(False, exc)] * len(ran)
+            self._requeue(group[len(ran):])
+            group = ran
         finally:
             with self._lock:
                 self.groups += 1

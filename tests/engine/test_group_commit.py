@@ -2,21 +2,34 @@
 
 Each test holds the committer's only thread with a first job until the
 jobs under test are queued, so those are taken together, as one group.
+
+A group holds the row locks of all its runs until it commits, so the
+writers that lock rows of several runs must never wait for one while
+holding another (the last tests, on PostgreSQL: two sessions, each
+holding what the other one wants next, in the order a group and that
+writer would take them).
 """
 
 import threading
+import time
+from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
+from approvals.models import Interrupt
 from runs import lease
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import start_run
 from runs.lease import LeaseLost
-from runs.models import Run, RunStatus
+from runs.models import Phase, Run, RunStatus, WaitingReason
 from runs.transitions import apply
-from tests.support.durability import lookup_agent
+from tests.support.durability import lookup_agent, make_agent
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
+from tools.registry import get_tool
+from tools.services.targets import claim, lock_scopes, release, target_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,3 +153,152 @@ def test_a_broken_connection_fails_the_jobs_run_and_requeues_the_others(committe
     statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs]).values_list("pk", "status"))
     assert statuses == {runs[0].pk: RunStatus.QUEUED, runs[1].pk: RunStatus.QUEUED, runs[2].pk: RunStatus.RUNNING}
     assert committed == [runs[2].pk]
+
+
+def test_a_job_that_takes_a_policy_lock_ends_its_group_and_the_jobs_after_it_commit_in_the_next(committer, runs):
+    """A policy lock (a tool target's or a rule scope's row) is committed with the job that took it, before
+    any other job runs: a later job of the group could otherwise wait for another group that waits for it."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    seen = {}
+
+    def locking():
+        lock_scopes({f"refund/run:{runs[0].pk}"})
+        return starting(runs[0].pk, [])()
+
+    release = held_back(committer)
+    first = submit_leased(committer, leases[0], locking)
+
+    def second():
+        seen["first answered"] = first.done()
+        return starting(runs[1].pk, [])()
+
+    futures = [first, submit_leased(committer, leases[1], second),
+               submit_leased(committer, leases[2], starting(runs[2].pk, []))]
+    release.set()
+
+    assert [future.result(10) for future in futures] == [run.pk for run in runs]
+    assert seen == {"first answered": True}
+    assert (committer.groups, committer.jobs) == (3, 4)  # held back; the locking job; the two others together
+
+
+postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql",
+                                     reason="row locks held across sessions: PostgreSQL (SQLite serializes writers)")
+
+
+def in_session(errors: dict, name: str, fn):
+    """A thread running ``fn()`` on a database session of its own; what it raises goes to ``errors[name]``."""
+    def body():
+        try:
+            fn()
+        except Exception as exc:
+            errors[name] = exc
+        finally:
+            connection.close()
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread
+
+
+def wait_for_a_lock_wait(statement_start: str) -> None:
+    """Block until a session's statement starting with ``statement_start`` waits for a lock."""
+    watcher = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with watcher.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND wait_event_type = 'Lock' AND query LIKE %s", [statement_start + "%"])
+                if cursor.fetchone()[0]:
+                    return
+            assert time.monotonic() < deadline, f"no {statement_start} statement ever waited for a lock"
+            time.sleep(0.02)
+    finally:
+        watcher.close()
+
+
+def refunds_on_one_order(demo, worker, count: int) -> list[ToolCall]:
+    """``count`` runs' refund calls on order 123, each ``ready``, never sent; their runs wait ``retry_backoff``."""
+    agent = make_agent("refund-123", [{"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 8}}]},
+                                      {"content": "Done."}], tools=["refund"], check="refund")
+    runs = [start_run(agent=agent, user=demo["requester"], input=f"refund 123, {n}") for n in range(count)]
+    worker.drain()
+    Interrupt.objects.filter(run__in=runs).update(status="resolved")  # decided, as far as this test cares
+    ToolCall.objects.filter(run__in=runs).update(status=ToolCallStatus.READY, attempts=0)
+    Run.objects.filter(pk__in=[run.pk for run in runs]).update(
+        status=RunStatus.WAITING, waiting_reason=WaitingReason.RETRY_BACKOFF,
+        wake_at=timezone.now() + timedelta(minutes=1))
+    return [ToolCall.objects.get(run=run) for run in runs]
+
+
+@postgresql_only
+def test_a_release_does_not_wait_for_a_waiters_row_that_a_group_claiming_the_target_holds(demo, worker):
+    """The cycle: a release locks the target's row, then the rows of the runs waiting for it; another group
+    holds a waiter's row (its job woke the run) and its next job claims the target. The release skips the
+    row instead of waiting (which PostgreSQL would break by failing one of them), and wakes that waiter
+    once both have committed."""
+    holder, waiter = refunds_on_one_order(demo, worker, 2)
+    refund = get_tool("refund")
+    target = target_of(refund, holder.arguments)
+    with transaction.atomic():
+        assert claim(target, holder) is None
+    errors, claimed, go = {}, {}, threading.Event()
+    holds_the_row = threading.Event()
+
+    def other_group():
+        with transaction.atomic():
+            Run.objects.select_for_update().get(pk=waiter.run_id)
+            holds_the_row.set()
+            go.wait(20)
+            claimed["holder"] = claim(target, waiter)  # waits for the release's lock on the target's row
+
+    group = in_session(errors, "other group", other_group)
+    try:
+        assert holds_the_row.wait(20)
+        with transaction.atomic():
+            ToolCall.objects.filter(pk=holder.pk).update(status=ToolCallStatus.SUCCEEDED)  # the holder's outcome
+            PolicyLock.objects.select_for_update().get(key=target.lock_key)  # the release's first lock, taken early
+            go.set()
+            wait_for_a_lock_wait("INSERT INTO")  # the other group's claim waits for the target's row
+            woken_at_once = release(holder, refund, actor="test")
+    finally:
+        go.set()
+        group.join()
+    assert errors == {}  # no deadlock for PostgreSQL to break
+    assert woken_at_once == 0  # its waiter's row was busy: skipped, not waited for
+    assert claimed == {"holder": None}  # the claim went through once the release committed
+    woken = Run.objects.get(pk=waiter.run_id)  # after both commits, in a transaction of its own
+    assert woken.status != RunStatus.WAITING
+    assert woken.events.filter(reason=f"call #{holder.pk} released {target.label}").exists()
+
+
+@postgresql_only
+def test_the_lease_keeper_does_not_wait_for_a_row_that_a_group_holds_while_holding_another(runs):
+    """The cycle: a group holds a later run's row and its next job writes an earlier run's; the keeper's
+    renewal locks the earlier row, then waits for the later one. It skips the busy row and renews it on
+    its own, holding nothing else, so the group goes on and every lease is renewed."""
+    first, second = runs[:2]
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in (first, second)]
+    before = dict(Run.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "lease_expires_at"))
+    errors, renewed, go = {}, [], threading.Event()
+    holds_the_row = threading.Event()
+
+    def group():
+        with transaction.atomic():
+            Run.objects.filter(pk=second.pk).update(phase=Phase.CALLING_MODEL)  # a job of the later run
+            holds_the_row.set()
+            go.wait(20)
+            Run.objects.filter(pk=first.pk).update(phase=Phase.CALLING_MODEL)  # the next job, of the earlier run
+
+    grouped = in_session(errors, "group", group)
+    try:
+        assert holds_the_row.wait(20)
+        keeper = in_session(errors, "keeper", lambda: renewed.append(lease.renew_all(leases)))
+        wait_for_a_lock_wait("UPDATE")  # the keeper waits for the later run's row
+        go.set()
+        grouped.join()
+        keeper.join()
+    finally:
+        go.set()
+    assert errors == {} and renewed == [2]
+    after = dict(Run.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "lease_expires_at"))
+    assert all(after[pk] > before[pk] for pk in before)

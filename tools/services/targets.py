@@ -29,7 +29,11 @@ the only lock is in the database (docs/design.md#one-effect-at-a-time-per-target
   so a lost wake-up costs at most that, never the call.
 
 Lock order: a target's row, then run rows (in id order). Nothing that
-holds a run row waits for a target's row except the worker of that run.
+holds a run row waits for a target's row except the worker of that run;
+and since a group commit (``runs.engine.group_commit``) holds the rows of
+all its runs while a job of it claims a target, a release never waits for
+a waiter's row while holding the target's: it skips a row held elsewhere
+and wakes that waiter after its commit.
 """
 
 import hashlib
@@ -41,7 +45,7 @@ from django.db.models import Exists, OuterRef, Q
 from django_fsm import can_proceed
 
 from runs.models import RunStatus, WaitingReason
-from runs.tx import locked_many
+from runs.tx import locked_many, note_shared_lock
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import Tool, get_tool
 from tools.services.arguments import canonical_value
@@ -101,6 +105,7 @@ def lock_scopes(keys: set[str]) -> None:
     """
     if not keys:
         return
+    note_shared_lock()
     found = set(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key")
                 .values_list("key", flat=True))
     if found == keys:
@@ -122,6 +127,7 @@ def claim(target: Target, call: ToolCall) -> int | None:
     returns the new holder) where the database returns rows from a write;
     a second statement reads the holder when it is busy.
     """
+    note_shared_lock()
     if connection.features.can_return_columns_from_insert:
         if _upsert(target.lock_key, call):
             return None
@@ -200,29 +206,58 @@ def release_on_commit(calls: list[ToolCall], *, actor: str) -> None:
 def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     """``call`` (of ``tool``) has had an outcome in the caller's transaction: give up its claim, wake the waiters.
 
-    Returns how many waiting runs were woken. A waiter is a ``waiting`` /
+    Returns how many waiting runs were woken in the caller's transaction. A waiter is a ``waiting`` /
     ``retry_backoff`` run with a ``ready`` call of the tool on the target
     that was never sent (a call sent before and ``ready`` again is backing
     off after a failure: its own ``wake_at`` stands, so a release never
     cuts a backoff short; one that then found the target busy waits at
     most its lease-TTL ``wake_at``); each is woken (``Run.wake``, its row locked, in id order) and enqueued
-    once the transaction commits. Nothing happens when ``call`` holds no
-    claim (one UPDATE).
+    once the transaction commits. A waiter whose row another transaction
+    holds is not waited for (``SKIP LOCKED``: that transaction may be
+    waiting for this target's row): it is woken once the caller's
+    transaction commits, in a transaction of its own, if it still waits
+    then. Nothing happens when ``call`` holds no claim (one UPDATE).
     """
     target = target_of(tool, call.arguments) if tool.side_effect else None
     if target is None or not PolicyLock.objects.filter(key=target.lock_key, holder=call.pk).update(holder=None):
         return 0
-    waiting = list(_calls_on(target).filter(status=S.READY, attempts=0, run__status=RunStatus.WAITING,
-                                            run__waiting_reason=WaitingReason.RETRY_BACKOFF)
-                   .exclude(pk=call.pk).values_list("run_id", flat=True).distinct())
+    note_shared_lock()
+    waiting = set(_waiters(target, call))
     if not waiting:
         return 0
-    woken = 0
-    with locked_many(waiting) as txs:
-        for tx in txs.values():
-            if not can_proceed(tx.run.wake):
-                continue
-            tx.apply(tx.run.wake, actor=actor, reason=f"call #{call.pk} released {target.label}")
-            tx.wake()
-            woken += 1
+    reason = f"call #{call.pk} released {target.label}"
+    with locked_many(waiting, skip_locked=True) as txs:
+        woken = _wake(txs.values(), actor=actor, reason=reason)
+    skipped = waiting - set(txs)
+    if skipped:
+        transaction.on_commit(lambda: _wake_skipped(sorted(skipped), target, call, actor=actor, reason=reason),
+                              robust=True)
     return woken
+
+
+def _waiters(target: Target, call: ToolCall):
+    """The ids of the runs waiting for ``target`` (``release``), ``call``'s own run aside."""
+    return (_calls_on(target).filter(status=S.READY, attempts=0, run__status=RunStatus.WAITING,
+                                     run__waiting_reason=WaitingReason.RETRY_BACKOFF)
+            .exclude(pk=call.pk).values_list("run_id", flat=True).distinct())
+
+
+def _wake(txs, *, actor: str, reason: str) -> int:
+    """Wake the runs of ``txs`` (``RunTx``, locked) that may be woken; returns how many were."""
+    woken = 0
+    for tx in txs:
+        if not can_proceed(tx.run.wake):
+            continue
+        tx.apply(tx.run.wake, actor=actor, reason=reason)
+        tx.wake()
+        woken += 1
+    return woken
+
+
+def _wake_skipped(run_ids: list[int], target: Target, call: ToolCall, *, actor: str, reason: str) -> None:
+    """After a release committed: wake each of ``run_ids`` (whose rows it skipped) that still waits for
+    ``target``, each in a transaction holding its row alone (so it can wait for that row in no circle)."""
+    for run_id in run_ids:
+        with locked_many([run_id]) as txs:
+            if txs and _waiters(target, call).filter(run_id=run_id).exists():
+                _wake(txs.values(), actor=actor, reason=reason)
