@@ -37,12 +37,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v curl >/dev/null || missing+=(curl)
 command -v git >/dev/null || missing+=(git)
-<<<<<<< HEAD
 command -v pkill >/dev/null || missing+=(procps)
-# GNU gettext (xgettext, msgfmt, msgcmp): tests/web/test_i18n.py checks the translation catalogue.
-=======
 # GNU gettext (xgettext, msgfmt, msgcmp): tests/web/test_i18n.py and tests/unit/test_compiled_catalogue.py check the translation catalogue.
->>>>>>> unit
 command -v msgcmp >/dev/null || missing+=(gettext)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
