@@ -179,7 +179,7 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
         expected = {**expected, "lease_token": token}
     if rows is not None:
         return update_and_insert_numbered(Run, run.pk, values=values, increments=increments, expected=expected,
-                                          counter="last_event_seq", instances=rows, position="seq")
+                                          counted="last_event_seq", instances=rows, position="seq")
     return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
                           returning="last_event_seq")
 
@@ -197,25 +197,26 @@ def set_phase(run: Run, phase: str, *, insert: Model | None = None) -> None:
     (``runs.base.rows.update_and_insert_one``), so that, outside a transaction, the two are one. Raises
     ``LeaseLost`` (nothing written) if the lease was taken over.
     """
-    token, held = current_token(run.pk), run.phase
+    token, held = current_token(run.pk), (run.phase, run.updated_at)
     run.phase = phase
     expected = {} if token is None else {"lease_token": token}
-    if insert is not None and connection.vendor == "postgresql":
-        held_at, run.updated_at = run.updated_at, timezone.now()  # auto_now, as update_row stamps it
-        written = update_and_insert_one(Run, run.pk, values={"phase": phase, "updated_at": run.updated_at},
-                                        expected=expected, instance=insert)
-        if not written:
-            run.updated_at = held_at
-    elif insert is not None:
-        with transaction.atomic():
+    try:
+        if insert is not None and connection.vendor == "postgresql":
+            run.updated_at = timezone.now()  # auto_now, as update_row stamps it
+            written = update_and_insert_one(Run, run.pk, values={"phase": phase, "updated_at": run.updated_at},
+                                            expected=expected, instance=insert)
+        elif insert is not None:
+            with transaction.atomic():
+                written = update_row(run, ["phase", "updated_at"], expected=expected) == 1
+                if written:
+                    insert_row(insert)
+        else:
             written = update_row(run, ["phase", "updated_at"], expected=expected) == 1
-            if written:
-                insert_row(insert)
-    else:
-        written = update_row(run, ["phase", "updated_at"], expected=expected) == 1
-    if not written:
-        run.phase = held
-        raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
+        if not written:
+            raise LeaseLost(f"run {run.pk}: lease lost; phase {phase!r} refused")
+    except BaseException:  # nothing was written: the instance says so too
+        run.phase, run.updated_at = held
+        raise
     publish_on_commit(run)
 
 

@@ -14,6 +14,7 @@
 #   4. README's first command on a clean clone answers /inbox/ after login.
 # Extra arguments are passed to every pytest run, e.g.
 #   bash tests/run.sh -k refund -x
+# (a path reaches the unit pass too, and a -m replaces the passes' own).
 # Meant for a fresh Debian 12 machine, run as root: missing system packages
 # are installed with apt-get.  Nothing is left running afterwards.
 set -euo pipefail
@@ -81,7 +82,7 @@ PYTEST_PIDS=()
 PASS_LOGS=$(mktemp -d)
 export PASS_LOGS
 cleanup() {
-    local rc=$? pid
+    local rc=$? pid log_file
     set +e
     trap - INT TERM HUP
     if ((${#PYTEST_PIDS[@]})); then
@@ -93,6 +94,9 @@ cleanup() {
         for pid in "${PYTEST_PIDS[@]}"; do pkill -KILL -P "$pid"; kill -KILL "$pid"; done 2>/dev/null
         for pid in "${PYTEST_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
     fi
+    for log_file in "$PASS_LOGS"/*.log; do  # what a pass cut short had logged so far
+        [[ -f $log_file ]] && { echo; echo "---- $(basename "$log_file" .log) (cut short) ----"; tail -n 300 "$log_file"; }
+    done
     stop_private_services
     rm -rf "$PASS_LOGS"
     exit "$rc"
@@ -122,19 +126,30 @@ export TOLLGATE_CHROMIUM=/usr/bin/chromium
 # pytest runs in the background so that signals reach the traps above at
 # once instead of after pytest finishes.  (Background commands start with
 # SIGINT ignored; the subshell undoes that so Ctrl-C still stops pytest.)
-# start_pytest NAME CMD...: start a pass, its output going to a log of its own.
+# start_pytest NAME live|logged CMD...: start a pass; a logged one's output goes to a file of its own,
+# shown by wait_pytest (or by cleanup, if the run is cut short).
 start_pytest() {
-    local name=$1; shift
-    (trap - INT QUIT; exec "$@") </dev/null >"$PASS_LOGS/$name.log" 2>&1 &
+    local name=$1 mode=$2; shift 2
+    if [[ $mode == live ]]; then
+        (trap - INT QUIT; exec "$@") </dev/null &
+    else
+        (trap - INT QUIT; exec "$@") </dev/null >"$PASS_LOGS/$name.log" 2>&1 &
+    fi
     PYTEST_PIDS+=($!)
     eval "${name}_pid=$!"
 }
-# wait_pytest NAME: wait for the pass, show its output; its exit code.
+# wait_pytest NAME: wait for the pass, show its output if logged; its exit code.
 wait_pytest() {
     local name=$1 pid rc=0
     pid=${name}_pid
     wait "${!pid}" || rc=$?
-    cat "$PASS_LOGS/$name.log"
+    local left=() other
+    for other in "${PYTEST_PIDS[@]}"; do [[ $other == "${!pid}" ]] || left+=("$other"); done
+    PYTEST_PIDS=("${left[@]}")
+    if [[ -f $PASS_LOGS/$name.log ]]; then
+        cat "$PASS_LOGS/$name.log"
+        rm -f "$PASS_LOGS/$name.log"
+    fi
     return "$rc"
 }
 run_pytest() {
@@ -163,11 +178,14 @@ if [[ -f .env ]] && grep -Eq '^[[:space:]]*(export[[:space:]]+)?(DATABASE_URL|RE
     log "warning: .env sets DATABASE_URL/REDIS_URL; settings read it, so the embedded runs below are not embedded"
 fi
 t_both=$(now)
-start_pytest pg env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
+echo
+echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all but unit ================"
+start_pytest pg live env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
     .venv/bin/python -m pytest --ignore=tests/unit --durations=25 "$@"
 # The two embedded passes one after the other (each has its own SQLite test database, named by its pid).
-start_pytest sqlite bash -c '
+start_pytest sqlite logged bash -c '
+    trap "exit 130" INT TERM  # cut short: no demo pass after an interrupted core pass
     core_rc=0 demo_rc=0
     echo "================ tests/run.sh: embedded default (SQLite + stub broker), core suite without the demo app ================"
     env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit --ignore=tests/demo \
@@ -177,12 +195,11 @@ start_pytest sqlite bash -c '
     env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit -m "demo and not browser" "$@" \
         || demo_rc=$?
     echo "$core_rc $demo_rc" > "$PASS_LOGS/sqlite.rc"' sqlite "$@"
-log "production-shape and embedded passes started side by side"
+log "production-shape and embedded passes started side by side (the embedded one's output follows when both end)"
 
-echo
-echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all but unit ================"
 pg_rc=0
 wait_pytest pg || pg_rc=$?
+pg_rc=$(no_tests_ok "$pg_rc")
 echo
 sqlite_rc=0
 wait_pytest sqlite || sqlite_rc=$?

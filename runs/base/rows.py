@@ -103,9 +103,7 @@ def insert_many(instances: list[Model]) -> list[Model]:
                 cursor.execute(sql, _params(instance, fields, kinds, add=True))
                 pks.append(cursor.lastrowid)
     for instance, pk in zip(instances, pks):
-        instance.pk = pk
-        instance._state.adding = False
-        instance._state.db = connection.alias
+        _stored(instance, pk)
     return instances
 
 
@@ -194,11 +192,11 @@ def _column_params(fields: list, kinds: list, values: list) -> list:
 _AND_INSERT: dict = {}  # (update statement, rows model, rows, numbered field) -> (sql, fields, kinds)
 
 
-def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counter: str,
+def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counted: str,
                                instances: list[Model], position: str) -> int | None:
     """``update_columns`` and ``insert_many`` in one statement (PostgreSQL: a data-modifying ``WITH``), the
     inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments`` (the
-    integer column ``counter`` among them, by ``len(instances)``) if it holds ``expected``; then
+    integer column ``counted`` among them, by ``len(instances)``) if it holds ``expected``; then
     ``instances`` (at least one, all of one model, none stored) are inserted, their field ``position`` the
     counter's new value for the last one, one less for the one before, and so on.
 
@@ -207,7 +205,7 @@ def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, exp
     what the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
     """
     numbered = type(instances[0])._meta.get_field(position)
-    keys = _update_and_insert(model, pk, values, increments, expected, counter, instances, numbered)
+    keys = _update_and_insert(model, pk, values, increments, expected, counted, instances, numbered)
     if not keys:
         return None
     last = max(keys)
@@ -229,6 +227,7 @@ def update_and_insert_one(model, pk, *, values: dict, expected: dict, instance: 
 
 
 def _stored(instance: Model, pk) -> None:
+    """Mark ``instance`` stored under key ``pk``, as ``save()`` leaves it."""
     instance.pk = pk
     instance._state.adding = False
     instance._state.db = connection.alias
@@ -245,8 +244,10 @@ def _update_and_insert(model, pk, values, increments, expected, returning, insta
         rows_meta = rows_model._meta
         fields = [f for f in rows_meta.concrete_fields if not (f.primary_key and f.auto_created) and f is not numbered]
         names = [f"c{i}" for i in range(len(fields))]
-        # Typed placeholders: a VALUES list in a FROM clause has no column types of its own.
-        row = ", ".join(["%s"] + [f"%s::{f.db_type(connection)}" for f in fields])
+        # Typed placeholders: a VALUES list in a FROM clause has no column types of its own. The type without
+        # its length or scale (``varchar``, not ``varchar(32)``): a cast would cut text to the length, where
+        # storing it into the column refuses it, as save() does.
+        row = ", ".join(["%s"] + [f"%s::{f.db_type(connection).split('(')[0]}" for f in fields])
         columns, selected = [_quote(f.column) for f in fields], [f"v.{name}" for name in names]
         returned = _quote(rows_meta.pk.column)
         if numbered is not None:

@@ -11,7 +11,7 @@ import uuid
 from decimal import Decimal
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
@@ -19,6 +19,7 @@ from approvals.models import Interrupt, InterruptKind
 from runs.base import rows
 from runs.engine.lifecycle import start_run
 from runs.models import IdempotentRequest, Message, Phase, Run, RunEvent, RunStatus, Step
+from runs.services import set_phase
 from tests.support.durability import lookup_agent
 from tools.models import ToolCall, ToolCallStatus
 
@@ -177,13 +178,13 @@ def test_a_numbered_insert_stores_what_save_stores_numbered_from_the_updated_cou
 
     refused = rows.update_and_insert_numbered(Run, run.pk, values={"phase": Phase.FINALIZING},
                                               increments={"last_event_seq": 2}, expected={"lease_token": -1},
-                                              counter="last_event_seq", instances=events, position="seq")
+                                              counted="last_event_seq", instances=events, position="seq")
     assert refused is None and all(event.pk is None for event in events)
     assert (Run.objects.get(pk=run.pk).last_event_seq, run.events.filter(reason="second").exists()) == (counter, False)
 
     last = rows.update_and_insert_numbered(Run, run.pk, values={"phase": Phase.FINALIZING},
                                            increments={"last_event_seq": 2}, expected={},
-                                           counter="last_event_seq", instances=events, position="seq")
+                                           counted="last_event_seq", instances=events, position="seq")
     assert last == counter + 2 and [event.seq for event in events] == [counter + 1, counter + 2]
     assert Run.objects.values_list("last_event_seq", "phase").get(pk=run.pk) == (counter + 2, Phase.FINALIZING)
     first, expected = _stored(RunEvent, events[0].pk), _stored(RunEvent, saved.pk)
@@ -230,3 +231,29 @@ def test_one_row_inserted_with_an_update_stores_what_save_stores_or_nothing(run)
     for row in (inserted, expected):
         row.pop("started_at"), row.pop("index")
     assert inserted == expected
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a data-modifying WITH: PostgreSQL only")
+def test_text_too_long_for_its_column_is_refused_by_the_combined_statements_as_save_refuses_it(run):
+    too_long = "y" * (RunEvent._meta.get_field("type").max_length + 1)
+    with pytest.raises(DataError), transaction.atomic():
+        RunEvent(run=run, seq=99, type=too_long, actor="worker").save()
+    with pytest.raises(DataError), transaction.atomic():
+        rows.update_and_insert_numbered(Run, run.pk, values={}, increments={"last_event_seq": 1}, expected={},
+                                        counted="last_event_seq", instances=[RunEvent(run=run, type=too_long,
+                                                                                      actor="worker")],
+                                        position="seq")
+    with pytest.raises(DataError), transaction.atomic():
+        rows.update_and_insert_one(Run, run.pk, values={"phase": Phase.FINALIZING}, expected={},
+                                   instance=Message(session_id=run.session_id, run=run, role="y" * 100))
+    assert not run.events.filter(type__startswith="yyy").exists()
+
+
+def test_a_phase_whose_row_is_refused_leaves_the_run_instance_as_it_was(run):
+    Step.objects.create(run=run, index=0, request={})
+    mine = Run.objects.get(pk=run.pk)
+    before = (mine.phase, mine.updated_at)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        set_phase(mine, Phase.CALLING_MODEL, insert=Step(run=mine, index=0, request={}))  # index 0 is taken
+    assert (mine.phase, mine.updated_at) == before
+    assert Run.objects.values_list("phase", flat=True).get(pk=run.pk) == before[0]
