@@ -10,18 +10,28 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   over 10; ``account`` is its target): ``{"account": str, "amount":
   number}`` -> ``{"transfer_id", "account", "amount"}``. Transfers are kept
   in this process, one per idempotency key (``transfers()``), as an
-  external system would keep them.
+  external system would keep them. Its precondition (checked when a call is
+  proposed and again just before it runs) denies a transfer that would take
+  an account's transfers past ``ACCOUNT_LIMIT`` (100): "Account acme cannot
+  take 500: at most 100.00 more can be transferred to it."
+
+The completion check ``fake_transfer`` (registered with the tools) judges a
+run by its transfers: achieved once one succeeded, not achieved when one
+was rejected, denied or expired and none succeeded, else incomplete.
 
 The ``people`` fixture (``tests/conftest.py``) gives such tests users
-without the demo data.
+without the demo data; ``tests.support.core`` has the helpers (calls,
+agents) of the tests that use these tools.
 """
 
 import threading
+from decimal import Decimal
 
 from django.apps import AppConfig
 
 from tools.registry import Tool, register
 
+ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to
 _TRANSFERS: dict[str, dict] = {}
 _LOCK = threading.Lock()
 
@@ -36,6 +46,28 @@ def _transfer(ctx, args: dict) -> dict:
             _TRANSFERS[ctx.idempotency_key] = {"transfer_id": len(_TRANSFERS) + 1, "account": args["account"],
                                                "amount": args["amount"]}
         return dict(_TRANSFERS[ctx.idempotency_key])
+
+
+def _transfer_precondition(ctx, args: dict) -> str | None:
+    room = ACCOUNT_LIMIT - sum((Decimal(str(t["amount"])) for t in transfers() if t["account"] == args["account"]),
+                               Decimal(0))
+    if Decimal(str(args["amount"])) > room:
+        return (f"Account {args['account']} cannot take {args['amount']}: "
+                f"at most {room:.2f} more can be transferred to it.")
+    return None
+
+
+def transfer_done(run):
+    """The completion check ``fake_transfer``: a ``runs.engine.completion`` verdict from the run's transfers."""
+    from runs.engine.completion import achieved, incomplete, not_achieved
+    from tools.models import ToolCallStatus as S
+
+    statuses = set(run.tool_calls.filter(name="fake_transfer").values_list("status", flat=True))
+    if S.SUCCEEDED in statuses:
+        return achieved()
+    if statuses & {S.REJECTED, S.DENIED, S.EXPIRED}:
+        return not_achieved("The transfer was rejected or refused.")
+    return incomplete("No transfer has been made: call fake_transfer, or explain why not.")
 
 
 def transfers() -> list[dict]:
@@ -65,6 +97,7 @@ FAKE_TRANSFER = Tool(
                                "amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000}},
                 "required": ["account", "amount"], "additionalProperties": False},
     handler=_transfer,
+    precondition=_transfer_precondition,
     side_effect=True,
     approval="amount > 10",
     target_key="account",
@@ -74,12 +107,15 @@ FAKE_TOOLS = (FAKE_LOOKUP, FAKE_TRANSFER)
 
 
 class FakeToolsConfig(AppConfig):
-    """Registers ``FAKE_TOOLS`` when Django starts."""
+    """Registers ``FAKE_TOOLS`` and the completion check ``fake_transfer`` when Django starts."""
 
     name = "tests.support.fake_tools"
     label = "fake_tools"
     verbose_name = "Test tools"
 
     def ready(self):
+        from runs.engine.completion import register_check
+
         for tool in FAKE_TOOLS:
             register(tool)
+        register_check("fake_transfer")(transfer_done)

@@ -1,0 +1,46 @@
+"""Helpers of the tests about the core on the tests' own tools (``tests.support.fake_tools``), without the demo.
+
+* ``lookup(key)`` / ``transfer(account, amount)``: one tool call of a scripted
+  turn (``{"name", "arguments"}``) of ``fake_lookup`` / ``fake_transfer``;
+* ``core_agent(admin_api, slug, turns, **extra)``: a scripted agent defined
+  over the API with both fake tools and the completion check
+  ``fake_transfer`` (``extra`` overrides them);
+* ``transfer_run(people, api, worker, slug, turns, decide=None)``: such an
+  agent's run, drained, each approval it asks decided over the API.
+
+Users come from the ``people`` fixture (``tests/conftest.py``).
+"""
+
+from tests.support.api import create_agent, get_run, pending_interrupts, start_run
+
+CORE_TOOLS = ["fake_lookup", "fake_transfer"]
+
+
+def lookup(key: str = "a") -> dict:
+    """A ``fake_lookup`` call of ``key``."""
+    return {"name": "fake_lookup", "arguments": {"key": key}}
+
+
+def transfer(account: str = "acme", amount: float = 60) -> dict:
+    """A ``fake_transfer`` call of ``amount`` to ``account`` (over 10 asks a person)."""
+    return {"name": "fake_transfer", "arguments": {"account": account, "amount": amount}}
+
+
+def core_agent(admin_api, slug: str, turns: list[dict], **extra) -> dict:
+    """POST a scripted agent with ``CORE_TOOLS`` and the ``fake_transfer`` completion check; its JSON."""
+    return create_agent(admin_api, slug, turns, **{"tools": CORE_TOOLS, "completion_check": "fake_transfer", **extra})
+
+
+def transfer_run(people, api, worker, slug: str, turns: list[dict], decide: dict | None = None,
+                 text: str = "Please send 60 to acme.") -> dict:
+    """The requester's run of ``core_agent(slug, turns)``, drained, each pending approval approved by
+    ``approver`` with the body ``decide`` (as proposed if None) and drained again; the run's JSON."""
+    agent = core_agent(api(people["admin"]), slug, turns)
+    run = start_run(api(people["requester"]), agent["slug"], text)
+    worker.drain()
+    approver = api(people["approver"])
+    for item in pending_interrupts(approver, run["id"]):
+        response = approver.post(f"/api/interrupts/{item['id']}/approve/", decide or {}, format="json")
+        assert response.status_code == 200, response.json()
+        worker.drain()
+    return get_run(api(people["requester"]), run["id"])
