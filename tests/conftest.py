@@ -107,17 +107,19 @@ def people(transactional_db):
     """Users for tests about the core, without the demo data: ``{username: User}``.
 
     ``requester`` starts runs, ``approver`` may decide inbox items
-    (``approvals.decide_interrupt``), ``admin`` is a superuser.
+    (``approvals.decide_interrupt``, through the group ``approvers``),
+    ``admin`` is a superuser.
     """
     from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Permission
+    from django.contrib.auth.models import Group, Permission
 
     User = get_user_model()
     users = {"requester": User.objects.create_user("requester"),
              "approver": User.objects.create_user("approver"),
              "admin": User.objects.create_superuser("admin")}
-    users["approver"].user_permissions.add(
-        Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    approvers = Group.objects.create(name="approvers")
+    approvers.permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    users["approver"].groups.add(approvers)
     return users
 
 

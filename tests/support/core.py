@@ -6,7 +6,9 @@
   over the API with both fake tools and the completion check
   ``fake_transfer`` (``extra`` overrides them);
 * ``transfer_run(people, api, worker, slug, turns, decide=None)``: such an
-  agent's run, drained, each approval it asks decided over the API.
+  agent's run, drained, each approval it asks decided over the API;
+* ``transfer_items(api, people, worker, accounts, amount)``: one waiting run
+  per account, its pending approval item each.
 
 Users come from the ``people`` fixture (``tests/conftest.py``).
 """
@@ -44,3 +46,18 @@ def transfer_run(people, api, worker, slug: str, turns: list[dict], decide: dict
         assert response.status_code == 200, response.json()
         worker.drain()
     return get_run(api(people["requester"]), run["id"])
+
+
+def transfer_items(api, people, worker, accounts=("acct-1", "acct-2", "acct-3"), amount: float = 55):
+    """One run per account in ``accounts``, each transferring ``amount`` (over 10: asks a person) and drained until
+    it waits; their pending ``Interrupt`` items, in order."""
+    from approvals.models import Interrupt
+
+    items = []
+    for account in accounts:
+        agent = core_agent(api(people["admin"]), f"transfer-{account}", [
+            {"tool_calls": [transfer(account, amount)]}, {"content": f"Sent {amount} to {account}."}])
+        run = start_run(api(people["requester"]), agent["slug"], f"Send {amount} to {account}.")
+        worker.drain()
+        items.append(Interrupt.objects.get(run_id=run["id"]))
+    return items

@@ -13,7 +13,9 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   external system would keep them. Its precondition (checked when a call is
   proposed and again just before it runs) denies a transfer that would take
   an account's transfers past ``ACCOUNT_LIMIT`` (100): "Account acme cannot
-  take 500: at most 100.00 more can be transferred to it."
+  take 500: at most 100.00 more can be transferred to it." Its reconcile hook
+  answers from the same record: ``succeeded`` with the transfer made under
+  the key, else ``not_found``.
 
 The completion check ``fake_transfer`` (registered with the tools) judges a
 run by its transfers: achieved once one succeeded, not achieved when one
@@ -29,7 +31,7 @@ from decimal import Decimal
 
 from django.apps import AppConfig
 
-from tools.registry import Tool, register
+from tools.registry import Reconciliation, Tool, register
 
 ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to
 _TRANSFERS: dict[str, dict] = {}
@@ -55,6 +57,12 @@ def _transfer_precondition(ctx, args: dict) -> str | None:
         return (f"Account {args['account']} cannot take {args['amount']}: "
                 f"at most {room:.2f} more can be transferred to it.")
     return None
+
+
+def _reconcile_transfer(idempotency_key: str) -> Reconciliation:
+    with _LOCK:
+        made = _TRANSFERS.get(idempotency_key)
+    return Reconciliation("succeeded", result=dict(made)) if made else Reconciliation("not_found")
 
 
 def transfer_done(run):
@@ -102,6 +110,7 @@ FAKE_TRANSFER = Tool(
     approval="amount > 10",
     target_key="account",
     idempotent=True,
+    reconcile=_reconcile_transfer,
 )
 FAKE_TOOLS = (FAKE_LOOKUP, FAKE_TRANSFER)
 
