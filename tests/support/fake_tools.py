@@ -5,15 +5,19 @@ label ``fake_tools``): it registers its tools from ``ready``, the way any
 plug-in does, so the core sees them exactly as it sees the demo's.
 
 * ``fake_lookup`` (read-only, never approved): ``{"key": str}`` ->
-  ``{"key", "value"}``, the value made from the key;
+  ``{"key", "value", "transferred"}``, the value made from the key and what
+  was transferred so far to the account named by the key ("0.00"). Its
+  precondition denies a key hidden with ``hide_key`` ("Key a is hidden from
+  the requester."), as an owner would hide a record;
 * ``fake_transfer`` (side effect, idempotent; approval when ``amount`` is
   over 10; ``account`` is its target): ``{"account": str, "amount":
   number}`` -> ``{"transfer_id", "account", "amount"}``. Transfers are kept
   in this process, one per idempotency key (``transfers()``), as an
   external system would keep them. Its precondition (checked when a call is
   proposed and again just before it runs) denies a transfer that would take
-  an account's transfers past ``ACCOUNT_LIMIT`` (100): "Account acme cannot
-  take 500: at most 100.00 more can be transferred to it." Its reconcile hook
+  an account's transfers past its limit (``ACCOUNT_LIMIT``, 100, unless
+  ``set_account_limit`` set another): "Account acme cannot take 500: at
+  most 100.00 more can be transferred to it." Its reconcile hook
   answers from the same record: ``succeeded`` with the transfer made under
   the key, else ``not_found``.
 
@@ -33,13 +37,25 @@ from django.apps import AppConfig
 
 from tools.registry import Reconciliation, Tool, register
 
-ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to
+ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to, unless set otherwise
 _TRANSFERS: dict[str, dict] = {}
+_LIMITS: dict[str, Decimal] = {}
+_HIDDEN: set[str] = set()
 _LOCK = threading.Lock()
 
 
+def _transferred(account: str) -> Decimal:
+    return sum((Decimal(str(t["amount"])) for t in transfers() if t["account"] == account), Decimal(0))
+
+
 def _lookup(ctx, args: dict) -> dict:
-    return {"key": args["key"], "value": f"value of {args['key']}"}
+    return {"key": args["key"], "value": f"value of {args['key']}", "transferred": f"{_transferred(args['key']):.2f}"}
+
+
+def _lookup_precondition(ctx, args: dict) -> str | None:
+    with _LOCK:
+        hidden = args["key"] in _HIDDEN
+    return f"Key {args['key']} is hidden from the requester." if hidden else None
 
 
 def _transfer(ctx, args: dict) -> dict:
@@ -51,8 +67,9 @@ def _transfer(ctx, args: dict) -> dict:
 
 
 def _transfer_precondition(ctx, args: dict) -> str | None:
-    room = ACCOUNT_LIMIT - sum((Decimal(str(t["amount"])) for t in transfers() if t["account"] == args["account"]),
-                               Decimal(0))
+    with _LOCK:
+        limit = _LIMITS.get(args["account"], ACCOUNT_LIMIT)
+    room = limit - _transferred(args["account"])
     if Decimal(str(args["amount"])) > room:
         return (f"Account {args['account']} cannot take {args['amount']}: "
                 f"at most {room:.2f} more can be transferred to it.")
@@ -84,10 +101,24 @@ def transfers() -> list[dict]:
         return [dict(transfer) for transfer in _TRANSFERS.values()]
 
 
+def set_account_limit(account: str, limit) -> None:
+    """Let the transfers to ``account`` add up to ``limit`` (a number) rather than ``ACCOUNT_LIMIT``."""
+    with _LOCK:
+        _LIMITS[account] = Decimal(str(limit))
+
+
+def hide_key(key: str) -> None:
+    """Make ``fake_lookup``'s precondition deny ``key`` from now on."""
+    with _LOCK:
+        _HIDDEN.add(key)
+
+
 def forget_transfers() -> None:
-    """Start over with no transfers (between tests)."""
+    """Start over with no transfers, every account at ``ACCOUNT_LIMIT`` and no hidden key (between tests)."""
     with _LOCK:
         _TRANSFERS.clear()
+        _LIMITS.clear()
+        _HIDDEN.clear()
 
 
 FAKE_LOOKUP = Tool(
@@ -96,6 +127,7 @@ FAKE_LOOKUP = Tool(
     parameters={"type": "object", "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 100}},
                 "required": ["key"], "additionalProperties": False},
     handler=_lookup,
+    precondition=_lookup_precondition,
 )
 FAKE_TRANSFER = Tool(
     name="fake_transfer",
