@@ -108,15 +108,15 @@ def people(transactional_db):
 
     ``requester`` starts runs, ``approver`` may decide inbox items
     (``approvals.decide_interrupt``, through the group ``approvers``),
-    ``admin`` is a superuser.
+    ``admin`` is a superuser; each has the address ``<username>@example.com``.
     """
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group, Permission
 
     User = get_user_model()
-    users = {"requester": User.objects.create_user("requester"),
-             "approver": User.objects.create_user("approver"),
-             "admin": User.objects.create_superuser("admin")}
+    users = {"requester": User.objects.create_user("requester", email="requester@example.com"),
+             "approver": User.objects.create_user("approver", email="approver@example.com"),
+             "admin": User.objects.create_superuser("admin", email="admin@example.com")}
     approvers = Group.objects.create(name="approvers")
     approvers.permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
     users["approver"].groups.add(approvers)
