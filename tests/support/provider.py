@@ -25,6 +25,10 @@ MODELS = {"openai": "gpt-test", "anthropic": "claude-test"}
 QUERY = {"name": "query_order", "arguments": json.dumps({"order_id": 123})}
 REFUND_80 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 80})}
 REFUND_30 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})}
+# The tests' own tools (``core_llm``): 5 needs no approval, 80 does.
+LOOKUP_ACME = {"name": "fake_lookup", "arguments": json.dumps({"key": "acme"})}
+TRANSFER_5 = {"name": "fake_transfer", "arguments": json.dumps({"account": "acme", "amount": 5})}
+TRANSFER_80 = {"name": "fake_transfer", "arguments": json.dumps({"account": "acme", "amount": 80})}
 
 
 def model_config(settings, server: ReplayServer, name: str, **model) -> dict:
