@@ -19,7 +19,9 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   ``set_account_limit`` set another): "Account acme cannot take 500: at
   most 100.00 more can be transferred to it." Its reconcile hook
   answers from the same record: ``succeeded`` with the transfer made under
-  the key, else ``not_found``.
+  the key, else ``not_found``. After ``time_out_after_commit(n)`` its next
+  ``n`` calls make their transfer and then raise ``ToolTimeout``, as a bank
+  that committed but did not answer in time (the outcome is unknown).
 
 The completion check ``fake_transfer`` (registered with the tools) judges a
 run by its transfers: achieved once one succeeded, not achieved when one
@@ -35,12 +37,13 @@ from decimal import Decimal
 
 from django.apps import AppConfig
 
-from tools.registry import Reconciliation, Tool, register
+from tools.registry import Reconciliation, Tool, ToolTimeout, register
 
 ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to, unless set otherwise
 _TRANSFERS: dict[str, dict] = {}
 _LIMITS: dict[str, Decimal] = {}
 _HIDDEN: set[str] = set()
+_TIMEOUTS_AFTER_COMMIT = [0]  # how many of the next transfers time out once made
 _LOCK = threading.Lock()
 
 
@@ -63,7 +66,11 @@ def _transfer(ctx, args: dict) -> dict:
         if ctx.idempotency_key not in _TRANSFERS:
             _TRANSFERS[ctx.idempotency_key] = {"transfer_id": len(_TRANSFERS) + 1, "account": args["account"],
                                                "amount": args["amount"]}
-        return dict(_TRANSFERS[ctx.idempotency_key])
+        made = dict(_TRANSFERS[ctx.idempotency_key])
+        timed_out, _TIMEOUTS_AFTER_COMMIT[0] = _TIMEOUTS_AFTER_COMMIT[0] > 0, max(0, _TIMEOUTS_AFTER_COMMIT[0] - 1)
+    if timed_out:
+        raise ToolTimeout("The bank did not answer in time.")
+    return made
 
 
 def _transfer_precondition(ctx, args: dict) -> str | None:
@@ -113,12 +120,20 @@ def hide_key(key: str) -> None:
         _HIDDEN.add(key)
 
 
+def time_out_after_commit(count: int = 1) -> None:
+    """Make the next ``count`` calls of ``fake_transfer`` raise ``ToolTimeout`` after making their transfer."""
+    with _LOCK:
+        _TIMEOUTS_AFTER_COMMIT[0] = count
+
+
 def forget_transfers() -> None:
-    """Start over with no transfers, every account at ``ACCOUNT_LIMIT`` and no hidden key (between tests)."""
+    """Start over with no transfers, every account at ``ACCOUNT_LIMIT``, no hidden key and no timeout to come
+    (between tests)."""
     with _LOCK:
         _TRANSFERS.clear()
         _LIMITS.clear()
         _HIDDEN.clear()
+        _TIMEOUTS_AFTER_COMMIT[0] = 0
 
 
 FAKE_LOOKUP = Tool(
