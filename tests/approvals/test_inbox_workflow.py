@@ -287,11 +287,10 @@ def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim
 
 def test_the_bulk_result_keeps_watching_an_unknown_outcome_its_tool_will_still_reconcile(people, settings):
     from approvals.selectors import item_outcomes
-    from tests.support.inbox import pending_call
+    from tests.support.core import pending_transfer
     from tools.models import ToolCall
 
-    item = pending_call(requester=people["requester"], name="fake_transfer",  # its tool has a reconcile hook
-                        arguments={"account": "acme", "amount": 80}, rule="amount > 10")
+    item = pending_transfer(requester=people["requester"])  # its tool has a reconcile hook
     ToolCall.objects.filter(pk=item.tool_call_id).update(status="unknown", error="The bank timed out.")
 
     outcome, = item_outcomes(user=people["approver"], ids=[item.pk])

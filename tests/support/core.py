@@ -8,12 +8,19 @@
 * ``transfer_run(people, api, worker, slug, turns, decide=None)``: such an
   agent's run, drained, each approval it asks decided over the API;
 * ``transfer_items(api, people, worker, accounts, amount)``: one waiting run
-  per account, its pending approval item each.
+  per account, its pending approval item each;
+* ``asking_agent()`` / ``refused_agent()``: stored scripted agents whose run
+  waits for an approval (80 to acme) / completes ``not_achieved`` (500 to
+  acme, denied);
+* ``pending_transfer(requester=...)``: a pending approval of a transfer made
+  without running a model (``tests.support.inbox.pending_call``).
 
 Users come from the ``people`` fixture (``tests/conftest.py``).
 """
 
+from runs.models import Agent
 from tests.support.api import create_agent, get_run, pending_interrupts, start_run
+from tests.support.durability import make_agent
 
 CORE_TOOLS = ["fake_lookup", "fake_transfer"]
 
@@ -61,3 +68,28 @@ def transfer_items(api, people, worker, accounts=("acct-1", "acct-2", "acct-3"),
         worker.drain()
         items.append(Interrupt.objects.get(run_id=run["id"]))
     return items
+
+
+def asking_agent(slug: str = "send-80"):
+    """The scripted agent ``slug`` (made on first use): looks acme up, transfers 80 to it (asks a person), then
+    says so; its completion check is ``fake_transfer``. A run of it waits for an approval."""
+    return Agent.objects.filter(slug=slug).first() or make_agent(
+        slug, [{"tool_calls": [lookup("acme")]}, {"tool_calls": [transfer("acme", 80)]}, {"content": "Sent 80."}],
+        tools=CORE_TOOLS, check="fake_transfer")
+
+
+def refused_agent(slug: str = "send-500"):
+    """The scripted agent ``slug`` (made on first use): transfers 500 to acme, which its precondition denies (over
+    the account's limit), then answers; a run of it completes ``not_achieved`` without waiting."""
+    return Agent.objects.filter(slug=slug).first() or make_agent(
+        slug, [{"tool_calls": [transfer("acme", 500)]}, {"content": "Could not send it."}],
+        tools=CORE_TOOLS, check="fake_transfer")
+
+
+def pending_transfer(*, requester, account: str = "acme", amount: float = 80, **options):
+    """``tests.support.inbox.pending_call`` of ``fake_transfer`` (``amount`` to ``account``, its rule ``amount >
+    10``): a pending approval item in a new waiting run; ``options`` as ``pending_call`` takes them."""
+    from tests.support.inbox import pending_call
+
+    return pending_call(requester=requester, name="fake_transfer", arguments={"account": account, "amount": amount},
+                        rule="amount > 10", **options)
