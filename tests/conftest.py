@@ -10,7 +10,8 @@ gateway) are marked ``demo``: every test under ``tests/demo/`` and every
 test that asks for the ``demo``, ``payment_gateway`` or ``worker_process``
 fixture. Under settings without the demo app (``tests.settings_nodemo``)
 they are skipped, so what is left is the core suite on the tests' own
-tools (``tests.support.fake_tools``).
+tools (``tests.support.fake_tools``; calls, agents and waiting runs of them
+in ``tests.support.core``) and users (``people``).
 """
 
 import subprocess
@@ -125,7 +126,8 @@ def people(transactional_db):
 
 @pytest.fixture(autouse=True)
 def no_fake_transfers():
-    """Every test starts with no transfers made by the ``fake_transfer`` test tool."""
+    """Every test starts with the tests' own tools as new: no transfer made, no limit set, no key hidden
+    (``tests.support.fake_tools.forget_transfers``)."""
     forget_transfers()
 
 
@@ -140,12 +142,6 @@ def api():
         return client
 
     return client_for
-
-
-@pytest.fixture(autouse=True)
-def no_fake_transfers():
-    """Every test starts with no transfers made by the ``fake_transfer`` test tool."""
-    forget_transfers()
 
 
 @pytest.fixture(scope="session")
