@@ -10,7 +10,8 @@ gateway) are marked ``demo``: every test under ``tests/demo/`` and every
 test that asks for the ``demo``, ``payment_gateway`` or ``worker_process``
 fixture. Under settings without the demo app (``tests.settings_nodemo``)
 they are skipped, so what is left is the core suite on the tests' own
-tools (``tests.support.fake_tools``).
+tools (``tests.support.fake_tools``; calls, agents and waiting runs of them
+in ``tests.support.core``) and users (``people``).
 """
 
 import subprocess
@@ -107,23 +108,26 @@ def people(transactional_db):
     """Users for tests about the core, without the demo data: ``{username: User}``.
 
     ``requester`` starts runs, ``approver`` may decide inbox items
-    (``approvals.decide_interrupt``), ``admin`` is a superuser.
+    (``approvals.decide_interrupt``, through the group ``approvers``),
+    ``admin`` is a superuser; each has the address ``<username>@example.com``.
     """
     from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Permission
+    from django.contrib.auth.models import Group, Permission
 
     User = get_user_model()
-    users = {"requester": User.objects.create_user("requester"),
-             "approver": User.objects.create_user("approver"),
-             "admin": User.objects.create_superuser("admin")}
-    users["approver"].user_permissions.add(
-        Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    users = {"requester": User.objects.create_user("requester", email="requester@example.com"),
+             "approver": User.objects.create_user("approver", email="approver@example.com"),
+             "admin": User.objects.create_superuser("admin", email="admin@example.com")}
+    approvers = Group.objects.create(name="approvers")
+    approvers.permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    users["approver"].groups.add(approvers)
     return users
 
 
 @pytest.fixture(autouse=True)
 def no_fake_transfers():
-    """Every test starts with no transfers made by the ``fake_transfer`` test tool."""
+    """Every test starts with the tests' own tools as new: no transfer made, no limit set, no key hidden
+    (``tests.support.fake_tools.forget_transfers``)."""
     forget_transfers()
 
 

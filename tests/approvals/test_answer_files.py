@@ -38,14 +38,14 @@ def _stored_files(root: Path) -> list[Path]:
 
 
 @pytest.fixture
-def csv_question(worker, demo, api):
-    return asking(worker, demo, api, "asks-csv", file="required", file_types=["text/csv", "application/pdf"])
+def csv_question(worker, people, api):
+    return asking(worker, people, api, "asks-csv", file="required", file_types=["text/csv", "application/pdf"])
 
 
 def test_an_api_answer_with_a_file_stores_it_and_the_model_reads_its_metadata_and_text(
-        worker, demo, api, csv_question, media_root):
+        worker, people, api, csv_question, media_root):
     run_id, item_id = csv_question
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
 
     response = respond(requester, item_id, "Here it is.", SimpleUploadedFile("../../etc/statement.csv", CSV, "text/csv"))
 
@@ -65,10 +65,10 @@ def test_an_api_answer_with_a_file_stores_it_and_the_model_reads_its_metadata_an
                  "sha256": sha, "text": CSV.decode(), "text_truncated": False}}}
 
 
-def test_the_page_answers_with_a_file(worker, demo, api, csv_question, media_root):
+def test_the_page_answers_with_a_file(worker, people, api, csv_question, media_root):
     run_id, item_id = csv_question
     browser = Client()
-    browser.force_login(demo["requester"])
+    browser.force_login(people["requester"])
     page = browser.get(f"/inbox/{item_id}/")
     assert b'enctype="multipart/form-data"' in page.content and b'name="file"' in page.content
 
@@ -77,7 +77,7 @@ def test_the_page_answers_with_a_file(worker, demo, api, csv_question, media_roo
 
     assert response.status_code == 302, response.content[:2000]
     stored = AnswerFile.objects.get(interrupt_id=item_id)
-    assert (stored.content_type, stored.size, stored.uploaded_by) == ("application/pdf", len(PDF), demo["requester"])
+    assert (stored.content_type, stored.size, stored.uploaded_by) == ("application/pdf", len(PDF), people["requester"])
     worker.drain()
     result = tool_result(run_id, "ask_user")["result"]
     assert result["answer"] == "" and result["file"]["content_type"] == "application/pdf"
@@ -86,11 +86,11 @@ def test_the_page_answers_with_a_file(worker, demo, api, csv_question, media_roo
     assert f'href="/inbox/{item_id}/file/"'.encode() in resolved.content
 
 
-def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, demo, api, csv_question, settings, media_root):
+def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, people, api, csv_question, settings, media_root):
     body_limit = 1024 + settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     settings.TOLLGATE = {**settings.TOLLGATE, "ANSWER_FILE_MAX_BYTES": 1024, "REQUEST_BODY_MAX_BYTES": body_limit}
     run_id, item_id = csv_question
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
 
     too_big = respond(requester, item_id, "Big.", SimpleUploadedFile("big.csv", b"a,b\n" * 300, "text/csv"))
     way_too_big = respond(requester, item_id, "Bigger.",
@@ -113,44 +113,44 @@ def test_a_file_over_the_limit_is_413_and_nothing_is_lost(worker, demo, api, csv
     ("deep", b"[" * 200_000, "application/json"),  # JSON by its declared type only
     ("twice.json", b'{"a": 1, "a": 2}', "application/json"),  # ambiguous: which "a"?
 ])
-def test_a_file_of_a_refused_type_is_400_and_nothing_is_stored(worker, demo, api, csv_question, media_root,
+def test_a_file_of_a_refused_type_is_400_and_nothing_is_stored(worker, people, api, csv_question, media_root,
                                                                  name, content, declared):
     _, item_id = csv_question
-    response = respond(api(demo["requester"]), item_id, "Here.", SimpleUploadedFile(name, content, declared))
+    response = respond(api(people["requester"]), item_id, "Here.", SimpleUploadedFile(name, content, declared))
 
     assert "file" in field_errors(response)
     assert Interrupt.objects.get(pk=item_id).status == "pending"
     assert not AnswerFile.objects.exists() and _stored_files(media_root) == []
 
 
-def test_a_required_file_must_come_and_a_question_without_one_takes_none(worker, demo, api, csv_question):
+def test_a_required_file_must_come_and_a_question_without_one_takes_none(worker, people, api, csv_question):
     _, item_id = csv_question
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     assert "file" in field_errors(requester.post(f"/api/interrupts/{item_id}/respond/", {"answer": "No file."},
                                                  format="json"))
-    _, plain_item = asking(worker, demo, api, "asks-plain")
+    _, plain_item = asking(worker, people, api, "asks-plain")
     refused = respond(requester, plain_item, "Also a file.", SimpleUploadedFile("s.csv", CSV, "text/csv"))
     assert "file" in field_errors(refused)
     assert not AnswerFile.objects.exists()
 
 
-def test_the_question_cannot_widen_the_accepted_types(worker, demo, api):
+def test_the_question_cannot_widen_the_accepted_types(worker, people, api):
     call = {"name": "ask_user", "arguments": {"question": "Send a program.", "file": "optional",
                                               "file_types": ["application/x-msdownload"]}}
-    agent = waiting_agent(api(demo["admin"]), "asks-exe", call)
-    run = start_run(api(demo["requester"]), agent, "Go.")
+    agent = waiting_agent(api(people["admin"]), "asks-exe", call)
+    run = start_run(api(people["requester"]), agent, "Go.")
     worker.drain()
     asked = Run.objects.get(pk=run["id"]).tool_calls.get(name="ask_user")
     assert asked.status == "denied" and "application/x-msdownload" in asked.error
     assert not Interrupt.objects.filter(run_id=run["id"]).exists()
 
 
-def test_only_users_who_may_see_the_run_download_the_file(worker, demo, api, csv_question):
+def test_only_users_who_may_see_the_run_download_the_file(worker, people, api, csv_question):
     _, item_id = csv_question
-    assert respond(api(demo["requester"]), item_id, "", SimpleUploadedFile("s.csv", CSV, "text/csv")).status_code == 200
+    assert respond(api(people["requester"]), item_id, "", SimpleUploadedFile("s.csv", CSV, "text/csv")).status_code == 200
     stranger = get_user_model().objects.create_user("stranger", password="x")
 
-    for user in (demo["requester"], demo["approver"]):  # the requester, and a decider (sees every run)
+    for user in (people["requester"], people["approver"]):  # the requester, and a decider (sees every run)
         download = api(user).get(f"/api/interrupts/{item_id}/file/")
         assert download.status_code == 200
         assert b"".join(download.streaming_content) == CSV
@@ -161,14 +161,14 @@ def test_only_users_who_may_see_the_run_download_the_file(worker, demo, api, csv
     page = Client()
     page.force_login(stranger)
     assert page.get(f"/inbox/{item_id}/file/").status_code == 404
-    page.force_login(demo["requester"])
+    page.force_login(people["requester"])
     assert b"".join(page.get(f"/inbox/{item_id}/file/").streaming_content) == CSV
     assert Client().get(f"/inbox/{item_id}/file/").status_code == 302  # to the login page
 
 
-def test_idempotency_key_works_with_a_multipart_answer(worker, demo, api, csv_question):
+def test_idempotency_key_works_with_a_multipart_answer(worker, people, api, csv_question):
     _, item_id = csv_question
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
 
     def send(content: bytes):
         return respond(requester, item_id, "Here.", SimpleUploadedFile("s.csv", content, "text/csv"),
@@ -183,11 +183,11 @@ def test_idempotency_key_works_with_a_multipart_answer(worker, demo, api, csv_qu
     assert AnswerFile.objects.count() == 1
 
 
-def test_text_given_to_the_model_is_cut_at_the_limit(worker, demo, api, settings):
+def test_text_given_to_the_model_is_cut_at_the_limit(worker, people, api, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "ANSWER_FILE_TEXT_CHARS": 10}
-    run_id, item_id = asking(worker, demo, api, "asks-json", file="optional", file_types=["application/json"])
+    run_id, item_id = asking(worker, people, api, "asks-json", file="optional", file_types=["application/json"])
     body = json.dumps({"accounts": ["A", "B"]}).encode()
-    assert respond(api(demo["requester"]), item_id, "", SimpleUploadedFile("a.json", body, "application/json")
+    assert respond(api(people["requester"]), item_id, "", SimpleUploadedFile("a.json", body, "application/json")
                     ).status_code == 200
     worker.drain()
     shown = tool_result(run_id, "ask_user")["result"]["file"]
@@ -195,9 +195,9 @@ def test_text_given_to_the_model_is_cut_at_the_limit(worker, demo, api, settings
                                                                                True)
 
 
-def test_deleting_the_run_deletes_its_answer_file_once_committed_and_a_rollback_keeps_it(worker, demo, api,
+def test_deleting_the_run_deletes_its_answer_file_once_committed_and_a_rollback_keeps_it(worker, people, api,
                                                                                           media_root):
-    stored = answered_with_file(worker, demo, api)
+    stored = answered_with_file(worker, people, api)
     path = media_root / stored.file.name
     assert path.read_bytes() == CSV
 
@@ -214,9 +214,9 @@ def test_deleting_the_run_deletes_its_answer_file_once_committed_and_a_rollback_
     assert _stored_files(media_root) == []
 
 
-def test_deleting_the_item_or_the_row_alone_deletes_the_file_too(worker, demo, api, media_root):
-    first = answered_with_file(worker, demo, api, "asks-first")
-    second = answered_with_file(worker, demo, api, "asks-second")
+def test_deleting_the_item_or_the_row_alone_deletes_the_file_too(worker, people, api, media_root):
+    first = answered_with_file(worker, people, api, "asks-first")
+    second = answered_with_file(worker, people, api, "asks-second")
 
     Interrupt.objects.filter(pk=first.interrupt_id).delete()
     AnswerFile.objects.get(pk=second.pk).delete()

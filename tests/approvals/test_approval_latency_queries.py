@@ -1,6 +1,6 @@
 """Statements between an approval and its tool's start, capped (issue 13's latency target).
 
-Two stretches of the path from "approve" to the refund's ``ToolCall.started_at``:
+Two stretches of the path from "approve" to the transfer's ``ToolCall.started_at``:
 
 * the decision: ``approvals.services.decide_interrupt`` on its own, and the
   whole REST request (``POST /api/interrupts/<id>/approve/``: token auth,
@@ -8,7 +8,7 @@ Two stretches of the path from "approve" to the refund's ``ToolCall.started_at``
 * the worker's resume: taking the lease and advancing the run
   (``runs.engine.loop.advance``, what the engine does for an ``advance_run``
   message, here in the test's thread so its statements can be counted)
-  until the refund's handler is called (``running`` committed with its key).
+  until the transfer's handler is called (``running`` committed with its key).
 
 And the decision's commit sends the worker's wake-up before the live push.
 
@@ -36,8 +36,8 @@ from runs.engine import loop
 from runs import live
 from runs.engine.lifecycle import start_run
 from runs.models import Agent, RunStatus
+from tests.support.core import transfer
 from tools import registry
-from tools.demo.models import Order
 from tools.models import ToolCallStatus
 
 DATA = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
@@ -53,7 +53,7 @@ DECISION_CAP = 12
 # "may they decide it" (the lookup's flag answers: ``can_decide``) (8).
 REQUEST_CAP = 13
 # The resume: the lease with its new token (1), the run (1), its calls and any step in flight
-# (2), the refund's precondition and idempotency key (2), ``running`` with its event and the
+# (2), the transfer's precondition and idempotency key (2), ``running`` with its event and the
 # run's phase (4), the look for an earlier result of the same key (1).
 RESUME_CAP = 11
 
@@ -76,18 +76,17 @@ class Recorder:
 
 
 @pytest.fixture
-def waiting_runs(idle_worker, demo):
-    """``make()`` -> a run of the demo refund (60.00 of an order of 100.00) waiting for its approval."""
+def waiting_runs(idle_worker, people):
+    """``make()`` -> a run of ``fake_transfer`` (60 to an account of its own) waiting for its approval."""
     numbers = iter(range(9101, 9200))
 
     def make():
         number = next(numbers)
-        Order.objects.create(number=number, owner=demo["requester"], total="100.00")
-        refund = {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]}
-        agent = Agent.objects.create(slug=f"latency-{number}", name="latency", tools=["refund"],
-                                     completion_check="refund",
-                                     model={"provider": "scripted", "turns": [refund, {"content": "Refunded."}]})
-        run = start_run(agent=agent, user=demo["requester"], input=f"refund order {number}")
+        sending = {"tool_calls": [transfer(f"acct-{number}", 60)]}
+        agent = Agent.objects.create(slug=f"latency-{number}", name="latency", tools=["fake_transfer"],
+                                     completion_check="fake_transfer",
+                                     model={"provider": "scripted", "turns": [sending, {"content": "Sent."}]})
+        run = start_run(agent=agent, user=people["requester"], input=f"send 60 to acct-{number}")
         loop.advance(run.pk)
         run.refresh_from_db()
         assert (run.status, run.waiting_reason) == (RunStatus.WAITING, "approval")
@@ -109,10 +108,10 @@ def test_a_decision_stays_within_its_statement_cap_and_takes_no_savepoint(waitin
     assert recorder.savepoints() == 0, "\n".join(recorder.sql)
 
 
-def test_an_approval_request_stays_within_its_statement_cap(waiting_runs, api, demo):
+def test_an_approval_request_stays_within_its_statement_cap(waiting_runs, api, people):
     run = waiting_runs()
     item = Interrupt.objects.get(run=run)
-    client = api(demo["approver"])  # its token exists before the request
+    client = api(people["approver"])  # its token exists before the request
     recorder = Recorder()
     with connection.execute_wrapper(recorder):
         response = client.post(f"/api/interrupts/{item.pk}/approve/", {"comment": "ok"}, format="json")
@@ -122,18 +121,18 @@ def test_an_approval_request_stays_within_its_statement_cap(waiting_runs, api, d
     assert recorder.savepoints() == 0, "\n".join(recorder.sql)
 
 
-def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, demo, monkeypatch):
+def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, people, monkeypatch):
     run = waiting_runs()
-    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
     recorder = Recorder()
     reached = []
-    refund = registry.get_tool("refund")
+    sending = registry.get_tool("fake_transfer")
 
-    async def handler(context, arguments):
+    def handler(context, arguments):
         reached.append(len(recorder.sql))
-        return await refund.handler(context, arguments)
+        return sending.handler(context, arguments)
 
-    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(refund, handler=handler))
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(sending, handler=handler))
     with connection.execute_wrapper(recorder):
         loop.advance(run.pk)
     run.refresh_from_db()
@@ -143,7 +142,7 @@ def test_a_resumed_run_reaches_its_tool_within_the_statement_cap(waiting_runs, d
     assert recorder.data(stop=reached[0]) <= RESUME_CAP, "\n".join(recorder.sql[:reached[0]])
 
 
-def test_the_workers_wake_up_leaves_before_the_live_push(waiting_runs, demo, monkeypatch):
+def test_the_workers_wake_up_leaves_before_the_live_push(waiting_runs, people, monkeypatch):
     run = waiting_runs()
     item = Interrupt.objects.get(run=run)
     sent = []
@@ -151,5 +150,5 @@ def test_the_workers_wake_up_leaves_before_the_live_push(waiting_runs, demo, mon
     enqueue, send = broker.enqueue, live._send
     monkeypatch.setattr(broker, "enqueue", lambda message, **kw: sent.append("wake-up") or enqueue(message, **kw))
     monkeypatch.setattr(live, "_send", lambda sends: sent.append("live push") or send(sends))
-    decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=item, user=people["approver"], decision="approved")
     assert sent[:2] == ["wake-up", "live push"], sent

@@ -9,7 +9,8 @@ from django.test.utils import CaptureQueriesContext
 from runs.engine.actors import advance_run
 from runs.engine.lifecycle import start_run
 from runs.models import Run
-from tests.support.durability import make_agent, refund_turns
+from tests.support.core import lookup, transfer
+from tests.support.durability import make_agent
 from tests.support.inbox import pending_call
 from tools.demo.models import Order
 from tools.models import ToolCall, ToolCallStatus
@@ -76,11 +77,13 @@ def test_pending_refunds_on_one_order_are_judged_together(demo):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_rule_that_fired_and_the_target_are_kept_on_the_item(demo, worker, gateway_process):
-    agent = make_agent("refund-80", refund_turns(80), tools=["query_order", "refund"], check="refund")
-    run = start_run(agent=agent, user=demo["requester"], input="refund")
+def test_the_rule_that_fired_and_the_target_are_kept_on_the_item(people, worker):
+    agent = make_agent("transfer-80", [{"tool_calls": [lookup("acme")]}, {"tool_calls": [transfer("acme", 80)]},
+                                       {"content": "Sent."}], tools=["fake_lookup", "fake_transfer"],
+                       check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="send 80 to acme")
     advance_run.send(run.pk)
     worker.drain()
 
     item = Run.objects.get(pk=run.pk).interrupts.get()
-    assert (item.rule, item.target) == ("sum(amount) per target within 30d > 50", 'refund:"123"')
+    assert (item.rule, item.target) == ("amount > 10", 'fake_transfer:"acme"')

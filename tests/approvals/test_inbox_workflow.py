@@ -1,7 +1,7 @@
 """Issue 12: bulk decisions after a confirmation page, the history of decided items, claims.
 
-Through Django's test client and the REST API against the demo data, the
-real worker and the test payment gateway.
+Through Django's test client and the REST API, with the real worker and the
+tests' own tools (``tests.support.fake_tools``).
 """
 
 import html
@@ -20,8 +20,9 @@ from approvals.models import Interrupt, InterruptStatus
 from approvals.services import decide_interrupt
 from runs.engine.lifecycle import cancel_run
 from runs.models import RunStatus
-from tests.support.api import error_of, gateway_refunds, start_run
-from tests.support.workflow import refund_items
+from tests.support.api import error_of, start_run
+from tests.support.core import core_agent, lookup, transfer_items
+from tests.support.fake_tools import transfers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,9 +35,9 @@ def hidden_fields(page) -> dict:
 
 
 def test_bulk_approve_decides_each_item_once_and_skips_one_whose_run_was_cancelled(
-        client, api, demo, worker, payment_gateway):
-    items = refund_items(api, demo, worker, orders=(101, 102, 103))
-    client.force_login(demo["approver"])
+        client, api, people, worker):
+    items = transfer_items(api, people, worker, accounts=("acct-101", "acct-102", "acct-103"))
+    client.force_login(people["approver"])
 
     page = client.get(reverse("inbox-bulk"), {"item": [i.pk for i in items]})
     assert page.status_code == 200
@@ -51,22 +52,22 @@ def test_bulk_approve_decides_each_item_once_and_skips_one_whose_run_was_cancell
     body = result.content.decode()
     assert re.search(rf'class="bulk-skipped" data-interrupt-id="{items[1].pk}" data-reason="run_ended"', body)
     assert [i.decision for i in Interrupt.objects.filter(pk__in=[items[0].pk, items[2].pk])] == ["approved"] * 2
-    assert {(r["order_id"], r["amount"]) for r in gateway_refunds()} == {(101, "55.00"), (103, "55.00")}
+    assert {(t["account"], t["amount"]) for t in transfers()} == {("acct-101", 55), ("acct-103", 55)}
     for item in (items[0], items[2]):
         item.run.refresh_from_db()
         assert item.run.status == RunStatus.COMPLETED
         assert item.run.events.filter(type="interrupt", actor="user:approver", reason="approved").count() == 1
 
 
-def test_an_item_whose_arguments_changed_after_the_page_is_skipped(api, demo, worker):
-    items = refund_items(api, demo, worker, orders=(101, 102))
-    plan = plan_bulk(user=demo["approver"], ids=[i.pk for i in items])
+def test_an_item_whose_arguments_changed_after_the_page_is_skipped(api, people, worker):
+    items = transfer_items(api, people, worker, accounts=("acct-101", "acct-102"))
+    plan = plan_bulk(user=people["approver"], ids=[i.pk for i in items])
     shown = {i.pk: i.fingerprint for i in plan.items}
     call = items[0].tool_call
     call.arguments = {**call.arguments, "amount": 60}
     call.save(update_fields=["arguments"])
 
-    outcomes = decide_bulk(user=demo["approver"], decision="rejected", comment="not now", expected=shown)
+    outcomes = decide_bulk(user=people["approver"], decision="rejected", comment="not now", expected=shown)
 
     assert [(o.interrupt_id, o.decided, o.skipped) for o in outcomes] == [
         (items[0].pk, False, "changed"), (items[1].pk, True, "")]
@@ -76,43 +77,45 @@ def test_an_item_whose_arguments_changed_after_the_page_is_skipped(api, demo, wo
 
 
 def test_bulk_refuses_mixed_tools_a_rejection_without_comment_and_items_one_may_not_decide(
-        client, api, demo, worker):
-    [refund] = refund_items(api, demo, worker, orders=(101,))
-    run = start_run(api(demo["requester"]), "send-contract-email")
+        client, api, people, worker):
+    [sent] = transfer_items(api, people, worker, accounts=("acct-101",))
+    asking = core_agent(api(people["admin"]), "asking-lookup", [{"tool_calls": [lookup()]}, {"content": "Found."}],
+                        approval_policy={"fake_lookup": "always"}, completion_check="default")
+    run = start_run(api(people["requester"]), asking["slug"], "Look a up.")
     worker.drain()
-    email = Interrupt.objects.get(run_id=run["id"])
-    client.force_login(demo["approver"])
+    asked = Interrupt.objects.get(run_id=run["id"])  # an item of another tool
+    client.force_login(people["approver"])
 
-    mixed = client.get(reverse("inbox-bulk"), {"item": [refund.pk, email.pk]})
+    mixed = client.get(reverse("inbox-bulk"), {"item": [sent.pk, asked.pk]})
     assert mixed.status_code == 400 and "one tool at a time" in mixed.content.decode()
     forged_mix = client.post(reverse("inbox-bulk"), {  # fingerprints of both, as no confirmation page showed them
-        "item": [refund.pk, email.pk], f"fingerprint-{refund.pk}": fingerprint(refund),
-        f"fingerprint-{email.pk}": fingerprint(email), "decision": "approved"})
+        "item": [sent.pk, asked.pk], f"fingerprint-{sent.pk}": fingerprint(sent),
+        f"fingerprint-{asked.pk}": fingerprint(asked), "decision": "approved"})
     assert forged_mix.status_code == 400 and "one tool at a time" in forged_mix.content.decode()
-    assert {i.status for i in Interrupt.objects.filter(pk__in=[refund.pk, email.pk])} == {InterruptStatus.PENDING}
+    assert {i.status for i in Interrupt.objects.filter(pk__in=[sent.pk, asked.pk])} == {InterruptStatus.PENDING}
 
-    page = client.get(reverse("inbox-bulk"), {"item": [refund.pk]})
+    page = client.get(reverse("inbox-bulk"), {"item": [sent.pk]})
     again = client.post(reverse("inbox-bulk"), {**hidden_fields(page), "decision": "rejected", "comment": ""})
     assert again.status_code == 400 and "a rejection needs a comment" in again.content.decode()
-    assert Interrupt.objects.get(pk=refund.pk).status == InterruptStatus.PENDING
+    assert Interrupt.objects.get(pk=sent.pk).status == InterruptStatus.PENDING
 
-    client.force_login(demo["requester"])  # four eyes: the requester may not decide the refund
-    page = client.get(reverse("inbox-bulk"), {"item": [refund.pk]})
+    client.force_login(people["requester"])  # four eyes: the requester may not decide the transfer
+    page = client.get(reverse("inbox-bulk"), {"item": [sent.pk]})
     assert 'id="bulk-nothing"' in page.content.decode()
-    forged = client.post(reverse("inbox-bulk"), {"item": [refund.pk], f"fingerprint-{refund.pk}": fingerprint(refund),
+    forged = client.post(reverse("inbox-bulk"), {"item": [sent.pk], f"fingerprint-{sent.pk}": fingerprint(sent),
                                                  "decision": "approved"})
     assert 'data-reason="gone"' in forged.content.decode()
-    assert Interrupt.objects.get(pk=refund.pk).status == InterruptStatus.PENDING
+    assert Interrupt.objects.get(pk=sent.pk).status == InterruptStatus.PENDING
     assert client.get(reverse("inbox-bulk"), {"item": ["x"]}).status_code == 400
 
 
-def test_history_filters_by_who_decision_day_and_tool_and_shows_the_edit(client, api, demo, worker):
-    items = refund_items(api, demo, worker, orders=(101, 102, 103))
-    decide_interrupt(interrupt=items[0], user=demo["approver"], decision="approved", comment="smaller",
-                     edited_arguments={"order_id": 101, "amount": 40})
-    decide_interrupt(interrupt=items[1], user=demo["admin"], decision="rejected", comment="no")
+def test_history_filters_by_who_decision_day_and_tool_and_shows_the_edit(client, api, people, worker):
+    items = transfer_items(api, people, worker, accounts=("acct-101", "acct-102", "acct-103"))
+    decide_interrupt(interrupt=items[0], user=people["approver"], decision="approved", comment="smaller",
+                     edited_arguments={"account": "acct-101", "amount": 40})
+    decide_interrupt(interrupt=items[1], user=people["admin"], decision="rejected", comment="no")
     Interrupt.objects.filter(pk=items[1].pk).update(resolved_at=timezone.now() - timedelta(days=3))
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
 
     def listed(**query):
         page = client.get(reverse("inbox-decided"), query)
@@ -125,13 +128,13 @@ def test_history_filters_by_who_decision_day_and_tool_and_shows_the_edit(client,
     assert listed(when="today") == [items[0].pk]
     day = (timezone.localdate() - timedelta(days=3)).isoformat()
     assert listed(day_from=day, day_to=day) == [items[1].pk]
-    assert listed(tool="send_email") == []
+    assert listed(tool="fake_lookup") == []
     page = client.get(reverse("inbox-decided")).content.decode()
     shown = " ".join(re.sub(r"<[^>]+>", " ", page).split())  # the page's text, tags and spacing aside
     assert "amount : 55 → 40" in shown and "smaller" in page
     assert client.get(reverse("inbox-decided"), {"day_from": "yesterday"}).status_code == 400
 
-    client.force_login(demo["requester"])  # sees the items of their own runs
+    client.force_login(people["requester"])  # sees the items of their own runs
     assert listed() == [items[0].pk, items[1].pk]
     worker.drain()
 
@@ -161,15 +164,15 @@ def _link(body: str, link_id: str) -> str | None:
     return html.unescape(found.group(1)) if found else None
 
 
-def test_history_pages_by_keyset_forward_and_back(client, demo, worker, api):
-    items = refund_items(api, demo, worker, orders=(101, 102))
+def test_history_pages_by_keyset_forward_and_back(client, people, worker, api):
+    items = transfer_items(api, people, worker, accounts=("acct-101", "acct-102"))
     for item in items:
-        decide_interrupt(interrupt=item, user=demo["approver"], decision="rejected", comment="no")
+        decide_interrupt(interrupt=item, user=people["approver"], decision="rejected", comment="no")
     size = selectors.HISTORY_PAGE_SIZE
     _decided_before(Interrupt.objects.get(pk=items[0].pk), 2 * size + 8)  # ties at one instant cross page ends
     expected = list(Interrupt.objects.filter(status=InterruptStatus.RESOLVED).order_by("-resolved_at", "-id")
                     .values_list("pk", flat=True))
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
 
     first, body = _history(client, {"decision": "rejected"})
     assert first == expected[:size] and _link(body, "decided-previous") is None
@@ -192,13 +195,13 @@ def test_history_pages_by_keyset_forward_and_back(client, demo, worker, api):
     worker.drain()
 
 
-def test_history_counts_at_most_the_cap_and_its_queries_do_not_grow_with_the_rows(client, demo, worker, api,
+def test_history_counts_at_most_the_cap_and_its_queries_do_not_grow_with_the_rows(client, people, worker, api,
                                                                                   monkeypatch):
-    [item] = refund_items(api, demo, worker, orders=(101,))
-    decide_interrupt(interrupt=item, user=demo["approver"], decision="rejected", comment="no")
+    [item] = transfer_items(api, people, worker, accounts=("acct-101",))
+    decide_interrupt(interrupt=item, user=people["approver"], decision="rejected", comment="no")
     item = Interrupt.objects.get(pk=item.pk)
     size = selectors.HISTORY_PAGE_SIZE
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
 
     def queries_of_first_and_deeper_page() -> tuple[int, int]:
         """Statements of the first page and of one after a cursor; each read of the items is bounded (LIMIT)
@@ -223,9 +226,9 @@ def test_history_counts_at_most_the_cap_and_its_queries_do_not_grow_with_the_row
     worker.drain()
 
 
-def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(client, api, demo, worker):
-    [item] = refund_items(api, demo, worker, orders=(101,))
-    approver, admin = api(demo["approver"]), api(demo["admin"])
+def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(client, api, people, worker):
+    [item] = transfer_items(api, people, worker, accounts=("acct-101",))
+    approver, admin = api(people["approver"]), api(people["admin"])
     key = {"Idempotency-Key": "claim-1"}
 
     first = approver.post(f"/api/interrupts/{item.pk}/claim/", headers=key)
@@ -235,11 +238,11 @@ def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(cl
     assert item.run.events.filter(type="claim").count() == 1
 
     assert error_of(admin.post(f"/api/interrupts/{item.pk}/claim/"), 409)["details"]["claimed_by"] == "approver"
-    assert error_of(api(demo["requester"]).post(f"/api/interrupts/{item.pk}/claim/"), 403)
+    assert error_of(api(people["requester"]).post(f"/api/interrupts/{item.pk}/claim/"), 403)
     assert [i["id"] for i in approver.get("/api/interrupts/", {"assigned": "me"}).json()["results"]] == [item.pk]
     assert admin.get("/api/interrupts/", {"assigned": "me"}).json()["results"] == []
 
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
     assert f'data-interrupt-id="{item.pk}"' in client.get(reverse("inbox"), {"assigned": "me"}).content.decode()
     item_page = client.get(reverse("inbox-item", args=[item.pk])).content.decode()
     assert "Being handled by <strong>approver</strong>" in item_page
@@ -251,23 +254,23 @@ def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(cl
     worker.drain()
 
 
-def test_unclaim_by_the_claimer_or_staff_only(client, api, demo, worker, django_user_model):
-    [item] = refund_items(api, demo, worker, orders=(101,))
+def test_unclaim_by_the_claimer_or_staff_only(client, api, people, worker, django_user_model):
+    [item] = transfer_items(api, people, worker, accounts=("acct-101",))
     other = django_user_model.objects.create_user("other-approver")
-    other.groups.add(*demo["approver"].groups.all())
-    api(demo["approver"]).post(f"/api/interrupts/{item.pk}/claim/")
+    other.groups.add(*people["approver"].groups.all())
+    api(people["approver"]).post(f"/api/interrupts/{item.pk}/claim/")
 
     assert error_of(api(other).post(f"/api/interrupts/{item.pk}/unclaim/"), 403)
-    client.force_login(demo["admin"])
+    client.force_login(people["admin"])
     response = client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "unclaim"})
     assert response.status_code == 302
     assert api(other).post(f"/api/interrupts/{item.pk}/claim/").json()["claimed_by"] == "other-approver"
 
 
-def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim(client, api, demo, worker,
+def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim(client, api, people, worker,
                                                                                 django_user_model):
     """One lookup (``approvals.web.lookups``) answers every inbox page: an unseen item and no item look the same."""
-    [item] = refund_items(api, demo, worker, orders=(101,))
+    [item] = transfer_items(api, people, worker, accounts=("acct-101",))
     client.force_login(django_user_model.objects.create_user("stranger"))
     missing = Interrupt.objects.order_by("-pk").first().pk + 1
 
@@ -277,22 +280,22 @@ def test_an_item_one_may_not_see_is_404_alike_for_its_page_its_state_and_a_claim
         assert client.get(reverse("inbox-item-state", args=[pk])).status_code == 404
     assert Interrupt.objects.get(pk=item.pk).claimed_by is None
 
-    client.force_login(demo["approver"])  # the control: one who may see it claims it
+    client.force_login(people["approver"])  # the control: one who may see it claims it
     assert client.post(reverse("inbox-item-claim", args=[item.pk]), {"action": "claim"}).status_code == 302
-    assert Interrupt.objects.get(pk=item.pk).claimed_by == demo["approver"]
+    assert Interrupt.objects.get(pk=item.pk).claimed_by == people["approver"]
 
 
-def test_the_bulk_result_keeps_watching_an_unknown_outcome_its_tool_will_still_reconcile(demo, settings):
+def test_the_bulk_result_keeps_watching_an_unknown_outcome_its_tool_will_still_reconcile(people, settings):
     from approvals.selectors import item_outcomes
-    from tests.support.inbox import pending_call
+    from tests.support.core import pending_transfer
     from tools.models import ToolCall
 
-    item = pending_call(requester=demo["requester"])  # a refund: its tool has a reconcile hook
-    ToolCall.objects.filter(pk=item.tool_call_id).update(status="unknown", error="The gateway timed out.")
+    item = pending_transfer(requester=people["requester"])  # its tool has a reconcile hook
+    ToolCall.objects.filter(pk=item.tool_call_id).update(status="unknown", error="The bank timed out.")
 
-    outcome, = item_outcomes(user=demo["approver"], ids=[item.pk])
-    assert (outcome.call_status, outcome.settled, outcome.detail) == ("unknown", False, "The gateway timed out.")
+    outcome, = item_outcomes(user=people["approver"], ids=[item.pk])
+    assert (outcome.call_status, outcome.settled, outcome.detail) == ("unknown", False, "The bank timed out.")
 
     ToolCall.objects.filter(pk=item.tool_call_id).update(reconcile_attempts=settings.TOLLGATE["RECONCILE_MAX_TRIES"])
-    outcome, = item_outcomes(user=demo["approver"], ids=[item.pk])
+    outcome, = item_outcomes(user=people["approver"], ids=[item.pk])
     assert outcome.settled  # the hook's tries are spent: only a person settles it now

@@ -8,15 +8,15 @@ from django.urls import reverse
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tests.support.security import approval_item  # noqa: F401
+from tests.support.security import core_approval_item  # noqa: F401
 from tests.attack.test_fuzz import FUZZ, _post_form, form_text, still  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_bulk_form_history_filters_and_preferences_never_500(client, demo, approval_item, still):
-    client.force_login(demo["approver"])
-    pk = str(approval_item.pk)
+def test_bulk_form_history_filters_and_preferences_never_500(client, people, core_approval_item, still):
+    client.force_login(people["approver"])
+    pk = str(core_approval_item.pk)
 
     @FUZZ
     @given(items=st.lists(form_text, max_size=3), decision=st.sampled_from(["approved", "rejected"]) | form_text,

@@ -1,7 +1,9 @@
 """Email notifications (approvals.notifications): new items, claimed items about to expire, expired runs.
 
-Real parts: the demo's users and permissions, the worker that runs the
-``send_notification`` actor, the sweeper, Django's locmem mail backend.
+Real parts: users and permissions (``people``; the demo's for the titles
+in another language, which the demo's refund tool translates), the worker
+that runs the ``send_notification`` actor, the sweeper, Django's locmem mail
+backend.
 """
 
 from datetime import timedelta
@@ -21,6 +23,8 @@ from runs.engine.lifecycle import start_run
 from runs.sweeping import sweep
 from runs.base.errors import InvalidInput
 from runs.models import Agent, RunStatus
+from tests.support.core import transfer
+from tests.support.durability import make_agent
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,27 +37,36 @@ def waiting_refund(demo, worker):
     return Interrupt.objects.get(run=run)
 
 
+def waiting_transfer(people, worker):
+    """A run drained until its transfer of 80 to acme waits for approval; returns its inbox item."""
+    agent = make_agent("transfer-80", [{"tool_calls": [transfer("acme", 80)]}, {"content": "Sent."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="send 80 to acme")
+    worker.drain()
+    return Interrupt.objects.get(run=run)
+
+
 def sent_to(address: str) -> list:
     return [message for message in mail.outbox if message.to == [address]]
 
 
-def test_each_approver_gets_one_email_for_a_new_item_and_the_four_eyes_requester_none(demo, worker):
-    item = waiting_refund(demo, worker)
+def test_each_approver_gets_one_email_for_a_new_item_and_the_four_eyes_requester_none(people, worker):
+    item = waiting_transfer(people, worker)
 
     assert sorted(message.to[0] for message in mail.outbox) == ["admin@example.com", "approver@example.com"]
     message = sent_to("approver@example.com")[0]
     assert item.title in message.subject
-    assert f"/inbox/{item.pk}/" in message.body and "refund" in message.body
+    assert f"/inbox/{item.pk}/" in message.body and "fake_transfer" in message.body
     assert "requester" in message.body  # who asked, so the approver can judge without opening it
-    assert '"amount": 80' in message.body and '"order_id": 123' in message.body
-    assert sent_to("requester@example.com") == []  # the refund is four-eyes: the requester may not decide it
+    assert '"amount": 80' in message.body and '"account": "acme"' in message.body
+    assert sent_to("requester@example.com") == []  # the transfer is four-eyes: the requester may not decide it
 
 
 
-def test_a_message_queued_before_the_actor_moved_to_approvals_is_still_sent(demo, worker):
+def test_a_message_queued_before_the_actor_moved_to_approvals_is_still_sent(people, worker):
     """The actor left runs.engine.actors for approvals.actors under the same name and queue: a message queued
     by an older process, written here as it wrote it, is consumed and sent."""
-    item = waiting_refund(demo, worker)
+    item = waiting_transfer(people, worker)
     mail.outbox.clear()
     dramatiq.get_broker().enqueue(dramatiq.Message(queue_name="default", actor_name="send_notification",
                                                    args=("new_item", item.pk), kwargs={}, options={}))
@@ -61,8 +74,8 @@ def test_a_message_queued_before_the_actor_moved_to_approvals_is_still_sent(demo
     assert sorted(message.to[0] for message in mail.outbox) == ["admin@example.com", "approver@example.com"]
     assert dramatiq.get_broker().get_actor("send_notification").fn.__module__ == "approvals.actors"
 
-def test_recipients_are_exactly_the_users_who_may_decide(demo, worker):
-    item = waiting_refund(demo, worker)
+def test_recipients_are_exactly_the_users_who_may_decide(people, worker):
+    item = waiting_transfer(people, worker)
     User = get_user_model()
     outsider = User.objects.create_user("outsider", email="outsider@example.com")
     grouped = User.objects.create_user("grouped", email="grouped@example.com")
@@ -73,7 +86,7 @@ def test_recipients_are_exactly_the_users_who_may_decide(demo, worker):
 
     assert recipients == {user for user in User.objects.all() if Interrupt.objects.decidable_by(user).filter(
         pk=item.pk).exists()}
-    assert grouped in recipients and outsider not in recipients and demo["requester"] not in recipients
+    assert grouped in recipients and outsider not in recipients and people["requester"] not in recipients
 
 
 def test_preferences_off_means_no_email_and_language_follows_the_preference(demo, worker):
@@ -100,8 +113,8 @@ def test_one_item_goes_to_each_approver_in_their_own_language(demo, worker):
     assert "order 123" in english.body and "订单" not in english.body
 
 
-def test_the_requester_is_told_when_an_expired_approval_fails_the_run(demo, worker):
-    item = waiting_refund(demo, worker)
+def test_the_requester_is_told_when_an_expired_approval_fails_the_run(people, worker):
+    item = waiting_transfer(people, worker)
     mail.outbox.clear()
 
     assert sweep(now=item.expires_at + timedelta(seconds=1))["expired"] == 1
@@ -113,15 +126,15 @@ def test_the_requester_is_told_when_an_expired_approval_fails_the_run(demo, work
     assert message.to == ["requester@example.com"]
     assert f"Run {item.run_id} failed" in message.subject and f"/runs/{item.run_id}/" in message.body
 
-    NotificationPreference.objects.create(user=demo["requester"], run_expired=False)
+    NotificationPreference.objects.create(user=people["requester"], run_expired=False)
     mail.outbox.clear()
     assert send_queued("run_expired", item.pk) == 0 and mail.outbox == []
 
 
-def test_the_claimer_is_warned_once_before_a_claimed_item_expires(demo, worker, settings):
+def test_the_claimer_is_warned_once_before_a_claimed_item_expires(people, worker, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "CLAIM_EXPIRY_WARNING_HOURS": 2}
-    item = waiting_refund(demo, worker)
-    claim_interrupt(interrupt=item, user=demo["approver"])
+    item = waiting_transfer(people, worker)
+    claim_interrupt(interrupt=item, user=people["approver"])
     mail.outbox.clear()
 
     sweep(now=item.expires_at - timedelta(hours=3))  # not yet in the window
@@ -136,11 +149,11 @@ def test_the_claimer_is_warned_once_before_a_claimed_item_expires(demo, worker, 
     assert item.expiry_warning_sent_at is not None
 
 
-def test_a_failing_mail_server_never_breaks_the_run(demo, worker, settings, caplog):
+def test_a_failing_mail_server_never_breaks_the_run(people, worker, settings, caplog):
     # The real SMTP backend, pointed at a port where nothing listens: the connection is refused.
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", free_port(), 5
-    item = waiting_refund(demo, worker)
+    item = waiting_transfer(people, worker)
 
     item.run.refresh_from_db()
     assert item.run.status == RunStatus.WAITING
@@ -148,8 +161,8 @@ def test_a_failing_mail_server_never_breaks_the_run(demo, worker, settings, capl
     assert "new item" in caplog.text and "failed" in caplog.text
 
 
-def test_preferences_are_saved_by_the_service_one_row_per_user_and_a_bad_language_stores_nothing(client, demo):
-    approver = demo["approver"]
+def test_preferences_are_saved_by_the_service_one_row_per_user_and_a_bad_language_stores_nothing(client, people):
+    approver = people["approver"]
     first = save_preferences(user=approver, new_item=False, claimed_expiring=True, run_expired=True, language="zh-hans")
     again = save_preferences(user=approver, new_item=True, claimed_expiring=False, run_expired=True, language="")
     assert first.pk == again.pk and NotificationPreference.objects.filter(user=approver).count() == 1
@@ -157,26 +170,27 @@ def test_preferences_are_saved_by_the_service_one_row_per_user_and_a_bad_languag
     assert (stored.new_item, stored.claimed_expiring, stored.run_expired, stored.language) == (True, False, True, "")
 
     with pytest.raises(InvalidInput) as refused:
-        save_preferences(user=demo["admin"], new_item=False, claimed_expiring=False, run_expired=False, language="xx")
-    assert "language" in refused.value.details and not NotificationPreference.objects.filter(user=demo["admin"]).exists()
+        save_preferences(user=people["admin"], new_item=False, claimed_expiring=False, run_expired=False, language="xx")
+    assert "language" in refused.value.details
+    assert not NotificationPreference.objects.filter(user=people["admin"]).exists()
 
-    client.force_login(demo["admin"])  # the page stores through the service
+    client.force_login(people["admin"])  # the page stores through the service
     page = client.post(reverse("notification-preferences"), {"claimed_expiring": "on", "language": "zh-hans"})
     assert page.status_code == 302 and page.url.endswith("?saved=1")
-    stored = NotificationPreference.objects.get(user=demo["admin"])
+    stored = NotificationPreference.objects.get(user=people["admin"])
     assert (stored.new_item, stored.claimed_expiring, stored.run_expired, stored.language) == (False, True, False,
                                                                                                 "zh-hans")
     assert client.post(reverse("notification-preferences"), {"language": "xx"}).status_code == 400
-    assert NotificationPreference.objects.get(user=demo["admin"]).language == "zh-hans"
+    assert NotificationPreference.objects.get(user=people["admin"]).language == "zh-hans"
 
 
-def test_a_question_title_with_line_breaks_still_reaches_its_recipient_on_one_subject_line(demo, worker):
+def test_a_question_title_with_line_breaks_still_reaches_its_recipient_on_one_subject_line(people, worker):
     question = "Which order?\nBcc: all@example.com\x1c\v\f\u2028really?"
     agent = Agent.objects.create(slug="asks-oddly", name="Asks", instructions="Ask.", tools=["ask_user"],
                                  completion_check="default", model={"provider": "scripted", "turns": [
                                      {"tool_calls": [{"name": "ask_user", "arguments": {"question": question}}]},
                                      {"content": "Thanks."}]})
-    run = start_run(agent=agent, user=demo["requester"], input="Help me.")
+    run = start_run(agent=agent, user=people["requester"], input="Help me.")
     worker.drain()
     item = Interrupt.objects.get(run=run)
     mail.outbox.clear()
@@ -188,10 +202,10 @@ def test_a_question_title_with_line_breaks_still_reaches_its_recipient_on_one_su
     assert message.message()["Bcc"] is None
 
 
-def test_one_message_the_mail_library_refuses_does_not_stop_the_others(demo, worker, caplog):
+def test_one_message_the_mail_library_refuses_does_not_stop_the_others(people, worker, caplog):
     broken = get_user_model().objects.create_user("broken", email="broken@example.com\nBcc: all@example.com")
     broken.groups.add(Group.objects.get(permissions__codename="decide_interrupt"))
-    item = waiting_refund(demo, worker)
+    item = waiting_transfer(people, worker)
     mail.outbox.clear()
 
     assert send_queued("new_item", item.pk) == 2

@@ -5,7 +5,6 @@ import dataclasses
 import json
 
 import pytest
-from asgiref.sync import sync_to_async
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
@@ -13,32 +12,30 @@ from runs.engine import loop
 from runs.engine.lifecycle import start_run
 from tests.support.api import tool_messages
 from tests.support.durability import make_agent
-from tests.support.fake_tools import transfers
+from tests.support.core import lookup, transfer
+from tests.support.fake_tools import hide_key, set_account_limit, transfers
 from tools import registry
-from tools.demo.models import Order
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import ToolError
 from tools.services import idempotency_key_base
 
-QUERY = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]}
+LOOKUP = {"tool_calls": [lookup("acme")]}
 
 
-def test_two_approved_refunds_cannot_exceed_the_order_total(demo, worker, payment_gateway):
-    refund = {"name": "refund", "arguments": {"order_id": 123, "amount": 70}}
-    refund_again = {"name": "refund", "arguments": {"order_id": 123, "amount": 60}}
-    agent = make_agent("double", [{"tool_calls": [refund, refund_again]}, {"content": "Done."}],
-                       tools=["refund"], check="refund")
-    run = start_run(agent=agent, user=demo["requester"], input="refund 123 twice")
+def test_two_approved_transfers_cannot_exceed_the_accounts_limit(people, worker):
+    agent = make_agent("double", [{"tool_calls": [transfer("acme", 70), transfer("acme", 60)]}, {"content": "Done."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="send to acme twice")
     worker.drain()
     for item in Interrupt.objects.filter(run=run):  # both passed the check when proposed
-        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+        decide_interrupt(interrupt=item, user=people["approver"], decision="approved")
     worker.drain()
 
     first, second = ToolCall.objects.filter(run=run).order_by("id")
     assert first.status == ToolCallStatus.SUCCEEDED
     assert second.status == ToolCallStatus.DENIED
-    assert "at most 50.00" in second.error
-    assert [r["amount"] for r in payment_gateway.ledger()["refunds"]] == ["70.00"]
+    assert "at most 30.00" in second.error
+    assert [t["amount"] for t in transfers()] == [70]
 
 
 def test_reused_provider_call_ids_still_pair_every_result_with_its_call(people, worker):
@@ -61,7 +58,7 @@ def test_reused_provider_call_ids_still_pair_every_result_with_its_call(people, 
 
 @pytest.fixture
 def checks(monkeypatch):
-    """Wrap the demo tools' preconditions: ``checks`` lists ``(tool, "assessed" | "rechecked")`` per call."""
+    """Wrap the fake tools' preconditions: ``checks`` lists ``(tool, "assessed" | "rechecked")`` per call."""
     seen: list[tuple[str, str]] = []
 
     def counted(name, precondition):
@@ -70,119 +67,115 @@ def checks(monkeypatch):
             return precondition(ctx, arguments)
         return check
 
-    for name in ("query_order", "refund"):
+    for name in ("fake_lookup", "fake_transfer"):
         tool = registry.get_tool(name)
         monkeypatch.setitem(registry._TOOLS, name, dataclasses.replace(
             tool, precondition=counted(name, tool.precondition)))
     return seen
 
 
-def test_a_read_proposed_and_run_in_one_slice_is_not_checked_twice(demo, worker, checks):
-    agent = make_agent("read-now", [QUERY, {"content": "Looked."}], tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="look")
+def test_a_read_proposed_and_run_in_one_slice_is_not_checked_twice(people, worker, checks):
+    agent = make_agent("read-now", [LOOKUP, {"content": "Looked."}], tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="look")
     worker.drain()
 
     call = ToolCall.objects.get(run=run)
-    assert call.status == ToolCallStatus.SUCCEEDED and call.result["order_id"] == 123
-    assert checks == [("query_order", "assessed")]
+    assert call.status == ToolCallStatus.SUCCEEDED and call.result["key"] == "acme"
+    assert checks == [("fake_lookup", "assessed")]
     assert json.loads(tool_messages(run.pk)[0]) == {"status": "succeeded", "result": call.result}
 
 
 @pytest.mark.parametrize("later", ["next slice", "after approval"])
-def test_a_read_picked_up_later_is_checked_again(demo, idle_worker, monkeypatch, checks, later):
-    """Between proposal and execution the order changed hands: the re-check denies the read."""
-    agent = make_agent("read-later", [QUERY, {"content": "Looked."}], tools=["query_order"])
+def test_a_read_picked_up_later_is_checked_again(people, idle_worker, monkeypatch, checks, later):
+    """Between proposal and execution the key was hidden from the requester: the re-check denies the read."""
+    agent = make_agent("read-later", [LOOKUP, {"content": "Looked."}], tools=["fake_lookup"])
     if later == "after approval":
-        agent.approval_policy = {"query_order": "always"}
+        agent.approval_policy = {"fake_lookup": "always"}
         agent.save(update_fields=["approval_policy"])
     else:  # the slice ends right after the model turn; the next one runs the call
         monkeypatch.setattr(loop, "SLICE_STEPS", 1)
-    run = start_run(agent=agent, user=demo["requester"], input="look")
+    run = start_run(agent=agent, user=people["requester"], input="look")
     loop.advance(run.pk)
     assert ToolCall.objects.get(run=run).status == (
         ToolCallStatus.AWAITING_APPROVAL if later == "after approval" else ToolCallStatus.READY)
-    Order.objects.filter(number=123).update(owner=demo["admin"])
+    hide_key("acme")
     if later == "after approval":
-        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved",
+        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved",
                          comment="Go ahead.")
     loop.advance(run.pk)
 
     call = ToolCall.objects.get(run=run)
-    assert checks == [("query_order", "assessed"), ("query_order", "rechecked")]
-    assert call.status == ToolCallStatus.DENIED and "does not belong to the requester" in call.error
+    assert checks == [("fake_lookup", "assessed"), ("fake_lookup", "rechecked")]
+    assert call.status == ToolCallStatus.DENIED and "hidden from the requester" in call.error
     told = json.loads(tool_messages(run.pk)[0])
     assert told["status"] == "denied"
     if later == "after approval":  # the approver's note still reaches the model
         assert told["approval"] == {"comment": "Go ahead."}
 
 
-def test_a_side_effect_is_checked_again_in_the_same_slice(demo, worker, checks, payment_gateway):
-    """Two refunds of one turn, each fine alone when proposed: the first leaves too little for the second."""
-    Order.objects.create(number=9100, owner=demo["requester"], total="40.00")
-    turn = {"tool_calls": [{"name": "refund", "arguments": {"order_id": 9100, "amount": 30}},
-                           {"name": "refund", "arguments": {"order_id": 9100, "amount": 20}}]}
-    agent = make_agent("two-refunds", [turn, {"content": "Done."}], tools=["refund"])
-    run = start_run(agent=agent, user=demo["requester"], input="refund twice")
+def test_a_side_effect_is_checked_again_in_the_same_slice(people, worker, checks):
+    """Two transfers of one turn, each fine alone when proposed: the first leaves too little for the second."""
+    set_account_limit("acct-9100", 12)
+    turn = {"tool_calls": [transfer("acct-9100", 9), transfer("acct-9100", 6)]}  # 10 or less: no approval
+    agent = make_agent("two-transfers", [turn, {"content": "Done."}], tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="send twice")
     worker.drain()
 
     first, second = ToolCall.objects.filter(run=run).order_by("id")
-    assert checks == [("refund", "assessed")] * 2 + [("refund", "rechecked")] * 2
+    assert checks == [("fake_transfer", "assessed")] * 2 + [("fake_transfer", "rechecked")] * 2
     assert first.status == ToolCallStatus.SUCCEEDED
-    assert second.status == ToolCallStatus.DENIED and "at most 10.00" in second.error
-    assert [r["amount"] for r in payment_gateway.ledger()["refunds"]] == ["30.00"]
+    assert second.status == ToolCallStatus.DENIED and "at most 3.00" in second.error
+    assert [t["amount"] for t in transfers()] == [9]
 
 
-def test_a_read_after_a_side_effect_of_the_same_slice_is_checked_again(demo, worker, checks, payment_gateway):
-    """Refund first, then a read of the same turn: the refund may have changed what the read relies on."""
-    Order.objects.create(number=9101, owner=demo["requester"], total="40.00")
-    turn = {"tool_calls": [{"name": "refund", "arguments": {"order_id": 9101, "amount": 30}},
-                           {"name": "query_order", "arguments": {"order_id": 9101}}]}
-    agent = make_agent("refund-then-read", [turn, {"content": "Done."}], tools=["refund", "query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="refund, then look")
+def test_a_read_after_a_side_effect_of_the_same_slice_is_checked_again(people, worker, checks):
+    """Transfer first, then a read of the same turn: the transfer may have changed what the read relies on."""
+    turn = {"tool_calls": [transfer("acct-9101", 9), lookup("acct-9101")]}
+    agent = make_agent("transfer-then-read", [turn, {"content": "Done."}], tools=["fake_transfer", "fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="send, then look")
     worker.drain()
 
-    refund, read = ToolCall.objects.filter(run=run).order_by("id")
-    assert checks == [("refund", "assessed"), ("query_order", "assessed"), ("refund", "rechecked"),
-                      ("query_order", "rechecked")]
-    assert refund.status == read.status == ToolCallStatus.SUCCEEDED
-    assert read.result["refundable_amount"] == "10.00"
+    sent, read = ToolCall.objects.filter(run=run).order_by("id")
+    assert checks == [("fake_transfer", "assessed"), ("fake_lookup", "assessed"), ("fake_transfer", "rechecked"),
+                      ("fake_lookup", "rechecked")]
+    assert sent.status == read.status == ToolCallStatus.SUCCEEDED
+    assert read.result["transferred"] == "9.00"
 
 
-def test_a_read_after_another_writers_event_in_the_same_slice_is_checked_again(demo, idle_worker, monkeypatch, checks):
+def test_a_read_after_another_writers_event_in_the_same_slice_is_checked_again(people, idle_worker, monkeypatch,
+                                                                               checks):
     """Input supplemented while the first read runs is another writer's event: the second read is re-checked."""
     from runs.engine.lifecycle import submit_input
 
-    reads = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}},
-                            {"name": "query_order", "arguments": {"order_id": 124}}]}
-    agent = make_agent("two-reads", [reads, {"content": "Looked."}], tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="look at both")
-    tool = registry.get_tool("query_order")
+    reads = {"tool_calls": [lookup("a"), lookup("b")]}
+    agent = make_agent("two-reads", [reads, {"content": "Looked."}], tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="look at both")
+    tool = registry.get_tool("fake_lookup")
 
-    session = run.session  # read here: the handler runs on an event loop
+    session = run.session  # read here: the handler runs in the handler pool
 
-    async def handler(ctx, arguments):
-        if arguments["order_id"] == 123:
-            await sync_to_async(submit_input)(agent=agent, user=demo["requester"], input="quickly please",
-                                              session=session, multitask_strategy="supplement")
-        return await tool.handler(ctx, arguments)
+    def handler(ctx, arguments):
+        if arguments["key"] == "a":
+            submit_input(agent=agent, user=people["requester"], input="quickly please", session=session,
+                         multitask_strategy="supplement")
+        return tool.handler(ctx, arguments)
 
-    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
+    monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(tool, handler=handler))
     loop.advance(run.pk)
 
-    assert checks == [("query_order", "assessed")] * 2 + [("query_order", "rechecked")]
+    assert checks == [("fake_lookup", "assessed")] * 2 + [("fake_lookup", "rechecked")]
     assert [c.status for c in ToolCall.objects.filter(run=run).order_by("id")] == [ToolCallStatus.SUCCEEDED] * 2
 
 
-def test_an_approved_calls_note_is_told_alongside_calls_that_never_asked(demo, idle_worker):
+def test_an_approved_calls_note_is_told_alongside_calls_that_never_asked(people, idle_worker):
     """Results delivered together: the calls that never asked skip the note lookup, the approved one keeps it."""
     from tools.services import deliver_tool_results
 
-    refund = {"name": "refund", "arguments": {"order_id": 123, "amount": 70}}
-    agent = make_agent("mixed-notes", [{"tool_calls": [refund]}, QUERY, {"content": "Done."}],
-                       tools=["refund", "query_order"], check="refund")
-    run = start_run(agent=agent, user=demo["requester"], input="refund then look")
+    agent = make_agent("mixed-notes", [{"tool_calls": [transfer("acme", 70)]}, LOOKUP, {"content": "Done."}],
+                       tools=["fake_transfer", "fake_lookup"], check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="send then look")
     loop.advance(run.pk)
-    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved",
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved",
                      comment="Fine by me.")
     loop.advance(run.pk)
     approved, read = ToolCall.objects.filter(run=run).order_by("id")

@@ -16,8 +16,8 @@ QUESTION = {"name": "ask_user", "arguments": {"question": "Which account, A or B
 
 
 @pytest.fixture
-def asking_agent(demo, api):
-    return waiting_agent(api(demo["admin"]), "asks-account", QUESTION, final="Using the account you chose.")
+def asking_agent(people, api):
+    return waiting_agent(api(people["admin"]), "asks-account", QUESTION, final="Using the account you chose.")
 
 
 def _asked(worker, requester, agent) -> tuple[dict, dict]:
@@ -39,8 +39,8 @@ def _answered_with(run_id: int, answer: str, by: str) -> None:
     assert second_turn.request["last_message_id"] >= answer_message.pk  # sent to the model with the answer
 
 
-def test_question_answered_through_the_api_resumes_the_run_with_the_answer(worker, demo, api, asking_agent):
-    requester = api(demo["requester"])
+def test_question_answered_through_the_api_resumes_the_run_with_the_answer(worker, people, api, asking_agent):
+    requester = api(people["requester"])
     run, item = _asked(worker, requester, asking_agent)
     assert (item["kind"], item["title"], item["can_decide"]) == ("input", "Which account, A or B?", True)
     assert item["tool_call"]["arguments"]["options"] == ["A", "B"]
@@ -63,10 +63,10 @@ def test_question_answered_through_the_api_resumes_the_run_with_the_answer(worke
     assert kinds.count("wait") == 2  # opened, done
 
 
-def test_question_answered_on_the_item_page(worker, demo, api, asking_agent):
-    run, item = _asked(worker, api(demo["requester"]), asking_agent)
+def test_question_answered_on_the_item_page(worker, people, api, asking_agent):
+    run, item = _asked(worker, api(people["requester"]), asking_agent)
     browser = Client()
-    browser.force_login(demo["requester"])
+    browser.force_login(people["requester"])
     assert f'href="/inbox/{item["id"]}/"' in browser.get("/inbox/").content.decode()  # addressed to the requester
     assert "Which account, A or B?" in browser.get(f"/runs/{run['id']}/").content.decode()
 
@@ -87,26 +87,26 @@ def test_question_answered_on_the_item_page(worker, demo, api, asking_agent):
     _answered_with(run["id"], "A", "requester")
 
 
-def test_staff_may_answer_but_other_users_and_approvals_may_not(worker, demo, api, asking_agent):
-    run, item = _asked(worker, api(demo["requester"]), asking_agent)
+def test_staff_may_answer_but_other_users_and_approvals_may_not(worker, people, api, asking_agent):
+    run, item = _asked(worker, api(people["requester"]), asking_agent)
     stranger = get_user_model().objects.create_user("stranger", password="a-long-and-unusual-passphrase-42")
 
     assert api(stranger).post(f"/api/interrupts/{item['id']}/respond/", {"answer": "A"},
                               format="json").status_code == 404
-    assert api(demo["approver"]).post(f"/api/interrupts/{item['id']}/respond/", {"answer": "A"},
+    assert api(people["approver"]).post(f"/api/interrupts/{item['id']}/respond/", {"answer": "A"},
                                       format="json").status_code == 403
-    assert api(demo["admin"]).post(f"/api/interrupts/{item['id']}/approve/", {}, format="json").status_code == 400
+    assert api(people["admin"]).post(f"/api/interrupts/{item['id']}/approve/", {}, format="json").status_code == 400
     assert Interrupt.objects.get(pk=item["id"]).status == "pending"
 
-    answered = api(demo["admin"]).post(f"/api/interrupts/{item['id']}/respond/", {"answer": "A"}, format="json")
+    answered = api(people["admin"]).post(f"/api/interrupts/{item['id']}/respond/", {"answer": "A"}, format="json")
     assert answered.status_code == 200
     worker.drain()
     _answered_with(run["id"], "A", "admin")
 
 
-def test_free_text_question_takes_any_non_empty_answer(worker, demo, api):
-    requester = api(demo["requester"])
-    agent = waiting_agent(api(demo["admin"]), "asks-freely", {"name": "ask_user", "arguments": {"question": "Why?"}})
+def test_free_text_question_takes_any_non_empty_answer(worker, people, api):
+    requester = api(people["requester"])
+    agent = waiting_agent(api(people["admin"]), "asks-freely", {"name": "ask_user", "arguments": {"question": "Why?"}})
     run, item = _asked(worker, requester, agent)
     assert requester.post(f"/api/interrupts/{item['id']}/respond/", {"answer": "  "}, format="json").status_code == 400
     assert requester.post(f"/api/interrupts/{item['id']}/respond/", {"answer": "Gift", "file": "x"},
@@ -117,9 +117,9 @@ def test_free_text_question_takes_any_non_empty_answer(worker, demo, api):
     _answered_with(run["id"], "Gift", "requester")
 
 
-def test_unanswered_question_expires_and_the_run_goes_on_without_the_answer(worker, demo, api, asking_agent,
+def test_unanswered_question_expires_and_the_run_goes_on_without_the_answer(worker, people, api, asking_agent,
                                                                              settings):
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     run, item = _asked(worker, requester, asking_agent)
     ttl_s = settings.TOLLGATE["INPUT_TTL_HOURS"] * 3600
 
@@ -141,8 +141,8 @@ def test_unanswered_question_expires_and_the_run_goes_on_without_the_answer(work
     assert late.status_code == 409
 
 
-def test_cancelling_a_run_that_waits_for_an_answer_closes_the_question(worker, demo, api, asking_agent):
-    requester = api(demo["requester"])
+def test_cancelling_a_run_that_waits_for_an_answer_closes_the_question(worker, people, api, asking_agent):
+    requester = api(people["requester"])
     run, item = _asked(worker, requester, asking_agent)
     assert requester.post(f"/api/runs/{run['id']}/cancel/", {}, format="json").status_code == 200
     assert Interrupt.objects.get(pk=item["id"]).status == "cancelled"

@@ -21,7 +21,7 @@ from runs.base import awaiting
 from runs.engine.lifecycle import cancel_run, start_run
 from runs.models import DeathBlame, Run, RunStatus, Step
 from tests.support.durability import lookup_agent, make_agent
-from tests.support.provider import llm  # noqa: F401  (a fixture)
+from tests.support.provider import core_llm  # noqa: F401  (a fixture)
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool
@@ -63,7 +63,7 @@ def hung():
     release.set()
 
 
-def test_runs_in_flight_wait_for_their_async_calls_together(demo, worker, monkeypatch):
+def test_runs_in_flight_wait_for_their_async_calls_together(people, worker, monkeypatch):
     """30 runs, one broker thread: every run's async handler is in flight at once (each waits for all)."""
     runs_count = 30
     state = {"in": 0, "most": 0, "all_in": None}
@@ -83,7 +83,7 @@ def test_runs_in_flight_wait_for_their_async_calls_together(demo, worker, monkey
 
     use_tool(monkeypatch, "gathering", gathering)
     agent = calling("together", "gathering")
-    runs = [start_run(agent=agent, user=demo["requester"], input=str(n)) for n in range(runs_count)]
+    runs = [start_run(agent=agent, user=people["requester"], input=str(n)) for n in range(runs_count)]
     worker.drain(timeout_s=60)
 
     assert state["most"] == runs_count
@@ -91,15 +91,15 @@ def test_runs_in_flight_wait_for_their_async_calls_together(demo, worker, monkey
     assert {c.result["together"] for c in ToolCall.objects.filter(name="gathering")} == {runs_count}
 
 
-def test_a_sync_handler_ignoring_its_timeout_ends_at_it_and_holds_back_no_other_run(demo, worker, monkeypatch, hung):
+def test_a_sync_handler_ignoring_its_timeout_ends_at_it_and_holds_back_no_other_run(people, worker, monkeypatch, hung):
     def stuck(ctx, args):
         hung.wait()  # ignores its timeout: only the test's end lets it go
         return {"late": True}
 
     use_tool(monkeypatch, "stuck_lookup", stuck, timeout_s=0.5, max_attempts=1)
-    stuck_run = start_run(agent=calling("stuck", "stuck_lookup"), user=demo["requester"], input="x")
+    stuck_run = start_run(agent=calling("stuck", "stuck_lookup"), user=people["requester"], input="x")
     wait_until(lambda: ToolCall.objects.filter(run=stuck_run, status=S.RUNNING).exists())
-    other = start_run(agent=lookup_agent(), user=demo["requester"], input="y")
+    other = start_run(agent=lookup_agent(), user=people["requester"], input="y")
     worker.drain()
 
     stuck_run.refresh_from_db()
@@ -112,12 +112,12 @@ def test_a_sync_handler_ignoring_its_timeout_ends_at_it_and_holds_back_no_other_
     wait_until(lambda: awaiting.abandoned_threads() == 0)
 
 
-def test_a_side_effect_past_its_timeout_is_unknown_and_reconciled(demo, worker, monkeypatch, hung):
+def test_a_side_effect_past_its_timeout_is_unknown_and_reconciled(people, worker, monkeypatch, hung):
     async def stuck(ctx, args):
         await asyncio.sleep(3600)
 
     use_tool(monkeypatch, "stuck_send", stuck, side_effect=True, timeout_s=0.5)
-    run = start_run(agent=calling("stuck-send", "stuck_send"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("stuck-send", "stuck_send"), user=people["requester"], input="x")
     worker.drain()
 
     run.refresh_from_db()
@@ -127,13 +127,13 @@ def test_a_side_effect_past_its_timeout_is_unknown_and_reconciled(demo, worker, 
 
 
 @pytest.mark.parametrize("side_effect", [False, True])
-def test_a_cancel_during_a_hung_call_takes_effect(demo, worker, monkeypatch, hung, side_effect):
+def test_a_cancel_during_a_hung_call_takes_effect(people, worker, monkeypatch, hung, side_effect):
     def stuck(ctx, args):
         hung.wait()
         return {}
 
     use_tool(monkeypatch, "hung_call", stuck, side_effect=side_effect, timeout_s=3600)
-    run = start_run(agent=calling("hung", "hung_call"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("hung", "hung_call"), user=people["requester"], input="x")
     wait_until(lambda: ToolCall.objects.filter(run=run, status=S.RUNNING).exists())
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
     worker.drain()
@@ -145,12 +145,12 @@ def test_a_cancel_during_a_hung_call_takes_effect(demo, worker, monkeypatch, hun
     assert call.status == (S.UNKNOWN if side_effect else S.FAILED)  # sent: it may have taken effect
 
 
-def test_a_deadline_passing_during_a_call_fails_the_run(demo, worker, monkeypatch, hung):
+def test_a_deadline_passing_during_a_call_fails_the_run(people, worker, monkeypatch, hung):
     async def stuck(ctx, args):
         await asyncio.sleep(3600)
 
     use_tool(monkeypatch, "slow_lookup", stuck, timeout_s=3600)
-    run = start_run(agent=calling("late", "slow_lookup", deadline_s=1), user=demo["requester"], input="x")
+    run = start_run(agent=calling("late", "slow_lookup", deadline_s=1), user=people["requester"], input="x")
     worker.drain()
 
     run.refresh_from_db()
@@ -158,11 +158,11 @@ def test_a_deadline_passing_during_a_call_fails_the_run(demo, worker, monkeypatc
     assert "deadline passed" in ToolCall.objects.get(run=run).error
 
 
-def test_a_hung_model_call_holds_back_no_other_run_and_a_cancel_cuts_it_short(demo, worker, llm):
-    _server, agent = llm("openai", [{"content": "Too late.", "delay_s": 300}])
-    hung_run = start_run(agent=agent, user=demo["requester"], input="x")
+def test_a_hung_model_call_holds_back_no_other_run_and_a_cancel_cuts_it_short(people, worker, core_llm):
+    _server, agent = core_llm("openai", [{"content": "Too late.", "delay_s": 300}])
+    hung_run = start_run(agent=agent, user=people["requester"], input="x")
     wait_until(lambda: Step.objects.filter(run=hung_run, status="started").exists())
-    other = start_run(agent=lookup_agent(), user=demo["requester"], input="y")
+    other = start_run(agent=lookup_agent(), user=people["requester"], input="y")
     wait_until(lambda: Run.objects.get(pk=other.pk).status == RunStatus.COMPLETED)
 
     assert Run.objects.get(pk=hung_run.pk).status == RunStatus.RUNNING  # still waiting for its model
@@ -174,16 +174,16 @@ def test_a_hung_model_call_holds_back_no_other_run_and_a_cancel_cuts_it_short(de
     assert step.status == "discarded" and "cancel was requested" in step.error
 
 
-def test_a_deadline_passing_during_a_model_call_fails_the_run(demo, worker, llm):
-    _server, agent = llm("openai", [{"content": "Too late.", "delay_s": 300}], agent_fields={"deadline_s": 1})
-    run = start_run(agent=agent, user=demo["requester"], input="x")
+def test_a_deadline_passing_during_a_model_call_fails_the_run(people, worker, core_llm):
+    _server, agent = core_llm("openai", [{"content": "Too late.", "delay_s": 300}], agent_fields={"deadline_s": 1})
+    run = start_run(agent=agent, user=people["requester"], input="x")
     worker.drain()
     run.refresh_from_db()
     assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
     assert "deadline passed" in Step.objects.get(run=run).error
 
 
-def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_lease(demo, monkeypatch, hung):
+def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_lease(people, monkeypatch, hung):
     from runs.engine import runtime
 
     def stuck(ctx, args):
@@ -194,7 +194,7 @@ def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_leas
     monkeypatch.setattr(runtime, "SUBMIT_WAIT_S", 0.2)
     engine = runtime.Engine(runs_in_flight=1, db_threads=1)
     agent = calling("busy", "busy_lookup")
-    first, second = (start_run(agent=agent, user=demo["requester"], input=str(n)) for n in range(2))
+    first, second = (start_run(agent=agent, user=people["requester"], input=str(n)) for n in range(2))
     assert engine.submit(first.pk) is not None
     wait_until(lambda: ToolCall.objects.filter(run=first, status=S.RUNNING).exists())
 
@@ -209,7 +209,7 @@ def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_leas
     engine.close_connections()
 
 
-def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo, monkeypatch, hung):
+def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(people, monkeypatch, hung):
     """A run whose worker died on it before (crash streak 1) does not start beside a run in flight, and no
     run starts beside it: if its step kills the process again, it dies alone and is blamed alone."""
     from runs.engine import runtime
@@ -227,9 +227,9 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo
     use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
     use_tool(monkeypatch, "quick_lookup", counting)
     engine = runtime.Engine(runs_in_flight=10, db_threads=1)
-    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=people["requester"], input="busy")
     quick = calling("quick", "quick_lookup")
-    suspect, later = (start_run(agent=quick, user=demo["requester"], input=name) for name in ("suspect", "later"))
+    suspect, later = (start_run(agent=quick, user=people["requester"], input=name) for name in ("suspect", "later"))
     Run.objects.filter(pk=suspect.pk).update(crash_streak=1, loss_streak=1)
     assert engine.submit(busy.pk) is not None
     wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
@@ -251,7 +251,7 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(demo
     engine.close_connections()
 
 
-def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(demo, monkeypatch, hung, settings):
+def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(people, monkeypatch, hung, settings):
     """A run taken from a holder that died on it (no sweep yet) is a suspect; while it waits to be advanced
     alone its lease stays held and fresh, so the sweeper does not send it to another worker meanwhile, where
     it would start beside other runs as no suspect."""
@@ -265,8 +265,8 @@ def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(demo, monkey
     use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
     use_tool(monkeypatch, "quick_lookup", lambda ctx, args: {})
     engine = runtime.Engine(runs_in_flight=10, db_threads=1)
-    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
-    suspect = start_run(agent=calling("quick", "quick_lookup"), user=demo["requester"], input="suspect")
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=people["requester"], input="busy")
+    suspect = start_run(agent=calling("quick", "quick_lookup"), user=people["requester"], input="suspect")
     lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
     Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert engine.submit(busy.pk) is not None
@@ -289,7 +289,7 @@ def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(demo, monkey
     engine.close_connections()
 
 
-def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(demo, monkeypatch, hung):
+def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(people, monkeypatch, hung):
     """Past ``SUBMIT_WAIT_S`` a suspect is handed back (``EngineFull``) without giving its lease back: the
     lease runs out unrenewed, and the next worker to take the run still finds it a suspect."""
     from runs.engine import runtime
@@ -301,8 +301,8 @@ def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(demo,
     use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
     monkeypatch.setattr(runtime, "SUBMIT_WAIT_S", 0.3)
     engine = runtime.Engine(runs_in_flight=10, db_threads=1)
-    busy = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="busy")
-    suspect = start_run(agent=calling("quick", "busy_lookup"), user=demo["requester"], input="suspect")
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=people["requester"], input="busy")
+    suspect = start_run(agent=calling("quick", "busy_lookup"), user=people["requester"], input="suspect")
     lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
     Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert engine.submit(busy.pk) is not None
@@ -319,7 +319,7 @@ def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(demo,
     engine.close_connections()
 
 
-def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(demo, monkeypatch, hung):
+def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(people, monkeypatch, hung):
     """The sweeper broke the lease of a slice still in flight here (its keeper stalled past the TTL), and the
     run's next slice starts in the same process beside the old one: the old one ending takes nothing of the
     new one's, which goes on to the end."""
@@ -335,7 +335,7 @@ def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(
 
     use_tool(monkeypatch, "slow_lookup", lookup, timeout_s=60)
     engine = runtime.Engine(runs_in_flight=10, db_threads=1)
-    run = start_run(agent=calling("slow", "slow_lookup"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("slow", "slow_lookup"), user=people["requester"], input="x")
     assert engine.submit(run.pk) is not None
     wait_until(lambda: len(attempts) == 1)
     # What the sweeper writes when it breaks the lease of a bystander of a dead worker.
@@ -353,7 +353,7 @@ def test_two_slices_of_one_run_in_one_process_each_keep_their_own_cancel_signal(
 
 
 @pytest.mark.parametrize("error, sends, status", [("not sent", 2, S.SUCCEEDED), ("unavailable", 1, S.UNKNOWN)])
-def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff(error, sends, status, demo, worker,
+def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff(error, sends, status, people, worker,
                                                                                  monkeypatch):
     """No connection could be made (``ToolNotSent``): nothing left, so the side effect is simply sent again;
     a failure after which it may have left (``ToolUnavailable``) makes it unknown, never sent again blindly."""
@@ -368,7 +368,7 @@ def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff
         return {"booked": args["key"]}
 
     use_tool(monkeypatch, "flaky_send", flaky, side_effect=True, backoff_s=0.01)
-    run = start_run(agent=calling("flaky-send", "flaky_send"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("flaky-send", "flaky_send"), user=people["requester"], input="x")
     worker.drain()
 
     call = ToolCall.objects.get(run=run)

@@ -9,7 +9,6 @@ import asyncio
 import dataclasses
 
 import pytest
-from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from approvals.models import Interrupt
@@ -18,11 +17,12 @@ from runs.engine import loop
 from runs.engine.lifecycle import start_run, submit_input
 from runs.models import Agent, MultitaskStrategy, Run, RunEvent, RunStatus
 from runs.services import append_event
-from tests.support.api import gateway_refunds
+from tests.support.core import CORE_TOOLS, lookup, transfer
+from tests.support.fake_tools import transfers
 from tools import registry
 
-QUERY = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]}
-REFUND = {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 80}}]}
+LOOKUP = {"tool_calls": [lookup("acme")]}
+TRANSFER = {"tool_calls": [transfer("acme", 80)]}
 
 
 @pytest.fixture
@@ -44,40 +44,40 @@ def requests_seen(monkeypatch):
     return seen
 
 
-def _agent(turns, check: str = "refund") -> Agent:
-    return Agent.objects.create(slug="knowing", name="knowing", tools=["query_order", "refund"],
+def _agent(turns, check: str = "fake_transfer") -> Agent:
+    return Agent.objects.create(slug="knowing", name="knowing", tools=CORE_TOOLS,
                                 completion_check=check, model={"provider": "scripted", "turns": turns})
 
 
 def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
-        idle_worker, demo, monkeypatch, requests_seen):
-    agent = _agent([QUERY, {"content": "Done."}], check="default")
-    run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
-    tool = registry.get_tool("query_order")
+        idle_worker, people, monkeypatch, requests_seen):
+    agent = _agent([LOOKUP, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=people["requester"], input="look acme up")
+    tool = registry.get_tool("fake_lookup")
 
-    session = run.session  # read here: the handler runs on an event loop
+    session = run.session  # read here: the handler runs in the handler pool
 
-    async def handler(context, arguments):  # a person adds to the conversation while the call is out
-        await sync_to_async(submit_input)(agent=agent, user=demo["requester"], input="and please hurry",
-                                          session=session, multitask_strategy=MultitaskStrategy.SUPPLEMENT)
-        return await tool.handler(context, arguments)
+    def handler(context, arguments):  # a person adds to the conversation while the call is out
+        submit_input(agent=agent, user=people["requester"], input="and please hurry", session=session,
+                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        return tool.handler(context, arguments)
 
-    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(tool, handler=handler))
+    monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(tool, handler=handler))
     loop.advance(run.pk)
 
     second = requests_seen[1]
-    assert [m["content"] for m in second.messages if m["role"] == "user"] == ["look at order 123", "and please hurry"]
+    assert [m["content"] for m in second.messages if m["role"] == "user"] == ["look acme up", "and please hurry"]
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     assert not run.events.filter(type="input", reason__contains="not read").exists()
 
 
-def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(idle_worker, demo, monkeypatch):
-    run = start_run(agent=_agent([REFUND, {"content": "Refunded."}]), user=demo["requester"], input="refund 123")
+def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(idle_worker, people, monkeypatch):
+    run = start_run(agent=_agent([TRANSFER, {"content": "Sent."}]), user=people["requester"], input="send 80")
     wait_for_approval = loop._wait_for_approval
 
     def approved_first(run):  # the approver is quicker than the worker's next pass
-        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
         return wait_for_approval(run)
 
     monkeypatch.setattr(loop, "_wait_for_approval", approved_first)
@@ -86,7 +86,7 @@ def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(id
     run.refresh_from_db()
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
     assert not run.events.filter(to_status=RunStatus.WAITING).exists()
-    assert len(gateway_refunds()) == 1
+    assert len(transfers()) == 1
 
 
 def test_an_event_counter_in_memory_moves_only_over_its_own_unbroken_series(run_with_history):
@@ -104,15 +104,15 @@ def test_an_event_counter_in_memory_moves_only_over_its_own_unbroken_series(run_
 
 
 @pytest.fixture
-def run_with_history(demo):
-    return start_run(agent=_agent([{"content": "Done."}], check="default"), user=demo["requester"], input="hello")
+def run_with_history(people):
+    return start_run(agent=_agent([{"content": "Done."}], check="default"), user=people["requester"], input="hello")
 
 
-def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(idle_worker, demo, monkeypatch):
+def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(idle_worker, people, monkeypatch):
     """The ending takes what the loop knows only while the run's counter shows no other writer: input
     that arrives while the model writes its final answer is never read by it, so it starts the next run."""
     agent = _agent([{"content": "Done."}], check="default")
-    run = start_run(agent=agent, user=demo["requester"], input="look at order 123")
+    run = start_run(agent=agent, user=people["requester"], input="look acme up")
     get_client = loop.get_client
 
     def client(config):
@@ -120,7 +120,7 @@ def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(id
 
         async def complete(request):
             await asyncio.to_thread(  # the database is not touched from the event loop
-                submit_input, agent=agent, user=demo["requester"], input="and order 124 too", session=run.session,
+                submit_input, agent=agent, user=people["requester"], input="and globex too", session=run.session,
                 multitask_strategy=MultitaskStrategy.SUPPLEMENT)
             return await real.complete(request)
 
@@ -133,7 +133,7 @@ def test_input_supplemented_during_the_final_model_call_is_handed_on_not_lost(id
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
     event = run.events.get(type="input", reason__startswith="supplemented input was not read")
     following = Run.objects.get(pk=event.payload["run"])
-    assert following.input == "and order 124 too" and following.status == RunStatus.QUEUED
+    assert following.input == "and globex too" and following.status == RunStatus.QUEUED
 
 
 def _compare_at_every_pass(monkeypatch) -> list[int]:
@@ -154,14 +154,14 @@ def _compare_at_every_pass(monkeypatch) -> list[int]:
     return compared
 
 
-def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker, demo, monkeypatch):
+def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker, people, monkeypatch):
     """``Known.revalidate`` reads only the event counter, so every write of the loop's own to the run row
     must show in its instance: counters after a model call, a repair turn, a tool call, an approval."""
-    agent = _agent([QUERY, {"content": ""}, REFUND, {"content": "Refunded."}])
-    run = start_run(agent=agent, user=demo["requester"], input="refund 80 on order 123")
+    agent = _agent([LOOKUP, {"content": ""}, TRANSFER, {"content": "Sent."}])
+    run = start_run(agent=agent, user=people["requester"], input="send 80 to acme")
     compared = _compare_at_every_pass(monkeypatch)
     loop.advance(run.pk)
-    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
     loop.advance(run.pk)
 
     run.refresh_from_db()
@@ -170,13 +170,13 @@ def test_the_loops_run_instance_is_what_the_row_holds_at_every_pass(idle_worker,
 
 
 def test_a_model_answer_the_database_refuses_leaves_no_unstored_value_in_the_instance(
-        idle_worker, demo, monkeypatch):
+        idle_worker, people, monkeypatch):
     """The answer's transaction rolls back after the instance took its counters in; the loop carries on
     (a repair turn) and must not decide by what was never stored."""
     from django.db import DataError
 
     agent = _agent([{"content": "Done."}, {"content": "Done."}], check="default")
-    run = start_run(agent=agent, user=demo["requester"], input="look")
+    run = start_run(agent=agent, user=people["requester"], input="look")
     compared = _compare_at_every_pass(monkeypatch)
     append_message = loop.append_message
     refused = []

@@ -81,11 +81,11 @@ def test_a_silent_worker_is_stale_after_three_missed_beats_and_pruned_later(sett
     assert (me.runs_in_flight, me.abandoned_threads, me.pid) == (2, 1, os.getpid())
 
 
-def test_the_admin_shows_heartbeats_read_only_and_which_are_stale(client, demo, settings):
+def test_the_admin_shows_heartbeats_read_only_and_which_are_stale(client, people, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "WORKER_HEARTBEAT_S": 10.0}
     _row("w1:11:aaaaaa", 1)
     _row("w1:12:bbbbbb", 120)
-    client.force_login(demo["admin"])
+    client.force_login(people["admin"])
     page = client.get(reverse("admin:ops_workerheartbeat_changelist")).content.decode()
     rows = {line.split("w1:")[1][:9]: line for line in page.split("<tr") if "w1:1" in line}
     assert "icon-yes" in rows["11:aaaaaa"] and "icon-no" in rows["12:bbbbbb"]

@@ -33,6 +33,7 @@ from runs.ops.models import WorkerHeartbeat
 from runs.wakeups import ADVANCE_ACTOR, ADVANCE_QUEUE
 from runs.webhooks.models import WebhookDelivery
 from tests.support.api import create_agent, start_run
+from tests.support.core import asking_agent, refused_agent
 from tests.support.processes import database_url_for_subprocess
 from tests.engine.test_engine_runtime import calling, hung, use_tool, wait_until  # noqa: F401  (hung: a fixture)
 from tools.models import ToolCall
@@ -81,16 +82,16 @@ def test_a_scrape_without_the_token_is_refused(metrics_token):
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"bearer {TOKEN}").status_code == 200
 
 
-def test_after_a_scripted_workload_the_metrics_show_the_databases_counts(metrics_token, demo, worker, api):
-    admin, requester = api(demo["admin"]), api(demo["requester"])
+def test_after_a_scripted_workload_the_metrics_show_the_databases_counts(metrics_token, people, worker, api):
+    admin, requester = api(people["admin"]), api(people["requester"])
     done = create_agent(admin, "says-done", [{"content": "Done."}], tools=[], completion_check="default")
     for _ in range(2):
         start_run(requester, done["slug"], "Say done.")
-    approved, rejected, waiting = (start_run(requester, "refund-order") for _ in range(3))
+    approved, rejected, waiting = (start_run(requester, asking_agent().slug, "Send 80 to acme.") for _ in range(3))
     worker.drain()
-    decide_interrupt(interrupt=Interrupt.objects.get(run_id=approved["id"]), user=demo["approver"],
+    decide_interrupt(interrupt=Interrupt.objects.get(run_id=approved["id"]), user=people["approver"],
                      decision="approved")
-    decide_interrupt(interrupt=Interrupt.objects.get(run_id=rejected["id"]), user=demo["approver"],
+    decide_interrupt(interrupt=Interrupt.objects.get(run_id=rejected["id"]), user=people["approver"],
                      decision="rejected")
     worker.drain()
     deadline = time.monotonic() + 10
@@ -132,11 +133,11 @@ def test_after_a_scripted_workload_the_metrics_show_the_databases_counts(metrics
     assert 0 <= samples["tollgate_worker_last_seen_age_seconds"][(("worker", WORKER_ID),)] < 60
 
 
-def test_a_scrape_costs_one_query_per_family_however_many_rows(metrics_token, demo, worker, api):
+def test_a_scrape_costs_one_query_per_family_however_many_rows(metrics_token, people, worker, api):
     with CaptureQueriesContext(connection) as empty:
         scrape()
     for _ in range(3):
-        start_run(api(demo["requester"]), "refund-order")
+        start_run(api(people["requester"]), asking_agent().slug, "Send 80 to acme.")
     worker.drain()
     with CaptureQueriesContext(connection) as busy:
         scrape()
@@ -190,9 +191,9 @@ def test_the_processes_count_model_calls_steps_and_messages_of_a_workload(metric
     assert value(after, "dramatiq_messages_inprogress", **ADVANCE) == 0
 
 
-def test_sweeper_passes_are_counted_with_what_they_did(metrics_token, demo, idle_worker, settings, monkeypatch):
+def test_sweeper_passes_are_counted_with_what_they_did(metrics_token, people, idle_worker, settings, monkeypatch):
     settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 0.0}
-    start_run_here(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    start_run_here(agent=refused_agent(), user=people["requester"], input="send 500 to acme")
     dramatiq.get_broker().flush_all()  # the broker lost the wake-up: the sweeper sends it again
     before = scrape()
     first, second = recover_runs.sweep_all(), recover_runs.sweep_all()
@@ -221,14 +222,14 @@ def test_sweeper_passes_are_counted_with_what_they_did(metrics_token, demo, idle
                 one.counts[action] + two.counts[action]
 
 
-def test_an_abandoned_tool_thread_is_counted_until_it_ends(metrics_token, demo, worker, monkeypatch, hung):
+def test_an_abandoned_tool_thread_is_counted_until_it_ends(metrics_token, people, worker, monkeypatch, hung):
     def stuck(ctx, args):
         hung.wait()  # ignores its timeout: only the test lets it go
         return {"late": True}
 
     use_tool(monkeypatch, "stuck_lookup", stuck, timeout_s=0.5, max_attempts=1)
     before = scrape()
-    run = start_run_here(agent=calling("stuck", "stuck_lookup"), user=demo["requester"], input="x")
+    run = start_run_here(agent=calling("stuck", "stuck_lookup"), user=people["requester"], input="x")
     worker.drain()
     assert ToolCall.objects.get(run=run).status == "failed"
     stuck_now = scrape()

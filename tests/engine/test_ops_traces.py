@@ -32,6 +32,7 @@ from runs.models import Agent, Run, RunStatus
 from runs.engine.sweep_jobs import start_scheduled_runs
 from tests.support.api import pending_interrupts
 from tests.support.api import start_run as start_run_by_api
+from tests.support.core import asking_agent, refused_agent
 from tests.support.processes import database_url_for_subprocess
 from tests.engine.test_reconciliation import wire_transfer  # noqa: F401  (a fixture)
 from tests.engine.test_retries_and_sweeper import flaky_lookup  # noqa: F401  (a fixture)
@@ -81,19 +82,20 @@ def instrumented(monkeypatch):
         _forget_provider()
 
 
-def _approved_refund(demo, worker):
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund please")
+def _approved_transfer(people, worker):
+    run = start_run(agent=asking_agent(), user=people["requester"], input="send please")
     worker.drain()
     run.refresh_from_db()
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
     worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     return run
 
 
-def test_an_approved_refund_run_is_one_trace_of_model_calls_tool_calls_and_the_approval_wait(spans, demo, worker):
-    run = _approved_refund(demo, worker)
+def test_an_approved_transfer_run_is_one_trace_of_model_calls_tool_calls_and_the_approval_wait(spans, people,
+                                                                                              worker):
+    run = _approved_transfer(people, worker)
     finished = spans.get_finished_spans()
 
     trace_id, root_id = tracing.run_ids(run.pk, run.created_at)
@@ -115,10 +117,10 @@ def test_an_approved_refund_run_is_one_trace_of_model_calls_tool_calls_and_the_a
         assert span.attributes["gen_ai.response.finish_reasons"]
 
     tools = {span.attributes["gen_ai.tool.name"]: span for span in by_name["execute_tool"]}
-    refund = run.tool_calls.get(name="refund")
+    sent = run.tool_calls.get(name="fake_transfer")
     assert set(tools) == set(run.tool_calls.values_list("name", flat=True))
-    assert dict(tools["refund"].attributes).items() >= {
-        "gen_ai.tool.call.id": refund.provider_call_id, "tollgate.tool_call.id": refund.pk,
+    assert dict(tools["fake_transfer"].attributes).items() >= {
+        "gen_ai.tool.call.id": sent.provider_call_id, "tollgate.tool_call.id": sent.pk,
         "tollgate.tool.side_effect": True, "tollgate.tool.attempts": 1, "tollgate.tool.outcome": "succeeded"}.items()
 
     (wait,), (decision,) = by_name["approval"], by_name["decision"]
@@ -126,10 +128,10 @@ def test_an_approved_refund_run_is_one_trace_of_model_calls_tool_calls_and_the_a
     assert (wait.start_time, wait.end_time) == (int(item.created_at.timestamp() * 1e9),
                                                 int(item.resolved_at.timestamp() * 1e9))
     assert decision.parent.span_id == wait.context.span_id and decision.attributes["tollgate.decision"] == "approved"
-    assert wait.start_time < tools["refund"].start_time  # the refund ran once approved
+    assert wait.start_time < tools["fake_transfer"].start_time  # the transfer ran once approved
 
     texts = " ".join(str(value) for span in finished for value in span.attributes.values())
-    assert "refund please" not in texts and "order_id" not in texts  # no prompt, arguments or results
+    assert "send please" not in texts and "account" not in texts  # no prompt, arguments or results
 
 
 def _attribute(span, name: str, old_name: str):
@@ -175,17 +177,17 @@ def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_ru
     assert {span.context.trace_id for span in finished if span not in queries} == {trace_id, server.context.trace_id}
 
 
-def test_probes_are_not_traced_and_still_answer_any_host(instrumented, demo):
+def test_probes_are_not_traced_and_still_answer_any_host(instrumented, people):
     client = Client(HTTP_HOST="10.0.3.7:8000")
     assert client.get("/healthz").status_code == 200
     assert client.get("/readyz").status_code == 200
     assert not [span for span in instrumented.get_finished_spans() if span.kind == trace.SpanKind.SERVER]
 
 
-def test_nothing_is_recorded_without_a_tracer_provider(demo, worker):
+def test_nothing_is_recorded_without_a_tracer_provider(people, worker):
     assert not tracing.recording()
     assert not tracing.configure_from_environment()  # no OTEL_* variable in the tests' environment
-    _approved_refund(demo, worker)  # runs as before, and no span is made
+    _approved_transfer(people, worker)  # runs as before, and no span is made
     assert not tracing.recording()
 
 
@@ -242,24 +244,23 @@ def test_a_worker_in_another_process_puts_its_spans_in_the_same_trace(spans, dem
 
 
 def test_prompt_and_completion_text_are_recorded_only_when_turned_on_with_credentials_masked(
-        spans, demo, worker, settings, monkeypatch):
+        spans, people, worker, settings, monkeypatch):
     key = "sk-test-" + "k" * 40
     monkeypatch.setenv("EXAMPLE_PROVIDER_API_KEY", key)
     settings.TOLLGATE = {**settings.TOLLGATE, "TRACE_CONTENT": True}
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"],
-                    input=f"refund please, my key is {key}")
+    run = start_run(agent=asking_agent(), user=people["requester"], input=f"send please, my key is {key}")
     worker.drain()
 
     first = next(span for span in spans.get_finished_spans() if span.name.startswith("chat"))
     sent = json.loads(first.attributes["gen_ai.input.messages"])
-    assert any("refund please, my key is ***" in str(message.get("content")) for message in sent)
+    assert any("send please, my key is ***" in str(message.get("content")) for message in sent)
     assert key not in first.attributes["gen_ai.input.messages"]
     assert first.attributes["gen_ai.system_instructions"] == json.dumps(run.agent.instructions, ensure_ascii=False)
     answered, = json.loads(first.attributes["gen_ai.output.messages"])
-    assert answered["role"] == "assistant" and answered["tool_calls"][0]["name"] == "query_order"
+    assert answered["role"] == "assistant" and answered["tool_calls"][0]["name"] == "fake_lookup"
 
 
-def test_a_runs_log_lines_carry_its_trace_id_while_traces_are_recorded(spans, demo, worker):
+def test_a_runs_log_lines_carry_its_trace_id_while_traces_are_recorded(spans, people, worker):
     from runs.base.log_context import RunContextFilter
 
     seen = []
@@ -276,7 +277,7 @@ def test_a_runs_log_lines_carry_its_trace_id_while_traces_are_recorded(spans, de
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     try:
-        run = _approved_refund(demo, worker)
+        run = _approved_transfer(people, worker)
     finally:
         root.removeHandler(handler)
         root.setLevel(previous)
@@ -306,10 +307,10 @@ def _went_to_wait_ns(run_id: int) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-def test_every_other_wait_of_a_run_is_a_span_from_its_start_to_its_end(spans, demo, worker, api, flaky_lookup,
+def test_every_other_wait_of_a_run_is_a_span_from_its_start_to_its_end(spans, people, worker, api, flaky_lookup,
                                                                        wire_transfer, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "INLINE_BACKOFF_MAX_S": 0.0}
-    admin, requester = api(demo["admin"]), api(demo["requester"])
+    admin, requester = api(people["admin"]), api(people["requester"])
     naps = waiting_agent(admin, "naps", {"name": "wait_until", "arguments": {"seconds": 3600}})
     asks = waiting_agent(admin, "asks", {"name": "ask_user", "arguments": {"question": "A or B?",
                                                                            "options": ["A", "B"]}})
@@ -331,8 +332,8 @@ def test_every_other_wait_of_a_run_is_a_span_from_its_start_to_its_end(spans, de
     assert requester.post("/api/events/", {"type": "payment.settled", "key": "K-1", "payload": {}},
                           format="json").status_code == 201
     assert requester.post(f"/api/runs/{cancelled}/cancel/", format="json").status_code in (200, 202)
-    (unknown,) = pending_interrupts(api(demo["approver"]), wiring)
-    assert api(demo["approver"]).post(f"/api/interrupts/{unknown['id']}/reconcile/", {
+    (unknown,) = pending_interrupts(api(people["approver"]), wiring)
+    assert api(people["approver"]).post(f"/api/interrupts/{unknown['id']}/reconcile/", {
         "succeeded": False, "evidence": "bank: no such transfer"}, format="json").status_code == 200
     worker.drain()  # before the sweeper looks an hour ahead: a lease held then would look expired to it
     assert sweep_later(3601)["woken"] == 2  # the nap and the backoff
@@ -349,9 +350,9 @@ def test_every_other_wait_of_a_run_is_a_span_from_its_start_to_its_end(spans, de
         "status", flat=True)) == {RunStatus.COMPLETED}
 
 
-def test_a_run_started_later_has_a_scheduled_wait_from_its_creation(spans, demo, idle_worker):
+def test_a_run_started_later_has_a_scheduled_wait_from_its_creation(spans, people, idle_worker):
     later = timezone.now() + timedelta(hours=1)
-    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="x", start_at=later)
+    run = start_run(agent=refused_agent(), user=people["requester"], input="x", start_at=later)
     assert start_scheduled_runs(now=later + timedelta(seconds=1)) == {"started": 1}
     (wait,) = [span for span in spans.get_finished_spans() if span.name == "scheduled wait"]
     assert (wait.start_time, wait.end_time) == (int(run.created_at.timestamp() * 1e9),

@@ -9,7 +9,8 @@ from runs.models import Agent, Message, Run, Session
 from runs.providers.anthropic_provider import to_anthropic_messages
 from runs.transitions import apply
 from runs.engine.lifecycle import begin_run, start_run
-from tests.support.provider import REFUND_30, llm  # noqa: F401
+from tests.support.durability import lookup_agent
+from tests.support.provider import TRANSFER_5, core_llm  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WINDOW = 3000
@@ -56,14 +57,14 @@ def _assert_well_formed(messages: list[dict]) -> None:
     assert not pending
 
 
-def test_200_turn_session_is_trimmed_in_context_only(idle_worker, demo, llm):
-    server, agent = llm("openai", [{"tool_calls": [REFUND_30]}, {"content": "Refunded 30 on order 123."}],
-                        context_window=WINDOW, max_output_tokens=200)
-    session = _long_session(agent, demo["requester"])
+def test_200_turn_session_is_trimmed_in_context_only(idle_worker, people, core_llm):
+    server, agent = core_llm("openai", [{"tool_calls": [TRANSFER_5]}, {"content": "Sent 5 to acme."}],
+                             context_window=WINDOW, max_output_tokens=200)
+    session = _long_session(agent, people["requester"])
     before = _snapshot(session)
     assert len(before) == 801
 
-    run = start_run(agent=agent, user=demo["requester"], input="Now refund 30 on order 123.", session=session)
+    run = start_run(agent=agent, user=people["requester"], input="Now send 5 to acme.", session=session)
     assert begin_run(run, actor="test")  # what the worker does first: the input joins the history
     context = build_context(run, list(Message.objects.filter(session=session).order_by("id")))  # as Known reads it
     assert context.estimated_tokens <= WINDOW - 200
@@ -71,7 +72,7 @@ def test_200_turn_session_is_trimmed_in_context_only(idle_worker, demo, llm):
     _assert_well_formed(context.messages)
     assert context.messages[0] == {"role": "system", "content": f"{context.omitted} earlier messages were omitted to "
                                                                 "fit the context window."}
-    assert context.messages[-1] == {"role": "user", "content": "Now refund 30 on order 123."}
+    assert context.messages[-1] == {"role": "user", "content": "Now send 5 to acme."}
     assert any(m.get("tool_call_id") == "call_dangling" and json.loads(m["content"])["status"] == "missing"
                for m in context.messages)
     anthropic = to_anthropic_messages(context.messages)
@@ -89,7 +90,7 @@ def test_200_turn_session_is_trimmed_in_context_only(idle_worker, demo, llm):
         chars = sum(len(m.get("content") or "") + sum(len(c["function"]["name"] + c["function"]["arguments"])
                                                        for c in m.get("tool_calls") or []) for m in sent)
         assert chars / 4 + 4 * len(sent) + len(json.dumps(body["tools"])) / 4 < WINDOW
-        assert "Now refund 30 on order 123." in [m.get("content") for m in sent]
+        assert "Now send 5 to acme." in [m.get("content") for m in sent]
         assert sent[0]["role"] == "system" and sent[0]["content"] == agent.instructions
     step = run.steps.order_by("index").first()
     assert step.request["omitted_messages"] == context.omitted
@@ -139,11 +140,11 @@ def test_anthropic_wire_merges_roles_and_puts_tool_results_first():
         ("tool_result", False), ("tool_result", True), ("text", False)]
 
 
-def test_agent_without_context_window_uses_the_setting(demo, settings):
+def test_agent_without_context_window_uses_the_setting(db, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "CONTEXT_MAX_TOKENS": 123_456}
     from runs.engine.context import window_tokens
 
-    assert window_tokens(Agent.objects.get(slug="refund-order").model) == 123_456
+    assert window_tokens(Agent.objects.get(pk=lookup_agent().pk).model) == 123_456
     assert window_tokens({"context_window": 8000}) == 8000
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from runs.engine import runtime
 from runs.sweeping import sweep
-from tests.support.provider import REFUND_30, events, llm, run_to_rest  # noqa: F401
+from tests.support.provider import TRANSFER_5, core_llm, events, run_to_rest  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROVIDERS = ["openai", "anthropic"]
@@ -22,13 +22,13 @@ NAMES = {"openai": "OpenAI", "anthropic": "Anthropic"}
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_rate_limited_then_answered_completes(worker, demo, llm, provider):
-    server, agent = llm(provider, [
+def test_rate_limited_then_answered_completes(worker, people, core_llm, provider):
+    server, agent = core_llm(provider, [
         {"status": 429, "message": "Rate limit reached, slow down.", "headers": {"Retry-After": "0"}},
-        {"tool_calls": [REFUND_30]},
-        {"content": "Refunded 30."},
+        {"tool_calls": [TRANSFER_5]},
+        {"content": "Sent 5."},
     ])
-    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    run = run_to_rest(worker, agent, people["requester"], "Send 5 to acme.")
     assert (run.status, run.outcome) == ("completed", "achieved")
     assert len(server.requests) == 3
     assert server.bodies()[0] == server.bodies()[1], "the retry re-sends the same request"
@@ -37,14 +37,15 @@ def test_rate_limited_then_answered_completes(worker, demo, llm, provider):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_an_outage_waits_holding_no_worker_and_the_run_completes_once_the_model_is_back(worker, demo, llm, provider):
-    server, agent = llm(provider, [
+def test_an_outage_waits_holding_no_worker_and_the_run_completes_once_the_model_is_back(worker, people, core_llm,
+                                                                                       provider):
+    server, agent = core_llm(provider, [
         {"status": 503, "message": "Service unavailable.", "headers": {"Retry-After": "30"}},
-        {"tool_calls": [REFUND_30]},
-        {"content": "Refunded 30."},
+        {"tool_calls": [TRANSFER_5]},
+        {"content": "Sent 5."},
     ])
     asked_at = timezone.now()
-    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    run = run_to_rest(worker, agent, people["requester"], "Send 5 to acme.")
     assert (run.status, run.waiting_reason) == ("waiting", "retry_backoff")
     assert timedelta(seconds=29) <= run.wake_at - asked_at <= timedelta(seconds=40), "Retry-After: 30 honoured"
     assert runtime.engine().in_flight == 0, "the wait holds no worker"
@@ -60,11 +61,11 @@ def test_an_outage_waits_holding_no_worker_and_the_run_completes_once_the_model_
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_server_error_five_times_fails_with_model_error(worker, demo, llm, provider):
+def test_server_error_five_times_fails_with_model_error(worker, people, core_llm, provider):
     error = {"status": 500, "message": "The server had an error while processing your request.",
              "headers": {"retry-after-ms": "10"}}
-    server, agent = llm(provider, [error] * 5, max_retries=4)
-    run = run_to_rest(worker, agent, demo["requester"])
+    server, agent = core_llm(provider, [error] * 5, max_retries=4)
+    run = run_to_rest(worker, agent, people["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert len(server.requests) == 5
     assert run.error == (f"{NAMES[provider]} API error 500 (InternalServerError): The server had an error while "
@@ -76,9 +77,11 @@ def test_server_error_five_times_fails_with_model_error(worker, demo, llm, provi
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_unauthorised_fails_at_once_with_status_class_and_the_servers_message(worker, demo, llm, provider, caplog):
-    server, agent = llm(provider, [{"status": 401, "message": "Incorrect API key provided."}, {"content": "never"}])
-    run = run_to_rest(worker, agent, demo["requester"])
+def test_unauthorised_fails_at_once_with_status_class_and_the_servers_message(worker, people, core_llm, provider,
+                                                                             caplog):
+    server, agent = core_llm(provider, [{"status": 401, "message": "Incorrect API key provided."},
+                                        {"content": "never"}])
+    run = run_to_rest(worker, agent, people["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert len(server.requests) == 1
     assert run.error == f"{NAMES[provider]} API error 401 (AuthenticationError): Incorrect API key provided."
@@ -89,17 +92,17 @@ def test_unauthorised_fails_at_once_with_status_class_and_the_servers_message(wo
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_400_reads_back_over_rest_on_the_run_and_its_step_for_whoever_may_read_the_run(
-        worker, demo, llm, provider, api, caplog):
+        worker, people, core_llm, provider, api, caplog):
     """A strict server refuses the request; its status and message are the integrator's to read, nobody else's."""
-    message = "Invalid schema for function 'refund': 'order_id' must be a string."
-    server, agent = llm(provider, [{"status": 400, "message": message}, {"content": "never"}])
-    run = run_to_rest(worker, agent, demo["requester"])
+    message = "Invalid schema for function 'fake_transfer': 'amount' must be a string."
+    server, agent = core_llm(provider, [{"status": 400, "message": message}, {"content": "never"}])
+    run = run_to_rest(worker, agent, people["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert len(server.requests) == 1, "a 400 is not tried again"
     expected = f"{NAMES[provider]} API error 400 (BadRequestError): {message}"
     assert message in caplog.text
 
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     assert requester.get(f"/api/runs/{run.pk}/").json()["error"] == expected
     step, = requester.get(f"/api/runs/{run.pk}/steps/").json()["results"]
     assert (step["status"], step["error"], step["server_error"]) == ("failed", expected,
@@ -112,16 +115,16 @@ def test_a_400_reads_back_over_rest_on_the_run_and_its_step_for_whoever_may_read
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_the_servers_message_is_cut_short_and_its_credentials_masked_wherever_it_is_kept(
-        worker, demo, llm, provider, api, monkeypatch):
+        worker, people, core_llm, provider, api, monkeypatch):
     monkeypatch.setenv("TEST_KEY", "the-endpoint-key-0042")  # the key this server is sent, echoed back below
     message = ("bad request from key sk-abcdefghijklmnopqrstuvwx, the-endpoint-key-0042 at "
                "https://u:hunter2@models.internal/v1 api_key=s3cr3t-value " + "x" * 1000)
-    server, agent = llm(provider, [{"status": 400, "message": message}])
-    run = run_to_rest(worker, agent, demo["requester"])
+    server, agent = core_llm(provider, [{"status": 400, "message": message}])
+    run = run_to_rest(worker, agent, people["requester"])
 
     step = run.steps.get()
-    body = str(api(demo["requester"]).get(f"/api/runs/{run.pk}/steps/").json())
-    run_body = str(api(demo["requester"]).get(f"/api/runs/{run.pk}/").json())
+    body = str(api(people["requester"]).get(f"/api/runs/{run.pk}/steps/").json())
+    run_body = str(api(people["requester"]).get(f"/api/runs/{run.pk}/").json())
     for kept in (run.error, step.error, body, run_body):
         assert "bad request from key" in kept
         for secret in ("sk-abcdefghijklmnopqrstuvwx", "the-endpoint-key-0042", "hunter2", "s3cr3t-value"):
@@ -130,31 +133,31 @@ def test_the_servers_message_is_cut_short_and_its_credentials_masked_wherever_it
     assert step.response["error"]["message"].endswith("x…")
 
 
-def test_missing_api_key_fails_before_any_request(worker, demo, llm, monkeypatch):
-    server, agent = llm("openai", [{"content": "never"}])
+def test_missing_api_key_fails_before_any_request(worker, people, core_llm, monkeypatch):
+    server, agent = core_llm("openai", [{"content": "never"}])
     monkeypatch.delenv("TEST_KEY")
-    run = run_to_rest(worker, agent, demo["requester"])
+    run = run_to_rest(worker, agent, people["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert run.error == f"The model endpoint {server.endpoint!r} has no API key configured on this server."
     assert server.requests == []
 
 
-def test_unreachable_server_fails_with_model_error(worker, demo, llm):
-    server, agent = llm("openai", [], max_retries=0, timeout_s=2)
+def test_unreachable_server_fails_with_model_error(worker, people, core_llm):
+    server, agent = core_llm("openai", [], max_retries=0, timeout_s=2)
     server.stop()
-    run = run_to_rest(worker, agent, demo["requester"])
+    run = run_to_rest(worker, agent, people["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert "unreachable" in run.error
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_stream_broken_off_mid_answer_is_discarded_and_asked_again(worker, demo, llm, provider):
-    server, agent = llm(provider, [
-        {"tool_calls": [REFUND_30], "cut_after": 300},
-        {"tool_calls": [REFUND_30]},
-        {"content": "Refunded 30."},
+def test_stream_broken_off_mid_answer_is_discarded_and_asked_again(worker, people, core_llm, provider):
+    server, agent = core_llm(provider, [
+        {"tool_calls": [TRANSFER_5], "cut_after": 300},
+        {"tool_calls": [TRANSFER_5]},
+        {"content": "Sent 5."},
     ])
-    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+    run = run_to_rest(worker, agent, people["requester"], "Send 5 to acme.")
     assert (run.status, run.outcome) == ("completed", "achieved"), run.error
     assert len(server.requests) == 3
     assert list(run.steps.order_by("index").values_list("status", flat=True)) == ["discarded", "succeeded", "succeeded"]
@@ -162,9 +165,9 @@ def test_stream_broken_off_mid_answer_is_discarded_and_asked_again(worker, demo,
     assert run.events.filter(type="model_call", reason__startswith="discarded: ").count() == 1
 
 
-def test_stream_that_keeps_breaking_off_fails_with_model_error(worker, demo, llm, settings):
-    server, agent = llm("openai", [{"tool_calls": [REFUND_30], "cut_after": 200}] * 3)
-    run = run_to_rest(worker, agent, demo["requester"], "Refund 30 on order 123.")
+def test_stream_that_keeps_breaking_off_fails_with_model_error(worker, people, core_llm, settings):
+    server, agent = core_llm("openai", [{"tool_calls": [TRANSFER_5], "cut_after": 200}] * 3)
+    run = run_to_rest(worker, agent, people["requester"], "Send 5 to acme.")
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert "broke off" in run.error
     assert len(server.requests) == 3

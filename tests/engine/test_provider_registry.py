@@ -26,23 +26,23 @@ def _create(api, user, model):
     return api(user).post("/api/agents/", {"slug": "echo-agent", "name": "Echo", "model": model}, format="json")
 
 
-def test_a_registered_provider_checks_its_config_and_runs(demo, api, worker, echo_provider):
-    refused = _create(api, demo["admin"], {"provider": "echo", "reply": 5, "base_url": "http://elsewhere"})
+def test_a_registered_provider_checks_its_config_and_runs(people, api, worker, echo_provider):
+    refused = _create(api, people["admin"], {"provider": "echo", "reply": 5, "base_url": "http://elsewhere"})
     assert refused.status_code == 400
     body = refused.content.decode()
     assert "echo model config needs a 'reply' string" in body and "Unknown key(s) in the echo model config: base_url" in body
     assert not Agent.objects.filter(slug="echo-agent").exists()
 
-    created = _create(api, demo["admin"], {"provider": "echo", "reply": "Heard you"})
+    created = _create(api, people["admin"], {"provider": "echo", "reply": "Heard you"})
     assert created.status_code == 201, created.content
-    run = start_run(agent=Agent.objects.get(slug="echo-agent"), user=demo["requester"], input="hello there")
+    run = start_run(agent=Agent.objects.get(slug="echo-agent"), user=people["requester"], input="hello there")
     worker.drain()
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.final_output) == ("completed", "Heard you [hello there]")
 
 
-def test_an_unknown_provider_is_a_clear_400_naming_the_known_ones(demo, api, echo_provider):
-    response = _create(api, demo["admin"], {"provider": "oracle", "reply": "x"})
+def test_an_unknown_provider_is_a_clear_400_naming_the_known_ones(people, api, echo_provider):
+    response = _create(api, people["admin"], {"provider": "oracle", "reply": "x"})
     assert response.status_code == 400
     assert "Unknown model provider 'oracle'; known: scripted, openai, anthropic, echo." in response.content.decode()
     assert not Agent.objects.filter(slug="echo-agent").exists()

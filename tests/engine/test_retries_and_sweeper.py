@@ -9,11 +9,13 @@ from django.core.management import call_command
 from django.utils import timezone, translation
 
 from approvals.models import Interrupt, InterruptStatus
-from runs.models import Agent, DeathBlame, FailureType, Run, RunStatus, Step, WaitingReason
+from runs.models import DeathBlame, FailureType, Run, RunStatus, Step, WaitingReason
 from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover
 from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
+from tests.support.core import asking_agent, refused_agent
 from tests.support.durability import make_agent
+from tests.support.fake_tools import transfers
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Tool, ToolUnavailable
@@ -36,15 +38,15 @@ def flaky_lookup(monkeypatch):
     return failures
 
 
-def _lookup_run(demo):
+def _lookup_run(people):
     agent = make_agent("stock", [{"tool_calls": [{"name": "stock_lookup", "arguments": {"sku": "A-1"}}]},
                                  {"content": "3 in stock."}], tools=["stock_lookup"])
-    return start_run(agent=agent, user=demo["requester"], input="how many A-1?")
+    return start_run(agent=agent, user=people["requester"], input="how many A-1?")
 
 
-def test_read_only_call_is_retried_and_each_attempt_is_an_event(demo, worker, flaky_lookup):
+def test_read_only_call_is_retried_and_each_attempt_is_an_event(people, worker, flaky_lookup):
     flaky_lookup[0] = 2
-    run = _lookup_run(demo)
+    run = _lookup_run(people)
     worker.drain()
     run.refresh_from_db()
     call = ToolCall.objects.get(run=run)
@@ -53,9 +55,9 @@ def test_read_only_call_is_retried_and_each_attempt_is_an_event(demo, worker, fl
     assert run.status == RunStatus.COMPLETED
 
 
-def test_read_only_call_fails_after_its_attempts_and_the_model_hears_it(demo, worker, flaky_lookup):
+def test_read_only_call_fails_after_its_attempts_and_the_model_hears_it(people, worker, flaky_lookup):
     flaky_lookup[0] = 99
-    run = _lookup_run(demo)
+    run = _lookup_run(people)
     worker.drain()
     call = ToolCall.objects.get(run=run)
     assert (call.status, call.attempts) == (ToolCallStatus.FAILED, 3)
@@ -63,10 +65,10 @@ def test_read_only_call_fails_after_its_attempts_and_the_model_hears_it(demo, wo
     assert run.messages.filter(role="tool", content__contains="Gave up").exists()
 
 
-def test_long_backoff_waits_on_a_timer_instead_of_a_sleeping_worker(demo, worker, flaky_lookup, settings):
+def test_long_backoff_waits_on_a_timer_instead_of_a_sleeping_worker(people, worker, flaky_lookup, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "INLINE_BACKOFF_MAX_S": 0.0}
     flaky_lookup[0] = 1
-    run = _lookup_run(demo)
+    run = _lookup_run(people)
     worker.drain()
     run.refresh_from_db()
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RETRY_BACKOFF)
@@ -79,9 +81,9 @@ def test_long_backoff_waits_on_a_timer_instead_of_a_sleeping_worker(demo, worker
     assert ToolCall.objects.get(run=run).attempts == 2
 
 
-def test_sweeper_re_enqueues_a_queued_run_whose_message_was_lost(demo, idle_worker, settings):
+def test_sweeper_re_enqueues_a_queued_run_whose_message_was_lost(people, idle_worker, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 0.0}
-    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    run = start_run(agent=refused_agent(), user=people["requester"], input="send 500 to acme")
     dramatiq.get_broker().flush_all()  # the broker lost the wake-up
     idle_worker.worker.start()
     idle_worker.drain()
@@ -94,8 +96,8 @@ def test_sweeper_re_enqueues_a_queued_run_whose_message_was_lost(demo, idle_work
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "not_achieved")
 
 
-def test_expired_approval_fails_the_run_and_runs_nothing(demo, worker, payment_gateway):
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
+def test_expired_approval_fails_the_run_and_runs_nothing(people, worker):
+    run = start_run(agent=asking_agent(), user=people["requester"], input="send 80 to acme")
     worker.drain()
     item = Interrupt.objects.get(run=run)
     assert sweep(now=item.expires_at - timedelta(seconds=1))["expired"] == 0
@@ -105,14 +107,14 @@ def test_expired_approval_fails_the_run_and_runs_nothing(demo, worker, payment_g
     item.refresh_from_db()
     assert (run.status, run.failure_type) == (RunStatus.FAILED, "approval_expired")
     assert item.status == InterruptStatus.EXPIRED
-    assert ToolCall.objects.get(run=run, name="refund").status == ToolCallStatus.EXPIRED
-    assert payment_gateway.ledger()["refunds"] == []
+    assert ToolCall.objects.get(run=run, name="fake_transfer").status == ToolCallStatus.EXPIRED
+    assert transfers() == []
     assert timezone.now() < item.expires_at  # decided by the sweeper's clock, not by waiting
 
 
-def test_sweeper_sends_a_stranded_run_once_per_grace_period(demo, idle_worker, settings):
+def test_sweeper_sends_a_stranded_run_once_per_grace_period(people, idle_worker, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 30.0}
-    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    run = start_run(agent=refused_agent(), user=people["requester"], input="send 500 to acme")
     dramatiq.get_broker().flush_all()  # lost, and every re-send below is lost too
     later = timezone.now() + timedelta(seconds=31)
     assert sweep(now=later)["reenqueued"] == 1
@@ -123,9 +125,9 @@ def test_sweeper_sends_a_stranded_run_once_per_grace_period(demo, idle_worker, s
     assert run.status == RunStatus.QUEUED
 
 
-def test_a_run_waiting_its_turn_in_the_broker_is_not_sent_again(demo, idle_worker):
-    agent = Agent.objects.get(slug="cancel-order")
-    runs = [start_run(agent=agent, user=demo["requester"], input=f"cancel 124 ({i})") for i in range(3)]
+def test_a_run_waiting_its_turn_in_the_broker_is_not_sent_again(people, idle_worker):
+    agent = refused_agent()
+    runs = [start_run(agent=agent, user=people["requester"], input=f"send 500 to acme ({i})") for i in range(3)]
     long_after = timezone.now() + timedelta(hours=1)  # far past the grace period: a long backlog
     assert sweep(now=long_after)["reenqueued"] == 0, "their wake-ups are still in the queue"
 
@@ -138,24 +140,24 @@ def test_a_run_waiting_its_turn_in_the_broker_is_not_sent_again(demo, idle_worke
         assert run.status == RunStatus.COMPLETED
 
 
-def test_the_sweeper_sends_back_at_most_its_limit_per_pass(demo, idle_worker, settings):
+def test_the_sweeper_sends_back_at_most_its_limit_per_pass(people, idle_worker, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "SWEEP_MAX_RESENDS": 2}
-    agent = Agent.objects.get(slug="cancel-order")
+    agent = refused_agent()
     for i in range(3):
-        start_run(agent=agent, user=demo["requester"], input=f"cancel 124 ({i})")
+        start_run(agent=agent, user=people["requester"], input=f"send 500 to acme ({i})")
     dramatiq.get_broker().flush_all()
     long_after = timezone.now() + timedelta(hours=1)
     assert sweep(now=long_after)["reenqueued"] == 2
     assert sweep(now=long_after + timedelta(hours=1))["reenqueued"] == 1  # the third, on the next pass
 
 
-def test_a_wake_up_held_by_a_dead_consumer_does_not_count_as_waiting(demo, idle_worker):
+def test_a_wake_up_held_by_a_dead_consumer_does_not_count_as_waiting(people, idle_worker):
     from dramatiq.brokers.redis import RedisBroker
 
     broker = dramatiq.get_broker()
     if not isinstance(broker, RedisBroker):
         pytest.skip("only the Redis broker hands messages to consumers in other processes")
-    run = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+    run = start_run(agent=refused_agent(), user=people["requester"], input="send 500 to acme")
     consumer = broker.consume("default", prefetch=10, timeout=500)
     assert next(consumer) is not None  # fetched by a worker that then dies without acknowledging it
     try:
@@ -190,10 +192,10 @@ def test_the_sweepers_blame_is_stored_as_the_strings_rows_already_hold_and_shown
         Run._meta.get_field("death_blame").clean("guilty", culprit)
 
 
-def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_their_deaths(demo, settings):
+def test_a_run_whose_work_started_just_after_a_neighbours_is_never_blamed_for_their_deaths(people, settings):
     """The killing step runs on for a moment after recording its start: a neighbour's later start proves nothing."""
-    agent = make_agent("co-dying", [{"content": "x"}], tools=["query_order"])
-    neighbour, bystander = (start_run(agent=agent, user=demo["requester"], input="x") for _ in range(2))
+    agent = make_agent("co-dying", [{"content": "x"}], tools=["fake_lookup"])
+    neighbour, bystander = (start_run(agent=agent, user=people["requester"], input="x") for _ in range(2))
     for death in range(settings.TOLLGATE["MAX_CRASHES_PER_STEP"]):
         killing_step_started = timezone.now() - timedelta(minutes=5)
         _die_together([neighbour, bystander], f"worker-{death}",

@@ -21,13 +21,15 @@ from django.utils import timezone
 from approvals.models import Interrupt
 from runs.models import Agent, Run, Session, Step
 from runs.sweeping import sweep
+from tests.support.inbox import agent as scripted_agent
 from tools.models import ToolCall, Wait
 
+AGENT = "scale"  # the agent of every waiting run made here (``tests.support.inbox.agent``)
 LISTS = [
     "/api/runs/",
     "/api/runs/?status=waiting",
     "/api/runs/?waiting_reason=input",
-    "/api/runs/?agent=refund-order",
+    f"/api/runs/?agent={AGENT}",
     "/api/interrupts/",
     "/api/interrupts/?status=pending",
     "/api/sessions/",
@@ -35,9 +37,9 @@ LISTS = [
 
 
 def add_waiting_runs(count: int, user, *, start: int = 0) -> list[Run]:
-    """``count`` waiting runs of ``user`` on refund-order, in rotation: an approval (pending call and item,
+    """``count`` waiting runs of ``user`` on ``AGENT``, in rotation: an approval (pending call and item,
     expiring in a day), a question (an input wait and its item) and a retry backoff (a timer in an hour)."""
-    agent = Agent.objects.get(slug="refund-order")
+    agent = scripted_agent(AGENT)
     now, made = timezone.now(), []
     for number in range(start, start + count):
         kind = ("approval", "input", "retry_backoff")[number % 3]
@@ -50,8 +52,8 @@ def add_waiting_runs(count: int, user, *, start: int = 0) -> list[Run]:
         step = Step.objects.create(run=run, index=0, status="succeeded")
         call = ToolCall.objects.create(
             run=run, step=step, index=0, provider_call_id=f"scale-{number}", side_effect=kind == "approval",
-            name="refund" if kind == "approval" else "ask_user",
-            arguments={"order_id": 123, "amount": "80.00"} if kind == "approval" else {"question": "Which?"},
+            name="fake_transfer" if kind == "approval" else "ask_user",
+            arguments={"account": "acme", "amount": 80} if kind == "approval" else {"question": "Which?"},
             status="awaiting_approval" if kind == "approval" else "running")
         Interrupt.objects.create(run=run, tool_call=call, kind=kind, title="Scale item",
                                  expires_at=now + timedelta(days=1) if kind == "approval" else None)
@@ -61,13 +63,13 @@ def add_waiting_runs(count: int, user, *, start: int = 0) -> list[Run]:
 
 
 @pytest.fixture
-def page_clients(demo, api):
+def page_clients(people, api):
     """``{who: (page client, API client)}`` for the approver (sees every run) and the requester (their own)."""
     clients = {}
     for who in ("approver", "requester"):
         page = Client()
-        page.force_login(demo[who])
-        clients[who] = (page, api(demo[who]))
+        page.force_login(people[who])
+        clients[who] = (page, api(people[who]))
     return clients
 
 
@@ -81,12 +83,12 @@ def _statements(client, url: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("who", ["approver", "requester"])
-def test_every_list_costs_the_same_statements_for_5_or_50_waiting_runs(demo, page_clients, who):
+def test_every_list_costs_the_same_statements_for_5_or_50_waiting_runs(people, page_clients, who):
     page, api = page_clients[who]
-    add_waiting_runs(5, demo["requester"])
+    add_waiting_runs(5, people["requester"])
     urls = [(api, url) for url in LISTS] + [(page, reverse("run-list"))]
     few = {url: _statements(client, url) for client, url in urls}
-    add_waiting_runs(45, demo["requester"], start=5)
+    add_waiting_runs(45, people["requester"], start=5)
     many = {url: _statements(client, url) for client, url in urls}
     for _client, url in urls:
         assert many[url][0] == few[url][0], (url, few[url], many[url])
@@ -94,9 +96,9 @@ def test_every_list_costs_the_same_statements_for_5_or_50_waiting_runs(demo, pag
     assert many["/api/runs/?waiting_reason=input"][1] == few["/api/runs/?waiting_reason=input"][1] + 15
 
 
-def test_a_waiting_run_in_a_list_says_what_it_waits_for(demo, page_clients):
+def test_a_waiting_run_in_a_list_says_what_it_waits_for(people, page_clients):
     """The pending waits are loaded for the whole page: each run still shows its own."""
-    runs = add_waiting_runs(3, demo["requester"])
+    runs = add_waiting_runs(3, people["requester"])
     listed = {row["id"]: row for row in page_clients["approver"][1].get("/api/runs/").json()["results"]}
     question = runs[1]
     wait = question.waits.get()
@@ -133,17 +135,19 @@ def _idle_and_due_pass(runs: list[Run]) -> tuple[int, int]:
     return idle, due
 
 
-def test_a_sweeper_pass_costs_the_same_statements_for_5_or_50_waiting_runs(demo, idle_worker):
-    Agent.objects.filter(slug="refund-order").update(deadline_s=30 * 86400)  # the deadline check runs, none passes
-    few = _idle_and_due_pass(add_waiting_runs(5, demo["requester"]))
-    many = _idle_and_due_pass(add_waiting_runs(45, demo["requester"], start=5))
+def test_a_sweeper_pass_costs_the_same_statements_for_5_or_50_waiting_runs(people, idle_worker):
+    scripted_agent(AGENT)
+    Agent.objects.filter(slug=AGENT).update(deadline_s=30 * 86400)  # the deadline check runs, none passes
+    few = _idle_and_due_pass(add_waiting_runs(5, people["requester"]))
+    many = _idle_and_due_pass(add_waiting_runs(45, people["requester"], start=5))
     assert many == few
 
 
-def test_a_waiting_run_past_its_agents_deadline_fails_and_one_before_it_waits_on(demo, idle_worker):
+def test_a_waiting_run_past_its_agents_deadline_fails_and_one_before_it_waits_on(people, idle_worker):
     """The deadline check asks per agent in SQL; it still fails exactly the runs whose deadline passed."""
-    Agent.objects.filter(slug="refund-order").update(deadline_s=3600)
-    late, on_time = add_waiting_runs(2, demo["requester"])
+    scripted_agent(AGENT)
+    Agent.objects.filter(slug=AGENT).update(deadline_s=3600)
+    late, on_time = add_waiting_runs(2, people["requester"])
     Run.objects.filter(pk=late.pk).update(started_at=timezone.now() - timedelta(hours=2))
     assert sweep()["past_deadline"] == 1
     late.refresh_from_db()
@@ -196,8 +200,8 @@ LIST_QUERIES = {
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="plans are PostgreSQL's")
 @pytest.mark.parametrize("name", list(LIST_QUERIES))
-def test_lists_and_sweeper_looks_read_an_index_in_their_order(demo, name):
-    query = LIST_QUERIES[name](demo["requester"])
+def test_lists_and_sweeper_looks_read_an_index_in_their_order(people, name):
+    query = LIST_QUERIES[name](people["requester"])
     sql, params = query.query.sql_with_params()
     with transaction.atomic():
         plan = _plan(sql, params)

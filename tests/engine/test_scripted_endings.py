@@ -83,11 +83,11 @@ def test_a_call_argument_that_is_one_placeholder_takes_the_typed_value_of_the_la
                                                   "known: succeeded, edited, invalid, denied, rejected, expired, "
                                                   "cancelled, failed, unknown, pending."),
 ])
-def test_a_bad_content_by_status_is_refused_when_the_agent_is_created(demo, api, by_status, problem):
+def test_a_bad_content_by_status_is_refused_when_the_agent_is_created(people, api, by_status, problem):
     assert config_problems({"turns": [{"content": "x", "content_by_status": by_status}]}) == [problem]
-    body = {"slug": "bad-ending", "name": "Bad ending", "tools": ["refund"],
+    body = {"slug": "bad-ending", "name": "Bad ending", "tools": ["fake_transfer"],
             "model": {"provider": "scripted", "turns": [{"content": "x", "content_by_status": by_status}]}}
-    response = api(demo["admin"]).post("/api/agents/", body, format="json")
+    response = api(people["admin"]).post("/api/agents/", body, format="json")
     assert response.status_code == 400
     assert problem in json.dumps(response.json())
 

@@ -20,7 +20,7 @@ from runs import sweeping
 from runs.engine.sweep_jobs import wake_due_runs
 from runs.models import Run, Session
 from runs.sweeping import JobResult, SweepJob, register_sweep_job, run_sweep, sweep, sweep_jobs, totals
-from tests.support.inbox import pending_call
+from tests.support.core import pending_transfer
 
 PRODUCT_JOBS = [
     "rescue_stranded",                   # the engine's (runs.apps)
@@ -56,7 +56,7 @@ def test_two_jobs_may_not_report_the_same_count():
 
 def _due_backoff(requester) -> Run:
     """A run waiting in a retry backoff whose ``wake_at`` has passed."""
-    agent = pending_call(requester=requester, expires_in=None).run.agent
+    agent = pending_transfer(requester=requester, expires_in=None).run.agent
     session = Session.objects.create(owner=requester, agent=agent)
     return Run.objects.create(session=session, agent=agent, requested_by=requester, input="backoff", status="waiting",
                               waiting_reason="retry_backoff", started_at=timezone.now(),
@@ -64,8 +64,8 @@ def _due_backoff(requester) -> Run:
 
 
 def test_a_failing_job_is_logged_and_the_jobs_after_it_still_run_in_a_long_lived_sweeper(
-        demo, idle_worker, monkeypatch, caplog):
-    run = _due_backoff(demo["requester"])
+        people, idle_worker, monkeypatch, caplog):
+    run = _due_backoff(people["requester"])
 
     def broken(*, now):
         raise DatabaseError("the database is restarting")
@@ -87,8 +87,8 @@ def test_a_failing_job_is_logged_and_the_jobs_after_it_still_run_in_a_long_lived
     assert ("INFO", "sweep job wake_due_runs: woken=1") in logged
 
 
-def test_one_pass_of_the_command_prints_every_jobs_counts(demo, idle_worker):
-    _due_backoff(demo["requester"])
+def test_one_pass_of_the_command_prints_every_jobs_counts(people, idle_worker):
+    _due_backoff(people["requester"])
     output = io.StringIO()
     call_command("recover_runs", stdout=output)
     printed = dict(pair.split("=") for pair in output.getvalue().split())

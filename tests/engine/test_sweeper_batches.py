@@ -23,7 +23,7 @@ from runs.models import Message, Run, RunEvent, Session
 from runs.services import append_event
 from runs.webhooks.models import OutboxEntry, WebhookSubscription
 from tests.support.api import error_of
-from tests.support.inbox import pending_call
+from tests.support.core import pending_transfer
 from tools.models import ToolCall
 
 # Statements of a pass with due work besides its items (the looks for due work, one batch's locks and loads).
@@ -38,7 +38,7 @@ EXPIRY_EVENTS = [
 
 def overdue_items(count: int, requester) -> list[Interrupt]:
     """``count`` pending approvals in waiting runs, overdue by 1, 2, ... minutes (the first the most)."""
-    items = [pending_call(requester=requester) for _ in range(count)]
+    items = [pending_transfer(requester=requester) for _ in range(count)]
     now = timezone.now()
     for minutes, item in enumerate(items):
         Interrupt.objects.filter(pk=item.pk).update(expires_at=now - timedelta(minutes=count - minutes))
@@ -47,7 +47,7 @@ def overdue_items(count: int, requester) -> list[Interrupt]:
 
 def due_backoffs(count: int, requester) -> list[Run]:
     """``count`` runs waiting in a retry backoff whose ``wake_at`` passed."""
-    agent = pending_call(requester=requester, expires_in=None).run.agent
+    agent = pending_transfer(requester=requester, expires_in=None).run.agent
     runs = []
     for number in range(count):
         session = Session.objects.create(owner=requester, agent=agent)
@@ -81,18 +81,18 @@ def assert_expired_as_one_at_a_time(item: Interrupt, since: int) -> None:
 
 
 @pytest.mark.parametrize("kind", ["expiry", "wake"])
-def test_a_pass_with_5_or_20_due_items_grows_by_a_small_constant_per_item(demo, idle_worker, kind):
+def test_a_pass_with_5_or_20_due_items_grows_by_a_small_constant_per_item(people, idle_worker, kind):
     """Statements per due item: an expiry writes 3 events (each bumping the run's counter), 3 rows and a
     message (10; 38 when each had its own transaction and reads); a wake one event and the run (3; 10)."""
     per_item_bound = {"expiry": 10, "wake": 3}[kind]
     counts, items = {}, []
     for count in (5, 20):
         if kind == "expiry":
-            batch = overdue_items(count, demo["requester"])
+            batch = overdue_items(count, people["requester"])
             items += batch
             seqs = {item.pk: Run.objects.get(pk=item.run_id).last_event_seq for item in batch}
         else:
-            due_backoffs(count, demo["requester"])
+            due_backoffs(count, people["requester"])
         counts[count], found = statements_of_a_pass()
         assert found[{"expiry": "expired", "wake": "woken"}[kind]] == count
         if kind == "expiry":
@@ -104,10 +104,10 @@ def test_a_pass_with_5_or_20_due_items_grows_by_a_small_constant_per_item(demo, 
     assert set(statements_of_a_pass()[1].values()) == {0}
 
 
-def test_the_cap_leaves_the_rest_for_the_next_pass_which_finishes_them(demo, idle_worker, settings):
+def test_the_cap_leaves_the_rest_for_the_next_pass_which_finishes_them(people, idle_worker, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "SWEEP_BATCH": 3}
-    items = overdue_items(5, demo["requester"])
-    backoffs = due_backoffs(4, demo["requester"])
+    items = overdue_items(5, people["requester"])
+    backoffs = due_backoffs(4, people["requester"])
     first = sweep()
     assert (first["expired"], first["woken"]) == (3, 3)
     statuses = dict(Interrupt.objects.filter(pk__in=[item.pk for item in items]).values_list("pk", "status"))
@@ -121,13 +121,13 @@ def test_the_cap_leaves_the_rest_for_the_next_pass_which_finishes_them(demo, idl
     assert set(sweep().values()) == {0}
 
 
-def test_reconciliation_after_the_run_ended_is_capped_per_pass(demo, idle_worker, settings, payment_gateway):
-    """Unknown refunds of ended runs the gateway has no record of yet: asked at most SWEEP_BATCH per pass."""
+def test_reconciliation_after_the_run_ended_is_capped_per_pass(people, idle_worker, settings):
+    """Unknown transfers of ended runs the bank has no record of yet: asked at most SWEEP_BATCH per pass."""
     settings.TOLLGATE = {**settings.TOLLGATE, "SWEEP_BATCH": 2}
     now = timezone.now()
     calls = []
     for number in range(3):
-        item = pending_call(requester=demo["requester"], expires_in=None)
+        item = pending_transfer(requester=people["requester"], expires_in=None)
         Run.objects.filter(pk=item.run_id).update(status="failed", waiting_reason="")
         ToolCall.objects.filter(pk=item.tool_call_id).update(
             status="unknown", attempts=1, idempotency_key=f"sweeper-cap-{number}-{item.pk}",
@@ -140,14 +140,14 @@ def test_reconciliation_after_the_run_ended_is_capped_per_pass(demo, idle_worker
     assert all(at > now for at in ToolCall.objects.filter(pk__in=calls).values_list("reconcile_after", flat=True))
 
 
-def test_a_run_with_two_overdue_items_gets_one_expired_and_the_other_cancelled(demo, idle_worker):
+def test_a_run_with_two_overdue_items_gets_one_expired_and_the_other_cancelled(people, idle_worker):
     """The second item of the run is cancelled by the run's end, as when the items were done one at a time."""
-    first = pending_call(requester=demo["requester"])
+    first = pending_transfer(requester=people["requester"])
     run = first.run
     second_call = ToolCall.objects.create(run=run, step=first.tool_call.step, index=1, provider_call_id="second",
-                                          name="refund", arguments={"order_id": 124, "amount": 70},
+                                          name="fake_transfer", arguments={"account": "globex", "amount": 70},
                                           side_effect=True, status="awaiting_approval")
-    second = Interrupt.objects.create(run=run, tool_call=second_call, kind="approval", title="Approve refund?")
+    second = Interrupt.objects.create(run=run, tool_call=second_call, kind="approval", title="Approve transfer?")
     Interrupt.objects.filter(pk__in=[first.pk, second.pk]).update(expires_at=timezone.now() - timedelta(minutes=1))
     since = Run.objects.get(pk=run.pk).last_event_seq
     assert sweep()["expired"] == 1
@@ -161,10 +161,10 @@ def test_a_run_with_two_overdue_items_gets_one_expired_and_the_other_cancelled(d
     assert Run.objects.get(pk=run.pk).error == f"Inbox item {expired} expired before anyone decided."
 
 
-def test_events_of_a_batch_reach_the_outbox_with_one_subscription_check_per_transaction(demo, idle_worker):
-    WebhookSubscription.objects.create(owner=demo["admin"], url="https://hooks.example.test/in",
+def test_events_of_a_batch_reach_the_outbox_with_one_subscription_check_per_transaction(people, idle_worker):
+    WebhookSubscription.objects.create(owner=people["admin"], url="https://hooks.example.test/in",
                                        event_types=["run.failed", "interrupt.resolved"], secret="whsec_test")
-    items = overdue_items(3, demo["requester"])
+    items = overdue_items(3, people["requester"])
     OutboxEntry.objects.all().delete()
     with CaptureQueriesContext(connection) as captured:  # the expiry job alone: the webhooks' own job asks too
         assert expire_overdue_approvals(now=timezone.now()) == {"expired": 3}
@@ -174,8 +174,8 @@ def test_events_of_a_batch_reach_the_outbox_with_one_subscription_check_per_tran
     assert recorded == {(item.run_id, kind) for item in items for kind in ("interrupt", "transition")}
 
 
-def test_a_subscription_check_is_not_reused_after_its_transaction_rolled_back(demo, idle_worker):
-    run = pending_call(requester=demo["requester"]).run
+def test_a_subscription_check_is_not_reused_after_its_transaction_rolled_back(people, idle_worker):
+    run = pending_transfer(requester=people["requester"]).run
 
     class Undone(Exception):
         pass
@@ -183,7 +183,7 @@ def test_a_subscription_check_is_not_reused_after_its_transaction_rolled_back(de
     with pytest.raises(Undone), transaction.atomic():
         append_event(run, type="transition", actor="test", from_status="waiting", to_status="failed")  # asks: none
         raise Undone
-    WebhookSubscription.objects.create(owner=demo["admin"], url="https://hooks.example.test/in",
+    WebhookSubscription.objects.create(owner=people["admin"], url="https://hooks.example.test/in",
                                        event_types=["run.failed"], secret="whsec_test")
     with transaction.atomic():
         event = append_event(run, type="transition", actor="test", from_status="waiting", to_status="failed")
@@ -191,9 +191,9 @@ def test_a_subscription_check_is_not_reused_after_its_transaction_rolled_back(de
 
 
 def test_an_approval_past_its_expiry_is_refused_through_the_api_and_then_expired_by_the_sweeper(
-        demo, idle_worker, api):
-    item = overdue_items(1, demo["requester"])[0]
-    response = api(demo["approver"]).post(f"/api/interrupts/{item.pk}/approve/", {"comment": "late"}, format="json")
+        people, idle_worker, api):
+    item = overdue_items(1, people["requester"])[0]
+    response = api(people["approver"]).post(f"/api/interrupts/{item.pk}/approve/", {"comment": "late"}, format="json")
     error = error_of(response, 409)
     assert error["code"] == "expired" and error["details"]["expires_at"]
     item.refresh_from_db()
@@ -203,9 +203,9 @@ def test_an_approval_past_its_expiry_is_refused_through_the_api_and_then_expired
     assert_expired_as_one_at_a_time(item, since)
 
 
-def test_an_approval_past_its_expiry_is_refused_in_the_inbox_form(demo, idle_worker, client):
-    item = overdue_items(1, demo["requester"])[0]
-    client.force_login(demo["approver"])
+def test_an_approval_past_its_expiry_is_refused_in_the_inbox_form(people, idle_worker, client):
+    item = overdue_items(1, people["requester"])[0]
+    client.force_login(people["approver"])
     response = client.post(reverse("inbox-item", args=[item.pk]), {"decision": "approved", "comment": "late"})
     assert response.status_code == 409
     assert f"Inbox item {item.pk} expired" in response.content.decode()
@@ -216,9 +216,9 @@ def test_an_approval_past_its_expiry_is_refused_in_the_inbox_form(demo, idle_wor
     assert item.status == "expired"
 
 
-def test_an_approval_before_its_expiry_is_still_accepted(demo, idle_worker, api):
-    item = pending_call(requester=demo["requester"], expires_in=timedelta(minutes=1))
-    response = api(demo["approver"]).post(f"/api/interrupts/{item.pk}/approve/", {}, format="json")
+def test_an_approval_before_its_expiry_is_still_accepted(people, idle_worker, api):
+    item = pending_transfer(requester=people["requester"], expires_in=timedelta(minutes=1))
+    response = api(people["approver"]).post(f"/api/interrupts/{item.pk}/approve/", {}, format="json")
     assert response.status_code == 200, response.json()
     item.refresh_from_db()
     assert (item.status, item.decision, item.tool_call.status) == ("resolved", "approved", "ready")

@@ -9,6 +9,7 @@ from django.utils import timezone
 from runs.sweeping import sweep
 from runs.models import Run
 from tests.support.api import field_errors, get_run, start_run, tool_calls
+from tests.support.core import asking_agent
 from tests.support.waits import tool_result, waiting_agent, worker_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,10 +21,10 @@ def _sleep_until(moment) -> None:
         time.sleep(left + 0.05)
 
 
-def test_a_run_waits_two_seconds_without_a_worker_and_the_sweeper_resumes_it(worker, demo, api):
-    agent = waiting_agent(api(demo["admin"]), "naps", {"name": "wait_until", "arguments": {"seconds": 2}},
+def test_a_run_waits_two_seconds_without_a_worker_and_the_sweeper_resumes_it(worker, people, api):
+    agent = waiting_agent(api(people["admin"]), "naps", {"name": "wait_until", "arguments": {"seconds": 2}},
                           final="Slept well.")
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     before = timezone.now()
     run = start_run(requester, agent, "Nap for two seconds.")
     worker.drain()
@@ -49,10 +50,10 @@ def test_a_run_waits_two_seconds_without_a_worker_and_the_sweeper_resumes_it(wor
     assert result["result"]["woke_at"] >= result["result"]["waited_until"]
 
 
-def test_wait_until_a_time_that_has_passed_goes_on_at_once(worker, demo, api):
-    agent = waiting_agent(api(demo["admin"]), "no-nap",
+def test_wait_until_a_time_that_has_passed_goes_on_at_once(worker, people, api):
+    agent = waiting_agent(api(people["admin"]), "no-nap",
                           {"name": "wait_until", "arguments": {"until": "2020-01-01T00:00:00+00:00"}})
-    run = start_run(api(demo["requester"]), agent, "Go.")
+    run = start_run(api(people["requester"]), agent, "Go.")
     worker.drain()
     assert Run.objects.get(pk=run["id"]).status == "completed"
     assert tool_result(run["id"], "wait_until")["result"]["waited_until"] == "2020-01-01T00:00:00+00:00"
@@ -63,20 +64,20 @@ def test_wait_until_a_time_that_has_passed_goes_on_at_once(worker, demo, api):
     ({"until": "2030-01-01T00:00:00"}, "until must be an ISO 8601 date and time with a UTC offset"),
     ({"seconds": 601}, "more than 600 seconds away"),
 ])
-def test_wait_until_refuses_bad_or_too_distant_times(worker, demo, api, settings, arguments, error):
+def test_wait_until_refuses_bad_or_too_distant_times(worker, people, api, settings, arguments, error):
     settings.TOLLGATE = {**settings.TOLLGATE, "MAX_WAIT_S": 600}
-    agent = waiting_agent(api(demo["admin"]), "bad-nap", {"name": "wait_until", "arguments": arguments})
-    run = start_run(api(demo["requester"]), agent, "Nap.")
+    agent = waiting_agent(api(people["admin"]), "bad-nap", {"name": "wait_until", "arguments": arguments})
+    run = start_run(api(people["requester"]), agent, "Nap.")
     worker.drain()
-    call, = tool_calls(api(demo["requester"]), run["id"])
+    call, = tool_calls(api(people["requester"]), run["id"])
     assert call["status"] == "denied" and error in call["error"]
 
 
-def test_a_run_with_start_at_stays_queued_until_then(worker, demo, api, settings):
+def test_a_run_with_start_at_stays_queued_until_then(worker, people, api, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 0}  # the sweeper would re-send a lost queued run
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     start_at = timezone.now() + timedelta(seconds=60)  # far enough that a slow machine cannot reach it
-    response = requester.post("/api/runs/", {"agent": "refund-order", "input": "Refund order 123.",
+    response = requester.post("/api/runs/", {"agent": asking_agent().slug, "input": "Send 80 to acme.",
                                              "start_at": start_at.isoformat()}, format="json")
     assert response.status_code == 201, response.json()
     run = response.json()
@@ -92,14 +93,14 @@ def test_a_run_with_start_at_stays_queued_until_then(worker, demo, api, settings
     assert sweep()["started"] == 1
     worker.drain()
     started = get_run(requester, run["id"])
-    assert (started["status"], started["waiting_reason"]) == ("waiting", "approval")  # the refund asks an approver
+    assert (started["status"], started["waiting_reason"]) == ("waiting", "approval")  # the transfer asks an approver
     assert Run.objects.get(pk=run["id"]).started_at >= start_at
 
 
-def test_start_at_is_checked(demo, api, settings):
+def test_start_at_is_checked(people, api, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "MAX_WAIT_S": 600}
-    requester = api(demo["requester"])
-    body = {"agent": "refund-order", "input": "Refund order 123."}
+    requester = api(people["requester"])
+    body = {"agent": asking_agent().slug, "input": "Send 80 to acme."}
     too_far = requester.post("/api/runs/", {**body, "start_at": (timezone.now() + timedelta(seconds=700)).isoformat()},
                              format="json")
     assert "start_at" in field_errors(too_far)

@@ -22,6 +22,7 @@ from runs.models import Agent, Phase, Run, RunEvent, Step
 from runs.services import Event, RunColumns, append_events
 from runs.transitions import apply
 from runs.webhooks.models import OutboxEntry, WebhookSubscription
+from tests.support.core import transfer
 from tests.support.durability import lookup_agent
 from tools.models import ToolCall, ToolCallStatus
 from runs.base.awaiting import drive
@@ -85,10 +86,10 @@ def test_run_columns_are_written_with_the_events_seqs_in_one_fenced_statement_or
         Phase.EXECUTING_TOOLS, before.last_event_seq + 2, before.model_calls + 1, before.cost_usd + Decimal("0.0125"))
 
 
-def test_every_event_of_one_reservation_reaches_the_webhook_outbox(demo):
-    WebhookSubscription.objects.create(owner=demo["admin"], url="https://hooks.example.test/in",
+def test_every_event_of_one_reservation_reaches_the_webhook_outbox(people):
+    WebhookSubscription.objects.create(owner=people["admin"], url="https://hooks.example.test/in",
                                        event_types=["run.waiting", "run.failed"], secret="whsec_test")
-    run = start_run(agent=lookup_agent(), user=demo["requester"], input="look a up")
+    run = start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
     with transaction.atomic():
         events = append_events(run, [
             Event(type="transition", actor="test", from_status="running", to_status="waiting"),
@@ -105,13 +106,13 @@ def test_the_event_counter_cannot_be_written_as_a_run_column():
         RunColumns(increments={"last_event_seq": 5})
 
 
-def test_a_proposal_stores_each_call_once_in_its_assessed_status_and_logs_proposed_first(demo):
-    agent = Agent.objects.create(slug="proposing", name="proposing", tools=["query_order", "refund"],
+def test_a_proposal_stores_each_call_once_in_its_assessed_status_and_logs_proposed_first(people):
+    agent = Agent.objects.create(slug="proposing", name="proposing", tools=["fake_lookup", "fake_transfer"],
                                  model={"provider": "scripted", "turns": []})
-    run = start_run(agent=agent, user=demo["requester"], input="refund order 123")
+    run = start_run(agent=agent, user=people["requester"], input="send 80 to acme")
     step = Step.objects.create(run=run, index=0, request={})
-    calls = [{"id": "c1", "name": "query_order", "arguments": {"order_id": 123}},
-             {"id": "c2", "name": "refund", "arguments": {"order_id": 123, "amount": 80}},  # over 50: asks
+    calls = [{"id": "c1", "name": "fake_lookup", "arguments": {"key": "acme"}},
+             {"id": "c2", "name": "fake_transfer", "arguments": {"account": "acme", "amount": 80}},  # over 10: asks
              {"id": "c3", "name": "no_such_tool", "arguments": {}}]
     assessments = drive(assess_tool_calls(run=run, calls=calls, truncated=False))
     start = Run.objects.get(pk=run.pk).last_event_seq
@@ -145,8 +146,8 @@ def test_every_assessed_outcome_but_duplicate_is_a_tool_call_transition():
 def test_a_new_call_whose_events_the_fence_refuses_is_not_stored_and_stays_unsaved(run):
     stale, _ = _taken_over(run.pk)
     step = Step.objects.create(run=run, index=0, request={})
-    call = ToolCall(run=run, step=step, index=0, provider_call_id="c1", name="query_order",
-                    raw_arguments='{"order_id": 1}', arguments={"order_id": 1})
+    call = ToolCall(run=run, step=step, index=0, provider_call_id="c1", name="fake_lookup",
+                    raw_arguments='{"key": "a"}', arguments={"key": "a"})
     with lease.holding(stale), pytest.raises(LeaseLost):
         apply(call.make_ready, actor="worker", reason="cleared",
               logged_before=lambda c: [Event(type="tool_call", actor="worker", reason="proposed",
@@ -191,17 +192,15 @@ def test_a_status_cannot_be_written_around_the_state_machine(run):
 
 # --- a decision's three transitions share one reservation (runs.transitions.EventBatch) ---------------
 
-def _waiting_for(demo, *refunds: int) -> Run:
-    """A run of the demo refund tool waiting for approval of one refund (of 60.00, over the approval threshold) per order number given."""
+def _waiting_for(people, *accounts: str) -> Run:
+    """A run of ``fake_transfer`` waiting for approval of one transfer (of 60, over the approval threshold) per
+    account given."""
     from runs.engine import loop
-    from tools.demo.models import Order
 
-    for number in refunds:
-        Order.objects.create(number=number, owner=demo["requester"], total="100.00")
-    calls = [{"name": "refund", "arguments": {"order_id": number, "amount": 60}} for number in refunds]
-    agent = Agent.objects.create(slug=f"batch-{refunds[0]}", name="batch", tools=["refund"],
+    calls = [transfer(account, 60) for account in accounts]
+    agent = Agent.objects.create(slug=f"batch-{accounts[0]}", name="batch", tools=["fake_transfer"],
                                  model={"provider": "scripted", "turns": [{"tool_calls": calls}, {"content": "Done."}]})
-    run = start_run(agent=agent, user=demo["requester"], input="refund")
+    run = start_run(agent=agent, user=people["requester"], input="send")
     loop.advance(run.pk)
     run.refresh_from_db()
     assert (run.status, run.waiting_reason) == ("waiting", "approval")
@@ -212,14 +211,14 @@ def _log_since(run: Run, seq: int) -> list[tuple[int, str, str, str]]:
     return list(run.events.filter(seq__gt=seq).order_by("seq").values_list("seq", "type", "from_status", "to_status"))
 
 
-def test_a_decision_logs_its_three_transitions_in_order_with_one_run_row_write(demo, idle_worker):
+def test_a_decision_logs_its_three_transitions_in_order_with_one_run_row_write(people, idle_worker):
     from approvals.models import Interrupt
     from approvals.services import decide_interrupt
 
-    run = _waiting_for(demo, 7301)
+    run = _waiting_for(people, "acct-7301")
     item = Interrupt.objects.get(run=run)
     with CaptureQueriesContext(connection) as captured:
-        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+        decide_interrupt(interrupt=item, user=people["approver"], decision="approved")
     assert len(_run_row_writes(captured)) == 1
     assert len(_event_inserts(captured)) == 1
     stored = Run.objects.get(pk=run.pk)
@@ -230,30 +229,30 @@ def test_a_decision_logs_its_three_transitions_in_order_with_one_run_row_write(d
     assert stored.last_event_seq == s + 3 and stored.status == "running"
 
 
-def test_a_decision_that_leaves_another_item_pending_still_logs_both_of_its_events(demo, idle_worker):
+def test_a_decision_that_leaves_another_item_pending_still_logs_both_of_its_events(people, idle_worker):
     from approvals.models import Interrupt
     from approvals.services import decide_interrupt
 
-    run = _waiting_for(demo, 7311, 7312)
+    run = _waiting_for(people, "acct-7311", "acct-7312")
     first, second = Interrupt.objects.filter(run=run).order_by("pk")
-    decide_interrupt(interrupt=first, user=demo["approver"], decision="rejected", comment="no")
+    decide_interrupt(interrupt=first, user=people["approver"], decision="rejected", comment="no")
     s = run.last_event_seq
     assert _log_since(run, s) == [(s + 1, "interrupt", "pending", "resolved"),
                                   (s + 2, "tool_call", "awaiting_approval", "rejected")]
     assert Run.objects.get(pk=run.pk).status == "waiting"
-    decide_interrupt(interrupt=second, user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=second, user=people["approver"], decision="approved")
     assert [row[1:] for row in _log_since(run, s + 2)] == [("interrupt", "pending", "resolved"),
                                                             ("tool_call", "awaiting_approval", "ready"),
                                                             ("transition", "waiting", "running")]
 
 
-def test_a_refused_run_transition_undoes_the_batched_item_and_call(demo, idle_worker, monkeypatch):
+def test_a_refused_run_transition_undoes_the_batched_item_and_call(people, idle_worker, monkeypatch):
     from django_fsm import ConcurrentTransition
 
     from approvals.models import Interrupt
     from approvals.services import decide_interrupt
 
-    run = _waiting_for(demo, 7321)
+    run = _waiting_for(people, "acct-7321")
     item = Interrupt.objects.get(run=run)
     # another writer moves the run between the decision's lock and its run transition
     import runs.services as services
@@ -265,7 +264,7 @@ def test_a_refused_run_transition_undoes_the_batched_item_and_call(demo, idle_wo
 
     monkeypatch.setattr(services, "_reserve", moved_first)
     with pytest.raises(ConcurrentTransition):
-        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
+        decide_interrupt(interrupt=item, user=people["approver"], decision="approved")
     monkeypatch.undo()
     assert Interrupt.objects.get(pk=item.pk).status == "pending"
     assert ToolCall.objects.get(run=run).status == "awaiting_approval"
@@ -289,11 +288,11 @@ def test_an_event_batch_takes_its_own_run_instance_only_and_logs_nothing_when_le
     assert list(run.events.filter(type="note").values_list("seq", "reason")) == [(seq + 1, "kept")]
 
 
-def test_a_batch_is_refused_where_a_caught_error_could_log_a_transition_that_never_happened(demo, idle_worker):
+def test_a_batch_is_refused_where_a_caught_error_could_log_a_transition_that_never_happened(people, idle_worker):
     from approvals.models import Interrupt
     from runs.transitions import EventBatch
 
-    run = _waiting_for(demo, 7331)
+    run = _waiting_for(people, "acct-7331")
     item = Interrupt.objects.select_related("run", "tool_call").get(run=run)
     call = item.tool_call
     call.run = item.run

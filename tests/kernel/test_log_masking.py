@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from runs.base.masking import mask_log_text
-from tests.support.provider import llm, run_to_rest  # noqa: F401
+from tests.support.provider import core_llm, run_to_rest  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,14 +19,14 @@ KEY = "sk-test-0123456789abcdefSECRET"
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_a_provider_error_quoting_the_key_and_a_password_is_logged_masked(worker, demo, llm, provider, caplog,
+def test_a_provider_error_quoting_the_key_and_a_password_is_logged_masked(worker, people, core_llm, provider, caplog,
                                                                           monkeypatch):
     answer = (f"Incorrect API key provided: {KEY}. Your request: "
               '{"password": "hunter2-db", "db": "postgres://svc:pg-pass-77@db.internal/x"}')
-    server, agent = llm(provider, [{"status": 401, "message": answer}])
+    server, agent = core_llm(provider, [{"status": 401, "message": answer}])
     monkeypatch.setenv("TEST_KEY", KEY)  # the key the run is sent with, from the endpoint profile's variable
 
-    run = run_to_rest(worker, agent, demo["requester"])
+    run = run_to_rest(worker, agent, people["requester"])
 
     assert (run.status, run.failure_type) == ("failed", "model_error")
     logged = caplog.text

@@ -39,7 +39,7 @@ def test_the_history_and_the_answer_are_translated_both_ways():
     assert [call["name"] for call in calls] == ["crm.lookup", "nothing_known", [1]]
 
 
-def test_a_run_calls_a_dotted_tool_through_a_strict_openai_server(demo, worker, settings, monkeypatch):
+def test_a_run_calls_a_dotted_tool_through_a_strict_openai_server(people, worker, settings, monkeypatch):
     monkeypatch.setenv("TEST_KEY", "x")
     monkeypatch.setitem(registry._TOOLS, "crm.lookup", Tool(
         name="crm.lookup", description="Look a customer up.", parameters=LOOKUP,
@@ -52,7 +52,7 @@ def test_a_run_calls_a_dotted_tool_through_a_strict_openai_server(demo, worker, 
                                      model=model_config(settings, server, "strict", stream=False),
                                      tools=["crm.lookup"])
         from runs.engine.lifecycle import start_run
-        run = start_run(agent=agent, user=demo["requester"], input="Who is C-7?")
+        run = start_run(agent=agent, user=people["requester"], input="Who is C-7?")
         worker.drain()
         run.refresh_from_db()
     finally:
@@ -82,7 +82,7 @@ def test_names_in_the_history_of_tools_not_offered_now_go_out_in_a_form_the_api_
     assert back[sent_tools[0]["name"]] == "a.b"
 
 
-def test_a_session_goes_on_with_a_version_that_no_longer_offers_the_dotted_tool(demo, worker, settings, monkeypatch):
+def test_a_session_goes_on_with_a_version_that_no_longer_offers_the_dotted_tool(people, worker, settings, monkeypatch):
     """Run 1 calls ``crm.lookup``; the agent's next version drops it; run 2 of the session sends the history
     with that call again, which the strict server takes only in an accepted form."""
     from runs.engine.agents import update_agent
@@ -100,11 +100,11 @@ def test_a_session_goes_on_with_a_version_that_no_longer_offers_the_dotted_tool(
         agent = Agent.objects.create(slug="crm-agent", name="CRM", instructions="Look customers up.",
                                      model=model_config(settings, server, "strict", stream=False),
                                      tools=["crm.lookup"])
-        first = start_run(agent=agent, user=demo["requester"], input="Who is C-7?")
+        first = start_run(agent=agent, user=people["requester"], input="Who is C-7?")
         worker.drain()
-        update_agent(agent=agent, tools=[], user=demo["admin"])
+        update_agent(agent=agent, tools=[], user=people["admin"])
         agent.refresh_from_db()  # version 1, no longer current
-        second = start_run(agent=agent, user=demo["requester"], input="And now?", session=first.session)
+        second = start_run(agent=agent, user=people["requester"], input="And now?", session=first.session)
         worker.drain()
         second.refresh_from_db()
     finally:

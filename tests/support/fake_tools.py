@@ -5,29 +5,60 @@ label ``fake_tools``): it registers its tools from ``ready``, the way any
 plug-in does, so the core sees them exactly as it sees the demo's.
 
 * ``fake_lookup`` (read-only, never approved): ``{"key": str}`` ->
-  ``{"key", "value"}``, the value made from the key;
+  ``{"key", "value", "transferred"}``, the value made from the key and what
+  was transferred so far to the account named by the key ("0.00"). Its
+  precondition denies a key hidden with ``hide_key`` ("Key a is hidden from
+  the requester."), as an owner would hide a record;
 * ``fake_transfer`` (side effect, idempotent; approval when ``amount`` is
   over 10; ``account`` is its target): ``{"account": str, "amount":
   number}`` -> ``{"transfer_id", "account", "amount"}``. Transfers are kept
   in this process, one per idempotency key (``transfers()``), as an
-  external system would keep them.
+  external system would keep them. Its precondition (checked when a call is
+  proposed and again just before it runs) denies a transfer that would take
+  an account's transfers past its limit (``ACCOUNT_LIMIT``, 100, unless
+  ``set_account_limit`` set another): "Account acme cannot take 500: at
+  most 100.00 more can be transferred to it." Its reconcile hook
+  answers from the same record: ``succeeded`` with the transfer made under
+  the key, else ``not_found``. After ``time_out_after_commit(n)`` its next
+  ``n`` calls make their transfer and then raise ``ToolTimeout``, as a bank
+  that committed but did not answer in time (the outcome is unknown).
+
+The completion check ``fake_transfer`` (registered with the tools) judges a
+run by its transfers: achieved once one succeeded, not achieved when one
+was rejected, denied or expired and none succeeded, else incomplete.
 
 The ``people`` fixture (``tests/conftest.py``) gives such tests users
-without the demo data.
+without the demo data; ``tests.support.core`` has the helpers (calls,
+agents) of the tests that use these tools.
 """
 
 import threading
+from decimal import Decimal
 
 from django.apps import AppConfig
 
-from tools.registry import Tool, register
+from tools.registry import Reconciliation, Tool, ToolTimeout, register
 
+ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to, unless set otherwise
 _TRANSFERS: dict[str, dict] = {}
+_LIMITS: dict[str, Decimal] = {}
+_HIDDEN: set[str] = set()
+_TIMEOUTS_AFTER_COMMIT = [0]  # how many of the next transfers time out once made
 _LOCK = threading.Lock()
 
 
+def _transferred(account: str) -> Decimal:
+    return sum((Decimal(str(t["amount"])) for t in transfers() if t["account"] == account), Decimal(0))
+
+
 def _lookup(ctx, args: dict) -> dict:
-    return {"key": args["key"], "value": f"value of {args['key']}"}
+    return {"key": args["key"], "value": f"value of {args['key']}", "transferred": f"{_transferred(args['key']):.2f}"}
+
+
+def _lookup_precondition(ctx, args: dict) -> str | None:
+    with _LOCK:
+        hidden = args["key"] in _HIDDEN
+    return f"Key {args['key']} is hidden from the requester." if hidden else None
 
 
 def _transfer(ctx, args: dict) -> dict:
@@ -35,7 +66,40 @@ def _transfer(ctx, args: dict) -> dict:
         if ctx.idempotency_key not in _TRANSFERS:
             _TRANSFERS[ctx.idempotency_key] = {"transfer_id": len(_TRANSFERS) + 1, "account": args["account"],
                                                "amount": args["amount"]}
-        return dict(_TRANSFERS[ctx.idempotency_key])
+        made = dict(_TRANSFERS[ctx.idempotency_key])
+        timed_out, _TIMEOUTS_AFTER_COMMIT[0] = _TIMEOUTS_AFTER_COMMIT[0] > 0, max(0, _TIMEOUTS_AFTER_COMMIT[0] - 1)
+    if timed_out:
+        raise ToolTimeout("The bank did not answer in time.")
+    return made
+
+
+def _transfer_precondition(ctx, args: dict) -> str | None:
+    with _LOCK:
+        limit = _LIMITS.get(args["account"], ACCOUNT_LIMIT)
+    room = limit - _transferred(args["account"])
+    if Decimal(str(args["amount"])) > room:
+        return (f"Account {args['account']} cannot take {args['amount']}: "
+                f"at most {room:.2f} more can be transferred to it.")
+    return None
+
+
+def _reconcile_transfer(idempotency_key: str) -> Reconciliation:
+    with _LOCK:
+        made = _TRANSFERS.get(idempotency_key)
+    return Reconciliation("succeeded", result=dict(made)) if made else Reconciliation("not_found")
+
+
+def transfer_done(run):
+    """The completion check ``fake_transfer``: a ``runs.engine.completion`` verdict from the run's transfers."""
+    from runs.engine.completion import achieved, incomplete, not_achieved
+    from tools.models import ToolCallStatus as S
+
+    statuses = set(run.tool_calls.filter(name="fake_transfer").values_list("status", flat=True))
+    if S.SUCCEEDED in statuses:
+        return achieved()
+    if statuses & {S.REJECTED, S.DENIED, S.EXPIRED}:
+        return not_achieved("The transfer was rejected or refused.")
+    return incomplete("No transfer has been made: call fake_transfer, or explain why not.")
 
 
 def transfers() -> list[dict]:
@@ -44,10 +108,32 @@ def transfers() -> list[dict]:
         return [dict(transfer) for transfer in _TRANSFERS.values()]
 
 
+def set_account_limit(account: str, limit) -> None:
+    """Let the transfers to ``account`` add up to ``limit`` (a number) rather than ``ACCOUNT_LIMIT``."""
+    with _LOCK:
+        _LIMITS[account] = Decimal(str(limit))
+
+
+def hide_key(key: str) -> None:
+    """Make ``fake_lookup``'s precondition deny ``key`` from now on."""
+    with _LOCK:
+        _HIDDEN.add(key)
+
+
+def time_out_after_commit(count: int = 1) -> None:
+    """Make the next ``count`` calls of ``fake_transfer`` raise ``ToolTimeout`` after making their transfer."""
+    with _LOCK:
+        _TIMEOUTS_AFTER_COMMIT[0] = count
+
+
 def forget_transfers() -> None:
-    """Start over with no transfers (between tests)."""
+    """Start over with no transfers, every account at ``ACCOUNT_LIMIT``, no hidden key and no timeout to come
+    (between tests)."""
     with _LOCK:
         _TRANSFERS.clear()
+        _LIMITS.clear()
+        _HIDDEN.clear()
+        _TIMEOUTS_AFTER_COMMIT[0] = 0
 
 
 FAKE_LOOKUP = Tool(
@@ -56,6 +142,7 @@ FAKE_LOOKUP = Tool(
     parameters={"type": "object", "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 100}},
                 "required": ["key"], "additionalProperties": False},
     handler=_lookup,
+    precondition=_lookup_precondition,
 )
 FAKE_TRANSFER = Tool(
     name="fake_transfer",
@@ -65,21 +152,26 @@ FAKE_TRANSFER = Tool(
                                "amount": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000}},
                 "required": ["account", "amount"], "additionalProperties": False},
     handler=_transfer,
+    precondition=_transfer_precondition,
     side_effect=True,
     approval="amount > 10",
     target_key="account",
     idempotent=True,
+    reconcile=_reconcile_transfer,
 )
 FAKE_TOOLS = (FAKE_LOOKUP, FAKE_TRANSFER)
 
 
 class FakeToolsConfig(AppConfig):
-    """Registers ``FAKE_TOOLS`` when Django starts."""
+    """Registers ``FAKE_TOOLS`` and the completion check ``fake_transfer`` when Django starts."""
 
     name = "tests.support.fake_tools"
     label = "fake_tools"
     verbose_name = "Test tools"
 
     def ready(self):
+        from runs.engine.completion import register_check
+
         for tool in FAKE_TOOLS:
             register(tool)
+        register_check("fake_transfer")(transfer_done)

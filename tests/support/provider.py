@@ -4,7 +4,8 @@
 ``ReplayServer`` and returns ``(server, agent)`` — an agent of the demo
 refund shape (tools ``query_order`` and ``refund``, completion check
 ``refund``) whose model config points at the server with the key in
-``TEST_KEY``. The server is an endpoint profile added to
+``TEST_KEY``; ``core_llm`` is the same without the demo (the tests' own
+tools ``fake_lookup`` and ``fake_transfer``, check ``fake_transfer``). The server is an endpoint profile added to
 ``TOLLGATE["MODEL_ENDPOINTS"]`` for the test (``server.endpoint`` names
 it), as an operator would configure it. Import it into a test module to
 use it.
@@ -24,6 +25,10 @@ MODELS = {"openai": "gpt-test", "anthropic": "claude-test"}
 QUERY = {"name": "query_order", "arguments": json.dumps({"order_id": 123})}
 REFUND_80 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 80})}
 REFUND_30 = {"name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})}
+# The tests' own tools (``core_llm``): 5 needs no approval, 80 does.
+LOOKUP_ACME = {"name": "fake_lookup", "arguments": json.dumps({"key": "acme"})}
+TRANSFER_5 = {"name": "fake_transfer", "arguments": json.dumps({"account": "acme", "amount": 5})}
+TRANSFER_80 = {"name": "fake_transfer", "arguments": json.dumps({"account": "acme", "amount": 80})}
 
 
 def model_config(settings, server: ReplayServer, name: str, **model) -> dict:
@@ -37,8 +42,9 @@ def model_config(settings, server: ReplayServer, name: str, **model) -> dict:
             **model}
 
 
-@pytest.fixture
-def llm(monkeypatch, demo, settings):
+def _replay_agents(monkeypatch, settings, name: str, instructions: str, tools: list[str], check: str):
+    """The maker behind ``llm`` and ``core_llm`` (agents with ``tools`` and completion check ``check``), and
+    a function that stops every server it started."""
     servers = []
     monkeypatch.setenv("TEST_KEY", "x")
 
@@ -47,14 +53,35 @@ def llm(monkeypatch, demo, settings):
         servers.append(server)
         config = model_config(settings, server, f"replay-{len(servers)}", **model)
         agent = Agent.objects.create(
-            slug=f"{provider}-{uuid.uuid4().hex[:8]}", name=f"{provider} refund",
-            instructions="Help the customer get a refund. Check the order first.",
-            model=config, tools=["query_order", "refund"], completion_check="refund", **(agent_fields or {}))
+            slug=f"{provider}-{uuid.uuid4().hex[:8]}", name=f"{provider} {name}", instructions=instructions,
+            model=config, tools=tools, completion_check=check, **(agent_fields or {}))
         return server, agent
 
+    def stop():
+        for server in servers:
+            server.stop()
+
+    return make, stop
+
+
+@pytest.fixture
+def llm(monkeypatch, demo, settings):
+    make, stop = _replay_agents(monkeypatch, settings, "refund",
+                                "Help the customer get a refund. Check the order first.",
+                                ["query_order", "refund"], "refund")
     yield make
-    for server in servers:
-        server.stop()
+    stop()
+
+
+@pytest.fixture
+def core_llm(monkeypatch, people, settings):
+    """``llm`` without the demo: agents with the tests' own tools (``fake_lookup``, ``fake_transfer``) and the
+    completion check ``fake_transfer``; users from ``people``."""
+    make, stop = _replay_agents(monkeypatch, settings, "transfer",
+                                "Make the transfer asked for. Look the account up first.",
+                                ["fake_lookup", "fake_transfer"], "fake_transfer")
+    yield make
+    stop()
 
 
 def run_to_rest(worker, agent, user, text: str = "Please refund 80 on order 123.", **kwargs) -> Run:

@@ -9,6 +9,7 @@ import pytest
 from approvals.models import Interrupt, InterruptKind
 from runs.models import Agent, IdempotentRequest, Run, RunEvent, Session
 from runs.engine.lifecycle import start_run
+from tests.support.core import transfer
 from tests.support.durability import make_agent
 from tools import registry
 from tools.models import ToolCall
@@ -22,6 +23,17 @@ DEEP = "[" * 1000 + "]" * 1000
 def approval_item(demo, worker) -> Interrupt:
     """The pending approval of the demo refund (80.00 of order 123), its run waiting."""
     run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund order 123.")
+    worker.drain()
+    return Interrupt.objects.get(run=run, kind=InterruptKind.APPROVAL, status="pending")
+
+
+@pytest.fixture
+def core_approval_item(people, worker) -> Interrupt:
+    """``approval_item`` without the demo: the pending approval of a ``fake_transfer`` of 80 to acme, its run
+    waiting."""
+    agent = make_agent("transfer-80", [{"tool_calls": [transfer("acme", 80)]}, {"content": "Sent."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="Send 80 to acme.")
     worker.drain()
     return Interrupt.objects.get(run=run, kind=InterruptKind.APPROVAL, status="pending")
 
