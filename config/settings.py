@@ -395,8 +395,11 @@ TOLLGATE = {
     "ENGINE_DB_THREADS": env.int("TOLLGATE_ENGINE_DB_THREADS", default=4),
     # At most this many runs' database work (each run's between two calls)
     # one of those threads commits in one transaction when it is ready at
-    # once (runs/engine/group_commit.py); 1 commits each on its own.
-    "ENGINE_GROUP_MAX": env.int("TOLLGATE_ENGINE_GROUP_MAX", default=8),
+    # once (runs/engine/group_commit.py); 1 commits each on its own. 1 on
+    # SQLite, which lets one writer in at a time: a group would hold that
+    # lock for all its jobs, and lease renewals would wait behind it.
+    "ENGINE_GROUP_MAX": env.int("TOLLGATE_ENGINE_GROUP_MAX",
+                                default=1 if DATABASES["default"]["ENGINE"].endswith("sqlite3") else 8),
     "TOOL_THREADS": env.int("TOLLGATE_TOOL_THREADS", default=16),
     # Seconds one model call may take in all (a stream that keeps coming
     # included); the provider's own timeout bounds each wait within it.

@@ -69,6 +69,11 @@ def note_shared_lock() -> None:
     _shared_lock.set(True)
 
 
+def clear_shared_lock() -> None:
+    """Forget, in the current context, any such note: a fresh job's context starts without one."""
+    _shared_lock.set(False)
+
+
 def holds_shared_lock(context: contextvars.Context) -> bool:
     """Whether work run in ``context`` (``contextvars.Context.run``) called ``note_shared_lock``."""
     return context.get(_shared_lock, False)

@@ -58,7 +58,7 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from runs.base.awaiting import close_pool_connections, keeping_connection
-from runs.tx import holds_shared_lock
+from runs.tx import clear_shared_lock, holds_shared_lock
 
 
 @dataclass
@@ -91,7 +91,9 @@ class GroupCommit:
     def submit(self, fn: Callable, *args) -> Future:
         """Queue ``fn(*args)``; a free database thread runs it with whatever else is queued by then."""
         future = Future()
-        self._jobs.append(_Job(contextvars.copy_context(), fn, args, future))
+        context = contextvars.copy_context()
+        context.run(clear_shared_lock)  # a lock the submitter noted in a transaction of its own is not the job's
+        self._jobs.append(_Job(context, fn, args, future))
         self._executor.submit(self._drain)
         return future
 

@@ -10,6 +10,7 @@ holding what the other one wants next, in the order a group and that
 writer would take them).
 """
 
+import contextvars
 import threading
 import time
 from datetime import timedelta
@@ -26,6 +27,7 @@ from runs.engine.lifecycle import start_run
 from runs.lease import LeaseLost
 from runs.models import Phase, Run, RunStatus, WaitingReason
 from runs.transitions import apply
+from runs.tx import note_shared_lock
 from tests.support.durability import lookup_agent, make_agent
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import get_tool
@@ -87,6 +89,24 @@ def test_a_run_whose_lease_was_taken_over_is_dropped_from_the_group_and_the_othe
     assert statuses == {runs[0].pk: RunStatus.RUNNING, taken.pk: RunStatus.QUEUED, runs[2].pk: RunStatus.RUNNING}
     assert Run.objects.get(pk=taken.pk).last_event_seq == events_before  # nothing of it was written
     assert sorted(committed) == sorted([runs[0].pk, runs[2].pk])  # its commit hooks never ran
+
+
+def test_a_policy_lock_the_submitter_noted_before_does_not_end_its_jobs_groups(committer, runs):
+    # The submitting thread took a policy lock in a transaction of its own, long committed (e.g. a run
+    # advanced in this thread): the jobs it submits afterwards are grouped as any others.
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed = []
+
+    def submit_all():
+        note_shared_lock()
+        release = held_back(committer)
+        futures = [submit_leased(committer, held, starting(run.pk, committed)) for run, held in zip(runs, leases)]
+        release.set()
+        return futures
+
+    futures = contextvars.copy_context().run(submit_all)  # the note stays out of this test thread's context
+    assert [future.result(10) for future in futures] == [run.pk for run in runs]
+    assert (committer.groups, committer.jobs) == (2, 4)  # the three in one transaction
 
 
 def test_no_job_of_a_group_is_answered_before_the_group_commits(committer, runs):
