@@ -180,20 +180,21 @@ fi
 t_both=$(now)
 echo
 echo "================ tests/run.sh: production shape (PostgreSQL + Redis), all but unit ================"
-start_pytest pg live env DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" \
-    REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" \
-    .venv/bin/python -m pytest --ignore=tests/unit --durations=25 "$@"
+PG_ENV=(DATABASE_URL="postgres://$PG_ROLE@127.0.0.1:$PG_PORT/tollgate" REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0")
+start_pytest pg live env "${PG_ENV[@]}" \
+    .venv/bin/python -m pytest -o cache_dir="$PASS_LOGS/cache-pg" --ignore=tests/unit --durations=25 "$@"
 # The two embedded passes one after the other (each has its own SQLite test database, named by its pid).
 start_pytest sqlite logged bash -c '
     trap "exit 130" INT TERM  # cut short: no demo pass after an interrupted core pass
     core_rc=0 demo_rc=0
     echo "================ tests/run.sh: embedded default (SQLite + stub broker), core suite without the demo app ================"
-    env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit --ignore=tests/demo \
-        --ds tests.settings_nodemo -m "not browser and not demo" "$@" || core_rc=$?
+    env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest -o cache_dir="$PASS_LOGS/cache-core" \
+        --ignore=tests/unit --ignore=tests/demo --ds tests.settings_nodemo -m "not browser and not demo" "$@" \
+        || core_rc=$?
     echo
     echo "================ tests/run.sh: embedded default (SQLite + stub broker), tests of and through the demo ================"
-    env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit -m "demo and not browser" "$@" \
-        || demo_rc=$?
+    env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest -o cache_dir="$PASS_LOGS/cache-demo" \
+        --ignore=tests/unit -m "demo and not browser" "$@" || demo_rc=$?
     echo "$core_rc $demo_rc" > "$PASS_LOGS/sqlite.rc"' sqlite "$@"
 log "production-shape and embedded passes started side by side (the embedded one's output follows when both end)"
 
@@ -210,12 +211,36 @@ demo_rc=$(no_tests_ok "$demo_rc")
 PYTEST_PIDS=()
 log "production-shape and embedded passes done in $(elapsed "$t_both")s"
 
+# Side by side, two passes share two cores: a test that failed (pytest's exit code 1) is run once
+# more, alone, and the summary says so; the first run's failures stay in the output above.
+pg_note="" core_note="" demo_note=""
+rerun_failed() {  # NAME CACHE ENV... -- PYTEST ARGS...: exit code of the rerun of the pass's failed tests
+    local name=$1 cache=$2; shift 2
+    echo
+    echo "================ tests/run.sh: $name: the failed tests once more, alone ================"
+    run_pytest "$@" -o cache_dir="$PASS_LOGS/$cache" --last-failed --last-failed-no-failures none
+}
+if [[ $pg_rc -eq 1 ]]; then
+    rerun_failed "production shape" cache-pg env "${PG_ENV[@]}" .venv/bin/python -m pytest --ignore=tests/unit "$@" \
+        && { pg_rc=0; pg_note=" (failed side by side, passed alone)"; }
+fi
+if [[ $core_rc -eq 1 ]]; then
+    rerun_failed "sqlite core" cache-core env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit \
+        --ignore=tests/demo --ds tests.settings_nodemo -m "not browser and not demo" "$@" \
+        && { core_rc=0; core_note=" (failed side by side, passed alone)"; }
+fi
+if [[ $demo_rc -eq 1 ]]; then
+    rerun_failed "sqlite demo" cache-demo env -u DATABASE_URL -u REDIS_URL .venv/bin/python -m pytest --ignore=tests/unit \
+        -m "demo and not browser" "$@" && { demo_rc=0; demo_note=" (failed side by side, passed alone)"; }
+fi
+
 echo
 echo "================ tests/run.sh: README quickstart on a clean clone ================"
 quickstart_rc=0
 bash tests/readme_quickstart.sh || quickstart_rc=$?
 
 echo
-echo "tests/run.sh: unit: $(result $unit_rc), postgres+redis: $(result $pg_rc), sqlite core (no demo): $(result $core_rc)," \
-     "sqlite demo: $(result $demo_rc), quickstart: $(result $quickstart_rc)"
+echo "tests/run.sh: unit: $(result $unit_rc), postgres+redis: $(result $pg_rc)$pg_note," \
+     "sqlite core (no demo): $(result $core_rc)$core_note, sqlite demo: $(result $demo_rc)$demo_note," \
+     "quickstart: $(result $quickstart_rc)"
 [[ $unit_rc -eq 0 && $pg_rc -eq 0 && $core_rc -eq 0 && $demo_rc -eq 0 && $quickstart_rc -eq 0 ]]
