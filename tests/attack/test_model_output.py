@@ -4,7 +4,8 @@ A model that keeps sending ``NaN``, ``Infinity``, ``1e309``, NUL
 characters or over-long ids gets ``invalid`` results and the run ends
 ``failed/invalid_model_output`` once the repair turns are spent, on either
 database, with no step discarded. Header fields of an email are single
-lines, and a header Django refuses is a failed call, not an unknown one.
+lines (``header-text``, here the subject of the test tool ``fake_notice``),
+and a header Django refuses is a failed call, not an unknown one.
 The argument parser on its own is tests/unit/test_model_arguments.py.
 """
 
