@@ -61,7 +61,8 @@ def _log_in(page, base: str, username: str) -> None:
 
 
 @pytest.mark.parametrize("language", ["zh-hans", "en"])
-def test_pages_and_admin_speak_the_browsers_language(waiting_transfer_run, worker, served_core, browser, language):  # noqa: F811
+def test_pages_and_admin_speak_the_browsers_language(  # noqa: F811
+        waiting_transfer_run, worker, served_core, browser, language):
     run, item, _ = waiting_transfer_run
     words = WORDS[language]
     page = _context(browser, extra_http_headers={"Accept-Language": language}).new_page()
@@ -97,7 +98,8 @@ def test_pages_and_admin_speak_the_browsers_language(waiting_transfer_run, worke
     assert page.text_content("#run-status") == words["completed"]
 
 
-def test_header_switcher_changes_the_language_and_stays_on_the_page(waiting_transfer_run, served_core, browser):  # noqa: F811
+def test_header_switcher_changes_the_language_and_stays_on_the_page(  # noqa: F811
+        waiting_transfer_run, served_core, browser):
     run, _, _ = waiting_transfer_run
     page = _context(browser, extra_http_headers={"Accept-Language": "en"}).new_page()
     page.goto(served_core + "/accounts/login/")

@@ -24,6 +24,7 @@ def test_a_refund_row_shows_its_summary_fields_and_the_refunds_together(client, 
     assert "<dt>Amount</dt><dd>60.00</dd>" in html and "<dt>Order</dt><dd>110</dd>" in html
     assert "<code>sum(amount) per target &gt; 50</code>" in html
     assert "8 other pending items on order 110: 9 pending refunds ask" in html
+    assert html.count('<p class="related conflict">') == 9  # together they ask more than the order holds
 
 
 def test_refunds_asking_more_than_is_left_are_flagged_and_ones_that_fit_are_not(demo):

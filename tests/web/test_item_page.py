@@ -21,7 +21,8 @@ from tests.support.core import core_agent, pending_transfer, transfer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TRANSFER_60 = [{"content": "Acme sent back half of the parts; transferring 60.00.", "tool_calls": [transfer("acme", 60)]},
+TRANSFER_60 = [{"content": "Acme sent back half of the parts; transferring 60.00.",
+                "tool_calls": [transfer("acme", 60)]},
                {"content": "Transferred."}]
 
 
