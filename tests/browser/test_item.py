@@ -23,11 +23,8 @@ from runs.models import Run
 from tests.support.api import start_run as api_start_run
 from tests.support.browser import SCREENSHOT, browser, log_in, page_fits, served_core  # noqa: F401  (fixtures)
 from tests.support.core import core_agent, transfer
-from tests.support.durability import make_agent
 from tests.support.fake_tools import transfers
-from tests.support.web import waiting_transfer
-from tools import registry
-from tools.registry import Reconciliation, Tool, ToolUnavailable
+from tests.support.web import unanswered_agent, unanswered_transfer, waiting_transfer  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -152,24 +149,6 @@ def test_item_decided_in_another_browser_shows_who_decided_within_2_s_without_re
 
 
 @pytest.fixture
-def unanswered_transfer():
-    """The tool ``unanswered_transfer`` (changes things, idempotent), registered for the test only: its bank answers
-    every call with an error before committing anything, and its reconcile hook finds nothing under any key."""
-
-    def unavailable(ctx, args):
-        raise ToolUnavailable("bank error 503: try again later")
-
-    tool = registry.register(Tool(
-        name="unanswered_transfer", description="Transfer through a bank that errs (a test tool).", handler=unavailable,
-        side_effect=True, idempotent=True, target_key="account", backoff_s=0.0,
-        reconcile=lambda key: Reconciliation("not_found"),
-        parameters={"type": "object", "properties": {"account": {"type": "string"}, "amount": {"type": "number"}},
-                    "required": ["account", "amount"]}))
-    yield tool
-    registry._TOOLS.pop(tool.name)
-
-
-@pytest.fixture
 def reconciliation_item(people, worker, unanswered_transfer, settings):
     """A transfer whose outcome the bank never confirmed, handed to a person: ``(run id, item id, key, error)``.
 
@@ -178,10 +157,7 @@ def reconciliation_item(people, worker, unanswered_transfer, settings):
     (``RECONCILE_MAX_TRIES``).
     """
     settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 2}
-    agent = make_agent("transfer-30", [
-        {"tool_calls": [{"name": "unanswered_transfer", "arguments": {"account": "acme", "amount": 30}}]},
-        {"content": "Sent 30."}], tools=["unanswered_transfer"])
-    run = start_run(agent=agent, user=people["requester"], input="send 30 to acme")
+    run = start_run(agent=unanswered_agent(), user=people["requester"], input="send 30 to acme")
     worker.drain()
     run.refresh_from_db()
     assert run.wake_at is not None  # the hook tried once and will try again

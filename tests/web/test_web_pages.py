@@ -14,7 +14,7 @@ from approvals.models import Interrupt, InterruptStatus
 from runs.models import Agent, Run, RunStatus
 from runs.engine.lifecycle import start_run
 from tests.support.core import asking_agent, refused_agent
-from tests.support.web import waiting_transfer
+from tests.support.web import unanswered_agent, unanswered_transfer, waiting_transfer  # noqa: F401 (a fixture)
 
 SCRIPT = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -215,33 +215,26 @@ def test_cancel_button_cancels_and_a_second_cancel_shows_the_cancelled_run(clien
     assert run.events.count() == events
 
 
-def test_reconciliation_item_is_settled_in_the_browser_with_evidence(client, demo, idle_worker, worker_process):
+def test_reconciliation_item_is_settled_in_the_browser_with_evidence(client, people, worker, unanswered_transfer,
+                                                                     settings):
     from approvals.models import InterruptKind
-    from approvals.services import decide_interrupt
-    from runs.sweeping import sweep
-    from tests.support.durability import wait_for_lease_expiry
     from tools.models import ToolCall, ToolCallStatus
 
-    run = start_run(agent=Agent.objects.get(slug="send-contract-email"), user=demo["requester"], input="send it")
-    assert worker_process(run.pk) == 0
-    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
-    assert worker_process(run.pk, failpoint="tool_call_started:send_email") == -9  # dies mid-call
-    idle_worker.worker.start()
-    wait_for_lease_expiry(run.pk)
-    sweep()
-    idle_worker.drain()
+    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_MAX_TRIES": 1}
+    run = start_run(agent=unanswered_agent(), user=people["requester"], input="send 30 to acme")
+    worker.drain()  # the bank errs, the hook finds nothing: the outcome is unknown, a person settles it
     item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING)
 
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
     url = reverse("inbox-item", args=[item.pk])
     page = client.get(url).content.decode()
     assert 'id="reconcile-succeeded"' in page and 'id="approve"' not in page
     missing = client.post(url, {"outcome": "succeeded", "evidence": "  "})
     assert missing.status_code == 400
-    response = client.post(url, {"outcome": "succeeded", "evidence": "mail log shows delivery",
-                                 "result": '{"sent_to": "customer@example.com"}'})
+    response = client.post(url, {"outcome": "succeeded", "evidence": "bank statement shows the transfer",
+                                 "result": '{"transfer_id": 7}'})
     assert response.status_code == 302
-    idle_worker.drain()
+    worker.drain()
     run.refresh_from_db()
-    assert ToolCall.objects.get(run=run, name="send_email").status == ToolCallStatus.SUCCEEDED
+    assert ToolCall.objects.get(run=run, name="unanswered_transfer").status == ToolCallStatus.SUCCEEDED
     assert run.status == RunStatus.COMPLETED
