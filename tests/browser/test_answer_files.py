@@ -1,6 +1,6 @@
 """Real browser: the requester answers a question with a file on the item page, then downloads it.
 
-``manage.py serve`` (the ``served`` fixture of ``tests.browser.test_browser``)
+``manage.py serve`` without the demo (the ``served_core`` fixture of ``tests.support.browser``)
 keeps the file under a ``MEDIA_ROOT`` of this test's own.
 """
 
@@ -13,7 +13,7 @@ from django.db import connection
 from approvals.models import AnswerFile
 from runs.models import Run
 from tests.support.api import pending_interrupts, start_run
-from tests.support.browser import browser, log_in, served  # noqa: F401 - fixtures
+from tests.support.browser import browser, log_in, served_core  # noqa: F401 - fixtures
 from tests.support.waits import tool_result, waiting_agent
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -23,7 +23,7 @@ CSV = b"order,amount\n123,80.00\n"
 
 @pytest.fixture
 def media_root(tmp_path, monkeypatch, settings):
-    """A MEDIA_ROOT for the server (environment, set before ``served`` starts it) and for this process."""
+    """A MEDIA_ROOT for the server (environment, set before ``served_core`` starts it) and for this process."""
     root = tmp_path / "media"
     monkeypatch.setenv("MEDIA_ROOT", str(root))
     settings.MEDIA_ROOT = root
@@ -31,14 +31,14 @@ def media_root(tmp_path, monkeypatch, settings):
 
 
 @pytest.fixture
-def asked(media_root, demo, api, worker) -> tuple[dict, dict]:
+def asked(media_root, people, api, worker) -> tuple[dict, dict]:
     """(run, item): a run waiting on a question that needs a CSV file (made before the browser starts)."""
     call = {"name": "ask_user", "arguments": {"question": "Send the statement as CSV.", "file": "required",
                                               "file_types": ["text/csv"]}}
-    agent = waiting_agent(api(demo["admin"]), "asks-statement", call, final="Thanks.")
-    run = start_run(api(demo["requester"]), agent, "Check my statement.")
+    agent = waiting_agent(api(people["admin"]), "asks-statement", call, final="Thanks.")
+    run = start_run(api(people["requester"]), agent, "Check my statement.")
     worker.drain()
-    item, = pending_interrupts(api(demo["requester"]), run["id"])
+    item, = pending_interrupts(api(people["requester"]), run["id"])
     return run, item
 
 
@@ -56,19 +56,19 @@ def _in_thread(fn):
         return pool.submit(call).result()
 
 
-def test_the_requester_answers_with_a_file_in_the_browser_and_downloads_it(asked, served, browser, worker,  # noqa: F811
-                                                                           media_root, tmp_path):
+def test_the_requester_answers_with_a_file_in_the_browser_and_downloads_it(  # noqa: F811
+        asked, served_core, browser, worker, media_root, tmp_path):
     run, item = asked
     upload = tmp_path / "statement.csv"
     upload.write_bytes(CSV)
 
-    page = log_in(browser, served, "requester", "requester-demo")
-    page.goto(f"{served}/inbox/{item['id']}/")
+    page = log_in(browser, served_core, "requester", "requester-demo")
+    page.goto(f"{served_core}/inbox/{item['id']}/")
     assert "text/csv" in page.text_content("#file-rule")
     page.set_input_files("#id_file", str(upload))
     page.fill("#id_answer", "Attached.")
     page.click("#send-answer")
-    page.wait_for_url(f"{served}/runs/{run['id']}/")
+    page.wait_for_url(f"{served_core}/runs/{run['id']}/")
     worker.drain()
     page.wait_for_selector("#run-status[data-status=completed]")
 
@@ -79,7 +79,7 @@ def test_the_requester_answers_with_a_file_in_the_browser_and_downloads_it(asked
     assert _in_thread(lambda: tool_result(run["id"], "ask_user"))["result"]["file"]["text"] == CSV.decode()
     assert _in_thread(lambda: Run.objects.get(pk=run["id"]).outcome) == "achieved"
 
-    page.goto(f"{served}/inbox/{item['id']}/")
+    page.goto(f"{served_core}/inbox/{item['id']}/")
     with page.expect_download() as downloading:
         page.click("#answer-file")
     download = downloading.value

@@ -1,6 +1,6 @@
 """Real-browser test (issue 27): on a 390 px wide phone, every list keeps its column names and shows amounts whole.
 
-Headless Chromium at 390×844 against ``manage.py serve`` (tests/support/browser.py),
+Headless Chromium at 390×844 against ``manage.py serve`` without the demo (``served_core``, tests/support/browser.py),
 in English and Chinese. The lists (inbox, decided history, run list, a run's
 tool calls and timeline, the bulk confirmation and result pages) stack each
 row as a card: every shown cell has its column's name (``data-label``, drawn
@@ -14,13 +14,14 @@ import pytest
 
 from approvals.services import decide_interrupt
 from runs.models import Run
-from tests.support.browser import browser, served  # noqa: F401 (fixtures)
-from tests.support.inbox import pending_call
+from tests.support.browser import browser, served_core  # noqa: F401 (fixtures)
+from tests.support.core import pending_transfer
 from tests.browser.test_i18n import PHONE, _assert_fits, _context, _log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-INPUT = "Please refund 80.00 on order 123, it arrived damaged."
+INPUT = "Please send 80.00 to acme for the returned parts."
+AMOUNT = "amount=80"  # how an item names its transfer's amount (``fake_transfer(account=acme, amount=80)``)
 
 # Every shown cell of the tables under ``selector``: its label, the label CSS draws, and whether it fits.
 CELLS = """selector => [...document.querySelectorAll(selector)].filter(td => getComputedStyle(td).display !== "none")
@@ -51,11 +52,11 @@ AMOUNTS = """needle => { const found = [], walker = document.createTreeWalker(do
 
 
 @pytest.fixture
-def lists(demo):
-    """Two pending refunds of 80 on order 123 and a rejected one, each in its own run; made before the browser."""
-    pending = [pending_call(requester=demo["requester"]) for _ in range(2)]
-    decided = pending_call(requester=demo["requester"])
-    decide_interrupt(interrupt=decided, user=demo["approver"], decision="rejected", comment="The same refund twice.")
+def lists(people):
+    """Two pending transfers of 80 to acme and a rejected one, each in its own run; made before the browser."""
+    pending = [pending_transfer(requester=people["requester"]) for _ in range(2)]
+    decided = pending_transfer(requester=people["requester"])
+    decide_interrupt(interrupt=decided, user=people["approver"], decision="rejected", comment="The same transfer twice.")
     Run.objects.filter(interrupts__in=[*pending, decided]).update(input=INPUT)
     return {"pending": pending, "decided": decided}
 
@@ -86,28 +87,29 @@ def _assert_amounts_whole(page, needle: str, what: str) -> int:
 
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
-def test_every_list_on_a_phone_keeps_its_labels_and_shows_amounts_whole(lists, served, browser, language):  # noqa: F811
+def test_every_list_on_a_phone_keeps_its_labels_and_shows_amounts_whole(  # noqa: F811
+        lists, served_core, browser, language):
     page = _context(browser, viewport=PHONE, is_mobile=True, has_touch=True, device_scale_factor=3,
                     extra_http_headers={"Accept-Language": language}).new_page()
-    _log_in(page, served, "approver")
+    _log_in(page, served_core, "approver")
     pending, decided = lists["pending"], lists["decided"]
     checks = [
-        ("/inbox/", "#inbox-rows td", "80.00", 2),
-        ("/inbox/decided/", "#decided-list td", "80.00", 1),
+        ("/inbox/", "#inbox-rows td", AMOUNT, 2),
+        ("/inbox/decided/", "#decided-list td", AMOUNT, 1),
         ("/runs/", "#run-list td", "80.00", 3),
         (f"/runs/{pending[0].run_id}/", "#tool-calls td, #timeline td", '"amount": 80', 1),
-        ("/inbox/bulk/?" + "&".join(f"item={item.pk}" for item in pending), "#bulk-items td", "80.00", 4),
+        ("/inbox/bulk/?" + "&".join(f"item={item.pk}" for item in pending), "#bulk-items td", AMOUNT, 4),
     ]
     for path, selector, amount, at_least in checks:
-        page.goto(served + path)
+        page.goto(served_core + path)
         _assert_fits(page, path)
         _assert_cards(page, selector, path)
         assert _assert_amounts_whole(page, amount, path) >= at_least, path
 
     # The result page of that confirmation, with the outcome of each item.
-    page.fill("#id_comment", "Checked: the order was refunded already.")
+    page.fill("#id_comment", "Checked: acme was paid already.")
     page.click("#bulk-reject")
     page.wait_for_selector("#bulk-outcome-table")
     _assert_fits(page, "bulk result")
     assert _assert_cards(page, "#bulk-outcome-table td", "bulk result") >= 2 * 4  # the empty "why" is not shown
-    assert _assert_amounts_whole(page, "80.00", "bulk result") == 2
+    assert _assert_amounts_whole(page, AMOUNT, "bulk result") == 2

@@ -104,3 +104,17 @@ def boxes(page, *selectors: str) -> list[dict]:
 def page_fits(page) -> bool:
     """Whether the page's document is no wider than its viewport (it does not scroll sideways)."""
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+# --- added for tests/browser ---
+# ``served`` without the demo, for the pages on the tests' own tools (tests.support.core): the server leaves the demo
+# app out (TOLLGATE_DEMO=false), so it starts no payment gateway and needs none (its GATEWAY_URL is left empty).
+NO_GATEWAY = type("NoGateway", (), {"url": ""})()
+
+
+@pytest.fixture
+def served_core(people, tmp_path):
+    """Base URL of ``manage.py serve`` without the demo app, against the test database; ``people`` log in with
+    the password ``<username>-demo`` (``log_in``)."""
+    with serving_tests(people, NO_GATEWAY, tmp_path, TOLLGATE_DEMO="false") as (base, _):
+        yield base

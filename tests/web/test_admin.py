@@ -21,9 +21,11 @@ from approvals.services import decide_interrupt
 from runs.admin.base import folded_json
 from runs.admin.inlines import SessionRunInline
 from runs.engine.completion import check_names
-from runs.models import Agent, Run, RunEvent, RunStatus, Session, WaitingReason
+from runs.models import Agent, Run, RunEvent, RunStatus, Session
 from runs.engine.lifecycle import start_run
 from tests.support.answer_files import CSV, answered_with_file
+from tests.support.core import CORE_TOOLS, asking_agent, refused_agent
+from tests.support.web import core_runs, finished_transfer, waiting_transfer
 from tools.mcp.conf import ServerProfile
 from tools.mcp.discovery import store_listing
 from tools.models import McpTool
@@ -33,36 +35,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def admin_web(client, demo):
-    """A test client logged in as the demo superuser ``admin``."""
-    client.force_login(demo["admin"])
+def admin_web(client, people):
+    """A test client logged in as the superuser ``admin``."""
+    client.force_login(people["admin"])
     return client
-
-
-def start_refund(demo, worker) -> Run:
-    """A refund run, advanced until it waits for approval of the refund."""
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund please")
-    worker.drain()
-    run.refresh_from_db()
-    assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.APPROVAL)
-    return run
-
-
-def finish_refund(demo, worker) -> Run:
-    """A refund run that was approved and ran to completion."""
-    run = start_refund(demo, worker)
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
-    worker.drain()
-    run.refresh_from_db()
-    assert run.status == RunStatus.COMPLETED
-    return run
-
-
-def start_demo_runs(demo, worker) -> None:
-    """One run of each demo agent, drained: rows in several states in every table."""
-    for agent in Agent.objects.exclude(slug="refund-order"):
-        start_run(agent=agent, user=demo["requester"], input=f"please, {agent.name}")
-    worker.drain()
 
 
 @pytest.fixture
@@ -103,8 +79,8 @@ def held_mcp_tool() -> McpTool:
     return McpTool.objects.get(server="files", name="delete_record")
 
 
-def test_the_run_list_filters_by_what_a_run_waits_for(admin_web, demo, worker):
-    waiting, done = start_refund(demo, worker), finish_refund(demo, worker)
+def test_the_run_list_filters_by_what_a_run_waits_for(admin_web, people, worker):
+    waiting, done = waiting_transfer(people, worker), finished_transfer(people, worker)
 
     def listed(reason: str) -> set[int]:
         response = admin_web.get(changelist_url(Run), {"waiting_reason": reason})
@@ -115,11 +91,11 @@ def test_the_run_list_filters_by_what_a_run_waits_for(admin_web, demo, worker):
     assert listed("external_event") == set()
 
 
-def test_every_changelist_and_change_page_answers_200(admin_web, demo, worker, api, media_root):
+def test_every_changelist_and_change_page_answers_200(admin_web, people, worker, api, media_root):
     held_mcp_tool()
-    finish_refund(demo, worker)
-    start_demo_runs(demo, worker)
-    answered_with_file(worker, demo, api)
+    finished_transfer(people, worker)
+    core_runs(people, worker)
+    answered_with_file(worker, people, api)
 
     for model in admin.site._registry:
         response = admin_web.get(changelist_url(model))
@@ -142,19 +118,19 @@ def changelist_query_counts(client) -> dict[str, int]:
     return counts
 
 
-def test_changelists_do_not_query_per_row(admin_web, demo, worker, api, media_root):
-    finish_refund(demo, worker)
-    answered_with_file(worker, demo, api, "asks-first")
+def test_changelists_do_not_query_per_row(admin_web, people, worker, api, media_root):
+    finished_transfer(people, worker)
+    answered_with_file(worker, people, api, "asks-first")
     with_one_run = changelist_query_counts(admin_web)
-    start_demo_runs(demo, worker)
-    start_demo_runs(demo, worker)
-    answered_with_file(worker, demo, api, "asks-second")
+    core_runs(people, worker)
+    core_runs(people, worker)
+    answered_with_file(worker, people, api, "asks-second")
 
     assert changelist_query_counts(admin_web) == with_one_run
 
 
-def test_run_page_shows_the_timeline_in_order_and_the_tool_calls(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_run_page_shows_the_timeline_in_order_and_the_tool_calls(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
 
     response = admin_web.get(change_url(run))
 
@@ -165,12 +141,12 @@ def test_run_page_shows_the_timeline_in_order_and_the_tool_calls(admin_web, demo
     assert "created" in reasons and "approval requested" in reasons
     positions = [html.index(f">{reason}<") for reason in ("created", "approval requested")]
     assert positions == sorted(positions)
-    assert "awaiting_approval" in html  # the refund call, inline
+    assert "awaiting_approval" in html  # the transfer, inline
     assert 'name="_save"' not in html  # view-only: nothing to save
 
 
-def test_run_form_cannot_change_the_status(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_run_form_cannot_change_the_status(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
 
     response = admin_web.post(change_url(run), {"status": RunStatus.COMPLETED, "phase": "", "input": "x"})
 
@@ -179,8 +155,8 @@ def test_run_form_cannot_change_the_status(admin_web, demo, worker):
     assert run.status == RunStatus.WAITING
 
 
-def test_cancel_action_cancels_a_waiting_run_and_its_inbox_item(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_cancel_action_cancels_a_waiting_run_and_its_inbox_item(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
 
     response = action(admin_web, Run, "cancel_selected_runs", [run])
 
@@ -189,13 +165,13 @@ def test_cancel_action_cancels_a_waiting_run_and_its_inbox_item(admin_web, demo,
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
     assert run.interrupts.get().status == InterruptStatus.CANCELLED
-    assert run.tool_calls.get(name="refund").status == "cancelled"
+    assert run.tool_calls.get(name="fake_transfer").status == "cancelled"
     last = run.events.order_by("seq").last()
     assert (last.from_status, last.to_status, last.actor) == ("waiting", "cancelled", "user:admin")
 
 
-def test_cancel_action_leaves_a_completed_run_completed_and_warns(admin_web, demo, worker):
-    run = finish_refund(demo, worker)
+def test_cancel_action_leaves_a_completed_run_completed_and_warns(admin_web, people, worker):
+    run = finished_transfer(people, worker)
     events_before = run.events.count()
 
     response = action(admin_web, Run, "cancel_selected_runs", [run])
@@ -207,8 +183,8 @@ def test_cancel_action_leaves_a_completed_run_completed_and_warns(admin_web, dem
     assert run.events.count() == events_before
 
 
-def test_cancel_action_on_a_cancelled_run_says_so_and_changes_nothing(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_cancel_action_on_a_cancelled_run_says_so_and_changes_nothing(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
     action(admin_web, Run, "cancel_selected_runs", [run])
     events_before = run.events.count()
 
@@ -228,8 +204,8 @@ def confirm(client, name: str, page, comment: str):
     return client.post(changelist_url(Interrupt), {**data, "comment": comment}, follow=True)
 
 
-def test_approve_action_asks_for_confirmation_then_decides_with_the_comment(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_approve_action_asks_for_confirmation_then_decides_with_the_comment(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
     interrupt = run.interrupts.get()
 
     page = action(admin_web, Interrupt, "approve_selected", [interrupt])
@@ -240,21 +216,21 @@ def test_approve_action_asks_for_confirmation_then_decides_with_the_comment(admi
     interrupt.refresh_from_db()
     assert interrupt.status == InterruptStatus.PENDING  # nothing decided before the confirmation
 
-    response = confirm(admin_web, "approve_selected", page, "checked the order")
+    response = confirm(admin_web, "approve_selected", page, "checked the account")
 
     assert warnings_of(response) == []
     interrupt.refresh_from_db()
     assert (interrupt.status, interrupt.decision, interrupt.comment) == (
-        InterruptStatus.RESOLVED, "approved", "checked the order")
-    assert interrupt.resolved_by == demo["admin"]
+        InterruptStatus.RESOLVED, "approved", "checked the account")
+    assert interrupt.resolved_by == people["admin"]
     assert run.events.filter(type="interrupt", actor="user:admin", reason="approved").count() == 1
     worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
 
 
-def test_reject_action_needs_a_comment_and_skips_an_item_decided_meanwhile(admin_web, demo, worker):
-    first, second = start_refund(demo, worker), start_refund(demo, worker)
+def test_reject_action_needs_a_comment_and_skips_an_item_decided_meanwhile(admin_web, people, worker):
+    first, second = waiting_transfer(people, worker), waiting_transfer(people, worker)
     items = [first.interrupts.get(), second.interrupts.get()]
     page = action(admin_web, Interrupt, "reject_selected", items)
 
@@ -262,45 +238,45 @@ def test_reject_action_needs_a_comment_and_skips_an_item_decided_meanwhile(admin
     assert "a rejection needs a comment" in again.content.decode()
     assert Interrupt.objects.filter(pk__in=[i.pk for i in items], status=InterruptStatus.PENDING).count() == 2
 
-    worker.worker.pause()  # the approved run must not have ended (refund done) by the time the action runs
-    decide_interrupt(interrupt=items[0], user=demo["approver"], decision="approved")  # after the page was shown
-    response = confirm(admin_web, "reject_selected", again, "wrong order")
+    worker.worker.pause()  # the approved run must not have ended (transfer made) by the time the action runs
+    decide_interrupt(interrupt=items[0], user=people["approver"], decision="approved")  # after the page was shown
+    response = confirm(admin_web, "reject_selected", again, "wrong account")
     worker.worker.resume()
 
     assert warnings_of(response) == [f"Item {items[0].pk} was not rejected: it is resolved."]
     for item in items:
         item.refresh_from_db()
-    assert (items[0].decision, items[0].resolved_by) == ("approved", demo["approver"])
-    assert (items[1].decision, items[1].comment, items[1].resolved_by) == ("rejected", "wrong order", demo["admin"])
+    assert (items[0].decision, items[0].resolved_by) == ("approved", people["approver"])
+    assert (items[1].decision, items[1].comment, items[1].resolved_by) == ("rejected", "wrong account", people["admin"])
     worker.drain()  # both runs go on (one approved, one told why not) before the worker stops
 
 
-def test_reject_action_on_a_decided_item_warns_and_changes_nothing(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_reject_action_on_a_decided_item_warns_and_changes_nothing(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
     interrupt = run.interrupts.get()
-    decide_interrupt(interrupt=interrupt, user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=interrupt, user=people["approver"], decision="approved")
 
     response = action(admin_web, Interrupt, "reject_selected", [interrupt])
 
     assert warnings_of(response) == [f"Item {interrupt.pk} was not rejected: no longer pending."]
     assert response.templates[0].name != "admin/approvals/interrupt/bulk_confirm.html"  # nothing left to confirm
     interrupt.refresh_from_db()
-    assert (interrupt.decision, interrupt.resolved_by) == ("approved", demo["approver"])
+    assert (interrupt.decision, interrupt.resolved_by) == ("approved", people["approver"])
 
 
-def test_audit_records_cannot_be_added_changed_or_deleted(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_audit_records_cannot_be_added_changed_or_deleted(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
     for obj in (run.events.first(), run.steps.first(), run.messages.first(), run.tool_calls.first()):
         model = type(obj)
         model_admin = admin.site._registry[model]
         assert admin_web.get(reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_add")).status_code == 403
         assert admin_web.post(change_url(obj), {}).status_code == 403, model
-        assert "delete_selected" not in model_admin.get_actions(_request_for(demo["admin"])), model
+        assert "delete_selected" not in model_admin.get_actions(_request_for(people["admin"])), model
 
 
-def test_answer_files_are_read_only_and_download_only_through_the_checked_view(admin_web, demo, worker, api,
+def test_answer_files_are_read_only_and_download_only_through_the_checked_view(admin_web, people, worker, api,
                                                                                 media_root):
-    answer_file = answered_with_file(worker, demo, api)
+    answer_file = answered_with_file(worker, people, api)
     model_admin = admin.site._registry[AnswerFile]
 
     listed = admin_web.get(changelist_url(AnswerFile)).content.decode()
@@ -315,7 +291,7 @@ def test_answer_files_are_read_only_and_download_only_through_the_checked_view(a
         assert hidden not in listed and hidden not in page, hidden
     assert admin_web.get(reverse("admin:approvals_answerfile_add")).status_code == 403
     assert admin_web.post(change_url(answer_file), {"name": "other.csv"}).status_code == 403
-    assert "delete_selected" not in model_admin.get_actions(_request_for(demo["admin"]))
+    assert "delete_selected" not in model_admin.get_actions(_request_for(people["admin"]))
     assert AnswerFile.objects.get(pk=answer_file.pk).name == "statement.csv"
     assert b"".join(admin_web.get(download).streaming_content) == CSV  # the admin may see the run
     admin_web.force_login(get_user_model().objects.create_user("stranger"))
@@ -328,21 +304,21 @@ def _request_for(user):
     return request
 
 
-def test_agent_is_editable(admin_web, demo):
-    agent = Agent.objects.get(slug="refund-order")
+def test_agent_is_editable(admin_web, people):
+    agent = asking_agent()
     form = admin_web.get(change_url(agent)).context["adminform"].form
     data = {name: form[name].value() for name in form.fields}
     data = {name: ("" if value is None else value) for name, value in data.items()}
-    data.update({"name": "Refund order v2", "max_turns": 5})
+    data.update({"name": "Send 80 v2", "max_turns": 5})
 
     response = admin_web.post(change_url(agent), data)
 
     assert response.status_code == 302, response.context["adminform"].form.errors
-    current = Agent.objects.current().get(slug="refund-order")  # the change is the next version
-    assert (current.version, current.name, current.max_turns) == (2, "Refund order v2", 5)
+    current = Agent.objects.current().get(slug="send-80")  # the change is the next version
+    assert (current.version, current.name, current.max_turns) == (2, "Send 80 v2", 5)
     assert current.model["provider"] == "scripted"
     agent.refresh_from_db()
-    assert (agent.is_current, agent.name, agent.max_turns) == (False, "Refund order", 20)
+    assert (agent.is_current, agent.name, agent.max_turns) == (False, "send-80", 20)
 
 
 def agent_form_data(agent: Agent, **changes) -> dict:
@@ -354,17 +330,17 @@ def agent_form_data(agent: Agent, **changes) -> dict:
     return {**data, **changes}
 
 
-def test_agent_admin_refuses_a_config_a_run_would_trip_over(demo, admin_client):
-    agent = Agent.objects.get(slug="refund-order")
-    form = agent_form_data(agent, tools=["query_order", "teleport"],
-                           approval_policy=json.dumps({"refund": "sometimes"}))
+def test_agent_admin_refuses_a_config_a_run_would_trip_over(people, admin_client):
+    agent = asking_agent()
+    form = agent_form_data(agent, tools=["fake_lookup", "teleport"],
+                           approval_policy=json.dumps({"fake_transfer": "sometimes"}))
     response = admin_client.post(change_url(agent), form)
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert errors["tools"] == ["Select a valid choice. teleport is not one of the available choices."]
     assert "sometimes" in errors["approval_policy"][0]
     agent.refresh_from_db()
-    assert agent.tools == ["query_order", "refund"]
+    assert agent.tools == CORE_TOOLS
 
 
 # --- issue 12: the run page, "View on site", the agent form, zh-Hans ------
@@ -376,8 +352,8 @@ def inline_formset(response, prefix: str):
                 if inline.formset.prefix == prefix)
 
 
-def test_run_page_shows_timeline_with_seconds_in_the_browsers_zone_and_folds_long_payloads(admin_web, demo, worker):
-    run = finish_refund(demo, worker)
+def test_run_page_shows_timeline_with_seconds_in_the_browsers_zone_and_folds_long_payloads(admin_web, people, worker):
+    run = finished_transfer(people, worker)
     zone = ZoneInfo("Asia/Shanghai")
     admin_web.cookies["tollgate_tz"] = "Asia/Shanghai"
 
@@ -397,8 +373,8 @@ def test_run_page_shows_timeline_with_seconds_in_the_browsers_zone_and_folds_lon
     assert f'href="/runs/{run.pk}/#timeline"' in html  # the whole timeline on the site
 
 
-def test_run_page_lists_its_inbox_items_with_decision_who_and_links(admin_web, demo, worker):
-    run = finish_refund(demo, worker)
+def test_run_page_lists_its_inbox_items_with_decision_who_and_links(admin_web, people, worker):
+    run = finished_transfer(people, worker)
     item = run.interrupts.get()
 
     response = admin_web.get(change_url(run))
@@ -416,8 +392,8 @@ def test_run_page_lists_its_inbox_items_with_decision_who_and_links(admin_web, d
     assert 'name="interrupts-0-status"' not in html  # read-only
 
 
-def test_timeline_shows_fifty_events_a_page(admin_web, demo, worker):
-    run = start_refund(demo, worker)
+def test_timeline_shows_fifty_events_a_page(admin_web, people, worker):
+    run = waiting_transfer(people, worker)
     first = run.events.count()
     with CaptureQueriesContext(connection) as few:
         admin_web.get(change_url(run))
@@ -446,11 +422,11 @@ def site_path(response) -> str:
 
 
 @pytest.mark.parametrize("model", [Run, Interrupt, Session])
-def test_view_on_site_leads_to_the_page_on_the_site(admin_web, demo, worker, model):
-    run = finish_refund(demo, worker)
-    later = start_run(agent=Agent.objects.get(slug="cancel-order"), user=demo["requester"], input="cancel 124")
+def test_view_on_site_leads_to_the_page_on_the_site(admin_web, people, worker, model):
+    run = finished_transfer(people, worker)
+    later = start_run(agent=refused_agent(), user=people["requester"], input="send 500 to acme")
     worker.drain()
-    session = Session.objects.create(owner=demo["requester"], agent=run.agent)
+    session = Session.objects.create(owner=people["requester"], agent=run.agent)
     Run.objects.filter(pk__in=[run.pk, later.pk]).update(session=session)
     obj = {Run: run, Interrupt: run.interrupts.get(), Session: session}[model]
     expected = {Run: f"/runs/{run.pk}/", Interrupt: f"/inbox/{obj.pk}/", Session: f"/runs/{later.pk}/"}[model]
@@ -461,63 +437,64 @@ def test_view_on_site_leads_to_the_page_on_the_site(admin_web, demo, worker, mod
     assert admin_web.get(expected).status_code == 200
 
 
-def test_a_session_without_runs_has_no_view_on_site(admin_web, demo):
-    session = Session.objects.create(owner=demo["requester"], agent=Agent.objects.get(slug="refund-order"))
+def test_a_session_without_runs_has_no_view_on_site(admin_web, people):
+    session = Session.objects.create(owner=people["requester"], agent=asking_agent())
 
     html = admin_web.get(change_url(session)).content.decode()
 
     assert reverse("admin:view_on_site", args=[ContentType.objects.get_for_model(Session).pk, session.pk]) not in html
 
 
-def test_agent_form_offers_the_registered_checks_and_tools(admin_web, demo):
-    agent = Agent.objects.get(slug="refund-order")
+def test_agent_form_offers_the_registered_checks_and_tools(admin_web, people):
+    agent = asking_agent()
     form = admin_web.get(change_url(agent)).context["adminform"].form
 
     assert [value for value, _ in form.fields["completion_check"].choices] == check_names()
     assert [value for value, _ in form.fields["tools"].choices] == [tool.name for tool in all_tools()]
     labels = dict(form.fields["tools"].choices)
-    assert labels["refund"] == f"refund (changes things; approval: {get_tool('refund').approval})"
-    assert labels["query_order"] == "query_order (read-only; approval: never)"
+    assert labels["fake_transfer"] == f"fake_transfer (changes things; approval: {get_tool('fake_transfer').approval})"
+    assert labels["fake_lookup"] == "fake_lookup (read-only; approval: never)"
     for name in ("model", "approval_policy", "tools", "completion_check"):
         assert form.fields[name].help_text, name
 
-    response = admin_web.post(change_url(agent), agent_form_data(agent, tools=["query_order", "refund", "send_email"],
+    response = admin_web.post(change_url(agent), agent_form_data(agent, tools=[*CORE_TOOLS, "ask_user"],
                                                                  completion_check="default"))
 
     assert response.status_code == 302
-    agent = Agent.objects.current().get(slug="refund-order")
-    assert (agent.tools, agent.completion_check) == (["query_order", "refund", "send_email"], "default")
+    agent = Agent.objects.current().get(slug="send-80")
+    assert (agent.tools, agent.completion_check) == ([*CORE_TOOLS, "ask_user"], "default")
 
 
-def test_agent_form_errors_keep_what_was_typed(admin_web, demo):
-    agent = Agent.objects.get(slug="refund-order")
-    typed_policy = '{\n  "refund":   "amount >> 5"\n}'
+def test_agent_form_errors_keep_what_was_typed(admin_web, people):
+    agent = asking_agent()
+    typed_policy = '{\n  "fake_transfer":   "amount >> 5"\n}'
     typed_model = '{"provider": "scripted", "turns": [}'
 
     response = admin_web.post(change_url(agent), agent_form_data(
-        agent, approval_policy=typed_policy, model=typed_model, completion_check="no-such-check", tools=["refund"]))
+        agent, approval_policy=typed_policy, model=typed_model, completion_check="no-such-check",
+        tools=["fake_transfer"]))
 
     assert response.status_code == 200
     form = response.context["adminform"].form
     assert set(form.errors) == {"approval_policy", "model", "completion_check"}
     assert form.errors["model"] == ["Not valid JSON (line 1, column 36)."]
-    assert form.errors["approval_policy"][0].startswith("refund: ")
+    assert form.errors["approval_policy"][0].startswith("fake_transfer: ")
     assert len(form.errors["completion_check"]) == 1  # the choice's own message, not a second one
     html = response.content.decode()
     assert f">\n{escape(typed_policy)}</textarea>" in html
     assert f">\n{escape(typed_model)}</textarea>" in html
-    assert 'value="refund" id="id_tools_' in html and html.count(" checked>") == 1
+    assert 'value="fake_transfer" id="id_tools_' in html and html.count(" checked>") == 1
     agent.refresh_from_db()
-    assert agent.approval_policy == {} and agent.tools == ["query_order", "refund"]
+    assert agent.approval_policy == {} and agent.tools == CORE_TOOLS
 
 
-def test_agent_form_keeps_a_tool_that_is_no_longer_registered_until_removed(admin_web, demo):
-    agent = Agent.objects.get(slug="refund-order")
-    Agent.objects.filter(pk=agent.pk).update(tools=["refund", "retired_tool"], completion_check="retired_check")
+def test_agent_form_keeps_a_tool_that_is_no_longer_registered_until_removed(admin_web, people):
+    agent = asking_agent()
+    Agent.objects.filter(pk=agent.pk).update(tools=["fake_transfer", "retired_tool"], completion_check="retired_check")
     agent.refresh_from_db()
 
     form = admin_web.get(change_url(agent)).context["adminform"].form
-    assert form["tools"].value() == ["refund", "retired_tool"]
+    assert form["tools"].value() == ["fake_transfer", "retired_tool"]
     assert dict(form.fields["tools"].choices)["retired_tool"] == "retired_tool (not registered)"
     assert form["completion_check"].value() == "retired_check"
 
@@ -526,17 +503,18 @@ def test_agent_form_keeps_a_tool_that_is_no_longer_registered_until_removed(admi
     assert errors["tools"] == ["Unknown tool 'retired_tool'."]
     assert errors["completion_check"][0].startswith("Unknown completion check 'retired_check'")
 
-    response = admin_web.post(change_url(agent), agent_form_data(agent, tools=["refund"], completion_check="refund"))
+    response = admin_web.post(change_url(agent), agent_form_data(agent, tools=["fake_transfer"],
+                                                                 completion_check="fake_transfer"))
     assert response.status_code == 302
-    assert Agent.objects.current().get(slug="refund-order").tools == ["refund"]
+    assert Agent.objects.current().get(slug="send-80").tools == ["fake_transfer"]
 
 
 @pytest.mark.parametrize("language, words", [
     ("zh-hans", {"时间线", "收件箱条目", "在站点上查看", "审批", "已批准", "站点管理", "年"}),
     ("en", {"Timeline", "Inbox items", "View on site", "approval", "approved", "Site administration"}),
 ])
-def test_admin_speaks_the_browsers_language(admin_web, demo, worker, language, words):
-    run = finish_refund(demo, worker)
+def test_admin_speaks_the_browsers_language(admin_web, people, worker, language, words):
+    run = finished_transfer(people, worker)
     agent = run.agent
 
     run_page = admin_web.get(change_url(run), HTTP_ACCEPT_LANGUAGE=language).content.decode()
@@ -551,31 +529,31 @@ def test_admin_speaks_the_browsers_language(admin_web, demo, worker, language, w
     assert ("运行" in index) == (language == "zh-hans")  # the app's name
 
 
-def test_a_session_with_a_page_of_its_runs_shown_can_still_be_renamed(admin_web, demo, worker, monkeypatch):
+def test_a_session_with_a_page_of_its_runs_shown_can_still_be_renamed(admin_web, people, worker, monkeypatch):
     monkeypatch.setattr(SessionRunInline, "per_page", 2)
-    session = Session.objects.create(owner=demo["requester"], agent=Agent.objects.get(slug="cancel-order"))
+    session = Session.objects.create(owner=people["requester"], agent=refused_agent())
     for text in ("first", "second", "third"):
-        start_run(agent=session.agent, user=demo["requester"], input=text, session=session)
+        start_run(agent=session.agent, user=people["requester"], input=text, session=session)
         worker.drain()
     url = change_url(session) + "?runs_page=2"
     formset = inline_formset(admin_web.get(url), "runs")
     assert [form.instance.input for form in formset.forms] == ["first"]  # newest first, two a page
 
-    data = {"title": "Cancel order 124", "metadata": "{}"}
+    data = {"title": "Send 500 to acme", "metadata": "{}"}
     data.update({f"runs-{key}": value for key, value in formset.management_form.initial.items()})
     data.update({"runs-0-id": formset.forms[0].instance.pk, "runs-0-session": session.pk})
     response = admin_web.post(url, data)
 
     assert response.status_code == 302, response.context["adminform"].form.errors
     session.refresh_from_db()
-    assert session.title == "Cancel order 124" and session.runs.count() == 3
+    assert session.title == "Send 500 to acme" and session.runs.count() == 3
 
 
-def test_an_operator_accepts_a_held_mcp_tool_with_the_admin_action(admin_web, demo):
+def test_an_operator_accepts_a_held_mcp_tool_with_the_admin_action(admin_web, people):
     tool = held_mcp_tool()
     assert tool.held
     approver = Client()
-    approver.force_login(demo["approver"])  # no change permission on MCP tools: nothing accepted
+    approver.force_login(people["approver"])  # no change permission on MCP tools: nothing accepted
     action(approver, McpTool, "accept_selected", [tool])
     tool.refresh_from_db()
     assert tool.held
@@ -583,7 +561,7 @@ def test_an_operator_accepts_a_held_mcp_tool_with_the_admin_action(admin_web, de
     response = action(admin_web, McpTool, "accept_selected", [tool])
     assert [m.message for m in response.context["messages"]] == ["Accepted 1 tool."]
     tool.refresh_from_db()
-    assert not tool.held and tool.accepted_by == demo["admin"]
+    assert not tool.held and tool.accepted_by == people["admin"]
     assert list(tool.events.values_list("kind", "actor")) == [
         ("accepted", "admin"), ("changed", "test"), ("discovered", "test")]
     response = action(admin_web, McpTool, "accept_selected", [tool])

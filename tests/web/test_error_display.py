@@ -16,7 +16,7 @@ from django.urls import reverse
 from approvals.models import Interrupt, InterruptStatus
 from config.error_display import page_error
 from runs.base.errors import IdempotencyKeyReused, SessionBusy
-from tests.support.security import approval_item  # noqa: F401
+from tests.support.security import core_approval_item  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,15 +24,15 @@ REFUSAL = "You may not decide this item."
 
 
 @pytest.fixture
-def reviewer(demo):
+def reviewer(people):
     """Staff who may look at the inbox in the admin (and so sees every run) but may not decide."""
     user = get_user_model().objects.create_user("reviewer", password="x", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_interrupt"))
     return user
 
 
-def test_a_refusal_reads_the_same_in_the_api_the_pages_and_the_admin(demo, api, client, reviewer, approval_item):
-    item = approval_item
+def test_a_refusal_reads_the_same_in_the_api_the_pages_and_the_admin(people, api, client, reviewer, core_approval_item):
+    item = core_approval_item
     from_api = api(reviewer).post(f"/api/interrupts/{item.pk}/approve/", {}, format="json")
     assert from_api.status_code == 403 and REFUSAL in from_api.content.decode()
 
@@ -47,23 +47,23 @@ def test_a_refusal_reads_the_same_in_the_api_the_pages_and_the_admin(demo, api, 
     assert Interrupt.objects.get(pk=item.pk).status == InterruptStatus.PENDING
 
 
-def test_bad_input_lands_on_the_form_field(demo, client, approval_item):
-    client.force_login(demo["approver"])
-    page = client.post(reverse("inbox-item", args=[approval_item.pk]),
-                       {"decision": "approved", "edited_arguments": '{"order_id": 123, "amount": -5}'})
+def test_bad_input_lands_on_the_form_field(people, client, core_approval_item):
+    client.force_login(people["approver"])
+    page = client.post(reverse("inbox-item", args=[core_approval_item.pk]),
+                       {"decision": "approved", "edited_arguments": '{"account": "acme", "amount": -5}'})
     assert page.status_code == 400
     form = page.context["form"]
     assert [e[:17] for e in form.errors["edited_arguments"]] == ["Edited arguments "]  # the service's words
     assert not form.non_field_errors()
-    assert Interrupt.objects.get(pk=approval_item.pk).status == InterruptStatus.PENDING
+    assert Interrupt.objects.get(pk=core_approval_item.pk).status == InterruptStatus.PENDING
 
 
 @pytest.mark.parametrize("error, status", [
     (lambda run: SessionBusy(run), 409),
     (lambda run: IdempotencyKeyReused(run.pk), 422),
 ])
-def test_other_errors_get_the_status_page_with_their_own_status(approval_item, error, status):
-    exc = error(approval_item.run)
+def test_other_errors_get_the_status_page_with_their_own_status(core_approval_item, error, status):
+    exc = error(core_approval_item.run)
     response = page_error(RequestFactory().get("/"), exc, back_url="/runs/")
     body = response.content.decode()
     assert response.status_code == status

@@ -21,8 +21,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.urls import reverse
 
-from runs.models import Agent
 from runs.engine.lifecycle import start_run
+from tests.support.core import asking_agent
 from tests.support.i18n import PO, ROOT, gettext_tool
 
 # What makemessages reads (README "Languages and time zones").
@@ -32,8 +32,8 @@ SOURCES = ["manage.py", "config", "runs", "approvals", "tools", "templates"]
 # --- Language of pages and API ----------------------------------------------
 
 @pytest.fixture
-def approver_client(client, demo):
-    client.force_login(demo["approver"])
+def approver_client(client, people):
+    client.force_login(people["approver"])
     return client
 
 
@@ -53,8 +53,8 @@ def test_page_language_follows_accept_language(approver_client, accept, heading,
 
 
 @pytest.mark.django_db(transaction=True)
-def test_error_pages_and_admin_actions_are_translated(client, demo, waiting_run):
-    client.force_login(demo["admin"])
+def test_error_pages_and_admin_actions_are_translated(client, people, waiting_run):
+    client.force_login(people["admin"])
     missing = client.get("/runs/999999/", HTTP_ACCEPT_LANGUAGE="zh-hans")
     assert missing.status_code == 404 and "未找到 (404)" in missing.content.decode()
     admin_list = client.get("/admin/runs/run/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
@@ -79,12 +79,12 @@ def test_switcher_refuses_a_foreign_next_url(approver_client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_api_answers_in_english_whatever_the_client_asks(client, demo):
+def test_api_answers_in_english_whatever_the_client_asks(client, people):
     response = client.get("/api/runs/", HTTP_ACCEPT_LANGUAGE="zh-hans")
     assert response.status_code in (401, 403)
     assert response.json()["error"]["message"] == "Authentication credentials were not provided."
     assert response["Content-Language"] == "en"
-    client.force_login(demo["requester"])
+    client.force_login(people["requester"])
     response = client.post("/api/runs/", {}, content_type="application/json", HTTP_ACCEPT_LANGUAGE="zh-hans")
     assert response.status_code == 400
     assert "This field is required." in str(response.json())
@@ -93,9 +93,9 @@ def test_api_answers_in_english_whatever_the_client_asks(client, demo):
 # --- Time zone --------------------------------------------------------------
 
 @pytest.fixture
-def waiting_run(demo, idle_worker):
+def waiting_run(people, idle_worker):
     """A queued run of the requester (no worker needed: only its timestamps are shown)."""
-    return start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund 80 on 123")
+    return start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme")
 
 
 def _created_shown(client, run, zone_cookie=None) -> tuple[str, str]:
@@ -117,8 +117,8 @@ def _created_shown(client, run, zone_cookie=None) -> tuple[str, str]:
     ("/usr/share/zoneinfo/Asia/Tokyo", "UTC"),
     ("x" * 5000, "UTC"),
 ])
-def test_times_are_shown_in_the_browsers_zone_and_labelled(client, demo, waiting_run, cookie, zone):
-    client.force_login(demo["requester"])
+def test_times_are_shown_in_the_browsers_zone_and_labelled(client, people, waiting_run, cookie, zone):
+    client.force_login(people["requester"])
     shown, label = _created_shown(client, waiting_run, cookie)
     expected = waiting_run.created_at.astimezone(ZoneInfo(zone) if zone != "UTC" else dt_timezone.utc)
     assert (shown, label) == (expected.strftime("%Y-%m-%d %H:%M:%S"), zone)

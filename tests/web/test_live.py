@@ -14,9 +14,9 @@ from django.contrib.auth.models import AnonymousUser
 
 from runs.base.channel_layers import LoopSafeInMemoryChannelLayer
 from runs.live import publish_run_update
-from runs.models import Agent
 from runs.web.routing import websocket_urlpatterns
 from runs.engine.lifecycle import start_run
+from tests.support.core import asking_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,14 +28,14 @@ def _communicator(path: str, user) -> WebsocketCommunicator:
 
 
 @pytest.fixture
-def run(demo):
-    return start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund 80 on 123")
+def run(people):
+    return start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme")
 
 
-def test_run_socket_sends_snapshot_then_updates_to_the_requester(run, demo):
+def test_run_socket_sends_snapshot_then_updates_to_the_requester(run, people):
     @async_to_sync
     async def scenario():
-        communicator = _communicator(f"/ws/runs/{run.pk}/", demo["requester"])
+        communicator = _communicator(f"/ws/runs/{run.pk}/", people["requester"])
         connected, _ = await communicator.connect(timeout=5)
         assert connected
         first = await communicator.receive_json_from(timeout=5)
@@ -50,7 +50,7 @@ def test_run_socket_sends_snapshot_then_updates_to_the_requester(run, demo):
     scenario()
 
 
-def test_run_socket_refuses_anonymous_and_other_users(run, demo):
+def test_run_socket_refuses_anonymous_and_other_users(run, people):
     stranger = get_user_model().objects.create_user("stranger", password="x")
 
     @async_to_sync
@@ -59,7 +59,7 @@ def test_run_socket_refuses_anonymous_and_other_users(run, demo):
             communicator = _communicator(f"/ws/runs/{run.pk}/", user)
             connected, _ = await communicator.connect(timeout=5)
             assert not connected
-        approver = _communicator(f"/ws/runs/{run.pk}/", demo["approver"])  # deciders see every run
+        approver = _communicator(f"/ws/runs/{run.pk}/", people["approver"])  # deciders see every run
         connected, _ = await approver.connect(timeout=5)
         assert connected
         await approver.disconnect()
@@ -67,7 +67,7 @@ def test_run_socket_refuses_anonymous_and_other_users(run, demo):
     scenario()
 
 
-def test_run_list_socket_forwards_only_visible_runs(run, demo):
+def test_run_list_socket_forwards_only_visible_runs(run, people):
     stranger = get_user_model().objects.create_user("stranger", password="x")
 
     @async_to_sync
@@ -75,7 +75,7 @@ def test_run_list_socket_forwards_only_visible_runs(run, demo):
         from channels.db import database_sync_to_async
 
         theirs = _communicator("/ws/runs/", stranger)
-        deciders = _communicator("/ws/runs/", demo["approver"])
+        deciders = _communicator("/ws/runs/", people["approver"])
         assert (await theirs.connect(timeout=5))[0] and (await deciders.connect(timeout=5))[0]
         await database_sync_to_async(publish_run_update)(run.pk)
         assert (await deciders.receive_json_from(timeout=5))["run"]["id"] == run.pk
@@ -86,7 +86,7 @@ def test_run_list_socket_forwards_only_visible_runs(run, demo):
     scenario()
 
 
-def test_forwarding_a_message_takes_no_turn_in_the_sync_thread(run, demo, monkeypatch):
+def test_forwarding_a_message_takes_no_turn_in_the_sync_thread(run, people, monkeypatch):
     """A message forwarded to a socket costs no hop into the thread Django's views share: Channels'
     own dispatch swept stale database connections there before every message of every socket."""
     import channels.consumer
@@ -104,7 +104,7 @@ def test_forwarding_a_message_takes_no_turn_in_the_sync_thread(run, demo, monkey
     async def scenario():
         from channels.db import database_sync_to_async
 
-        sockets = [_communicator("/ws/runs/", demo["approver"]) for _ in range(3)]
+        sockets = [_communicator("/ws/runs/", people["approver"]) for _ in range(3)]
         for socket in sockets:
             assert (await socket.connect(timeout=5))[0]
         for _ in range(4):
@@ -225,7 +225,7 @@ def test_a_full_backlog_drops_its_oldest_batch_and_keeps_the_newest(monkeypatch,
     assert "backlog full (2); dropped a run.delta" in caplog.text
 
 
-def test_a_one_pass_sweep_sends_its_pushes_before_the_command_returns(demo, monkeypatch):
+def test_a_one_pass_sweep_sends_its_pushes_before_the_command_returns(people, monkeypatch):
     from datetime import timedelta
 
     from django.core.management import call_command
@@ -240,7 +240,7 @@ def test_a_one_pass_sweep_sends_its_pushes_before_the_command_returns(demo, monk
             await asyncio.sleep(0.3)  # Redis far away: the command returns long before this is sent
             await super().group_send(group, message)
 
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund 80 on 123")
+    run = start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme")
     loop.advance(run.pk)
     Interrupt.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
     layer = SlowLayer()
