@@ -175,3 +175,13 @@ class FakeToolsConfig(AppConfig):
         for tool in FAKE_TOOLS:
             register(tool)
         register_check("fake_transfer")(transfer_done)
+
+
+# --- added for tests/api ---
+
+
+def transfer_made_under(idempotency_key: str) -> dict | None:
+    """The transfer ``fake_transfer`` made under ``idempotency_key`` (as ``transfers()`` lists it), or None."""
+    with _LOCK:
+        made = _TRANSFERS.get(idempotency_key)
+    return dict(made) if made else None
