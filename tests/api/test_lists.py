@@ -25,14 +25,14 @@ def runs(people, api, asking, refused):
     """Four runs: three of the requester (a transfer, another in the same session, a refused one), one of the
     approver."""
     requester = api(people["requester"])
-    refund = start_run(requester, asking, "Send 80 to acme.")
+    sent = start_run(requester, asking, "Send 80 to acme.")
     follow_up = requester.post("/api/runs/", {"agent": asking, "input": "And 20 more.",
-                                              "session": refund["session"]}, format="json").json()
-    cancel = start_run(requester, refused, "Send 500 to acme.")
+                                              "session": sent["session"]}, format="json").json()
+    not_sent = start_run(requester, refused, "Send 500 to acme.")
     own = start_run(api(people["approver"]), asking, "Send 80 to acme, please.")
-    Run.objects.filter(pk=cancel["id"]).update(status="waiting", waiting_reason="approval")
+    Run.objects.filter(pk=not_sent["id"]).update(status="waiting", waiting_reason="approval")
     Run.objects.filter(pk=own["id"]).update(status="completed", created_at=timezone.now() - timedelta(days=3))
-    return {"refund": refund["id"], "follow_up": follow_up["id"], "cancel": cancel["id"], "own": own["id"]}
+    return {"transfer": sent["id"], "follow_up": follow_up["id"], "refused": not_sent["id"], "own": own["id"]}
 
 
 def _ids(client, path, **query) -> set[int]:
@@ -44,24 +44,25 @@ def _ids(client, path, **query) -> set[int]:
 
 def test_run_filters_narrow_the_list(people, api, runs, asking, refused):
     approver = api(people["approver"])
-    session = Run.objects.get(pk=runs["refund"]).session_id
+    session = Run.objects.get(pk=runs["transfer"]).session_id
     yesterday = (timezone.now() - timedelta(days=1)).isoformat()
 
     assert _ids(approver, "/api/runs/") == set(runs.values())
-    assert _ids(approver, "/api/runs/", status="queued") == {runs["refund"], runs["follow_up"]}
-    assert _ids(approver, "/api/runs/", agent=refused) == {runs["cancel"]}
-    assert _ids(approver, "/api/runs/", session=session) == {runs["refund"], runs["follow_up"]}
-    assert _ids(approver, "/api/runs/", waiting_reason="approval") == {runs["cancel"]}
+    assert _ids(approver, "/api/runs/", status="queued") == {runs["transfer"], runs["follow_up"]}
+    assert _ids(approver, "/api/runs/", agent=refused) == {runs["refused"]}
+    assert _ids(approver, "/api/runs/", session=session) == {runs["transfer"], runs["follow_up"]}
+    assert _ids(approver, "/api/runs/", waiting_reason="approval") == {runs["refused"]}
     assert _ids(approver, "/api/runs/", created_before=yesterday) == {runs["own"]}
-    assert _ids(approver, "/api/runs/", created_after=yesterday) == {runs["refund"], runs["follow_up"], runs["cancel"]}
+    assert _ids(approver, "/api/runs/", created_after=yesterday) == {runs["transfer"], runs["follow_up"],
+                                                                     runs["refused"]}
     assert _ids(approver, "/api/runs/", requested_by="me") == {runs["own"]}
     assert _ids(approver, "/api/runs/", agent=asking, status="completed") == {runs["own"]}
-    assert _ids(api(people["requester"]), "/api/runs/", agent=asking) == {runs["refund"], runs["follow_up"]}
+    assert _ids(api(people["requester"]), "/api/runs/", agent=asking) == {runs["transfer"], runs["follow_up"]}
 
 
 def test_filters_never_widen_what_a_user_sees(people, api, runs):
     outsider = api(get_user_model().objects.create_user("outsider", password="x"))
-    session = Run.objects.get(pk=runs["refund"]).session_id
+    session = Run.objects.get(pk=runs["transfer"]).session_id
 
     assert _ids(outsider, "/api/runs/", session=session) == set()
     assert _ids(outsider, "/api/runs/", requested_by="me") == set()
@@ -106,7 +107,7 @@ def test_list_filters_neither_hide_nor_refuse_an_item(people, api, core_approval
 
     assert approver.get(f"/api/interrupts/{item}/", {"status": "resolved"}).json()["id"] == item
     assert approver.get(f"/api/interrupts/{item}/", {"status": "no such status"}).status_code == 200
-    assert approver.get(f"/api/runs/{runs['refund']}/", {"status": "completed"}).json()["id"] == runs["refund"]
+    assert approver.get(f"/api/runs/{runs['transfer']}/", {"status": "completed"}).json()["id"] == runs["transfer"]
     response = approver.post(f"/api/interrupts/{item}/approve/?kind=reconciliation", {}, format="json")
     assert response.status_code == 200 and response.json()["status"] == "resolved"
     assert api(people["requester"]).get(f"/api/runs/{runs['own']}/").status_code == 404  # still not visible

@@ -57,7 +57,7 @@ def test_another_users_session_cannot_be_continued(people, api, outsider, asking
 
 def test_submit_input_says_what_it_did_as_a_submit_outcome_and_the_api_answers_201_or_200_by_it(people, api):
     requester, agent = people["requester"], make_agent("plain", [{"content": "Done."}], tools=[])
-    created = submit_input(agent=agent, user=requester, input="refund 123", idempotency_key="s-1")
+    created = submit_input(agent=agent, user=requester, input="Send 80 to acme.", idempotency_key="s-1")
     run = created.run
     Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING)  # the session's run is busy
     joined = submit_input(agent=agent, user=requester, input="it was a gift", session=run.session,
@@ -67,7 +67,7 @@ def test_submit_input_says_what_it_did_as_a_submit_outcome_and_the_api_answers_2
     assert {type(s.outcome) for s in (created, joined)} == {SubmitOutcome}
 
     # The same two requests through the API: replayed from the run's events, answered as before.
-    bodies = {"s-1": {"agent": "plain", "input": "refund 123"},
+    bodies = {"s-1": {"agent": "plain", "input": "Send 80 to acme."},
               "s-2": {"agent": "plain", "input": "it was a gift", "session": run.session_id,
                       "multitask_strategy": "supplement"}}
     answers = [api(requester).post("/api/runs/", body, format="json", headers={"Idempotency-Key": key})

@@ -93,12 +93,12 @@ def test_approvers_and_staff_see_every_session(people, api, asking):
 
 def test_sessions_are_filtered_by_agent_and_creation_time(people, api, asking, refused):
     requester = api(people["requester"])
-    refund, cancel = _open(requester, asking), _open(requester, refused)
+    sending, refusing = _open(requester, asking), _open(requester, refused)
 
     def ids(**query):
         return [s["id"] for s in requester.get("/api/sessions/", query).json()["results"]]
 
-    assert ids() == [cancel["id"], refund["id"]]
-    assert ids(agent=refused) == [cancel["id"]]
-    assert ids(created_after=cancel["created_at"]) == [cancel["id"]]
-    assert ids(created_before=cancel["created_at"]) == [refund["id"]]
+    assert ids() == [refusing["id"], sending["id"]]
+    assert ids(agent=refused) == [refusing["id"]]
+    assert ids(created_after=refusing["created_at"]) == [refusing["id"]]
+    assert ids(created_before=refusing["created_at"]) == [sending["id"]]
