@@ -166,7 +166,8 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
     events of the reserved seqs (``runs.base.rows.update_and_insert_numbered``).
     """
     values = columns.values if columns is not None else {}
-    increments = {"last_event_seq": count, **(columns.increments if columns is not None else {})}
+    others = columns.increments if columns is not None else {}
+    increments = {"last_event_seq": count, **others}
     expected = columns.expected if columns is not None else {}
     if not connection.features.can_return_columns_from_insert:
         written = fenced(Run.objects.filter(pk=run.pk, **expected), run.pk).update(
@@ -178,7 +179,7 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
     if token is not None:
         expected = {**expected, "lease_token": token}
     if rows is not None:
-        return update_and_insert_numbered(Run, run.pk, values=values, increments=increments, expected=expected,
+        return update_and_insert_numbered(Run, run.pk, values=values, increments=others, expected=expected,
                                           counted="last_event_seq", instances=rows, position="seq")
     return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
                           returning="last_event_seq")

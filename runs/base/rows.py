@@ -195,15 +195,19 @@ _AND_INSERT: dict = {}  # (update statement, rows model, rows, numbered field) -
 def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counted: str,
                                instances: list[Model], position: str) -> int | None:
     """``update_columns`` and ``insert_many`` in one statement (PostgreSQL: a data-modifying ``WITH``), the
-    inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments`` (the
-    integer column ``counted`` among them, by ``len(instances)``) if it holds ``expected``; then
+    inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments``, and
+    its integer column ``counted`` moves on by ``len(instances)``, if it holds ``expected``; then
     ``instances`` (at least one, all of one model, none stored) are inserted, their field ``position`` the
     counter's new value for the last one, one less for the one before, and so on.
 
     Returns the counter's new value, the instances stored (keys and ``position`` set); or None when the row
     was not written (it does not hold ``expected``, or is gone): then no instance is inserted either. Raises
-    what the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
+    ``TypeError`` when ``increments`` or ``values`` name ``counted`` (the rows move it), and what the database
+    raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
     """
+    if counted in increments or counted in values:
+        raise TypeError(f"{counted} moves by the number of rows inserted, not by the caller")
+    increments = {counted: len(instances), **increments}
     numbered = type(instances[0])._meta.get_field(position)
     keys = _update_and_insert(model, pk, values, increments, expected, counted, instances, numbered)
     if not keys:

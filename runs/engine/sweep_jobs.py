@@ -134,14 +134,16 @@ def wake_due_runs(*, now, limit: int | None = None) -> dict[str, int]:
 
     Returns ``{"woken": n}``. The earliest first, at most ``limit``
     (default ``SWEEP_BATCH``), ``ITEMS_PER_TRANSACTION`` per transaction: their
-    row locks taken in id order, their due waits read with one query (``prefetch_due_waits``). A run
-    that moved on or whose timer moved since it was found is left alone.
+    row locks taken in id order, a row another transaction holds skipped (taken at a later pass: a
+    worker's group commit holds several runs' rows, taken in no order, ``runs.tx``), their due waits read
+    with one query (``prefetch_due_waits``). A run that moved on or whose timer moved since it was found
+    is left alone.
     """
     due = list(Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now).order_by("wake_at")
                .values_list("pk", flat=True)[:_limit(limit)])
     woken = 0
     for chunk in _chunks(due):
-        with locked_many(chunk) as txs:
+        with locked_many(chunk, skip_locked=True) as txs:
             prefetch_due_waits(txs, now=now)
             for tx in txs.values():
                 run = tx.run
@@ -166,7 +168,8 @@ def fail_waiting_runs_past_deadline(*, now, limit: int | None = None) -> dict[st
     waiting run: one query per such version, whatever the number of runs; at
     most ``limit`` runs (default ``SWEEP_BATCH``), the rest next pass. They
     are failed ``ITEMS_PER_TRANSACTION`` at a time, each checked again
-    under its row lock and ended by ``end_run`` as ``expire_overdue_approvals`` does.
+    under its row lock (a busy row skipped) and ended by ``end_run`` as
+    ``expire_overdue_approvals`` does.
     """
     limit, due = _limit(limit), []
     for agent_id, deadline_s in Agent.objects.filter(deadline_s__isnull=False).values_list("pk", "deadline_s"):
@@ -177,7 +180,7 @@ def fail_waiting_runs_past_deadline(*, now, limit: int | None = None) -> dict[st
         due += past.order_by("started_at").values_list("pk", flat=True)[:limit - len(due)]
     failed = 0
     for chunk in _chunks(due):
-        with locked_many(chunk, related=("agent",)) as txs:
+        with locked_many(chunk, related=("agent",), skip_locked=True) as txs:
             runs = {run_id: tx.run for run_id, tx in txs.items()}
             reads = load_endings(list(runs.values()))
             for run in runs.values():
@@ -197,7 +200,7 @@ def expire_overdue_approvals(*, now, limit: int | None = None) -> dict[str, int]
     The longest overdue first, at most ``limit`` (default ``SWEEP_BATCH``);
     the rest are left to the next pass. ``ITEMS_PER_TRANSACTION`` items
     share a transaction, which first takes their runs' row locks (in id
-    order; a person's decision takes the run's lock too), then loads what
+    order, a busy row skipped; a person's decision takes the run's lock too), then loads what
     ending those runs needs with one query per kind of row
     (``load_endings``). Each item is then expired and its run ended exactly
     as if alone: the same events and transitions, in the same order. The
@@ -205,7 +208,7 @@ def expire_overdue_approvals(*, now, limit: int | None = None) -> dict[str, int]
     """
     count = 0
     for chunk in _chunks(overdue_interrupts(now=now, limit=_limit(limit))):
-        with locked_many({run_id for _, run_id in chunk}) as txs:
+        with locked_many({run_id for _, run_id in chunk}, skip_locked=True) as txs:
             runs = {run_id: tx.run for run_id, tx in txs.items()}
             reads = load_endings(list(runs.values()))
             for interrupt_id, run_id in chunk:

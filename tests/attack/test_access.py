@@ -19,22 +19,33 @@ from approvals.models import Interrupt
 from runs.live import publish_run_update
 from runs.models import Agent, Run
 from tests.support.api import error_of
-from tests.support.security import approval_item, reconciliation_item, stored_state  # noqa: F401
-from tools.demo.data import APPROVERS_GROUP
+from tests.support.core import asking_agent
+from tests.support.security import core_approval_item, stored_state  # noqa: F401
+
+APPROVERS_GROUP = "approvers"  # the people fixture's group of deciders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def outsider(demo):
+def outsider(people):
     return get_user_model().objects.create_user("outsider", password="a-long-and-unusual-passphrase-42")
+
+
+@pytest.fixture
+def passwords(people) -> dict[str, str]:
+    """``{username: password}``: the people may log in with these."""
+    for user in people.values():
+        user.set_password(f"{user.username}-passphrase-42")
+        user.save()
+    return {username: f"{username}-passphrase-42" for username in people}
 
 
 # --- 404 for other users' objects, permission before kind --------------------------
 
-def test_other_users_objects_are_404_on_every_verb_like_missing_ones(demo, api, outsider, approval_item):
+def test_other_users_objects_are_404_on_every_verb_like_missing_ones(people, api, outsider, core_approval_item):
     client = api(outsider)
-    run_id, item_id, missing = approval_item.run_id, approval_item.pk, 10**9
+    run_id, item_id, missing = core_approval_item.run_id, core_approval_item.pk, 10**9
     before = stored_state()
     for template, method, body in (
         ("/api/runs/{}/", "get", None), ("/api/runs/{}/events/", "get", None),
@@ -54,14 +65,14 @@ def test_other_users_objects_are_404_on_every_verb_like_missing_ones(demo, api, 
     assert stored_state() == before
 
 
-def test_reconcile_checks_permission_before_saying_what_kind_the_item_is(demo, api, approval_item):
-    url = f"/api/interrupts/{approval_item.pk}/reconcile/"
+def test_reconcile_checks_permission_before_saying_what_kind_the_item_is(people, api, core_approval_item):
+    url = f"/api/interrupts/{core_approval_item.pk}/reconcile/"
     body = {"succeeded": True, "evidence": "x"}
-    refused = api(demo["requester"]).post(url, body, format="json")  # sees the item (own run), may not decide
+    refused = api(people["requester"]).post(url, body, format="json")  # sees the item (own run), may not decide
     assert refused.status_code == 403 and "reconciliation" not in json.dumps(refused.json())
-    wrong_kind = api(demo["approver"]).post(url, body, format="json")
+    wrong_kind = api(people["approver"]).post(url, body, format="json")
     assert wrong_kind.status_code == 400 and "reconciliation" in json.dumps(wrong_kind.json())
-    assert Interrupt.objects.get(pk=approval_item.pk).status == "pending"
+    assert Interrupt.objects.get(pk=core_approval_item.pk).status == "pending"
 
 
 # --- WebSockets --------------------------------------------------------------------
@@ -93,57 +104,57 @@ def _closed_after_update(communicator, run_id: int) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/ws/runs/{}/", "/ws/runs/"])
-def test_socket_closes_after_logout(client, demo, approval_item, path):
-    client.force_login(demo["requester"])
-    communicator = _socket(client, path.format(approval_item.run_id))
+def test_socket_closes_after_logout(client, people, core_approval_item, path):
+    client.force_login(people["requester"])
+    communicator = _socket(client, path.format(core_approval_item.run_id))
     communicator.act = client.logout
-    message = _closed_after_update(communicator, approval_item.run_id)
+    message = _closed_after_update(communicator, core_approval_item.run_id)
     assert message == {"type": "websocket.close", "code": 4403}
 
 
-def test_socket_closes_when_the_permission_is_lost(client, demo, approval_item):
-    client.force_login(demo["approver"])  # sees every run through the approvers group
-    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/")
-    communicator.act = lambda: demo["approver"].groups.remove(Group.objects.get(name=APPROVERS_GROUP))
-    message = _closed_after_update(communicator, approval_item.run_id)
+def test_socket_closes_when_the_permission_is_lost(client, people, core_approval_item):
+    client.force_login(people["approver"])  # sees every run through the approvers group
+    communicator = _socket(client, f"/ws/runs/{core_approval_item.run_id}/")
+    communicator.act = lambda: people["approver"].groups.remove(Group.objects.get(name=APPROVERS_GROUP))
+    message = _closed_after_update(communicator, core_approval_item.run_id)
     assert message == {"type": "websocket.close", "code": 4403}
 
 
-def test_socket_still_streams_while_access_holds(client, demo, approval_item):
-    client.force_login(demo["requester"])
-    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/")
+def test_socket_still_streams_while_access_holds(client, people, core_approval_item):
+    client.force_login(people["requester"])
+    communicator = _socket(client, f"/ws/runs/{core_approval_item.run_id}/")
     communicator.act = lambda: None
-    message = _closed_after_update(communicator, approval_item.run_id)
+    message = _closed_after_update(communicator, core_approval_item.run_id)
     assert message["type"] == "websocket.send" and json.loads(message["text"])["type"] == "run.update"
 
 
-def test_socket_closes_when_its_group_loses_the_permission(client, demo, approval_item):
-    client.force_login(demo["approver"])
-    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/")
+def test_socket_closes_when_its_group_loses_the_permission(client, people, core_approval_item):
+    client.force_login(people["approver"])
+    communicator = _socket(client, f"/ws/runs/{core_approval_item.run_id}/")
     group = Group.objects.get(name=APPROVERS_GROUP)
     communicator.act = lambda: group.permissions.clear()
-    message = _closed_after_update(communicator, approval_item.run_id)
+    message = _closed_after_update(communicator, core_approval_item.run_id)
     assert message == {"type": "websocket.close", "code": 4403}
 
 
 @pytest.mark.parametrize("recheck_s, closes", [(0.0, True), (3600.0, False)])
-def test_a_session_deleted_out_of_band_is_noticed_by_the_periodic_recheck(client, demo, approval_item, settings,
+def test_a_session_deleted_out_of_band_is_noticed_by_the_periodic_recheck(client, people, core_approval_item, settings,
                                                                           recheck_s, closes):
     from django.contrib.sessions.models import Session
 
     settings.TOLLGATE = {**settings.TOLLGATE, "LIVE_ACCESS_RECHECK_S": recheck_s}
-    client.force_login(demo["requester"])
-    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/")
+    client.force_login(people["requester"])
+    communicator = _socket(client, f"/ws/runs/{core_approval_item.run_id}/")
     key = client.cookies["sessionid"].value
     communicator.act = lambda: Session.objects.filter(session_key=key).delete()  # no signal reports this
-    message = _closed_after_update(communicator, approval_item.run_id)
+    message = _closed_after_update(communicator, core_approval_item.run_id)
     if closes:
         assert message == {"type": "websocket.close", "code": 4403}
     else:  # within the re-check interval the socket still streams: the trade for query-free forwarding
         assert message["type"] == "websocket.send"
 
 
-def test_forwarding_events_checks_access_only_when_told(client, demo, approval_item, monkeypatch):
+def test_forwarding_events_checks_access_only_when_told(client, people, core_approval_item, monkeypatch):
     from runs.web import consumers
 
     checks = []
@@ -154,17 +165,17 @@ def test_forwarding_events_checks_access_only_when_told(client, demo, approval_i
         return await real(scope)
 
     monkeypatch.setattr(consumers, "_access_now", counted)
-    client.force_login(demo["requester"])
+    client.force_login(people["requester"])
     communicator = _socket(client, "/ws/runs/")
 
     @async_to_sync
     async def scenario():
         assert (await communicator.connect(timeout=5))[0]
         for _ in range(5):
-            await database_sync_to_async(publish_run_update)(approval_item.run_id)
+            await database_sync_to_async(publish_run_update)(core_approval_item.run_id)
             assert (await communicator.receive_json_from(timeout=5))["type"] == "run.update"
         after_updates = len(checks)
-        await database_sync_to_async(lambda: demo["requester"].groups.add(Group.objects.get(name=APPROVERS_GROUP)))()
+        await database_sync_to_async(lambda: people["requester"].groups.add(Group.objects.get(name=APPROVERS_GROUP)))()
         await communicator.receive_nothing(timeout=0.5)
         await communicator.disconnect()
         return after_updates, len(checks)
@@ -182,9 +193,9 @@ def test_forwarding_events_checks_access_only_when_told(client, demo, approval_i
     ("https://testserver", "testserver", False),
     ("http://evil.example", "testserver", False),
 ])
-def test_socket_origin_must_match_host_and_port(client, demo, approval_item, origin, host, accepted):
-    client.force_login(demo["requester"])
-    communicator = _socket(client, f"/ws/runs/{approval_item.run_id}/", origin=origin, host=host)
+def test_socket_origin_must_match_host_and_port(client, people, core_approval_item, origin, host, accepted):
+    client.force_login(people["requester"])
+    communicator = _socket(client, f"/ws/runs/{core_approval_item.run_id}/", origin=origin, host=host)
 
     @async_to_sync
     async def connect():
@@ -197,7 +208,7 @@ def test_socket_origin_must_match_host_and_port(client, demo, approval_item, ori
 
 # --- masking ------------------------------------------------------------------------
 
-def test_credentials_anywhere_in_an_agent_config_are_masked(demo, api):
+def test_credentials_anywhere_in_an_agent_config_are_masked(people, api):
     Agent.objects.create(slug="leaky", name="Leaky", model={
         "provider": "openai", "model": "m", "base_url": "https://user:pa55word@llm.example/v1?api_key=k3y-in-query",
         "api-key": "plain-k3y", "headers": {"Authorization": "Bearer t0ken-value", "X-Api-Key": "hdr-k3y"},
@@ -205,20 +216,21 @@ def test_credentials_anywhere_in_an_agent_config_are_masked(demo, api):
         "max_output_tokens": 512,
     })
     for user in ("requester", "admin"):
-        shown = api(demo[user]).get("/api/agents/").content.decode()
+        shown = api(people[user]).get("/api/agents/").content.decode()
         for secret in ("pa55word", "k3y-in-query", "plain-k3y", "t0ken-value", "hdr-k3y", "n3sted",
                        "sk-abcdefghijklmnopqrstuvwx"):
             assert secret not in shown, (user, secret)
-        model = api(demo[user]).get("/api/agents/leaky/").json()["model"]
+        model = api(people[user]).get("/api/agents/leaky/").json()["model"]
         assert model["max_output_tokens"] == 512 and model["base_url"].startswith("https://***@llm.example/v1")
 
 
 # --- throttles, login lockout, schema -----------------------------------------------
 
-def test_starting_runs_is_throttled_per_user_with_retry_after(demo, api, monkeypatch, outsider):
+def test_starting_runs_is_throttled_per_user_with_retry_after(people, api, monkeypatch, outsider):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES, "runs": "3/min"})
-    client = api(demo["requester"])
-    statuses = [client.post("/api/runs/", {"agent": "refund-order", "input": f"refund {i}"}, format="json")
+    agent = asking_agent().slug
+    client = api(people["requester"])
+    statuses = [client.post("/api/runs/", {"agent": agent, "input": f"refund {i}"}, format="json")
                 for i in range(5)]
     assert [r.status_code for r in statuses] == [201, 201, 201, 429, 429]
     error = error_of(statuses[-1], 429)
@@ -226,48 +238,50 @@ def test_starting_runs_is_throttled_per_user_with_retry_after(demo, api, monkeyp
     assert 0 < int(statuses[-1]["Retry-After"]) <= 60
     assert error["details"]["retry_after"] == int(statuses[-1]["Retry-After"])
     assert Run.objects.count() == 3
-    other = api(outsider).post("/api/runs/", {"agent": "refund-order", "input": "mine"}, format="json")
+    other = api(outsider).post("/api/runs/", {"agent": agent, "input": "mine"}, format="json")
     assert other.status_code == 201, "another user has a budget of their own"
     assert client.get("/api/runs/").status_code == 200, "reading is not the run-start budget"
 
 
-def test_every_api_request_counts_against_the_user_rate(demo, api, monkeypatch):
+def test_every_api_request_counts_against_the_user_rate(people, api, monkeypatch):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES, "user": "4/min"})
-    client = api(demo["requester"])
+    client = api(people["requester"])
     assert [client.get("/api/agents/").status_code for _ in range(6)] == [200] * 4 + [429] * 2
 
 
-def test_repeated_failed_logins_lock_the_address_out_and_only_it(client, demo):
+def test_repeated_failed_logins_lock_the_address_out_and_only_it(client, passwords):
     for _ in range(5):
         response = client.post("/accounts/login/", {"username": "approver", "password": "wrong-guess"})
         assert response.status_code in (200, 429)
-    locked = client.post("/accounts/login/", {"username": "approver", "password": "approver-demo"})
+    locked = client.post("/accounts/login/", {"username": "approver", "password": passwords["approver"]})
     assert locked.status_code == 429
-    other = client.post("/accounts/login/", {"username": "requester", "password": "requester-demo"})
+    other = client.post("/accounts/login/", {"username": "requester", "password": passwords["requester"]})
     assert other.status_code == 429, "the address is locked, whatever username it tries"
     elsewhere = Client(REMOTE_ADDR="198.51.100.9").post("/accounts/login/",
-                                                        {"username": "approver", "password": "approver-demo"})
+                                                        {"username": "approver", "password": passwords["approver"]})
     assert elsewhere.status_code == 302, "failures from another address do not lock the user out"
 
 
-def test_password_spraying_across_many_usernames_from_one_address_is_locked_out(client, demo):
+def test_password_spraying_across_many_usernames_from_one_address_is_locked_out(client, passwords):
     # Found by attacking the login (issue 26): 12 usernames, one guess each, were never locked out.
     statuses = [client.post("/accounts/login/", {"username": f"user{n}", "password": "Winter2026!"}).status_code
                 for n in range(12)]
     assert statuses == [200] * 4 + [429] * 8
-    assert client.post("/accounts/login/", {"username": "approver", "password": "approver-demo"}).status_code == 429
+    login = {"username": "approver", "password": passwords["approver"]}
+    assert client.post("/accounts/login/", login).status_code == 429
 
 
-def test_a_successful_login_does_not_wipe_the_addresses_failures(client, demo):
+def test_a_successful_login_does_not_wipe_the_addresses_failures(client, passwords):
     # Else an attacker with an account of their own would log in between guesses to reset the count.
+    login = {"username": "requester", "password": passwords["requester"]}
     for round_ in range(3):
         for n in range(2):
             client.post("/accounts/login/", {"username": f"user{round_}{n}", "password": "guess"})
-        client.post("/accounts/login/", {"username": "requester", "password": "requester-demo"})
+        client.post("/accounts/login/", login)
         client.logout()
-    assert client.post("/accounts/login/", {"username": "requester", "password": "requester-demo"}).status_code == 429
+    assert client.post("/accounts/login/", login).status_code == 429
 
 
-def test_schema_needs_a_login(demo, api):
+def test_schema_needs_a_login(people, api):
     assert APIClient().get("/api/schema/").status_code in (401, 403)
-    assert api(demo["requester"]).get("/api/schema/").status_code == 200
+    assert api(people["requester"]).get("/api/schema/").status_code == 200

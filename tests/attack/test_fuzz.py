@@ -18,7 +18,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from tests.support.api import error_of
-from tests.support.security import approval_item, reconciliation_item, stored_state  # noqa: F401
+from tests.support.core import asking_agent
+from tests.support.security import core_approval_item, core_reconciliation_item, stored_state  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,12 +41,12 @@ def _deep(depth: int, kind: str) -> str:
 
 # Plausible values first, so a body gets past the shape check into the deeper code.
 FIELDS = {
-    "agent": st.sampled_from(["refund-order", "cancel-order", "nope"]) | value,
-    "input": st.just("Refund order 123.") | value,
+    "agent": st.sampled_from(["transfer-80", "transfer-5", "nope"]) | value,
+    "input": st.just("Send 80 to acme.") | value,
     "session": st.integers(-(10**30), 10**30) | value,
     "multitask_strategy": st.sampled_from(["enqueue", "supplement", "interrupt", "reject"]) | value,
     "comment": text | value,
-    "arguments": st.fixed_dictionaries({"order_id": st.just(123) | value, "amount": value}) | value,
+    "arguments": st.fixed_dictionaries({"account": st.just("acme") | value, "amount": value}) | value,
     "succeeded": st.booleans() | value,
     "evidence": st.just("ledger line 4") | value,
     "result": value,
@@ -53,7 +54,7 @@ FIELDS = {
     "name": text | value,
     "model": st.fixed_dictionaries({"provider": st.sampled_from(["scripted", "openai"]) | value,
                                     "turns": st.lists(value, max_size=2), "base_url": value}) | value,
-    "tools": st.lists(st.sampled_from(["refund", "query_order"]) | value, max_size=2) | value,
+    "tools": st.lists(st.sampled_from(["fake_transfer", "fake_lookup"]) | value, max_size=2) | value,
     "max_turns": value, "max_model_calls": value, "max_total_tokens": value, "max_cost_usd": value,
     "deadline_s": value, "approval_policy": value, "completion_check": value,
     "title": text | value, "metadata": st.dictionaries(text, value, max_size=3) | value,
@@ -62,15 +63,15 @@ bodies = st.one_of(
     st.fixed_dictionaries({}, optional=FIELDS).map(lambda body: json.dumps(body, allow_nan=True)),
     value.map(lambda v: json.dumps(v, allow_nan=True)),
     st.builds(_deep, st.integers(20, 3000), st.sampled_from(["[", "{"])),
-    st.sampled_from(['{"arguments": {"order_id": 123, "amount": 1e309}}', '{"input": "x", "session": -1e999}',
-                     '{"result": "\\u0000", "evidence": "x", "succeeded": true}', '{"agent": "refund-order",']),
+    st.sampled_from(['{"arguments": {"account": "acme", "amount": 1e309}}', '{"input": "x", "session": -1e999}',
+                     '{"result": "\\u0000", "evidence": "x", "succeeded": true}', '{"agent": "transfer-80",']),
     text,
 )
 
 
 # Known-bad inputs from the issue, tried before the generated ones on every run.
-KNOWN_BAD = ["[" * 1000 + "]" * 1000, '{"arguments": {"order_id": 123, "amount": 1e309}}',
-             '{"agent": "refund-order", "input": "x", "session": 1' + "0" * 30 + "}",
+KNOWN_BAD = ["[" * 1000 + "]" * 1000, '{"arguments": {"account": "acme", "amount": 1e309}}',
+             '{"agent": "transfer-80", "input": "x", "session": 1' + "0" * 30 + "}",
              '{"succeeded": true, "evidence": "x", "result": {"a": "\\u0000"}, "comment": "\\u0000"}',
              '{"slug": "x", "name": "x", "model": {"provider": "openai", "model": "m", "base_url": 5}}']
 
@@ -104,10 +105,10 @@ def _check(response, before, api: bool = True) -> None:
 
 
 @pytest.mark.parametrize("endpoint", ["agents", "runs", "cancel", "approve", "reject", "reconcile", "sessions"])
-def test_write_endpoints_never_500_and_write_nothing_on_4xx(demo, api, approval_item, reconciliation_item, still,
-                                                           endpoint):
-    url = _write_urls(approval_item, reconciliation_item)[endpoint]
-    user = demo["admin"] if endpoint == "agents" else demo["approver"]
+def test_write_endpoints_never_500_and_write_nothing_on_4xx(people, api, core_approval_item, core_reconciliation_item,
+                                                           still, endpoint):
+    url = _write_urls(core_approval_item, core_reconciliation_item)[endpoint]
+    user = people["admin"] if endpoint == "agents" else people["approver"]
     client = api(user)
 
     @FUZZ
@@ -129,14 +130,14 @@ def _post_form(client, url: str, data: dict):
     _check(client.post(url, data), before, api=False)
 
 
-def test_inbox_decision_form_never_500s(client, demo, approval_item, still):
-    client.force_login(demo["approver"])
-    url = f"/inbox/{approval_item.pk}/"
+def test_inbox_decision_form_never_500s(client, people, core_approval_item, still):
+    client.force_login(people["approver"])
+    url = f"/inbox/{core_approval_item.pk}/"
 
     @FUZZ
     @given(decision=st.sampled_from(["approved", "rejected"]) | text, comment=form_text, edited=form_text)
-    @example("approved", "", '{"order_id": 123, "amount": NaN}')
-    @example("approved", "", '{"order_id": 123, "amount": 1e309}')
+    @example("approved", "", '{"account": "acme", "amount": NaN}')
+    @example("approved", "", '{"account": "acme", "amount": 1e309}')
     @example("approved", "", "[" * 1000 + "]" * 1000)
     def attempt(decision, comment, edited):
         _post_form(client, url, {"decision": decision, "comment": comment, "edited_arguments": edited})
@@ -144,9 +145,9 @@ def test_inbox_decision_form_never_500s(client, demo, approval_item, still):
     attempt()
 
 
-def test_inbox_reconcile_form_never_500s(client, demo, reconciliation_item, still):
-    client.force_login(demo["approver"])
-    url = f"/inbox/{reconciliation_item.pk}/"
+def test_inbox_reconcile_form_never_500s(client, people, core_reconciliation_item, still):
+    client.force_login(people["approver"])
+    url = f"/inbox/{core_reconciliation_item.pk}/"
 
     @FUZZ
     @given(outcome=st.sampled_from(["succeeded", "failed"]) | text, evidence=form_text, result=form_text)
@@ -159,11 +160,12 @@ def test_inbox_reconcile_form_never_500s(client, demo, reconciliation_item, stil
     attempt()
 
 
-def test_run_start_form_never_500s(client, demo):
-    client.force_login(demo["requester"])
+def test_run_start_form_never_500s(client, people):
+    client.force_login(people["requester"])
+    agent = asking_agent().slug
 
     @FUZZ
-    @given(agent=st.sampled_from(["refund-order", "nope"]) | text | st.integers(-(10**30), 10**30).map(str),
+    @given(agent=st.sampled_from([agent, "nope"]) | text | st.integers(-(10**30), 10**30).map(str),
            input_=form_text)
     def attempt(agent, input_):
         cache.clear()
@@ -172,12 +174,12 @@ def test_run_start_form_never_500s(client, demo):
     attempt()
 
 
-def test_list_query_parameters_never_500(demo, api, approval_item):
-    client = api(demo["approver"])
+def test_list_query_parameters_never_500(people, api, core_approval_item):
+    client = api(people["approver"])
     names = ["run", "status", "kind", "tool", "agent", "session", "waiting_reason", "requested_by", "created_after",
              "created_before", "page_size", "cursor"]
     params = st.dictionaries(st.sampled_from(names), text | st.integers(-(10**40), 10**40).map(str), max_size=4)
-    session = approval_item.run.session_id
+    session = core_approval_item.run.session_id
 
     @FUZZ
     @example("/api/runs/", {"page_size": "9" * 30})
@@ -185,8 +187,8 @@ def test_list_query_parameters_never_500(demo, api, approval_item):
     @example("/api/runs/", {"created_after": "9999-12-31T23:59:59-23:59"})
     @example("/api/sessions/", {"cursor": "cD05OTk5LTEyLTMxVDIzOjU5OjU5LTIzOjU5"})  # that date-time as a position
     @given(path=st.sampled_from(["/api/runs/", "/api/interrupts/", "/api/agents/", "/api/sessions/",
-                                 f"/api/runs/{approval_item.run_id}/events/",
-                                 f"/api/runs/{approval_item.run_id}/tool-calls/",
+                                 f"/api/runs/{core_approval_item.run_id}/events/",
+                                 f"/api/runs/{core_approval_item.run_id}/tool-calls/",
                                  f"/api/sessions/{session}/messages/", f"/api/sessions/{session}/runs/"]),
            query=params)
     def attempt(path, query):

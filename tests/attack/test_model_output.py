@@ -4,7 +4,8 @@ A model that keeps sending ``NaN``, ``Infinity``, ``1e309``, NUL
 characters or over-long ids gets ``invalid`` results and the run ends
 ``failed/invalid_model_output`` once the repair turns are spent, on either
 database, with no step discarded. Header fields of an email are single
-lines, and a header Django refuses is a failed call, not an unknown one.
+lines (``header-text``, here the subject of the test tool ``fake_notice``),
+and a header Django refuses is a failed call, not an unknown one.
 The argument parser on its own is tests/unit/test_model_arguments.py.
 """
 
@@ -16,8 +17,9 @@ from django.conf import settings
 from runs.engine.agents import create_agent
 from runs.models import Agent, Run
 from runs.engine.lifecycle import start_run
-from tests.support.provider import REFUND_30, llm  # noqa: F401
-from tools.demo.data import CONTRACT_TEXT
+from tests.support.fake_tools import FAKE_NOTICE
+from tests.support.provider import TRANSFER_5, core_llm  # noqa: F401
+from tools import registry
 
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,7 +29,7 @@ LONG_ID = "x" * 200
 def _repeating_agent(slug: str, call: dict) -> Agent:
     turns = [{"tool_calls": [call]}] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 2)
     return create_agent(slug=slug, name=slug, model={"provider": "scripted", "turns": turns},
-                        tools=["query_order", "refund"], completion_check="refund")
+                        tools=["fake_lookup", "fake_transfer"], completion_check="fake_transfer")
 
 
 def _assert_refused_until_the_run_fails(run: Run) -> None:
@@ -42,28 +44,29 @@ def _assert_refused_until_the_run_fails(run: Run) -> None:
 
 
 BAD_ARGUMENTS = {
-    "nan": '{"order_id": 123, "amount": NaN}',
-    "infinity": '{"order_id": 123, "amount": Infinity}',
-    "minus-infinity": '{"order_id": 123, "amount": -Infinity}',
-    "overflow": '{"order_id": 123, "amount": 1e309}',
-    "nul": '{"order_id": 123, "amount": 30, "memo": "\\u0000"}',
+    "nan": '{"account": "acme", "amount": NaN}',
+    "infinity": '{"account": "acme", "amount": Infinity}',
+    "minus-infinity": '{"account": "acme", "amount": -Infinity}',
+    "overflow": '{"account": "acme", "amount": 1e309}',
+    "nul": '{"account": "acme", "amount": 30, "memo": "\\u0000"}',
 }
+SEND_30 = json.dumps({"account": "acme", "amount": 30})
 
 
 @pytest.mark.parametrize("kind", BAD_ARGUMENTS)
-def test_scripted_model_repeating_unsafe_arguments_ends_invalid_model_output(demo, worker, kind):
-    agent = _repeating_agent(f"bad-{kind}", {"name": "refund", "arguments": BAD_ARGUMENTS[kind]})
-    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+def test_scripted_model_repeating_unsafe_arguments_ends_invalid_model_output(people, worker, kind):
+    agent = _repeating_agent(f"bad-{kind}", {"name": "fake_transfer", "arguments": BAD_ARGUMENTS[kind]})
+    run = start_run(agent=agent, user=people["requester"], input="Send 30 to acme.")
     worker.drain()
 
     _assert_refused_until_the_run_fails(run)
     assert run.interrupts.count() == 0
 
 
-def test_scripted_model_repeating_a_200_character_call_id_ends_invalid_model_output(demo, worker):
-    call = {"id": LONG_ID, "name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})}
+def test_scripted_model_repeating_a_200_character_call_id_ends_invalid_model_output(people, worker):
+    call = {"id": LONG_ID, "name": "fake_transfer", "arguments": SEND_30}
     agent = _repeating_agent("long-id", call)
-    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    run = start_run(agent=agent, user=people["requester"], input="Send 30 to acme.")
     worker.drain()
 
     _assert_refused_until_the_run_fails(run)
@@ -74,15 +77,15 @@ def test_scripted_model_repeating_a_200_character_call_id_ends_invalid_model_out
 
 
 @pytest.mark.parametrize("call", [
-    {"id": "call\x00one", "name": "refund", "arguments": json.dumps({"order_id": 123, "amount": 30})},
-    {"name": "refund\x00", "arguments": json.dumps({"order_id": 123, "amount": 30})},
-    {"name": "r" * 300, "arguments": json.dumps({"order_id": 123, "amount": 30})},
-    {"name": "refund", "arguments": '{"order_id": 123, "amount": 3\x000}'},
+    {"id": "call\x00one", "name": "fake_transfer", "arguments": SEND_30},
+    {"name": "fake_transfer\x00", "arguments": SEND_30},
+    {"name": "f" * 300, "arguments": SEND_30},
+    {"name": "fake_transfer", "arguments": '{"account": "acme", "amount": 3\x000}'},
 ], ids=["nul-in-id", "nul-in-name", "long-name", "raw-nul"])
-def test_a_server_sending_nul_or_long_names_gets_invalid_calls_until_the_run_fails(demo, worker, llm, call):
+def test_a_server_sending_nul_or_long_names_gets_invalid_calls_until_the_run_fails(people, worker, core_llm, call):
     turns = [{"content": "Working\x00.", "tool_calls": [call]}] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1)
-    server, agent = llm("openai", turns)
-    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+    server, agent = core_llm("openai", turns)
+    run = start_run(agent=agent, user=people["requester"], input="Send 30 to acme.")
     worker.drain()
 
     _assert_refused_until_the_run_fails(run)
@@ -90,21 +93,27 @@ def test_a_server_sending_nul_or_long_names_gets_invalid_calls_until_the_run_fai
     assert assistant.content == "Working."
 
 
-def test_nul_in_the_final_answer_is_removed_not_a_crash(demo, worker, llm):
-    server, agent = llm("anthropic", [{"tool_calls": [REFUND_30]}, {"content": "Refunded\x00 30."}])
-    run = start_run(agent=agent, user=demo["requester"], input="Refund 30 on order 123.")
+def test_nul_in_the_final_answer_is_removed_not_a_crash(people, worker, core_llm):
+    server, agent = core_llm("anthropic", [{"tool_calls": [TRANSFER_5]}, {"content": "Sent\x00 5."}])
+    run = start_run(agent=agent, user=people["requester"], input="Send 5 to acme.")
     worker.drain()
     run.refresh_from_db()
 
-    assert (run.status, run.outcome, run.final_output) == ("completed", "achieved", "Refunded 30.")
+    assert (run.status, run.outcome, run.final_output) == ("completed", "achieved", "Sent 5.")
 
 
-def _email_agent(subject: str) -> Agent:
-    legal = {"name": "legal_check", "arguments": {"text": CONTRACT_TEXT}}
-    send = {"name": "send_email",
-            "arguments": {"to": "customer@example.com", "subject": subject, "body": CONTRACT_TEXT}}
-    return create_agent(slug="header-injection", name="Header injection", tools=["legal_check", "send_email"],
-                        model={"provider": "scripted", "turns": [{"tool_calls": [legal]}, {"tool_calls": [send]},
+@pytest.fixture
+def notice_tool(monkeypatch):
+    """``FAKE_NOTICE`` (a message with a ``header-text`` subject) in the registry for this test."""
+    monkeypatch.setitem(registry._TOOLS, FAKE_NOTICE.name, FAKE_NOTICE)
+    return FAKE_NOTICE
+
+
+def _notice_agent(subject: str) -> Agent:
+    look = {"name": "fake_lookup", "arguments": {"key": "acme"}}
+    send = {"name": "fake_notice", "arguments": {"to": "customer@example.com", "subject": subject, "body": "Hi."}}
+    return create_agent(slug="header-injection", name="Header injection", tools=["fake_lookup", "fake_notice"],
+                        model={"provider": "scripted", "turns": [{"tool_calls": [look]}, {"tool_calls": [send]},
                                                                  {"content": "Sent."}]})
 
 
@@ -112,12 +121,12 @@ def _email_agent(subject: str) -> Agent:
                                      # str.splitlines (and a mail library folding a header) breaks at these too
                                      "Your\vcontract", "Your\fcontract", "Your\x1ccontract", "Your\u2028contract",
                                      "Your\x85contract"])
-def test_an_email_subject_with_a_line_break_is_an_invalid_call_never_unknown(demo, worker, subject):
-    run = start_run(agent=_email_agent(subject), user=demo["requester"], input="Send the contract.")
+def test_an_email_subject_with_a_line_break_is_an_invalid_call_never_unknown(people, worker, notice_tool, subject):
+    run = start_run(agent=_notice_agent(subject), user=people["requester"], input="Send the notice.")
     worker.drain()
     run.refresh_from_db()
 
-    send = run.tool_calls.get(name="send_email")
+    send = run.tool_calls.get(name="fake_notice")
     assert send.status == "invalid" and "header-text" in send.error
     assert not run.tool_calls.filter(status="unknown").exists()
     assert run.interrupts.count() == 0
@@ -125,10 +134,11 @@ def test_an_email_subject_with_a_line_break_is_an_invalid_call_never_unknown(dem
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("tokens", [-5, 10**12])
-def test_token_counts_that_do_not_fit_make_the_response_malformed_not_a_crash(demo, worker, llm, provider, tokens):
-    turn = {"content": "Refunded.", "usage": {"input_tokens": tokens, "output_tokens": 5}}
-    server, agent = llm(provider, [turn] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1))
-    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+def test_token_counts_that_do_not_fit_make_the_response_malformed_not_a_crash(people, worker, core_llm, provider,
+                                                                              tokens):
+    turn = {"content": "Sent.", "usage": {"input_tokens": tokens, "output_tokens": 5}}
+    server, agent = core_llm(provider, [turn] * (settings.TOLLGATE["MAX_REPAIR_TURNS"] + 1))
+    run = start_run(agent=agent, user=people["requester"], input="Send 30 to acme.")
     worker.drain()
     run.refresh_from_db()
 
@@ -139,9 +149,10 @@ def test_token_counts_that_do_not_fit_make_the_response_malformed_not_a_crash(de
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("character", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
-def test_a_provider_error_quoting_unstorable_characters_fails_the_run_cleanly(demo, worker, llm, provider, character):
-    server, agent = llm(provider, [{"status": 400, "message": f"bad{character}request"}])
-    run = start_run(agent=agent, user=demo["requester"], input="Refund order 123.")
+def test_a_provider_error_quoting_unstorable_characters_fails_the_run_cleanly(people, worker, core_llm, provider,
+                                                                              character):
+    server, agent = core_llm(provider, [{"status": 400, "message": f"bad{character}request"}])
+    run = start_run(agent=agent, user=people["requester"], input="Send 30 to acme.")
     worker.drain()
     run.refresh_from_db()
 
@@ -153,7 +164,7 @@ def test_a_provider_error_quoting_unstorable_characters_fails_the_run_cleanly(de
 
 # --- lone UTF-16 surrogates: no character, so no page, email or JSON in UTF-8 can hold one ------------
 
-SURROGATE_CANCEL = {"name": "cancel_order", "arguments": '{"order_id": 125, "reason": "customer \\ud800 request"}'}
+SURROGATE_TRANSFER = {"name": "fake_transfer", "arguments": '{"account": "acme \\ud800 two", "amount": 5}'}
 
 
 def _plain_agent(agent: Agent, **fields) -> None:
@@ -163,14 +174,14 @@ def _plain_agent(agent: Agent, **fields) -> None:
     agent.save()
 
 
-def _pages_answer(demo, run: Run) -> None:
+def _pages_answer(people, run: Run) -> None:
     """Every approver's lists and the run's pages answer 200 (nothing stored breaks them)."""
     from django.test import Client
     from rest_framework.test import APIClient
 
     browser, api_client = Client(), APIClient()
-    browser.force_login(demo["approver"])
-    api_client.force_authenticate(demo["approver"])
+    browser.force_login(people["approver"])
+    api_client.force_authenticate(people["approver"])
     for path in ("/inbox/", f"/runs/{run.pk}/"):
         response = browser.get(path)
         assert response.status_code == 200, path
@@ -182,12 +193,13 @@ def _pages_answer(demo, run: Run) -> None:
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("where", ["escaped", "decoded"])
 def test_a_lone_surrogate_in_tool_arguments_is_an_invalid_call_and_the_inbox_stays_up(
-        demo, worker, llm, provider, where):
+        people, worker, core_llm, provider, where):
     # "escaped": the arguments' JSON text holds \ud800; "decoded": the character itself, as an SDK hands it over
-    raw = SURROGATE_CANCEL["arguments"] if where == "escaped" else '{"order_id": 125, "reason": "a \ud800 b"}'
-    server, agent = llm(provider, [{"tool_calls": [{**SURROGATE_CANCEL, "arguments": raw}]}, {"content": "Sorry."}])
-    _plain_agent(agent, tools=["query_order", "cancel_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="Cancel order 125.")
+    raw = SURROGATE_TRANSFER["arguments"] if where == "escaped" else '{"account": "a \ud800 b", "amount": 5}'
+    server, agent = core_llm(provider, [{"tool_calls": [{**SURROGATE_TRANSFER, "arguments": raw}]},
+                                        {"content": "Sorry."}])
+    _plain_agent(agent)
+    run = start_run(agent=agent, user=people["requester"], input="Send 5 to acme.")
     worker.drain()
     run.refresh_from_db()
 
@@ -197,29 +209,27 @@ def test_a_lone_surrogate_in_tool_arguments_is_an_invalid_call_and_the_inbox_sta
     assert run.interrupts.count() == 0 and run.status == "completed"
     told = [json.loads(c) for c in run.messages.filter(role="tool").values_list("content", flat=True)]
     assert told[0]["status"] == "invalid" and "lone surrogate" in told[0]["error"]
-    _pages_answer(demo, run)
+    _pages_answer(people, run)
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_a_lone_surrogate_in_the_answer_text_is_refused_and_told_to_the_model(demo, worker, llm, provider):
-    server, agent = llm(provider, [{"content": "Cancelled \ud800 order 125."}, {"content": "Done."}])
+def test_a_lone_surrogate_in_the_answer_text_is_refused_and_told_to_the_model(people, worker, core_llm, provider):
+    server, agent = core_llm(provider, [{"content": "Transferred \ud800 5 to acme."}, {"content": "Done."}])
     _plain_agent(agent)
-    run = start_run(agent=agent, user=demo["requester"], input="Cancel order 125.")
+    run = start_run(agent=agent, user=people["requester"], input="Send 5 to acme.")
     worker.drain()
     run.refresh_from_db()
 
     assert (run.status, run.final_output) == ("completed", "Done.")
-    assert not run.messages.filter(content__contains="Cancelled").exists()
+    assert not run.messages.filter(content__contains="Transferred").exists()
     repair = json.dumps(server.requests[1]["body"])
     assert "lone surrogate" in repair
-    _pages_answer(demo, run)
+    _pages_answer(people, run)
 
 
 @pytest.mark.parametrize("side_effect", [False, True])
-def test_a_tool_result_with_a_lone_surrogate_is_not_stored(demo, worker, monkeypatch, side_effect):
+def test_a_tool_result_with_a_lone_surrogate_is_not_stored(people, worker, monkeypatch, side_effect):
     import dataclasses
-
-    from tools import registry
 
     lookup = registry.get_tool("fake_lookup")
     monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(
@@ -227,7 +237,7 @@ def test_a_tool_result_with_a_lone_surrogate_is_not_stored(demo, worker, monkeyp
     agent = create_agent(slug="surrogate-result", name="s", tools=["fake_lookup"], model={
         "provider": "scripted", "turns": [{"tool_calls": [{"name": "fake_lookup", "arguments": {"key": "a"}}]},
                                           {"content": "Looked."}]})
-    run = start_run(agent=agent, user=demo["requester"], input="look")
+    run = start_run(agent=agent, user=people["requester"], input="look")
     worker.drain()
 
     call = run.tool_calls.get()
@@ -236,12 +246,12 @@ def test_a_tool_result_with_a_lone_surrogate_is_not_stored(demo, worker, monkeyp
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_an_answer_over_the_text_limit_is_refused_told_to_the_model_and_never_stored(demo, worker, llm, provider,
-                                                                                     settings):
+def test_an_answer_over_the_text_limit_is_refused_told_to_the_model_and_never_stored(people, worker, core_llm,
+                                                                                     provider, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "MAX_MODEL_TEXT_CHARS": 5_000}
-    server, agent = llm(provider, [{"content": "spam " * 2_000}, {"content": "Done."}])
+    server, agent = core_llm(provider, [{"content": "spam " * 2_000}, {"content": "Done."}])
     _plain_agent(agent)
-    run = start_run(agent=agent, user=demo["requester"], input="Say something short.")
+    run = start_run(agent=agent, user=people["requester"], input="Say something short.")
     worker.drain()
     run.refresh_from_db()
 
@@ -249,18 +259,18 @@ def test_an_answer_over_the_text_limit_is_refused_told_to_the_model_and_never_st
     assert not run.messages.filter(content__contains="spam spam").exists()
     assert "over the limit of 5000" in json.dumps(server.requests[1]["body"])
     assert any("over the limit" in (step.error or "") for step in run.steps.all())  # the run says so too
-    _pages_answer(demo, run)
+    _pages_answer(people, run)
 
 
-@pytest.mark.parametrize("raw", ['{"order_id": 125, "reason": "' + "x" * 20_000 + '"}',
+@pytest.mark.parametrize("raw", ['{"account": "' + "x" * 20_000 + '", "amount": 5}',
                                  "[" * 3_000 + "]" * 3_000],
                          ids=["too-long", "3000-deep"])
-def test_arguments_too_long_or_too_deep_are_an_invalid_call_and_the_pages_stay_up(demo, worker, settings, raw):
+def test_arguments_too_long_or_too_deep_are_an_invalid_call_and_the_pages_stay_up(people, worker, settings, raw):
     settings.TOLLGATE = {**settings.TOLLGATE, "MAX_MODEL_TEXT_CHARS": 10_000}
-    agent = create_agent(slug="wild-arguments", name="w", tools=["query_order", "cancel_order"],
+    agent = create_agent(slug="wild-arguments", name="w", tools=["fake_lookup", "fake_transfer"],
                          completion_check="default", model={"provider": "scripted", "turns": [
-                             {"tool_calls": [{"name": "cancel_order", "arguments": raw}]}, {"content": "Sorry."}]})
-    run = start_run(agent=agent, user=demo["requester"], input="Cancel order 125.")
+                             {"tool_calls": [{"name": "fake_transfer", "arguments": raw}]}, {"content": "Sorry."}]})
+    run = start_run(agent=agent, user=people["requester"], input="Send 5 to acme.")
     worker.drain()
     run.refresh_from_db()
 
@@ -269,17 +279,17 @@ def test_arguments_too_long_or_too_deep_are_an_invalid_call_and_the_pages_stay_u
     assert run.status == "completed"
     told = json.loads(run.messages.filter(role="tool").values_list("content", flat=True).get())
     assert told["status"] == "invalid"
-    _pages_answer(demo, run)
+    _pages_answer(people, run)
 
 
-def test_a_long_text_stored_before_the_limit_is_shown_cut_on_the_run_page(demo, worker, client):
+def test_a_long_text_stored_before_the_limit_is_shown_cut_on_the_run_page(people, worker, client):
     agent = create_agent(slug="old-long", name="o", tools=[], completion_check="default",
                          model={"provider": "scripted", "turns": [{"content": "Done."}]})
-    run = start_run(agent=agent, user=demo["requester"], input="Go.")
+    run = start_run(agent=agent, user=people["requester"], input="Go.")
     worker.drain()
     run.messages.filter(role="assistant").update(content="y" * 3_000_000)  # as stored before the limit existed
 
-    client.force_login(demo["requester"])
+    client.force_login(people["requester"])
     page = client.get(f"/runs/{run.pk}/")
     assert page.status_code == 200
     assert len(page.content) < 200_000 and "more characters" in page.content.decode()

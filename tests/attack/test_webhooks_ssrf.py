@@ -10,12 +10,10 @@ import pytest
 from runs.webhooks import urlguard
 from runs.webhooks.models import WebhookDelivery, WebhookSubscription
 from runs.webhooks.services import create_subscription
+from runs.engine.lifecycle import start_run
 from tests.support.api import error_of
-from tests.support.webhooks import (
-    refund_needing_approval,
-    subscribe,
-    wait_settled,
-)
+from tests.support.core import asking_agent
+from tests.support.webhooks import subscribe, wait_settled
 
 PUBLIC = "https://93.184.216.34/hook"  # a public address literal: no DNS needed
 
@@ -50,28 +48,28 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("url, reason", REFUSED)
-def test_the_api_refuses_a_url_that_is_not_public_with_a_clear_400(demo, api, url, reason):
-    response = api(demo["requester"]).post("/api/webhooks/", {"url": url}, format="json")
+def test_the_api_refuses_a_url_that_is_not_public_with_a_clear_400(people, api, url, reason):
+    response = api(people["requester"]).post("/api/webhooks/", {"url": url}, format="json")
 
     message, = error_of(response, 400)["details"]["fields"]["url"]
     assert reason in message
     assert not WebhookSubscription.objects.exists()
 
 
-def test_a_name_this_server_answers_to_is_refused_before_it_is_looked_up(demo, settings):
+def test_a_name_this_server_answers_to_is_refused_before_it_is_looked_up(people, settings):
     settings.ALLOWED_HOSTS = ["tollgate.example.com", ".internal.example.com"]
     for url in ["https://tollgate.example.com/hook", "https://api.internal.example.com/hook"]:
         with pytest.raises(urlguard.UnsafeURL, match="is this server"):
-            create_subscription(owner=demo["requester"], url=url)
+            create_subscription(owner=people["requester"], url=url)
 
 
-def test_a_public_address_is_accepted(demo, api):
-    response = api(demo["requester"]).post("/api/webhooks/", {"url": PUBLIC}, format="json")
+def test_a_public_address_is_accepted(people, api):
+    response = api(people["requester"]).post("/api/webhooks/", {"url": PUBLIC}, format="json")
     assert response.status_code == 201, response.json()
 
 
-def test_changing_the_url_is_checked_the_same_way(demo, api):
-    client = api(demo["requester"])
+def test_changing_the_url_is_checked_the_same_way(people, api):
+    client = api(people["requester"])
     created = client.post("/api/webhooks/", {"url": PUBLIC}, format="json").json()
 
     response = client.patch(f"/api/webhooks/{created['id']}/", {"url": "https://169.254.169.254/"}, format="json")
@@ -79,30 +77,30 @@ def test_changing_the_url_is_checked_the_same_way(demo, api):
     assert WebhookSubscription.objects.get().url == PUBLIC
 
 
-def test_private_networks_may_be_allowed_but_never_loopback_or_metadata(demo, settings):
+def test_private_networks_may_be_allowed_but_never_loopback_or_metadata(people, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOW_PRIVATE_NETWORKS": True}
     for url in ["https://10.0.0.5/hook", "https://192.168.1.10/hook", "https://[fd12:3456::1]/hook"]:
-        create_subscription(owner=demo["requester"], url=url)
+        create_subscription(owner=people["requester"], url=url)
     for url in ["https://127.0.0.1/hook", "https://169.254.169.254/", "https://[fd00:ec2::254]/",
                 "https://localhost/hook"]:
         with pytest.raises(urlguard.UnsafeURL):
-            create_subscription(owner=demo["requester"], url=url)
+            create_subscription(owner=people["requester"], url=url)
     assert WebhookSubscription.objects.count() == 3
 
 
-def test_an_operator_may_allow_named_hosts_and_networks(demo, settings):
+def test_an_operator_may_allow_named_hosts_and_networks(people, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": ["localhost", "10.9.0.0/16"]}
-    create_subscription(owner=demo["requester"], url="https://localhost:9000/hook")
-    create_subscription(owner=demo["requester"], url="https://10.9.4.2/hook")
+    create_subscription(owner=people["requester"], url="https://localhost:9000/hook")
+    create_subscription(owner=people["requester"], url="https://10.9.4.2/hook")
     with pytest.raises(urlguard.UnsafeURL):
-        create_subscription(owner=demo["requester"], url="https://10.8.4.2/hook")
+        create_subscription(owner=people["requester"], url="https://10.8.4.2/hook")
 
 
-def test_a_url_allowed_when_saved_is_refused_at_delivery_once_it_is_not(demo, worker, receiver, webhook_settings,
+def test_a_url_allowed_when_saved_is_refused_at_delivery_once_it_is_not(people, worker, receiver, webhook_settings,
                                                                        settings):
-    subscription = subscribe(demo["requester"], receiver, "run.waiting")
+    subscription = subscribe(people["requester"], receiver, "run.waiting")
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": []}
-    refund_needing_approval(demo)
+    start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     worker.drain()
     delivery, = wait_settled(subscription, 1)
 
@@ -111,7 +109,7 @@ def test_a_url_allowed_when_saved_is_refused_at_delivery_once_it_is_not(demo, wo
     assert delivery.last_error.startswith("Refused: 127.0.0.1 is this server.")
 
 
-def test_a_name_that_resolves_elsewhere_at_delivery_time_is_refused(demo, worker, receiver, webhook_settings,
+def test_a_name_that_resolves_elsewhere_at_delivery_time_is_refused(people, worker, receiver, webhook_settings,
                                                                     settings, monkeypatch):
     """DNS rebinding: public when the subscription was saved, loopback when the delivery connects."""
     real_getaddrinfo = socket.getaddrinfo
@@ -125,10 +123,10 @@ def test_a_name_that_resolves_elsewhere_at_delivery_time_is_refused(demo, worker
     monkeypatch.setattr(urlguard.socket, "getaddrinfo", getaddrinfo)
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": []}
     port = receiver.url.split(":")[2].split("/")[0]
-    subscription = create_subscription(owner=demo["requester"], url=f"http://rebind.test:{port}/hook",
+    subscription = create_subscription(owner=people["requester"], url=f"http://rebind.test:{port}/hook",
                                        event_types=["run.waiting"])
     answers["rebind.test"] = "127.0.0.1"  # where the receiver listens
-    refund_needing_approval(demo)
+    start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     worker.drain()
     delivery, = wait_settled(subscription, 1)
 

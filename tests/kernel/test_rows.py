@@ -177,13 +177,13 @@ def test_a_numbered_insert_stores_what_save_stores_numbered_from_the_updated_cou
     events = [RunEvent(**values), RunEvent(**{**values, "reason": "second"})]
 
     refused = rows.update_and_insert_numbered(Run, run.pk, values={"phase": Phase.FINALIZING},
-                                              increments={"last_event_seq": 2}, expected={"lease_token": -1},
+                                              increments={}, expected={"lease_token": -1},
                                               counted="last_event_seq", instances=events, position="seq")
     assert refused is None and all(event.pk is None for event in events)
     assert (Run.objects.get(pk=run.pk).last_event_seq, run.events.filter(reason="second").exists()) == (counter, False)
 
     last = rows.update_and_insert_numbered(Run, run.pk, values={"phase": Phase.FINALIZING},
-                                           increments={"last_event_seq": 2}, expected={},
+                                           increments={}, expected={},
                                            counted="last_event_seq", instances=events, position="seq")
     assert last == counter + 2 and [event.seq for event in events] == [counter + 1, counter + 2]
     assert Run.objects.values_list("last_event_seq", "phase").get(pk=run.pk) == (counter + 2, Phase.FINALIZING)
@@ -192,6 +192,16 @@ def test_a_numbered_insert_stores_what_save_stores_numbered_from_the_updated_cou
         row.pop("created_at"), row.pop("seq")
     assert first == expected
     assert _stored(RunEvent, events[1].pk)["reason"] == "second"
+
+
+def test_a_numbered_insert_refuses_a_caller_moving_its_counter(run):
+    # The counter moves by the rows inserted; a caller adding to it too would number rows past it.
+    for moved in ({"increments": {"last_event_seq": 2}, "values": {}},
+                  {"increments": {}, "values": {"last_event_seq": 7}}):
+        with pytest.raises(TypeError, match="last_event_seq"):
+            rows.update_and_insert_numbered(Run, run.pk, expected={}, counted="last_event_seq", position="seq",
+                                            instances=[RunEvent(run=run, type="t", actor="worker")], **moved)
+    assert not run.events.filter(type="t").exists()
 
 
 def test_update_and_update_columns_of_one_shape_are_two_statements_each_doing_its_own(run):
@@ -239,7 +249,7 @@ def test_text_too_long_for_its_column_is_refused_by_the_combined_statements_as_s
     with pytest.raises(DataError), transaction.atomic():
         RunEvent(run=run, seq=99, type=too_long, actor="worker").save()
     with pytest.raises(DataError), transaction.atomic():
-        rows.update_and_insert_numbered(Run, run.pk, values={}, increments={"last_event_seq": 1}, expected={},
+        rows.update_and_insert_numbered(Run, run.pk, values={}, increments={}, expected={},
                                         counted="last_event_seq", instances=[RunEvent(run=run, type=too_long,
                                                                                       actor="worker")],
                                         position="seq")

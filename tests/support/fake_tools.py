@@ -177,6 +177,23 @@ class FakeToolsConfig(AppConfig):
         register_check("fake_transfer")(transfer_done)
 
 
+# --- added for tests/attack ---
+
+FAKE_NOTICE = Tool(
+    name="fake_notice",
+    description="Send a notice by mail (a test tool; not registered: a test adds it to the registry itself).",
+    parameters={"type": "object",
+                "properties": {"to": {"type": "string", "format": "email"},
+                               "subject": {"type": "string", "format": "header-text", "minLength": 1,
+                                           "maxLength": 200},
+                               "body": {"type": "string", "minLength": 1, "maxLength": 2000}},
+                "required": ["to", "subject", "body"], "additionalProperties": False},
+    handler=lambda ctx, args: {"sent": True, "to": args["to"]},
+    side_effect=True,
+    approval="always",
+)
+
+
 # --- added for tests/api ---
 
 

@@ -66,3 +66,23 @@ def stored_state() -> tuple:
         tuple(Session.objects.order_by("pk").values_list("pk", "title", "metadata")),
         IdempotentRequest.objects.count(),
     )
+
+
+# --- added for tests/attack ---
+
+@pytest.fixture
+def core_reconciliation_item(people, worker, monkeypatch) -> Interrupt:
+    """``reconciliation_item`` without the demo: the pending reconciliation item of a ``fake_transfer`` of 5 to
+    acme that made its transfer and then timed out (``time_out_after_commit``), the tool's reconcile hook taken
+    away for this test, so only a person can settle it; the requester from ``people``."""
+    import dataclasses
+
+    from tests.support.fake_tools import FAKE_TRANSFER, time_out_after_commit
+
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(FAKE_TRANSFER, reconcile=None))
+    time_out_after_commit()
+    agent = make_agent("transfer-5", [{"tool_calls": [transfer("acme", 5)]}, {"content": "Sent."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="Send 5 to acme.")
+    worker.drain()
+    return Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION, status="pending")

@@ -1,0 +1,44 @@
+"""Two PostgreSQL sessions at once: for tests of writers that must never wait on each other in a circle.
+
+* ``in_session(errors, name, fn)``: a started thread running ``fn()`` on a
+  database session of its own; what it raises goes to ``errors[name]``;
+* ``wait_for_a_lock_wait(statement_start)``: block (at most 20 s, then
+  ``AssertionError``) until some session's statement starting with
+  ``statement_start`` waits for a lock (``pg_stat_activity``).
+"""
+
+import threading
+import time
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+
+
+def in_session(errors: dict, name: str, fn) -> threading.Thread:
+    """A started thread running ``fn()`` on a database session of its own; what it raises goes to ``errors[name]``."""
+    def body():
+        try:
+            fn()
+        except Exception as exc:
+            errors[name] = exc
+        finally:
+            connection.close()
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread
+
+
+def wait_for_a_lock_wait(statement_start: str) -> None:
+    """Block until a session's statement starting with ``statement_start`` waits for a lock."""
+    watcher = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with watcher.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND wait_event_type = 'Lock' AND query LIKE %s", [statement_start + "%"])
+                if cursor.fetchone()[0]:
+                    return
+            assert time.monotonic() < deadline, f"no {statement_start} statement ever waited for a lock"
+            time.sleep(0.02)
+    finally:
+        watcher.close()
