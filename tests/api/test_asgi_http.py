@@ -15,7 +15,7 @@ from channels.testing import HttpCommunicator
 from rest_framework.authtoken.models import Token
 
 from approvals.models import Interrupt
-from tests.support.security import approval_item  # noqa: F401 (fixture)
+from tests.support.security import core_approval_item  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,33 +50,33 @@ class _Hops:
         monkeypatch.setattr(sync.AsyncToSync, "__call__", counted_to_loop)
 
 
-def test_an_approval_over_asgi_enters_the_request_thread_once(demo, approval_item, monkeypatch):
-    token = Token.objects.get_or_create(user=demo["approver"])[0].key
+def test_an_approval_over_asgi_enters_the_request_thread_once(people, core_approval_item, monkeypatch):
+    token = Token.objects.get_or_create(user=people["approver"])[0].key
     body = json.dumps({"comment": "ok"}).encode()
     hops = _Hops(monkeypatch)
-    response = _request("POST", f"/api/interrupts/{approval_item.pk}/approve/", body=body, headers=[
+    response = _request("POST", f"/api/interrupts/{core_approval_item.pk}/approve/", body=body, headers=[
         (b"authorization", f"Token {token}".encode()), (b"content-type", b"application/json")])
     assert response["status"] == 200, response["body"]
     assert json.loads(response["body"])["status"] == "resolved"
-    assert Interrupt.objects.get(pk=approval_item.pk).status == "resolved"
+    assert Interrupt.objects.get(pk=core_approval_item.pk).status == "resolved"
     # request_started's receivers, the chain with the view, the response's close (request_finished)
     # (and this test's own one call into the loop)
     assert (hops.to_thread, hops.to_loop) == (3, 1)
 
 
-def test_the_synchronous_chain_still_applies_every_middleware(demo, approval_item):
+def test_the_synchronous_chain_still_applies_every_middleware(people, core_approval_item):
     # CSRF (CsrfViewMiddleware.process_view): a session POST to a page without a token is refused
     from django.test import Client
 
     client = Client()
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    refused = _request("POST", f"/inbox/{approval_item.pk}/", body=b"decision=approved",
+    refused = _request("POST", f"/inbox/{core_approval_item.pk}/", body=b"decision=approved",
                        headers=[(b"cookie", cookie), (b"content-type", b"application/x-www-form-urlencoded")])
     assert refused["status"] == 403
-    assert Interrupt.objects.get(pk=approval_item.pk).status == "pending"
+    assert Interrupt.objects.get(pk=core_approval_item.pk).status == "pending"
     # LengthRequiredMiddleware answers a chunked body; the API's error shape comes back
-    chunked = _request("POST", f"/api/interrupts/{approval_item.pk}/approve/",
+    chunked = _request("POST", f"/api/interrupts/{core_approval_item.pk}/approve/",
                        headers=[(b"transfer-encoding", b"chunked")])
     assert chunked["status"] == 411 and json.loads(chunked["body"])["error"]["code"] == "length_required"
     # security headers (SecurityMiddleware, XFrameOptionsMiddleware, CSP) on a page

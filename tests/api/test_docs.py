@@ -13,14 +13,14 @@ def _body(response) -> bytes:
     return b"".join(response.streaming_content) if response.streaming else response.content
 
 
-def test_docs_page_sends_people_who_are_not_logged_in_to_the_login_page(client, demo):
+def test_docs_page_sends_people_who_are_not_logged_in_to_the_login_page(client, people):
     response = client.get("/api/docs/")
 
     assert response.status_code == 302 and response["Location"] == "/accounts/login/?next=/api/docs/"
 
 
-def test_docs_page_and_every_asset_are_served_by_this_site_under_its_csp(client, demo):
-    client.force_login(demo["requester"])
+def test_docs_page_and_every_asset_are_served_by_this_site_under_its_csp(client, people):
+    client.force_login(people["requester"])
 
     response = client.get("/api/docs/")
 
@@ -40,8 +40,8 @@ def test_docs_page_and_every_asset_are_served_by_this_site_under_its_csp(client,
     assert any("swagger-ui-bundle.js" in url for url in assets)
 
 
-def test_the_start_up_script_points_swagger_ui_at_this_schema(client, demo):
-    client.force_login(demo["requester"])
+def test_the_start_up_script_points_swagger_ui_at_this_schema(client, people):
+    client.force_login(people["requester"])
 
     script = client.get("/api/docs/?script=")
 

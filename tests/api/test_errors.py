@@ -16,30 +16,30 @@ from runs.models import Run
 from tests.support.api import error_of, field_errors, start_run
 
 
-def test_anonymous_requests_get_401_with_the_token_challenge(demo):
+def test_anonymous_requests_get_401_with_the_token_challenge(people):
     response = APIClient().get("/api/runs/")
 
     assert error_of(response, 401)["code"] == "not_authenticated"
     assert response["WWW-Authenticate"] == "Token"
 
 
-def test_a_wrong_token_gets_401(demo):
+def test_a_wrong_token_gets_401(people):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
 
     assert error_of(client.get("/api/runs/"), 401)["code"] == "authentication_failed"
 
 
-def test_a_missing_permission_is_403_with_the_reason(demo, api):
+def test_a_missing_permission_is_403_with_the_reason(people, api):
     body = {"slug": "mine", "name": "Mine", "model": {"provider": "scripted", "turns": []}}
 
-    assert error_of(api(demo["requester"]).post("/api/agents/", body, format="json"), 403)["code"] == \
+    assert error_of(api(people["requester"]).post("/api/agents/", body, format="json"), 403)["code"] == \
         "permission_denied"
 
 
-def test_deciding_ones_own_item_is_403_naming_why(demo, api, worker):
-    requester = api(demo["requester"])
-    run = start_run(requester, "refund-order")
+def test_deciding_ones_own_item_is_403_naming_why(people, api, worker, asking):
+    requester = api(people["requester"])
+    run = start_run(requester, asking)
     worker.drain()
     item = requester.get("/api/interrupts/", {"run": run["id"]}).json()["results"][0]
 
@@ -48,50 +48,50 @@ def test_deciding_ones_own_item_is_403_naming_why(demo, api, worker):
     assert (error["code"], error["message"]) == ("permission_denied", "You may not decide this item.")
 
 
-def test_missing_objects_are_404_without_naming_the_model(demo, api):
-    error = error_of(api(demo["approver"]).get("/api/runs/987654/"), 404)
+def test_missing_objects_are_404_without_naming_the_model(people, api):
+    error = error_of(api(people["approver"]).get("/api/runs/987654/"), 404)
 
     assert error["code"] == "not_found" and "Run" not in error["message"]
 
 
-def test_a_verb_the_endpoint_lacks_is_405(demo, api):
-    run = start_run(api(demo["requester"]), "refund-order")
+def test_a_verb_the_endpoint_lacks_is_405(people, api, asking):
+    run = start_run(api(people["requester"]), asking)
 
-    response = api(demo["requester"]).delete(f"/api/runs/{run['id']}/")
+    response = api(people["requester"]).delete(f"/api/runs/{run['id']}/")
 
     assert error_of(response, 405)["code"] == "method_not_allowed"
     assert Run.objects.filter(pk=run["id"]).exists()
 
 
-def test_a_form_encoded_body_is_415(demo, api):
-    response = api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "hi"})
+def test_a_form_encoded_body_is_415(people, api, asking):
+    response = api(people["requester"]).post("/api/runs/", {"agent": asking, "input": "hi"})
 
     assert error_of(response, 415)["code"] == "unsupported_media_type"
     assert not Run.objects.exists()
 
 
-def test_malformed_json_is_a_parse_error(demo, api):
-    response = api(demo["requester"]).post("/api/runs/", data='{"agent": ', content_type="application/json")
+def test_malformed_json_is_a_parse_error(people, api):
+    response = api(people["requester"]).post("/api/runs/", data='{"agent": ', content_type="application/json")
 
     assert error_of(response, 400)["code"] == "parse_error"
 
 
-def test_field_errors_are_listed_by_field_and_the_message_is_the_first(demo, api):
-    response = api(demo["requester"]).post("/api/runs/", {"agent": "no-such-agent", "input": ""}, format="json")
+def test_field_errors_are_listed_by_field_and_the_message_is_the_first(people, api):
+    response = api(people["requester"]).post("/api/runs/", {"agent": "no-such-agent", "input": ""}, format="json")
 
     fields = field_errors(response)
     assert set(fields) == {"agent", "input"}
     assert response.json()["error"]["message"] in fields["agent"] + fields["input"]
 
 
-def test_a_body_that_is_not_an_object_is_a_non_field_error(demo, api):
-    response = api(demo["requester"]).post("/api/runs/", data="[1, 2]", content_type="application/json")
+def test_a_body_that_is_not_an_object_is_a_non_field_error(people, api):
+    response = api(people["requester"]).post("/api/runs/", data="[1, 2]", content_type="application/json")
 
     assert list(field_errors(response)) == ["non_field_errors"]
 
 
-def test_the_schema_documents_the_error_object_on_every_error_status(demo, api):
-    schema = json.loads(api(demo["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+def test_the_schema_documents_the_error_object_on_every_error_status(people, api):
+    schema = json.loads(api(people["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
                         .content)
 
     error = schema["components"]["schemas"]["Error"]

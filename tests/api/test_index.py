@@ -7,8 +7,8 @@ from django.test import Client
 
 
 @pytest.mark.django_db
-def test_the_index_names_every_collection_and_each_link_answers(api, demo):
-    client = api(demo["requester"])
+def test_the_index_names_every_collection_and_each_link_answers(api, people):
+    client = api(people["requester"])
     response = client.get("/api/")
     assert response.status_code == 200, response.content
     body = response.json()
@@ -30,10 +30,10 @@ def test_the_index_asks_a_stranger_to_authenticate():
 
 
 @pytest.mark.django_db
-def test_the_icon_is_linked_from_every_page_and_served(demo):
+def test_the_icon_is_linked_from_every_page_and_served(people):
     client = Client()
     assert 'rel="icon"' in client.get("/accounts/login/").content.decode()
-    client.force_login(demo["admin"])
+    client.force_login(people["admin"])
     for page in ("/inbox/", "/runs/", "/admin/"):
         assert 'rel="icon"' in client.get(page).content.decode(), page
     redirect = client.get("/favicon.ico")

@@ -83,7 +83,7 @@ def llm():
 
 
 @pytest.fixture
-def integrator(transactional_db, payment_gateway, llm, tmp_path):
+def integrator(transactional_db, llm, tmp_path):
     """``(base URL, {username: token})`` of Tollgate served with the bookings app added by the environment."""
     User = get_user_model()
     users = {"requester": User.objects.create_user("requester"), "approver": User.objects.create_user("approver"),
@@ -92,8 +92,7 @@ def integrator(transactional_db, payment_gateway, llm, tmp_path):
     tokens = {name: Token.objects.create(user=user).key for name, user in users.items()}
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "PYTHONUNBUFFERED": "1",
-           "TOLLGATE_EXTRA_APPS": "examples.bookings",
-           "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
+           "TOLLGATE_EXTRA_APPS": "examples.bookings", "DATABASE_URL": database_url_for_subprocess(),
            "BOOKINGS_LEDGER": str(tmp_path / "bookings-ledger.sqlite3"), "MEDIA_ROOT": str(tmp_path / "media"),
            "TOLLGATE_MODEL_ENDPOINTS": json.dumps({"travel-llm": {"provider": "openai", "base_url": llm.base_url}}),
            "TOLLGATE_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1", "TOLLGATE_WEBHOOK_ALLOW_HTTP": "true"}

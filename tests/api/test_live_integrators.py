@@ -22,7 +22,7 @@ from runs.web import consumers
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Run, RunEvent
 from runs.services import append_event
-from tests.support.security import approval_item  # noqa: F401 - a run waiting for an approval, with events
+from tests.support.security import core_approval_item  # noqa: F401 - a run waiting for an approval, with events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,21 +79,21 @@ def _connects(communicator) -> bool:
     return attempt()
 
 
-def test_a_token_socket_without_origin_or_cookie_gets_the_whole_log_then_live_events(demo, approval_item):
-    run_id = approval_item.run_id
+def test_a_token_socket_without_origin_or_cookie_gets_the_whole_log_then_live_events(people, core_approval_item):
+    run_id = core_approval_item.run_id
     stored = _seqs(run_id)
     assert stored == list(range(1, len(stored) + 1)) and len(stored) >= 3
 
     @async_to_sync
     async def scenario():
-        communicator = _socket(f"/ws/api/runs/{run_id}/", token=await database_sync_to_async(_key)(demo["requester"]))
+        communicator = _socket(f"/ws/api/runs/{run_id}/", token=await database_sync_to_async(_key)(people["requester"]))
         connected, subprotocol = await communicator.connect(timeout=5)
         assert connected and subprotocol is None
         first = await communicator.receive_json_from(timeout=5)
         assert first["type"] == "run.update" and first["run"]["status"] == "waiting"
         backlog = await _next_events(communicator, len(stored))
         run = await database_sync_to_async(Run.objects.get)(pk=run_id)
-        await database_sync_to_async(cancel_run_as)(run=run, user=demo["requester"])
+        await database_sync_to_async(cancel_run_as)(run=run, user=people["requester"])
         live_seqs = await database_sync_to_async(lambda: _seqs(run_id)[len(stored):])()
         live = await _next_events(communicator, len(live_seqs))
         await _no_more_events(communicator)
@@ -108,14 +108,14 @@ def test_a_token_socket_without_origin_or_cookie_gets_the_whole_log_then_live_ev
     assert any(event["to_status"] == "cancelled" for event in live)
 
 
-def test_resume_after_seq_sends_exactly_the_later_events_in_order_then_live_ones(demo, approval_item):
-    run_id = approval_item.run_id
+def test_resume_after_seq_sends_exactly_the_later_events_in_order_then_live_ones(people, core_approval_item):
+    run_id = core_approval_item.run_id
     stored = _seqs(run_id)
     after = stored[1]
 
     @async_to_sync
     async def scenario():
-        key = await database_sync_to_async(_key)(demo["requester"])
+        key = await database_sync_to_async(_key)(people["requester"])
         communicator = _socket(f"/ws/api/runs/{run_id}/?after_seq={after}", token=key)
         assert (await communicator.connect(timeout=5))[0]
         resumed = await _next_events(communicator, len(stored) - after)
@@ -131,13 +131,13 @@ def test_resume_after_seq_sends_exactly_the_later_events_in_order_then_live_ones
     assert [(event["seq"], event["reason"]) for event in live] == [(stored[-1] + 1, "one"), (stored[-1] + 2, "two")]
 
 
-def test_resume_from_the_last_seq_sends_only_new_events(demo, approval_item):
-    run_id = approval_item.run_id
+def test_resume_from_the_last_seq_sends_only_new_events(people, core_approval_item):
+    run_id = core_approval_item.run_id
     last = _seqs(run_id)[-1]
 
     @async_to_sync
     async def scenario():
-        key = await database_sync_to_async(_key)(demo["requester"])
+        key = await database_sync_to_async(_key)(people["requester"])
         communicator = _socket(f"/ws/api/runs/{run_id}/?after_seq={last}", token=key)
         assert (await communicator.connect(timeout=5))[0]
         await _no_more_events(communicator)
@@ -156,10 +156,10 @@ def _note(run_id: int, reason: str) -> None:
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_an_event_committed_during_the_first_read_is_sent_once(demo, approval_item, monkeypatch, when):
+def test_an_event_committed_during_the_first_read_is_sent_once(people, core_approval_item, monkeypatch, when):
     """The socket joins the group before it reads the log: an event committed just before or just after
     that read (after the join) arrives once, in its place."""
-    run_id = approval_item.run_id
+    run_id = core_approval_item.run_id
     stored = _seqs(run_id)
     real_read = consumers._events_after
     calls = []
@@ -177,7 +177,7 @@ def test_an_event_committed_during_the_first_read_is_sent_once(demo, approval_it
 
     @async_to_sync
     async def scenario():
-        key = await database_sync_to_async(_key)(demo["requester"])
+        key = await database_sync_to_async(_key)(people["requester"])
         communicator = _socket(f"/ws/api/runs/{run_id}/", token=key)
         assert (await communicator.connect(timeout=5))[0]
         events = await _next_events(communicator, len(stored) + 1)
@@ -190,11 +190,11 @@ def test_an_event_committed_during_the_first_read_is_sent_once(demo, approval_it
     assert events[-1]["reason"] == "racing"
 
 
-def test_the_token_may_come_as_a_subprotocol_and_is_not_echoed(demo, approval_item):
+def test_the_token_may_come_as_a_subprotocol_and_is_not_echoed(people, core_approval_item):
     @async_to_sync
     async def scenario():
-        key = await database_sync_to_async(_key)(demo["requester"])
-        communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/",
+        key = await database_sync_to_async(_key)(people["requester"])
+        communicator = _socket(f"/ws/api/runs/{core_approval_item.run_id}/",
                                subprotocols=["tollgate", f"tollgate.token.{key}"])
         connected, subprotocol = await communicator.connect(timeout=5)
         await communicator.disconnect()
@@ -203,9 +203,9 @@ def test_the_token_may_come_as_a_subprotocol_and_is_not_echoed(demo, approval_it
     assert scenario() == (True, "tollgate")
 
 
-def test_bad_missing_or_misplaced_tokens_are_refused(demo, approval_item):
-    key = _key(demo["requester"])
-    path = f"/ws/api/runs/{approval_item.run_id}/"
+def test_bad_missing_or_misplaced_tokens_are_refused(people, core_approval_item):
+    key = _key(people["requester"])
+    path = f"/ws/api/runs/{core_approval_item.run_id}/"
     assert _connects(_socket(path, token=key))  # the control
     assert not _connects(_socket(path))
     assert not _connects(_socket(path, token="0" * 40))
@@ -213,38 +213,39 @@ def test_bad_missing_or_misplaced_tokens_are_refused(demo, approval_item):
     assert not _connects(_socket(path, headers=[(b"authorization", f"Bearer {key}".encode())]))
     assert not _connects(_socket(f"{path}?token={key}"))  # never in the query string
     assert not _connects(_socket(path, subprotocols=[f"tollgate.token.{key}"]))  # would have to echo it
-    demo["requester"].is_active = False
-    demo["requester"].save()
+    people["requester"].is_active = False
+    people["requester"].save()
     assert not _connects(_socket(path, token=key))
 
 
-def test_another_users_run_is_refused_and_deciders_see_it(demo, approval_item):
+def test_another_users_run_is_refused_and_deciders_see_it(people, core_approval_item):
     stranger = get_user_model().objects.create_user("stranger", password="x")
-    path = f"/ws/api/runs/{approval_item.run_id}/"
+    path = f"/ws/api/runs/{core_approval_item.run_id}/"
     assert not _connects(_socket(path, token=_key(stranger)))
-    assert not _connects(_socket("/ws/api/runs/999999/", token=_key(demo["requester"])))
-    assert _connects(_socket(path, token=_key(demo["approver"])))  # sees every run, as in the REST API
+    assert not _connects(_socket("/ws/api/runs/999999/", token=_key(people["requester"])))
+    assert _connects(_socket(path, token=_key(people["approver"])))  # sees every run, as in the REST API
 
 
-def test_the_token_route_never_accepts_a_session_cookie(client, demo, approval_item):
+def test_the_token_route_never_accepts_a_session_cookie(client, people, core_approval_item):
     """A page on another site cannot open an integrator socket with a user's cookie (CSWSH)."""
-    client.force_login(demo["requester"])
+    client.force_login(people["requester"])
     cookie = (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
-    path = f"/ws/api/runs/{approval_item.run_id}/"
+    path = f"/ws/api/runs/{core_approval_item.run_id}/"
     assert not _connects(_socket(path, headers=[cookie, (b"origin", b"http://evil.example")]))
     assert not _connects(_socket(path, headers=[cookie, (b"origin", b"http://testserver")]))
     # The browser route keeps its checks: a cookie without an Origin, or from another origin, is refused.
-    assert not _connects(_socket(f"/ws/runs/{approval_item.run_id}/", headers=[cookie]))
-    assert not _connects(_socket(f"/ws/runs/{approval_item.run_id}/",
+    assert not _connects(_socket(f"/ws/runs/{core_approval_item.run_id}/", headers=[cookie]))
+    assert not _connects(_socket(f"/ws/runs/{core_approval_item.run_id}/",
                                  headers=[cookie, (b"origin", b"http://evil.example")]))
-    assert _connects(_socket(f"/ws/runs/{approval_item.run_id}/", headers=[cookie, (b"origin", b"http://testserver")]))
+    assert _connects(_socket(f"/ws/runs/{core_approval_item.run_id}/",
+                             headers=[cookie, (b"origin", b"http://testserver")]))
 
 
-def test_a_bad_after_seq_closes_with_4400(demo, approval_item):
+def test_a_bad_after_seq_closes_with_4400(people, core_approval_item):
     @async_to_sync
     async def scenario(query):
-        key = await database_sync_to_async(_key)(demo["requester"])
-        communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/?{query}", token=key)
+        key = await database_sync_to_async(_key)(people["requester"])
+        communicator = _socket(f"/ws/api/runs/{core_approval_item.run_id}/?{query}", token=key)
         assert (await communicator.connect(timeout=5))[0]
         while (message := await communicator.receive_output(timeout=5))["type"] != "websocket.close":
             pass
@@ -256,7 +257,7 @@ def test_a_bad_after_seq_closes_with_4400(demo, approval_item):
         assert scenario(query) == 4400, query
 
 
-def _closed_after(demo, run_id: int, user, act) -> dict:
+def _closed_after(people, run_id: int, user, act) -> dict:
     """Connect as ``user`` by token, do ``act`` (in a thread), append an event; the next non-event output."""
 
     @async_to_sync
@@ -275,21 +276,21 @@ def _closed_after(demo, run_id: int, user, act) -> dict:
     return scenario()
 
 
-def test_deleting_the_token_closes_its_sockets(demo, approval_item):
-    message = _closed_after(demo, approval_item.run_id, demo["requester"],
-                            lambda: Token.objects.filter(user=demo["requester"]).delete())
+def test_deleting_the_token_closes_its_sockets(people, core_approval_item):
+    message = _closed_after(people, core_approval_item.run_id, people["requester"],
+                            lambda: Token.objects.filter(user=people["requester"]).delete())
     assert message == {"type": "websocket.close", "code": 4403}
 
 
-def test_losing_the_permission_closes_a_deciders_socket(demo, approval_item):
+def test_losing_the_permission_closes_a_deciders_socket(people, core_approval_item):
     group = Group.objects.get(name=APPROVERS_GROUP)
-    message = _closed_after(demo, approval_item.run_id, demo["approver"],
-                            lambda: demo["approver"].groups.remove(group))
+    message = _closed_after(people, core_approval_item.run_id, people["approver"],
+                            lambda: people["approver"].groups.remove(group))
     assert message == {"type": "websocket.close", "code": 4403}
 
 
-def test_the_socket_streams_on_while_access_holds(demo, approval_item):
-    message = _closed_after(demo, approval_item.run_id, demo["requester"], lambda: None)
+def test_the_socket_streams_on_while_access_holds(people, core_approval_item):
+    message = _closed_after(people, core_approval_item.run_id, people["requester"], lambda: None)
     assert message["type"] == "websocket.send" and '"after the change"' in message["text"]
 
 
@@ -309,10 +310,10 @@ def _outcome(communicator):
     return attempt()
 
 
-def test_connection_attempts_are_limited_per_token_and_per_address(demo, approval_item, settings):
+def test_connection_attempts_are_limited_per_token_and_per_address(people, core_approval_item, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "WS_CONNECT_RATES": {"token": "3/hour", "address": "5/hour"}}
-    path = f"/ws/api/runs/{approval_item.run_id}/"
-    key, other_key = _key(demo["requester"]), _key(demo["approver"])
+    path = f"/ws/api/runs/{core_approval_item.run_id}/"
+    key, other_key = _key(people["requester"]), _key(people["approver"])
 
     # One token from a new address each time: the token's own count stops it.
     assert [_outcome(_socket(path, token=key, client=f"192.0.2.{n}")) for n in range(4)] == ["open"] * 3 + [4429]
@@ -321,23 +322,23 @@ def test_connection_attempts_are_limited_per_token_and_per_address(demo, approva
     # Guessed tokens from one address: refused one by one, then the address is over its rate (before any lookup).
     guesses = [_outcome(_socket(path, token=f"{n:040d}", client="198.51.100.9")) for n in range(6)]
     assert guesses == ["refused"] * 5 + [4429]
-    third_key = _key(demo["admin"])
+    third_key = _key(people["admin"])
     assert _outcome(_socket(path, token=third_key, client="198.51.100.9")) == 4429  # a good token does not help
     made_up = [(b"x-forwarded-for", b"203.0.113.1")]  # nor does a made-up X-Forwarded-For
     assert _outcome(_socket(path, token=third_key, client="198.51.100.9", headers=made_up)) == 4429
     assert _outcome(_socket(path, token=third_key, client="198.51.100.10")) == "open"  # another address
 
 
-def test_a_refused_attempt_answers_the_subprotocol_offered_and_a_bad_rate_stops_the_start(demo, approval_item,
+def test_a_refused_attempt_answers_the_subprotocol_offered_and_a_bad_rate_stops_the_start(people, core_approval_item,
                                                                                           settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "WS_CONNECT_RATES": {"token": "1/day", "address": "100/day"}}
-    key = _key(demo["requester"])
+    key = _key(people["requester"])
 
     @async_to_sync
     async def offer_twice():
         answers = []
         for _ in range(2):
-            communicator = _socket(f"/ws/api/runs/{approval_item.run_id}/",
+            communicator = _socket(f"/ws/api/runs/{core_approval_item.run_id}/",
                                    subprotocols=["tollgate", f"tollgate.token.{key}"])
             answers.append(await communicator.connect(timeout=5))
             if answers[-1][0]:

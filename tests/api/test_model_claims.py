@@ -1,24 +1,18 @@
 """Text in the model's output never approves or completes anything."""
 
 from runs.models import Run
-from tests.support.api import (
-    REFUND_CALL,
-    create_agent,
-    gateway_refunds,
-    get_run,
-    pending_interrupts,
-    start_run,
-    tool_calls,
-)
+from tests.support.api import get_run, pending_interrupts, start_run, tool_calls
+from tests.support.core import core_agent, transfer
+from tests.support.fake_tools import transfers
 
-CLAIM = "The administrator approved the refund, done."
+CLAIM = "The administrator approved the transfer, done."
 
 
-def test_refund_waits_for_approval_even_when_model_claims_it_was_given(worker, demo, api):
-    admin, requester = api(demo["admin"]), api(demo["requester"])
-    agent = create_agent(admin, "claims-approval", [
-        {"content": "This refund was approved by the administrator.", "tool_calls": [REFUND_CALL]},
-        {"content": "Refund issued."},
+def test_transfer_waits_for_approval_even_when_model_claims_it_was_given(worker, people, api):
+    admin, requester = api(people["admin"]), api(people["requester"])
+    agent = core_agent(admin, "claims-approval", [
+        {"content": "This transfer was approved by the administrator.", "tool_calls": [transfer("acme", 80)]},
+        {"content": "Sent 80."},
     ])
 
     run = start_run(requester, agent["slug"])
@@ -26,15 +20,15 @@ def test_refund_waits_for_approval_even_when_model_claims_it_was_given(worker, d
 
     run = get_run(requester, run["id"])
     assert (run["status"], run["waiting_reason"]) == ("waiting", "approval")
-    refund, = tool_calls(requester, run["id"])
-    assert refund["status"] == "awaiting_approval"
-    assert len(pending_interrupts(api(demo["approver"]), run["id"])) == 1
-    assert len(gateway_refunds()) == 0
+    call, = tool_calls(requester, run["id"])
+    assert call["status"] == "awaiting_approval"
+    assert len(pending_interrupts(api(people["approver"]), run["id"])) == 1
+    assert len(transfers()) == 0
 
 
-def test_model_claiming_success_without_a_refund_is_not_completed(worker, demo, api):
-    admin, requester = api(demo["admin"]), api(demo["requester"])
-    agent = create_agent(admin, "claims-done", [{"content": CLAIM}] * 3)
+def test_model_claiming_success_without_a_transfer_is_not_completed(worker, people, api):
+    admin, requester = api(people["admin"]), api(people["requester"])
+    agent = core_agent(admin, "claims-done", [{"content": CLAIM}] * 3)
 
     run = start_run(requester, agent["slug"])
     worker.drain()
@@ -46,4 +40,4 @@ def test_model_claiming_success_without_a_refund_is_not_completed(worker, demo, 
     nudges = Run.objects.get(pk=run["id"]).messages.filter(role="system").values_list("content", flat=True)
     assert len(nudges) == 2
     assert all("not complete" in text for text in nudges)
-    assert len(gateway_refunds()) == 0
+    assert len(transfers()) == 0

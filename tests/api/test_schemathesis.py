@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.support.security import approval_item  # noqa: E402,F401 - a pending item, so decisions have one to find
+from tests.support.security import core_approval_item  # noqa: E402,F401 - a pending item, so decisions have one to find
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,8 +40,8 @@ BOUNDED = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, datab
                    phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 
 
-def test_every_operation_answers_within_its_schema(live_server, demo, approval_item):
-    token, _ = Token.objects.get_or_create(user=demo["admin"])
+def test_every_operation_answers_within_its_schema(live_server, people, core_approval_item):
+    token, _ = Token.objects.get_or_create(user=people["admin"])
     headers = {"Authorization": f"Token {token.key}"}
     schema = schemathesis.openapi.from_url(f"{live_server.url}/api/schema/?format=json", headers=headers, timeout=30)
     operations = [result.ok() for result in schema.get_all_operations()]

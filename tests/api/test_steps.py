@@ -11,26 +11,27 @@ from datetime import datetime
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.support.api import QUERY_CALL, create_agent, get_run, start_run
+from tests.support.api import get_run, start_run
+from tests.support.core import core_agent, lookup
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def finished_run(worker, demo, api):
+def finished_run(worker, people, api):
     """A completed run of the requester's: a lookup (11 in, 3 out), then the answer (20 in, 7 out)."""
-    agent = create_agent(api(demo["admin"]), "steps-lookup", [
-        {"tool_calls": [QUERY_CALL], "usage": {"input_tokens": 11, "output_tokens": 3}},
-        {"content": "Order 123 is open.", "usage": {"input_tokens": 20, "output_tokens": 7}},
-    ], tools=["query_order"], completion_check="default")
-    run = start_run(api(demo["requester"]), agent["slug"], "Where is order 123?")
+    agent = core_agent(api(people["admin"]), "steps-lookup", [
+        {"tool_calls": [lookup("acme")], "usage": {"input_tokens": 11, "output_tokens": 3}},
+        {"content": "Found acme.", "usage": {"input_tokens": 20, "output_tokens": 7}},
+    ], tools=["fake_lookup"], completion_check="default")
+    run = start_run(api(people["requester"]), agent["slug"], "Look acme up.")
     worker.drain()
-    assert get_run(api(demo["requester"]), run["id"])["status"] == "completed"
+    assert get_run(api(people["requester"]), run["id"])["status"] == "completed"
     return run["id"]
 
 
-def test_steps_list_each_model_call_with_status_timings_usage_and_finish_reason(demo, api, finished_run):
-    response = api(demo["requester"]).get(f"/api/runs/{finished_run}/steps/")
+def test_steps_list_each_model_call_with_status_timings_usage_and_finish_reason(people, api, finished_run):
+    response = api(people["requester"]).get(f"/api/runs/{finished_run}/steps/")
 
     assert response.status_code == 200
     body = response.json()
@@ -42,14 +43,14 @@ def test_steps_list_each_model_call_with_status_timings_usage_and_finish_reason(
     assert all((s["error"], s["server_error"], s["cost_usd"]) == ("", None, "0.000000") for s in steps)
     times = [datetime.fromisoformat(t) for s in steps for t in (s["started_at"], s["finished_at"])]
     assert times == sorted(times), "each step ends before the next starts"
-    run = get_run(api(demo["requester"]), finished_run)
+    run = get_run(api(people["requester"]), finished_run)
     assert (run["input_tokens"], run["output_tokens"]) == (31, 10)
-    events = api(demo["requester"]).get(f"/api/runs/{finished_run}/events/").json()["results"]
+    events = api(people["requester"]).get(f"/api/runs/{finished_run}/events/").json()["results"]
     assert [e["payload"]["step"] for e in events if e["type"] == "model_call"] == [s["id"] for s in steps]
 
 
-def test_steps_come_in_cursor_pages_oldest_first(demo, api, finished_run):
-    requester = api(demo["requester"])
+def test_steps_come_in_cursor_pages_oldest_first(people, api, finished_run):
+    requester = api(people["requester"])
 
     first = requester.get(f"/api/runs/{finished_run}/steps/", {"page_size": 1}).json()
     second = requester.get(first["next"]).json()
@@ -60,23 +61,23 @@ def test_steps_come_in_cursor_pages_oldest_first(demo, api, finished_run):
     assert bad.status_code == 400 and "page_size" in bad.json()["error"]["details"]["fields"]
 
 
-def test_steps_are_read_by_those_who_may_read_the_run_and_are_404_to_anyone_else(demo, api, client,
+def test_steps_are_read_by_those_who_may_read_the_run_and_are_404_to_anyone_else(people, api, client,
                                                                                 finished_run):
     path = f"/api/runs/{finished_run}/steps/"
     outsider = get_user_model().objects.create_user("another-requester")
 
-    assert api(demo["approver"]).get(path).status_code == 200  # approvers see every run
-    assert api(demo["admin"]).get(path).status_code == 200
+    assert api(people["approver"]).get(path).status_code == 200  # approvers see every run
+    assert api(people["admin"]).get(path).status_code == 200
     for status, response in ((404, api(outsider).get(f"/api/runs/{finished_run}/")), (404, api(outsider).get(path)),
-                             (404, api(demo["requester"]).get("/api/runs/999999/steps/")),
+                             (404, api(people["requester"]).get("/api/runs/999999/steps/")),
                              (401, client.get(path))):
         assert response.status_code == status
         assert set(response.json()["error"]) == {"code", "message", "details"}
     assert api(outsider).post(path, {}, format="json").status_code == 405
 
 
-def test_the_schema_documents_the_steps_list_and_its_fields(demo, api):
-    schema = json.loads(api(demo["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+def test_the_schema_documents_the_steps_list_and_its_fields(people, api):
+    schema = json.loads(api(people["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
                         .content)
 
     operation = schema["paths"]["/api/runs/{id}/steps/"]["get"]

@@ -14,29 +14,26 @@ from hypothesis import strategies as st
 
 from runs.webhooks.models import EventType, WebhookDelivery, WebhookSubscription
 from tests.support.api import error_of, field_errors
-from tests.support.webhooks import (
-    refund_needing_approval,
-    wait_settled,
-    wait_until,
-)
+from tests.support.core import transfer_needing_approval
+from tests.support.webhooks import wait_settled, wait_until
 
 
 @pytest.fixture
-def subscribed(demo, api, receiver, webhook_settings):
+def subscribed(people, api, receiver, webhook_settings):
     """The requester's subscription to run.waiting, created through the API: ``(client, created JSON)``."""
-    client = api(demo["requester"])
+    client = api(people["requester"])
     response = client.post("/api/webhooks/", {"url": receiver.url, "event_types": ["run.waiting"]}, format="json")
     assert response.status_code == 201, response.json()
     return client, response.json()
 
 
-def test_the_secret_is_in_the_creation_answer_and_nowhere_after(demo, worker, subscribed, receiver):
+def test_the_secret_is_in_the_creation_answer_and_nowhere_after(people, worker, subscribed, receiver):
     client, created = subscribed
     secret = created["secret"]
     assert secret.startswith("whsec_") and len(secret) == len("whsec_") + 44
     assert created["event_types"] == ["run.waiting"] and created["active"] is True
 
-    refund_needing_approval(demo)
+    transfer_needing_approval(people["requester"])
     worker.drain()
     delivery, = wait_settled(WebhookSubscription.objects.get(pk=created["id"]), 1)
     answers = [
@@ -61,10 +58,10 @@ def test_two_subscriptions_get_different_secrets(subscribed, receiver):
     assert second["event_types"] == sorted(EventType.values)  # omitted: every type
 
 
-def test_deliveries_are_listed_with_the_answer_and_can_be_sent_again(demo, worker, subscribed, receiver):
+def test_deliveries_are_listed_with_the_answer_and_can_be_sent_again(people, worker, subscribed, receiver):
     client, created = subscribed
     receiver.answer(500)
-    refund_needing_approval(demo)
+    transfer_needing_approval(people["requester"])
     worker.drain()
     wait_settled(WebhookSubscription.objects.get(pk=created["id"]), 1)
 
@@ -87,12 +84,12 @@ def test_deliveries_are_listed_with_the_answer_and_can_be_sent_again(demo, worke
     assert receiver.requests[2]["body"] == receiver.requests[0]["body"]
 
 
-def test_another_users_subscriptions_and_deliveries_are_404(demo, worker, api, subscribed):
+def test_another_users_subscriptions_and_deliveries_are_404(people, worker, api, subscribed):
     _, created = subscribed
-    refund_needing_approval(demo)
+    transfer_needing_approval(people["requester"])
     worker.drain()
     delivery, = wait_settled(WebhookSubscription.objects.get(pk=created["id"]), 1)
-    other = api(demo["approver"])
+    other = api(people["approver"])
 
     assert other.get("/api/webhooks/").json()["results"] == []
     assert other.get(f"/api/webhooks/{created['id']}/").status_code == 404
@@ -102,7 +99,7 @@ def test_another_users_subscriptions_and_deliveries_are_404(demo, worker, api, s
     assert other.get(f"/api/webhooks/deliveries/{delivery.pk}/").status_code == 404
     assert other.post(f"/api/webhooks/deliveries/{delivery.pk}/redeliver/").status_code == 404
     assert WebhookSubscription.objects.get(pk=created["id"]).active is True
-    assert api(demo["requester"]).delete(f"/api/webhooks/{created['id']}/").status_code == 204
+    assert api(people["requester"]).delete(f"/api/webhooks/{created['id']}/").status_code == 204
     assert not WebhookDelivery.objects.exists()
 
 
@@ -115,15 +112,15 @@ def test_another_users_subscriptions_and_deliveries_are_404(demo, worker, api, s
     ({"event_types": ["run.waiting"]}, "url"),
     ({"url": "https://93.184.216.34/" + "a" * 2000}, "url"),
 ])
-def test_bad_bodies_are_refused_field_by_field(demo, api, body, field):
-    response = api(demo["requester"]).post("/api/webhooks/", body, format="json")
+def test_bad_bodies_are_refused_field_by_field(people, api, body, field):
+    response = api(people["requester"]).post("/api/webhooks/", body, format="json")
     assert field in field_errors(response)
     assert not WebhookSubscription.objects.exists()
 
 
-def test_subscriptions_per_user_are_bounded(demo, api, settings):
+def test_subscriptions_per_user_are_bounded(people, api, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_MAX_SUBSCRIPTIONS_PER_USER": 2}
-    client = api(demo["requester"])
+    client = api(people["requester"])
     for _ in range(2):
         assert client.post("/api/webhooks/", {"url": "https://93.184.216.34/"}, format="json").status_code == 201
     response = client.post("/api/webhooks/", {"url": "https://93.184.216.34/"}, format="json")
@@ -131,7 +128,7 @@ def test_subscriptions_per_user_are_bounded(demo, api, settings):
     assert WebhookSubscription.objects.count() == 2
 
 
-def test_a_delivery_being_sent_cannot_be_queued_again(demo, api, subscribed):
+def test_a_delivery_being_sent_cannot_be_queued_again(people, api, subscribed):
     client, created = subscribed
     delivery = WebhookDelivery.objects.create(
         subscription_id=created["id"], event_id=1, event_type="run.waiting", run_id=1, event_seq=1, payload={},
@@ -140,16 +137,16 @@ def test_a_delivery_being_sent_cannot_be_queued_again(demo, api, subscribed):
     assert "being sent right now" in error_of(response, 409)["message"]
 
 
-def test_the_admin_shows_answers_hides_the_secret_and_sends_again(demo, worker, subscribed, receiver):
+def test_the_admin_shows_answers_hides_the_secret_and_sends_again(people, worker, subscribed, receiver):
     _, created = subscribed
     receiver.answer(418, 418, 418)  # every attempt of the schedule
-    refund_needing_approval(demo)
+    transfer_needing_approval(people["requester"])
     worker.drain()
     subscription = WebhookSubscription.objects.get(pk=created["id"])
     delivery, = wait_settled(subscription, 1)
     assert (delivery.status, delivery.last_status_code) == ("failed", 418)
     admin = Client()
-    admin.force_login(demo["admin"])
+    admin.force_login(people["admin"])
 
     page = admin.get("/admin/webhooks/webhookdelivery/")
     assert page.status_code == 200 and b"answered 418" in page.content
@@ -166,16 +163,16 @@ def test_the_admin_shows_answers_hides_the_secret_and_sends_again(demo, worker, 
     assert wait_until(lambda: WebhookDelivery.objects.get(pk=delivery.pk).status == "delivered")
 
 
-def test_the_admin_switches_a_subscription_off(demo, subscribed):
+def test_the_admin_switches_a_subscription_off(people, subscribed):
     _, created = subscribed
     admin = Client()
-    admin.force_login(demo["admin"])
+    admin.force_login(people["admin"])
     response = admin.post(f"/admin/webhooks/webhooksubscription/{created['id']}/change/", {})
     assert response.status_code == 302
     assert WebhookSubscription.objects.get(pk=created["id"]).active is False
 
 
-def test_anonymous_requests_are_refused(demo):
+def test_anonymous_requests_are_refused(people):
     anonymous = Client()
     assert anonymous.get("/api/webhooks/").status_code in (401, 403)
     assert anonymous.post("/api/webhooks/", {"url": "https://93.184.216.34/"},
@@ -183,8 +180,8 @@ def test_anonymous_requests_are_refused(demo):
     assert not get_user_model().objects.filter(webhook_subscriptions__isnull=False).exists()
 
 
-def test_fuzzed_subscription_bodies_never_500_and_save_nothing_on_4xx(demo, api):
-    client = api(demo["requester"])
+def test_fuzzed_subscription_bodies_never_500_and_save_nothing_on_4xx(people, api):
+    client = api(people["requester"])
     created = client.post("/api/webhooks/", {"url": "https://93.184.216.34/"}, format="json").json()
     text = st.text(max_size=40) | st.sampled_from(["\x00", "https://93.184.216.34/\x00", "https://[::1", "https://"
                                                    + "a" * 300 + ".com/", "https://xn--/", "https://.../"])

@@ -1,7 +1,6 @@
 """Webhooks reach a real HTTP endpoint: signed, retried, in order, and nothing lost when a process dies."""
 
 import base64
-import dataclasses
 import hashlib
 import hmac
 import io
@@ -23,22 +22,17 @@ from runs.models import RunEvent
 from runs.webhooks.events import webhook_type
 from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery
 from runs.webhooks.services import sweep_webhooks
-from tests.support.processes import database_url_for_subprocess
+from tests.support.core import transfer, transfer_needing_approval
 from tests.support.durability import make_agent
-from tools import registry
-from tests.support.webhooks import (
-    FAST_SCHEDULE_S,
-    refund_needing_approval,
-    subscribe,
-    wait_settled,
-    wait_until,
-)
+from tests.support.fake_tools import time_out_after_commit
+from tests.support.processes import database_url_for_subprocess
+from tests.support.webhooks import FAST_SCHEDULE_S, subscribe, wait_settled, wait_until
 
 
 def test_a_delivery_is_signed_the_standard_webhooks_way_with_the_subscription_secret(
-        demo, worker, receiver, webhook_settings):
-    subscription = subscribe(demo["requester"], receiver, "run.waiting")
-    run = refund_needing_approval(demo)
+        people, worker, receiver, webhook_settings):
+    subscription = subscribe(people["requester"], receiver, "run.waiting")
+    run = transfer_needing_approval(people["requester"])
     worker.drain()
     delivery, = wait_settled(subscription, 1)
     request, = receiver.requests
@@ -62,18 +56,18 @@ def test_a_delivery_is_signed_the_standard_webhooks_way_with_the_subscription_se
         Webhook(subscription.secret).verify(body.replace(b"approval", b"approvaL"), headers)
 
     assert payload["type"] == "run.waiting"
-    assert payload["data"] == {"run": run.pk, "session": run.session_id, "agent": "wh-refund",
+    assert payload["data"] == {"run": run.pk, "session": run.session_id, "agent": "wh-transfer",
                                "requested_by": "requester", "seq": event.seq, "status": "waiting",
                                "waiting_reason": "approval"}
     assert (delivery.status, delivery.attempt_count, delivery.last_status_code) == ("delivered", 1, 200)
     assert delivery.last_response == "answered 200"
 
 
-def test_an_endpoint_answering_500_twice_gets_the_event_on_the_third_attempt(demo, worker, receiver,
+def test_an_endpoint_answering_500_twice_gets_the_event_on_the_third_attempt(people, worker, receiver,
                                                                               webhook_settings):
     receiver.answer(500, 500)
-    subscription = subscribe(demo["requester"], receiver, "run.waiting")
-    refund_needing_approval(demo)
+    subscription = subscribe(people["requester"], receiver, "run.waiting")
+    transfer_needing_approval(people["requester"])
     worker.drain()
     delivery, = wait_settled(subscription, 1)
 
@@ -87,10 +81,10 @@ def test_an_endpoint_answering_500_twice_gets_the_event_on_the_third_attempt(dem
 
 
 def test_a_delivery_is_given_up_after_the_schedule_and_the_runs_next_event_then_goes(
-        demo, worker, receiver, webhook_settings):
+        people, worker, receiver, webhook_settings):
     receiver.answer(*[503] * (len(FAST_SCHEDULE_S) + 1))
-    subscription = subscribe(demo["requester"], receiver, "interrupt.created", "run.waiting")
-    run = refund_needing_approval(demo)
+    subscription = subscribe(people["requester"], receiver, "interrupt.created", "run.waiting")
+    run = transfer_needing_approval(people["requester"])
     worker.drain()
     first, second = wait_settled(subscription, 2)
 
@@ -102,13 +96,13 @@ def test_a_delivery_is_given_up_after_the_schedule_and_the_runs_next_event_then_
     assert all(body["data"]["run"] == run.pk for body in receiver.bodies())
 
 
-def test_the_events_of_one_run_arrive_in_the_order_they_happened(demo, worker, receiver, webhook_settings):
+def test_the_events_of_one_run_arrive_in_the_order_they_happened(people, worker, receiver, webhook_settings):
     receiver.answer(500)  # the first event needs a retry; the ones after it must wait for it
-    subscription = subscribe(demo["requester"], receiver)
-    run = refund_needing_approval(demo)
+    subscription = subscribe(people["requester"], receiver)
+    run = transfer_needing_approval(people["requester"])
     worker.drain()
     interrupt = Interrupt.objects.get(run=run)
-    decide_interrupt(interrupt=interrupt, user=demo["approver"], decision="approved", comment="fine")
+    decide_interrupt(interrupt=interrupt, user=people["approver"], decision="approved", comment="fine")
     worker.drain()
     run.refresh_from_db()
     assert run.status == "completed"
@@ -122,17 +116,17 @@ def test_the_events_of_one_run_arrive_in_the_order_they_happened(demo, worker, r
     assert all(d.status == DeliveryStatus.DELIVERED for d in deliveries)
     resolved = receiver.bodies()[3]["data"]
     assert (resolved["interrupt"], resolved["status"], resolved["decision"], resolved["tool"]) == (
-        interrupt.pk, "resolved", "approved", "refund")
+        interrupt.pk, "resolved", "approved", "fake_transfer")
     completed = receiver.bodies()[4]["data"]
     assert (completed["status"], completed["outcome"]) == ("completed", "achieved")
-    assert completed["effects"] == [{"tool_call": interrupt.tool_call_id, "name": "refund", "status": "succeeded",
-                                     "reused": False, "duplicate_of": None}]
+    assert completed["effects"] == [{"tool_call": interrupt.tool_call_id, "name": "fake_transfer",
+                                     "status": "succeeded", "reused": False, "duplicate_of": None}]
 
 
 def test_events_committed_while_the_broker_lost_every_message_are_sent_by_the_sweeper_pass(
-        demo, idle_worker, receiver, webhook_settings):
-    subscription = subscribe(demo["requester"], receiver, "run.cancelled")
-    run = start_run(agent=make_agent("wh-lost", [], tools=[]), user=demo["requester"], input="x")
+        people, idle_worker, receiver, webhook_settings):
+    subscription = subscribe(people["requester"], receiver, "run.cancelled")
+    run = start_run(agent=make_agent("wh-lost", [], tools=[]), user=people["requester"], input="x")
     cancel_run(run=run, actor="user:requester")
     assert OutboxEntry.objects.count() == 1  # committed with the event
     idle_worker.broker.flush_all()  # every wake-up lost, as if the broker had died
@@ -148,10 +142,10 @@ def test_events_committed_while_the_broker_lost_every_message_are_sent_by_the_sw
 
 
 def test_a_worker_killed_while_the_endpoint_holds_the_request_loses_no_event(
-        demo, idle_worker, receiver, webhook_settings, settings):
+        people, idle_worker, receiver, webhook_settings, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "QUEUED_GRACE_S": 0.0}
-    subscription = subscribe(demo["requester"], receiver, "run.cancelled")
-    run = start_run(agent=make_agent("wh-kill", [], tools=[]), user=demo["requester"], input="x")
+    subscription = subscribe(people["requester"], receiver, "run.cancelled")
+    run = start_run(agent=make_agent("wh-kill", [], tools=[]), user=people["requester"], input="x")
     cancel_run(run=run, actor="user:requester")
     sweep_webhooks()  # fans the event out; the wake-ups it sends are dropped below
     idle_worker.broker.flush_all()
@@ -185,31 +179,28 @@ def test_a_worker_killed_while_the_endpoint_holds_the_request_loses_no_event(
     assert first["body"] == second["body"]
 
 
-def test_a_side_effect_whose_outcome_is_unknown_is_announced(demo, worker, receiver, webhook_settings,
-                                                            payment_gateway, monkeypatch):
-    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(registry.get_tool("refund"), timeout_s=0.5))
-    payment_gateway.faults(script=["timeout_after_commit"], hang_s=2.0)
-    subscription = subscribe(demo["requester"], receiver, "tool_call.unknown")
-    agent = make_agent("wh-unknown", [
-        {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 30}}]},
-        {"content": "done"}], tools=["refund"], check="refund")
-    run = start_run(agent=agent, user=demo["requester"], input="refund")
+def test_a_side_effect_whose_outcome_is_unknown_is_announced(people, worker, receiver, webhook_settings):
+    time_out_after_commit()  # the transfer is made, then the tool times out: its outcome is unknown
+    subscription = subscribe(people["requester"], receiver, "tool_call.unknown")
+    agent = make_agent("wh-unknown", [{"tool_calls": [transfer("acme", 5)]}, {"content": "done"}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    run = start_run(agent=agent, user=people["requester"], input="Send 5 to acme.")
     worker.drain()
     delivery, = wait_settled(subscription, 1)
 
-    call = run.tool_calls.get(name="refund")
+    call = run.tool_calls.get(name="fake_transfer")
     body, = receiver.bodies()
     assert body["type"] == "tool_call.unknown"
-    assert (body["data"]["tool_call"], body["data"]["tool"]) == (call.pk, "refund")
+    assert (body["data"]["tool_call"], body["data"]["tool"]) == (call.pk, "fake_transfer")
     assert delivery.status == DeliveryStatus.DELIVERED
 
 
-def test_owners_get_only_events_of_runs_they_may_see(demo, worker, receiver, webhook_settings):
+def test_owners_get_only_events_of_runs_they_may_see(people, worker, receiver, webhook_settings):
     outsider = get_user_model().objects.create_user("outsider", password="outsider-password-1")
-    own = subscribe(demo["requester"], receiver, "run.waiting")
-    approvers = subscribe(demo["approver"], receiver, "run.waiting")
+    own = subscribe(people["requester"], receiver, "run.waiting")
+    approvers = subscribe(people["approver"], receiver, "run.waiting")
     outsiders = subscribe(outsider, receiver, "run.waiting")
-    refund_needing_approval(demo)
+    transfer_needing_approval(people["requester"])
     worker.drain()
     wait_settled(own, 1)
     wait_settled(approvers, 1)
@@ -218,8 +209,8 @@ def test_owners_get_only_events_of_runs_they_may_see(demo, worker, receiver, web
     assert len(receiver.requests) == 2
 
 
-def test_without_subscriptions_the_event_log_leaves_nothing_behind(demo, worker):
-    run = refund_needing_approval(demo)
+def test_without_subscriptions_the_event_log_leaves_nothing_behind(people, worker):
+    run = transfer_needing_approval(people["requester"])
     worker.drain()
     assert any(webhook_type(event) for event in run.events.all())
     assert OutboxEntry.objects.count() == 0 and WebhookDelivery.objects.count() == 0

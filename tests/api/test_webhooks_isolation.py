@@ -19,9 +19,9 @@ from runs.engine.lifecycle import start_run
 from runs.management.commands.serve import RUN_THREADS, WEBHOOK_THREADS, WORKER_TIMEOUT_MS, embedded_workers
 from runs.models import Run, RunEvent, RunStatus
 from runs.webhooks.models import DeliveryStatus, WebhookDelivery
+from tests.support.core import asking_agent, transfer_needing_approval
 from tests.support.worker import forget_taken_messages
-from tests.support.durability import make_agent, refund_turns
-from tests.support.webhooks import refund_needing_approval, subscribe, wait_settled, wait_until
+from tests.support.webhooks import subscribe, wait_settled, wait_until
 from tests.support.webhook_receiver import Receiver
 
 SLOW_ENDPOINT_S = 2.0
@@ -63,9 +63,9 @@ def created_to_waiting_s(run: Run) -> float:
     return (waited.created_at - run.created_at).total_seconds()
 
 
-def others_run_time(broker, workers, demo, *, stranger=None, slow: Receiver | None = None,
+def others_run_time(broker, workers, people, *, stranger=None, slow: Receiver | None = None,
                     samples: int = 1) -> float:
-    """Created → waiting of the requester's refund run (the median of ``samples`` runs, one after another).
+    """Created → waiting of the requester's transfer run (the median of ``samples`` runs, one after another).
 
     ``workers`` consume the broker meanwhile. With a ``stranger``, they
     start ``STRANGER_RUNS`` runs first, and the requester's runs start once
@@ -77,32 +77,31 @@ def others_run_time(broker, workers, demo, *, stranger=None, slow: Receiver | No
     with running(*workers):
         if stranger is not None:
             arrived = len(slow.requests)
-            agent = make_agent(f"stranger-{arrived}", refund_turns(80), tools=["query_order", "refund"],
-                               check="refund")
-            runs = [start_run(agent=agent, user=stranger, input="refund order 123") for _ in range(STRANGER_RUNS)]
+            agent = asking_agent(f"stranger-{arrived}")
+            runs = [start_run(agent=agent, user=stranger, input="Send 80 to acme.") for _ in range(STRANGER_RUNS)]
             wait_until(lambda: not Run.objects.filter(pk__in=[r.pk for r in runs], status__in=[
                 RunStatus.QUEUED, RunStatus.RUNNING]).exists(), 60, "the stranger's runs stopped running")
             slow.wait_for(arrived + 2)
         for _ in range(samples):
-            run = refund_needing_approval(demo, slug=f"other-{Run.objects.count()}")
+            run = transfer_needing_approval(people["requester"], slug=f"other-{Run.objects.count()}")
             wait_until(lambda: Run.objects.filter(pk=run.pk, status=RunStatus.WAITING).exists(), 60, "the run waits")
             times.append(created_to_waiting_s(Run.objects.get(pk=run.pk)))
     return statistics.median(times)
 
 
 def test_a_strangers_slow_endpoints_do_not_slow_another_users_run_with_the_workers_serve_starts(
-        demo, broker, stranger, webhook_settings):
+        people, broker, stranger, webhook_settings):
     slow = Receiver(delay_s=SLOW_ENDPOINT_S)
     try:
-        alone = others_run_time(broker, embedded_workers(broker), demo, samples=3)
+        alone = others_run_time(broker, embedded_workers(broker), people, samples=3)
 
         for _ in range(STRANGER_SUBSCRIPTIONS):
             subscribe(stranger, slow)
-        separate = others_run_time(broker, embedded_workers(broker), demo, stranger=stranger, slow=slow, samples=3)
+        separate = others_run_time(broker, embedded_workers(broker), people, stranger=stranger, slow=slow, samples=3)
         # Before the change: serve's one worker consumed every queue, runs and webhooks alike.
         shared = others_run_time(broker, [dramatiq.Worker(broker, worker_threads=RUN_THREADS,
                                                           worker_timeout=WORKER_TIMEOUT_MS)],
-                                 demo, stranger=stranger, slow=slow)
+                                 people, stranger=stranger, slow=slow)
     finally:
         slow.close()
 
@@ -118,7 +117,7 @@ def test_a_strangers_slow_endpoints_do_not_slow_another_users_run_with_the_worke
 
 
 def test_another_users_deliveries_go_out_while_a_strangers_endpoints_hold_their_in_flight_cap(
-        demo, broker, stranger, receiver, webhook_settings):
+        people, broker, stranger, receiver, webhook_settings):
     cap = settings.TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]
     assert WEBHOOK_THREADS > cap  # serve's default leaves threads for everyone else
     stuck = Receiver()
@@ -126,15 +125,15 @@ def test_another_users_deliveries_go_out_while_a_strangers_endpoints_hold_their_
     try:
         for _ in range(6):
             subscribe(stranger, stuck)
-        agent = make_agent("stranger-refund", refund_turns(80), tools=["query_order", "refund"], check="refund")
+        agent = asking_agent("stranger-transfer")
         with running(*embedded_workers(broker)):
-            start_run(agent=agent, user=stranger, input="refund order 123")
+            start_run(agent=agent, user=stranger, input="Send 80 to acme.")
             stuck.wait_for(cap)
             strangers = WebhookDelivery.objects.filter(subscription__owner=stranger)
             wait_until(lambda: strangers.count() > cap, what="more of the stranger's deliveries than the cap")
 
-            mine = subscribe(demo["requester"], receiver, "run.waiting")
-            run = refund_needing_approval(demo)
+            mine = subscribe(people["requester"], receiver, "run.waiting")
+            run = transfer_needing_approval(people["requester"])
             delivery, = wait_settled(mine, 1)
 
             # The requester's event went out while the stranger's endpoint held its cap of

@@ -93,3 +93,14 @@ def pending_transfer(*, requester, account: str = "acme", amount: float = 80, **
 
     return pending_call(requester=requester, name="fake_transfer", arguments={"account": account, "amount": amount},
                         rule="amount > 10", **options)
+
+
+# --- added for tests/api ---
+
+
+def transfer_needing_approval(user, slug: str = "wh-transfer"):
+    """A queued run of ``user``'s of ``asking_agent(slug)``, started by the service (not over the API); drained,
+    it looks acme up and waits for the approval of a transfer of 80. The ``Run``."""
+    from runs.engine.lifecycle import start_run as start
+
+    return start(agent=asking_agent(slug), user=user, input="Send 80 to acme.")

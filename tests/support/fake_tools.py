@@ -192,3 +192,13 @@ FAKE_NOTICE = Tool(
     side_effect=True,
     approval="always",
 )
+
+
+# --- added for tests/api ---
+
+
+def transfer_made_under(idempotency_key: str) -> dict | None:
+    """The transfer ``fake_transfer`` made under ``idempotency_key`` (as ``transfers()`` lists it), or None."""
+    with _LOCK:
+        made = _TRANSFERS.get(idempotency_key)
+    return dict(made) if made else None
