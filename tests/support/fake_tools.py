@@ -175,3 +175,65 @@ class FakeToolsConfig(AppConfig):
         for tool in FAKE_TOOLS:
             register(tool)
         register_check("fake_transfer")(transfer_done)
+
+
+# --- added for tests/engine ---
+
+def transfer_keys() -> list[str]:
+    """The idempotency keys of the transfers ``fake_transfer`` made in this process, oldest first (one per key)."""
+    with _LOCK:
+        return list(_TRANSFERS)
+
+
+class TransferBank:
+    """``fake_transfer``'s handler as a bank whose answers a test scripts, the way the demo's gateway takes
+    faults (``tests.support.gateway``); ``transfer_bank`` installs it.
+
+    * ``sends``: ``{idempotency key: calls that reached the bank}``, the faulted ones too;
+    * ``script(*faults)``: the next calls meet these faults, one each, in order; ``always``: the fault every
+      other call meets (None: none); ``delay_s``: seconds each call takes before its answer.
+
+    Faults: ``"unavailable"`` (``ToolUnavailable``, nothing transferred: a 5xx answer) and ``"late"``
+    (``ToolTimeout``, nothing transferred: a refusal that came after the client's timeout). A transfer made
+    and then timed out is ``time_out_after_commit``.
+    """
+
+    def __init__(self):
+        self.sends: dict[str, int] = {}
+        self.always: str | None = None
+        self.delay_s = 0.0
+        self._faults: list[str] = []
+
+    def script(self, *faults: str) -> None:
+        """The next ``len(faults)`` calls meet ``faults``, in order."""
+        with _LOCK:
+            self._faults = list(faults)
+
+    def handler(self, ctx, args: dict) -> dict:
+        """The tool's handler: counts the send, waits ``delay_s``, meets its fault or transfers."""
+        import time
+
+        from tools.registry import ToolUnavailable
+
+        with _LOCK:
+            self.sends[ctx.idempotency_key] = self.sends.get(ctx.idempotency_key, 0) + 1
+            fault = self._faults.pop(0) if self._faults else self.always
+        time.sleep(self.delay_s)
+        if fault == "unavailable":
+            raise ToolUnavailable("The bank answered 503; nothing was transferred.")
+        if fault == "late":
+            raise ToolTimeout("The bank did not answer in time.")
+        return _transfer(ctx, args)
+
+
+def transfer_bank(monkeypatch, **changes) -> TransferBank:
+    """A new ``TransferBank`` whose handler the registry's ``fake_transfer`` uses for this test (``monkeypatch``);
+    ``changes``: other fields of the tool replaced too (e.g. ``reconcile``, ``timeout_s``)."""
+    import dataclasses
+
+    from tools import registry
+
+    bank = TransferBank()
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer",
+                        dataclasses.replace(FAKE_TRANSFER, handler=bank.handler, **changes))
+    return bank
