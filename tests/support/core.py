@@ -93,3 +93,21 @@ def pending_transfer(*, requester, account: str = "acme", amount: float = 80, **
 
     return pending_call(requester=requester, name="fake_transfer", arguments={"account": account, "amount": amount},
                         rule="amount > 10", **options)
+
+
+# --- added for tests/engine and its tests/attack files ---
+
+# Where the served process looks for the demo's payment gateway when the tests do not need one: a documentation
+# address (TEST-NET-1), which ``manage.py serve`` never starts a gateway on (only on loopback).
+NO_GATEWAY_URL = "http://192.0.2.1:9"
+
+
+def serving_core(people, tmp_path, **env):
+    """``tests.support.browser.serving_tests`` without the demo's gateway: a context manager yielding ``(base
+    URL, its subprocess.Popen)`` of ``manage.py serve`` against the test database, users from ``people``,
+    ``env`` added to its environment."""
+    from types import SimpleNamespace
+
+    from tests.support.browser import serving_tests
+
+    return serving_tests(people, SimpleNamespace(url=NO_GATEWAY_URL), tmp_path, **env)
