@@ -237,3 +237,24 @@ def transfer_bank(monkeypatch, **changes) -> TransferBank:
     monkeypatch.setitem(registry._TOOLS, "fake_transfer",
                         dataclasses.replace(FAKE_TRANSFER, handler=bank.handler, **changes))
     return bank
+
+
+def judge_transfers(groups: list[list[dict]]) -> list:
+    """A ``judge_together`` hook for ``fake_transfer`` (install it with ``transfer_bank(monkeypatch,
+    judge_together=judge_transfers)``): per group of pending transfers to one account, whether all fit in
+    what the account can still take ("3 pending transfers ask 240.00; only 100.00 can be transferred: not all
+    can be made")."""
+    from tools.registry import Together
+
+    verdicts = []
+    for group in groups:
+        account = group[0].get("account")
+        with _LOCK:
+            limit = _LIMITS.get(account, ACCOUNT_LIMIT)
+        asked = sum((Decimal(str(arguments.get("amount", 0))) for arguments in group), Decimal(0))
+        left = limit - _transferred(account)
+        fit = asked <= left
+        verdicts.append(Together(fit, f"{len(group)} pending transfers ask {asked:.2f}; "
+                                      f"{'' if fit else 'only '}{left:.2f} can be transferred: "
+                                      f"{'all' if fit else 'not all'} can be made"))
+    return verdicts
