@@ -1,4 +1,4 @@
-"""Traces (issue 25): one approved refund run gives one trace, with model-call spans carrying the GenAI attributes and
+"""Traces (issue 25): one approved run gives one trace, with model-call spans carrying the GenAI attributes and
 token counts, tool spans and the approval wait; nothing is recorded unless a tracer provider is installed.
 
 The SDK's in-memory exporter stands in for a collector. The worker runs
@@ -31,6 +31,7 @@ from runs.engine.lifecycle import start_run
 from runs.models import Agent, Run, RunStatus
 from runs.engine.sweep_jobs import start_scheduled_runs
 from tests.support.api import pending_interrupts
+from tests.support.bookings import book_room, booking_agent, find_rooms, service  # noqa: F401  (service: a fixture)
 from tests.support.api import start_run as start_run_by_api
 from tests.support.core import asking_agent, refused_agent
 from tests.support.processes import database_url_for_subprocess
@@ -144,13 +145,15 @@ def _http_client_spans(finished):
         "http.request.method" in span.attributes or "http.method" in span.attributes)]
 
 
-def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(payment_gateway, instrumented,
-                                                                                          demo, worker, api):
-    # The gateway first: its fixture's own request (a fresh ledger) is no part of the run.
-    created = start_run_by_api(api(demo["requester"]), "refund-order", "refund please")
+def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(service, instrumented,
+                                                                                          people, worker, api,
+                                                                                          monkeypatch):
+    find_rooms(monkeypatch)
+    book_room(monkeypatch)
+    created = start_run_by_api(api(people["requester"]), booking_agent().slug, "Book me a room.")
     worker.drain()
     run = Run.objects.get(pk=created["id"])
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
     worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
@@ -163,15 +166,16 @@ def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_ru
 
     trace_id, root_id = tracing.run_ids(run.pk, run.created_at)
     tools = {span.attributes["gen_ai.tool.name"]: span for span in finished if span.name.startswith("execute_tool")}
-    requests = _http_client_spans(finished)  # to the payment gateway: order lookups, refunded totals, the refund
-    assert len(requests) >= 3 and {span.context.trace_id for span in requests} == {trace_id}
-    assert all(_attribute(span, "url.full", "http.url").startswith(payment_gateway.url) for span in requests)
-    (refund_request,) = [span for span in requests if _attribute(span, "http.request.method", "http.method") == "POST"]
-    assert refund_request.parent.span_id == tools["refund"].context.span_id
-    assert tools["refund"].start_time <= refund_request.start_time <= refund_request.end_time <= \
-        tools["refund"].end_time
-    assert {span.parent.span_id for span in requests} <= {root_id, tools["refund"].context.span_id,
-                                                          tools["query_order"].context.span_id}
+    requests = _http_client_spans(finished)  # to the bookings service: the rooms found, the booking
+    assert len(requests) >= 2 and {span.context.trace_id for span in requests} == {trace_id}
+    assert all(_attribute(span, "url.full", "http.url").startswith(service.base_url) for span in requests)
+    (booking_request,) = [span for span in requests if _attribute(span, "url.full", "http.url").endswith("/tools/book")]
+    assert _attribute(booking_request, "http.request.method", "http.method") == "POST"
+    assert booking_request.parent.span_id == tools["book_room"].context.span_id
+    assert tools["book_room"].start_time <= booking_request.start_time <= booking_request.end_time <= \
+        tools["book_room"].end_time
+    assert {span.parent.span_id for span in requests} <= {root_id, tools["book_room"].context.span_id,
+                                                          tools["find_rooms"].context.span_id}
     queries = [span for span in finished if span.instrumentation_scope.name == tracing.PSYCOPG_SCOPE]
     assert all(span.parent is not None for span in queries)  # lone queries (heartbeat, lease keeper) are not kept
     assert {span.context.trace_id for span in finished if span not in queries} == {trace_id, server.context.trace_id}

@@ -7,7 +7,8 @@ tools and runs that call it.
 * ``find_rooms(monkeypatch)`` (read-only, ``POST /tools/rooms``) / ``book_room(monkeypatch)`` (side effect,
   approval ``always``, ``POST /tools/book``, reconciled at ``/tools/lookup``): HTTP tools registered for
   one test (``use``);
-* ``booking_run(people)``: a run that looks for rooms, books room 4 for 1 September, then answers.
+* ``booking_agent()`` / ``booking_run(people)``: an agent (a run of it) that looks for rooms, books room 4
+  for 1 September, then answers.
 """
 
 import base64
@@ -59,10 +60,14 @@ def book_room(monkeypatch, **fields):
                side_effect=True, reconcile_path="/tools/lookup", **fields)
 
 
-def booking_run(people, *, find=True):
-    """A run that looks for rooms (when ``find``), books room 4, then answers."""
+def booking_agent(*, find=True):
+    """The scripted agent ``booker``: looks for rooms (when ``find``), books room 4, then answers."""
     turns = ([{"tool_calls": [{"name": "find_rooms", "arguments": {"night": "2026-09-01"}}]}] if find else []) + [
         {"tool_calls": [{"name": "book_room", "arguments": {"room": 4, "night": "2026-09-01"}}]},
         {"content": "Booked."}]
-    agent = make_agent("booker", turns, tools=["find_rooms", "book_room"])
-    return start_run(agent=agent, user=people["requester"], input="Book me a room for 1 September.")
+    return make_agent("booker", turns, tools=["find_rooms", "book_room"])
+
+
+def booking_run(people, *, find=True):
+    """A run of ``booking_agent(find=find)`` for the requester."""
+    return start_run(agent=booking_agent(find=find), user=people["requester"], input="Book me a room for 1 September.")
