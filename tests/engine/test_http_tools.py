@@ -22,8 +22,8 @@ from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.engine.lifecycle import start_run
 from runs.models import Message, RunEvent, RunStatus, WaitingReason
 from runs.sweeping import sweep
-from tests.support.bookings import (BOOKING, NIGHT, ROOM, SECRET, SECRET_ENV, book_room, booking_run, find_rooms,
-                                    service, use)  # noqa: F401  (service: a fixture)
+from tests.support.bookings import (NIGHT, ROOM, SECRET, SECRET_ENV, book_room, book_room_env, booking_run,
+                                    find_rooms, service, use)  # noqa: F401  (service: a fixture)
 from tests.support.durability import make_agent, wait_for_lease_expiry
 from tests.support.provider import decide
 from tools import registry
@@ -308,17 +308,11 @@ def test_a_worker_killed_around_the_send_keeps_the_idempotency_key_and_books_onc
     """The worker that sends the booking is another process, SIGKILLed just before the POST or just after its
     answer; a fresh worker looks the key up and sends again only what never arrived, under the same key."""
     book_room(monkeypatch, approval="never", idempotent=True)
-    profile = settings.TOLLGATE["TOOL_ENDPOINTS"]
-    declared = [{"name": "book_room", "description": "Book a room.", "endpoint": "bookings", "path": "/tools/book",
-                 "parameters": ROOM, "side_effect": True, "idempotent": True, "reconcile_path": "/tools/lookup",
-                 "result_schema": BOOKING}]
     agent = make_agent("booker", [{"tool_calls": [{"name": "book_room", "arguments": {"room": 4, "night": "2026-09-01"}}]},
                                   {"content": "Booked."}], tools=["book_room"])
     run = start_run(agent=agent, user=people["requester"], input="Book room 4.")
 
-    assert worker_process(run.pk, failpoint=point, env={
-        SECRET_ENV: SECRET, "TOLLGATE_TOOL_ENDPOINTS": json.dumps(profile),
-        "TOLLGATE_HTTP_TOOLS": json.dumps(declared)}) == -9
+    assert worker_process(run.pk, failpoint=point, env=book_room_env(settings, idempotent=True)) == -9
     idle_worker.worker.start()
     wait_for_lease_expiry(run.pk)
     assert sweep()["reenqueued"] >= 1

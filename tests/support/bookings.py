@@ -7,11 +7,13 @@ tools and runs that call it.
 * ``find_rooms(monkeypatch)`` (read-only, ``POST /tools/rooms``) / ``book_room(monkeypatch)`` (side effect,
   approval ``always``, ``POST /tools/book``, reconciled at ``/tools/lookup``): HTTP tools registered for
   one test (``use``);
+* ``book_room_env(settings)``: the environment declaring ``book_room`` to another process;
 * ``booking_agent()`` / ``booking_run(people)``: an agent (a run of it) that looks for rooms, books room 4
   for 1 September, then answers.
 """
 
 import base64
+import json
 
 import pytest
 
@@ -71,3 +73,13 @@ def booking_agent(*, find=True):
 def booking_run(people, *, find=True):
     """A run of ``booking_agent(find=find)`` for the requester."""
     return start_run(agent=booking_agent(find=find), user=people["requester"], input="Book me a room for 1 September.")
+
+
+def book_room_env(settings, **fields) -> dict:
+    """The environment that declares ``book_room`` (its base fields and ``fields``) to another process through
+    ``TOLLGATE_HTTP_TOOLS``, with this test's ``bookings`` profile (``settings``) and its secret."""
+    declared = [{"name": "book_room", "description": "Book a room.", "endpoint": "bookings", "path": "/tools/book",
+                 "parameters": ROOM, "side_effect": True, "reconcile_path": "/tools/lookup", "result_schema": BOOKING,
+                 **fields}]
+    return {SECRET_ENV: SECRET, "TOLLGATE_TOOL_ENDPOINTS": json.dumps(settings.TOLLGATE["TOOL_ENDPOINTS"]),
+            "TOLLGATE_HTTP_TOOLS": json.dumps(declared)}
