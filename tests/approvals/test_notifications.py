@@ -1,7 +1,6 @@
 """Email notifications (approvals.notifications): new items, claimed items about to expire, expired runs.
 
-Real parts: users and permissions (``people``; the demo's for the titles
-in another language, which the demo's refund tool translates), the worker
+Real parts: users and permissions (``people``), the worker
 that runs the ``send_notification`` actor, the sweeper, Django's locmem mail
 backend.
 """
@@ -28,13 +27,6 @@ from tests.support.durability import make_agent
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def waiting_refund(demo, worker):
-    """A demo refund run drained until its refund waits for approval; returns its inbox item."""
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund 123")
-    worker.drain()
-    return Interrupt.objects.get(run=run)
 
 
 def waiting_transfer(people, worker):
@@ -87,30 +79,6 @@ def test_recipients_are_exactly_the_users_who_may_decide(people, worker):
     assert recipients == {user for user in User.objects.all() if Interrupt.objects.decidable_by(user).filter(
         pk=item.pk).exists()}
     assert grouped in recipients and outsider not in recipients and people["requester"] not in recipients
-
-
-def test_preferences_off_means_no_email_and_language_follows_the_preference(demo, worker):
-    NotificationPreference.objects.create(user=demo["admin"], new_item=False)
-    NotificationPreference.objects.create(user=demo["approver"], language="zh-hans")
-
-    item = waiting_refund(demo, worker)
-
-    assert sent_to("admin@example.com") == []
-    [message] = sent_to("approver@example.com")
-    assert message.subject.startswith("[Tollgate] 等待你处理") and message.subject.endswith("订单 123 退款 80.00")
-    assert item.title == "Refund 80.00 on order 123"  # stored in English; the email names it in Chinese
-
-
-def test_one_item_goes_to_each_approver_in_their_own_language(demo, worker):
-    NotificationPreference.objects.create(user=demo["approver"], language="zh-hans")
-
-    waiting_refund(demo, worker)
-
-    [chinese] = sent_to("approver@example.com")
-    [english] = sent_to("admin@example.com")
-    assert chinese.subject.startswith("[Tollgate] 等待你处理") and "订单 123" in chinese.body
-    assert english.subject == "[Tollgate] Waiting for you: Refund 80.00 on order 123"
-    assert "order 123" in english.body and "订单" not in english.body
 
 
 def test_the_requester_is_told_when_an_expired_approval_fails_the_run(people, worker):

@@ -25,9 +25,16 @@ from rest_framework.authtoken.models import Token
 
 from approvals.models import AnswerFile
 from tests.support.answer_files import asking
-from tests.support.browser import served_process  # noqa: F401 (fixture)
+from tests.support.core import serving_core
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def served_process(people, tmp_path):
+    """``(base URL, its subprocess.Popen)`` of ``manage.py serve`` against the test database (``serving_core``)."""
+    with serving_core(people, tmp_path) as served:
+        yield served
 
 GB_1_5 = 1_500_000_000
 BLOCK = b"x" * (1 << 20)
@@ -124,13 +131,13 @@ def test_a_body_declared_too_large_is_answered_413_before_it_is_sent(served_proc
     assert answer.endswith(f"\r\n\r\nRequest body too large: the limit is {limit} bytes.".encode())
 
 
-def test_the_largest_legitimate_body_still_goes_through(served_process, worker, demo, api, settings):
+def test_the_largest_legitimate_body_still_goes_through(served_process, worker, people, api, settings):
     # An answer file just under its own limit, in a multipart body: under the server's limit.
     base, _ = served_process
-    _, item_id = asking(worker, demo, api, "asks-for-a-big-csv", file="required", file_types=["text/csv"])
-    row = b"123,80.00\n"
-    content = b"order,amount\n" + row * ((settings.TOLLGATE["ANSWER_FILE_MAX_BYTES"] - 1024) // len(row))
-    token, _ = Token.objects.get_or_create(user=demo["requester"])
+    _, item_id = asking(worker, people, api, "asks-for-a-big-csv", file="required", file_types=["text/csv"])
+    row = b"acme,80.00\n"
+    content = b"account,amount\n" + row * ((settings.TOLLGATE["ANSWER_FILE_MAX_BYTES"] - 1024) // len(row))
+    token, _ = Token.objects.get_or_create(user=people["requester"])
     answer = httpx.post(f"{base}/api/interrupts/{item_id}/respond/", data={"answer": "Here."},
                         files={"file": ("statement.csv", content, "text/csv")},
                         headers={"Authorization": f"Token {token.key}"}, timeout=30)

@@ -3,7 +3,8 @@
 Each test reproduces what an attacker or a careless operator did in the
 issue and checks it no longer works: an agent config naming any server
 variable and any host, a staff user without permissions creating agents,
-the debug page and the public key, ``manage.py demo`` on a real database,
+the debug page and the public key (``manage.py demo`` on a real database:
+tests/demo/test_demo_command.py),
 the gateway's test controls from afar. Run on SQLite and PostgreSQL.
 """
 
@@ -19,8 +20,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.core.management.utils import get_random_secret_key
 from django.urls import reverse
 
@@ -28,8 +27,9 @@ from runs.admin import AgentAdminForm
 from runs.models import Agent
 from runs.engine.lifecycle import start_run
 from tests.support.api import field_errors
+from tests.support.core import asking_agent
 from tests.support.fakes.llm_server import ReplayServer
-from tests.support.provider import llm, run_to_rest  # noqa: F401
+from tests.support.provider import core_llm, run_to_rest  # noqa: F401
 from tools.demo.gateway_server import GatewayHandler, Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,10 +46,10 @@ def listener():
 
 # --- 1. secrets and endpoints by allow-list --------------------------------------
 
-def test_agent_config_naming_a_server_variable_and_host_is_refused(demo, api, listener, monkeypatch):
+def test_agent_config_naming_a_server_variable_and_host_is_refused(people, api, listener, monkeypatch):
     monkeypatch.setenv("DATABASE_URL_COPY", SECRET)
     model = {"provider": "openai", "model": "m", "base_url": listener.base_url, "api_key_env": "DATABASE_URL_COPY"}
-    response = api(demo["admin"]).post("/api/agents/", {"slug": "exfil", "name": "Exfil", "model": model},
+    response = api(people["admin"]).post("/api/agents/", {"slug": "exfil", "name": "Exfil", "model": model},
                                        format="json")
     assert "endpoint" in field_errors(response)["model"][0]
     assert not Agent.objects.filter(slug="exfil").exists()
@@ -59,37 +59,37 @@ def test_agent_config_naming_a_server_variable_and_host_is_refused(demo, api, li
     assert not form.is_valid() and "model" in form.errors
 
 
-def test_a_stored_raw_endpoint_sends_nothing_and_says_nothing(demo, worker, listener, monkeypatch):
+def test_a_stored_raw_endpoint_sends_nothing_and_says_nothing(people, worker, listener, monkeypatch):
     # A row written before profiles (or straight into the database): refused at run time too.
     monkeypatch.setenv("DATABASE_URL_COPY", SECRET)
-    agent = Agent.objects.create(slug="old", name="Old", tools=["query_order"], model={
+    agent = Agent.objects.create(slug="old", name="Old", tools=["fake_lookup"], model={
         "provider": "openai", "model": "m", "base_url": listener.base_url, "api_key_env": "DATABASE_URL_COPY"})
-    run = run_to_rest(worker, agent, demo["requester"])
+    run = run_to_rest(worker, agent, people["requester"])
     assert (run.status, run.failure_type) == ("failed", "model_error")
     assert listener.requests == []
     assert "hunter2" not in run.error and "DATABASE_URL_COPY" not in run.error
 
 
-def test_raw_endpoints_only_where_settings_allow_them(demo, api, listener, settings):
+def test_raw_endpoints_only_where_settings_allow_them(people, api, listener, settings):
     model = {"provider": "openai", "model": "m", "base_url": listener.base_url, "api_key_env": "TEST_KEY"}
     settings.TOLLGATE = {**settings.TOLLGATE, "ALLOW_AGENT_ENDPOINTS": True}
-    response = api(demo["admin"]).post("/api/agents/", {"slug": "raw", "name": "Raw", "model": model}, format="json")
+    response = api(people["admin"]).post("/api/agents/", {"slug": "raw", "name": "Raw", "model": model}, format="json")
     assert response.status_code == 201, response.json()
-    bad = api(demo["admin"]).post("/api/agents/", {"slug": "raw5", "name": "Raw", "model": {**model, "base_url": 5}},
+    bad = api(people["admin"]).post("/api/agents/", {"slug": "raw5", "name": "Raw", "model": {**model, "base_url": 5}},
                                   format="json")
     assert "base_url" in field_errors(bad)["model"][0]
 
 
-def test_base_url_of_the_wrong_type_is_400(demo, api):
-    response = api(demo["admin"]).post("/api/agents/", {"slug": "five", "name": "Five", "model": {
+def test_base_url_of_the_wrong_type_is_400(people, api):
+    response = api(people["admin"]).post("/api/agents/", {"slug": "five", "name": "Five", "model": {
         "provider": "openai", "model": "m", "base_url": 5}}, format="json")
     assert response.status_code == 400 and not Agent.objects.filter(slug="five").exists()
 
 
-def test_profiles_come_from_settings_and_unknown_ones_are_refused(demo, api, settings):
+def test_profiles_come_from_settings_and_unknown_ones_are_refused(people, api, settings):
     settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {
         **settings.TOLLGATE["MODEL_ENDPOINTS"], "local": {"provider": "openai", "base_url": "http://127.0.0.1:9/v1"}}}
-    admin = api(demo["admin"])
+    admin = api(people["admin"])
     ok = admin.post("/api/agents/", {"slug": "local", "name": "Local", "model": {
         "provider": "openai", "model": "m", "endpoint": "local"}}, format="json")
     assert ok.status_code == 201, ok.json()
@@ -99,12 +99,12 @@ def test_profiles_come_from_settings_and_unknown_ones_are_refused(demo, api, set
         assert response.status_code == 400, model
 
 
-def test_provider_error_messages_reach_the_log_and_the_requester_masked(demo, worker, llm, api, caplog):
-    server, agent = llm("openai", [{"status": 401, "message": f"invalid key; by the way {SECRET}"}])
-    run = run_to_rest(worker, agent, demo["requester"])
-    shown = api(demo["requester"]).get(f"/api/runs/{run.pk}/").content.decode()
-    events = api(demo["requester"]).get(f"/api/runs/{run.pk}/events/").content.decode()
-    steps = api(demo["requester"]).get(f"/api/runs/{run.pk}/steps/").content.decode()
+def test_provider_error_messages_reach_the_log_and_the_requester_masked(people, worker, core_llm, api, caplog):
+    server, agent = core_llm("openai", [{"status": 401, "message": f"invalid key; by the way {SECRET}"}])
+    run = run_to_rest(worker, agent, people["requester"])
+    shown = api(people["requester"]).get(f"/api/runs/{run.pk}/").content.decode()
+    events = api(people["requester"]).get(f"/api/runs/{run.pk}/events/").content.decode()
+    steps = api(people["requester"]).get(f"/api/runs/{run.pk}/steps/").content.decode()
     assert run.error.startswith("OpenAI API error 401 (AuthenticationError): invalid key; by the way postgres://")
     assert "hunter2" not in shown + events + steps + run.error
     assert "invalid key; by the way" in caplog.text and "hunter2" not in caplog.text  # runs.base.masking
@@ -112,7 +112,7 @@ def test_provider_error_messages_reach_the_log_and_the_requester_masked(demo, wo
 
 # --- 2. agent creation needs the model permission, strict and bounded body --------
 
-def test_staff_without_the_add_permission_cannot_create_agents(demo, api):
+def test_staff_without_the_add_permission_cannot_create_agents(people, api):
     staff = get_user_model().objects.create_user("staff-only", password="x", is_staff=True)
     body = {"slug": "s", "name": "S", "model": {"provider": "scripted", "turns": []}}
     assert api(staff).post("/api/agents/", body, format="json").status_code == 403
@@ -124,8 +124,8 @@ def test_staff_without_the_add_permission_cannot_create_agents(demo, api):
     assert api(plain).post("/api/agents/", {**body, "slug": "t"}, format="json").status_code == 403
 
 
-def test_budgets_are_accepted_at_creation_within_bounds(demo, api):
-    admin = api(demo["admin"])
+def test_budgets_are_accepted_at_creation_within_bounds(people, api):
+    admin = api(people["admin"])
     base = {"name": "B", "model": {"provider": "scripted", "turns": []}}
     budgets = {"max_model_calls": 5, "max_total_tokens": 10_000, "max_cost_usd": "0.25", "deadline_s": 600}
     response = admin.post("/api/agents/", {"slug": "budgeted", **base, **budgets}, format="json")
@@ -218,9 +218,9 @@ def test_check_deploy_is_clean_with_the_readme_production_environment():
     assert "WARNING" not in result.stdout + result.stderr
 
 
-def test_pages_carry_a_content_security_policy_and_no_inline_script(client, demo):
-    client.force_login(demo["requester"])
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="Refund 123.")
+def test_pages_carry_a_content_security_policy_and_no_inline_script(client, people):
+    client.force_login(people["requester"])
+    run = start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     for url in ("/accounts/login/", "/inbox/", "/runs/", f"/runs/{run.pk}/", reverse("run-start")):
         response = client.get(url)
         assert response.status_code == 200, url
@@ -237,15 +237,6 @@ def test_password_validators_are_on():
         with pytest.raises(ValidationError):
             validate_password(weak)
     validate_password("a-long-and-unusual-passphrase-42")
-
-
-def test_demo_refuses_a_database_with_other_data_unless_forced(demo):
-    get_user_model().objects.create_user("alice", password="a-long-and-unusual-passphrase-42")
-    with pytest.raises(CommandError, match="alice"):
-        call_command("demo", stdout=open(os.devnull, "w"))
-    call_command("demo", force=True, stdout=open(os.devnull, "w"))
-    get_user_model().objects.filter(username="alice").delete()
-    call_command("demo", stdout=open(os.devnull, "w"))  # demo data alone: reloads
 
 
 def test_gateway_test_controls_answer_on_loopback_only(tmp_path):

@@ -29,7 +29,7 @@ def hung():
     release.set()
 
 
-def test_a_cancel_during_a_hung_precondition_cancels_the_run(demo, worker, monkeypatch, hung):
+def test_a_cancel_during_a_hung_precondition_cancels_the_run(people, worker, monkeypatch, hung):
     """The precondition (a sync hook, asked at proposal) hangs; the requester cancels: the run ends
     ``cancelled``, not ``failed/internal_error`` (the hook's ``Interrupted`` is the cancel, not a bug)."""
     asked = threading.Event()
@@ -41,7 +41,7 @@ def test_a_cancel_during_a_hung_precondition_cancels_the_run(demo, worker, monke
 
     use_tool(monkeypatch, "guarded_send", lambda ctx, args: {}, side_effect=True, timeout_s=3600,
              precondition=slow_precondition)
-    run = start_run(agent=calling("guarded", "guarded_send"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("guarded", "guarded_send"), user=people["requester"], input="x")
     wait_until(asked.is_set)
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
     worker.drain()
@@ -50,7 +50,7 @@ def test_a_cancel_during_a_hung_precondition_cancels_the_run(demo, worker, monke
     assert (run.status, run.failure_type) == (RunStatus.CANCELLED, "")
 
 
-def test_a_cancel_during_a_hung_precondition_before_sending_cancels_the_run(demo, worker, monkeypatch, hung):
+def test_a_cancel_during_a_hung_precondition_before_sending_cancels_the_run(people, worker, monkeypatch, hung):
     """Same, for the check just before sending (the second time the precondition is asked)."""
     asked = []
 
@@ -62,7 +62,7 @@ def test_a_cancel_during_a_hung_precondition_before_sending_cancels_the_run(demo
 
     use_tool(monkeypatch, "guarded_send2", lambda ctx, args: {}, side_effect=True, timeout_s=3600,
              precondition=slow_second_time)
-    run = start_run(agent=calling("guarded2", "guarded_send2"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("guarded2", "guarded_send2"), user=people["requester"], input="x")
     wait_until(lambda: len(asked) > 1)
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
     worker.drain()
@@ -86,12 +86,12 @@ class _Flaky:
         raise ModelError("HTTP 503", transient=True, retry_after_s=self.retry_after_s)
 
 
-def test_a_cancel_during_the_models_retry_pause_cancels_the_run(demo, worker, monkeypatch, settings):
+def test_a_cancel_during_the_models_retry_pause_cancels_the_run(people, worker, monkeypatch, settings):
     """A 503 with Retry-After: 1.5 s is paused inline; a cancel during the pause ends the run ``cancelled``."""
     settings.TOLLGATE = {**settings.TOLLGATE, "INLINE_BACKOFF_MAX_S": 30}
     flaky = _Flaky(retry_after_s=20)
     monkeypatch.setattr("runs.engine.loop.get_client", lambda config: flaky)
-    run = start_run(agent=calling("flaky", "fake_lookup"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("flaky", "fake_lookup"), user=people["requester"], input="x")
     wait_until(lambda: Step.objects.filter(run=run, status="failed").exists())
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
     worker.drain()
@@ -101,7 +101,7 @@ def test_a_cancel_during_the_models_retry_pause_cancels_the_run(demo, worker, mo
     assert flaky.calls == 1
 
 
-def test_a_cancel_during_a_tools_retry_pause_cancels_the_run(demo, worker, monkeypatch, settings):
+def test_a_cancel_during_a_tools_retry_pause_cancels_the_run(people, worker, monkeypatch, settings):
     """A read-only tool answers ``ToolUnavailable``; the retry is paused inline; a cancel then ends the run
     ``cancelled``."""
     from tools.registry import ToolUnavailable
@@ -115,7 +115,7 @@ def test_a_cancel_during_a_tools_retry_pause_cancels_the_run(demo, worker, monke
 
     use_tool(monkeypatch, "busy_lookup", unavailable, backoff_s=20, max_attempts=3)
     monkeypatch.setattr("runs.base.awaiting.random.uniform", lambda a, b: b)
-    run = start_run(agent=calling("busy", "busy_lookup"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("busy", "busy_lookup"), user=people["requester"], input="x")
     wait_until(lambda: sent)
     cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
     worker.drain()
@@ -125,7 +125,7 @@ def test_a_cancel_during_a_tools_retry_pause_cancels_the_run(demo, worker, monke
     assert len(sent) == 1
 
 
-def test_an_async_handler_swallowing_its_cancel_does_not_hold_the_run(demo, worker, monkeypatch, hung):
+def test_an_async_handler_swallowing_its_cancel_does_not_hold_the_run(people, worker, monkeypatch, hung):
     """A handler that catches ``CancelledError`` and goes on (a bad library) must not keep its run past
     its timeout: the call ends at its timeout (``unknown``: a side effect), the run goes on."""
 
@@ -138,7 +138,7 @@ def test_an_async_handler_swallowing_its_cancel_does_not_hold_the_run(demo, work
         return {}
 
     use_tool(monkeypatch, "stubborn_send", stubborn, side_effect=True, timeout_s=0.5)
-    run = start_run(agent=calling("stubborn", "stubborn_send"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("stubborn", "stubborn_send"), user=people["requester"], input="x")
     worker.drain(timeout_s=15)
 
     run.refresh_from_db()
@@ -216,7 +216,7 @@ def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idl
     assert {r["order_id"]: r["idempotency_key"] for r in refunds} == keys
 
 
-def test_an_async_handler_raising_cancelled_error_leaves_its_side_effect_unknown(demo, worker, monkeypatch):
+def test_an_async_handler_raising_cancelled_error_leaves_its_side_effect_unknown(people, worker, monkeypatch):
     """A handler raising ``CancelledError`` of its own (a library cancelled its own inner task): the engine
     did not cancel it, so it is an unexpected error of the tool: a side effect is ``unknown``
     (reconciled), at once, and the run is neither failed nor left for the sweeper."""
@@ -225,7 +225,7 @@ def test_an_async_handler_raising_cancelled_error_leaves_its_side_effect_unknown
         raise asyncio.CancelledError()
 
     use_tool(monkeypatch, "self_cancel_send", self_cancelling, side_effect=True, timeout_s=5)
-    run = start_run(agent=calling("self-cancel", "self_cancel_send"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("self-cancel", "self_cancel_send"), user=people["requester"], input="x")
     worker.drain()
 
     run.refresh_from_db()
@@ -234,7 +234,7 @@ def test_an_async_handler_raising_cancelled_error_leaves_its_side_effect_unknown
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, "reconciliation")
 
 
-def test_a_database_error_in_the_middle_of_a_step_is_retried(demo, worker, monkeypatch):
+def test_a_database_error_in_the_middle_of_a_step_is_retried(people, worker, monkeypatch):
     """``OperationalError`` on an engine thread between two calls (a failover): the run is looked at again
     and completes; nothing is stuck."""
     from django.db import OperationalError
@@ -251,13 +251,13 @@ def test_a_database_error_in_the_middle_of_a_step_is_retried(demo, worker, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(execution, "_key_and_reusable_result", flaky)
-    run = start_run(agent=calling("db-blip", "fake_lookup"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("db-blip", "fake_lookup"), user=people["requester"], input="x")
     wait_until(lambda: Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED, timeout_s=20)
     worker.drain()
     assert failures == [1]
 
 
-def test_a_deadline_passing_during_a_hung_precondition_fails_the_run_on_time(demo, worker, monkeypatch, hung):
+def test_a_deadline_passing_during_a_hung_precondition_fails_the_run_on_time(people, worker, monkeypatch, hung):
     """The run's deadline (1 s) passes while a precondition hangs (its tool's timeout is an hour): the run
     fails ``deadline_exceeded`` at its deadline, not an hour later nor as an internal error."""
 
@@ -267,7 +267,7 @@ def test_a_deadline_passing_during_a_hung_precondition_fails_the_run_on_time(dem
 
     use_tool(monkeypatch, "guarded_late", lambda ctx, args: {}, side_effect=True, timeout_s=3600,
              precondition=slow_precondition)
-    run = start_run(agent=calling("guarded-late", "guarded_late", deadline_s=1), user=demo["requester"], input="x")
+    run = start_run(agent=calling("guarded-late", "guarded_late", deadline_s=1), user=people["requester"], input="x")
     wait_until(lambda: Run.objects.get(pk=run.pk).is_terminal, timeout_s=15)
     worker.drain()
 
@@ -275,7 +275,7 @@ def test_a_deadline_passing_during_a_hung_precondition_fails_the_run_on_time(dem
     assert (run.status, run.failure_type) == (RunStatus.FAILED, "deadline_exceeded")
 
 
-def test_a_precondition_that_raises_fails_nothing_but_its_call(demo, worker, monkeypatch):
+def test_a_precondition_that_raises_fails_nothing_but_its_call(people, worker, monkeypatch):
     """A precondition that raises (its external system is down) does not end the run ``internal_error``:
     the call is denied with the reason, the model is told, the run goes on."""
 
@@ -284,7 +284,7 @@ def test_a_precondition_that_raises_fails_nothing_but_its_call(demo, worker, mon
 
     use_tool(monkeypatch, "guarded_broken", lambda ctx, args: {}, side_effect=True, timeout_s=5,
              precondition=broken_precondition)
-    run = start_run(agent=calling("guarded-broken", "guarded_broken"), user=demo["requester"], input="x")
+    run = start_run(agent=calling("guarded-broken", "guarded_broken"), user=people["requester"], input="x")
     worker.drain()
 
     run.refresh_from_db()

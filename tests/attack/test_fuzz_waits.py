@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from approvals.models import Interrupt
 from runs.models import Run
-from tests.support.api import create_agent, start_run
+from tests.support.api import start_run
+from tests.support.core import asking_agent, core_agent
 from tests.support.security import stored_state
 from tests.attack.test_fuzz import FUZZ, KNOWN_BAD, bodies, text, value
 from tests.support.waits import waiting_agent
@@ -24,13 +25,14 @@ from tools.models import ExternalEvent, Wait
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEY = "K-fuzz-0001"
+AGENT = "send-80"  # asking_agent(AGENT), made by ``waits``
 FIELDS = {
     "type": st.just("payment.settled") | text | value,
     "key": st.just(KEY) | text | value,
     "payload": value,
     "answer": st.sampled_from(["A", "B", "C", ""]) | text | value,
-    "agent": st.just("refund-order") | value,
-    "input": st.just("Refund order 123.") | value,
+    "agent": st.just(AGENT) | value,
+    "input": st.just("Send 80 to acme.") | value,
     "start_at": st.sampled_from(["2020-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "soon"]) | text | value,
 }
 wait_bodies = st.fixed_dictionaries({}, optional=FIELDS).map(lambda body: json.dumps(body, allow_nan=True)) | bodies
@@ -42,15 +44,17 @@ def _state() -> tuple:
 
 
 @pytest.fixture
-def waits(demo, api, worker):
-    """A run waiting on a question, one waiting on an event, and a failed run; then the worker stops."""
-    admin, requester = api(demo["admin"]), api(demo["requester"])
+def waits(people, api, worker):
+    """A run waiting on a question, one waiting on an event, and a failed run (and the agent ``AGENT``); then the
+    worker stops."""
+    asking_agent(AGENT)
+    admin, requester = api(people["admin"]), api(people["requester"])
     asks = waiting_agent(admin, "fuzz-asks", {"name": "ask_user", "arguments": {"question": "A or B?",
                                                                                 "options": ["A", "B"]}})
     listens = waiting_agent(admin, "fuzz-listens", {"name": "wait_for_event", "arguments": {
         "event_type": "payment.settled", "correlation_key": KEY, "timeout_s": 3600}})
     question, event = start_run(requester, asks, "Ask."), start_run(requester, listens, "Listen.")
-    failed = start_run(requester, create_agent(admin, "fuzz-fails", [], tools=["ask_user"])["slug"], "Fail.")
+    failed = start_run(requester, core_agent(admin, "fuzz-fails", [], tools=["ask_user"])["slug"], "Fail.")
     worker.drain()
     worker.worker.stop()
     assert Run.objects.get(pk=event["id"]).waiting_reason == "external_event"
@@ -58,17 +62,17 @@ def waits(demo, api, worker):
 
 
 @pytest.mark.parametrize("endpoint", ["events", "respond", "retry", "runs"])
-def test_wait_endpoints_never_500_and_write_nothing_on_4xx(demo, api, waits, endpoint):
+def test_wait_endpoints_never_500_and_write_nothing_on_4xx(people, api, waits, endpoint):
     assert waits["failed"].status == "failed"
     url = {"events": "/api/events/", "respond": f"/api/interrupts/{waits['item'].pk}/respond/",
            "retry": f"/api/runs/{waits['failed'].pk}/retry/", "runs": "/api/runs/"}[endpoint]
-    client = api(demo["requester"])
+    client = api(people["requester"])
 
     @FUZZ
     @given(body=wait_bodies)
     @example('{"type": "payment.settled", "key": "' + KEY + '", "payload": {"a": 1e309}}')
     @example('{"answer": "A\\u0000"}')
-    @example('{"agent": "refund-order", "input": "x", "start_at": "2020-13-45T99:00:00Z"}')
+    @example('{"agent": "' + AGENT + '", "input": "x", "start_at": "2020-13-45T99:00:00Z"}')
     def attempt(body):
         cache.clear()
         before = _state()
@@ -82,8 +86,8 @@ def test_wait_endpoints_never_500_and_write_nothing_on_4xx(demo, api, waits, end
     attempt()
 
 
-def test_answer_form_never_500s(client, demo, waits):
-    client.force_login(demo["requester"])
+def test_answer_form_never_500s(client, people, waits):
+    client.force_login(people["requester"])
     url = f"/inbox/{waits['item'].pk}/"
 
     @FUZZ

@@ -4,7 +4,7 @@ Found by attacking the API:
 
 * a body sent with ``Transfer-Encoding: chunked`` (no ``Content-Length``)
   was read as empty: ``approve`` with edited arguments approved the
-  model's own arguments (80.00 refunded where the approver said 10.00).
+  model's own arguments (80 transferred where the approver said 10).
   Now every such request is a 411 and nothing changes;
 * a path under ``/api/`` that matches no route answered Django's HTML 404
   page, a 500 outside DRF its HTML page, and ``POST /api/runs/{id}/wait/``
@@ -22,11 +22,18 @@ from rest_framework.authtoken.models import Token
 from approvals.models import Interrupt
 from runs.models import Run
 from tests.support.api import error_of
-from tests.support.security import approval_item, stored_state  # noqa: F401
-from tests.support.browser import served  # noqa: F401
+from tests.support.core import asking_agent, serving_core
+from tests.support.security import core_approval_item, stored_state  # noqa: F401
 from tools.models import ToolCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def served(people, tmp_path):
+    """Base URL of ``manage.py serve`` against the test database (``serving_core``)."""
+    with serving_core(people, tmp_path) as (base, _):
+        yield base
 
 
 def _headers(user) -> dict:
@@ -41,32 +48,33 @@ def _chunked(body: dict):
     yield text[10:]
 
 
-def test_a_chunked_approval_with_edited_arguments_is_411_and_approves_nothing(served, demo,  # noqa: F811
-                                                                              approval_item):  # noqa: F811
+def test_a_chunked_approval_with_edited_arguments_is_411_and_approves_nothing(served, people,
+                                                                              core_approval_item):  # noqa: F811
     before = stored_state()
-    url = f"{served}/api/interrupts/{approval_item.pk}/approve/"
-    edited = {"arguments": {"order_id": 123, "amount": 10}, "comment": "Only 10.00."}
+    url = f"{served}/api/interrupts/{core_approval_item.pk}/approve/"
+    edited = {"arguments": {"account": "acme", "amount": 10}, "comment": "Only 10."}
 
-    response = httpx.post(url, content=_chunked(edited), headers=_headers(demo["approver"]), timeout=30)
+    response = httpx.post(url, content=_chunked(edited), headers=_headers(people["approver"]), timeout=30)
 
     error = error_of(response, 411)
     assert error["code"] == "length_required" and "Content-Length" in error["message"]
     assert stored_state() == before
-    approval_item.refresh_from_db()
-    assert approval_item.status == "pending"
-    assert ToolCall.objects.get(pk=approval_item.tool_call_id).status == "awaiting_approval"
+    core_approval_item.refresh_from_db()
+    assert core_approval_item.status == "pending"
+    assert ToolCall.objects.get(pk=core_approval_item.tool_call_id).status == "awaiting_approval"
 
     # The same request with its length is carried out as sent: the edited amount.
-    sent = httpx.post(url, content=json.dumps(edited).encode(), headers=_headers(demo["approver"]), timeout=30)
+    sent = httpx.post(url, content=json.dumps(edited).encode(), headers=_headers(people["approver"]), timeout=30)
     assert sent.status_code == 200, sent.content
-    assert Interrupt.objects.get(pk=approval_item.pk).edited_arguments == {"order_id": 123, "amount": 10}
+    assert Interrupt.objects.get(pk=core_approval_item.pk).edited_arguments == {"account": "acme", "amount": 10}
 
 
-def test_chunked_bodies_are_411_on_every_write_endpoint(served, demo):  # noqa: F811
+def test_chunked_bodies_are_411_on_every_write_endpoint(served, people):
+    agent = asking_agent().slug
     before = stored_state()
-    headers = _headers(demo["requester"])
-    for url, body in [("/api/runs/", {"agent": "refund-order", "input": "Refund order 123."}),
-                      ("/api/sessions/", {"agent": "refund-order"}),
+    headers = _headers(people["requester"])
+    for url, body in [("/api/runs/", {"agent": agent, "input": "Send 80 to acme."}),
+                      ("/api/sessions/", {"agent": agent}),
                       ("/api/events/", {"type": "payment.settled", "key": "K-order-123-settlement"}),
                       ("/api/webhooks/", {"url": "https://hooks.example.com/x"})]:
         response = httpx.post(served + url, content=_chunked(body), headers=headers, timeout=30)
@@ -76,8 +84,8 @@ def test_chunked_bodies_are_411_on_every_write_endpoint(served, demo):  # noqa: 
     assert page.status_code == 411  # pages too, as plain text
 
 
-def test_errors_django_answers_under_api_have_the_one_error_shape(served, demo):  # noqa: F811
-    headers = _headers(demo["requester"])
+def test_errors_django_answers_under_api_have_the_one_error_shape(served, people):
+    headers = _headers(people["requester"])
     for path in ["/api/nothing/", "/api/runs/abc/wait/", "/api/runs/1.5/", "/api/webhooks/abc/"]:
         response = httpx.get(served + path, headers=headers, timeout=30)
         assert error_of(response, 404)["code"] == "not_found", path
@@ -91,13 +99,13 @@ def test_errors_django_answers_under_api_have_the_one_error_shape(served, demo):
     assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
 
 
-def test_a_bug_under_api_outside_drf_is_a_500_in_the_error_shape(demo, monkeypatch):
+def test_a_bug_under_api_outside_drf_is_a_500_in_the_error_shape(people, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug, with a secret detail")
 
     monkeypatch.setattr("runs.api.waits._timeout_s", broken)
     client = Client(raise_request_exception=False)
-    client.force_login(demo["requester"])
+    client.force_login(people["requester"])
 
     response = client.get("/api/runs/1/wait/")
 
@@ -105,8 +113,8 @@ def test_a_bug_under_api_outside_drf_is_a_500_in_the_error_shape(demo, monkeypat
     assert error["code"] == "server_error" and "secret" not in response.content.decode()
 
 
-def test_the_schema_documents_411_on_every_post(demo, api):
-    schema = api(demo["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+def test_the_schema_documents_411_on_every_post(people, api):
+    schema = api(people["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
 
     posts = [(path, ops["post"]) for path, ops in schema["paths"].items() if "post" in ops]
     assert posts and all("411" in operation["responses"] for _, operation in posts)

@@ -18,11 +18,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def cancelled_run(demo, api, worker) -> dict:
+def cancelled_run(people, api, worker) -> dict:
     """A run of the requester that asked a question and was then cancelled."""
     call = {"name": "ask_user", "arguments": {"question": "Which account?", "options": ["A", "B"]}}
-    agent = waiting_agent(api(demo["admin"]), "attack-asks", call)
-    requester = api(demo["requester"])
+    agent = waiting_agent(api(people["admin"]), "attack-asks", call)
+    requester = api(people["requester"])
     run = start_run(requester, agent, "Move my savings.")
     worker.drain()
     assert requester.post(f"/api/runs/{run['id']}/cancel/", {}, format="json").status_code == 200
@@ -30,8 +30,8 @@ def cancelled_run(demo, api, worker) -> dict:
     return run
 
 
-def test_a_run_is_retried_once_and_a_second_retry_names_the_first(demo, api, cancelled_run):
-    requester = api(demo["requester"])
+def test_a_run_is_retried_once_and_a_second_retry_names_the_first(people, api, cancelled_run):
+    requester = api(people["requester"])
     url = f"/api/runs/{cancelled_run['id']}/retry/"
 
     first = requester.post(url, {}, format="json")
@@ -43,8 +43,8 @@ def test_a_run_is_retried_once_and_a_second_retry_names_the_first(demo, api, can
     assert Run.objects.filter(retry_of_id=cancelled_run["id"]).count() == 1
 
 
-def test_retries_sent_at_once_without_a_key_make_one_run(demo, api, cancelled_run):
-    clients = [api(demo["requester"]) for _ in range(6)]
+def test_retries_sent_at_once_without_a_key_make_one_run(people, api, cancelled_run):
+    clients = [api(people["requester"]) for _ in range(6)]
     url = f"/api/runs/{cancelled_run['id']}/retry/"
 
     answers = all_at_once(len(clients), lambda n: clients[n].post(url, {}, format="json"))
@@ -58,11 +58,11 @@ def test_retries_sent_at_once_without_a_key_make_one_run(demo, api, cancelled_ru
         made[0].json()["id"]]
 
 
-def test_the_same_retry_with_its_key_still_answers_with_its_run_once_stored_answers_are_gone(demo, api,
+def test_the_same_retry_with_its_key_still_answers_with_its_run_once_stored_answers_are_gone(people, api,
                                                                                              cancelled_run):
     from runs.models import IdempotentRequest
 
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     url = f"/api/runs/{cancelled_run['id']}/retry/"
     first = requester.post(url, {}, format="json", headers={"Idempotency-Key": "retry-1"})
     assert first.status_code == 201
@@ -74,8 +74,8 @@ def test_the_same_retry_with_its_key_still_answers_with_its_run_once_stored_answ
     assert again["Idempotent-Replayed"] == "true"
 
 
-def test_a_retry_of_the_retry_is_allowed_once_it_ended(demo, api, worker, cancelled_run):
-    requester = api(demo["requester"])
+def test_a_retry_of_the_retry_is_allowed_once_it_ended(people, api, worker, cancelled_run):
+    requester = api(people["requester"])
     retry = requester.post(f"/api/runs/{cancelled_run['id']}/retry/", {}, format="json").json()
     worker.drain()
     assert requester.post(f"/api/runs/{retry['id']}/cancel/", {}, format="json").status_code == 200

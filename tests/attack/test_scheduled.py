@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from runs.models import Run
 from tests.support.api import field_errors
+from tests.support.core import asking_agent
 from tests.support.security import stored_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,10 +26,11 @@ def _later(hours: int = 2):
 
 @pytest.mark.parametrize("text", [_later().replace(tzinfo=None).isoformat(),
                                   _later().strftime("%Y-%m-%d %H:%M"), _later().strftime("%Y-%m-%dT%H:%M:%S.%f")])
-def test_a_start_time_without_an_offset_is_400_and_starts_nothing(demo, api, text):
+def test_a_start_time_without_an_offset_is_400_and_starts_nothing(people, api, text):
+    agent = asking_agent()
     before = stored_state()
 
-    response = api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "Later.",
+    response = api(people["requester"]).post("/api/runs/", {"agent": agent.slug, "input": "Later.",
                                                           "start_at": text}, format="json")
 
     assert "UTC offset" in field_errors(response)["start_at"][0]
@@ -37,11 +39,11 @@ def test_a_start_time_without_an_offset_is_400_and_starts_nothing(demo, api, tex
 
 @pytest.mark.parametrize("suffix, offset", [("Z", timedelta(0)), ("+08:00", timedelta(hours=8)),
                                             ("-05:30", timedelta(hours=-5, minutes=-30))])
-def test_a_start_time_with_an_offset_is_that_instant(demo, api, suffix, offset):
+def test_a_start_time_with_an_offset_is_that_instant(people, api, suffix, offset):
     instant = _later(12)
     local = (instant + offset).replace(tzinfo=None)
 
-    response = api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "Later.",
+    response = api(people["requester"]).post("/api/runs/", {"agent": asking_agent().slug, "input": "Later.",
                                                           "start_at": local.isoformat() + suffix}, format="json")
 
     assert response.status_code == 201, response.json()

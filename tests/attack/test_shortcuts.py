@@ -23,13 +23,14 @@ from runs.engine.lifecycle import cancel_run, start_run, submit_input
 from runs.lease import LeaseLost
 from runs.models import Message, MultitaskStrategy, Run, RunEvent, RunStatus
 from tests.support.api import tool_messages
+from tests.support.core import lookup
 from tests.support.durability import make_agent
+from tests.support.fake_tools import hide_key
 from tools import registry
-from tools.demo.models import Order
 from tools.models import ToolCall, ToolCallStatus
 
 S = ToolCallStatus
-QUERY = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]}
+QUERY = {"tool_calls": [lookup("a")]}
 
 
 def _gapless(run_id: int) -> list[int]:
@@ -66,12 +67,12 @@ def _during_completion_check(monkeypatch, action) -> None:
 # --- lifecycle.ending_reads: the ending of a final answer --------------------------------------------
 
 
-def test_a_lease_taken_over_during_the_completion_check_leaves_the_ending_unwritten(idle_worker, demo,
+def test_a_lease_taken_over_during_the_completion_check_leaves_the_ending_unwritten(idle_worker, people,
                                                                                    monkeypatch):
     """The counter is unchanged (a takeover logs nothing), so the ending takes the loop's knowledge; its
     fenced write is refused and nothing of the ending lands. The new holder then ends the run once."""
-    agent = make_agent("late-lease", [{"content": "Done."}], tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="question")
+    agent = make_agent("late-lease", [{"content": "Done."}], tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="question")
     taken = []
     seen = {}
 
@@ -98,16 +99,16 @@ def test_a_lease_taken_over_during_the_completion_check_leaves_the_ending_unwrit
 
 
 @pytest.mark.parametrize("writer", ["supplement", "cancel"])
-def test_another_writer_during_the_completion_check_is_not_lost_by_the_ending(idle_worker, demo, monkeypatch,
+def test_another_writer_during_the_completion_check_is_not_lost_by_the_ending(idle_worker, people, monkeypatch,
                                                                               writer):
     """Between the stored answer and the ending's lock: input supplemented must start the next run, a
     cancel must win. Either is another writer's event, so the ending must not take the loop's history."""
-    agent = make_agent("late-writer", [{"content": "Done."}, {"content": "Next."}], tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="question")
+    agent = make_agent("late-writer", [{"content": "Done."}, {"content": "Next."}], tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="question")
 
     def write(run_id):
         if writer == "supplement":
-            submit_input(agent=agent, user=demo["requester"], input="PS: order 124 too", session=run.session,
+            submit_input(agent=agent, user=people["requester"], input="PS: key b too", session=run.session,
                          multitask_strategy=MultitaskStrategy.SUPPLEMENT)
         else:
             cancel_run(run=Run.objects.get(pk=run_id), actor="user:requester")
@@ -123,7 +124,7 @@ def test_another_writer_during_the_completion_check_is_not_lost_by_the_ending(id
         assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
         event = run.events.get(type="input", reason__startswith="supplemented input was not read")
         following = Run.objects.get(pk=event.payload["run"])
-        assert (following.input, following.status) == ("PS: order 124 too", RunStatus.QUEUED)
+        assert (following.input, following.status) == ("PS: key b too", RunStatus.QUEUED)
         assert Message.objects.filter(session=run.session, role="user").count() == 2
     _gapless(run.pk)
 
@@ -133,37 +134,37 @@ def test_another_writer_during_the_completion_check_is_not_lost_by_the_ending(id
 
 @pytest.fixture
 def checks(monkeypatch):
-    """Wrap query_order's precondition and handler: ``checks`` lists ``"assessed"``, ``"rechecked"`` and
+    """Wrap fake_lookup's precondition and handler: ``checks`` lists ``"assessed"``, ``"rechecked"`` and
     ``"sent"`` in the order they happened."""
     seen: list[str] = []
-    tool = registry.get_tool("query_order")
+    tool = registry.get_tool("fake_lookup")
 
     def precondition(ctx, arguments):
         seen.append("assessed" if ctx.tool_call is None else "rechecked")
         return tool.precondition(ctx, arguments)
 
-    async def handler(ctx, arguments):
+    def handler(ctx, arguments):
         seen.append("sent")
-        return await tool.handler(ctx, arguments)
+        return tool.handler(ctx, arguments)
 
-    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(
+    monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(
         tool, precondition=precondition, handler=handler))
     return seen
 
 
-def test_a_read_approved_within_the_slice_is_checked_again_before_it_runs(idle_worker, demo, monkeypatch,
+def test_a_read_approved_within_the_slice_is_checked_again_before_it_runs(idle_worker, people, monkeypatch,
                                                                          checks):
     """A read that asked a person is never ``assessed_here``, even when the approval lands in the same
-    slice (before the run would wait): the order changed hands meanwhile, so the read is denied."""
-    agent = make_agent("read-approved-now", [QUERY, {"content": "Looked."}], tools=["query_order"])
-    agent.approval_policy = {"query_order": "always"}
+    slice (before the run would wait): the key was hidden from the requester meanwhile, so the read is denied."""
+    agent = make_agent("read-approved-now", [QUERY, {"content": "Looked."}], tools=["fake_lookup"])
+    agent.approval_policy = {"fake_lookup": "always"}
     agent.save(update_fields=["approval_policy"])
-    run = start_run(agent=agent, user=demo["requester"], input="look")
+    run = start_run(agent=agent, user=people["requester"], input="look")
     wait_for_approval = loop._wait_for_approval
 
     def approved_first(run):
-        Order.objects.filter(number=123).update(owner=demo["admin"])
-        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+        hide_key("a")
+        decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
         return wait_for_approval(run)
 
     monkeypatch.setattr(loop, "_wait_for_approval", approved_first)
@@ -171,17 +172,17 @@ def test_a_read_approved_within_the_slice_is_checked_again_before_it_runs(idle_w
 
     call = ToolCall.objects.get(run=run)
     assert checks == ["assessed", "rechecked"]
-    assert call.status == S.DENIED and "does not belong to the requester" in call.error
+    assert call.status == S.DENIED and "is hidden from the requester" in call.error
     assert json.loads(tool_messages(run.pk)[0])["status"] == "denied"
     assert not run.events.filter(to_status=RunStatus.WAITING).exists()
     _gapless(run.pk)
 
 
-def test_a_read_whose_lease_moved_before_it_ran_is_never_sent(idle_worker, demo, monkeypatch, checks):
+def test_a_read_whose_lease_moved_before_it_ran_is_never_sent(idle_worker, people, monkeypatch, checks):
     """Proposed ``ready`` in this slice (no re-check on the way), then the lease changes hands without an
     event: the call's ``running`` is refused by the fence, so the handler is never called."""
-    agent = make_agent("read-lease-moved", [QUERY, {"content": "Looked."}], tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="look")
+    agent = make_agent("read-lease-moved", [QUERY, {"content": "Looked."}], tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="look")
     failpoint = loop.failpoint
     taken, seen = [], {}
 
@@ -209,45 +210,44 @@ def test_a_read_whose_lease_moved_before_it_ran_is_never_sent(idle_worker, demo,
     _gapless(run.pk)
 
 
-def test_a_read_whose_order_changed_hands_while_an_earlier_call_of_its_turn_ran_is_checked_again(
-        idle_worker, demo, monkeypatch):
+def test_a_read_whose_key_was_hidden_while_an_earlier_call_of_its_turn_ran_is_checked_again(
+        idle_worker, people, monkeypatch):
     """Two reads of one turn, both allowed when proposed. While the first is out (a slow call, its retries,
-    an inline backoff: seconds to minutes), another request takes order 124 from the requester. The
+    an inline backoff: seconds to minutes), another request hides key b from the requester. The
     second read was assessed before all that, not "a moment ago": its precondition (the requester's
-    right to the order) must be checked again before it is sent, as before the shortcut."""
-    reads = {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}},
-                            {"name": "query_order", "arguments": {"order_id": 124}}]}
-    agent = make_agent("two-reads-revoked", [reads, {"content": "Looked."}], tools=["query_order"])
-    run = start_run(agent=agent, user=demo["requester"], input="look at both")
-    tool = registry.get_tool("query_order")
-    seen: list[tuple[str, int]] = []
+    right to the key) must be checked again before it is sent, as before the shortcut."""
+    reads = {"tool_calls": [lookup("a"), lookup("b")]}
+    agent = make_agent("two-reads-revoked", [reads, {"content": "Looked."}], tools=["fake_lookup"])
+    run = start_run(agent=agent, user=people["requester"], input="look at both")
+    tool = registry.get_tool("fake_lookup")
+    seen: list[tuple[str, str]] = []
 
     def precondition(ctx, arguments):
-        seen.append(("assessed" if ctx.tool_call is None else "rechecked", arguments["order_id"]))
+        seen.append(("assessed" if ctx.tool_call is None else "rechecked", arguments["key"]))
         return tool.precondition(ctx, arguments)
 
-    async def handler(ctx, arguments):
-        seen.append(("sent", arguments["order_id"]))
-        if arguments["order_id"] == 123:  # meanwhile, another request: order 124 is no longer the requester's
-            await Order.objects.filter(number=124).aupdate(owner=demo["admin"])
-        return await tool.handler(ctx, arguments)
+    def handler(ctx, arguments):
+        seen.append(("sent", arguments["key"]))
+        if arguments["key"] == "a":  # meanwhile, another request: key b is hidden from the requester
+            hide_key("b")
+        return tool.handler(ctx, arguments)
 
-    monkeypatch.setitem(registry._TOOLS, "query_order", dataclasses.replace(
+    monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(
         tool, precondition=precondition, handler=handler))
     loop.advance(run.pk)
 
     first, second = ToolCall.objects.filter(run=run).order_by("id")
     assert first.status == S.SUCCEEDED
-    assert ("sent", 124) not in seen, f"read of an order the requester no longer owns was sent: {seen}"
-    assert seen == [("assessed", 123), ("assessed", 124), ("sent", 123), ("rechecked", 124)]
-    assert second.status == S.DENIED and "does not belong to the requester" in second.error
+    assert ("sent", "b") not in seen, f"read of a key hidden from the requester was sent: {seen}"
+    assert seen == [("assessed", "a"), ("assessed", "b"), ("sent", "a"), ("rechecked", "b")]
+    assert second.status == S.DENIED and "is hidden from the requester" in second.error
     _gapless(run.pk)
 
 
 # --- runs.services.append_events: an insert refused after the reservation -----------------------------
 
 
-def test_an_event_insert_refused_after_the_reservation_leaves_the_instance_as_stored(demo):
+def test_an_event_insert_refused_after_the_reservation_leaves_the_instance_as_stored(people):
     """The reservation moved the instance's counter (and columns) before the INSERT was refused; the
     savepoint rolled the row back. A counter left ahead would later swallow another writer's event: the
     instance's next own event lands just above it, so the counters match while that event was never seen
@@ -256,7 +256,7 @@ def test_an_event_insert_refused_after_the_reservation_leaves_the_instance_as_st
 
     from runs.services import Event, RunColumns, append_event, append_events
 
-    run = start_run(agent=make_agent("refused-insert", [], tools=[]), user=demo["requester"], input="x")
+    run = start_run(agent=make_agent("refused-insert", [], tools=[]), user=people["requester"], input="x")
     mine = Run.objects.get(pk=run.pk)
     start, calls = mine.last_event_seq, mine.model_calls
     with transaction.atomic():
@@ -274,7 +274,7 @@ def test_an_event_insert_refused_after_the_reservation_leaves_the_instance_as_st
     _gapless(run.pk)
 
 
-def test_a_transition_refused_after_its_event_leaves_the_runs_instance_as_stored(demo):
+def test_a_transition_refused_after_its_event_leaves_the_runs_instance_as_stored(people):
     """A step's answer the database cannot store fails its save after the event's reservation moved the
     run instance's counter and usage; the transition's own instance is put back, and so must the run be."""
     from django.db import transaction
@@ -283,7 +283,7 @@ def test_a_transition_refused_after_its_event_leaves_the_runs_instance_as_stored
     from runs.services import RunColumns
     from runs.transitions import apply
 
-    run = start_run(agent=make_agent("refused-save", [], tools=[]), user=demo["requester"], input="x")
+    run = start_run(agent=make_agent("refused-save", [], tools=[]), user=people["requester"], input="x")
     mine = Run.objects.get(pk=run.pk)
     step = Step.objects.create(run=mine, index=0, request={})
     start, calls = mine.last_event_seq, mine.model_calls

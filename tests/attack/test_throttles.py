@@ -28,7 +28,7 @@ from rest_framework.views import APIView
 
 from runs.models import Run
 from tests.support.api import all_at_once, error_of
-from tests.support.browser import serving_tests
+from tests.support.core import asking_agent, serving_core
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,22 +59,23 @@ def _refused_as_throttled(answers, allowed_status: int) -> None:
             assert 0 < int(answer["Retry-After"]) <= 60 and error["details"]["retry_after"] == int(answer["Retry-After"])
 
 
-def test_a_burst_of_run_starts_gets_exactly_the_rate_through(demo, api, monkeypatch, shared_counters):
+def test_a_burst_of_run_starts_gets_exactly_the_rate_through(people, api, monkeypatch, shared_counters):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES,
                                                                "runs": f"{RATE}/min"})
-    clients = [api(demo["requester"]) for _ in range(BURST)]
+    agent = asking_agent().slug
+    clients = [api(people["requester"]) for _ in range(BURST)]
 
-    answers = all_at_once(BURST, lambda n: clients[n].post("/api/runs/", {"agent": "refund-order", "input": "Refund."},
+    answers = all_at_once(BURST, lambda n: clients[n].post("/api/runs/", {"agent": agent, "input": "Send it."},
                                                            format="json"))
 
     _refused_as_throttled(answers, 201)
     assert Run.objects.count() == RATE
 
 
-def test_a_burst_of_reads_gets_exactly_the_user_rate_through(demo, api, monkeypatch, shared_counters):
+def test_a_burst_of_reads_gets_exactly_the_user_rate_through(people, api, monkeypatch, shared_counters):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES,
                                                                "user": f"{RATE}/min"})
-    clients = [api(demo["requester"]) for _ in range(BURST)]
+    clients = [api(people["requester"]) for _ in range(BURST)]
 
     answers = all_at_once(BURST, lambda n: clients[n].get("/api/agents/"))
 
@@ -122,38 +123,40 @@ def test_behind_trusted_proxies_the_entry_they_appended_counts_not_the_clients_o
     assert _anonymous_statuses([(proxy, "203.0.113.1, 192.0.2.6")]) == {200: 1}  # another client behind the proxy
 
 
-def test_the_start_form_shares_the_api_runs_rate(demo, api, monkeypatch, shared_counters):
+def test_the_start_form_shares_the_api_runs_rate(people, api, monkeypatch, shared_counters):
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES, "runs": "3/min"})
-    started = [api(demo["requester"]).post("/api/runs/", {"agent": "refund-order", "input": "Refund."},
+    agent = asking_agent().slug
+    started = [api(people["requester"]).post("/api/runs/", {"agent": agent, "input": "Send it."},
                                            format="json").status_code for _ in range(3)]
     page = Client()
-    page.force_login(demo["requester"])
+    page.force_login(people["requester"])
 
-    refused = page.post("/runs/new/", {"agent": "refund-order", "input": "Refund order 123."})
+    refused = page.post("/runs/new/", {"agent": agent, "input": "Send 80 to acme."})
 
     assert started == [201] * 3
     assert refused.status_code == 429 and 0 < int(refused["Retry-After"]) <= 60
     assert b"Too many runs started" in refused.content
-    assert b"Refund order 123." in refused.content  # the form again, with what was typed: nothing is lost
+    assert b"Send 80 to acme." in refused.content  # the form again, with what was typed: nothing is lost
     assert Run.objects.count() == 3
     # And the other way round: runs the page started count for the API.
     other = Client()
-    other.force_login(demo["approver"])
-    pages = [other.post("/runs/new/", {"agent": "refund-order", "input": "Refund."}).status_code for _ in range(3)]
-    api_after = api(demo["approver"]).post("/api/runs/", {"agent": "refund-order", "input": "Refund."}, format="json")
+    other.force_login(people["approver"])
+    pages = [other.post("/runs/new/", {"agent": agent, "input": "Send it."}).status_code for _ in range(3)]
+    api_after = api(people["approver"]).post("/api/runs/", {"agent": agent, "input": "Send it."}, format="json")
     assert pages == [302] * 3 and error_of(api_after, 429)["code"] == "throttled"
     assert Run.objects.count() == 6
 
 
 def test_requests_without_credentials_or_with_a_bad_token_count_against_the_anonymous_rate(
-        demo, payment_gateway, tmp_path):
+        people, tmp_path):
     # Over real HTTP, a served Daphne with an anonymous rate of 5 a minute.
-    with serving_tests(demo, payment_gateway, tmp_path, THROTTLE_ANON="5/min") as (base, _):
-        bad_token = [httpx.post(f"{base}/api/runs/", json={"agent": "refund-order", "input": "x"},
+    agent = asking_agent().slug
+    with serving_core(people, tmp_path, THROTTLE_ANON="5/min") as (base, _):
+        bad_token = [httpx.post(f"{base}/api/runs/", json={"agent": agent, "input": "x"},
                                 headers={"Authorization": "Token not-a-token"}, timeout=10) for _ in range(5)]
         no_credentials = httpx.get(f"{base}/api/runs/", timeout=10)
         wait_endpoint = httpx.get(f"{base}/api/runs/1/wait/?timeout=1", timeout=10)
-        token = Token.objects.get_or_create(user=demo["requester"])[0].key
+        token = Token.objects.get_or_create(user=people["requester"])[0].key
         with_a_token = httpx.get(f"{base}/api/runs/", headers={"Authorization": f"Token {token}"}, timeout=10)
 
     assert [answer.status_code for answer in bad_token] == [401] * 5

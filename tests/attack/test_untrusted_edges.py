@@ -21,24 +21,24 @@ from tools.models import ToolCall
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_model_call_naming_a_key_twice_is_invalid_and_told_to_the_model(worker, demo, api):
+def test_a_model_call_naming_a_key_twice_is_invalid_and_told_to_the_model(worker, people, api):
     call = {"name": "wait_until", "arguments": '{"seconds": 1, "seconds": 100000}'}
-    agent = waiting_agent(api(demo["admin"]), "twice", call, final="Could not wait.")
-    run = start_run(api(demo["requester"]), agent, "Wait.")
+    agent = waiting_agent(api(people["admin"]), "twice", call, final="Could not wait.")
+    run = start_run(api(people["requester"]), agent, "Wait.")
     worker.drain()
 
     stored = ToolCall.objects.get(run_id=run["id"], name="wait_until")
     assert stored.status == "invalid" and "more than once" in stored.error
     told = tool_result(run["id"], "wait_until")
     assert told["status"] == "invalid" and "more than once" in told["error"]
-    assert get_run(api(demo["requester"]), run["id"])["status"] == "completed"
+    assert get_run(api(people["requester"]), run["id"])["status"] == "completed"
 
 
 @pytest.mark.parametrize("until", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
-def test_wait_until_a_moment_utc_cannot_hold_is_refused_and_the_run_goes_on(worker, demo, api, until):
-    agent = waiting_agent(api(demo["admin"]), "far-off", {"name": "wait_until", "arguments": {"until": until}},
+def test_wait_until_a_moment_utc_cannot_hold_is_refused_and_the_run_goes_on(worker, people, api, until):
+    agent = waiting_agent(api(people["admin"]), "far-off", {"name": "wait_until", "arguments": {"until": until}},
                           final="That time cannot be waited for.")
-    run = start_run(api(demo["requester"]), agent, "Wait for the end of time.")
+    run = start_run(api(people["requester"]), agent, "Wait for the end of time.")
     worker.drain()
 
     finished = Run.objects.get(pk=run["id"])
@@ -49,9 +49,9 @@ def test_wait_until_a_moment_utc_cannot_hold_is_refused_and_the_run_goes_on(work
 
 @pytest.mark.parametrize("query", ["day_to=9999-12-31", "day_from=9999-12-31", "day_from=0001-01-01",
                                    "day_from=0001-01-01&day_to=9999-12-31"])
-def test_the_history_page_refuses_a_day_no_filter_can_span_with_a_400(client, demo, settings, query):
+def test_the_history_page_refuses_a_day_no_filter_can_span_with_a_400(client, people, settings, query):
     settings.TIME_ZONE = "Asia/Shanghai"  # east of Greenwich: 0001-01-01 starts before UTC's first moment
-    client.force_login(demo["approver"])
+    client.force_login(people["approver"])
     response = client.get(f"/inbox/decided/?{query}")
     assert response.status_code == 400
     assert "out of range" in response.content.decode()

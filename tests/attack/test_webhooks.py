@@ -15,7 +15,9 @@ from runs.webhooks import urlguard
 from runs.webhooks.models import WebhookSubscription
 from runs.webhooks.services import create_subscription
 from tests.support.api import error_of
-from tests.support.webhooks import refund_needing_approval, wait_settled
+from runs.engine.lifecycle import start_run
+from tests.support.core import asking_agent
+from tests.support.webhooks import wait_settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,8 +27,8 @@ NOT_GLOBAL_UNICAST = ["https://[::127.0.0.1]/hook", "https://[::169.254.169.254]
 
 
 @pytest.mark.parametrize("url", NOT_GLOBAL_UNICAST)
-def test_ipv6_outside_global_unicast_is_refused_when_saved(demo, api, url):
-    response = api(demo["requester"]).post("/api/webhooks/", {"url": url}, format="json")
+def test_ipv6_outside_global_unicast_is_refused_when_saved(people, api, url):
+    response = api(people["requester"]).post("/api/webhooks/", {"url": url}, format="json")
 
     error = error_of(response, 400)
     assert error["code"] == "unsafe_url"
@@ -34,7 +36,7 @@ def test_ipv6_outside_global_unicast_is_refused_when_saved(demo, api, url):
     assert not WebhookSubscription.objects.exists()
 
 
-def test_a_name_resolving_to_an_ipv4_compatible_loopback_is_refused_at_delivery(demo, worker, receiver,
+def test_a_name_resolving_to_an_ipv4_compatible_loopback_is_refused_at_delivery(people, worker, receiver,
                                                                                  webhook_settings, settings,
                                                                                  monkeypatch):
     real_getaddrinfo = socket.getaddrinfo
@@ -48,10 +50,10 @@ def test_a_name_resolving_to_an_ipv4_compatible_loopback_is_refused_at_delivery(
 
     monkeypatch.setattr(urlguard.socket, "getaddrinfo", getaddrinfo)
     settings.TOLLGATE = {**settings.TOLLGATE, "WEBHOOK_ALLOWED_HOSTS": []}
-    subscription = create_subscription(owner=demo["requester"], url="http://compat.test:8443/hook",
+    subscription = create_subscription(owner=people["requester"], url="http://compat.test:8443/hook",
                                        event_types=["run.waiting"])
     answers["compat.test"] = "::127.0.0.1"
-    refund_needing_approval(demo)
+    start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     worker.drain()
     delivery, = wait_settled(subscription, 1)
 

@@ -1,10 +1,11 @@
 """Side effects on one target are checked and sent one at a time (tools.services.targets), with real concurrency.
 
-Order 123 has a total of 120.00. Three refunds of 80.00 approved at the
-same instant, advanced by three worker threads (or three worker processes)
-while the gateway takes its time to pay, must pay at most 120.00: one
-succeeds, the others are denied by their precondition, checked once the
-first had paid.
+Account acme can take 100 (``fake_transfer``'s limit). Three transfers of 80
+approved at the same instant, advanced by three worker threads while the
+bank takes its time to pay, must pay at most 100: one succeeds, the others
+are denied by their precondition, checked once the first had paid. The same
+with the demo's refunds on order 123 (total 120.00) advanced by separate
+worker processes, which run the demo's tools against its payment gateway.
 """
 
 import time
@@ -24,7 +25,9 @@ from runs.engine.lifecycle import start_run
 from runs.sweeping import sweep
 from runs.models import Run, RunStatus
 from tests.support.api import all_at_once
+from tests.support.core import transfer
 from tests.support.durability import make_agent
+from tests.support.fake_tools import judge_transfers, transfer_bank, transfers
 from tools.models import ToolCall, ToolCallStatus
 
 S = ToolCallStatus
@@ -41,11 +44,11 @@ def workers(idle_worker):
     return idle_worker
 
 
-def _refund_runs(demo, worker, count: int, *, turns=None) -> list[Run]:
-    """``count`` runs, each in its own session, each asking to refund 80.00 of order 123; all waiting for approval."""
-    agent = make_agent("refund-80", turns or [{"tool_calls": [REFUND_80]}, {"content": "Done."}],
-                       tools=["refund"], check="refund")
-    runs = [start_run(agent=agent, user=demo["requester"], input=f"refund 123, try {n}") for n in range(count)]
+def _transfer_runs(people, worker, count: int) -> list[Run]:
+    """``count`` runs, each in its own session, each asking to transfer 80 to acme; all waiting for approval."""
+    agent = make_agent("transfer-80", [{"tool_calls": [transfer("acme", 80)]}, {"content": "Done."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    runs = [start_run(agent=agent, user=people["requester"], input=f"send 80 to acme, try {n}") for n in range(count)]
     worker.drain()
     assert Interrupt.objects.filter(run__in=runs, status="pending").count() == count
     return runs
@@ -66,38 +69,57 @@ def _paid(gateway) -> list[Decimal]:
     return [Decimal(r["amount"]) for r in gateway.ledger()["refunds"] if r["order_id"] == 123]
 
 
-def _assert_one_paid_rest_denied(runs: list[Run], gateway) -> None:
-    assert _paid(gateway) == [Decimal("80.00")]
-    calls = list(ToolCall.objects.filter(run__in=runs, name="refund").order_by("pk"))
+def _transferred() -> list[Decimal]:
+    return [Decimal(str(t["amount"])) for t in transfers() if t["account"] == "acme"]
+
+
+def _assert_one_paid_rest_denied(runs: list[Run], tool: str, paid: list[Decimal], denial: str,
+                                 sends: dict[str, int]) -> None:
+    """One call of ``tool`` paid 80 (``paid``: what the external system paid), the others were denied with
+    ``denial`` in their error; every key was sent once (``sends``: requests per idempotency key)."""
+    assert paid == [Decimal("80.00")]
+    calls = list(ToolCall.objects.filter(run__in=runs, name=tool).order_by("pk"))
     assert sorted(call.status for call in calls) == [S.DENIED] * (len(runs) - 1) + [S.SUCCEEDED]
     for call in calls:
         if call.status == S.DENIED:
-            assert "at most 40.00 can be refunded" in call.error
-    assert all(requests == 1 for requests in gateway.ledger()["requests_per_key"].values())
+            assert denial in call.error
+    assert all(requests == 1 for requests in sends.values())
 
 
-def test_refunds_approved_at_once_over_the_api_pay_at_most_the_order_total(demo, workers, api, payment_gateway):
-    runs = _refund_runs(demo, workers, 3)
-    payment_gateway.faults(latency_s=0.3)  # each payment takes a while: the others are checked meanwhile
-    approver = api(demo["approver"])
+def _assert_one_transferred_rest_denied(runs: list[Run], bank) -> None:
+    _assert_one_paid_rest_denied(runs, "fake_transfer", _transferred(), "at most 20.00 more can be transferred",
+                                 bank.sends)
+
+
+def _assert_one_refunded_rest_denied(runs: list[Run], gateway) -> None:
+    _assert_one_paid_rest_denied(runs, "refund", _paid(gateway), "at most 40.00 can be refunded",
+                                 gateway.ledger()["requests_per_key"])
+
+
+def test_transfers_approved_at_once_over_the_api_pay_at_most_the_account_limit(people, workers, api, monkeypatch):
+    runs = _transfer_runs(people, workers, 3)
+    bank = transfer_bank(monkeypatch)
+    bank.delay_s = 0.3  # each payment takes a while: the others are checked meanwhile
+    approver = api(people["approver"])
     items = list(Interrupt.objects.filter(run__in=runs).order_by("pk"))
 
     answers = all_at_once(3, lambda n: approver.post(f"/api/interrupts/{items[n].pk}/approve/", {}, format="json"))
     assert [answer.status_code for answer in answers] == [200] * 3
     _settle(runs)
 
-    _assert_one_paid_rest_denied(runs, payment_gateway)
+    _assert_one_transferred_rest_denied(runs, bank)
     # The later ones waited for the first: the log says for which call, and that its outcome woke them.
     waited = [run for run in runs if run.events.filter(reason__contains="waits for call #").exists()]
-    assert waited and all(run.events.filter(reason__contains="released order_id 123").exists() for run in waited)
+    assert waited and all(run.events.filter(reason__contains="released account acme").exists() for run in waited)
 
 
-def test_refunds_approved_together_on_the_bulk_page_pay_at_most_the_order_total(demo, workers, payment_gateway):
-    runs = _refund_runs(demo, workers, 3)
-    payment_gateway.faults(latency_s=0.3)
+def test_transfers_approved_together_on_the_bulk_page_pay_at_most_the_account_limit(people, workers, monkeypatch):
+    runs = _transfer_runs(people, workers, 3)
+    bank = transfer_bank(monkeypatch, judge_together=judge_transfers)
+    bank.delay_s = 0.3
     items = list(Interrupt.objects.filter(run__in=runs).order_by("pk"))
     browser = Client()
-    browser.force_login(demo["approver"])
+    browser.force_login(people["approver"])
     # The confirmation page repeats the inbox's warning, item by item.
     confirm = browser.get("/inbox/bulk/", {"item": [item.pk for item in items]})
     assert confirm.status_code == 200
@@ -105,7 +127,7 @@ def test_refunds_approved_together_on_the_bulk_page_pay_at_most_the_order_total(
     assert page.select_one("#bulk-conflicts") is not None
     for item in items:
         note = page.select_one(f'.bulk-item[data-interrupt-id="{item.pk}"] p.related.conflict')
-        assert note is not None and "ask 240.00; only 120.00 refundable: not all can be paid" in note.text
+        assert note is not None and "ask 240.00; only 100.00 can be transferred: not all can be made" in note.text
 
     response = browser.post("/inbox/bulk/", {"decision": "approved", "comment": "all three",
                                              "item": [item.pk for item in items],
@@ -117,14 +139,14 @@ def test_refunds_approved_together_on_the_bulk_page_pay_at_most_the_order_total(
     assert len(result.select(".bulk-outcome")) == 3
     _settle(runs)
 
-    _assert_one_paid_rest_denied(runs, payment_gateway)
+    _assert_one_transferred_rest_denied(runs, bank)
     # The result page's table, fetched again, tells each item's real outcome.
     rows = BeautifulSoup(browser.get(outcomes_url).content, "html.parser").select(".bulk-outcome")
     assert sorted(row["data-call-status"] for row in rows) == [S.DENIED, S.DENIED, S.SUCCEEDED]
     assert all(row["data-settled"] == "true" for row in rows)
     for row in rows:
         why = row.select_one(".bulk-outcome-detail").text
-        assert ("at most 40.00 can be refunded" in why) == (row["data-call-status"] == S.DENIED)
+        assert ("at most 20.00 more can be transferred" in why) == (row["data-call-status"] == S.DENIED)
     # Someone who may not see the items gets no row of them; bad ids are refused.
     stranger = Client()
     stranger.force_login(get_user_model().objects.create_user("stranger", password="x" * 20))
@@ -132,20 +154,20 @@ def test_refunds_approved_together_on_the_bulk_page_pay_at_most_the_order_total(
     assert browser.get("/inbox/bulk/outcomes/", {"item": "x"}).status_code == 400
 
 
-def test_a_cumulative_rule_counts_a_call_still_in_flight(demo, workers, payment_gateway):
-    # The refund asks for approval once the refunds of an order add up to more than 50 over 30 days: the
-    # first 30.00 needs none; while it is being paid, two more runs propose 30.00 each at the same instant.
-    refund_30 = [{"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 30}}]},
-                 {"content": "Done."}]
-    agent = make_agent("refund-30", refund_30, tools=["refund"], check="refund")
-    payment_gateway.faults(latency_s=1.0)
-    first = start_run(agent=agent, user=demo["requester"], input="first")
+def test_a_cumulative_rule_counts_a_call_still_in_flight(people, workers, monkeypatch):
+    # With the rule below, a transfer asks for approval once the transfers to an account add up to more than
+    # 50 over 30 days: the first 30 needs none; while it is being paid, two more runs propose 30 each at the
+    # same instant.
+    transfer_30 = [{"tool_calls": [transfer("acme", 30)]}, {"content": "Done."}]
+    agent = make_agent("transfer-30", transfer_30, tools=["fake_transfer"], check="fake_transfer")
+    transfer_bank(monkeypatch, approval="sum(amount) per target within 30d > 50").delay_s = 1.0
+    first = start_run(agent=agent, user=people["requester"], input="first")
     deadline = time.monotonic() + 20
     while not ToolCall.objects.filter(run=first, status=S.RUNNING).exists():
         assert time.monotonic() < deadline
         time.sleep(0.01)
 
-    later = all_at_once(2, lambda n: start_run(agent=agent, user=demo["requester"], input=f"later {n}").pk)
+    later = all_at_once(2, lambda n: start_run(agent=agent, user=people["requester"], input=f"later {n}").pk)
     deadline = time.monotonic() + 20
     while Interrupt.objects.filter(run_id__in=later, status="pending").count() < 2:
         assert time.monotonic() < deadline, list(ToolCall.objects.filter(run_id__in=later).values_list("status"))
@@ -155,7 +177,7 @@ def test_a_cumulative_rule_counts_a_call_still_in_flight(demo, workers, payment_
     assert list(ToolCall.objects.filter(run_id__in=later).values_list("status", flat=True)) == \
         [S.AWAITING_APPROVAL] * 2
     _settle([first])
-    assert _paid(payment_gateway) == [Decimal("30.00")]  # nothing else was paid without a person
+    assert _transferred() == [Decimal("30")]  # nothing else was paid without a person
 
 
 @pytest.mark.parametrize("point", ["tool_call_started:refund", "tool_call_returned:refund"])
@@ -181,7 +203,7 @@ def test_a_call_behind_a_crashed_holder_proceeds_once_it_is_recovered_and_nothin
     assert ToolCall.objects.get(run=run_b).status == S.READY
 
     _settle([run_a, run_b])
-    _assert_one_paid_rest_denied([run_a, run_b], payment_gateway)
+    _assert_one_refunded_rest_denied([run_a, run_b], payment_gateway)
 
 
 
@@ -199,4 +221,4 @@ def test_refunds_advanced_by_separate_worker_processes_pay_at_most_the_order_tot
     idle_worker.worker.start()  # what the processes woke, or what waits on a timer, ends here
     _settle(runs)
 
-    _assert_one_paid_rest_denied(runs, payment_gateway)
+    _assert_one_refunded_rest_denied(runs, payment_gateway)

@@ -13,10 +13,11 @@ from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from approvals.services import decide_interrupt, reconcile_interrupt
-from runs.models import Agent, DeathBlame, Run, RunStatus, Step, WaitingReason
+from runs.models import DeathBlame, Run, RunStatus, Step, WaitingReason
 from runs.engine.recovery import BLAME_MARGIN
 from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
+from tests.support.core import asking_agent
 from tests.support.durability import make_agent, refund_turns, wait_for_lease_expiry
 from tools.models import ToolCall, ToolCallStatus
 
@@ -134,8 +135,8 @@ def test_side_effect_without_hook_killed_mid_call_goes_to_a_person(point, demo, 
     assert "mail server log" in resolved.payload["comment"]
 
 
-def test_waiting_run_keeps_waiting_through_a_sweep(demo, worker):
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund")
+def test_waiting_run_keeps_waiting_through_a_sweep(people, worker):
+    run = start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.WAITING

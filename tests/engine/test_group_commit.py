@@ -28,6 +28,7 @@ from runs.lease import LeaseLost
 from runs.models import Phase, Run, RunStatus, WaitingReason
 from runs.transitions import apply
 from runs.tx import note_shared_lock
+from tests.support.core import transfer
 from tests.support.durability import lookup_agent, make_agent
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import get_tool
@@ -236,11 +237,11 @@ def wait_for_a_lock_wait(statement_start: str) -> None:
         watcher.close()
 
 
-def refunds_on_one_order(demo, worker, count: int) -> list[ToolCall]:
-    """``count`` runs' refund calls on order 123, each ``ready``, never sent; their runs wait ``retry_backoff``."""
-    agent = make_agent("refund-123", [{"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": 8}}]},
-                                      {"content": "Done."}], tools=["refund"], check="refund")
-    runs = [start_run(agent=agent, user=demo["requester"], input=f"refund 123, {n}") for n in range(count)]
+def transfers_to_one_account(people, worker, count: int) -> list[ToolCall]:
+    """``count`` runs' transfer calls to acme, each ``ready``, never sent; their runs wait ``retry_backoff``."""
+    agent = make_agent("transfer-acme", [{"tool_calls": [transfer("acme", 8)]}, {"content": "Done."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    runs = [start_run(agent=agent, user=people["requester"], input=f"send 8 to acme, {n}") for n in range(count)]
     worker.drain()
     Interrupt.objects.filter(run__in=runs).update(status="resolved")  # decided, as far as this test cares
     ToolCall.objects.filter(run__in=runs).update(status=ToolCallStatus.READY, attempts=0)
@@ -251,14 +252,14 @@ def refunds_on_one_order(demo, worker, count: int) -> list[ToolCall]:
 
 
 @postgresql_only
-def test_a_release_does_not_wait_for_a_waiters_row_that_a_group_claiming_the_target_holds(demo, worker):
+def test_a_release_does_not_wait_for_a_waiters_row_that_a_group_claiming_the_target_holds(people, worker):
     """The cycle: a release locks the target's row, then the rows of the runs waiting for it; another group
     holds a waiter's row (its job woke the run) and its next job claims the target. The release skips the
     row instead of waiting (which PostgreSQL would break by failing one of them), and wakes that waiter
     once both have committed."""
-    holder, waiter = refunds_on_one_order(demo, worker, 2)
-    refund = get_tool("refund")
-    target = target_of(refund, holder.arguments)
+    holder, waiter = transfers_to_one_account(people, worker, 2)
+    tool = get_tool("fake_transfer")
+    target = target_of(tool, holder.arguments)
     with transaction.atomic():
         assert claim(target, holder) is None
     errors, claimed, go = {}, {}, threading.Event()
@@ -279,7 +280,7 @@ def test_a_release_does_not_wait_for_a_waiters_row_that_a_group_claiming_the_tar
             PolicyLock.objects.select_for_update().get(key=target.lock_key)  # the release's first lock, taken early
             go.set()
             wait_for_a_lock_wait("INSERT INTO")  # the other group's claim waits for the target's row
-            woken_at_once = release(holder, refund, actor="test")
+            woken_at_once = release(holder, tool, actor="test")
     finally:
         go.set()
         group.join()

@@ -22,8 +22,9 @@ from approvals.models import Interrupt, InterruptKind, InterruptStatus
 from runs.engine.lifecycle import start_run
 from runs.models import Message, RunEvent, RunStatus, WaitingReason
 from runs.sweeping import sweep
+from tests.support.bookings import (NIGHT, ROOM, SECRET, SECRET_ENV, book_room, book_room_env, booking_run,
+                                    find_rooms, service, use)  # noqa: F401  (service: a fixture)
 from tests.support.durability import make_agent, wait_for_lease_expiry
-from tests.support.fakes.tool_service import ToolService
 from tests.support.provider import decide
 from tools import registry
 from tools.http import check_endpoints, http_tool, tools_from_settings
@@ -32,54 +33,6 @@ from tools.registry import ToolError, ToolUnavailable
 
 S = ToolCallStatus
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "whsec_" + base64.b64encode(b"the bookings service's signing key!").decode()
-SECRET_ENV = "BOOKINGS_TOOLS_SECRET"
-NIGHT = {"type": "object", "properties": {"night": {"type": "string"}}, "required": ["night"],
-         "additionalProperties": False}
-ROOM = {"type": "object", "properties": {"room": {"type": "integer"}, "night": {"type": "string"}},
-        "required": ["room", "night"], "additionalProperties": False}
-BOOKING = {"type": "object", "required": ["booking", "room"]}
-
-
-@pytest.fixture
-def service(settings, monkeypatch):
-    """The bookings service, its profile ``bookings`` (loopback trusted, plain http) and its secret set."""
-    monkeypatch.setenv(SECRET_ENV, SECRET)
-    running = ToolService(SECRET, slow_s=1.5)
-    settings.TOLLGATE = {**settings.TOLLGATE, "RECONCILE_BACKOFF_S": 0.05, "TOOL_ENDPOINTS": {"bookings": {
-        "base_url": running.base_url, "secret_env": SECRET_ENV, "allowed_hosts": ["127.0.0.1"], "allow_http": True,
-        "max_response_bytes": 100_000}}}
-    yield running
-    running.close()
-
-
-def use(monkeypatch, **arguments):
-    """Register ``http_tool(**arguments)`` for this test only."""
-    tool = http_tool(endpoint="bookings", **arguments)
-    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
-    return tool
-
-
-def find_rooms(monkeypatch, **fields):
-    return use(monkeypatch, name="find_rooms", description="Free rooms on a night.", parameters=NIGHT,
-               path="/tools/rooms", **fields)
-
-
-def book_room(monkeypatch, **fields):
-    fields = {"approval": "always", "result_schema": BOOKING, **fields}
-    return use(monkeypatch, name="book_room", description="Book a room.", parameters=ROOM, path="/tools/book",
-               side_effect=True, reconcile_path="/tools/lookup", **fields)
-
-
-def booking_run(people, *, find=True):
-    """A run that looks for rooms (when ``find``), books room 4, then answers."""
-    turns = ([{"tool_calls": [{"name": "find_rooms", "arguments": {"night": "2026-09-01"}}]}] if find else []) + [
-        {"tool_calls": [{"name": "book_room", "arguments": {"room": 4, "night": "2026-09-01"}}]},
-        {"content": "Booked."}]
-    agent = make_agent("booker", turns, tools=["find_rooms", "book_room"])
-    return start_run(agent=agent, user=people["requester"], input="Book me a room for 1 September.")
-
-
 def drained(worker, run):
     worker.drain()
     run.refresh_from_db()
@@ -355,17 +308,11 @@ def test_a_worker_killed_around_the_send_keeps_the_idempotency_key_and_books_onc
     """The worker that sends the booking is another process, SIGKILLed just before the POST or just after its
     answer; a fresh worker looks the key up and sends again only what never arrived, under the same key."""
     book_room(monkeypatch, approval="never", idempotent=True)
-    profile = settings.TOLLGATE["TOOL_ENDPOINTS"]
-    declared = [{"name": "book_room", "description": "Book a room.", "endpoint": "bookings", "path": "/tools/book",
-                 "parameters": ROOM, "side_effect": True, "idempotent": True, "reconcile_path": "/tools/lookup",
-                 "result_schema": BOOKING}]
     agent = make_agent("booker", [{"tool_calls": [{"name": "book_room", "arguments": {"room": 4, "night": "2026-09-01"}}]},
                                   {"content": "Booked."}], tools=["book_room"])
     run = start_run(agent=agent, user=people["requester"], input="Book room 4.")
 
-    assert worker_process(run.pk, failpoint=point, env={
-        SECRET_ENV: SECRET, "TOLLGATE_TOOL_ENDPOINTS": json.dumps(profile),
-        "TOLLGATE_HTTP_TOOLS": json.dumps(declared)}) == -9
+    assert worker_process(run.pk, failpoint=point, env=book_room_env(settings, idempotent=True)) == -9
     idle_worker.worker.start()
     wait_for_lease_expiry(run.pk)
     assert sweep()["reenqueued"] >= 1

@@ -55,8 +55,8 @@ def mcp(mcp_process, settings, monkeypatch, transactional_db):
         server.start()
 
 
-def mcp_agent(api, demo, slug, turns, tools=("files.*",)):
-    return create_agent(api(demo["admin"]), slug, turns, tools=list(tools), completion_check="default")
+def mcp_agent(api, people, slug, turns, tools=("files.*",)):
+    return create_agent(api(people["admin"]), slug, turns, tools=list(tools), completion_check="default")
 
 
 def test_listing_is_cached_with_annotations_and_the_annotations_only_make_tools_safer(mcp):
@@ -71,12 +71,12 @@ def test_listing_is_cached_with_annotations_and_the_annotations_only_make_tools_
     assert get_tool("files.nope") is None and get_tool("other.lookup") is None
 
 
-def test_the_api_lists_the_mcp_tools_as_it_lists_in_process_tools(mcp, demo, api):
-    listed = {tool["name"]: tool for tool in api(demo["requester"]).get("/api/tools/").json()["results"]}
-    assert {"refund", "files.lookup", "files.delete_record", "files.tag_record"} <= set(listed)
+def test_the_api_lists_the_mcp_tools_as_it_lists_in_process_tools(mcp, people, api):
+    listed = {tool["name"]: tool for tool in api(people["requester"]).get("/api/tools/").json()["results"]}
+    assert {"fake_transfer", "files.lookup", "files.delete_record", "files.tag_record"} <= set(listed)
     assert (listed["files.lookup"]["side_effect"], listed["files.lookup"]["approval"]) == (False, "never")
     assert (listed["files.delete_record"]["side_effect"], listed["files.delete_record"]["approval"]) == (True, "always")
-    assert (listed["files.lookup"]["location"], listed["refund"]["location"]) == ("MCP server files", "")
+    assert (listed["files.lookup"]["location"], listed["fake_transfer"]["location"]) == ("MCP server files", "")
 
 
 def test_an_operator_rule_replaces_the_rule_the_annotations_give(mcp, settings):
@@ -87,9 +87,9 @@ def test_an_operator_rule_replaces_the_rule_the_annotations_give(mcp, settings):
     assert get_tool("files.lookup").approval == "always"
 
 
-def test_read_only_tool_runs_without_approval_and_carries_the_ids_in_meta(mcp, worker, demo, api):
-    agent = mcp_agent(api, demo, "mcp-lookup", [{"tool_calls": [LOOKUP]}, {"content": "Found it."}])
-    requester = api(demo["requester"])
+def test_read_only_tool_runs_without_approval_and_carries_the_ids_in_meta(mcp, worker, people, api):
+    agent = mcp_agent(api, people, "mcp-lookup", [{"tool_calls": [LOOKUP]}, {"content": "Found it."}])
+    requester = api(people["requester"])
     run = start_run(requester, agent["slug"], "Look up a.")
     worker.drain()
 
@@ -104,9 +104,9 @@ def test_read_only_tool_runs_without_approval_and_carries_the_ids_in_meta(mcp, w
 
 
 def test_destructive_tool_waits_for_approval_an_edit_the_schema_refuses_is_400_then_a_valid_edit_runs_once(
-        mcp, worker, demo, api):
-    agent = mcp_agent(api, demo, "mcp-delete", [{"tool_calls": [DELETE_7]}, {"content": "Deleted."}])
-    requester, approver = api(demo["requester"]), api(demo["approver"])
+        mcp, worker, people, api):
+    agent = mcp_agent(api, people, "mcp-delete", [{"tool_calls": [DELETE_7]}, {"content": "Deleted."}])
+    requester, approver = api(people["requester"]), api(people["approver"])
     run = start_run(requester, agent["slug"], "Delete record 7.")
     worker.drain()
     item, = pending_interrupts(approver, run["id"])
@@ -130,10 +130,10 @@ def test_destructive_tool_waits_for_approval_an_edit_the_schema_refuses_is_400_t
     assert sent["meta"]["io.tollgate/idempotencyKey"] == call["idempotency_key"] != ""
 
 
-def test_is_error_is_a_failed_call_the_model_is_told_about(mcp, worker, demo, api):
-    agent = mcp_agent(api, demo, "mcp-failing", [{"tool_calls": [{"name": "files.failing", "arguments": {}}]},
+def test_is_error_is_a_failed_call_the_model_is_told_about(mcp, worker, people, api):
+    agent = mcp_agent(api, people, "mcp-failing", [{"tool_calls": [{"name": "files.failing", "arguments": {}}]},
                                                  {"content": "It failed."}])
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     run = start_run(requester, agent["slug"], "Try.")
     worker.drain()
     call, = tool_calls(requester, run["id"])
@@ -142,20 +142,20 @@ def test_is_error_is_a_failed_call_the_model_is_told_about(mcp, worker, demo, ap
     assert len(mcp.journal("failing")) == 1  # an answer, not a transient failure: not sent again
 
 
-def test_non_text_content_is_kept_as_a_typed_reference(mcp, worker, demo, api):
-    agent = mcp_agent(api, demo, "mcp-picture", [{"tool_calls": [{"name": "files.picture", "arguments": {}}]},
+def test_non_text_content_is_kept_as_a_typed_reference(mcp, worker, people, api):
+    agent = mcp_agent(api, people, "mcp-picture", [{"tool_calls": [{"name": "files.picture", "arguments": {}}]},
                                                  {"content": "Here."}])
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     run = start_run(requester, agent["slug"], "Show.")
     worker.drain()
     call, = tool_calls(requester, run["id"])
     assert call["result"] == {"text": "here it is", "content": [{"type": "image", "mimeType": "image/png", "size": 32}]}
 
 
-def test_a_tool_the_agent_was_not_given_gets_the_unknown_tool_refusal(mcp, worker, demo, api):
-    agent = mcp_agent(api, demo, "mcp-narrow", [{"tool_calls": [DELETE_7]}, {"content": "Done."}],
+def test_a_tool_the_agent_was_not_given_gets_the_unknown_tool_refusal(mcp, worker, people, api):
+    agent = mcp_agent(api, people, "mcp-narrow", [{"tool_calls": [DELETE_7]}, {"content": "Done."}],
                       tools=["files.lookup"])
-    requester = api(demo["requester"])
+    requester = api(people["requester"])
     run = start_run(requester, agent["slug"], "Delete record 7.")
     worker.drain()
     call, = tool_calls(requester, run["id"])
@@ -164,14 +164,14 @@ def test_a_tool_the_agent_was_not_given_gets_the_unknown_tool_refusal(mcp, worke
     assert mcp.journal("delete_record") == []
 
 
-def test_an_agent_naming_an_unlisted_tool_or_server_is_refused_at_creation(mcp, demo, api):
-    response = api(demo["admin"]).post("/api/agents/", {
+def test_an_agent_naming_an_unlisted_tool_or_server_is_refused_at_creation(mcp, people, api):
+    response = api(people["admin"]).post("/api/agents/", {
         "slug": "mcp-bad", "name": "Bad", "model": {"provider": "scripted", "turns": []},
         "tools": ["files.nope", "elsewhere.*", "files.*"]}, format="json")
     assert field_errors(response)["tools"] == ["Unknown tool 'files.nope'.", "Unknown tool 'elsewhere.*'."]
 
 
-def test_a_changed_schema_is_held_for_an_operator_until_accepted(mcp, worker, demo, api, settings):
+def test_a_changed_schema_is_held_for_an_operator_until_accepted(mcp, worker, people, api, settings):
     mcp.start(changed=True)
     out = io.StringIO()
     call_command("mcp_refresh", stdout=out)
@@ -181,22 +181,22 @@ def test_a_changed_schema_is_held_for_an_operator_until_accepted(mcp, worker, de
     assert change.detail["after"]["inputSchema"]["properties"]["record_id"]["maximum"] == 1000
     assert get_tool("files.delete_record") is None  # not offered, not callable
 
-    agent = mcp_agent(api, demo, "mcp-held", [{"tool_calls": [DELETE_7]}, {"content": "Done."}])
-    requester = api(demo["requester"])
+    agent = mcp_agent(api, people, "mcp-held", [{"tool_calls": [DELETE_7]}, {"content": "Done."}])
+    requester = api(people["requester"])
     run = start_run(requester, agent["slug"], "Delete record 7.")
     worker.drain()
     call, = tool_calls(requester, run["id"])
     assert call["status"] == "invalid" and call["error"].startswith("Unknown tool 'files.delete_record'.")
 
-    assert accept(McpTool.objects.get(name="delete_record"), user=demo["admin"])
+    assert accept(McpTool.objects.get(name="delete_record"), user=people["admin"])
     assert get_tool("files.delete_record").schema_errors({"record_id": 500, "reason": "x"}) == []
-    assert McpToolEvent.objects.filter(kind="accepted", actor=demo["admin"].username).exists()
+    assert McpToolEvent.objects.filter(kind="accepted", actor=people["admin"].username).exists()
     mcp.start()  # the original listing for the next tests
 
 
-def test_a_call_awaiting_approval_when_its_schema_changes_is_not_sent(mcp, worker, demo, api):
-    agent = mcp_agent(api, demo, "mcp-held-pending", [{"tool_calls": [DELETE_7]}, {"content": "Done."}])
-    requester, approver = api(demo["requester"]), api(demo["approver"])
+def test_a_call_awaiting_approval_when_its_schema_changes_is_not_sent(mcp, worker, people, api):
+    agent = mcp_agent(api, people, "mcp-held-pending", [{"tool_calls": [DELETE_7]}, {"content": "Done."}])
+    requester, approver = api(people["requester"]), api(people["approver"])
     run = start_run(requester, agent["slug"], "Delete record 7.")
     worker.drain()
     item, = pending_interrupts(approver, run["id"])
@@ -242,10 +242,10 @@ def cut_when_called(mcp, tool: str, count: int = 1) -> threading.Thread:
     return thread
 
 
-def test_a_cut_connection_during_the_destructive_call_opens_a_reconciliation_item(mcp, worker, demo, api):
+def test_a_cut_connection_during_the_destructive_call_opens_a_reconciliation_item(mcp, worker, people, api):
     held = {"name": "files.delete_record", "arguments": {"record_id": 7, "reason": "duplicate", "hold_s": 5}}
-    agent = mcp_agent(api, demo, "mcp-cut", [{"tool_calls": [held]}, {"content": "Deleted."}])
-    requester, approver = api(demo["requester"]), api(demo["approver"])
+    agent = mcp_agent(api, people, "mcp-cut", [{"tool_calls": [held]}, {"content": "Deleted."}])
+    requester, approver = api(people["requester"]), api(people["approver"])
     run = start_run(requester, agent["slug"], "Delete record 7.")
     worker.drain()
     item, = pending_interrupts(approver, run["id"])
@@ -263,10 +263,10 @@ def test_a_cut_connection_during_the_destructive_call_opens_a_reconciliation_ite
                                     status=InterruptStatus.PENDING).count() == 1
 
 
-def test_a_cut_connection_during_the_idempotent_call_sends_it_once_more_under_the_same_key(mcp, worker, demo, api):
+def test_a_cut_connection_during_the_idempotent_call_sends_it_once_more_under_the_same_key(mcp, worker, people, api):
     tag = {"name": "files.tag_record", "arguments": {"record_id": 7, "tag": "vip", "hold_s": 1}}
-    agent = mcp_agent(api, demo, "mcp-tag", [{"tool_calls": [tag]}, {"content": "Tagged."}])
-    requester = api(demo["requester"])
+    agent = mcp_agent(api, people, "mcp-tag", [{"tool_calls": [tag]}, {"content": "Tagged."}])
+    requester = api(people["requester"])
     cutter = cut_when_called(mcp, "tag_record")
     run = start_run(requester, agent["slug"], "Tag record 7.")
     worker.drain()
@@ -281,9 +281,9 @@ def test_a_cut_connection_during_the_idempotent_call_sends_it_once_more_under_th
     assert call["result"]["structured"] == {"record_id": 7, "tag": "vip", "keys_seen": 1}
 
 
-def test_a_server_stopped_mid_run_means_backoff_then_the_run_completes(mcp, worker, demo, api, settings):
-    agent = mcp_agent(api, demo, "mcp-down", [{"tool_calls": [LOOKUP]}, {"content": "Found it."}])
-    requester = api(demo["requester"])
+def test_a_server_stopped_mid_run_means_backoff_then_the_run_completes(mcp, worker, people, api, settings):
+    agent = mcp_agent(api, people, "mcp-down", [{"tool_calls": [LOOKUP]}, {"content": "Found it."}])
+    requester = api(people["requester"])
     mcp.stop()
     restarter = threading.Timer(1.0, mcp.start)
     restarter.start()
@@ -307,13 +307,13 @@ def test_a_server_stopped_mid_run_means_backoff_then_the_run_completes(mcp, work
                for event in events(requester, run["id"]))
 
 
-def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_permission(mcp, demo, client):
+def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_permission(mcp, people, client):
     """The rule replaces the annotations' (the admin's over the settings'); each change is a ``rule`` event."""
     from django.contrib.auth.models import Permission
 
     tool = McpTool.objects.get(name="delete_record")
     url = f"/admin/tools/mcptool/{tool.pk}/change/"
-    operator = demo["approver"]
+    operator = people["approver"]
     operator.is_staff = True
     operator.save()
     operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
@@ -327,7 +327,7 @@ def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_p
     assert client.post(url, {"approval_rule": "sum(record_id) per target within 1d > 3"}).status_code == 200  # no target key
     assert client.post(url, {"approval_rule": "always"}).status_code == 302  # not looser: anyone with the change right
 
-    client.force_login(demo["admin"])  # a superuser holds the loosen permission, and sees the events inline
+    client.force_login(people["admin"])  # a superuser holds the loosen permission, and sees the events inline
     inline = client.get(url).context["inline_admin_formsets"][0].formset
     posted = {f"{inline.prefix}-{key}": value for key, value in inline.management_form.initial.items()}
     posted.update({f"{form.prefix}-id": form.instance.pk for form in inline.forms})
@@ -337,7 +337,7 @@ def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_p
     assert tool.approval_rule == "record_id > 50" and get_tool("files.delete_record").approval == "record_id > 50"
     assert list(McpToolEvent.objects.filter(tool=tool, kind="rule").order_by("pk").values_list("actor", "detail")) == [
         (operator.username, {"before": "", "after": "always"}),
-        (demo["admin"].username, {"before": "always", "after": "record_id > 50"})]
+        (people["admin"].username, {"before": "always", "after": "record_id > 50"})]
     page = client.get(url).content.decode()
     assert 'name="approval_rule"' in page and 'name="description"' not in page  # only the rule is editable
 
@@ -349,7 +349,7 @@ def test_an_operator_sets_a_tools_rule_in_the_admin_and_loosening_it_needs_the_p
     ("never", "record_id > 90", False),  # the settings switched approval off: any rule asks at least as often
 ])
 def test_loosening_is_judged_against_the_rule_in_force_without_the_operators_the_settings_included(
-        settings_rule, posted, needs_permission, mcp, demo, client, settings):
+        settings_rule, posted, needs_permission, mcp, people, client, settings):
     """A staff user without ``runs.loosen_approval_policy`` cannot ask less often than the server profile's
     ``rules`` do, whatever the annotations say (``lookup`` is read-only: they ask never)."""
     from django.contrib.auth.models import Permission
@@ -357,7 +357,7 @@ def test_loosening_is_judged_against_the_rule_in_force_without_the_operators_the
     profile = settings.TOLLGATE["MCP_SERVERS"]["files"]
     settings.TOLLGATE = {**settings.TOLLGATE, "MCP_SERVERS": {"files": {
         **profile, "rules": {"lookup": settings_rule, "delete_record": settings_rule}}}}
-    operator = demo["approver"]
+    operator = people["approver"]
     operator.is_staff = True
     operator.save()
     operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
@@ -375,11 +375,11 @@ def test_loosening_is_judged_against_the_rule_in_force_without_the_operators_the
             assert tool.approval_rule == posted and get_tool(f"files.{name}").approval == posted
 
 
-def mcp_operator(demo, client):
+def mcp_operator(people, client):
     """The approver made staff with the MCP tools' view and change permissions (not the loosen one), logged in."""
     from django.contrib.auth.models import Permission
 
-    operator = demo["approver"]
+    operator = people["approver"]
     operator.is_staff = True
     operator.save()
     operator.user_permissions.add(Permission.objects.get(codename="change_mcptool"),
@@ -396,14 +396,14 @@ def accept_in_admin(client, tool: McpTool) -> str:
     return " ".join(str(message) for message in page.context["messages"])
 
 
-def test_accepting_a_listing_that_claims_read_only_needs_the_loosen_permission(mcp, demo, client):
+def test_accepting_a_listing_that_claims_read_only_needs_the_loosen_permission(mcp, people, client):
     """A destructive tool relisted as ``readOnlyHint: true`` would run without approval and be retried blindly:
     accepting that loosens its policy, so ``change_mcptool`` alone is not enough."""
     mcp.start(read_only=True)
     refresh("files")
     tool = McpTool.objects.get(name="delete_record")
     assert tool.held and tool.annotations == {"readOnlyHint": True}
-    operator = mcp_operator(demo, client)
+    operator = mcp_operator(people, client)
 
     said = accept_in_admin(client, tool)
     assert "runs.loosen_approval_policy" in said and "files.delete_record" in said
@@ -411,32 +411,32 @@ def test_accepting_a_listing_that_claims_read_only_needs_the_loosen_permission(m
     assert tool.held and get_tool("files.delete_record") is None
     assert not McpToolEvent.objects.filter(kind="accepted").exists()
 
-    client.force_login(demo["admin"])  # a superuser holds the loosen permission
+    client.force_login(people["admin"])  # a superuser holds the loosen permission
     assert "Accepted 1 tool." in accept_in_admin(client, tool)
     accepted = get_tool("files.delete_record")
     assert (accepted.side_effect, accepted.approval) == (False, "never")
-    assert McpToolEvent.objects.get(kind="accepted").actor == demo["admin"].username
-    assert operator.username != demo["admin"].username
+    assert McpToolEvent.objects.get(kind="accepted").actor == people["admin"].username
+    assert operator.username != people["admin"].username
     mcp.start()
 
 
-def test_accepting_a_change_that_loosens_nothing_needs_only_the_change_permission(mcp, demo, client):
+def test_accepting_a_change_that_loosens_nothing_needs_only_the_change_permission(mcp, people, client):
     mcp.start(changed=True)  # a wider schema: the approval and the retries stay as they were
     refresh("files")
     tool = McpTool.objects.get(name="delete_record")
-    mcp_operator(demo, client)
+    mcp_operator(people, client)
     assert "Accepted 1 tool." in accept_in_admin(client, tool)
     assert get_tool("files.delete_record").approval == "always"
     mcp.start()
 
 
-def test_an_operator_rule_on_a_held_tool_is_judged_against_the_accepted_definition_too(mcp, demo, client):
+def test_an_operator_rule_on_a_held_tool_is_judged_against_the_accepted_definition_too(mcp, people, client):
     """While ``delete_record`` is held with a read-only listing, ``never`` is what that listing would ask; the
     accepted (destructive) definition asks ``always``, and is back in force when the server reverts."""
     mcp.start(read_only=True)
     refresh("files")
     tool = McpTool.objects.get(name="delete_record")
-    mcp_operator(demo, client)
+    mcp_operator(people, client)
 
     refused = client.post(f"/admin/tools/mcptool/{tool.pk}/change/", {"approval_rule": "never"})
     assert refused.status_code == 200 and "runs.loosen_approval_policy" in refused.content.decode()

@@ -1,8 +1,8 @@
 """Worker heartbeats (issue 25): every worker process says it is alive and how busy it is; operators see stale ones.
 
 Through a real Dramatiq worker in this process (the ``worker`` fixture) and
-a refund whose payment gateway answers slowly, so a run is in flight
-while the heartbeat beats.
+a transfer whose bank answers slowly (``tests.support.fake_tools.TransferBank``),
+so a run is in flight while the heartbeat beats.
 """
 
 import os
@@ -19,8 +19,10 @@ from approvals.services import decide_interrupt
 from runs.engine.heartbeat import beat
 from runs.engine.lifecycle import start_run
 from runs.lease import WORKER_ID
-from runs.models import Agent, RunStatus
+from runs.models import RunStatus
 from runs.ops.models import WorkerHeartbeat
+from tests.support.core import asking_agent
+from tests.support.fake_tools import transfer_bank
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,7 +40,7 @@ def _wait_for(predicate, timeout_s: float = 10):
 
 
 def test_a_worker_beats_while_it_runs_with_its_runs_in_flight_and_its_row_goes_when_it_stops(
-        fast_beats, idle_worker, demo, payment_gateway):
+        fast_beats, idle_worker, people, monkeypatch):
     idle_worker.worker.start()
     _wait_for(lambda: WorkerHeartbeat.objects.filter(worker_id=WORKER_ID).exists())
     row = WorkerHeartbeat.objects.get(worker_id=WORKER_ID)
@@ -47,12 +49,12 @@ def test_a_worker_beats_while_it_runs_with_its_runs_in_flight_and_its_row_goes_w
     first_seen = row.last_seen
     _wait_for(lambda: WorkerHeartbeat.objects.get(worker_id=WORKER_ID).last_seen > first_seen)
 
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund please")
+    run = start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     idle_worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.WAITING
-    payment_gateway.faults(latency_s=3.0)  # the refund is in flight for 3 s
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    transfer_bank(monkeypatch).delay_s = 3.0  # the transfer is in flight for 3 s
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
     _wait_for(lambda: WorkerHeartbeat.objects.get(worker_id=WORKER_ID).runs_in_flight == 1)
     idle_worker.drain()
     _wait_for(lambda: WorkerHeartbeat.objects.get(worker_id=WORKER_ID).runs_in_flight == 0)

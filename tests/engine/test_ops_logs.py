@@ -1,10 +1,10 @@
 """Logs carry the run (issue 25): the lines of a run, the engine's and its tools' own, name its run, session and
 tool call; a JSON format is one setting away.
 
-Through a real refund run in a real worker: the engine's lines, and the
-payment gateway client's (httpx, inside the refund tool's handler on the
-engine's event loop), are read from the console handler the settings
-configure.
+Through a real booking run in a real worker: the engine's lines, and the
+HTTP tool's client's (httpx, inside the book_room tool's handler on the
+engine's event loop, to the bookings service of ``tests.support.bookings``),
+are read from the console handler the settings configure.
 """
 
 import io
@@ -21,7 +21,8 @@ from django.conf import settings
 from approvals.services import decide_interrupt
 from runs.engine.lifecycle import start_run
 from runs.base.log_context import RunContextFilter, logging_settings
-from runs.models import Agent, RunStatus
+from runs.models import RunStatus
+from tests.support.bookings import book_room, booking_run, find_rooms, service  # noqa: F401  (service: a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,34 +49,36 @@ def console():
         handler.setStream(previous_stream)
 
 
-def test_the_lines_of_a_run_carry_its_run_session_and_tool_call(payment_gateway, console, demo, worker):
-    # The gateway first: its fixture's own request (a fresh ledger) is no line of the run.
+def test_the_lines_of_a_run_carry_its_run_session_and_tool_call(service, console, people, worker, monkeypatch):
+    find_rooms(monkeypatch)
+    book_room(monkeypatch)
     text, as_json = console
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund please")
+    run = booking_run(people)
     worker.drain()
     run.refresh_from_db()
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
     worker.drain()
     logging.getLogger("tests.elsewhere").warning("a line about no run")
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
-    refund = run.tool_calls.get(name="refund")
+    booking = run.tool_calls.get(name="book_room")
 
     lines = text.getvalue().splitlines()
     ids = f"[run {run.pk} session {run.session_id}]"
     assert any(line.startswith("model call of step 0:") and line.endswith(ids) for line in lines), lines
-    with_call = f"[run {run.pk} session {run.session_id} tool_call {refund.pk}]"
-    assert any(line.startswith(f"tool call {refund.pk} (refund): executing") and line.endswith(with_call)
+    with_call = f"[run {run.pk} session {run.session_id} tool_call {booking.pk}]"
+    assert any(line.startswith(f"tool call {booking.pk} (book_room): executing") and line.endswith(with_call)
                for line in lines)
-    # The refund tool's own HTTP request to the payment gateway, logged by httpx inside its handler.
-    assert any(line.startswith("HTTP Request: POST") and "/refund" in line and line.endswith(with_call)
+    # The book_room tool's own HTTP request to the bookings service, logged by httpx inside its handler.
+    assert any(line.startswith("HTTP Request: POST") and "/tools/book" in line and line.endswith(with_call)
                for line in lines)
     assert "a line about no run" in lines  # outside a run: nothing added
 
     records = [json.loads(line) for line in as_json.getvalue().splitlines()]
-    gateway = [r for r in records if r["logger"] == "httpx" and r["message"].startswith("HTTP Request: POST")]
-    assert gateway and all((r["run_id"], r["session_id"], r["tool_call_id"]) == (run.pk, run.session_id, refund.pk)
-                           for r in gateway)
+    bookings = [r for r in records if r["logger"] == "httpx" and r["message"].startswith("HTTP Request: POST")
+                and "/tools/book" in r["message"]]
+    assert bookings and all((r["run_id"], r["session_id"], r["tool_call_id"]) == (run.pk, run.session_id, booking.pk)
+                            for r in bookings)
     engine = [r for r in records if r["logger"] == "runs.engine.loop" and r["message"].startswith("model call")]
     assert len(engine) == 3 and {(r["run_id"], r["session_id"], r["tool_call_id"]) for r in engine} == {
         (run.pk, run.session_id, None)}

@@ -27,13 +27,14 @@ from approvals.services import decide_interrupt
 from runs.engine.lifecycle import start_run as start_run_here
 from runs.lease import WORKER_ID
 from runs.management.commands import recover_runs
-from runs.models import Agent, Run, RunStatus
+from runs.models import Run, RunStatus
 from runs import sweeping
 from runs.ops.models import WorkerHeartbeat
 from runs.wakeups import ADVANCE_ACTOR, ADVANCE_QUEUE
 from runs.webhooks.models import WebhookDelivery
 from tests.support.api import create_agent, start_run
 from tests.support.core import asking_agent, refused_agent
+from tests.support.fake_tools import transfer_bank
 from tests.support.processes import database_url_for_subprocess
 from tests.engine.test_engine_runtime import calling, hung, use_tool, wait_until  # noqa: F401  (hung: a fixture)
 from tools.models import ToolCall
@@ -152,17 +153,17 @@ def test_a_short_token_is_refused_at_start_and_a_token_is_never_shown():
     assert "guessable" not in short.stderr
 
 
-def test_the_processes_count_model_calls_steps_and_messages_of_a_workload(metrics_token, demo, worker, api,
-                                                                         payment_gateway):
+def test_the_processes_count_model_calls_steps_and_messages_of_a_workload(metrics_token, people, worker, api,
+                                                                         monkeypatch):
     before = scrape()
-    admin, requester = api(demo["admin"]), api(demo["requester"])
+    admin, requester = api(people["admin"]), api(people["requester"])
     done = create_agent(admin, "says-done", [{"content": "Done."}], tools=[], completion_check="default")
     ids = [start_run(requester, done["slug"], "Say done.")["id"] for _ in range(2)]
-    ids.append(start_run(requester, "refund-order")["id"])
+    ids.append(start_run(requester, asking_agent().slug, "Send 80 to acme.")["id"])
     worker.drain()
-    refund = Run.objects.get(pk=ids[-1])
-    payment_gateway.faults(latency_s=2.0)  # the refund is in flight a while: the run shows in flight meanwhile
-    decide_interrupt(interrupt=refund.interrupts.get(), user=demo["approver"], decision="approved")
+    sending = Run.objects.get(pk=ids[-1])
+    transfer_bank(monkeypatch).delay_s = 2.0  # the transfer is in flight a while: the run shows in flight meanwhile
+    decide_interrupt(interrupt=sending.interrupts.get(), user=people["approver"], decision="approved")
     wait_until(lambda: value(scrape(), "tollgate_process_runs_in_flight") == 1)
     worker.drain()
     after = scrape()
@@ -245,22 +246,23 @@ def test_an_abandoned_tool_thread_is_counted_until_it_ends(metrics_token, people
 
 
 def test_metrics_of_several_processes_are_merged_through_the_multiprocess_directory(
-        metrics_token, demo, idle_worker, payment_gateway, tmp_path, monkeypatch):
+        metrics_token, people, idle_worker, tmp_path, monkeypatch):
     """Two sweeper processes and a worker process of one host write to PROMETHEUS_MULTIPROC_DIR; a scrape here
-    shows their sums (and nothing of this process's own values, counted in the tests before)."""
+    shows their sums (and nothing of this process's own values, counted in the tests before). The processes
+    run with the tests' settings (``DJANGO_SETTINGS_MODULE`` as here), so the worker has the tests' own tools."""
     idle_worker.worker.start()
-    run = start_run_here(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund")
+    run = start_run_here(agent=asking_agent(), user=people["requester"], input="Send 80 to acme.")
     idle_worker.drain()
     idle_worker.worker.stop()
     run.refresh_from_db()
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
     model_calls_here = run.model_calls
     recover_runs.sweep_all()  # counted in this process: not in the directory
 
     directory = tmp_path / "prometheus"
     directory.mkdir()
-    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
-           "REDIS_URL": "", "DJANGO_SETTINGS_MODULE": "config.settings", "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "REDIS_URL": "",
+           "DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"], "PROMETHEUS_MULTIPROC_DIR": str(directory)}
     sweeper = ("import django; django.setup(); "
                "from runs.management.commands.recover_runs import sweep_all; sweep_all()")
     worker_process = ("import django; django.setup(); from runs.engine.actors import advance_run; "

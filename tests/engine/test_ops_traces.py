@@ -1,4 +1,4 @@
-"""Traces (issue 25): one approved refund run gives one trace, with model-call spans carrying the GenAI attributes and
+"""Traces (issue 25): one approved run gives one trace, with model-call spans carrying the GenAI attributes and
 token counts, tool spans and the approval wait; nothing is recorded unless a tracer provider is installed.
 
 The SDK's in-memory exporter stands in for a collector. The worker runs
@@ -28,9 +28,11 @@ from django.utils import timezone
 from approvals.services import decide_interrupt
 from runs.base import tracing
 from runs.engine.lifecycle import start_run
-from runs.models import Agent, Run, RunStatus
+from runs.models import Run, RunStatus
 from runs.engine.sweep_jobs import start_scheduled_runs
 from tests.support.api import pending_interrupts
+from tests.support.bookings import (book_room, book_room_env, booking_agent, booking_run, find_rooms,
+                                    service)  # noqa: F401  (service: a fixture)
 from tests.support.api import start_run as start_run_by_api
 from tests.support.core import asking_agent, refused_agent
 from tests.support.processes import database_url_for_subprocess
@@ -144,13 +146,15 @@ def _http_client_spans(finished):
         "http.request.method" in span.attributes or "http.method" in span.attributes)]
 
 
-def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(payment_gateway, instrumented,
-                                                                                          demo, worker, api):
-    # The gateway first: its fixture's own request (a fresh ledger) is no part of the run.
-    created = start_run_by_api(api(demo["requester"]), "refund-order", "refund please")
+def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_runs_trace(service, instrumented,
+                                                                                          people, worker, api,
+                                                                                          monkeypatch):
+    find_rooms(monkeypatch)
+    book_room(monkeypatch)
+    created = start_run_by_api(api(people["requester"]), booking_agent().slug, "Book me a room.")
     worker.drain()
     run = Run.objects.get(pk=created["id"])
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
     worker.drain()
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
@@ -163,15 +167,16 @@ def test_an_api_request_is_a_server_span_and_a_tools_http_requests_are_in_the_ru
 
     trace_id, root_id = tracing.run_ids(run.pk, run.created_at)
     tools = {span.attributes["gen_ai.tool.name"]: span for span in finished if span.name.startswith("execute_tool")}
-    requests = _http_client_spans(finished)  # to the payment gateway: order lookups, refunded totals, the refund
-    assert len(requests) >= 3 and {span.context.trace_id for span in requests} == {trace_id}
-    assert all(_attribute(span, "url.full", "http.url").startswith(payment_gateway.url) for span in requests)
-    (refund_request,) = [span for span in requests if _attribute(span, "http.request.method", "http.method") == "POST"]
-    assert refund_request.parent.span_id == tools["refund"].context.span_id
-    assert tools["refund"].start_time <= refund_request.start_time <= refund_request.end_time <= \
-        tools["refund"].end_time
-    assert {span.parent.span_id for span in requests} <= {root_id, tools["refund"].context.span_id,
-                                                          tools["query_order"].context.span_id}
+    requests = _http_client_spans(finished)  # to the bookings service: the rooms found, the booking
+    assert len(requests) >= 2 and {span.context.trace_id for span in requests} == {trace_id}
+    assert all(_attribute(span, "url.full", "http.url").startswith(service.base_url) for span in requests)
+    (booking_request,) = [span for span in requests if _attribute(span, "url.full", "http.url").endswith("/tools/book")]
+    assert _attribute(booking_request, "http.request.method", "http.method") == "POST"
+    assert booking_request.parent.span_id == tools["book_room"].context.span_id
+    assert tools["book_room"].start_time <= booking_request.start_time <= booking_request.end_time <= \
+        tools["book_room"].end_time
+    assert {span.parent.span_id for span in requests} <= {root_id, tools["book_room"].context.span_id,
+                                                          tools["find_rooms"].context.span_id}
     queries = [span for span in finished if span.instrumentation_scope.name == tracing.PSYCOPG_SCOPE]
     assert all(span.parent is not None for span in queries)  # lone queries (heartbeat, lease keeper) are not kept
     assert {span.context.trace_id for span in finished if span not in queries} == {trace_id, server.context.trace_id}
@@ -191,22 +196,24 @@ def test_nothing_is_recorded_without_a_tracer_provider(people, worker):
     assert not tracing.recording()
 
 
-def test_a_worker_in_another_process_puts_its_spans_in_the_same_trace(spans, demo, idle_worker, payment_gateway,
-                                                                      settings):
+def test_a_worker_in_another_process_puts_its_spans_in_the_same_trace(spans, people, idle_worker, service,
+                                                                      settings, monkeypatch):
+    find_rooms(monkeypatch)
+    book_room(monkeypatch)
     idle_worker.worker.start()
-    run = start_run(agent=Agent.objects.get(slug="refund-order"), user=demo["requester"], input="refund please")
+    run = booking_run(people)
     idle_worker.drain()
     idle_worker.worker.stop()  # the rest of the run is another process's
     run.refresh_from_db()
-    decide_interrupt(interrupt=run.interrupts.get(), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved")
 
     code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
             "from runs.engine.runtime import engine; "
             f"advance_run({run.pk}); engine().wait_idle(60)")
     other = subprocess.run([sys.executable, "-c", code], cwd=settings.BASE_DIR, capture_output=True, text=True,
                            timeout=120, env={**os.environ, "DATABASE_URL": database_url_for_subprocess(),
-                                             "GATEWAY_URL": payment_gateway.url, "REDIS_URL": "",
-                                             "DJANGO_SETTINGS_MODULE": "config.settings",
+                                             "REDIS_URL": "", "DJANGO_SETTINGS_MODULE": "config.settings",
+                                             **book_room_env(settings, approval="always"),  # its HTTP tool
                                              "OTEL_TRACES_EXPORTER": "console"})  # the SDK's own exporter: stdout
     assert other.returncode == 0, other.stderr
     run.refresh_from_db()
@@ -221,23 +228,23 @@ def test_a_worker_in_another_process_puts_its_spans_in_the_same_trace(spans, dem
     trace_id, root_id = tracing.run_ids(run.pk, run.created_at)
     assert {span["context"]["trace_id"] for span in theirs} == {f"0x{s.context.trace_id:032x}" for s in ours} == {
         f"0x{trace_id:032x}"}
-    # Here: the first two model calls, the order lookup, the approval; there: the refund and the last model call,
-    # with the libraries' spans (traces configured from OTEL_*, as in production): the refund's request to the
-    # gateway (httpx) and, on PostgreSQL, the queries (psycopg).
+    # Here: the first two model calls, the rooms found, the approval; there: the booking and the last model call,
+    # with the libraries' spans (traces configured from OTEL_*, as in production): the booking's request to the
+    # bookings service (httpx) and, on PostgreSQL, the queries (psycopg).
     assert sorted(span.name for span in ours) == ["approval wait", "chat scripted", "chat scripted", "decision",
-                                                  "execute_tool query_order"]
+                                                  "execute_tool find_rooms"]
     queries = [span for span in theirs if span["attributes"].get("db.system", span["attributes"].get(
         "db.system.name")) == "postgresql"]
     requests = [span for span in theirs if "http.request.method" in span["attributes"]
                 or "http.method" in span["attributes"]]
     assert sorted(span["name"] for span in theirs if span not in queries and span not in requests) == [
-        "chat scripted", "execute_tool refund"]
-    (refund,) = [span for span in theirs if span["name"] == "execute_tool refund"]
-    (gateway_refund,) = [span for span in requests if span["name"] == "POST"]
-    assert gateway_refund["parent_id"] == refund["context"]["span_id"]
+        "chat scripted", "execute_tool book_room"]
+    (booking,) = [span for span in theirs if span["name"] == "execute_tool book_room"]
+    (booking_request,) = [span for span in requests if span["name"] == "POST"]
+    assert booking_request["parent_id"] == booking["context"]["span_id"]
     if connection.vendor == "postgresql":
         parents = {span["parent_id"] for span in queries}
-        assert refund["context"]["span_id"] in parents  # the refund's writes (running, its outcome)
+        assert booking["context"]["span_id"] in parents  # the booking's writes (running, its outcome)
         assert f"0x{root_id:016x}" in parents  # the slice's other reads and writes, under the run
     else:
         assert not queries

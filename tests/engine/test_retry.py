@@ -1,5 +1,6 @@
 """POST /api/runs/{id}/retry/: a new run of the same session and input; done side effects are not done again."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -7,18 +8,22 @@ from django.utils import timezone
 
 from approvals.models import Interrupt
 from runs.models import Agent, Run
-from tests.support.api import QUERY_CALL, REFUND_CALL, create_agent, gateway_refunds, pending_interrupts, start_run
-from tools.demo import gateway
+from tests.support.api import pending_interrupts, start_run
+from tests.support.core import core_agent, lookup
+from tests.support.fake_tools import transfer_bank, transfer_keys, transfers
 from tools.models import ToolCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def failed_after_refund(worker, demo, api):
-    """A refund run that refunded (approved, 80.00 of order 123) and then failed: its model gave out."""
-    admin, requester, approver = api(demo["admin"]), api(demo["requester"]), api(demo["approver"])
-    agent = create_agent(admin, "flaky-refund", [{"tool_calls": [QUERY_CALL]}, {"tool_calls": [REFUND_CALL]}])
+def failed_after_transfer(worker, people, api, monkeypatch):
+    """A transfer run that transferred (approved, 80 to acme) and then failed: its model gave out. Its
+    ``bank`` attribute is the ``TransferBank`` that took the transfer."""
+    admin, requester, approver = api(people["admin"]), api(people["requester"]), api(people["approver"])
+    bank = transfer_bank(monkeypatch)
+    transfer_80 = {"name": "fake_transfer", "arguments": json.dumps({"account": "acme", "amount": 80})}
+    agent = core_agent(admin, "flaky-transfer", [{"tool_calls": [lookup("acme")]}, {"tool_calls": [transfer_80]}])
     run = start_run(requester, agent["slug"])
     worker.drain()
     item, = pending_interrupts(approver, run["id"])
@@ -26,45 +31,46 @@ def failed_after_refund(worker, demo, api):
     worker.drain()
     failed = Run.objects.get(pk=run["id"])
     assert (failed.status, failed.failure_type) == ("failed", "model_error")
-    assert len(gateway_refunds()) == 1
+    assert len(transfers()) == 1
+    failed.bank = bank
     return failed
 
 
-def test_retrying_a_failed_refund_run_charges_once_in_all(worker, demo, api, failed_after_refund):
-    requester = api(demo["requester"])
+def test_retrying_a_failed_transfer_run_charges_once_in_all(worker, people, api, failed_after_transfer):
+    requester = api(people["requester"])
     # The model is back (its script now ends with an answer); the requester retries.
-    agent = Agent.objects.get(slug="flaky-refund")
-    agent.model = {**agent.model, "turns": [*agent.model["turns"], {"content": "Refund issued."}]}
+    agent = Agent.objects.get(slug="flaky-transfer")
+    agent.model = {**agent.model, "turns": [*agent.model["turns"], {"content": "Transfer made."}]}
     agent.save()
 
-    response = requester.post(f"/api/runs/{failed_after_refund.pk}/retry/", {}, format="json")
+    response = requester.post(f"/api/runs/{failed_after_transfer.pk}/retry/", {}, format="json")
     assert response.status_code == 201, response.json()
     retry = response.json()
     assert (retry["retry_of"], retry["session"], retry["input"], retry["status"]) == (
-        failed_after_refund.pk, failed_after_refund.session_id, failed_after_refund.input, "queued")
+        failed_after_transfer.pk, failed_after_transfer.session_id, failed_after_transfer.input, "queued")
     worker.drain()
 
     done = Run.objects.get(pk=retry["id"])
     assert (done.status, done.outcome) == ("completed", "achieved")
-    old_refund = ToolCall.objects.get(run=failed_after_refund, name="refund")
-    new_refund = ToolCall.objects.get(run=done, name="refund")
-    assert (new_refund.status, new_refund.duplicate_of_id, new_refund.result) == (
-        "succeeded", old_refund.pk, old_refund.result)
-    assert new_refund.attempts == 0  # answered with the stored result, never sent
-    new_query = ToolCall.objects.get(run=done, name="query_order")
-    assert (new_query.status, new_query.attempts) == ("succeeded", 1)  # reads run again
+    old_transfer = ToolCall.objects.get(run=failed_after_transfer, name="fake_transfer")
+    new_transfer = ToolCall.objects.get(run=done, name="fake_transfer")
+    assert (new_transfer.status, new_transfer.duplicate_of_id, new_transfer.result) == (
+        "succeeded", old_transfer.pk, old_transfer.result)
+    assert new_transfer.attempts == 0  # answered with the stored result, never sent
+    new_lookup = ToolCall.objects.get(run=done, name="fake_lookup")
+    assert (new_lookup.status, new_lookup.attempts) == ("succeeded", 1)  # reads run again
     assert not Interrupt.objects.filter(run=done).exists()  # nobody is asked to approve it again
-    refund, = gateway_refunds()
-    assert gateway.ledger()["requests_per_key"] == {refund["idempotency_key"]: 1}
+    key, = transfer_keys()
+    assert failed_after_transfer.bank.sends == {key: 1}
 
 
-def test_only_failed_or_cancelled_runs_of_your_own_can_be_retried(worker, demo, api, failed_after_refund):
-    requester = api(demo["requester"])
-    assert api(demo["approver"]).post(f"/api/runs/{failed_after_refund.pk}/retry/", {},
-                                      format="json").status_code == 403
-    assert requester.post(f"/api/runs/{failed_after_refund.pk}/retry/", {"input": "x"},
+def test_only_failed_or_cancelled_runs_of_your_own_can_be_retried(worker, people, api, failed_after_transfer):
+    requester = api(people["requester"])
+    assert api(people["approver"]).post(f"/api/runs/{failed_after_transfer.pk}/retry/", {},
+                                        format="json").status_code == 403
+    assert requester.post(f"/api/runs/{failed_after_transfer.pk}/retry/", {"input": "x"},
                           format="json").status_code == 400
-    waiting = requester.post("/api/runs/", {"agent": "refund-order", "input": "Later.",
+    waiting = requester.post("/api/runs/", {"agent": "flaky-transfer", "input": "Later.",
                                             "start_at": (timezone.now() + timedelta(days=1)).isoformat()}, format="json").json()
     assert waiting["status"] == "queued"
     conflict = requester.post(f"/api/runs/{waiting['id']}/retry/", {}, format="json")
@@ -127,13 +133,13 @@ def test_a_side_effect_never_sent_in_any_attempt_fails_when_they_run_out_and_the
 
 
 def test_a_side_effect_never_sent_is_cancelled_not_unknown_when_its_run_is_cancelled_during_the_backoff(
-        worker, unreachable_booking, api, demo):
+        worker, unreachable_booking, api, people):
     run = unreachable_booking(backoff_s=600)  # the run waits retry_backoff (a timer) after the first attempt
     worker.drain()
     run.refresh_from_db()
     assert (run.status, run.waiting_reason) == ("waiting", "retry_backoff")
 
-    assert api(demo["admin"]).post(f"/api/runs/{run.pk}/cancel/", {}, format="json").status_code == 200
+    assert api(people["admin"]).post(f"/api/runs/{run.pk}/cancel/", {}, format="json").status_code == 200
     worker.drain()
     run.refresh_from_db()
     call = ToolCall.objects.get(run=run)

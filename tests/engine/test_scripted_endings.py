@@ -1,8 +1,7 @@
 """Scripted endings follow what happened: ``content_by_status`` picks the final text by the last tool result.
 
-First the provider on its own (the choice, the placeholders, the config
-checks), then the three demo agents ending after an approval, an edit, a
-rejection and a refusal.
+The provider on its own (the choice, the placeholders, the config checks);
+the demo agents' endings are in tests/demo/test_scripted_endings.py.
 """
 
 import asyncio
@@ -12,7 +11,6 @@ import pytest
 
 from runs.base.model_call import ModelRequest
 from runs.providers.scripted import ScriptedClient, config_problems
-from tests.support.api import get_run, pending_interrupts, start_run
 
 ENDING = {"content": "Something happened.", "content_by_status": {
     "succeeded": "Refunded {result.amount} on order {result.order_id}.",
@@ -90,68 +88,3 @@ def test_a_bad_content_by_status_is_refused_when_the_agent_is_created(people, ap
     response = api(people["admin"]).post("/api/agents/", body, format="json")
     assert response.status_code == 400
     assert problem in json.dumps(response.json())
-
-
-def test_the_demo_agents_scripts_pass_the_checks():
-    from tools.demo.data import DEMO_AGENTS
-
-    assert [config_problems(agent["model"]) for agent in DEMO_AGENTS] == [[]] * len(DEMO_AGENTS)
-
-
-# --- the demo agents' endings ---------------------------------------------------
-
-def finish(demo, api, worker, agent: str, decision: str = "", body: dict | None = None) -> dict:
-    """Run demo agent ``agent`` as the requester; decide its approval (``approve`` / ``reject``) if it asks."""
-    requester, approver = api(demo["requester"]), api(demo["approver"])
-    run = start_run(requester, agent)
-    worker.drain()
-    if decision:
-        item, = pending_interrupts(approver, run["id"])
-        response = approver.post(f"/api/interrupts/{item['id']}/{decision}/", body or {}, format="json")
-        assert response.status_code == 200, response.json()
-        worker.drain()
-    run = get_run(requester, run["id"])
-    assert run["status"] == "completed", run
-    return run
-
-
-def test_demo_refund_approved_says_what_was_refunded(worker, demo, api):
-    run = finish(demo, api, worker, "refund-order", "approve")
-    assert (run["outcome"], run["final_output"]) == ("achieved", "A refund of 80.00 for order 123 has been issued.")
-
-
-def test_demo_refund_edited_down_says_the_amount_actually_refunded(worker, demo, api):
-    run = finish(demo, api, worker, "refund-order", "approve", {"arguments": {"order_id": 123, "amount": 20}})
-    assert run["outcome"] == "achieved"
-    assert run["final_output"] == ("A refund of 20.00 for order 123 has been issued "
-                                   "(the approver changed what I proposed).")
-
-
-def test_demo_refund_rejected_says_nothing_was_refunded(worker, demo, api):
-    run = finish(demo, api, worker, "refund-order", "reject", {"comment": "Item was used."})
-    assert run["outcome"] == "not_achieved"
-    assert run["final_output"] == ("The refund for order 123 was not approved, so nothing has been refunded. "
-                                   "A person rejected this call. Comment: Item was used.")
-
-
-def test_demo_refund_denied_says_why(worker, demo, api):
-    finish(demo, api, worker, "refund-order", "approve")  # 80.00 of 120.00 refunded: 40.00 left
-    run = finish(demo, api, worker, "refund-order")  # refused by the precondition: no approval asked
-    assert run["outcome"] == "not_achieved"
-    assert run["final_output"] == ("Order 123 cannot be refunded as asked, so nothing has been refunded: "
-                                   "Order 123 is not refundable for 80: at most 40.00 can be refunded.")
-
-
-def test_demo_contract_email_approved_and_rejected(worker, demo, api):
-    sent = finish(demo, api, worker, "send-contract-email", "approve")
-    assert sent["final_output"] == "The contract email has been sent to customer@example.com."
-    refused = finish(demo, api, worker, "send-contract-email", "reject", {"comment": "Not this week."})
-    assert refused["final_output"] == ("The contract email was not sent: it was not approved. "
-                                       "A person rejected this call. Comment: Not this week.")
-
-
-def test_demo_cancel_of_a_shipped_order_is_denied_and_says_so(worker, demo, api):
-    run = finish(demo, api, worker, "cancel-order")
-    assert run["outcome"] == "not_achieved"
-    assert run["final_output"] == ("I'm sorry, I could not cancel order 124: "
-                                   "Order 124 has already shipped and cannot be cancelled.")

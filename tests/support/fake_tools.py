@@ -202,3 +202,86 @@ def transfer_made_under(idempotency_key: str) -> dict | None:
     with _LOCK:
         made = _TRANSFERS.get(idempotency_key)
     return dict(made) if made else None
+
+
+# --- added for tests/engine ---
+
+def transfer_keys() -> list[str]:
+    """The idempotency keys of the transfers ``fake_transfer`` made in this process, oldest first (one per key)."""
+    with _LOCK:
+        return list(_TRANSFERS)
+
+
+class TransferBank:
+    """``fake_transfer``'s handler as a bank whose answers a test scripts, the way the demo's gateway takes
+    faults (``tests.support.gateway``); ``transfer_bank`` installs it.
+
+    * ``sends``: ``{idempotency key: calls that reached the bank}``, the faulted ones too;
+    * ``script(*faults)``: the next calls meet these faults, one each, in order; ``always``: the fault every
+      other call meets (None: none); ``delay_s``: seconds each call takes before its answer.
+
+    Faults: ``"unavailable"`` (``ToolUnavailable``, nothing transferred: a 5xx answer) and ``"late"``
+    (``ToolTimeout``, nothing transferred: a refusal that came after the client's timeout). A transfer made
+    and then timed out is ``time_out_after_commit``.
+    """
+
+    def __init__(self):
+        self.sends: dict[str, int] = {}
+        self.always: str | None = None
+        self.delay_s = 0.0
+        self._faults: list[str] = []
+
+    def script(self, *faults: str) -> None:
+        """The next ``len(faults)`` calls meet ``faults``, in order."""
+        with _LOCK:
+            self._faults = list(faults)
+
+    def handler(self, ctx, args: dict) -> dict:
+        """The tool's handler: counts the send, waits ``delay_s``, meets its fault or transfers."""
+        import time
+
+        from tools.registry import ToolUnavailable
+
+        with _LOCK:
+            self.sends[ctx.idempotency_key] = self.sends.get(ctx.idempotency_key, 0) + 1
+            fault = self._faults.pop(0) if self._faults else self.always
+        time.sleep(self.delay_s)
+        if fault == "unavailable":
+            raise ToolUnavailable("The bank answered 503; nothing was transferred.")
+        if fault == "late":
+            raise ToolTimeout("The bank did not answer in time.")
+        return _transfer(ctx, args)
+
+
+def transfer_bank(monkeypatch, **changes) -> TransferBank:
+    """A new ``TransferBank`` whose handler the registry's ``fake_transfer`` uses for this test (``monkeypatch``);
+    ``changes``: other fields of the tool replaced too (e.g. ``reconcile``, ``timeout_s``)."""
+    import dataclasses
+
+    from tools import registry
+
+    bank = TransferBank()
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer",
+                        dataclasses.replace(FAKE_TRANSFER, handler=bank.handler, **changes))
+    return bank
+
+
+def judge_transfers(groups: list[list[dict]]) -> list:
+    """A ``judge_together`` hook for ``fake_transfer`` (install it with ``transfer_bank(monkeypatch,
+    judge_together=judge_transfers)``): per group of pending transfers to one account, whether all fit in
+    what the account can still take ("3 pending transfers ask 240.00; only 100.00 can be transferred: not all
+    can be made")."""
+    from tools.registry import Together
+
+    verdicts = []
+    for group in groups:
+        account = group[0].get("account")
+        with _LOCK:
+            limit = _LIMITS.get(account, ACCOUNT_LIMIT)
+        asked = sum((Decimal(str(arguments.get("amount", 0))) for arguments in group), Decimal(0))
+        left = limit - _transferred(account)
+        fit = asked <= left
+        verdicts.append(Together(fit, f"{len(group)} pending transfers ask {asked:.2f}; "
+                                      f"{'' if fit else 'only '}{left:.2f} can be transferred: "
+                                      f"{'all' if fit else 'not all'} can be made"))
+    return verdicts

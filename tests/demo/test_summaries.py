@@ -1,0 +1,55 @@
+"""The demo refund tool's summaries of pending calls (``tools.demo.summaries`` through ``tools.services.summary``):
+its line and risk fields, one query per kind for many calls, pending refunds on one order judged together."""
+
+from decimal import Decimal
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.support.inbox import pending_call
+from tools.demo.models import Order
+from tools.models import ToolCall, ToolCallStatus
+from tools.services.summary import describe, describe_many, judge_groups
+
+
+def _call(name, arguments):
+    return ToolCall(name=name, arguments=arguments)
+
+
+def test_a_refund_reads_as_amount_order_total_and_refunded_so_far(demo):
+    item = pending_call(requester=demo["requester"], arguments={"order_id": 123, "amount": 80})
+    succeeded = pending_call(requester=demo["requester"], arguments={"order_id": 123, "amount": 15.5})
+    ToolCall.objects.filter(pk=succeeded.tool_call_id).update(status=ToolCallStatus.SUCCEEDED)
+
+    description = describe(item.tool_call)
+
+    assert description.text == "Refund 80.00 on order 123 (total 120.00, refunded 15.50)"
+    assert description.risk_fields == (("Amount", "80.00"), ("Order", "123"), ("Total", "120.00"),
+                                       ("Refunded so far", "15.50"))
+    assert description.target == "order 123"
+
+
+def test_describe_many_costs_the_same_queries_for_3_or_30_calls_and_keeps_the_order(demo):
+    def calls(n):
+        return [_call("refund", {"order_id": 100 + i % 20, "amount": 10 + i}) if i % 3
+                else _call("send_email", {"to": f"x{i}@example.com", "subject": f"S{i}", "body": "Hello\nthere"})
+                for i in range(n)]
+
+    with CaptureQueriesContext(connection) as few:
+        small = describe_many(calls(3))
+    with CaptureQueriesContext(connection) as many:
+        large = describe_many(calls(30))
+
+    assert len(few) == len(many) == 2  # the orders, the refunds so far
+    assert [d.text.split(" ")[0] for d in large[:4]] == ["Email", "Refund", "Refund", "Email"]
+    assert large[0].risk_fields == (("Recipient", "x0@example.com"), ("Subject", "S0"), ("Body", "Hello there"))
+    assert small[1].text.startswith("Refund 11.00 on order 101 (total ")
+
+
+def test_pending_refunds_on_one_order_are_judged_together(demo):
+    Order.objects.filter(number=110).update(total=Decimal("95.00"))
+    fit, too_much = judge_groups("refund", [[{"order_id": 110, "amount": 40}, {"order_id": 110, "amount": 55}],
+                                            [{"order_id": 110, "amount": 70}, {"order_id": 110, "amount": 70}]])
+    assert fit.all_can_succeed is True and "95.00 refundable" in fit.note
+    assert too_much.all_can_succeed is False and "ask 140.00; only 95.00 refundable" in too_much.note
+    assert judge_groups("send_email", [[{"to": "a@example.com"}]])[0].all_can_succeed is None
