@@ -87,7 +87,8 @@ def append_event(
     return append_events(run, [event], columns=columns)[0]
 
 
-def append_events(run: Run, events: list[Event], *, columns: RunColumns | None = None) -> list[RunEvent]:
+def append_events(run: Run, events: list[Event], *, columns: RunColumns | None = None,
+                  row: tuple | None = None) -> list[RunEvent]:
     """Append ``events`` (at least one) to ``run``'s log, in order, with the next seqs; returns them saved.
 
     The counter lives on the run row: one UPDATE adds ``len(events)`` to it
@@ -113,19 +114,29 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     Each event is announced with ``post_save`` (created), as ``save()``
     would (the webhook outbox listens), and, once committed, the run's
     event sockets are told (``runs.live``).
+
+    ``row``: ``FSMModel.row_write(fields)`` of another machine of the run
+    (a tool call, a step), written with the events: on PostgreSQL in the
+    same statement, after the run's row; elsewhere right after them. If it
+    no longer holds what it was loaded with, raises what
+    ``FSMModel.refused_write`` says (``ConcurrentTransition``, or
+    ``DatabaseError`` if it is gone) and the caller rolls back.
     """
     if columns is not None and columns.values.get("status", run.status) != run.status:
         raise TypeError("a run's status changes only through runs.transitions.apply (which sets it first)")
     rows = [RunEvent(run=run, type=event.type, actor=event.actor, reason=event.reason, payload=event.payload or {},
                      from_status=event.from_status, to_status=event.to_status) for event in events]
     held = counters_held(run, columns)
-    if connection.vendor == "postgresql":  # the reservation and the INSERT in one statement
-        last = _reserve(run, len(events), columns, rows=rows)
-    else:
-        last = _reserve(run, len(events), columns)
+    combined = connection.vendor == "postgresql"  # the reservation, the INSERT and ``row`` in one statement
+    last = _reserve(run, len(events), columns, rows=rows, also=row) if combined else _reserve(run, len(events), columns)
     if last is None:
         refused = ", ".join(repr(e.type) for e in events)
-        if columns is not None and columns.expected and _lease_still_held(run.pk):
+        held_still = _lease_still_held(run.pk)
+        if held_still and row is not None and combined:
+            instance, fields, expected = row
+            if not type(instance)._base_manager.filter(pk=instance.pk, **expected).exists():
+                raise instance.refused_write()
+        if columns is not None and columns.expected and held_still:
             raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
     first = last - len(events) + 1
@@ -138,13 +149,15 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
         for name, amount in columns.increments.items():
             setattr(run, name, getattr(run, name) + amount)
     try:
-        if rows[0].pk is None:  # reserved only: the events go in now
-            for seq, row in enumerate(rows, start=first):
-                row.seq = seq
+        if rows[0].pk is None:  # reserved only: the events go in now, then ``row``
+            for seq, event in enumerate(rows, start=first):
+                event.seq = seq
             insert_rows(rows)  # one statement, built once per number of rows (runs.base.rows)
-        for row in rows:  # neither statement sends a signal: sent here, as save() would
-            post_save.send(sender=RunEvent, instance=row, created=True, update_fields=None, raw=False,
-                           using=row._state.db)
+            if row is not None and update_row(row[0], row[1], expected=row[2]) != 1:
+                raise row[0].refused_write()
+        for event in rows:  # neither statement sends a signal: sent here, as save() would
+            post_save.send(sender=RunEvent, instance=event, created=True, update_fields=None, raw=False,
+                           using=event._state.db)
     except BaseException:
         # What the instance held, put back: the caller's savepoint rolls the reservation back, and a
         # counter left ahead would later hide another writer's event.
@@ -155,7 +168,8 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     return rows
 
 
-def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None) -> int | None:
+def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None,
+             also: tuple | None = None) -> int | None:
     """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
     Returns the new counter, or None if the row was not written (the lease
@@ -163,7 +177,8 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
     statement (``UPDATE ... RETURNING``) where the database can return rows
     from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
     With ``rows`` (PostgreSQL only), the same statement inserts them as the
-    events of the reserved seqs (``runs.base.rows.update_and_insert_numbered``).
+    events of the reserved seqs, and writes ``also`` (``append_events``' ``row``)
+    (``runs.base.rows.update_and_insert_numbered``).
     """
     values = columns.values if columns is not None else {}
     others = columns.increments if columns is not None else {}
@@ -180,7 +195,7 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
         expected = {**expected, "lease_token": token}
     if rows is not None:
         return update_and_insert_numbered(Run, run.pk, values=values, increments=others, expected=expected,
-                                          counted="last_event_seq", instances=rows, position="seq")
+                                          counted="last_event_seq", instances=rows, position="seq", also=also)
     return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
                           returning="last_event_seq")
 

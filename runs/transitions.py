@@ -4,7 +4,8 @@
 and, in one database transaction (joining the caller's), appends its event
 to the run's log first (``runs.services.append_events``, fenced by the
 worker's lease), then saves only the fields the transition changed (a run's
-own transition rides on that UPDATE), and schedules one live push of the
+own transition rides on that UPDATE; another machine's row, on PostgreSQL,
+on the same statement), and schedules one live push of the
 run for commit (``runs.live``). The event's content is each model's
 (``runs.base.fsm.FSMModel`` hooks). Several transitions of one run may
 share one reservation (``EventBatch``). Order and reasons:
@@ -169,16 +170,19 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             deferred = batch is not None and run is not instance
             if deferred and (columns is not None or logged_before is not None):
                 raise TypeError("columns and logged_before go with the run's own transition of a batch")
+            written = [] if new or saved_with_event else changed + [name for name in stamped if name not in changed]
+            # Another machine's row rides on its event's statement (runs.services.append_events' ``row``).
+            riding = instance.row_write(written) if written and not deferred else None
             if not deferred:
                 if run is not instance:
                     run_held = counters_held(run, columns)
                 earlier = batch.take() if batch is not None else []
                 append_events(run, [*earlier, *(logged_before(instance) if logged_before else []), event],
-                              columns=columns)
-            if saved_with_event:
+                              columns=columns, row=riding)
+            if saved_with_event or riding is not None:
                 instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
-            elif not new:
-                instance.update_row(changed + [name for name in stamped if name not in changed])
+            elif written:
+                instance.update_row(written)
             if deferred:  # kept only once its row is written
                 batch.keep(run, event)
         except BaseException:

@@ -70,10 +70,21 @@ class FSMModel(ConcurrentTransitionMixin, models.Model):
         """
         if not fields:
             return
-        loaded = self._ConcurrentTransitionMixin__initial_states  # django-fsm's own record of them
-        if rows.update(self, fields, expected=dict(loaded)) != 1:
-            if type(self)._base_manager.filter(pk=self.pk).exists():
-                raise ConcurrentTransition(
-                    f"{type(self).__name__} {self.pk}: its state changed since it was loaded; not saved")
-            raise DatabaseError(f"{type(self).__name__} {self.pk} is gone; not saved")
+        _, fields, expected = self.row_write(fields)
+        if rows.update(self, fields, expected=expected) != 1:
+            raise self.refused_write()
         self._update_initial_state()
+
+    def row_write(self, fields: list[str]) -> tuple:
+        """``(self, fields, expected)``: the write ``update_row(fields)`` makes, for a caller that sends it within
+        another statement (``runs.base.rows.update_and_insert_numbered``'s ``also``); once it is written, call
+        ``_update_initial_state()``, else raise ``refused_write()``."""
+        return self, fields, dict(self._ConcurrentTransitionMixin__initial_states)  # django-fsm's own record
+
+    def refused_write(self) -> Exception:
+        """What a refused ``row_write`` means: ``ConcurrentTransition`` (its state changed since it was loaded),
+        or ``DatabaseError`` if the row is gone (one query)."""
+        if type(self)._base_manager.filter(pk=self.pk).exists():
+            return ConcurrentTransition(
+                f"{type(self).__name__} {self.pk}: its state changed since it was loaded; not saved")
+        return DatabaseError(f"{type(self).__name__} {self.pk} is gone; not saved")

@@ -114,15 +114,20 @@ def update(instance: Model, fields: list[str], *, expected: dict | None = None) 
     the status it was loaded with: django-fsm's optimistic lock), or it is
     not written (0). ``auto_now`` fields among ``fields`` are stamped now.
     """
-    model, expected = type(instance), expected or {}
-    sql, parameters, kinds = _update_shape(model, tuple(fields), (), tuple(expected), None)
-    meta = model._meta
-    params = _params(instance, parameters[:len(fields)], kinds, add=False)
-    params.append(instance.pk)
-    params.extend(meta.get_field(name).get_db_prep_value(value, connection) for name, value in expected.items())
+    sql, params = _row_update(instance, fields, expected or {})
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def _row_update(instance: Model, fields, expected: dict) -> tuple[str, list]:
+    """The SQL and parameters of ``update``'s statement."""
+    model = type(instance)
+    sql, parameters, kinds = _update_shape(model, tuple(fields), (), tuple(expected), None)
+    params = _params(instance, parameters[:len(fields)], kinds, add=False)
+    params.append(instance.pk)
+    params.extend(model._meta.get_field(name).get_db_prep_value(value, connection) for name, value in expected.items())
+    return sql, params
 
 
 def counter(model, field: str, pk) -> int:
@@ -193,23 +198,28 @@ _AND_INSERT: dict = {}  # (update statement, rows model, rows, numbered field) -
 
 
 def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counted: str,
-                               instances: list[Model], position: str) -> int | None:
+                               instances: list[Model], position: str, also: tuple | None = None) -> int | None:
     """``update_columns`` and ``insert_many`` in one statement (PostgreSQL: a data-modifying ``WITH``), the
     inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments``, and
     its integer column ``counted`` moves on by ``len(instances)``, if it holds ``expected``; then
     ``instances`` (at least one, all of one model, none stored) are inserted, their field ``position`` the
     counter's new value for the last one, one less for the one before, and so on.
 
-    Returns the counter's new value, the instances stored (keys and ``position`` set); or None when the row
-    was not written (it does not hold ``expected``, or is gone): then no instance is inserted either. Raises
-    ``TypeError`` when ``increments`` or ``values`` name ``counted`` (the rows move it), and what the database
-    raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
+    ``also``: ``(instance, field names, expected)``, a stored row of another model whose ``fields`` the same
+    statement writes (``auto_now`` ones stamped), after row ``pk`` (whose lock it takes first), only if it
+    holds ``expected`` (``{name: value}``, as ``update`` takes it).
+
+    Returns the counter's new value, the instances stored (keys and ``position`` set); or None when a row
+    was not written (it does not hold ``expected``, or is gone): then no instance is inserted either, but
+    when only ``also``'s row was not written, row ``pk``'s update was made: the caller rolls its transaction
+    back. Raises ``TypeError`` when ``increments`` or ``values`` name ``counted`` (the rows move it), and what
+    the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
     """
     if counted in increments or counted in values:
         raise TypeError(f"{counted} moves by the number of rows inserted, not by the caller")
     increments = {counted: len(instances), **increments}
     numbered = type(instances[0])._meta.get_field(position)
-    keys = _update_and_insert(model, pk, values, increments, expected, counted, instances, numbered)
+    keys = _update_and_insert(model, pk, values, increments, expected, counted, instances, numbered, also)
     if not keys:
         return None
     last = max(keys)
@@ -230,6 +240,13 @@ def update_and_insert_one(model, pk, *, values: dict, expected: dict, instance: 
     return bool(keys)
 
 
+def _also(also: tuple) -> tuple[str, list]:
+    """The SQL and parameters of ``also``'s ``UPDATE`` (``update_and_insert_numbered``): ``update``'s statement, run
+    only once ``written`` was (a one-time filter: the first row's lock is taken first), returning a row if written."""
+    sql, params = _row_update(*also)
+    return f"{sql} AND EXISTS (SELECT 1 FROM written) RETURNING 1", params
+
+
 def _stored(instance: Model, pk) -> None:
     """Mark ``instance`` stored under key ``pk``, as ``save()`` leaves it."""
     instance.pk = pk
@@ -237,12 +254,15 @@ def _stored(instance: Model, pk) -> None:
     instance._state.db = connection.alias
 
 
-def _update_and_insert(model, pk, values, increments, expected, returning, instances, numbered) -> dict:
+def _update_and_insert(model, pk, values, increments, expected, returning, instances, numbered,
+                       also: tuple | None = None) -> dict:
     """Run the ``WITH written AS (UPDATE ...) INSERT ... SELECT ... FROM written`` statement; the inserted
-    rows' keys by their ``numbered`` field's value (by None without one: one instance only)."""
+    rows' keys by their ``numbered`` field's value (by None without one: one instance only). ``also``: as
+    ``update_and_insert_numbered`` takes it, a second ``WITH`` the rows are inserted only with."""
     update_sql, written, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), returning)
     rows_model, count = type(instances[0]), len(instances)
-    key = (update_sql, rows_model, count, numbered)
+    also_sql, also_params = _also(also) if also is not None else ("", [])
+    key = (update_sql, also_sql, rows_model, count, numbered)
     shape = _AND_INSERT.get(key)
     if shape is None:
         rows_meta = rows_model._meta
@@ -258,15 +278,17 @@ def _update_and_insert(model, pk, values, increments, expected, returning, insta
             columns.append(_quote(numbered.column))
             selected.append(f"written.{_quote(model._meta.get_field(returning).column)} - {count} + v.n")
             returned += f", {_quote(numbered.column)}"
-        sql = (f"WITH written AS ({update_sql}) "
+        sql = (f"WITH written AS ({update_sql}){f', also AS ({also_sql})' if also_sql else ''} "
                f"INSERT INTO {_quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
-               f"FROM written CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
+               f"FROM written{' CROSS JOIN also' if also_sql else ''} "
+               f"CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
                f"RETURNING {returned}")
         shape = (sql, fields, _kinds(fields))
         if count <= _MAX_CACHED_ROWS:
             _AND_INSERT[key] = shape
     sql, fields, field_kinds = shape
     params = _column_params(written, kinds, [*values.values(), *increments.values(), pk, *expected.values()])
+    params.extend(also_params)
     for n, instance in enumerate(instances, start=1):
         params.append(n)
         params.extend(_params(instance, fields, field_kinds, add=True))

@@ -46,13 +46,11 @@ def running(run):
 
 
 def _columns_set(queries, table: str) -> list[list[str]]:
-    """The columns each captured ``UPDATE <table> SET ...`` statement wrote, in order (an UPDATE in a
-    ``WITH`` included: PostgreSQL reserves events' seqs and inserts them in one statement)."""
+    """The columns each captured ``UPDATE <table> SET ...`` wrote, in order (an UPDATE in a ``WITH`` included:
+    on PostgreSQL one statement reserves events' seqs, inserts them and writes another machine's row)."""
     written = []
     for query in queries:
-        sql = query["sql"]
-        if sql.startswith(f'UPDATE "{table}" SET ') or sql.startswith(f'WITH written AS (UPDATE "{table}" SET '):
-            assignments = sql.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
+        for assignments in re.findall(rf'UPDATE "{table}" SET (.*?) WHERE ', query["sql"]):
             written.append(re.findall(r'"(\w+)" = ', assignments))
     return written
 
@@ -216,6 +214,29 @@ def test_apply_saves_only_the_fields_the_transition_changed(running):
     run.refresh_from_db()
     assert (call.status, call.reconcile_attempts, call.arguments) == ("awaiting_approval", 5, {"order_id": 124})
     assert (run.status, run.input_tokens, run.cancel_requested_at is not None) == ("failed", 7, True)
+
+
+def test_another_machines_row_rides_on_its_event_and_a_row_changed_meanwhile_writes_nothing(running):
+    run, step = running
+    call, other = [ToolCall.objects.create(run=run, step=step, index=index, provider_call_id=f"c{index}",
+                                           name="fake_lookup", arguments={"key": "a"}) for index in (0, 1)]
+    with CaptureQueriesContext(connection) as queries:
+        apply(call.request_approval, actor="worker")
+    writes = [q["sql"] for q in queries if 'UPDATE "tools_toolcall"' in q["sql"]]
+    assert len(writes) == 1
+    if connection.vendor == "postgresql":  # the run's row, the event and the call's row: one statement
+        assert 'INSERT INTO "runs_runevent"' in writes[0] and writes[0].startswith('WITH written AS (UPDATE "runs_run"')
+    assert ToolCall.objects.get(pk=call.pk).status == ToolCallStatus.AWAITING_APPROVAL
+    assert run.events.filter(payload__tool_call=call.pk, to_status=ToolCallStatus.AWAITING_APPROVAL).exists()
+
+    ToolCall.objects.filter(pk=other.pk).update(status=ToolCallStatus.DENIED)  # another writer, meanwhile
+    seq = Run.objects.get(pk=run.pk).last_event_seq
+    with pytest.raises(ConcurrentTransition):
+        apply(other.request_approval, actor="worker")
+    assert Run.objects.get(pk=run.pk).last_event_seq == seq == run.last_event_seq
+    assert not run.events.filter(payload__tool_call=other.pk).exists()
+    assert ToolCall.objects.get(pk=other.pk).status == ToolCallStatus.DENIED
+    assert other.status == ToolCallStatus.PROPOSED  # the instance is put back too
 
 
 def test_apply_appends_one_event_per_transition_of_every_machine(running, people):
