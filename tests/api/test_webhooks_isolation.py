@@ -4,11 +4,11 @@ Real parts throughout: the workers ``manage.py serve`` starts
 (``embedded_workers``: one for the run queues, one for ``webhooks``), real
 HTTP endpoints on loopback (``tests.support.webhook_receiver.Receiver``), runs
 started and advanced as in production. A stranger (no permissions) points
-many subscriptions at an endpoint that answers slowly, or not at all.
+many subscriptions at an endpoint that holds every request, answering
+nothing until the test releases it.
 """
 
 import contextlib
-import statistics
 
 import dramatiq
 import pytest
@@ -17,14 +17,13 @@ from django.contrib.auth import get_user_model
 
 from runs.engine.lifecycle import start_run
 from runs.management.commands.serve import RUN_THREADS, WEBHOOK_THREADS, WORKER_TIMEOUT_MS, embedded_workers
-from runs.models import Run, RunEvent, RunStatus
+from runs.models import Run, RunStatus
 from runs.webhooks.models import DeliveryStatus, WebhookDelivery
 from tests.support.core import asking_agent, transfer_needing_approval
 from tests.support.worker import forget_taken_messages
 from tests.support.webhooks import subscribe, wait_settled, wait_until
 from tests.support.webhook_receiver import Receiver
 
-SLOW_ENDPOINT_S = 2.0
 STRANGER_SUBSCRIPTIONS = 20
 STRANGER_RUNS = 3
 
@@ -57,63 +56,48 @@ def running(*workers):
             worker.stop()
 
 
-def created_to_waiting_s(run: Run) -> float:
-    """Seconds from the run's creation to its first transition to ``waiting`` (both stored times)."""
-    waited = RunEvent.objects.filter(run=run, type="transition", to_status="waiting").order_by("seq").first()
-    return (waited.created_at - run.created_at).total_seconds()
+def waits(run: Run) -> bool:
+    """Whether ``run`` is waiting now (for its approval)."""
+    return Run.objects.filter(pk=run.pk, status=RunStatus.WAITING).exists()
 
 
-def others_run_time(broker, workers, people, *, stranger=None, slow: Receiver | None = None,
-                    samples: int = 1) -> float:
-    """Created → waiting of the requester's transfer run (the median of ``samples`` runs, one after another).
-
-    ``workers`` consume the broker meanwhile. With a ``stranger``, they
-    start ``STRANGER_RUNS`` runs first, and the requester's runs start once
-    those stopped running and the slow endpoint is receiving their
-    deliveries (two requests arrived: webhook sending is under way).
-    """
-    broker.flush_all()
-    times = []
-    with running(*workers):
-        if stranger is not None:
-            arrived = len(slow.requests)
-            agent = asking_agent(f"stranger-{arrived}")
-            runs = [start_run(agent=agent, user=stranger, input="Send 80 to acme.") for _ in range(STRANGER_RUNS)]
-            wait_until(lambda: not Run.objects.filter(pk__in=[r.pk for r in runs], status__in=[
-                RunStatus.QUEUED, RunStatus.RUNNING]).exists(), 60, "the stranger's runs stopped running")
-            slow.wait_for(arrived + 2)
-        for _ in range(samples):
-            run = transfer_needing_approval(people["requester"], slug=f"other-{Run.objects.count()}")
-            wait_until(lambda: Run.objects.filter(pk=run.pk, status=RunStatus.WAITING).exists(), 60, "the run waits")
-            times.append(created_to_waiting_s(Run.objects.get(pk=run.pk)))
-    return statistics.median(times)
-
-
-def test_a_strangers_slow_endpoints_do_not_slow_another_users_run_with_the_workers_serve_starts(
+def test_a_strangers_endpoints_holding_every_request_take_no_thread_from_another_users_run(
         people, broker, stranger, webhook_settings):
-    slow = Receiver(delay_s=SLOW_ENDPOINT_S)
+    # The stranger's sends stay held for the whole test: none times out and frees its thread.
+    webhook_settings.TOLLGATE = {**webhook_settings.TOLLGATE, "WEBHOOK_TIMEOUT_S": 60.0}
+    cap = settings.TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]
+    stuck = Receiver()
+    stuck.hold()  # answers nothing until released
     try:
-        alone = others_run_time(broker, embedded_workers(broker), people, samples=3)
-
         for _ in range(STRANGER_SUBSCRIPTIONS):
-            subscribe(stranger, slow)
-        separate = others_run_time(broker, embedded_workers(broker), people, stranger=stranger, slow=slow, samples=3)
-        # Before the change: serve's one worker consumed every queue, runs and webhooks alike.
-        shared = others_run_time(broker, [dramatiq.Worker(broker, worker_threads=RUN_THREADS,
-                                                          worker_timeout=WORKER_TIMEOUT_MS)],
-                                 people, stranger=stranger, slow=slow)
-    finally:
-        slow.close()
+            subscribe(stranger, stuck)
+        with running(*embedded_workers(broker)):
+            agent = asking_agent("stranger-transfer")
+            strangers = [start_run(agent=agent, user=stranger, input="Send 80 to acme.") for _ in range(STRANGER_RUNS)]
+            wait_until(lambda: all(waits(run) for run in strangers), 60, "the stranger's runs wait")
+            stuck.wait_for(cap)  # their sends are under way, held
+            run = transfer_needing_approval(people["requester"], slug="other-separate")
+            # The other user's run gets all the way to its approval while the stranger's endpoint holds every
+            # request it was sent: the sends hold threads of the webhook worker, none of the run worker.
+            wait_until(lambda: waits(run), 30, "the other user's run to wait while the stranger's sends are held")
+            assert len(stuck.requests) == cap  # none answered, so no more went out
+            stuck.release()
 
-    print(f"created -> waiting (median of 3; 1 on the shared worker): alone {alone:.3f} s, stranger's webhooks on their own worker {separate:.3f} s, "
-          f"on the run worker {shared:.3f} s")
-    # The stranger's sends were under way both times (their endpoint got requests)...
-    assert len(slow.requests) >= 4
-    # ...yet with separate workers the other user's run is about as fast as with no webhooks at all (the
-    # factor is generous: here the stranger's sends and polls share the process, its GIL and SQLite's lock),
-    assert separate < 5 * alone
-    # while sharing the run worker's threads it waited for the stranger's slow sends.
-    assert shared > 3 * separate and shared > 3 * alone
+        # Before the change, serve's one worker consumed every queue, runs and webhooks alike: there the
+        # stranger's held sends take every thread, and the other user's run goes nowhere until they end.
+        assert cap >= RUN_THREADS
+        stuck.hold()
+        shared = dramatiq.Worker(broker, worker_threads=RUN_THREADS, worker_timeout=WORKER_TIMEOUT_MS)
+        sent = len(stuck.requests)
+        with running(shared):
+            stuck.wait_for(sent + RUN_THREADS)  # the stranger's pending deliveries hold both threads
+            run = transfer_needing_approval(people["requester"], slug="other-shared")
+            with pytest.raises(AssertionError, match="timed out"):
+                wait_until(lambda: waits(run), 3, "the run, held up behind the stranger's sends")
+            stuck.release()
+            wait_until(lambda: waits(run), 60, "the run once the stranger's sends were answered")
+    finally:
+        stuck.close()
 
 
 def test_another_users_deliveries_go_out_while_a_strangers_endpoints_hold_their_in_flight_cap(
