@@ -42,11 +42,17 @@ def _gapless(run_id: int) -> list[int]:
 
 
 def _take_over(run_id: int, owner: str = "worker-b") -> lease.Lease:
-    """Another worker takes the lease of a worker that stalled past its TTL (no event is logged)."""
-    Run.objects.filter(pk=run_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    taken = lease.acquire(run_id, owner=owner)
-    assert taken is not None
-    return taken
+    """Another worker takes the lease of a worker that stalled past its TTL (no event is logged).
+
+    The stalled worker's lease keeper still runs in this process and may renew the lease between its
+    expiry and the takeover; then the lease is expired again (a real takeover comes once renewals stop).
+    """
+    for _ in range(5):
+        Run.objects.filter(pk=run_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        taken = lease.acquire(run_id, owner=owner)
+        if taken is not None:
+            return taken
+    raise AssertionError(f"run {run_id}: its lease could not be taken over")
 
 
 def _during_completion_check(monkeypatch, action) -> None:
