@@ -12,11 +12,10 @@ writer would take them).
 
 import contextvars
 import threading
-import time
 from datetime import timedelta
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
@@ -30,6 +29,7 @@ from runs.transitions import apply
 from runs.tx import note_shared_lock
 from tests.support.core import transfer
 from tests.support.durability import lookup_agent, make_agent
+from tests.support.sessions import in_session, wait_for_a_lock_wait
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import get_tool
 from tools.services.targets import claim, lock_scopes, release, target_of
@@ -204,37 +204,6 @@ def test_a_job_that_takes_a_policy_lock_ends_its_group_and_the_jobs_after_it_com
 
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql",
                                      reason="row locks held across sessions: PostgreSQL (SQLite serializes writers)")
-
-
-def in_session(errors: dict, name: str, fn):
-    """A thread running ``fn()`` on a database session of its own; what it raises goes to ``errors[name]``."""
-    def body():
-        try:
-            fn()
-        except Exception as exc:
-            errors[name] = exc
-        finally:
-            connection.close()
-    thread = threading.Thread(target=body)
-    thread.start()
-    return thread
-
-
-def wait_for_a_lock_wait(statement_start: str) -> None:
-    """Block until a session's statement starting with ``statement_start`` waits for a lock."""
-    watcher = connections.create_connection(DEFAULT_DB_ALIAS)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with watcher.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                               "AND wait_event_type = 'Lock' AND query LIKE %s", [statement_start + "%"])
-                if cursor.fetchone()[0]:
-                    return
-            assert time.monotonic() < deadline, f"no {statement_start} statement ever waited for a lock"
-            time.sleep(0.02)
-    finally:
-        watcher.close()
 
 
 def transfers_to_one_account(people, worker, count: int) -> list[ToolCall]:
