@@ -24,12 +24,12 @@ from runs import lease
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import start_run
 from runs.lease import LeaseLost
-from runs.models import Phase, Run, RunStatus, WaitingReason
+from runs.models import Run, RunStatus, WaitingReason
 from runs.transitions import apply
 from runs.tx import note_shared_lock
 from tests.support.core import transfer
 from tests.support.durability import lookup_agent, make_agent
-from tests.support.sessions import in_session, wait_for_a_lock_wait
+from tests.support.sessions import group_writing, in_session, wait_for_a_lock_wait
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
 from tools.registry import get_tool
 from tools.services.targets import claim, lock_scopes, release, target_of
@@ -269,26 +269,12 @@ def test_the_lease_keeper_does_not_wait_for_a_row_that_a_group_holds_while_holdi
     first, second = runs[:2]
     leases = [lease.acquire(run.pk, owner="worker-a") for run in (first, second)]
     before = dict(Run.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "lease_expires_at"))
-    errors, renewed, go = {}, [], threading.Event()
-    holds_the_row = threading.Event()
-
-    def group():
-        with transaction.atomic():
-            Run.objects.filter(pk=second.pk).update(phase=Phase.CALLING_MODEL)  # a job of the later run
-            holds_the_row.set()
-            go.wait(20)
-            Run.objects.filter(pk=first.pk).update(phase=Phase.CALLING_MODEL)  # the next job, of the earlier run
-
-    grouped = in_session(errors, "group", group)
-    try:
-        assert holds_the_row.wait(20)
+    errors, renewed = {}, []
+    with group_writing(errors, later=second.pk, earlier=first.pk) as go:
         keeper = in_session(errors, "keeper", lambda: renewed.append(lease.renew_all(leases)))
         wait_for_a_lock_wait("UPDATE")  # the keeper waits for the later run's row
-        go.set()
-        grouped.join()
+        go()
         keeper.join()
-    finally:
-        go.set()
     assert errors == {} and renewed == [2]
     after = dict(Run.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "lease_expires_at"))
     assert all(after[pk] > before[pk] for pk in before)

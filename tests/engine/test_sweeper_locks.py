@@ -3,18 +3,17 @@ transaction holds the rows of several runs too, taken in no particular order. So
 for a run's row while holding another's: it skips a busy row (``SKIP LOCKED``) and takes that run at its
 next pass (on PostgreSQL: two sessions, each holding what the other one wants next)."""
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from runs.engine.lifecycle import start_run
 from runs.engine.sweep_jobs import wake_due_runs
-from runs.models import Phase, Run, RunStatus, WaitingReason
+from runs.models import Run, RunStatus, WaitingReason
 from tests.support.durability import lookup_agent
-from tests.support.sessions import in_session
+from tests.support.sessions import group_writing, in_session
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(connection.vendor != "postgresql",
@@ -31,25 +30,11 @@ def test_waking_due_runs_skips_a_row_a_group_holds_and_takes_it_at_the_next_pass
         status=RunStatus.WAITING, waiting_reason=WaitingReason.RETRY_BACKOFF,
         wake_at=timezone.now() - timedelta(seconds=1))
     errors, swept = {}, []
-    holds_the_row, go = threading.Event(), threading.Event()
-
-    def group():
-        with transaction.atomic():
-            Run.objects.filter(pk=second.pk).update(phase=Phase.CALLING_MODEL)  # a job of the later run
-            holds_the_row.set()
-            go.wait(20)
-            Run.objects.filter(pk=first.pk).update(phase=Phase.CALLING_MODEL)  # the next job, of the earlier run
-
-    grouped = in_session(errors, "group", group)
-    try:
-        assert holds_the_row.wait(20)
+    with group_writing(errors, later=second.pk, earlier=first.pk) as go:
         sweeper = in_session(errors, "sweeper", lambda: swept.append(wake_due_runs(now=timezone.now())))
         sweeper.join(10)  # a sweeper waiting for the later row would still be waiting
-        go.set()
-        grouped.join()
+        go()
         sweeper.join()
-    finally:
-        go.set()
     assert errors == {}  # no deadlock for PostgreSQL to break
     assert swept == [{"woken": 1}]
     assert Run.objects.get(pk=first.pk).status != RunStatus.WAITING
