@@ -196,7 +196,8 @@ def transfer_done(run):
 
 def transfers() -> list[dict]:
     """Every transfer ``fake_transfer`` made, in this process or another, oldest first."""
-    return [_as_transfer(row) for row in _rows("SELECT transfer_id, account, amount FROM transfers ORDER BY transfer_id")]
+    rows = _rows("SELECT transfer_id, account, amount FROM transfers ORDER BY transfer_id")
+    return [_as_transfer(row) for row in rows]
 
 
 def set_account_limit(account: str, limit) -> None:
