@@ -89,7 +89,7 @@ _ledger_path()  # before any worker process is started, so that it inherits the 
 def _connection() -> sqlite3.Connection:
     """This thread's connection to the ledger (made, with the tables, on first use in each thread and process)."""
     if getattr(_LOCAL, "pid", None) != os.getpid():
-        connection = sqlite3.connect(_ledger_path(), timeout=60, isolation_level=None, check_same_thread=False)
+        connection = sqlite3.connect(_ledger_path(), timeout=60, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
         connection.executescript(_SCHEMA)
         _LOCAL.connection, _LOCAL.pid = connection, os.getpid()
