@@ -7,11 +7,11 @@ configured broker in this process. Plain helpers live in ``tests.support``.
 
 Tests that need the demo app (``tools.demo``: its data, tools and payment
 gateway) are marked ``demo``: every test under ``tests/demo/`` and every
-test that asks for the ``demo``, ``payment_gateway`` or ``worker_process``
-fixture. Under settings without the demo app (``tests.settings_nodemo``)
-they are skipped, so what is left is the core suite on the tests' own
-tools (``tests.support.fake_tools``; calls, agents and waiting runs of them
-in ``tests.support.core``) and users (``people``).
+test that asks for the ``demo`` or ``payment_gateway`` fixture. Under
+settings without the demo app (``tests.settings_nodemo``) they are skipped,
+so what is left is the core suite on the tests' own tools
+(``tests.support.fake_tools``; calls, agents and waiting runs of them in
+``tests.support.core``) and users (``people``).
 """
 
 import subprocess
@@ -28,12 +28,12 @@ from runs.base import awaiting
 from runs.engine import runtime
 from tests.support.fake_tools import forget_transfers
 from tests.support.gateway import GatewayProcess
-from tests.support.processes import database_url_for_subprocess
+from tests.support.processes import worker_environment
 from tests.support.webhook_receiver import Receiver
 from tests.support.webhooks import FAST_SCHEDULE_S
 from tests.support.worker import RunWorker, forget_taken_messages
 
-DEMO_FIXTURES = {"demo", "payment_gateway", "worker_process"}
+DEMO_FIXTURES = {"demo", "payment_gateway"}
 
 
 def pytest_configure(config):
@@ -190,24 +190,27 @@ def short_lease(settings):
 
 
 @pytest.fixture
-def worker_process(payment_gateway, short_lease, settings):
-    """``worker_process(run_id, failpoint=None, kill_when=None, env=None) -> exit code``: advance a run in a
-    separate process.
+def worker_process(short_lease, settings):
+    """``worker_process(run_id, failpoint=None, kill_when=None, env=None, tools=()) -> exit code``: advance a
+    run in a separate process.
 
-    The process runs the real ``advance_run`` actor against this test's
-    database and gateway, with ``env`` added to its environment; with a
-    failpoint it SIGKILLs itself there (exit code -9), with ``kill_when``
-    (a predicate) it is SIGKILLed once that holds.
+    The process runs the real ``advance_run`` actor with this test process's
+    settings module, against this test's database and the tests' own tools,
+    whose transfers it keeps in the ledger this process reads
+    (``tests.support.fake_tools``); ``env`` is added to its environment and
+    ``tools`` (names of tools defined but not registered in
+    ``tests.support.fake_tools``, e.g. ``fake_notice``) are registered in it.
+    With a failpoint it SIGKILLs itself there (exit code -9), with
+    ``kill_when`` (a predicate) it is SIGKILLed once that holds.
     """
-    import os
 
-    def run(run_id: int, failpoint: str | None = None, kill_when=None, env: dict | None = None) -> int:
-        env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
-               "TOLLGATE_LEASE_TTL_S": str(short_lease), "TOLLGATE_FAILPOINTS": failpoint or "",
-               "DJANGO_SETTINGS_MODULE": "config.settings", **(env or {})}
+    def run(run_id: int, failpoint: str | None = None, kill_when=None, env: dict | None = None,
+            tools: tuple[str, ...] = ()) -> int:
+        env = worker_environment(TOLLGATE_LEASE_TTL_S=str(short_lease), TOLLGATE_FAILPOINTS=failpoint or "",
+                                 **(env or {}))
         code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
-                "from runs.engine.runtime import engine; "
-                f"advance_run({run_id}); engine().wait_idle(60)")
+                "from runs.engine.runtime import engine; from tests.support.fake_tools import register_test_tools; "
+                f"register_test_tools({list(tools)!r}); advance_run({run_id}); engine().wait_idle(60)")
         process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
         if kill_when is not None:
             deadline = time.monotonic() + 30

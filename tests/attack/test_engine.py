@@ -151,56 +151,49 @@ def test_an_async_handler_swallowing_its_cancel_does_not_hold_the_run(people, wo
 KILLED_IN_FLIGHT = 250
 
 
-def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idle_worker, payment_gateway,
-                                                                         short_lease, settings):
-    """SIGKILL of a worker process holding ``KILLED_IN_FLIGHT`` runs, each with its refund in flight: some
-    already charged by the gateway, whose answer hangs (lost with the worker), the others waiting for one of
-    the gateway client's connections (never sent). After the sweeper every run completes, each order is
-    charged exactly once under its call's key, and no run is lost."""
-    import os
+def test_a_worker_killed_with_many_transfers_in_flight_charges_each_once(people, idle_worker, short_lease, settings):
+    """SIGKILL of a worker process holding ``KILLED_IN_FLIGHT`` runs, each with its transfer in flight: some
+    already made by the bank, whose answer hangs (lost with the worker), the others hanging at the bank, which
+    has stopped taking transfers (never made). After the sweeper every run completes, each account is paid
+    exactly once under its call's key, and no run is lost."""
     import subprocess
     import sys
 
     from django.utils import timezone
 
     from runs.sweeping import sweep
-    from tests.support.processes import database_url_for_subprocess
-    from tests.support.durability import make_agent, refund_turns
-    from tools.demo.models import Order
+    from tests.support.core import transfer_agent
+    from tests.support.fake_tools import stall, transfer_keys, transfer_made_under, transfers
+    from tests.support.processes import worker_environment
 
-    # Every refund the gateway takes is charged, then its answer hangs until long after the kill.
-    payment_gateway.faults(p_timeout_after_commit=1.0, hang_s=120)
-    orders = list(range(200_000, 200_000 + KILLED_IN_FLIGHT))
-    Order.objects.bulk_create([Order(number=n, owner=demo["requester"], total=100) for n in orders])
-    runs = []
-    for order in orders:
-        turns = refund_turns(10)
-        for turn in turns[:2]:
-            turn["tool_calls"][0]["arguments"]["order_id"] = order
-        agent = make_agent(f"refund-{order}", turns, tools=["query_order", "refund"], check="refund")
-        runs.append(start_run(agent=agent, user=demo["requester"], input=f"refund order {order}"))
+    # The bank makes half of the transfers it is sent, then takes no more; every answer hangs until long after
+    # the kill.
+    stall(made=KILLED_IN_FLIGHT // 2, seconds=600)
+    accounts = [f"acct-{n}" for n in range(200_000, 200_000 + KILLED_IN_FLIGHT)]
+    runs = [start_run(agent=transfer_agent(f"transfer-{account}", account), user=people["requester"],
+                      input=f"transfer 10 to {account}") for account in accounts]
     ids = [r.pk for r in runs]
-    env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "GATEWAY_URL": payment_gateway.url,
-           "GATEWAY_TIMEOUT_S": "600", "TOLLGATE_LEASE_TTL_S": str(short_lease),
-           "DJANGO_SETTINGS_MODULE": "config.settings"}
+    # A thread per hung call (sync handlers run in TOOL_THREADS), and a timeout beyond the kill.
+    env = worker_environment(FAKE_TRANSFER_TIMEOUT_S="600", TOLLGATE_TOOL_THREADS=str(KILLED_IN_FLIGHT + 16),
+                             TOLLGATE_LEASE_TTL_S=str(short_lease))
     code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
             "from runs.engine.runtime import engine; import time\n"
             f"for run_id in {ids}: advance_run(run_id)\n"
             "time.sleep(600)")
     process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
-    refunds_in_flight = ToolCall.objects.filter(run_id__in=ids, name="refund", status=S.RUNNING)
+    transfers_in_flight = ToolCall.objects.filter(run_id__in=ids, name="fake_transfer", status=S.RUNNING)
     try:
-        wait_until(lambda: refunds_in_flight.count() == len(ids) or process.poll() is not None, timeout_s=300)
+        wait_until(lambda: transfers_in_flight.count() == len(ids) or process.poll() is not None, timeout_s=300)
         held = Run.objects.filter(pk__in=ids, lease_expires_at__gt=timezone.now()).count()
-        charged_before_kill = len(payment_gateway.ledger()["refunds"])
+        charged_before_kill = len(transfers())
     finally:
         process.kill()
         process.wait(10)
     assert process.returncode == -9  # it was alive, holding them, until the kill
     assert held == len(ids)
-    assert 0 < charged_before_kill < len(ids)  # both kinds in flight: charged (answer lost) and never sent
+    assert 0 < charged_before_kill < len(ids)  # both kinds in flight: made (answer lost) and never made
 
-    payment_gateway.faults()  # the gateway answers again
+    stall(None)  # the bank answers again
     wait_until(lambda: not Run.objects.filter(pk__in=ids, lease_expires_at__gt=timezone.now()).exists(),
                timeout_s=60)
     assert sweep()["reenqueued"] == len(ids)
@@ -209,11 +202,10 @@ def test_a_worker_killed_with_many_refunds_in_flight_charges_each_once(demo, idl
 
     assert Counter(Run.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
         RunStatus.COMPLETED: len(ids)}
-    refunds = payment_gateway.ledger()["refunds"]
-    assert sorted(r["order_id"] for r in refunds) == orders
-    keys = dict(ToolCall.objects.filter(run_id__in=ids, name="refund", status=S.SUCCEEDED)
-                .values_list("arguments__order_id", "idempotency_key"))
-    assert {r["order_id"]: r["idempotency_key"] for r in refunds} == keys
+    assert sorted(t["account"] for t in transfers()) == accounts
+    keys = dict(ToolCall.objects.filter(run_id__in=ids, name="fake_transfer", status=S.SUCCEEDED)
+                .values_list("arguments__account", "idempotency_key"))
+    assert {transfer_made_under(key)["account"]: key for key in transfer_keys()} == keys
 
 
 def test_an_async_handler_raising_cancelled_error_leaves_its_side_effect_unknown(people, worker, monkeypatch):

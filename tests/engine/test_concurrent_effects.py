@@ -4,8 +4,8 @@ Account acme can take 100 (``fake_transfer``'s limit). Three transfers of 80
 approved at the same instant, advanced by three worker threads while the
 bank takes its time to pay, must pay at most 100: one succeeds, the others
 are denied by their precondition, checked once the first had paid. The same
-with the demo's refunds on order 123 (total 120.00) advanced by separate
-worker processes, which run the demo's tools against its payment gateway.
+with transfers advanced by separate worker processes, whose bank keeps its
+ledger in a file all the processes share (``tests.support.fake_tools``).
 """
 
 import time
@@ -27,12 +27,11 @@ from runs.models import Run, RunStatus
 from tests.support.api import all_at_once
 from tests.support.core import transfer
 from tests.support.durability import make_agent
-from tests.support.fake_tools import judge_transfers, transfer_bank, transfers
+from tests.support.fake_tools import judge_transfers, slow_down, transfer_bank, transfer_requests, transfers
 from tools.models import ToolCall, ToolCallStatus
 
 S = ToolCallStatus
 KILLED = -9
-REFUND_80 = {"name": "refund", "arguments": {"order_id": 123, "amount": 80}}
 
 
 @pytest.fixture
@@ -65,35 +64,20 @@ def _settle(runs: list[Run], timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
-def _paid(gateway) -> list[Decimal]:
-    return [Decimal(r["amount"]) for r in gateway.ledger()["refunds"] if r["order_id"] == 123]
-
-
 def _transferred() -> list[Decimal]:
     return [Decimal(str(t["amount"])) for t in transfers() if t["account"] == "acme"]
 
 
-def _assert_one_paid_rest_denied(runs: list[Run], tool: str, paid: list[Decimal], denial: str,
-                                 sends: dict[str, int]) -> None:
-    """One call of ``tool`` paid 80 (``paid``: what the external system paid), the others were denied with
-    ``denial`` in their error; every key was sent once (``sends``: requests per idempotency key)."""
-    assert paid == [Decimal("80.00")]
-    calls = list(ToolCall.objects.filter(run__in=runs, name=tool).order_by("pk"))
+def _assert_one_transferred_rest_denied(runs: list[Run], sends: dict[str, int]) -> None:
+    """One transfer paid 80 to acme, the others were denied by the account's limit; every key was sent once
+    (``sends``: calls that reached the bank per idempotency key)."""
+    assert _transferred() == [Decimal("80.00")]
+    calls = list(ToolCall.objects.filter(run__in=runs, name="fake_transfer").order_by("pk"))
     assert sorted(call.status for call in calls) == [S.DENIED] * (len(runs) - 1) + [S.SUCCEEDED]
     for call in calls:
         if call.status == S.DENIED:
-            assert denial in call.error
+            assert "at most 20.00 more can be transferred" in call.error
     assert all(requests == 1 for requests in sends.values())
-
-
-def _assert_one_transferred_rest_denied(runs: list[Run], bank) -> None:
-    _assert_one_paid_rest_denied(runs, "fake_transfer", _transferred(), "at most 20.00 more can be transferred",
-                                 bank.sends)
-
-
-def _assert_one_refunded_rest_denied(runs: list[Run], gateway) -> None:
-    _assert_one_paid_rest_denied(runs, "refund", _paid(gateway), "at most 40.00 can be refunded",
-                                 gateway.ledger()["requests_per_key"])
 
 
 def test_transfers_approved_at_once_over_the_api_pay_at_most_the_account_limit(people, workers, api, monkeypatch):
@@ -107,7 +91,7 @@ def test_transfers_approved_at_once_over_the_api_pay_at_most_the_account_limit(p
     assert [answer.status_code for answer in answers] == [200] * 3
     _settle(runs)
 
-    _assert_one_transferred_rest_denied(runs, bank)
+    _assert_one_transferred_rest_denied(runs, bank.sends)
     # The later ones waited for the first: the log says for which call, and that its outcome woke them.
     waited = [run for run in runs if run.events.filter(reason__contains="waits for call #").exists()]
     assert waited and all(run.events.filter(reason__contains="released account acme").exists() for run in waited)
@@ -139,7 +123,7 @@ def test_transfers_approved_together_on_the_bulk_page_pay_at_most_the_account_li
     assert len(result.select(".bulk-outcome")) == 3
     _settle(runs)
 
-    _assert_one_transferred_rest_denied(runs, bank)
+    _assert_one_transferred_rest_denied(runs, bank.sends)
     # The result page's table, fetched again, tells each item's real outcome.
     rows = BeautifulSoup(browser.get(outcomes_url).content, "html.parser").select(".bulk-outcome")
     assert sorted(row["data-call-status"] for row in rows) == [S.DENIED, S.DENIED, S.SUCCEEDED]
@@ -180,21 +164,21 @@ def test_a_cumulative_rule_counts_a_call_still_in_flight(people, workers, monkey
     assert _transferred() == [Decimal("30")]  # nothing else was paid without a person
 
 
-@pytest.mark.parametrize("point", ["tool_call_started:refund", "tool_call_returned:refund"])
+@pytest.mark.parametrize("point", ["tool_call_started:fake_transfer", "tool_call_returned:fake_transfer"])
 def test_a_call_behind_a_crashed_holder_proceeds_once_it_is_recovered_and_nothing_is_paid_twice(
-        point, demo, idle_worker, worker_process, payment_gateway):
-    # Run A's worker dies holding order 123 (before paying, or after); run B, approved meanwhile, waits for
-    # it; once A's lease has expired the sweeper hands A to a worker, whose recovery releases the order.
-    agent = make_agent("refund-80", [{"tool_calls": [REFUND_80]}, {"content": "Done."}], tools=["refund"],
-                       check="refund")
-    run_a, run_b = (start_run(agent=agent, user=demo["requester"], input=f"refund 123, {n}") for n in "ab")
+        point, people, idle_worker, worker_process):
+    # Run A's worker dies holding account acme (before paying, or after); run B, approved meanwhile, waits for
+    # it; once A's lease has expired the sweeper hands A to a worker, whose recovery releases the account.
+    agent = make_agent("transfer-80", [{"tool_calls": [transfer("acme", 80)]}, {"content": "Done."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    run_a, run_b = (start_run(agent=agent, user=people["requester"], input=f"send 80 to acme, {n}") for n in "ab")
     assert [worker_process(run.pk) for run in (run_a, run_b)] == [0, 0]  # both wait for approval
     item_a, item_b = (Interrupt.objects.get(run=run) for run in (run_a, run_b))
-    decide_interrupt(interrupt=item_a, user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=item_a, user=people["approver"], decision="approved")
     assert worker_process(run_a.pk, failpoint=point) == KILLED
-    assert ToolCall.objects.get(run=run_a).status == S.RUNNING  # it holds the order: the dead worker's claim
+    assert ToolCall.objects.get(run=run_a).status == S.RUNNING  # it holds the account: the dead worker's claim
 
-    decide_interrupt(interrupt=item_b, user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=item_b, user=people["approver"], decision="approved")
     idle_worker.worker.start()
     deadline = time.monotonic() + 20
     while not run_b.events.filter(reason__contains="waits for call #").exists():
@@ -203,22 +187,21 @@ def test_a_call_behind_a_crashed_holder_proceeds_once_it_is_recovered_and_nothin
     assert ToolCall.objects.get(run=run_b).status == S.READY
 
     _settle([run_a, run_b])
-    _assert_one_refunded_rest_denied([run_a, run_b], payment_gateway)
+    _assert_one_transferred_rest_denied([run_a, run_b], transfer_requests())
 
 
-
-def test_refunds_advanced_by_separate_worker_processes_pay_at_most_the_order_total(
-        demo, idle_worker, worker_process, payment_gateway):
-    agent = make_agent("refund-80", [{"tool_calls": [REFUND_80]}, {"content": "Done."}], tools=["refund"],
-                       check="refund")
-    runs = [start_run(agent=agent, user=demo["requester"], input=f"refund 123, {n}") for n in range(3)]
+def test_transfers_advanced_by_separate_worker_processes_pay_at_most_the_account_limit(
+        people, idle_worker, worker_process):
+    agent = make_agent("transfer-80", [{"tool_calls": [transfer("acme", 80)]}, {"content": "Done."}],
+                       tools=["fake_transfer"], check="fake_transfer")
+    runs = [start_run(agent=agent, user=people["requester"], input=f"send 80 to acme, {n}") for n in range(3)]
     assert [worker_process(run.pk) for run in runs] == [0, 0, 0]  # all three wait for approval
     for item in Interrupt.objects.filter(run__in=runs):
-        decide_interrupt(interrupt=item, user=demo["approver"], decision="approved")
-    payment_gateway.faults(latency_s=1.0)  # longer than the processes take to start apart
+        decide_interrupt(interrupt=item, user=people["approver"], decision="approved")
+    slow_down(1.0)  # longer than the processes take to start apart
 
     assert all_at_once(3, lambda n: worker_process(runs[n].pk)) == [0, 0, 0]  # three processes at once
     idle_worker.worker.start()  # what the processes woke, or what waits on a timer, ends here
     _settle(runs)
 
-    _assert_one_refunded_rest_denied(runs, payment_gateway)
+    _assert_one_transferred_rest_denied(runs, transfer_requests())

@@ -2,8 +2,10 @@
 
 Each test advances a run in a separate worker process that SIGKILLs itself
 at a failpoint (or is killed from outside), lets its lease expire, runs the
-sweeper, and lets a fresh worker finish the run. The payment gateway is a
-real separate process; its ledger shows whether anything happened twice.
+sweeper, and lets a fresh worker finish the run. The tests' own bank
+(``fake_transfer``) keeps its ledger outside the worker, in a file the
+processes share (``tests.support.fake_tools``): it shows whether anything
+happened twice.
 """
 
 from datetime import timedelta
@@ -17,15 +19,17 @@ from runs.models import DeathBlame, Run, RunStatus, Step, WaitingReason
 from runs.engine.recovery import BLAME_MARGIN
 from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
-from tests.support.core import asking_agent
-from tests.support.durability import make_agent, refund_turns, wait_for_lease_expiry
+from tests.support.core import asking_agent, lookup, transfer_agent
+from tests.support.durability import make_agent, wait_for_lease_expiry
+from tests.support.fake_tools import (FAKE_NOTICE, set_account_limit, slow_down, transfer_bank, transfer_keys,
+                                      transfer_made_under, transfer_requests)
 from tools.models import ToolCall, ToolCallStatus
 
 KILLED = -9
 
 
-def _start(demo, agent):
-    return start_run(agent=agent, user=demo["requester"], input="please refund order 123")
+def _start(people, agent):
+    return start_run(agent=agent, user=people["requester"], input="please transfer 10 to acme")
 
 
 def _recover(run, worker):
@@ -36,94 +40,97 @@ def _recover(run, worker):
     return run
 
 
-def _charges(gateway, order_id=123):
-    return [r for r in gateway.ledger()["refunds"] if r["order_id"] == order_id]
+def _charged_keys(account="acme"):
+    """The idempotency keys of the transfers made to ``account`` (in any process), oldest first."""
+    return [key for key in transfer_keys() if transfer_made_under(key)["account"] == account]
 
 
 @pytest.mark.parametrize(
-    "point", ["model_call_started", "tool_call_ready:refund", "tool_call_started:refund", "tool_call_returned:refund",
-              "model_call_returned:stop"]
+    "point", ["model_call_started", "tool_call_ready:fake_transfer", "tool_call_started:fake_transfer",
+              "tool_call_returned:fake_transfer", "model_call_returned:stop"]
 )
-def test_refund_killed_at_each_failpoint_completes_with_one_charge(
-    point, demo, idle_worker, worker_process, payment_gateway
+def test_transfer_killed_at_each_failpoint_completes_with_one_charge(
+    point, people, idle_worker, worker_process
 ):
-    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
-    run = _start(demo, agent)
+    run = _start(people, transfer_agent("transfer-10"))
     assert worker_process(run.pk, failpoint=point) == KILLED
     idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
-    charges = _charges(payment_gateway)
+    charges = _charged_keys()
     assert len(charges) == 1
-    refund_call = ToolCall.objects.get(run=run, name="refund")
-    assert charges[0]["idempotency_key"] == refund_call.idempotency_key
-    assert refund_call.status == ToolCallStatus.SUCCEEDED
+    transfer_call = ToolCall.objects.get(run=run, name="fake_transfer")
+    assert charges[0] == transfer_call.idempotency_key
+    assert transfer_call.status == ToolCallStatus.SUCCEEDED
     if point == "model_call_returned:stop":  # the stored final answer is judged, not asked for again
         assert run.steps.count() == 3 and run.model_calls == 3
     if point == "model_call_started":
         assert run.steps.filter(status=Step.Status.DISCARDED).count() == 1
         assert run.events.filter(type="model_call", reason__startswith="discarded").exists()
-    if point in ("tool_call_started:refund", "tool_call_returned:refund"):
+    if point in ("tool_call_started:fake_transfer", "tool_call_returned:fake_transfer"):
         assert run.events.filter(type="tool_call", reason="retrying after a worker crash").exists()
-    if point == "tool_call_started:refund":  # never reached the gateway: looked up, not found, checked, sent
-        assert refund_call.attempts == 2
-    if point == "tool_call_returned:refund":  # paid before the kill: found by its key, not sent again
-        assert refund_call.attempts == 1
-        assert payment_gateway.ledger()["requests_per_key"][refund_call.idempotency_key] == 1
+    if point == "tool_call_started:fake_transfer":  # never reached the bank: looked up, not found, checked, sent
+        assert transfer_call.attempts == 2
+    if point == "tool_call_returned:fake_transfer":  # paid before the kill: found by its key, not sent again
+        assert transfer_call.attempts == 1
+        assert transfer_requests()[transfer_call.idempotency_key] == 1
         assert run.events.filter(type="tool_call", reason="found at the external system before sending again",
                                  to_status="succeeded").exists()
 
 
-def test_worker_killed_while_the_gateway_is_charging_ends_with_one_charge(
-    demo, idle_worker, worker_process, payment_gateway
+def test_worker_killed_while_the_bank_is_transferring_ends_with_one_charge(
+    people, idle_worker, worker_process
 ):
-    """kill -9 from outside while the refund request is in flight (the gateway is slow)."""
-    payment_gateway.faults(latency_s=1.0)
-    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
-    run = _start(demo, agent)
+    """kill -9 from outside while the transfer is in flight (the bank is slow)."""
+    slow_down(1.0)
+    run = _start(people, transfer_agent("transfer-10"))
 
-    def refund_in_flight():
-        return ToolCall.objects.filter(run=run, name="refund", status=ToolCallStatus.RUNNING).exists()
+    def transfer_in_flight():
+        return ToolCall.objects.filter(run=run, name="fake_transfer", status=ToolCallStatus.RUNNING).exists()
 
-    assert worker_process(run.pk, kill_when=refund_in_flight) == KILLED
+    assert worker_process(run.pk, kill_when=transfer_in_flight) == KILLED
     idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
-    refund_call = ToolCall.objects.get(run=run, name="refund")
-    assert [c["idempotency_key"] for c in _charges(payment_gateway)] == [refund_call.idempotency_key]
+    transfer_call = ToolCall.objects.get(run=run, name="fake_transfer")
+    assert _charged_keys() == [transfer_call.idempotency_key]
 
 
-def _email_agent():
+def _notice_agent():
     text = "Contract attached."
-    return make_agent("email-default", [
-        {"tool_calls": [{"name": "legal_check", "arguments": {"text": text}}]},
-        {"tool_calls": [{"name": "send_email", "arguments": {"to": "c@example.com", "subject": "Contract",
-                                                               "body": text}}]},
+    return make_agent("notice-default", [
+        {"tool_calls": [lookup("c")]},
+        {"tool_calls": [{"name": "fake_notice", "arguments": {"to": "c@example.com", "subject": "Contract",
+                                                                "body": text}}]},
         {"content": "Sent."},
-    ], tools=["legal_check", "send_email"], check="send_email")
+    ], tools=["fake_lookup", "fake_notice"])
 
 
-@pytest.mark.parametrize("point", ["tool_call_started:send_email", "tool_call_returned:send_email"])
-def test_side_effect_without_hook_killed_mid_call_goes_to_a_person(point, demo, idle_worker, worker_process):
-    run = _start(demo, _email_agent())
-    assert worker_process(run.pk) == 0
+@pytest.mark.parametrize("point", ["tool_call_started:fake_notice", "tool_call_returned:fake_notice"])
+def test_side_effect_without_hook_killed_mid_call_goes_to_a_person(point, people, idle_worker, worker_process,
+                                                                   monkeypatch):
+    from tools import registry
+
+    monkeypatch.setitem(registry._TOOLS, "fake_notice", FAKE_NOTICE)  # a side effect without a reconcile hook
+    run = _start(people, _notice_agent())
+    assert worker_process(run.pk, tools=("fake_notice",)) == 0
     run.refresh_from_db()
     assert run.waiting_reason == WaitingReason.APPROVAL
-    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=demo["approver"], decision="approved")
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
 
-    assert worker_process(run.pk, failpoint=point) == KILLED
+    assert worker_process(run.pk, failpoint=point, tools=("fake_notice",)) == KILLED
     idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
-    send_call = ToolCall.objects.get(run=run, name="send_email")
+    send_call = ToolCall.objects.get(run=run, name="fake_notice")
     assert send_call.status == ToolCallStatus.UNKNOWN
     assert send_call.attempts == 1  # never sent again blindly
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
     item = Interrupt.objects.get(run=run, kind=InterruptKind.RECONCILIATION, status=InterruptStatus.PENDING)
 
-    reconcile_interrupt(interrupt=item, user=demo["approver"], succeeded=True,
+    reconcile_interrupt(interrupt=item, user=people["approver"], succeeded=True,
                         result={"sent_to": "c@example.com"}, evidence="mail server log shows delivery at 10:02")
     idle_worker.drain()
     run.refresh_from_db()
@@ -148,10 +155,10 @@ def test_waiting_run_keeps_waiting_through_a_sweep(people, worker):
 
 
 def _neighbour_blamed_for(run, neighbour):
-    """``neighbour`` died in ``run``'s worker too, its step started ``BLAME_MARGIN`` after ``run``'s refund: the
+    """``neighbour`` died in ``run``'s worker too, its step started ``BLAME_MARGIN`` after ``run``'s transfer: the
     sweeper will blame the neighbour and count ``run`` a bystander."""
     owner = Run.objects.values_list("lease_owner", flat=True).get(pk=run.pk)
-    call_started = ToolCall.objects.values_list("started_at", flat=True).get(run=run, name="refund")
+    call_started = ToolCall.objects.values_list("started_at", flat=True).get(run=run, name="fake_transfer")
     Run.objects.filter(pk=neighbour.pk).update(status=RunStatus.RUNNING, lease_owner=owner,
                                                lease_expires_at=timezone.now() - timedelta(seconds=1))
     step = Step.objects.create(run=neighbour, index=neighbour.steps.count())
@@ -159,120 +166,113 @@ def _neighbour_blamed_for(run, neighbour):
 
 
 def test_sends_a_bystander_lost_to_a_neighbours_crashes_leave_its_retries_whole(
-    demo, idle_worker, worker_process, payment_gateway
+    people, idle_worker, worker_process, monkeypatch
 ):
-    # The chaos run's flake: twice a refund had just started (running, not yet sent) in a worker that a
+    # The chaos run's flake: twice a transfer had just started (running, not yet sent) in a worker that a
     # neighbour's step killed; as a bystander it was sent again each time, but those two cut-off sends
-    # still counted against max_attempts (3), so the gateway's first answer, a 503 that is retried
-    # otherwise, left it unknown; the gateway had no trace, a person settled it failed, the run failed.
-    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
-    run = _start(demo, agent)
-    neighbour = _start(demo, make_agent("neighbour", [{"content": "Done."}], tools=[]))
+    # still counted against max_attempts (3), so the bank's first answer, a 503 that is retried
+    # otherwise, left it unknown; the bank had no trace, a person settled it failed, the run failed.
+    run = _start(people, transfer_agent("transfer-10"))
+    neighbour = _start(people, make_agent("neighbour", [{"content": "Done."}], tools=[]))
     for attempt in (1, 2):  # worker_process: the real actor in a process that SIGKILLs itself at the failpoint
-        assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
+        assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
         _neighbour_blamed_for(run, neighbour)
         wait_for_lease_expiry(run.pk)
         sweep()
         assert Run.objects.values_list("death_blame", flat=True).get(pk=run.pk) == DeathBlame.BYSTANDER
-    assert payment_gateway.ledger()["requests_per_key"] == {}  # neither send left the worker
+    assert transfer_requests() == {}  # neither send left the worker
 
-    payment_gateway.faults(script=["error_before_commit"])
+    bank = transfer_bank(monkeypatch)  # this process's worker sends from now on: its bank counts every send
+    bank.script("unavailable")
     idle_worker.worker.start()
     idle_worker.drain()
     run.refresh_from_db()
 
-    call = ToolCall.objects.get(run=run, name="refund")
+    call = ToolCall.objects.get(run=run, name="fake_transfer")
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
     assert (call.status, call.attempts) == (ToolCallStatus.SUCCEEDED, 4)
     assert [e.payload["blamed"] for e in run.events.filter(type="recovery")] == [False, False]
-    assert [r["idempotency_key"] for r in _charges(payment_gateway)] == [call.idempotency_key]
-    assert payment_gateway.ledger()["requests_per_key"] == {call.idempotency_key: 2}
+    assert _charged_keys() == [call.idempotency_key]
+    assert bank.sends == {call.idempotency_key: 2}
 
 
-def _refund_whose_earlier_send_lands_late(monkeypatch, gateway, order_id: int, amount: str, hidden_lookups: int):
-    """Replace the refund tool's ``reconcile`` hook: the first time it is asked, the refund's earlier send
-    (still on its way when its worker died) lands at the gateway just after the lookup; the first
-    ``hidden_lookups`` lookups answer ``not_found`` (the gateway's view lagging behind)."""
+def _transfer_whose_earlier_send_lands_late(monkeypatch, account: str, amount: float, hidden_lookups: int):
+    """Replace the transfer tool's ``reconcile`` hook: the first time it is asked, the transfer's earlier send
+    (still on its way when its worker died) lands at the bank just after the lookup; the first
+    ``hidden_lookups`` lookups answer ``not_found`` (the bank's view lagging behind)."""
     import dataclasses
-
-    import httpx
+    from types import SimpleNamespace
 
     from tools import registry
     from tools.registry import Reconciliation
 
-    real = registry.get_tool("refund")
+    real = registry.get_tool("fake_transfer")
     asked = []
 
     def late(key):
         asked.append(key)
         found = real.reconcile(key) if len(asked) > hidden_lookups else Reconciliation("not_found")
         if len(asked) == 1:
-            httpx.post(f"{gateway.url}/refunds", json={"order_id": order_id, "amount": amount},
-                       headers={"Idempotency-Key": key}, timeout=5).raise_for_status()
+            real.handler(SimpleNamespace(idempotency_key=key), {"account": account, "amount": amount})
         return found
 
-    monkeypatch.setitem(registry._TOOLS, "refund", dataclasses.replace(real, reconcile=late))
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(real, reconcile=late))
     return asked
 
 
-def _refund_of_most_of_a_small_order(demo, order_id: int):
-    from tools.demo.models import Order
-
-    Order.objects.create(number=order_id, owner=demo["requester"], total=40)
-    turns = refund_turns(30)
-    for turn in turns[:2]:
-        turn["tool_calls"][0]["arguments"]["order_id"] = order_id
-    agent = make_agent(f"refund-{order_id}", turns, tools=["query_order", "refund"], check="refund")
-    return start_run(agent=agent, user=demo["requester"], input=f"refund order {order_id}")
+def _transfer_of_most_of_a_small_limit(people, account: str):
+    """A run transferring 10 to ``account``, which can take 15 in all: once it is made, no room is left for it."""
+    set_account_limit(account, 15)
+    return start_run(agent=transfer_agent(f"transfer-{account}", account), user=people["requester"],
+                     input=f"transfer 10 to {account}")
 
 
-def test_an_earlier_send_landing_after_the_lookup_is_found_not_denied_by_its_own_refund(
-    demo, idle_worker, worker_process, payment_gateway, monkeypatch
+def test_an_earlier_send_landing_after_the_lookup_is_found_not_denied_by_its_own_transfer(
+    people, idle_worker, worker_process, monkeypatch
 ):
-    """The worker dies with the refund (30 of 40) sent; the next worker looks its key up (not there yet),
-    then the earlier send lands, so the precondition sees the call's own refund and says no room is left.
-    The gateway paid it: the call ends ``succeeded`` (looked up again), never ``denied``; one charge."""
-    run = _refund_of_most_of_a_small_order(demo, 700)
-    assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
-    asked = _refund_whose_earlier_send_lands_late(monkeypatch, payment_gateway, 700, "30.00", hidden_lookups=1)
+    """The worker dies with the transfer (10 of 15) sent; the next worker looks its key up (not there yet),
+    then the earlier send lands, so the precondition sees the call's own transfer and says no room is left.
+    The bank made it: the call ends ``succeeded`` (looked up again), never ``denied``; one charge."""
+    run = _transfer_of_most_of_a_small_limit(people, "acct-700")
+    assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
+    asked = _transfer_whose_earlier_send_lands_late(monkeypatch, "acct-700", 10, hidden_lookups=1)
     idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
-    call = ToolCall.objects.get(run=run, name="refund")
+    call = ToolCall.objects.get(run=run, name="fake_transfer")
     assert len(asked) == 2
     assert (call.status, run.status, run.outcome) == (ToolCallStatus.SUCCEEDED, RunStatus.COMPLETED, "achieved")
-    assert [c["idempotency_key"] for c in _charges(payment_gateway, 700)] == [call.idempotency_key]
+    assert _charged_keys("acct-700") == [call.idempotency_key]
     assert not run.events.filter(type="tool_call", to_status="denied").exists()
 
 
 def test_an_earlier_send_the_lookup_cannot_see_is_unknown_when_its_precondition_says_no(
-    demo, idle_worker, worker_process, payment_gateway, monkeypatch
+    people, idle_worker, worker_process, monkeypatch
 ):
-    """Same, but the gateway's lookups never show the landed refund: the precondition's "no" may be the
-    call's own refund, so the call is ``unknown``, and after ``RECONCILE_MAX_TRIES`` looks a person
+    """Same, but the bank's lookups never show the landed transfer: the precondition's "no" may be the
+    call's own transfer, so the call is ``unknown``, and after ``RECONCILE_MAX_TRIES`` looks a person
     reconciles it; never ``denied``, never sent again."""
-    run = _refund_of_most_of_a_small_order(demo, 701)
-    assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
-    _refund_whose_earlier_send_lands_late(monkeypatch, payment_gateway, 701, "30.00", hidden_lookups=10**6)
+    run = _transfer_of_most_of_a_small_limit(people, "acct-701")
+    assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
+    _transfer_whose_earlier_send_lands_late(monkeypatch, "acct-701", 10, hidden_lookups=10**6)
     idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
-    call = ToolCall.objects.get(run=run, name="refund")
+    call = ToolCall.objects.get(run=run, name="fake_transfer")
     assert call.status == ToolCallStatus.UNKNOWN
     assert (run.status, run.waiting_reason) == (RunStatus.WAITING, WaitingReason.RECONCILIATION)
     assert Interrupt.objects.filter(run=run, kind=InterruptKind.RECONCILIATION,
                                     status=InterruptStatus.PENDING).exists()
-    assert len(_charges(payment_gateway, 701)) == 1
+    assert len(_charged_keys("acct-701")) == 1
     assert call.attempts == 1
     assert not run.events.filter(type="tool_call", to_status="denied").exists()
 
 
-def test_a_run_taken_over_from_a_dead_worker_before_the_sweeper_is_advanced_alone(demo, worker_process):
+def test_a_run_taken_over_from_a_dead_worker_before_the_sweeper_is_advanced_alone(people, worker_process):
     from runs.engine import runtime
 
-    agent = make_agent("refund-30", refund_turns(30), tools=["query_order", "refund"], check="refund")
-    run = _start(demo, agent)
-    assert worker_process(run.pk, failpoint="tool_call_started:refund") == KILLED
+    run = _start(people, transfer_agent("transfer-10"))
+    assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
     wait_for_lease_expiry(run.pk)  # no sweep: the next message for the run finds the dead worker's lease
 
     engine = runtime.Engine(runs_in_flight=10, db_threads=1)

@@ -15,9 +15,9 @@ from runs.models import DeathBlame, Message, Run, RunStatus, WaitingReason
 from runs.providers.scripted import ScriptedClient
 from runs.sweeping import sweep
 from runs.engine.lifecycle import cancel_run, start_run
-from tests.support.core import lookup, transfer
+from tests.support.core import lookup, transfer, transfer_turns
 from tests.support.durability import make_agent
-from tests.support.fake_tools import FAKE_TRANSFER, time_out_after_commit, transfers
+from tests.support.fake_tools import FAKE_TRANSFER, time_out_after_commit, transfer_requests, transfers
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import Reconciliation, Tool
@@ -182,14 +182,14 @@ def test_an_unknown_transfer_of_a_cancelled_run_is_still_looked_up_and_settled(p
 
 
 def test_a_step_that_kills_its_worker_every_time_ends_in_a_crash_loop_within_max_attempts(
-        demo, idle_worker, worker_process, payment_gateway, settings):
-    from tests.support.durability import refund_turns, wait_for_lease_expiry
+        people, idle_worker, worker_process, settings):
+    from tests.support.durability import wait_for_lease_expiry
 
-    agent = make_agent("always-crashes", refund_turns(30), tools=["query_order", "refund"])
-    run = start_run(agent=agent, user=demo["requester"], input="refund")
+    agent = make_agent("always-crashes", transfer_turns(), tools=["fake_lookup", "fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
     exits = []
     for _ in range(8):
-        exits.append(worker_process(run.pk, failpoint="tool_call_started:refund"))
+        exits.append(worker_process(run.pk, failpoint="tool_call_started:fake_transfer"))
         run.refresh_from_db()
         if run.is_terminal:
             break
@@ -198,20 +198,20 @@ def test_a_step_that_kills_its_worker_every_time_ends_in_a_crash_loop_within_max
     limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
     assert (run.status, run.failure_type) == (RunStatus.FAILED, "crash_loop")
     assert exits == [-9] * limit + [0]
-    refund_call = ToolCall.objects.get(run=run, name="refund")
-    assert refund_call.attempts <= registry.get_tool("refund").max_attempts
-    assert refund_call.status == S.UNKNOWN  # in flight when the run ended: reconciliation takes over
-    assert refund_call.reconcile_after is not None
+    transfer_call = ToolCall.objects.get(run=run, name="fake_transfer")
+    assert transfer_call.attempts <= registry.get_tool("fake_transfer").max_attempts
+    assert transfer_call.status == S.UNKNOWN  # in flight when the run ended: reconciliation takes over
+    assert transfer_call.reconcile_after is not None
     assert run.lost_leases == limit
-    assert payment_gateway.ledger()["refunds"] == []  # the gateway refunded nothing
+    assert transfers() == [] and transfer_requests() == {}  # the bank transferred nothing, nothing reached it
 
 
-def test_a_model_call_that_kills_its_worker_every_time_ends_in_a_crash_loop(demo, idle_worker, worker_process,
+def test_a_model_call_that_kills_its_worker_every_time_ends_in_a_crash_loop(people, idle_worker, worker_process,
                                                                             settings):
-    from tests.support.durability import refund_turns, wait_for_lease_expiry
+    from tests.support.durability import wait_for_lease_expiry
 
-    agent = make_agent("model-crashes", refund_turns(30), tools=["query_order", "refund"])
-    run = start_run(agent=agent, user=demo["requester"], input="refund")
+    agent = make_agent("model-crashes", transfer_turns(), tools=["fake_lookup", "fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
     for _ in range(8):
         worker_process(run.pk, failpoint="model_call_started")
         run.refresh_from_db()

@@ -122,3 +122,16 @@ def serving_core(people, tmp_path, **env):
     from tests.support.browser import serving_tests
 
     return serving_tests(people, SimpleNamespace(url=NO_GATEWAY_URL), tmp_path, **env)
+
+
+# --- added for the tests that kill a worker process (tests/engine, tests/attack) ---
+
+def transfer_turns(account: str = "acme", amount: float = 10) -> list[dict]:
+    """Scripted turns: look ``account`` up, transfer ``amount`` to it (10 or less: no person is asked), say so."""
+    return [{"tool_calls": [lookup(account)]}, {"tool_calls": [transfer(account, amount)]},
+            {"content": f"Transferred {amount} to {account}."}]
+
+
+def transfer_agent(slug: str, account: str = "acme", amount: float = 10, check: str = "fake_transfer") -> Agent:
+    """A stored scripted agent ``slug`` of ``transfer_turns(account, amount)`` with both fake tools and ``check``."""
+    return make_agent(slug, transfer_turns(account, amount), tools=CORE_TOOLS, check=check)

@@ -12,8 +12,9 @@ plug-in does, so the core sees them exactly as it sees the demo's.
 * ``fake_transfer`` (side effect, idempotent; approval when ``amount`` is
   over 10; ``account`` is its target): ``{"account": str, "amount":
   number}`` -> ``{"transfer_id", "account", "amount"}``. Transfers are kept
-  in this process, one per idempotency key (``transfers()``), as an
-  external system would keep them. Its precondition (checked when a call is
+  one per idempotency key (``transfers()``), as an external system would
+  keep them, in a ledger outside the process that made them (see below).
+  Its precondition (checked when a call is
   proposed and again just before it runs) denies a transfer that would take
   an account's transfers past its limit (``ACCOUNT_LIMIT``, 100, unless
   ``set_account_limit`` set another): "Account acme cannot take 500: at
@@ -21,7 +22,17 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   answers from the same record: ``succeeded`` with the transfer made under
   the key, else ``not_found``. After ``time_out_after_commit(n)`` its next
   ``n`` calls make their transfer and then raise ``ToolTimeout``, as a bank
-  that committed but did not answer in time (the outcome is unknown).
+  that committed but did not answer in time (the outcome is unknown);
+  ``slow_down(s)`` makes each call wait before it reaches the bank,
+  ``stall(n)`` lets the bank make ``n`` more transfers and leaves every
+  call hanging; ``transfer_requests()`` counts the calls per key.
+
+The ledger (transfers, requests, limits, hidden keys, faults to come) is a
+SQLite file named by ``FAKE_TOOLS_LEDGER``: the test process makes one when
+this module is imported and names it in its environment, so the worker
+processes it starts (``worker_process`` in ``tests/conftest.py``) share it,
+and a worker killed with SIGKILL cannot take its transfers along.
+``FAKE_TRANSFER_TIMEOUT_S`` sets ``fake_transfer``'s timeout (30 s).
 
 The completion check ``fake_transfer`` (registered with the tools) judges a
 run by its transfers: achieved once one succeeded, not achieved when one
@@ -32,7 +43,14 @@ without the demo data; ``tests.support.core`` has the helpers (calls,
 agents) of the tests that use these tools.
 """
 
+import atexit
+import contextlib
+import json
+import os
+import sqlite3
+import tempfile
 import threading
+import time
 from decimal import Decimal
 
 from django.apps import AppConfig
@@ -40,11 +58,78 @@ from django.apps import AppConfig
 from tools.registry import Reconciliation, Tool, ToolTimeout, register
 
 ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to, unless set otherwise
-_TRANSFERS: dict[str, dict] = {}
-_LIMITS: dict[str, Decimal] = {}
-_HIDDEN: set[str] = set()
-_TIMEOUTS_AFTER_COMMIT = [0]  # how many of the next transfers time out once made
+LEDGER_ENV = "FAKE_TOOLS_LEDGER"  # the ledger's path, shared with the processes this one starts
 _LOCK = threading.Lock()
+_LOCAL = threading.local()
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS transfers (key TEXT PRIMARY KEY, transfer_id INTEGER NOT NULL, account TEXT NOT NULL,
+                                      amount TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS requests (key TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS limits (account TEXT PRIMARY KEY, amount TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS hidden (key TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS knobs (name TEXT PRIMARY KEY, value REAL);
+"""
+
+
+def _ledger_path() -> str:
+    """The ledger's path (``FAKE_TOOLS_LEDGER``); the first process without one makes a file of its own, names it
+    in its environment (its child processes inherit it) and removes it when it exits."""
+    path = os.environ.get(LEDGER_ENV)
+    if not path:
+        handle, path = tempfile.mkstemp(prefix="tollgate-fake-tools-", suffix=".sqlite3")
+        os.close(handle)
+        os.environ[LEDGER_ENV] = path
+        atexit.register(lambda: [os.remove(p) for p in (path, path + "-wal", path + "-shm") if os.path.exists(p)])
+    return path
+
+
+_ledger_path()  # before any worker process is started, so that it inherits the path
+
+
+def _connection() -> sqlite3.Connection:
+    """This thread's connection to the ledger (made, with the tables, on first use in each thread and process)."""
+    if getattr(_LOCAL, "pid", None) != os.getpid():
+        connection = sqlite3.connect(_ledger_path(), timeout=60, isolation_level=None)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.executescript(_SCHEMA)
+        _LOCAL.connection, _LOCAL.pid = connection, os.getpid()
+    return _LOCAL.connection
+
+
+@contextlib.contextmanager
+def _ledger():
+    """A write transaction on the ledger (``BEGIN IMMEDIATE``: one writer at a time across processes)."""
+    connection = _connection()
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield connection
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
+
+
+def _rows(sql: str, *params) -> list[tuple]:
+    return _connection().execute(sql, params).fetchall()
+
+
+def _knob(name: str, default=0):
+    found = _rows("SELECT value FROM knobs WHERE name = ?", name)
+    return found[0][0] if found and found[0][0] is not None else default
+
+
+def _set_knob(name: str, value) -> None:
+    with _ledger() as ledger:
+        ledger.execute("INSERT OR REPLACE INTO knobs (name, value) VALUES (?, ?)", (name, value))
+
+
+def _as_transfer(row: tuple) -> dict:
+    return {"transfer_id": row[0], "account": row[1], "amount": json.loads(row[2])}
+
+
+def _limit(account: str) -> Decimal:
+    found = _rows("SELECT amount FROM limits WHERE account = ?", account)
+    return Decimal(found[0][0]) if found else ACCOUNT_LIMIT
 
 
 def _transferred(account: str) -> Decimal:
@@ -56,27 +141,35 @@ def _lookup(ctx, args: dict) -> dict:
 
 
 def _lookup_precondition(ctx, args: dict) -> str | None:
-    with _LOCK:
-        hidden = args["key"] in _HIDDEN
+    hidden = bool(_rows("SELECT 1 FROM hidden WHERE key = ?", args["key"]))
     return f"Key {args['key']} is hidden from the requester." if hidden else None
 
 
 def _transfer(ctx, args: dict) -> dict:
-    with _LOCK:
-        if ctx.idempotency_key not in _TRANSFERS:
-            _TRANSFERS[ctx.idempotency_key] = {"transfer_id": len(_TRANSFERS) + 1, "account": args["account"],
-                                               "amount": args["amount"]}
-        made = dict(_TRANSFERS[ctx.idempotency_key])
-        timed_out, _TIMEOUTS_AFTER_COMMIT[0] = _TIMEOUTS_AFTER_COMMIT[0] > 0, max(0, _TIMEOUTS_AFTER_COMMIT[0] - 1)
-    if timed_out:
+    time.sleep(_knob("delay_s"))
+    key = ctx.idempotency_key
+    with _ledger() as ledger:
+        ledger.execute("INSERT INTO requests (key, count) VALUES (?, 1) "
+                       "ON CONFLICT (key) DO UPDATE SET count = count + 1", (key,))
+        stall_s = _knob("stall_s", None)
+        new = ledger.execute("SELECT 1 FROM transfers WHERE key = ?", (key,)).fetchone() is None
+        if new and (stall_s is None or _knob("stall_left") > 0):
+            count, = ledger.execute("SELECT count(*) FROM transfers").fetchone()
+            ledger.execute("INSERT INTO transfers VALUES (?, ?, ?, ?)",
+                           (key, count + 1, args["account"], json.dumps(args["amount"])))
+            ledger.execute("UPDATE knobs SET value = value - 1 WHERE name = 'stall_left'")
+        made = ledger.execute("SELECT transfer_id, account, amount FROM transfers WHERE key = ?", (key,)).fetchone()
+        timed_out = _knob("timeouts_after_commit") > 0
+        ledger.execute("UPDATE knobs SET value = max(0, value - 1) WHERE name = 'timeouts_after_commit'")
+    if stall_s is not None:
+        time.sleep(stall_s)
+    if timed_out or stall_s is not None:
         raise ToolTimeout("The bank did not answer in time.")
-    return made
+    return _as_transfer(made)
 
 
 def _transfer_precondition(ctx, args: dict) -> str | None:
-    with _LOCK:
-        limit = _LIMITS.get(args["account"], ACCOUNT_LIMIT)
-    room = limit - _transferred(args["account"])
+    room = _limit(args["account"]) - _transferred(args["account"])
     if Decimal(str(args["amount"])) > room:
         return (f"Account {args['account']} cannot take {args['amount']}: "
                 f"at most {room:.2f} more can be transferred to it.")
@@ -84,9 +177,8 @@ def _transfer_precondition(ctx, args: dict) -> str | None:
 
 
 def _reconcile_transfer(idempotency_key: str) -> Reconciliation:
-    with _LOCK:
-        made = _TRANSFERS.get(idempotency_key)
-    return Reconciliation("succeeded", result=dict(made)) if made else Reconciliation("not_found")
+    made = transfer_made_under(idempotency_key)
+    return Reconciliation("succeeded", result=made) if made else Reconciliation("not_found")
 
 
 def transfer_done(run):
@@ -103,37 +195,54 @@ def transfer_done(run):
 
 
 def transfers() -> list[dict]:
-    """Every transfer ``fake_transfer`` made in this process, oldest first."""
-    with _LOCK:
-        return [dict(transfer) for transfer in _TRANSFERS.values()]
+    """Every transfer ``fake_transfer`` made, in this process or another, oldest first."""
+    rows = _rows("SELECT transfer_id, account, amount FROM transfers ORDER BY transfer_id")
+    return [_as_transfer(row) for row in rows]
 
 
 def set_account_limit(account: str, limit) -> None:
     """Let the transfers to ``account`` add up to ``limit`` (a number) rather than ``ACCOUNT_LIMIT``."""
-    with _LOCK:
-        _LIMITS[account] = Decimal(str(limit))
+    with _ledger() as ledger:
+        ledger.execute("INSERT OR REPLACE INTO limits (account, amount) VALUES (?, ?)",
+                       (account, str(Decimal(str(limit)))))
 
 
 def hide_key(key: str) -> None:
     """Make ``fake_lookup``'s precondition deny ``key`` from now on."""
-    with _LOCK:
-        _HIDDEN.add(key)
+    with _ledger() as ledger:
+        ledger.execute("INSERT OR IGNORE INTO hidden (key) VALUES (?)", (key,))
 
 
 def time_out_after_commit(count: int = 1) -> None:
     """Make the next ``count`` calls of ``fake_transfer`` raise ``ToolTimeout`` after making their transfer."""
-    with _LOCK:
-        _TIMEOUTS_AFTER_COMMIT[0] = count
+    _set_knob("timeouts_after_commit", count)
+
+
+def slow_down(seconds: float) -> None:
+    """Make every call of ``fake_transfer`` (in any process) wait ``seconds`` before it reaches the bank."""
+    _set_knob("delay_s", seconds)
+
+
+def stall(made: int | None, seconds: float = 600) -> None:
+    """Make the bank stall, for the calls of ``fake_transfer`` in any process: it makes at most ``made`` more
+    transfers, and every call, whether its transfer was made or not, hangs ``seconds`` and then raises
+    ``ToolTimeout`` (an answer that never came). ``made=None``: the bank answers again."""
+    with _ledger() as ledger:
+        for name, value in (("stall_left", made), ("stall_s", seconds if made is not None else None)):
+            ledger.execute("INSERT OR REPLACE INTO knobs (name, value) VALUES (?, ?)", (name, value))
+
+
+def transfer_requests() -> dict[str, int]:
+    """``{idempotency key: calls of fake_transfer that reached the bank}``, in any process, faulted ones too."""
+    return dict(_rows("SELECT key, count FROM requests"))
 
 
 def forget_transfers() -> None:
     """Start over with no transfers, every account at ``ACCOUNT_LIMIT``, no hidden key and no timeout to come
     (between tests)."""
-    with _LOCK:
-        _TRANSFERS.clear()
-        _LIMITS.clear()
-        _HIDDEN.clear()
-        _TIMEOUTS_AFTER_COMMIT[0] = 0
+    with _ledger() as ledger:
+        for table in ("transfers", "requests", "limits", "hidden", "knobs"):
+            ledger.execute(f"DELETE FROM {table}")  # noqa: S608 (the tables' own names)
 
 
 FAKE_LOOKUP = Tool(
@@ -153,6 +262,7 @@ FAKE_TRANSFER = Tool(
                 "required": ["account", "amount"], "additionalProperties": False},
     handler=_transfer,
     precondition=_transfer_precondition,
+    timeout_s=float(os.environ.get("FAKE_TRANSFER_TIMEOUT_S", "30")),
     side_effect=True,
     approval="amount > 10",
     target_key="account",
@@ -199,17 +309,15 @@ FAKE_NOTICE = Tool(
 
 def transfer_made_under(idempotency_key: str) -> dict | None:
     """The transfer ``fake_transfer`` made under ``idempotency_key`` (as ``transfers()`` lists it), or None."""
-    with _LOCK:
-        made = _TRANSFERS.get(idempotency_key)
-    return dict(made) if made else None
+    made = _rows("SELECT transfer_id, account, amount FROM transfers WHERE key = ?", idempotency_key)
+    return _as_transfer(made[0]) if made else None
 
 
 # --- added for tests/engine ---
 
 def transfer_keys() -> list[str]:
-    """The idempotency keys of the transfers ``fake_transfer`` made in this process, oldest first (one per key)."""
-    with _LOCK:
-        return list(_TRANSFERS)
+    """The idempotency keys of the transfers ``fake_transfer`` made, oldest first (one per key)."""
+    return [key for key, in _rows("SELECT key FROM transfers ORDER BY transfer_id")]
 
 
 class TransferBank:
@@ -276,8 +384,7 @@ def judge_transfers(groups: list[list[dict]]) -> list:
     verdicts = []
     for group in groups:
         account = group[0].get("account")
-        with _LOCK:
-            limit = _LIMITS.get(account, ACCOUNT_LIMIT)
+        limit = _limit(account)
         asked = sum((Decimal(str(arguments.get("amount", 0))) for arguments in group), Decimal(0))
         left = limit - _transferred(account)
         fit = asked <= left
@@ -285,3 +392,13 @@ def judge_transfers(groups: list[list[dict]]) -> list:
                                       f"{'' if fit else 'only '}{left:.2f} can be transferred: "
                                       f"{'all' if fit else 'not all'} can be made"))
     return verdicts
+
+
+# --- added for the worker processes a test starts (tests/conftest.py: worker_process) ---
+
+def register_test_tools(names: list[str]) -> None:
+    """Register the tools of this module named ``names`` that ``FakeToolsConfig`` leaves out (``fake_notice``),
+    in a worker process whose test registered them in its own process; ``KeyError`` for a name it does not define."""
+    defined = {tool.name: tool for tool in globals().values() if isinstance(tool, Tool)}
+    for name in names:
+        register(defined[name])

@@ -1,6 +1,7 @@
 """Processes a test starts on loopback: a free port, ``manage.py serve``, the test database's URL for them."""
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -28,6 +29,12 @@ def database_url_for_subprocess() -> str:
         return f"sqlite:///{db['NAME']}"
     auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
     return f"postgres://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def worker_environment(**extra: str) -> dict:
+    """The environment of a worker process a test starts: this process's (its settings module, the tests' tools'
+    ledger), the test database (``DATABASE_URL``), then ``extra``."""
+    return {**os.environ, "DATABASE_URL": database_url_for_subprocess(), **extra}
 
 
 @contextlib.contextmanager
