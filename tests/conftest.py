@@ -1,17 +1,16 @@
-"""Shared fixtures: users (with or without the demo data), a real Dramatiq worker, API clients.
+"""Shared fixtures: users, a real Dramatiq worker, API clients.
 
 Tests run against whatever ``DATABASE_URL`` / ``REDIS_URL`` say: PostgreSQL
 and Redis in CI's production-shape pass, SQLite and the stub broker in the
 embedded pass. The worker is a real ``dramatiq.Worker`` consuming the
 configured broker in this process. Plain helpers live in ``tests.support``.
 
-Tests that need the demo app (``tools.demo``: its data, tools and payment
-gateway) are marked ``demo``: every test under ``tests/demo/`` and every
-test that asks for the ``demo`` or ``payment_gateway`` fixture. Under
-settings without the demo app (``tests.settings_nodemo``) they are skipped,
-so what is left is the core suite on the tests' own tools
-(``tests.support.fake_tools``; calls, agents and waiting runs of them in
-``tests.support.core``) and users (``people``).
+Everything here runs on the tests' own tools (``tests.support.fake_tools``;
+calls, agents and waiting runs of them in ``tests.support.core``) and users
+(``people``). The demo app (``tools.demo``: its data, tools and payment
+gateway) is known only under ``tests/demo/``, whose fixtures are its own
+(``tests/demo/conftest.py``); its tests are marked ``demo`` and skipped
+under settings without the demo app (``tests.settings_nodemo``).
 """
 
 import subprocess
@@ -27,13 +26,10 @@ from rest_framework.test import APIClient
 from runs.base import awaiting
 from runs.engine import runtime
 from tests.support.fake_tools import forget_transfers
-from tests.support.gateway import GatewayProcess
 from tests.support.processes import worker_environment
 from tests.support.webhook_receiver import Receiver
 from tests.support.webhooks import FAST_SCHEDULE_S
 from tests.support.worker import RunWorker, forget_taken_messages
-
-DEMO_FIXTURES = {"demo", "payment_gateway"}
 
 
 def pytest_configure(config):
@@ -41,16 +37,16 @@ def pytest_configure(config):
 
     # Demo users are created in many tests; PBKDF2 would dominate the runtime.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    config.addinivalue_line("markers", "demo: needs the demo app (tools.demo), set by tests/conftest.py")
+    config.addinivalue_line("markers", "demo: a test of the demo app (tools.demo, tests/demo/), set by tests/conftest.py")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests that need the demo app; skip them when it is not installed."""
+    """Mark the tests of the demo app (``tests/demo/``); skip them when it is not installed."""
     demo_installed = apps.is_installed("tools.demo")
     skip = pytest.mark.skip(reason="needs the demo app (tools.demo), not installed by these settings")
     for item in items:
-        if "/tests/demo/" in str(item.path) or DEMO_FIXTURES & set(item.fixturenames):
+        if "/tests/demo/" in str(item.path):
             item.add_marker(pytest.mark.demo)
             if not demo_installed:
                 item.add_marker(skip)
@@ -93,17 +89,6 @@ def worker(idle_worker):
 
 
 @pytest.fixture
-def demo(transactional_db, payment_gateway):
-    """Load the demo data; return ``{username: User}``. The demo's tools talk to ``payment_gateway``."""
-    from django.contrib.auth import get_user_model
-
-    from tools.demo.data import load_demo
-
-    load_demo()
-    return {u.username: u for u in get_user_model().objects.filter(username__in=["requester", "approver", "admin"])}
-
-
-@pytest.fixture
 def people(transactional_db):
     """Users for tests about the core, without the demo data: ``{username: User}``.
 
@@ -142,24 +127,6 @@ def api():
         return client
 
     return client_for
-
-
-@pytest.fixture(scope="session")
-def gateway_process(tmp_path_factory):
-    """The demo's payment gateway, one process for the session (``tests.support.gateway.GatewayProcess``)."""
-    process = GatewayProcess(tmp_path_factory.mktemp("gateway"))
-    process.start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture
-def payment_gateway(gateway_process, settings):
-    """The demo's gateway with a fresh ledger and no faults, named by ``settings.GATEWAY_URL``."""
-    gateway_process.ensure_running()
-    settings.GATEWAY_URL = gateway_process.url
-    gateway_process.reset()
-    return gateway_process
 
 
 @pytest.fixture(autouse=True)

@@ -322,7 +322,7 @@ def transfer_keys() -> list[str]:
 
 class TransferBank:
     """``fake_transfer``'s handler as a bank whose answers a test scripts, the way the demo's gateway takes
-    faults (``tests.support.gateway``); ``transfer_bank`` installs it.
+    faults (``tests.demo.gateway``); ``transfer_bank`` installs it.
 
     * ``sends``: ``{idempotency key: calls that reached the bank}``, the faulted ones too;
     * ``script(*faults)``: the next calls meet these faults, one each, in order; ``always``: the fault every
