@@ -5,18 +5,8 @@ from decimal import Decimal
 import pytest
 
 from runs.models import Run
-from tests.support.api import (
-    QUERY_CALL,
-    REFUND_CALL,
-    create_agent,
-    error_of,
-    events,
-    gateway_refunds,
-    get_run,
-    pending_interrupts,
-    start_run,
-    tool_calls,
-)
+from tests.demo.support import QUERY_CALL, REFUND_CALL, demo_agent, gateway_refunds
+from tests.support.api import error_of, events, get_run, pending_interrupts, start_run, tool_calls
 from tools.demo import gateway
 
 REFUND_TURNS = [
@@ -28,7 +18,7 @@ REFUND_TURNS = [
 
 @pytest.fixture
 def refund_agent(demo, api):
-    return create_agent(api(demo["admin"]), "api-refund", REFUND_TURNS)["slug"]
+    return demo_agent(api(demo["admin"]), "api-refund", REFUND_TURNS)["slug"]
 
 
 def test_refund_waits_for_approval_then_executes_exactly_once(worker, demo, api, refund_agent):

@@ -10,7 +10,8 @@ import pytest
 from runs.base.awaiting import abandoned_threads
 from runs.engine.lifecycle import start_run
 from runs.models import RunStatus, WaitingReason
-from tests.support.durability import make_agent, refund_turns
+from tests.demo.support import refund_turns
+from tests.support.durability import make_agent
 from tools import registry
 from tools.demo import conf, gateway
 from tools.models import ToolCall, ToolCallStatus

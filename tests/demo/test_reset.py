@@ -20,7 +20,8 @@ from django.urls import reverse
 
 from approvals.models import Interrupt
 from runs.models import Run
-from tests.support.api import gateway_refunds, get_run, pending_interrupts, start_run
+from tests.demo.support import gateway_refunds
+from tests.support.api import get_run, pending_interrupts, start_run
 from tests.demo.gateway import GatewayProcess
 from tests.support.processes import database_url_for_subprocess
 from tools.demo import gateway

@@ -5,41 +5,15 @@ import threading
 from django.db import connection
 
 from runs.models import Run
-from tools.demo import gateway
-from tools.demo.data import CONTRACT_TEXT
-
-REFUND_CALL = {"name": "refund", "arguments": "{\"order_id\": 123, \"amount\": 80}"}
-QUERY_CALL = {"name": "query_order", "arguments": {"order_id": 123}}
-# The contract email's scripted turns, ending with the claim that it was sent, whatever happened.
-SENT_CLAIM = "The contract email has been sent."
-SENT_CLAIM_TURNS = [
-    {"tool_calls": [{"name": "legal_check", "arguments": {"text": CONTRACT_TEXT}}]},
-    {"tool_calls": [{"name": "send_email", "arguments": {
-        "to": "customer@example.com", "subject": "Your contract", "body": CONTRACT_TEXT}}]},
-    {"content": SENT_CLAIM},
-]
 
 
 def create_agent(admin_api, slug: str, turns: list[dict], **extra) -> dict:
-    """POST a scripted agent as staff; ``extra`` overrides tools, completion_check, ..."""
+    """POST a scripted agent as staff; ``extra``: its other fields (tools, completion_check, ...)."""
     body = {"slug": slug, "name": slug.replace("-", " ").title(), "instructions": "Test agent.",
-            "model": {"provider": "scripted", "turns": turns},
-            "tools": ["query_order", "refund"], "completion_check": "refund", **extra}
+            "model": {"provider": "scripted", "turns": turns}, **extra}
     response = admin_api.post("/api/agents/", body, format="json")
     assert response.status_code == 201, response.json()
     return response.json()
-
-
-def email_run_waiting(demo, api, worker, slug: str) -> dict:
-    """A run of the requester's whose model ends saying the email was sent (``SENT_CLAIM_TURNS``), drained to
-    where it waits for send_email's approval; returns the run's JSON."""
-    agent = create_agent(api(demo["admin"]), slug, SENT_CLAIM_TURNS, tools=["legal_check", "send_email"],
-                         completion_check="send_email")
-    run = start_run(api(demo["requester"]), agent["slug"], "Send the customer their contract.")
-    worker.drain()
-    run = get_run(api(demo["requester"]), run["id"])
-    assert (run["status"], run["waiting_reason"]) == ("waiting", "approval")
-    return run
 
 
 def error_of(response, status: int) -> dict:
@@ -97,11 +71,6 @@ def tool_messages(run_id: int) -> list[str]:
     """Contents of the tool-result messages the model received in this run."""
     messages = Run.objects.get(pk=run_id).messages.filter(role="tool").order_by("id")
     return list(messages.values_list("content", flat=True))
-
-
-def gateway_refunds() -> list[dict]:
-    """Every refund the payment gateway made: ``[{"refund_id", "idempotency_key", "order_id", "amount"}]``."""
-    return gateway.ledger()["refunds"]
 
 
 def all_at_once(count: int, send) -> list:

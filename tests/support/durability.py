@@ -17,15 +17,6 @@ def lookup_agent(slug: str = "lookup") -> Agent:
                              {"content": "Found it."}], tools=["fake_lookup"])
 
 
-def refund_turns(amount: int = 30) -> list[dict]:
-    """query order 123, refund ``amount`` on it, then say so."""
-    return [
-        {"tool_calls": [{"name": "query_order", "arguments": {"order_id": 123}}]},
-        {"tool_calls": [{"name": "refund", "arguments": {"order_id": 123, "amount": amount}}]},
-        {"content": f"Refunded {amount}."},
-    ]
-
-
 def wait_for_lease_expiry(run_id: int, timeout_s: float = 10) -> None:
     """Block until the run's lease (left by a killed worker) has expired."""
     from django.utils import timezone

@@ -2,10 +2,8 @@
 
 import time
 
-from runs.engine.lifecycle import start_run
 from runs.webhooks.models import DeliveryStatus, WebhookDelivery
 from runs.webhooks.services import create_subscription
-from tests.support.durability import make_agent, refund_turns
 
 # The retry schedule of the ``webhook_settings`` fixture: retries within a test.
 FAST_SCHEDULE_S = [0.3, 0.3]
@@ -14,12 +12,6 @@ FAST_SCHEDULE_S = [0.3, 0.3]
 def subscribe(user, receiver, *types):
     """A subscription of ``user`` to the receiver (all event types unless ``types`` are given)."""
     return create_subscription(owner=user, url=receiver.url, event_types=list(types) or None)
-
-
-def refund_needing_approval(demo, slug: str = "wh-refund"):
-    """A queued run of a refund of 80 on order 123 (over 50: it waits for approval)."""
-    agent = make_agent(slug, refund_turns(80), tools=["query_order", "refund"], check="refund")
-    return start_run(agent=agent, user=demo["requester"], input="refund order 123")
 
 
 def wait_until(predicate, timeout_s: float = 30, what: str = "condition"):
