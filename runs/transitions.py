@@ -172,7 +172,7 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
                 raise TypeError("columns and logged_before go with the run's own transition of a batch")
             written = [] if new or saved_with_event else changed + [name for name in stamped if name not in changed]
             # Another machine's row rides on its event's statement (runs.services.append_events' ``row``).
-            riding = instance.row_write(written) if written and not deferred else None
+            riding = instance.row_write(written) if written and run is not instance and not deferred else None
             if not deferred:
                 if run is not instance:
                     run_held = counters_held(run, columns)

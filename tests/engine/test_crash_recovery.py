@@ -82,7 +82,7 @@ def test_transfer_killed_at_each_failpoint_completes_with_one_charge(
 def test_worker_killed_while_the_bank_is_transferring_ends_with_one_charge(
     people, idle_worker, worker_process
 ):
-    """kill -9 from outside while the transfer is in flight (the bank is slow)."""
+    """kill -9 from outside while the transfer is in flight: the bank made it, its answer is slow."""
     slow_down(1.0)
     run = _start(people, transfer_agent("transfer-10"))
 
@@ -96,6 +96,7 @@ def test_worker_killed_while_the_bank_is_transferring_ends_with_one_charge(
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
     transfer_call = ToolCall.objects.get(run=run, name="fake_transfer")
     assert _charged_keys() == [transfer_call.idempotency_key]
+    assert transfer_requests() == {transfer_call.idempotency_key: 1}  # found by its key, never sent again
 
 
 def _notice_agent():

@@ -3,7 +3,7 @@
 One run of 5 model calls and 4 tool calls, driven by ``runs.engine.loop.advance``
 in this thread (the in-process worker's code path), of the benchmark's shape on
 the tests' own tools (``tests.support.fake_tools``, which keep their records in
-memory: what is counted is the engine's alone): ``fake_lookup`` three times
+a ledger of their own, not in the database: what is counted is the engine's alone): ``fake_lookup`` three times
 (read-only), ``fake_transfer`` of 60 (needs approval), a final answer. Every
 statement of the worker's connection is recorded and cut into passes of the
 loop (one per call of ``_step``, each with the next pass's look at the run

@@ -23,7 +23,7 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   the key, else ``not_found``. After ``time_out_after_commit(n)`` its next
   ``n`` calls make their transfer and then raise ``ToolTimeout``, as a bank
   that committed but did not answer in time (the outcome is unknown);
-  ``slow_down(s)`` makes each call wait before it reaches the bank,
+  ``slow_down(s)`` makes each call answer ``s`` seconds after the bank made its transfer,
   ``stall(n)`` lets the bank make ``n`` more transfers and leaves every
   call hanging; ``transfer_requests()`` counts the calls per key.
 
@@ -79,7 +79,9 @@ def _ledger_path() -> str:
         handle, path = tempfile.mkstemp(prefix="tollgate-fake-tools-", suffix=".sqlite3")
         os.close(handle)
         os.environ[LEDGER_ENV] = path
-        atexit.register(lambda: [os.remove(p) for p in (path, path + "-wal", path + "-shm") if os.path.exists(p)])
+        owner = os.getpid()  # not a forked child's to remove
+        atexit.register(lambda: [os.remove(p) for p in (path, path + "-wal", path + "-shm")
+                                 if os.getpid() == owner and os.path.exists(p)])
     return path
 
 
@@ -146,7 +148,6 @@ def _lookup_precondition(ctx, args: dict) -> str | None:
 
 
 def _transfer(ctx, args: dict) -> dict:
-    time.sleep(_knob("delay_s"))
     key = ctx.idempotency_key
     with _ledger() as ledger:
         ledger.execute("INSERT INTO requests (key, count) VALUES (?, 1) "
@@ -161,6 +162,7 @@ def _transfer(ctx, args: dict) -> dict:
         made = ledger.execute("SELECT transfer_id, account, amount FROM transfers WHERE key = ?", (key,)).fetchone()
         timed_out = _knob("timeouts_after_commit") > 0
         ledger.execute("UPDATE knobs SET value = max(0, value - 1) WHERE name = 'timeouts_after_commit'")
+    time.sleep(_knob("delay_s"))  # made (or refused) at once, answered late: a slow bank
     if stall_s is not None:
         time.sleep(stall_s)
     if timed_out or stall_s is not None:
@@ -219,7 +221,7 @@ def time_out_after_commit(count: int = 1) -> None:
 
 
 def slow_down(seconds: float) -> None:
-    """Make every call of ``fake_transfer`` (in any process) wait ``seconds`` before it reaches the bank."""
+    """Make every call of ``fake_transfer`` (in any process) answer ``seconds`` after the bank made its transfer."""
     _set_knob("delay_s", seconds)
 
 
