@@ -106,15 +106,11 @@ def page_fits(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
-# --- added for tests/browser ---
-# ``served`` without the demo, for the pages on the tests' own tools (tests.support.core): the server leaves the demo
-# app out (TOLLGATE_DEMO=false), so it starts no payment gateway and needs none (its GATEWAY_URL is left empty).
-NO_GATEWAY = type("NoGateway", (), {"url": ""})()
-
-
 @pytest.fixture
 def served_core(people, tmp_path):
-    """Base URL of ``manage.py serve`` without the demo app, against the test database; ``people`` log in with
-    the password ``<username>-demo`` (``log_in``)."""
-    with serving_tests(people, NO_GATEWAY, tmp_path, TOLLGATE_DEMO="false") as (base, _):
+    """Base URL of ``manage.py serve`` without the demo app (``tests.support.core.serving_core``), against the test
+    database; ``people`` log in with the password ``<username>-demo`` (``log_in``)."""
+    from tests.support.core import serving_core
+
+    with serving_core(people, tmp_path) as (base, _):
         yield base

@@ -95,7 +95,6 @@ def pending_transfer(*, requester, account: str = "acme", amount: float = 80, **
                         rule="amount > 10", **options)
 
 
-# --- added for tests/api ---
 
 
 def transfer_needing_approval(user, slug: str = "wh-transfer"):
@@ -106,25 +105,18 @@ def transfer_needing_approval(user, slug: str = "wh-transfer"):
     return start(agent=asking_agent(slug), user=user, input="Send 80 to acme.")
 
 
-# --- added for tests/engine and its tests/attack files ---
-
-# Where the served process looks for the demo's payment gateway when the tests do not need one: a documentation
-# address (TEST-NET-1), which ``manage.py serve`` never starts a gateway on (only on loopback).
-NO_GATEWAY_URL = "http://192.0.2.1:9"
-
 
 def serving_core(people, tmp_path, **env):
-    """``tests.support.browser.serving_tests`` without the demo's gateway: a context manager yielding ``(base
-    URL, its subprocess.Popen)`` of ``manage.py serve`` against the test database, users from ``people``,
-    ``env`` added to its environment."""
+    """``tests.support.browser.serving_tests`` of the product without the demo app (``TOLLGATE_DEMO=false``: no payment
+    gateway started or needed): a context manager yielding ``(base URL, its subprocess.Popen)`` of ``manage.py
+    serve`` against the test database, users from ``people``, ``env`` added to its environment."""
     from types import SimpleNamespace
 
     from tests.support.browser import serving_tests
 
-    return serving_tests(people, SimpleNamespace(url=NO_GATEWAY_URL), tmp_path, **env)
+    return serving_tests(people, SimpleNamespace(url=""), tmp_path, **{"TOLLGATE_DEMO": "false", **env})
 
 
-# --- added for the tests that kill a worker process (tests/engine, tests/attack) ---
 
 def transfer_turns(account: str = "acme", amount: float = 10) -> list[dict]:
     """Scripted turns: look ``account`` up, transfer ``amount`` to it (10 or less: no person is asked), say so."""

@@ -45,6 +45,7 @@ agents) of the tests that use these tools.
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -55,7 +56,7 @@ from decimal import Decimal
 
 from django.apps import AppConfig
 
-from tools.registry import Reconciliation, Tool, ToolTimeout, register
+from tools.registry import Reconciliation, Tool, ToolTimeout, ToolUnavailable, register
 
 ACCOUNT_LIMIT = Decimal(100)  # what all the transfers to one account may add up to, unless set otherwise
 LEDGER_ENV = "FAKE_TOOLS_LEDGER"  # the ledger's path, shared with the processes this one starts
@@ -289,7 +290,6 @@ class FakeToolsConfig(AppConfig):
         register_check("fake_transfer")(transfer_done)
 
 
-# --- added for tests/attack ---
 
 FAKE_NOTICE = Tool(
     name="fake_notice",
@@ -306,7 +306,6 @@ FAKE_NOTICE = Tool(
 )
 
 
-# --- added for tests/api ---
 
 
 def transfer_made_under(idempotency_key: str) -> dict | None:
@@ -315,7 +314,6 @@ def transfer_made_under(idempotency_key: str) -> dict | None:
     return _as_transfer(made[0]) if made else None
 
 
-# --- added for tests/engine ---
 
 def transfer_keys() -> list[str]:
     """The idempotency keys of the transfers ``fake_transfer`` made, oldest first (one per key)."""
@@ -348,10 +346,6 @@ class TransferBank:
 
     def handler(self, ctx, args: dict) -> dict:
         """The tool's handler: counts the send, waits ``delay_s``, meets its fault or transfers."""
-        import time
-
-        from tools.registry import ToolUnavailable
-
         with _LOCK:
             self.sends[ctx.idempotency_key] = self.sends.get(ctx.idempotency_key, 0) + 1
             fault = self._faults.pop(0) if self._faults else self.always
@@ -366,8 +360,6 @@ class TransferBank:
 def transfer_bank(monkeypatch, **changes) -> TransferBank:
     """A new ``TransferBank`` whose handler the registry's ``fake_transfer`` uses for this test (``monkeypatch``);
     ``changes``: other fields of the tool replaced too (e.g. ``reconcile``, ``timeout_s``)."""
-    import dataclasses
-
     from tools import registry
 
     bank = TransferBank()
@@ -396,7 +388,6 @@ def judge_transfers(groups: list[list[dict]]) -> list:
     return verdicts
 
 
-# --- added for the worker processes a test starts (tests/conftest.py: worker_process) ---
 
 def register_test_tools(names: list[str]) -> None:
     """Register the tools of this module named ``names`` that ``FakeToolsConfig`` leaves out (``fake_notice``),

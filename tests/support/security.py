@@ -68,7 +68,6 @@ def stored_state() -> tuple:
     )
 
 
-# --- added for tests/attack ---
 
 @pytest.fixture
 def core_reconciliation_item(people, worker, monkeypatch) -> Interrupt:
