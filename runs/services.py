@@ -132,10 +132,8 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     if last is None:
         refused = ", ".join(repr(e.type) for e in events)
         held_still = _lease_still_held(run.pk)
-        if held_still and row is not None and combined:
-            instance, fields, expected = row
-            if not type(instance)._base_manager.filter(pk=instance.pk, **expected).exists():
-                raise instance.refused_write()
+        if held_still and row is not None and combined:  # the row was refused, or the run's expected columns
+            raise row[0].refused_write()
         if columns is not None and columns.expected and held_still:
             raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
