@@ -32,7 +32,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import DataError, IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django_fsm import can_proceed
 
@@ -117,7 +117,9 @@ def hand_back(run_id: int, *, more: bool, released: str | None) -> None:
 def advance_slice(run_id: int) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.base.awaiting``)
     that returns (run, whether it has more to do)."""
-    run = Run.objects.select_related("agent", "session", "requested_by").get(pk=run_id)
+    run = (Run.objects.select_related("agent", "session", "requested_by")
+           .annotate(steps_in_flight=Exists(Step.objects.filter(run=OuterRef("pk"), status=Step.Status.STARTED)))
+           .get(pk=run_id))
     log_context.note(session_id=run.session_id, **tracing.log_ids(run))
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight
@@ -130,7 +132,8 @@ def advance_slice(run_id: int) -> Steps:
         known.started()
     else:
         seq = run.last_event_seq
-        if recover_after_takeover(run, actor=ACTOR, calls=known.calls) == FailureType.CRASH_LOOP:
+        in_flight = None if run.steps_in_flight else []  # read only when the run's row says some exist
+        if recover_after_takeover(run, actor=ACTOR, calls=known.calls, steps=in_flight) == FailureType.CRASH_LOOP:
             limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
             return _end(run.fail, reason="crash loop", failure_type=FailureType.CRASH_LOOP,
                         error=f"A worker died {limit} times in a row on the same step; the run was stopped."), False

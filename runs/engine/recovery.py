@@ -35,11 +35,14 @@ from tools.services import charged_attempts, recover_orphaned_call
 BLAME_MARGIN = timedelta(milliseconds=500)
 
 
-def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall]) -> FailureType | None:
+def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall],
+                           steps: list[Step] | None = None) -> FailureType | None:
     """Clean up what the run's previous lease holder left in flight (see module doc).
 
     ``calls``: the run's tool calls as the taking worker loaded them
     (``runs.engine.state.Known.calls``); the ``running`` ones are those in flight.
+    ``steps``: the run's steps left ``started`` when the caller knows them (the
+    loop reads whether any exist with the run's row), else None: they are read.
 
     A takeover that finds work in flight means a worker died on it. When
     the sweeper broke the dead lease it already counted the death and
@@ -53,7 +56,8 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall]) -> Fa
     (the caller ends the run; a side-effecting call in flight is then handed
     to reconciliation), else None.
     """
-    steps = list(run.steps.filter(status=Step.Status.STARTED))
+    if steps is None:
+        steps = list(run.steps.filter(status=Step.Status.STARTED))
     calls = [call for call in calls if call.status == ToolCallStatus.RUNNING]
     if not steps and not calls:
         return None
