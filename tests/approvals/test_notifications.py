@@ -18,7 +18,8 @@ from django.utils.translation import gettext
 
 from approvals.claims import claim_interrupt
 from approvals.models import Interrupt, NotificationPreference
-from approvals.notifications import save_preferences, send_new_item, send_queued
+from approvals.notifications import (save_preferences, send_new_item, send_queued, send_run_expired,
+                                     warn_claimed_items_expiring)
 from runs.access import users_who_may_decide
 from runs.engine.lifecycle import start_run
 from runs.sweeping import sweep
@@ -105,6 +106,27 @@ def test_a_requester_who_holds_the_permission_is_told_only_of_an_item_they_may_d
     mail.outbox.clear()
     save_preferences(user=people["requester"], new_item=False, claimed_expiring=True, run_expired=True)
     assert send_new_item(item.pk) == 2 and sent_to("requester@example.com") == []
+
+
+def test_each_notification_costs_a_fixed_number_of_queries_whatever_its_recipients(
+        people, settings, django_assert_max_num_queries):
+    """A new item: the item with its run, agent, requester and call (1), its recipients with their
+    preferences (1), however many they are and in however many languages (a tool's ``summarize`` hook
+    adds its own, once per language: ``fake_transfer`` has none). An expired run: the item, its requester
+    (2). An expiry warning: the items due, then per item its mark and its claimer (3 for one)."""
+    deciders_of_every_kind(people)
+    item = pending_transfer(requester=people["requester"])
+    mail.outbox.clear()
+
+    with django_assert_max_num_queries(2):
+        assert send_new_item(item.pk) == 6
+    with django_assert_max_num_queries(2):
+        assert send_run_expired(item.pk) == 1
+
+    claim_interrupt(interrupt=item, user=people["approver"])
+    settings.TOLLGATE = {**settings.TOLLGATE, "CLAIM_EXPIRY_WARNING_HOURS": 2}
+    with django_assert_max_num_queries(3):
+        assert warn_claimed_items_expiring(now=item.expires_at - timedelta(hours=1)) == {"expiry_warnings": 1}
 
 
 def test_each_approver_gets_one_email_for_a_new_item_and_the_four_eyes_requester_none(people, worker):
