@@ -19,6 +19,11 @@ that opened the item or the sweeper that failed the run spends no query
 and no time on mail, and never sends while a run's row lock is held. A
 failure to queue or to send is logged and swallowed: it never breaks a run. Each
 message is written in its recipient's language (``NotificationPreference.language``).
+
+An email costs two queries however many recipients it has: the item with
+what it shows (``_items``), and its recipients with their preferences
+(``_wanting``); describing the call may add a tool's ``summarize`` hook's,
+once per language among them (tests/approvals/test_notifications.py caps it).
 """
 
 import json
@@ -54,32 +59,31 @@ MAX_ARGUMENT_CHARS = 500
 MAX_SUBJECT_CHARS = 200
 
 
-def _wanting(users, kind: str) -> list:
-    """``users`` (a queryset) with an email address who did not turn ``kind`` off, each with ``.email_language``."""
-    preferences = {p.user_id: p for p in NotificationPreference.objects.filter(user__in=users)}
-    wanted = []
-    for user in users.exclude(email=""):
-        preference = preferences.get(user.pk)
-        if preference is not None and not getattr(preference, kind):
-            continue
-        user.email_language = (preference.language if preference is not None else "") or settings.LANGUAGE_CODE
-        wanted.append(user)
-    return wanted
+def _wanting(users, kind: str) -> list[tuple[str, str]]:
+    """``(email, language)`` of each of ``users`` (a ``User`` queryset) with an email address who did not turn
+    ``kind`` off, in one query: their ``NotificationPreference`` comes by a left join (no row: all on, and
+    ``LANGUAGE_CODE``)."""
+    rows = users.exclude(email="").values_list(
+        "email", f"notification_preference__{kind}", "notification_preference__language")
+    return [(email, language or settings.LANGUAGE_CODE) for email, wanted, language in rows if wanted is None or wanted]
 
 
 def _items():
-    """Inbox items with what an email about one shows (``_item_text``): the run, its agent (its slug; not
-    its configuration, which may be long), the requester and the tool call, in one query."""
-    return Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").defer(
-        "run__agent__model", "run__agent__tools", "run__agent__approval_policy", "run__agent__loosened_tools")
+    """Inbox items with what an email about one shows (``_item_text``) and whom it goes to, in one query: the
+    item, its run's agent (its slug), requester (their name) and tool call (name and arguments); only the
+    columns these need (a run's and a call's state too: a state machine reads it when it is built)."""
+    return Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").only(
+        "run__status", "run__agent__slug", f"run__requested_by__{get_user_model().USERNAME_FIELD}",
+        "tool_call__status", "tool_call__name", "tool_call__arguments",
+        "kind", "status", "title", "required_permission", "allow_requester", "expires_at", "claimed_by")
 
 
 def _link(name: str, *args) -> str:
     return settings.TOLLGATE["SITE_URL"].rstrip("/") + reverse(name, args=args)
 
 
-def _messages(users, write) -> list[EmailMessage]:
-    """One email to each of ``users`` (``_wanting``'s): ``write()`` returns ``(subject, body)`` and is
+def _messages(recipients, write) -> list[EmailMessage]:
+    """One email to each of ``recipients`` (``_wanting``'s): ``write()`` returns ``(subject, body)`` and is
     called once per language among them, in that language (an item's text is the same for all who read
     it in one language: describing its call may ask the database or a tool's hook).
 
@@ -89,13 +93,13 @@ def _messages(users, write) -> list[EmailMessage]:
     """
     texts: dict[str, tuple[str, str]] = {}
     messages = []
-    for user in users:
-        if user.email_language not in texts:
-            with translation.override(user.email_language):
+    for email, language in recipients:
+        if language not in texts:
+            with translation.override(language):
                 subject, body = write()
-            texts[user.email_language] = (header_line(subject), printable(body))
-        subject, body = texts[user.email_language]
-        messages.append(EmailMessage(subject=subject, body=body, to=[user.email]))
+            texts[language] = (header_line(subject), printable(body))
+        subject, body = texts[language]
+        messages.append(EmailMessage(subject=subject, body=body, to=[email]))
     return messages
 
 

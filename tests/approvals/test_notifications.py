@@ -10,19 +10,22 @@ from datetime import timedelta
 import dramatiq
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.core import mail
 from django.urls import reverse
+from django.utils import translation
+from django.utils.translation import gettext
 
 from approvals.claims import claim_interrupt
 from approvals.models import Interrupt, NotificationPreference
-from approvals.notifications import save_preferences, send_queued
+from approvals.notifications import (save_preferences, send_new_item, send_queued, send_run_expired,
+                                     warn_claimed_items_expiring)
 from runs.access import users_who_may_decide
 from runs.engine.lifecycle import start_run
 from runs.sweeping import sweep
 from runs.base.errors import InvalidInput
 from runs.models import Agent, RunStatus
-from tests.support.core import transfer
+from tests.support.core import pending_transfer, transfer
 from tests.support.durability import make_agent
 from tests.support.processes import free_port
 
@@ -40,6 +43,90 @@ def waiting_transfer(people, worker):
 
 def sent_to(address: str) -> list:
     return [message for message in mail.outbox if message.to == [address]]
+
+
+def deciders_of_every_kind(people) -> None:
+    """Besides ``people`` (``approver`` through the group, ``admin`` a superuser), users who may decide a
+    transfer and want its email: ``chinese`` (in Chinese), ``direct`` (the permission granted to them),
+    ``both`` (through the group and granted: one email), ``quiet`` (other kinds turned off); and users who
+    get none: ``off`` (new items turned off), ``inactive``, ``no-address``, ``outsider`` (no permission).
+    The requester writes in Chinese (a four-eyes item is not theirs)."""
+    User = get_user_model()
+    approvers = Group.objects.get(name="approvers")
+    decide = Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals")
+    users = {name: User.objects.create_user(name, email=f"{name}@example.com")
+             for name in ("chinese", "direct", "both", "quiet", "off", "inactive", "no-address", "outsider")}
+    for name in ("chinese", "both", "quiet", "off", "inactive", "no-address"):
+        users[name].groups.add(approvers)
+    for name in ("direct", "both"):
+        users[name].user_permissions.add(decide)
+    User.objects.filter(username="inactive").update(is_active=False)
+    User.objects.filter(username="no-address").update(email="")
+    NotificationPreference.objects.create(user=users["chinese"], language="zh-hans")
+    NotificationPreference.objects.create(user=users["quiet"], claimed_expiring=False, run_expired=False)
+    NotificationPreference.objects.create(user=users["off"], new_item=False, language="zh-hans")
+    NotificationPreference.objects.create(user=people["requester"], language="zh-hans")
+
+
+def new_item_subject(item, language: str) -> str:
+    with translation.override(language):
+        return gettext("[Tollgate] Waiting for you: %(title)s") % {"title": item.display_title}
+
+
+def test_a_new_item_goes_once_to_each_decider_with_an_address_who_wants_it_in_their_language(people):
+    deciders_of_every_kind(people)
+    item = pending_transfer(requester=people["requester"])
+    mail.outbox.clear()
+
+    assert send_new_item(item.pk) == 6
+
+    english, chinese = new_item_subject(item, "en"), new_item_subject(item, "zh-hans")
+    assert english != chinese
+    assert sorted((message.to[0], message.subject) for message in mail.outbox) == [
+        ("admin@example.com", english), ("approver@example.com", english), ("both@example.com", english),
+        ("chinese@example.com", chinese), ("direct@example.com", english), ("quiet@example.com", english)]
+    bodies = {message.to[0]: message.body for message in mail.outbox}
+    assert bodies["chinese@example.com"].startswith("有一个新的收件箱事项等待你决定。")
+    assert bodies["direct@example.com"].startswith("A new inbox item waits for your decision.")
+    assert len(set(bodies.values())) == 2  # one text per language
+
+
+def test_a_requester_who_holds_the_permission_is_told_only_of_an_item_they_may_decide(people):
+    people["requester"].groups.add(Group.objects.get(name="approvers"))
+    item = pending_transfer(requester=people["requester"])
+    mail.outbox.clear()
+    assert send_new_item(item.pk) == 2 and sent_to("requester@example.com") == []  # four eyes
+
+    Interrupt.objects.filter(pk=item.pk).update(allow_requester=True)  # as for a tool whose requester may decide
+    mail.outbox.clear()
+    assert send_new_item(item.pk) == 3
+    assert sorted(message.to[0] for message in mail.outbox) == [
+        "admin@example.com", "approver@example.com", "requester@example.com"]
+
+    mail.outbox.clear()
+    save_preferences(user=people["requester"], new_item=False, claimed_expiring=True, run_expired=True)
+    assert send_new_item(item.pk) == 2 and sent_to("requester@example.com") == []
+
+
+def test_each_notification_costs_a_fixed_number_of_queries_whatever_its_recipients(
+        people, settings, django_assert_max_num_queries):
+    """A new item: the item with its run, agent, requester and call (1), its recipients with their
+    preferences (1), however many they are and in however many languages (a tool's ``summarize`` hook
+    adds its own, once per language: ``fake_transfer`` has none). An expired run: the item, its requester
+    (2). An expiry warning: the items due, then per item its mark and its claimer (3 for one)."""
+    deciders_of_every_kind(people)
+    item = pending_transfer(requester=people["requester"])
+    mail.outbox.clear()
+
+    with django_assert_max_num_queries(2):
+        assert send_new_item(item.pk) == 6
+    with django_assert_max_num_queries(2):
+        assert send_run_expired(item.pk) == 1
+
+    claim_interrupt(interrupt=item, user=people["approver"])
+    settings.TOLLGATE = {**settings.TOLLGATE, "CLAIM_EXPIRY_WARNING_HOURS": 2}
+    with django_assert_max_num_queries(3):
+        assert warn_claimed_items_expiring(now=item.expires_at - timedelta(hours=1)) == {"expiry_warnings": 1}
 
 
 def test_each_approver_gets_one_email_for_a_new_item_and_the_four_eyes_requester_none(people, worker):
@@ -163,8 +250,9 @@ def test_a_question_title_with_line_breaks_still_reaches_its_recipient_on_one_su
     item = Interrupt.objects.get(run=run)
     mail.outbox.clear()
 
-    assert send_queued("new_item", item.pk) >= 1
-    message, = sent_to("requester@example.com")
+    assert send_queued("new_item", item.pk) == 1
+    message, = mail.outbox  # a question is its requester's: the approver and the superuser are not told
+    assert message.to == ["requester@example.com"]
     subject = message.message()["Subject"]  # rendered as the mail library sends it
     assert "\n" not in subject and "\r" not in subject and "Which order? Bcc: all@example.com really?" in subject
     assert message.message()["Bcc"] is None
