@@ -231,7 +231,8 @@ def role_urls(database_url: str) -> dict[str, str]:
                 role, password = f"{owner}_bench_{kind}", secrets.token_hex(16)
                 cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
                 verb = "ALTER" if cursor.fetchone() else "CREATE"
-                cursor.execute(f'{verb} ROLE "{role}" LOGIN PASSWORD %s', [password])
+                # Inlined: a utility statement takes no bound parameter under server-side binding (hex: no quote).
+                cursor.execute(f"{verb} ROLE \"{role}\" LOGIN PASSWORD '{password}'")
                 cursor.execute(f'GRANT "{owner}" TO "{role}"')
                 netloc = f"{role}:{password}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
                 urls[kind] = urlunparse(parts._replace(netloc=netloc))
