@@ -80,6 +80,21 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by", "answer_file")
     filterset_class = InterruptFilter
 
+    # The verbs on one item, each with the relations its service reads before it locks the item and
+    # loads it whole (the answer shows that load): a question's call (its options and file rule). An
+    # approval's call is read then only for edited arguments.
+    VERB_RELATIONS = {"approve": (), "reject": (), "reconcile": (), "claim": (), "unclaim": (),
+                      "respond": ("tool_call",)}
+
+    def get_queryset(self):
+        """The visible items (``visible_rows``); for a verb, with only the relations it reads first."""
+        rows = super().get_queryset()
+        if self.action not in self.VERB_RELATIONS:
+            return rows
+        rows = rows.select_related(None)
+        related = self.VERB_RELATIONS[self.action]
+        return rows.select_related(*related) if related else rows
+
     def visible_rows(self, queryset, user):
         """Items ``user`` may decide or whose run they may see, each with ``user_may_decide``."""
         return queryset.visible_to(user).with_decidable_flag(user)
