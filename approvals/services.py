@@ -25,7 +25,7 @@ from runs.services import actor_for, append_event
 from runs.base.tracing import record_decision
 from runs.transitions import apply
 from runs.tx import RunTx, locked
-from tools.models import Wait, WaitStatus
+from tools.models import ToolCall, Wait, WaitStatus
 from tools.registry import Tool, get_tool
 from tools.services import (
     approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call, settle_unknown_call,
@@ -325,7 +325,7 @@ def decide_interrupt(
     actor = actor_for(user)
     edited = decision == Decision.APPROVED and edited_arguments is not None
     # Checked before any lock is taken: the tool's precondition and business key are the integrator's code.
-    action_key = check_edited_arguments(interrupt.tool_call, edited_arguments) if edited else ""
+    action_key = check_edited_arguments(_call_with_run(interrupt), edited_arguments) if edited else ""
     # The run first: the worker takes the same lock before it puts the run
     # to wait, so a decision cannot slip in between. Any error undoes the
     # whole decision; the three transitions log their events with one
@@ -346,6 +346,12 @@ def decide_interrupt(
             tx.apply(tx.run.resume, actor=actor, reason="resumed after decision")
     record_decision(tx.run, interrupt)  # the approval's wait and its decision, in the run's trace (runs.base.tracing)
     return interrupt
+
+
+def _call_with_run(interrupt: Interrupt) -> ToolCall:
+    """The item's tool call with its run and the run's requester (what ``check_edited_arguments`` reads), in
+    one query."""
+    return ToolCall.objects.select_related("run__requested_by").get(pk=interrupt.tool_call_id)
 
 
 def _refuse_if_expired(interrupt: Interrupt) -> None:

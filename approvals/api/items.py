@@ -80,9 +80,8 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by", "answer_file")
     filterset_class = InterruptFilter
 
-    # The verbs on one item, each with the relations its service reads before it locks the item and
-    # loads it whole (the answer shows that load): a question's call (its options and file rule). An
-    # approval's call is read then only for edited arguments.
+    # The verbs on one item, each with the relations its service reads of the item before it locks it
+    # and loads it whole (which the answer shows): a question's call, for its options and file rule.
     VERB_RELATIONS = {"approve": (), "reject": (), "reconcile": (), "claim": (), "unclaim": (),
                       "respond": ("tool_call",)}
 
