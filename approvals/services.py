@@ -183,7 +183,8 @@ def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interru
 def can_decide(user, interrupt: Interrupt) -> bool:
     """Whether ``user`` may resolve ``interrupt``: ``Interrupt.objects.decidable_by``, the one rule (docs/design.md#who-may-see-and-decide).
 
-    One query, or none when ``interrupt`` was loaded ``with_decidable_flag(user)`` for this user.
+    One query, or none when ``interrupt`` was loaded ``with_decidable_flag(user)`` for this user (or
+    flagged for them by ``runs.access.flag_decidable``).
     """
     if user.pk is not None and getattr(interrupt, "decidable_flag_for", None) == user.pk:
         return bool(interrupt.user_may_decide)

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from approvals.models import Interrupt
 from approvals.selectors import PAGE_SIZE
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
-from runs.access import DECIDE_PERMISSION, RunAccess, holds_permission, may_decide
+from runs.access import DECIDE_PERMISSION, RunAccess, flag_decidable, holds_permission, may_decide
 from runs.base.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
@@ -187,6 +187,13 @@ def test_can_decide_takes_a_loaded_flag_only_for_the_user_it_was_loaded_for(worl
             assert {item.pk for item in mine if can_decide(fresh, item)} == expected, name
         if user.is_authenticated:
             assert len(own_flag.captured_queries) == 0, name  # the flag answered
+        flagged = list(Interrupt.objects.select_related("run"))  # one item's lookup sets the flag in memory
+        for item in flagged:
+            flag_decidable(fresh, item, requested_by_id=item.run.requested_by_id)
+        with CaptureQueriesContext(connection) as own_flag:
+            assert {item.pk for item in flagged if can_decide(fresh, item)} == expected, name
+        if user.is_authenticated:
+            assert len(own_flag.captured_queries) == 0, name
         # the superuser's flags say nothing about anyone else
         assert {item.pk for item in everything if can_decide(_fresh(user), item)} == expected, name
 
