@@ -11,19 +11,21 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.files.base import ContentFile
+from django.db.models import Exists, OuterRef
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django_fsm import can_proceed
 
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus, item_title
+from runs.access import may_decide
 from runs.base.errors import Expired, Forbidden, InvalidInput
 from runs.models import WaitingReason
 from runs.services import actor_for, append_event
 from runs.base.tracing import record_decision
 from runs.transitions import apply
 from runs.tx import RunTx, locked
-from tools.models import Wait, WaitStatus
+from tools.models import ToolCall, Wait, WaitStatus
 from tools.registry import Tool, get_tool
 from tools.services import (
     approve_tool_call, check_edited_arguments, expire_tool_call, reject_tool_call, settle_unknown_call,
@@ -133,7 +135,7 @@ def reconcile_interrupt(*, interrupt: Interrupt, user, succeeded: bool, evidence
     actor = actor_for(user)
     decision = Decision.SUCCEEDED if succeeded else Decision.FAILED
     with locked(interrupt.run_id) as tx:
-        interrupt = _lock_item(tx, interrupt.pk, decider=user)
+        interrupt = _lock_item(tx, interrupt.pk, decider=user, others_pending=True)
         resumes = _unblocks(tx, interrupt)
         apply(interrupt.resolve, actor=actor, reason=f"reconciled: {decision}", decision=decision, user=user,
               comment=evidence, edited_arguments=None, now=timezone.now())
@@ -181,7 +183,8 @@ def expire_locked_interrupt(interrupt: Interrupt, *, now, actor: str) -> Interru
 def can_decide(user, interrupt: Interrupt) -> bool:
     """Whether ``user`` may resolve ``interrupt``: ``Interrupt.objects.decidable_by``, the one rule (docs/design.md#who-may-see-and-decide).
 
-    One query, or none when ``interrupt`` was loaded ``with_decidable_flag(user)`` for this user.
+    One query, or none when ``interrupt`` was loaded ``with_decidable_flag(user)`` for this user (or
+    flagged for them by ``runs.access.flag_decidable``).
     """
     if user.pk is not None and getattr(interrupt, "decidable_flag_for", None) == user.pk:
         return bool(interrupt.user_may_decide)
@@ -274,24 +277,28 @@ def expire_input_item(tx: RunTx, *, tool_call, now, actor: str) -> Interrupt | N
     return expire_interrupt(tx, interrupt_id=interrupt.pk, now=now, actor=actor)
 
 
-def _lock_item(tx: RunTx, interrupt_id: int, *, decider=None) -> Interrupt:
+def _lock_item(tx: RunTx, interrupt_id: int, *, decider=None, others_pending: bool = False) -> Interrupt:
     """Item ``interrupt_id`` of ``tx.run`` locked (``SELECT ... FOR UPDATE`` of its row only, after the
     run's: ``runs.tx``'s lock order) with its tool call and answer file loaded (the answer shows both);
-    ``tx.run`` is attached to both, so events and transitions on them do not read the run again. With
-    ``decider`` (a user), the same statement loads ``user_may_decide`` for them (``with_decidable_flag``),
-    and ``Forbidden`` is raised unless they may decide it now. Raises ``Interrupt.DoesNotExist``."""
+    ``tx.run`` is attached to both, so events and transitions on them do not read the run again.
+
+    With ``decider`` (a user), ``Forbidden`` unless they may decide it now: the caller's check trusted a
+    flag loaded before the lock (``can_decide``), perhaps for another instance of the user, so a decider
+    who lost the right meanwhile decides nothing. The rule is checked in memory on the locked row and
+    run (``runs.access.may_decide``), with the permissions of this user object (read once per object):
+    no statement of its own. With ``others_pending``, the same statement sets ``others_pending``:
+    whether another item of the run is pending (``_unblocks``). Raises ``Interrupt.DoesNotExist``."""
     rows = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
-    if decider is not None:
-        rows = rows.with_decidable_flag(decider)
+    if others_pending:
+        rows = rows.annotate(others_pending=Exists(Interrupt.objects.filter(
+            run_id=OuterRef("run_id"), status=InterruptStatus.PENDING).exclude(pk=OuterRef("pk"))))
     interrupt = rows.get(pk=interrupt_id)
-    if decider is not None and not interrupt.user_may_decide:
-        # The caller's check trusted a flag loaded before the lock (``can_decide``); this one is
-        # taken with the row locked, so a decider who lost the right meanwhile decides nothing.
-        raise Forbidden(_("You may not decide this item."))
     if tx.run.pk == interrupt.run_id:
         interrupt.run = tx.run
         if interrupt.tool_call is not None:
             interrupt.tool_call.run = tx.run
+    if decider is not None and not may_decide(decider, interrupt, requested_by_id=interrupt.run.requested_by_id):
+        raise Forbidden(_("You may not decide this item."))
     return interrupt
 
 
@@ -319,13 +326,13 @@ def decide_interrupt(
     actor = actor_for(user)
     edited = decision == Decision.APPROVED and edited_arguments is not None
     # Checked before any lock is taken: the tool's precondition and business key are the integrator's code.
-    action_key = check_edited_arguments(interrupt.tool_call, edited_arguments) if edited else ""
+    action_key = check_edited_arguments(_call_with_run(interrupt), edited_arguments) if edited else ""
     # The run first: the worker takes the same lock before it puts the run
     # to wait, so a decision cannot slip in between. Any error undoes the
     # whole decision; the three transitions log their events with one
     # reservation (the run's own, or the block's end).
     with locked(interrupt.run_id) as tx:
-        interrupt = _lock_item(tx, interrupt.pk, decider=user)
+        interrupt = _lock_item(tx, interrupt.pk, decider=user, others_pending=True)
         _refuse_if_expired(interrupt)
         resumes = _unblocks(tx, interrupt)
         edits = {"changes": argument_changes(interrupt.proposed_arguments(), edited_arguments)} if edited else {}
@@ -342,6 +349,12 @@ def decide_interrupt(
     return interrupt
 
 
+def _call_with_run(interrupt: Interrupt) -> ToolCall:
+    """The item's tool call with its run and the run's requester (what ``check_edited_arguments`` reads), in
+    one query."""
+    return ToolCall.objects.select_related("run__requested_by").get(pk=interrupt.tool_call_id)
+
+
 def _refuse_if_expired(interrupt: Interrupt) -> None:
     """Raise ``Expired`` for a pending item whose ``expires_at`` has passed (by this server's clock)."""
     if interrupt.status == InterruptStatus.PENDING and interrupt.expires_at is not None \
@@ -352,14 +365,15 @@ def _refuse_if_expired(interrupt: Interrupt) -> None:
 
 def _unblocks(tx: RunTx, interrupt: Interrupt) -> bool:
     """Whether resolving ``interrupt`` lets its run ``tx.run`` resume: the run waits for people and no
-    other item of it is pending. Call with the item locked (``_lock_item``: nothing else can change
-    either row until commit), before the item's transition. If so, a worker is woken on commit
-    (``RunTx.wake``: ahead of the live push)."""
+    other item of it is pending. Call with the item locked by ``_lock_item(..., others_pending=True)``
+    (under the run's lock, which every writer of the run's items takes first: neither changes until
+    commit), before the item's transition. If so, a worker is woken on commit (``RunTx.wake``: ahead
+    of the live push)."""
     run = tx.run
     # waiting for an approval or a settlement (a wait for an answer or an event ends with its wait)
     if run.waiting_reason not in (WaitingReason.APPROVAL, WaitingReason.RECONCILIATION) or not can_proceed(run.resume):
         return False
-    if run.interrupts.filter(status=InterruptStatus.PENDING).exclude(pk=interrupt.pk).exists():
+    if interrupt.others_pending:
         return False
     tx.wake()
     return True

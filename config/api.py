@@ -35,6 +35,7 @@ request bodies (unknown fields are a 400) and ``OutputSerializer`` for
 what the API shows.
 """
 
+import copy
 import math
 
 from django.conf import settings
@@ -197,7 +198,22 @@ class VisibleRowsMixin:
 class OutputSerializer(serializers.ModelSerializer):
     """A read-only model serializer that keeps ``allow_blank`` (DRF drops it for ``read_only_fields``), so drf-spectacular
     documents a blank choice (a run's ``waiting_reason``) the field really shows.
+
+    Its fields are built from the model once per class and cloned for each serializer, as DRF clones
+    a plain serializer's declared fields (``copy.deepcopy``: each field made again from the arguments
+    it was made with). DRF builds a model serializer's fields anew for every one: most of the CPU of
+    serializing one object. So the fields of a subclass follow from its class alone, never from the
+    serializer's instance or context.
     """
+
+    _fields_by_class: dict[type, dict] = {}
+
+    def get_fields(self):
+        """The class's fields (``ModelSerializer.get_fields``, built on first use), cloned."""
+        built = OutputSerializer._fields_by_class.get(type(self))
+        if built is None:
+            built = OutputSerializer._fields_by_class[type(self)] = super().get_fields()
+        return copy.deepcopy(built)
 
     def include_extra_kwargs(self, kwargs, extra_kwargs):
         allow_blank = kwargs.get("allow_blank", False)

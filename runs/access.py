@@ -15,6 +15,10 @@
   SQL (``holds_permission``), not in a loop in Python.
 * ``Interrupt.objects.visible_to(user)``: items ``user`` may look at, those
   they may decide and those of runs they may see.
+* ``may_decide(user, item, requested_by_id=...)``: ``decidable_by``'s rule
+  for one item already loaded, in memory (``flag_decidable`` sets the flag
+  ``with_decidable_flag`` loads): the API's lookup of one item, and a
+  decision's second check with the item and run locked, take no statement.
 
 * ``may_deliver_event(user, run)``: who may deliver an external event to a
   run waiting for one (``POST /api/events/``): its requester, or a holder of
@@ -23,7 +27,11 @@
 An inactive or anonymous user sees and decides nothing. API, pages,
 WebSocket consumers, the admin's actions and the engine's cancel ask these
 querysets; a single object is checked with ``.filter(pk=...).exists()``, so
-each rule is written here once (docs/design.md#who-may-see-and-decide).
+each rule is written here once (docs/design.md#who-may-see-and-decide), the
+in-memory forms (``RunAccess.sees``, ``may_decide``) beside the SQL they
+must agree with (``tests/kernel/test_access_rules.py`` holds them to it).
+A user's permissions are read once per user object, in one statement
+(``_read_permissions``).
 
 This module is in the runs kernel (``tests/unit/test_layers.py``): it names the
 approvals app's permission and ``Interrupt`` fields as strings, never by
@@ -47,23 +55,75 @@ def _active(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active)
 
 
+def _read_permissions(user) -> None:
+    """Read the permissions of ``user`` (active, not a superuser) into ``ModelBackend``'s caches on the user
+    object, unless something read them already: the permissions ``ModelBackend`` reads (granted to the
+    user, and to the groups they are in), in one statement (``UNION ALL``) where it takes two.
+
+    ``has_perm`` and ``get_all_permissions`` then answer from the caches as after its own reads. Were
+    Django to keep them under other names, it would read them again itself: slower, never another
+    answer (``tests/kernel/test_access_rules.py`` then fails).
+    """
+    if not _active(user) or user.is_superuser or hasattr(user, "_perm_cache"):
+        return
+    names = ("content_type__app_label", "codename")
+    own = Permission.objects.filter(user=user).order_by().values_list(*names, Value("user"))
+    grouped = Permission.objects.filter(group__user=user).order_by().values_list(*names, Value("group"))
+    read: dict[str, set[str]] = {"user": set(), "group": set()}
+    for app_label, codename, source in own.union(grouped, all=True):
+        read[source].add(f"{app_label}.{codename}")
+    user._user_perm_cache, user._group_perm_cache = read["user"], read["group"]
+    user._perm_cache = read["user"] | read["group"]
+
+
+def _holds(user, permission: str) -> bool:
+    """``user.has_perm(permission)``, the user's permissions read in one statement if not read yet."""
+    _read_permissions(user)
+    return user.has_perm(permission)
+
+
 def holds_permission(user, field: str) -> Q:
     """A condition on a row: the permission named by its ``field`` (``"app_label.codename"``) is held by ``user``.
 
     The same answer as ``user.has_perm`` (``ModelBackend``): nothing for an
     inactive or anonymous user, everything for an active superuser, else
-    ``field IN`` the names of ``user.get_all_permissions()`` (two queries the
-    first time, then cached on the user). Why a list and not a subquery:
-    docs/design.md#who-may-see-and-decide.
+    ``field IN`` the names of ``user.get_all_permissions()`` (one query the
+    first time, ``_read_permissions``, then cached on the user). Why a list
+    and not a subquery: docs/design.md#who-may-see-and-decide.
     """
     if not _active(user):
         return Q(Value(False, output_field=BooleanField()))
     if user.is_superuser:
         return Q(Value(True, output_field=BooleanField()))
+    _read_permissions(user)
     granted = sorted(user.get_all_permissions())
     if not granted:
         return Q(Value(False, output_field=BooleanField()))
     return Q(**{f"{field}__in": granted})
+
+
+def may_decide(user, item, *, requested_by_id: int | None) -> bool:
+    """Whether ``user`` may resolve ``item``, an inbox item as loaded (its ``kind``, ``required_permission``
+    and ``allow_requester``) of a run requested by user ``requested_by_id``: ``decidable_by``'s rule, in
+    memory (no query once the user's permissions are read, ``_holds``).
+
+    The same answer as ``Interrupt.objects.decidable_by(user).filter(pk=item.pk).exists()`` for the item
+    and run as loaded.
+    """
+    if not _active(user):
+        return False
+    own_run = requested_by_id is not None and requested_by_id == user.pk
+    if item.kind == INPUT_KIND:
+        return own_run or user.is_staff
+    return _holds(user, item.required_permission) and (item.allow_requester or not own_run)
+
+
+def flag_decidable(user, item, *, requested_by_id: int | None) -> None:
+    """Set on ``item``, one inbox item already loaded, what ``with_decidable_flag(user)`` would have
+    loaded with it: ``user_may_decide`` (``may_decide``) and ``decidable_flag_for``. For a lookup of one
+    item, whose SQL flag costs more CPU to build than the rest of the statement."""
+    item.user_may_decide = may_decide(user, item, requested_by_id=requested_by_id)
+    item.decidable_flag_for = user.pk
 
 
 @dataclass(frozen=True)
@@ -77,10 +137,10 @@ class RunAccess:
 
     @classmethod
     def of(cls, user) -> "RunAccess":
-        """The facts for ``user`` as loaded (``has_perm``: up to two queries, cached on the user)."""
+        """The facts for ``user`` as loaded (``has_perm``: one query the first time, cached on the user)."""
         if not _active(user):
             return cls(None)
-        return cls(user.pk, bool(user.is_staff or user.has_perm(DECIDE_PERMISSION)))
+        return cls(user.pk, bool(user.is_staff or _holds(user, DECIDE_PERMISSION)))
 
     def sees(self, requested_by: int) -> bool:
         """Whether the user sees a run requested by user ``requested_by`` (in memory)."""

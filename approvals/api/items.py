@@ -12,6 +12,7 @@ list is cursor pages with the filters of ``approvals.api.filters``.
 """
 
 from django.conf import settings
+from django.db.models import F
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
@@ -36,6 +37,7 @@ from approvals.services import answer_interrupt, decide_interrupt, reconcile_int
 from config.api import VisibleRowsMixin
 from config.idempotency import IdempotentPostMixin
 from config.strict_json import StrictJSONParser
+from runs.access import flag_decidable
 from runs.base.errors import Forbidden, TooLarge
 
 DECISION_RESPONSES = {
@@ -80,13 +82,29 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     queryset = Interrupt.objects.select_related("run", "tool_call", "resolved_by", "answer_file")
     filterset_class = InterruptFilter
 
+    # The verbs on one item, each with the relations its service reads of the item before it locks it
+    # and loads it whole (which the answer shows): a question's call, for its options and file rule.
+    VERB_RELATIONS = {"approve": (), "reject": (), "reconcile": (), "claim": (), "unclaim": (),
+                      "respond": ("tool_call",)}
+
+    def get_queryset(self):
+        """The visible items (``visible_rows``). For a verb: with their run's requester instead of the
+        flag (``_decidable_item`` sets it) and only the relations the verb reads first."""
+        if self.action not in self.VERB_RELATIONS or getattr(self, "swagger_fake_view", False):
+            return super().get_queryset()
+        rows = Interrupt.objects.visible_to(self.request.user).annotate(run_requester=F("run__requested_by"))
+        related = self.VERB_RELATIONS[self.action]
+        return rows.select_related(*related) if related else rows
+
     def visible_rows(self, queryset, user):
         """Items ``user`` may decide or whose run they may see, each with ``user_may_decide``."""
         return queryset.visible_to(user).with_decidable_flag(user)
 
     def _decidable_item(self) -> Interrupt:
-        """The item of the URL if visible (else 404) and the user may decide it (else 403)."""
+        """The item of the URL if visible (else 404) and the user may decide it (else 403), flagged so
+        (``runs.access.flag_decidable``: the service's ``can_decide`` takes the flag)."""
         interrupt = self.get_object()
+        flag_decidable(self.request.user, interrupt, requested_by_id=interrupt.run_requester)
         if not interrupt.user_may_decide:
             raise Forbidden("You may not decide this item.")
         return interrupt

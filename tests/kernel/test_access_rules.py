@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from approvals.models import Interrupt
 from approvals.selectors import PAGE_SIZE
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
-from runs.access import DECIDE_PERMISSION, RunAccess
+from runs.access import DECIDE_PERMISSION, RunAccess, flag_decidable, holds_permission, may_decide
 from runs.base.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
@@ -133,6 +133,9 @@ def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world)
         flags = dict(Interrupt.objects.with_decidable_flag(_fresh(user)).values_list("pk", "user_may_decide"))
         assert {pk for pk, flag in flags.items() if flag} == expected, name
         assert {item.pk for item in items if can_decide(_fresh(user), item)} == expected, name
+        in_memory = _fresh(user)  # what a decision re-checks with the item and its run locked
+        assert {item.pk for item in items
+                if may_decide(in_memory, item, requested_by_id=item.run.requested_by_id)} == expected, name
         agreed.append((name, len(expected)))
     # The matrix is not degenerate: the rule says yes and no, for different reasons.
     counts = dict(agreed)
@@ -143,6 +146,33 @@ def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world)
     assert counts["requester"] == 1                                      # the question of their own run
     assert counts["direct_approver"] == counts["group_approver"] == 10  # both runs, decide-permission items
     assert counts["special_approver"] == 2                               # the special tool's items only
+
+
+def test_a_users_permissions_are_read_once_in_one_statement_as_django_reads_them(world):
+    users, items = world
+    User = get_user_model()
+    both = users["approving_requester"]  # in two groups, and granted one of their permissions directly too
+    both.user_permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    for name, user in users.items():
+        if not user.is_authenticated:
+            continue
+        read = _fresh(user)
+        with CaptureQueriesContext(connection) as reading:
+            access = RunAccess.of(read)
+            holds_permission(read, "required_permission")
+            decided = {item.pk for item in items if may_decide(read, item, requested_by_id=item.run.requested_by_id)}
+        reads = 1 if user.is_active and not user.is_superuser else 0  # a superuser holds every permission unread
+        assert len(reading.captured_queries) == reads, name
+        with CaptureQueriesContext(connection) as cached:
+            held = read.get_all_permissions(), read.get_user_permissions(), read.get_group_permissions()
+        if reads:
+            assert len(cached.captured_queries) == 0, name  # Django answers from what was read
+        django = User.objects.get(pk=user.pk)  # Django's own reads (ModelBackend), on an object never read
+        assert held == (django.get_all_permissions(), django.get_user_permissions(),
+                        django.get_group_permissions()), name
+        assert access.sees_all == bool(django.is_active and (django.is_staff or django.has_perm(DECIDE_PERMISSION)))
+        assert decided == {item.pk for item in items if _old_can_decide(django, item)}, name
+    assert _fresh(both).get_user_permissions() == {DECIDE_PERMISSION}
 
 
 def test_can_decide_takes_a_loaded_flag_only_for_the_user_it_was_loaded_for(world):
@@ -157,6 +187,13 @@ def test_can_decide_takes_a_loaded_flag_only_for_the_user_it_was_loaded_for(worl
             assert {item.pk for item in mine if can_decide(fresh, item)} == expected, name
         if user.is_authenticated:
             assert len(own_flag.captured_queries) == 0, name  # the flag answered
+        flagged = list(Interrupt.objects.select_related("run"))  # one item's lookup sets the flag in memory
+        for item in flagged:
+            flag_decidable(fresh, item, requested_by_id=item.run.requested_by_id)
+        with CaptureQueriesContext(connection) as own_flag:
+            assert {item.pk for item in flagged if can_decide(fresh, item)} == expected, name
+        if user.is_authenticated:
+            assert len(own_flag.captured_queries) == 0, name
         # the superuser's flags say nothing about anyone else
         assert {item.pk for item in everything if can_decide(_fresh(user), item)} == expected, name
 
