@@ -284,8 +284,10 @@ def _lock_item(tx: RunTx, interrupt_id: int, *, decider=None, others_pending: bo
 
     With ``decider`` (a user), ``Forbidden`` unless they may decide it now: the caller's check trusted a
     flag loaded before the lock (``can_decide``), perhaps for another instance of the user, so a decider
-    who lost the right meanwhile decides nothing. The rule is checked in memory on the locked row and
-    run (``runs.access.may_decide``), with the permissions of this user object (read once per object):
+    whom the item or its run no longer lets decide (its kind, the permission it asks, the run's requester,
+    all read locked) decides nothing. The rule is checked in memory on the locked row and run
+    (``runs.access.may_decide``), with the permissions and ``is_active`` of this user object (read once
+    per object, at the request's start: a right taken away during the request counts from the next one):
     no statement of its own. With ``others_pending``, the same statement sets ``others_pending``:
     whether another item of the run is pending (``_unblocks``). Raises ``Interrupt.DoesNotExist``."""
     rows = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
