@@ -53,7 +53,7 @@ import contextvars
 from django.db import transaction
 
 from runs import lease
-from runs.base import rows
+from runs.base import rows, selects
 from runs.models import Message, Run
 from runs.services import Event, RunColumns, append_events
 from runs.transitions import EventBatch, apply
@@ -174,7 +174,7 @@ def locked(run_id: int, *, related: tuple[str, ...] = ()):
     ``related``: foreign keys read along, not locked. Raises ``Run.DoesNotExist``. Leaving the block writes: the module doc.
     """
     with transaction.atomic():
-        tx = RunTx(_rows(related).get(pk=run_id))
+        tx = RunTx(selects.select_one(Run, {"pk": run_id}, related=related, for_update=True))
         tx._open()
         yield tx
         tx._close()

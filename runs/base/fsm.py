@@ -14,10 +14,10 @@ records every machine the same way without importing the models of the
 layers above it.
 """
 
-from django.db import DatabaseError, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, models
 from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin
 
-from runs.base import rows
+from runs.base import rows, selects
 
 
 class FSMModel(ConcurrentTransitionMixin, models.Model):
@@ -46,8 +46,11 @@ class FSMModel(ConcurrentTransitionMixin, models.Model):
 
         Raises ``DoesNotExist`` if the row is gone.
         """
-        queryset = from_queryset if from_queryset is not None else type(self)._base_manager.all()
-        fresh = queryset.using(using or self._state.db or "default").get(pk=self.pk)
+        if from_queryset is None and (using or self._state.db or DEFAULT_DB_ALIAS) == DEFAULT_DB_ALIAS:
+            fresh = selects.select_one(type(self), {"pk": self.pk})  # the ORM's read, without building a queryset
+        else:
+            queryset = from_queryset if from_queryset is not None else type(self)._base_manager.all()
+            fresh = queryset.using(using or self._state.db or DEFAULT_DB_ALIAS).get(pk=self.pk)
         wanted = set(fields) if fields else None
         for field in self._meta.concrete_fields:
             if wanted is None or field.name in wanted or field.attname in wanted:

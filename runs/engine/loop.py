@@ -32,13 +32,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import DataError, IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
 from runs import lease
 
-from runs.base import log_context, process_metrics, tracing
+from runs.base import log_context, process_metrics, selects, tracing
 from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
@@ -117,9 +117,8 @@ def hand_back(run_id: int, *, more: bool, released: str | None) -> None:
 def advance_slice(run_id: int) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.base.awaiting``)
     that returns (run, whether it has more to do)."""
-    run = (Run.objects.select_related("agent", "session", "requested_by")
-           .annotate(steps_in_flight=Exists(Step.objects.filter(run=OuterRef("pk"), status=Step.Status.STARTED)))
-           .get(pk=run_id))
+    run = selects.select_one(Run, {"pk": run_id}, related=("agent", "session", "requested_by"),
+                             flags={"steps_in_flight": (Step, "run", {"status": Step.Status.STARTED})})
     log_context.note(session_id=run.session_id, **tracing.log_ids(run))
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight

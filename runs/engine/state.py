@@ -4,7 +4,7 @@ Valid while the run's event counter shows only this worker's own events;
 why that suffices: docs/design.md#what-a-worker-keeps-between-passes.
 """
 
-from runs.base import rows
+from runs.base import rows, selects
 from runs.models import Message, Run
 from tools.models import ToolCall, ToolCallStatus
 
@@ -59,14 +59,14 @@ class Known:
     def calls(self) -> list[ToolCall]:
         """The run's tool calls, oldest first, each holding ``run`` (so their transitions log through it)."""
         if self._calls is None:
-            self._calls = list(self.run.tool_calls.order_by("id"))
+            self._calls = selects.select(ToolCall, {"run": self.run.pk}, order_by="id", attach={"run": self.run})
         return self._calls
 
     @property
     def history(self) -> list[Message]:
         """The session's messages, oldest first."""
         if self._history is None:
-            self._history = list(Message.objects.filter(session_id=self.run.session_id).order_by("id"))
+            self._history = selects.select(Message, {"session": self.run.session_id}, order_by="id")
         return self._history
 
     @property

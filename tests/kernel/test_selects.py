@@ -1,0 +1,114 @@
+"""runs.base.selects reads rows as the ORM reads them (values, conversions, related rows, flags, locks).
+
+Each read is made twice, once through a queryset and once through
+``selects``, and the instances are compared field by field, on both
+databases (the engine's hot path reads its rows the fast way; the rest of
+the code, the ORM way).
+"""
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from runs.base import selects
+from runs.engine.lifecycle import start_run
+from runs.models import Message, Run, Step
+from tests.support.durability import lookup_agent
+from tools.models import ToolCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _fields(instance) -> dict:
+    return {field.attname: getattr(instance, field.attname) for field in type(instance)._meta.concrete_fields}
+
+
+@pytest.fixture
+def run(people):
+    run = start_run(agent=lookup_agent(), user=people["requester"], input="look a up")
+    # Values of every kind the engine converts: a decimal, a datetime, text (and the agent's JSON).
+    Run.objects.filter(pk=run.pk).update(cost_usd=Decimal("0.001234"), wake_at=timezone.now(),
+                                         final_output="ü\U0001F600 done")
+    return run
+
+
+def test_a_row_with_its_related_rows_is_read_as_select_related_reads_it(run):
+    orm = Run.objects.select_related("agent", "session", "requested_by").get(pk=run.pk)
+    with CaptureQueriesContext(connection) as queries:
+        fast = selects.select_one(Run, {"pk": run.pk}, related=("agent", "session", "requested_by"))
+        assert fast.agent.model == orm.agent.model and fast.requested_by.username == "requester"
+    assert len(queries) == 1  # the related rows came with it
+    assert _fields(fast) == _fields(orm)
+    for name in ("agent", "session", "requested_by"):
+        assert _fields(getattr(fast, name)) == _fields(getattr(orm, name))
+    assert isinstance(fast.cost_usd, Decimal) and fast.final_output == "ü\U0001F600 done"
+    assert isinstance(fast.agent.model, dict) and fast.agent.model == orm.agent.model
+    assert fast.wake_at.tzinfo is not None
+    assert fast._state.adding is False and fast._state.db == "default"
+
+
+def test_an_empty_nullable_key_reads_as_none_and_a_filled_one_as_its_row(run, people):
+    retry = start_run(agent=run.agent, user=people["requester"], input="again")
+    Run.objects.filter(pk=retry.pk).update(retry_of=run)
+    first = selects.select_one(Run, {"pk": run.pk}, related=("retry_of",))
+    second = selects.select_one(Run, {"pk": retry.pk}, related=("retry_of",))
+    with CaptureQueriesContext(connection) as queries:
+        assert first.retry_of is None
+        assert second.retry_of.pk == run.pk and second.retry_of.input == "look a up"
+    assert len(queries) == 0
+
+
+def test_a_flag_says_whether_a_matching_row_of_another_model_exists(run):
+    flags = {"steps_in_flight": (Step, "run", {"status": Step.Status.STARTED})}
+    assert selects.select_one(Run, {"pk": run.pk}, flags=flags).steps_in_flight is False
+    Step.objects.create(run=run, index=0, status=Step.Status.STARTED)
+    assert selects.select_one(Run, {"pk": run.pk}, flags=flags).steps_in_flight is True
+    Step.objects.filter(run=run).update(status=Step.Status.SUCCEEDED)
+    assert selects.select_one(Run, {"pk": run.pk}, flags=flags).steps_in_flight is False
+
+
+def test_rows_come_in_order_with_the_attached_instance_cached(run):
+    step = Step.objects.create(run=run, index=0)
+    for index in (2, 0, 1):
+        ToolCall.objects.create(run=run, step=step, index=index, provider_call_id=f"c{index}", name="fake_lookup",
+                                arguments={"key": str(index)})
+    orm = list(run.tool_calls.order_by("id"))
+    with CaptureQueriesContext(connection) as queries:
+        fast = selects.select(ToolCall, {"run": run.pk}, order_by="id", attach={"run": run})
+        assert all(call.run is run for call in fast)
+    assert len(queries) == 1
+    assert [_fields(call) for call in fast] == [_fields(call) for call in orm]
+    assert [call.index for call in fast] == [2, 0, 1]
+    assert selects.select(ToolCall, {"run": run.pk, "name": "nothing"}) == []
+
+
+def test_a_session_history_reads_as_the_orm_reads_it(run):
+    for content in ("one", "two"):
+        Message.objects.create(session=run.session, run=run, role="user", content=content)
+    orm = list(Message.objects.filter(session_id=run.session_id).order_by("id"))
+    fast = selects.select(Message, {"session": run.session_id}, order_by="id")
+    assert [_fields(m) for m in fast] == [_fields(m) for m in orm] and len(fast) >= 2
+
+
+def test_one_row_or_an_error(run):
+    with pytest.raises(Run.DoesNotExist):
+        selects.select_one(Run, {"pk": run.pk + 1000})
+    with pytest.raises(TypeError):  # '= NULL' would match nothing where the ORM's filter reads IS NULL
+        selects.select(Run, {"retry_of": None})
+    with pytest.raises(Run.MultipleObjectsReturned):
+        start_run(agent=run.agent, user=run.requested_by, input="a second")
+        selects.select_one(Run, {"agent": run.agent_id})
+
+
+def test_a_locking_read_needs_a_transaction_and_locks_inside_one(run):
+    with pytest.raises(TransactionManagementError):
+        selects.select_one(Run, {"pk": run.pk}, for_update=True)
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        locked = selects.select_one(Run, {"pk": run.pk}, related=("agent",), for_update=True)
+    assert locked.pk == run.pk and locked.agent.pk == run.agent_id
+    if connection.vendor == "postgresql":  # only the run is locked, not its agent
+        assert queries[0]["sql"].endswith("FOR UPDATE OF t0")
