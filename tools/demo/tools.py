@@ -23,6 +23,7 @@ from django.core.mail import BadHeaderError, EmailMessage
 from django.db import transaction
 from django.db.models import Q
 
+from runs.base import selects
 from runs.base.awaiting import run_blocking
 from runs.models import ACTIVE_STATUSES, Run
 from tools.demo import conf, gateway, summaries
@@ -36,13 +37,11 @@ ORDER_ID = {"type": "integer", "minimum": 1, "description": "The order number."}
 BLOCKED_PHRASES = ("guarantee", "no liability", "unlimited")
 
 
-def _orders_of(ctx: ToolContext, order_id: int):
-    """The requester's order ``order_id`` as a queryset (empty when it is not theirs or does not exist)."""
-    return Order.objects.filter(number=order_id, owner=ctx.user)
-
-
 def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
-    return _orders_of(ctx, order_id).first()
+    """The requester's order ``order_id``, or None when it is not theirs or does not exist (one statement built
+    once: the lookups of a run's every call and precondition, ``runs.base.selects``)."""
+    found = selects.select(Order, {"number": order_id, "owner": ctx.user.pk})
+    return found[0] if found else None
 
 
 def _refundable(order: Order) -> Decimal:
@@ -78,7 +77,7 @@ def _order_view(order: Order, refundable: Decimal) -> dict:
 # --- query_order -------------------------------------------------------------
 
 def _query_order_precondition(ctx: ToolContext, args: dict) -> str | None:
-    if not _orders_of(ctx, args["order_id"]).exists():  # no row need be built
+    if _own_order(ctx, args["order_id"]) is None:
         return f"Order {args['order_id']} does not exist or does not belong to the requester."
     return None
 
