@@ -8,7 +8,9 @@ of queries however many items it holds.
 """
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import AnonymousUser, Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
@@ -24,6 +26,7 @@ from runs.access import DECIDE_PERMISSION, RunAccess, flag_decidable, holds_perm
 from runs.base.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
+from runs.permissions import PermissionsBackend
 from tools.models import ToolCall
 from tools.registry import Tool
 
@@ -148,11 +151,47 @@ def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world)
     assert counts["special_approver"] == 2                               # the special tool's items only
 
 
-def test_a_users_permissions_are_read_once_in_one_statement_as_django_reads_them(world):
+def _permission_names() -> set[str]:
+    return {f"{app_label}.{codename}" for app_label, codename in
+            Permission.objects.values_list("content_type__app_label", "codename")}
+
+
+def test_the_backend_answers_as_model_backend_for_every_user_in_one_statement(world):
+    """``runs.permissions.PermissionsBackend`` against Django's ``ModelBackend``, each on a user object of
+    its own never read: the same sets, the same ``has_perm`` for every permission, one statement (none
+    for an inactive or anonymous user), nothing more once read, nothing for an object."""
     users, items = world
-    User = get_user_model()
     both = users["approving_requester"]  # in two groups, and granted one of their permissions directly too
     both.user_permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    backend, django = PermissionsBackend(), ModelBackend()
+    names = _permission_names() | {"tools.granted_to_nobody", "approvals.no_such_thing"}
+    asked = ("get_all_permissions", "get_user_permissions", "get_group_permissions")
+    for name, user in users.items():
+        ours, theirs = _fresh(user), _fresh(user)
+        with CaptureQueriesContext(connection) as reading:
+            held = tuple(getattr(backend, method)(ours) for method in asked)
+        assert len(reading.captured_queries) == (1 if user.is_active else 0), name  # anonymous: never active
+        assert held == tuple(getattr(django, method)(theirs) for method in asked), name
+        with CaptureQueriesContext(connection) as cached:
+            held_perms = {perm for perm in names if backend.has_perm(ours, perm)}
+            assert backend.has_module_perms(ours, "approvals") == django.has_module_perms(theirs, "approvals"), name
+        assert len(cached.captured_queries) == 0, name
+        assert held_perms == {perm for perm in names if django.has_perm(theirs, perm)}, name
+        assert [getattr(backend, method)(ours, obj=items[0]) for method in asked] == [set()] * 3, name
+        assert async_to_sync(backend.aget_all_permissions)(_fresh(user)) == held[0], name
+        assert async_to_sync(backend.ahas_perm)(_fresh(user), DECIDE_PERMISSION) == django.has_perm(
+            theirs, DECIDE_PERMISSION), name
+    assert backend.get_user_permissions(_fresh(both)) == {DECIDE_PERMISSION}
+    assert backend.get_all_permissions(_fresh(users["superuser"])) == _permission_names()
+    assert backend.get_all_permissions(_fresh(users["stranger"])) == set()
+
+
+def test_a_users_permissions_are_read_once_in_one_statement_through_the_settings_backend(world):
+    """What every surface asks (``RunAccess.of``, ``holds_permission``, ``may_decide``, ``user.has_perm``)
+    reads a user's permissions once, in one statement, through ``AUTHENTICATION_BACKENDS``; a superuser's
+    are never read (``User.has_perm`` answers first)."""
+    users, items = world
+    User = get_user_model()
     for name, user in users.items():
         if not user.is_authenticated:
             continue
@@ -161,18 +200,13 @@ def test_a_users_permissions_are_read_once_in_one_statement_as_django_reads_them
             access = RunAccess.of(read)
             holds_permission(read, "required_permission")
             decided = {item.pk for item in items if may_decide(read, item, requested_by_id=item.run.requested_by_id)}
+            read.has_perm(SPECIAL_PERMISSION)
         reads = 1 if user.is_active and not user.is_superuser else 0  # a superuser holds every permission unread
         assert len(reading.captured_queries) == reads, name
-        with CaptureQueriesContext(connection) as cached:
-            held = read.get_all_permissions(), read.get_user_permissions(), read.get_group_permissions()
-        if reads:
-            assert len(cached.captured_queries) == 0, name  # Django answers from what was read
-        django = User.objects.get(pk=user.pk)  # Django's own reads (ModelBackend), on an object never read
-        assert held == (django.get_all_permissions(), django.get_user_permissions(),
-                        django.get_group_permissions()), name
+        django = User.objects.get(pk=user.pk)
+        assert read.get_all_permissions() == ModelBackend().get_all_permissions(django), name
         assert access.sees_all == bool(django.is_active and (django.is_staff or django.has_perm(DECIDE_PERMISSION)))
         assert decided == {item.pk for item in items if _old_can_decide(django, item)}, name
-    assert _fresh(both).get_user_permissions() == {DECIDE_PERMISSION}
 
 
 def test_can_decide_takes_a_loaded_flag_only_for_the_user_it_was_loaded_for(world):
