@@ -20,7 +20,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from approvals.models import Interrupt
-from approvals.selectors import PAGE_SIZE
+from approvals.selectors import PAGE_SIZE, interrupt_get_visible
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
 from runs.access import DECIDE_PERMISSION, RunAccess, flag_decidable, holds_permission, may_decide
 from runs.base.errors import Forbidden
@@ -257,6 +257,29 @@ def test_visible_to_agrees_with_the_python_rules(world):
     special = users["special_approver"]
     assert set(Interrupt.objects.visible_to(special).values_list("tool_call__name", flat=True)) == {
         "special_permission"}  # decides them, so sees them, without seeing the rest of those runs
+
+
+def test_the_item_pages_lookup_flags_each_item_as_decidable_by_says_in_one_statement(world):
+    """``approvals.selectors.interrupt_get_visible``: the items ``visible_to`` finds, each with the flag of
+    ``decidable_by`` for this user, set in memory (``flag_decidable``): one statement once the user's
+    permissions are read (none for a user who sees nothing)."""
+    users, items = world
+    for name, user in users.items():
+        fresh = _fresh(user)
+        fresh.get_all_permissions()  # read, as a request's first check (``RunAccess.of``) mostly has
+        visible = set(Interrupt.objects.visible_to(fresh).values_list("pk", flat=True))
+        decidable = set(Interrupt.objects.decidable_by(fresh).values_list("pk", flat=True))
+        found, flagged = set(), set()
+        for item in items:
+            with CaptureQueriesContext(connection) as lookup:
+                shown = interrupt_get_visible(user=fresh, interrupt_id=item.pk)
+            assert len(lookup.captured_queries) == (1 if user.is_active else 0), name
+            if shown is not None:
+                found.add(shown.pk)
+                assert shown.decidable_flag_for == fresh.pk and can_decide(fresh, shown) == shown.user_may_decide
+                if shown.user_may_decide:
+                    flagged.add(shown.pk)
+        assert found == visible and flagged == decidable, name
 
 
 def test_cancel_is_refused_to_whoever_may_not_see_the_run(world):
