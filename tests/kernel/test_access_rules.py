@@ -19,6 +19,7 @@ from django.urls import reverse
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from approvals.claims import claim_interrupt, unclaim_interrupt
 from approvals.models import Interrupt
 from approvals.selectors import PAGE_SIZE, interrupt_get_visible
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
@@ -280,6 +281,33 @@ def test_the_item_pages_lookup_flags_each_item_as_decidable_by_says_in_one_state
                 if shown.user_may_decide:
                     flagged.add(shown.pk)
         assert found == visible and flagged == decidable, name
+
+
+def test_who_may_claim_an_item_is_who_may_decide_it(world):
+    """``approvals.claims``: a claim (and an unclaim) is refused to whoever ``decidable_by`` leaves out,
+    whether the item comes with its run (the item page's lookup: no statement before the refusal) or not."""
+    users, items = world
+    for name, user in users.items():
+        expected = {item.pk for item in items if _old_can_decide(_fresh(user), item)}
+        claimed = set()
+        for item in Interrupt.objects.select_related("run"):
+            fresh = _fresh(user)
+            fresh.get_all_permissions()  # read, as the request's lookup of the item has
+            if item.pk in expected:
+                claim_interrupt(interrupt=item, user=fresh)
+                assert Interrupt.objects.get(pk=item.pk).claimed_by_id == fresh.pk, name
+                unclaim_interrupt(interrupt=Interrupt.objects.get(pk=item.pk), user=_fresh(user))  # run not loaded
+                claimed.add(item.pk)
+                continue
+            with CaptureQueriesContext(connection) as refused:
+                for change in (claim_interrupt, unclaim_interrupt):
+                    with pytest.raises(Forbidden):
+                        change(interrupt=item, user=fresh)
+            assert refused.captured_queries == [], name
+            with pytest.raises(Forbidden):
+                claim_interrupt(interrupt=Interrupt.objects.get(pk=item.pk), user=_fresh(user))
+        assert claimed == expected, name
+    assert not Interrupt.objects.filter(claimed_by__isnull=False).exists()
 
 
 def test_cancel_is_refused_to_whoever_may_not_see_the_run(world):
