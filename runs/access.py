@@ -17,8 +17,9 @@
   they may decide and those of runs they may see.
 * ``may_decide(user, item, requested_by_id=...)``: ``decidable_by``'s rule
   for one item already loaded, in memory (``flag_decidable`` sets the flag
-  ``with_decidable_flag`` loads): the API's lookup of one item, and a
-  decision's second check with the item and run locked, take no statement.
+  ``with_decidable_flag`` loads): the API's and the item page's lookup of
+  one item, a claim's check, and a decision's second check with the item
+  and run locked, take no statement.
 
 * ``may_deliver_event(user, run)``: who may deliver an external event to a
   run waiting for one (``POST /api/events/``): its requester, or a holder of
