@@ -12,6 +12,7 @@ item expires (``approvals.notifications.warn_claimed_items_expiring``).
 from django.utils import timezone
 
 from approvals.models import Interrupt, InterruptStatus
+from runs.access import may_decide
 from runs.base.errors import Conflict, Forbidden
 from runs.services import actor_for
 from runs.tx import RunTx, locked
@@ -27,8 +28,10 @@ def _locked_pending(interrupt: Interrupt) -> Interrupt:
 
 
 def _may_claim(interrupt: Interrupt, user) -> None:
-    """``Forbidden`` unless ``user`` may decide ``interrupt`` (checked before any lock is taken)."""
-    if not Interrupt.objects.decidable_by(user).filter(pk=interrupt.pk).exists():
+    """``Forbidden`` unless ``user`` may decide ``interrupt`` (checked before any lock is taken): the decide
+    rule on the item as loaded (``runs.access.may_decide``, ``decidable_by``'s answer), its run's requester
+    from the run loaded with it (the item page's lookup: no statement) or read (one)."""
+    if not may_decide(user, interrupt, requested_by_id=interrupt.run.requested_by_id):
         raise Forbidden("You may not claim this item.")
 
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from approvals.bulk import checked_ids
 from approvals.models import AnswerFile, Interrupt, InterruptKind, InterruptStatus
-from runs.access import RunAccess
+from runs.access import RunAccess, flag_decidable
 from runs.models import Agent, Run, RunEvent
 from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import FINAL_STATUSES
@@ -36,9 +36,14 @@ def assigned_to(queryset, user, assigned: str | None):
 
 
 def interrupt_get_visible(*, user, interrupt_id: int) -> Interrupt | None:
-    """Item ``interrupt_id`` if ``user`` may look at it (else None), with ``user_may_decide`` set."""
-    return (_with_relations(Interrupt.objects.visible_to(user).with_decidable_flag(user))
-            .filter(pk=interrupt_id).first())
+    """Item ``interrupt_id`` if ``user`` may look at it (else None), with ``user_may_decide`` set.
+
+    One statement (once the user's permissions are read); the flag is set in memory on the item as loaded,
+    with its run (``runs.access.flag_decidable``), not built into the statement."""
+    item = _with_relations(Interrupt.objects.visible_to(user)).filter(pk=interrupt_id).first()
+    if item is not None:
+        flag_decidable(user, item, requested_by_id=item.run.requested_by_id)
+    return item
 
 
 def run_pending_interrupts(*, run) -> list[Interrupt]:

@@ -74,7 +74,7 @@ def prepare(runs: int) -> tuple[list[int], str, str]:
     token, _ = Token.objects.get_or_create(user=user)
     store = SessionStore()
     store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    store[BACKEND_SESSION_KEY] = "runs.permissions.PermissionsBackend"  # as config.settings lists it
     store[HASH_SESSION_KEY] = user.get_session_auth_hash()
     store.create()
     agent = Agent.objects.order_by("pk").first()

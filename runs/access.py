@@ -17,8 +17,9 @@
   they may decide and those of runs they may see.
 * ``may_decide(user, item, requested_by_id=...)``: ``decidable_by``'s rule
   for one item already loaded, in memory (``flag_decidable`` sets the flag
-  ``with_decidable_flag`` loads): the API's lookup of one item, and a
-  decision's second check with the item and run locked, take no statement.
+  ``with_decidable_flag`` loads): the API's and the item page's lookup of
+  one item, a claim's check, and a decision's second check with the item
+  and run locked, take no statement.
 
 * ``may_deliver_event(user, run)``: who may deliver an external event to a
   run waiting for one (``POST /api/events/``): its requester, or a holder of
@@ -30,8 +31,9 @@ querysets; a single object is checked with ``.filter(pk=...).exists()``, so
 each rule is written here once (docs/design.md#who-may-see-and-decide), the
 in-memory forms (``RunAccess.sees``, ``may_decide``) beside the SQL they
 must agree with (``tests/kernel/test_access_rules.py`` holds them to it).
-A user's permissions are read once per user object, in one statement
-(``_read_permissions``).
+A user's permissions are Django's (``user.has_perm``,
+``user.get_all_permissions``), read once per user object, in one statement,
+by the authentication backend (``runs.permissions.PermissionsBackend``).
 
 This module is in the runs kernel (``tests/unit/test_layers.py``): it names the
 approvals app's permission and ``Interrupt`` fields as strings, never by
@@ -55,47 +57,19 @@ def _active(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active)
 
 
-def _read_permissions(user) -> None:
-    """Read the permissions of ``user`` (active, not a superuser) into ``ModelBackend``'s caches on the user
-    object, unless something read them already: the permissions ``ModelBackend`` reads (granted to the
-    user, and to the groups they are in), in one statement (``UNION ALL``) where it takes two.
-
-    ``has_perm`` and ``get_all_permissions`` then answer from the caches as after its own reads. Were
-    Django to keep them under other names, it would read them again itself: slower, never another
-    answer (``tests/kernel/test_access_rules.py`` then fails).
-    """
-    if not _active(user) or user.is_superuser or hasattr(user, "_perm_cache"):
-        return
-    names = ("content_type__app_label", "codename")
-    own = Permission.objects.filter(user=user).order_by().values_list(*names, Value("user"))
-    grouped = Permission.objects.filter(group__user=user).order_by().values_list(*names, Value("group"))
-    read: dict[str, set[str]] = {"user": set(), "group": set()}
-    for app_label, codename, source in own.union(grouped, all=True):
-        read[source].add(f"{app_label}.{codename}")
-    user._user_perm_cache, user._group_perm_cache = read["user"], read["group"]
-    user._perm_cache = read["user"] | read["group"]
-
-
-def _holds(user, permission: str) -> bool:
-    """``user.has_perm(permission)``, the user's permissions read in one statement if not read yet."""
-    _read_permissions(user)
-    return user.has_perm(permission)
-
-
 def holds_permission(user, field: str) -> Q:
     """A condition on a row: the permission named by its ``field`` (``"app_label.codename"``) is held by ``user``.
 
-    The same answer as ``user.has_perm`` (``ModelBackend``): nothing for an
+    The same answer as ``user.has_perm`` (``ModelBackend``'s): nothing for an
     inactive or anonymous user, everything for an active superuser, else
-    ``field IN`` the names of ``user.get_all_permissions()`` (one query the
-    first time, ``_read_permissions``, then cached on the user). Why a list
+    ``field IN`` the names of ``user.get_all_permissions()`` (one statement
+    the first time, ``runs.permissions``, then kept on the user). Why a list
     and not a subquery: docs/design.md#who-may-see-and-decide.
     """
     if not _active(user):
         return Q(Value(False, output_field=BooleanField()))
     if user.is_superuser:
         return Q(Value(True, output_field=BooleanField()))
-    _read_permissions(user)
     granted = sorted(user.get_all_permissions())
     if not granted:
         return Q(Value(False, output_field=BooleanField()))
@@ -105,7 +79,7 @@ def holds_permission(user, field: str) -> Q:
 def may_decide(user, item, *, requested_by_id: int | None) -> bool:
     """Whether ``user`` may resolve ``item``, an inbox item as loaded (its ``kind``, ``required_permission``
     and ``allow_requester``) of a run requested by user ``requested_by_id``: ``decidable_by``'s rule, in
-    memory (no query once the user's permissions are read, ``_holds``).
+    memory (no statement once the user's permissions are read: ``user.has_perm``).
 
     The same answer as ``Interrupt.objects.decidable_by(user).filter(pk=item.pk).exists()`` for the item
     and run as loaded.
@@ -115,7 +89,7 @@ def may_decide(user, item, *, requested_by_id: int | None) -> bool:
     own_run = requested_by_id is not None and requested_by_id == user.pk
     if item.kind == INPUT_KIND:
         return own_run or user.is_staff
-    return _holds(user, item.required_permission) and (item.allow_requester or not own_run)
+    return user.has_perm(item.required_permission) and (item.allow_requester or not own_run)
 
 
 def flag_decidable(user, item, *, requested_by_id: int | None) -> None:
@@ -137,10 +111,10 @@ class RunAccess:
 
     @classmethod
     def of(cls, user) -> "RunAccess":
-        """The facts for ``user`` as loaded (``has_perm``: one query the first time, cached on the user)."""
+        """The facts for ``user`` as loaded (``has_perm``: one statement the first time, kept on the user)."""
         if not _active(user):
             return cls(None)
-        return cls(user.pk, bool(user.is_staff or _holds(user, DECIDE_PERMISSION)))
+        return cls(user.pk, bool(user.is_staff or user.has_perm(DECIDE_PERMISSION)))
 
     def sees(self, requested_by: int) -> bool:
         """Whether the user sees a run requested by user ``requested_by`` (in memory)."""

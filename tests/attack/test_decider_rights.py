@@ -1,6 +1,6 @@
 """Who may decide an item, after the decision path stopped asking the database for it: the in-memory rule
 (``runs.access.may_decide`` / ``flag_decidable``), a user's permissions read in one statement
-(``_read_permissions``), the decider checked again under the lock (``approvals.services._lock_item``), and
+(``runs.permissions.PermissionsBackend``), the decider checked again under the lock (``approvals.services._lock_item``), and
 output serializers whose fields are built once per class (``config.api.OutputSerializer``).
 
 A right taken away between two requests counts from the second; four eyes, questions, inactive and
@@ -174,12 +174,13 @@ def test_inactive_approver_decides_nothing(people, api):
 # --- stale permission caches on a reused user object (a long-lived process, a socket's user) ---------------------
 
 def test_reused_user_object_keeps_stale_permissions_as_django_does(people):
-    """Documents (not a regression): a user object read once keeps its permissions, as ModelBackend's own."""
+    """Documents (not a regression): a user object read once keeps its permissions, as with ModelBackend's
+    own caches (``runs.permissions`` keeps them on the object too)."""
     item = pending_transfer(requester=people["requester"])
     approver = User.objects.get(pk=people["approver"].pk)
     assert may_decide(approver, item, requested_by_id=item.run.requested_by_id)
     people["approver"].groups.clear()
-    assert approver.has_perm(DECIDE_PERMISSION) is True  # Django's own cache, same object
+    assert approver.has_perm(DECIDE_PERMISSION) is True  # the backend's cache, same object
     assert may_decide(approver, item, requested_by_id=item.run.requested_by_id) is True
     assert may_decide(User.objects.get(pk=approver.pk), item, requested_by_id=item.run.requested_by_id) is False
 

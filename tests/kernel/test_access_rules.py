@@ -8,7 +8,9 @@ of queries however many items it holds.
 """
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.models import AnonymousUser, Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
@@ -17,13 +19,15 @@ from django.urls import reverse
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from approvals.claims import claim_interrupt, unclaim_interrupt
 from approvals.models import Interrupt
-from approvals.selectors import PAGE_SIZE
+from approvals.selectors import PAGE_SIZE, interrupt_get_visible
 from approvals.services import can_decide, request_approval, request_input, request_reconciliation
 from runs.access import DECIDE_PERMISSION, RunAccess, flag_decidable, holds_permission, may_decide
 from runs.base.errors import Forbidden
 from runs.engine.lifecycle import cancel_run_as
 from runs.models import Agent, Run, Session, Step
+from runs.permissions import PermissionsBackend
 from tools.models import ToolCall
 from tools.registry import Tool
 
@@ -148,11 +152,47 @@ def test_decidable_by_agrees_with_the_python_rule_for_every_user_and_item(world)
     assert counts["special_approver"] == 2                               # the special tool's items only
 
 
-def test_a_users_permissions_are_read_once_in_one_statement_as_django_reads_them(world):
+def _permission_names() -> set[str]:
+    return {f"{app_label}.{codename}" for app_label, codename in
+            Permission.objects.values_list("content_type__app_label", "codename")}
+
+
+def test_the_backend_answers_as_model_backend_for_every_user_in_one_statement(world):
+    """``runs.permissions.PermissionsBackend`` against Django's ``ModelBackend``, each on a user object of
+    its own never read: the same sets, the same ``has_perm`` for every permission, one statement (none
+    for an inactive or anonymous user), nothing more once read, nothing for an object."""
     users, items = world
-    User = get_user_model()
     both = users["approving_requester"]  # in two groups, and granted one of their permissions directly too
     both.user_permissions.add(Permission.objects.get(codename="decide_interrupt", content_type__app_label="approvals"))
+    backend, django = PermissionsBackend(), ModelBackend()
+    names = _permission_names() | {"tools.granted_to_nobody", "approvals.no_such_thing"}
+    asked = ("get_all_permissions", "get_user_permissions", "get_group_permissions")
+    for name, user in users.items():
+        ours, theirs = _fresh(user), _fresh(user)
+        with CaptureQueriesContext(connection) as reading:
+            held = tuple(getattr(backend, method)(ours) for method in asked)
+        assert len(reading.captured_queries) == (1 if user.is_active else 0), name  # anonymous: never active
+        assert held == tuple(getattr(django, method)(theirs) for method in asked), name
+        with CaptureQueriesContext(connection) as cached:
+            held_perms = {perm for perm in names if backend.has_perm(ours, perm)}
+            assert backend.has_module_perms(ours, "approvals") == django.has_module_perms(theirs, "approvals"), name
+        assert len(cached.captured_queries) == 0, name
+        assert held_perms == {perm for perm in names if django.has_perm(theirs, perm)}, name
+        assert [getattr(backend, method)(ours, obj=items[0]) for method in asked] == [set()] * 3, name
+        assert async_to_sync(backend.aget_all_permissions)(_fresh(user)) == held[0], name
+        assert async_to_sync(backend.ahas_perm)(_fresh(user), DECIDE_PERMISSION) == django.has_perm(
+            theirs, DECIDE_PERMISSION), name
+    assert backend.get_user_permissions(_fresh(both)) == {DECIDE_PERMISSION}
+    assert backend.get_all_permissions(_fresh(users["superuser"])) == _permission_names()
+    assert backend.get_all_permissions(_fresh(users["stranger"])) == set()
+
+
+def test_a_users_permissions_are_read_once_in_one_statement_through_the_settings_backend(world):
+    """What every surface asks (``RunAccess.of``, ``holds_permission``, ``may_decide``, ``user.has_perm``)
+    reads a user's permissions once, in one statement, through ``AUTHENTICATION_BACKENDS``; a superuser's
+    are never read (``User.has_perm`` answers first)."""
+    users, items = world
+    User = get_user_model()
     for name, user in users.items():
         if not user.is_authenticated:
             continue
@@ -161,18 +201,13 @@ def test_a_users_permissions_are_read_once_in_one_statement_as_django_reads_them
             access = RunAccess.of(read)
             holds_permission(read, "required_permission")
             decided = {item.pk for item in items if may_decide(read, item, requested_by_id=item.run.requested_by_id)}
+            read.has_perm(SPECIAL_PERMISSION)
         reads = 1 if user.is_active and not user.is_superuser else 0  # a superuser holds every permission unread
         assert len(reading.captured_queries) == reads, name
-        with CaptureQueriesContext(connection) as cached:
-            held = read.get_all_permissions(), read.get_user_permissions(), read.get_group_permissions()
-        if reads:
-            assert len(cached.captured_queries) == 0, name  # Django answers from what was read
-        django = User.objects.get(pk=user.pk)  # Django's own reads (ModelBackend), on an object never read
-        assert held == (django.get_all_permissions(), django.get_user_permissions(),
-                        django.get_group_permissions()), name
+        django = User.objects.get(pk=user.pk)
+        assert read.get_all_permissions() == ModelBackend().get_all_permissions(django), name
         assert access.sees_all == bool(django.is_active and (django.is_staff or django.has_perm(DECIDE_PERMISSION)))
         assert decided == {item.pk for item in items if _old_can_decide(django, item)}, name
-    assert _fresh(both).get_user_permissions() == {DECIDE_PERMISSION}
 
 
 def test_can_decide_takes_a_loaded_flag_only_for_the_user_it_was_loaded_for(world):
@@ -223,6 +258,56 @@ def test_visible_to_agrees_with_the_python_rules(world):
     special = users["special_approver"]
     assert set(Interrupt.objects.visible_to(special).values_list("tool_call__name", flat=True)) == {
         "special_permission"}  # decides them, so sees them, without seeing the rest of those runs
+
+
+def test_the_item_pages_lookup_flags_each_item_as_decidable_by_says_in_one_statement(world):
+    """``approvals.selectors.interrupt_get_visible``: the items ``visible_to`` finds, each with the flag of
+    ``decidable_by`` for this user, set in memory (``flag_decidable``): one statement once the user's
+    permissions are read (none for a user who sees nothing)."""
+    users, items = world
+    for name, user in users.items():
+        fresh = _fresh(user)
+        fresh.get_all_permissions()  # read, as a request's first check (``RunAccess.of``) mostly has
+        visible = set(Interrupt.objects.visible_to(fresh).values_list("pk", flat=True))
+        decidable = set(Interrupt.objects.decidable_by(fresh).values_list("pk", flat=True))
+        found, flagged = set(), set()
+        for item in items:
+            with CaptureQueriesContext(connection) as lookup:
+                shown = interrupt_get_visible(user=fresh, interrupt_id=item.pk)
+            assert len(lookup.captured_queries) == (1 if user.is_active else 0), name
+            if shown is not None:
+                found.add(shown.pk)
+                assert shown.decidable_flag_for == fresh.pk and can_decide(fresh, shown) == shown.user_may_decide
+                if shown.user_may_decide:
+                    flagged.add(shown.pk)
+        assert found == visible and flagged == decidable, name
+
+
+def test_who_may_claim_an_item_is_who_may_decide_it(world):
+    """``approvals.claims``: a claim (and an unclaim) is refused to whoever ``decidable_by`` leaves out,
+    whether the item comes with its run (the item page's lookup: no statement before the refusal) or not."""
+    users, items = world
+    for name, user in users.items():
+        expected = {item.pk for item in items if _old_can_decide(_fresh(user), item)}
+        claimed = set()
+        for item in Interrupt.objects.select_related("run"):
+            fresh = _fresh(user)
+            fresh.get_all_permissions()  # read, as the request's lookup of the item has
+            if item.pk in expected:
+                claim_interrupt(interrupt=item, user=fresh)
+                assert Interrupt.objects.get(pk=item.pk).claimed_by_id == fresh.pk, name
+                unclaim_interrupt(interrupt=Interrupt.objects.get(pk=item.pk), user=_fresh(user))  # run not loaded
+                claimed.add(item.pk)
+                continue
+            with CaptureQueriesContext(connection) as refused:
+                for change in (claim_interrupt, unclaim_interrupt):
+                    with pytest.raises(Forbidden):
+                        change(interrupt=item, user=fresh)
+            assert refused.captured_queries == [], name
+            with pytest.raises(Forbidden):
+                claim_interrupt(interrupt=Interrupt.objects.get(pk=item.pk), user=_fresh(user))
+        assert claimed == expected, name
+    assert not Interrupt.objects.filter(claimed_by__isnull=False).exists()
 
 
 def test_cancel_is_refused_to_whoever_may_not_see_the_run(world):
