@@ -28,6 +28,7 @@ from runs.models import Run, RunStatus, Step
 from runs.services import set_phase
 from runs.transitions import apply
 from tests.support.durability import lookup_agent
+from tests.support.live import listening
 from tools.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -318,10 +319,8 @@ def test_a_transaction_pushes_each_run_it_touched_once_after_commit(running, peo
 
     @async_to_sync
     async def scenario():
-        channels = {}
-        for run_id in (run.pk, other.pk):
-            channels[run_id] = await layer.new_channel()
-            await layer.group_add(run_group(run_id), channels[run_id])
+        # The fixture's and ``start_run``'s own pushes go out first: only this transaction's are received.
+        channels = {run_id: await listening(layer, run_group(run_id)) for run_id in (run.pk, other.pk)}
         before_commit, snapshots = await database_sync_to_async(several_transitions_in_one_transaction)()
         assert before_commit == [], "nothing is pushed before the commit"
         assert snapshots == [], "the snapshots come from the instances the transaction changed"
@@ -350,8 +349,7 @@ def test_a_run_changed_through_two_instances_is_pushed_as_stored(running, people
 
     @async_to_sync
     async def scenario():
-        channel = await layer.new_channel()
-        await layer.group_add(run_group(run.pk), channel)
+        channel = await listening(layer, run_group(run.pk))  # the fixture's pushes went out: the first is ours
         snapshots = await database_sync_to_async(two_instances_in_one_transaction)()
         message = await asyncio.wait_for(layer.receive(channel), 5)
         assert len(snapshots) == 1
