@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 from channels.layers import get_channel_layer
 from django.db import transaction
@@ -21,8 +22,8 @@ from django.db import transaction
 from runs.models import Run
 
 log = logging.getLogger(__name__)
-# Runs touched by this thread's open transaction (database connections,
-# and so transactions, belong to one thread).
+# ``pushes``: a weak reference to what this thread's open transaction owes (``_Pushes``; database
+# connections, and so transactions, belong to one thread).
 _touched = threading.local()
 
 
@@ -182,30 +183,68 @@ def _publish(runs: dict[int, Run | None], event_seqs: dict[int, int] | None = No
     _send(sends)
 
 
-def _flush() -> None:
-    runs, _touched.runs = getattr(_touched, "runs", {}), {}
-    event_seqs, _touched.event_seqs = getattr(_touched, "event_seqs", {}), {}
-    _publish(runs, event_seqs)
+class _Owed:
+    """One writer's call for a push (``run_id``'s snapshot from ``run``, and/or an event notice up to ``seq``),
+    held by Django as a commit hook (``send``) until its transaction commits, or dropped with it."""
+
+    __slots__ = ("pushes", "run_id", "run", "seq", "__weakref__")
+
+    def __init__(self, pushes: "_Pushes", run_id: int, run: Run | None, seq: int):
+        self.pushes, self.run_id, self.run, self.seq = pushes, run_id, run, seq
+
+    def send(self) -> None:
+        self.pushes.send()
+
+
+class _Pushes:
+    """What one transaction of this thread owes, sent at its commit by the first of its hooks Django calls.
+
+    The hooks hold this object; it holds what they owe only weakly: what a rolled-back transaction or
+    savepoint owed is gone with the hooks Django dropped (CPython frees them at once), so a run changed
+    only there (its instance holding what the database never had) is not pushed with a later commit.
+    """
+
+    def __init__(self):
+        self.owed: list[weakref.ref] = []
+        self.sent = False
+
+    def send(self) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        runs, event_seqs = {}, {}
+        for owed in filter(None, (ref() for ref in self.owed)):
+            if owed.run is not None:  # one instance: its snapshot; two: read back
+                runs[owed.run_id] = owed.run if runs.get(owed.run_id, owed.run) is owed.run else None
+            if owed.seq:
+                event_seqs[owed.run_id] = max(owed.seq, event_seqs.get(owed.run_id, 0))
+        self.owed = []
+        _publish(runs, event_seqs)
+
+
+def _owe(run_id: int, run: Run | None = None, seq: int = 0) -> None:
+    """Push ``run_id`` (a snapshot of ``run``, an event notice up to ``seq``) once the current transaction
+    commits, with what the transaction's other calls owe (at once outside one)."""
+    pushes = _touched.pushes() if hasattr(_touched, "pushes") else None
+    if pushes is None or pushes.sent:
+        pushes = _Pushes()
+        _touched.pushes = weakref.ref(pushes)
+    owed = _Owed(pushes, run_id, run, seq)
+    pushes.owed.append(weakref.ref(owed))
+    transaction.on_commit(owed.send, robust=True)
 
 
 def publish_on_commit(run: Run) -> None:
     """Push ``run``'s snapshot, taken from this instance, once the current transaction commits (at once
     outside one); each run touched in a transaction is pushed once, read back if touched through two
-    instances (docs/design.md#live-pushes)."""
-    if not hasattr(_touched, "runs"):
-        _touched.runs = {}
-    held = _touched.runs.get(run.pk, run)
-    _touched.runs[run.pk] = run if held is run else None
-    transaction.on_commit(_flush, robust=True)
+    instances, and not at all if only work that rolled back touched it (docs/design.md#live-pushes)."""
+    _owe(run.pk, run=run)
 
 
 def publish_event_on_commit(run_id: int, seq: int) -> None:
     """Tell run ``run_id``'s event sockets, once the transaction commits, that its log reached ``seq``
-    (coalesced with ``publish_on_commit``: one notice per run, the highest ``seq``; no query)."""
-    if not hasattr(_touched, "event_seqs"):
-        _touched.event_seqs = {}
-    _touched.event_seqs[run_id] = max(seq, _touched.event_seqs.get(run_id, 0))
-    transaction.on_commit(_flush, robust=True)
+    (coalesced with ``publish_on_commit``: one notice per run, the highest ``seq`` committed; no query)."""
+    _owe(run_id, seq=seq)
 
 
 def publish_delta(run_id: int, *, kind: str, data: dict) -> None:

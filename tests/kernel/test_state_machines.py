@@ -7,6 +7,7 @@ pushes each run touched in a transaction once, after commit.
 """
 
 import asyncio
+import contextlib
 import re
 from datetime import timedelta
 
@@ -23,11 +24,12 @@ from approvals.models import Interrupt, InterruptKind
 from runs import lease
 from runs.engine.lifecycle import start_run
 from runs.lease import LeaseLost
-from runs.live import run_group
+from runs.live import run_events_group, run_group
 from runs.models import Run, RunStatus, Step
 from runs.services import set_phase
 from runs.transitions import apply
 from tests.support.durability import lookup_agent
+from tests.support.live import listening
 from tools.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -318,10 +320,8 @@ def test_a_transaction_pushes_each_run_it_touched_once_after_commit(running, peo
 
     @async_to_sync
     async def scenario():
-        channels = {}
-        for run_id in (run.pk, other.pk):
-            channels[run_id] = await layer.new_channel()
-            await layer.group_add(run_group(run_id), channels[run_id])
+        # The fixture's and ``start_run``'s own pushes go out first: only this transaction's are received.
+        channels = {run_id: await listening(layer, run_group(run_id)) for run_id in (run.pk, other.pk)}
         before_commit, snapshots = await database_sync_to_async(several_transitions_in_one_transaction)()
         assert before_commit == [], "nothing is pushed before the commit"
         assert snapshots == [], "the snapshots come from the instances the transaction changed"
@@ -350,14 +350,51 @@ def test_a_run_changed_through_two_instances_is_pushed_as_stored(running, people
 
     @async_to_sync
     async def scenario():
-        channel = await layer.new_channel()
-        await layer.group_add(run_group(run.pk), channel)
+        channel = await listening(layer, run_group(run.pk))  # the fixture's pushes went out: the first is ours
         snapshots = await database_sync_to_async(two_instances_in_one_transaction)()
         message = await asyncio.wait_for(layer.receive(channel), 5)
         assert len(snapshots) == 1
         assert (message["run"]["status"], message["run"]["waiting_reason"]) == ("waiting", "approval")
         stored = await database_sync_to_async(lambda: Run.objects.get(pk=run.pk).last_event_seq)()
         assert message["run"]["seq"] == stored
+
+    scenario()
+
+
+@pytest.mark.parametrize("rolled_back", ["transaction", "savepoint"])
+def test_what_a_rollback_undid_is_never_pushed(running, people, rolled_back):
+    """A run changed only in work that rolled back (a whole transaction, or a savepoint: a group commit's
+    failed job) is not pushed with the thread's next commit: its instance holds a status and ``seq`` the
+    database never had. The run's next push, and its next event notice, are what is stored."""
+    run, step = running
+    other = start_run(agent=run.agent, user=people["requester"], input="another")
+    layer = get_channel_layer()
+
+    def undone_work():  # every kind of push a writer owes: a phase, a transition of a step and of the run
+        set_phase(run, "calling_model")
+        apply(step.succeed, actor="worker", response={}, input_tokens=1, output_tokens=1, cost_usd=0,
+              now=timezone.now())
+        apply(run.wait, actor="worker", waiting_reason="approval")
+        raise RuntimeError("the writer gives up")
+
+    def rollback_then_commits():
+        with transaction.atomic() if rolled_back == "savepoint" else contextlib.nullcontext():
+            with pytest.raises(RuntimeError):
+                with transaction.atomic():
+                    undone_work()
+            apply(other.cancel, actor="user:requester")  # this thread's next commit (with the savepoint: the same)
+        assert (run.status, run.last_event_seq) == ("waiting", 4), "the instance holds what was undone"
+        apply(Run.objects.get(pk=run.pk).cancel, actor="user:requester")  # the run's next change, stored
+        return Run.objects.values_list("status", "last_event_seq").get(pk=run.pk)
+
+    @async_to_sync
+    async def scenario():
+        updates = await listening(layer, run_group(run.pk))
+        notices = await listening(layer, run_events_group(run.pk))
+        stored = await database_sync_to_async(rollback_then_commits)()
+        update = (await asyncio.wait_for(layer.receive(updates), 5))["run"]
+        assert (update["status"], update["seq"]) == stored == ("cancelled", 3)
+        assert await asyncio.wait_for(layer.receive(notices), 5) == {"type": "run.event", "seq": 3}
 
     scenario()
 
