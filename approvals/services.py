@@ -11,7 +11,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.files.base import ContentFile
-from django.db.models import Exists, OuterRef
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 from django_fsm import can_proceed
@@ -19,6 +18,7 @@ from django_fsm import can_proceed
 from approvals import answer_files, notifications
 from approvals.models import AnswerFile, Decision, Interrupt, InterruptKind, InterruptStatus, item_title
 from runs.access import may_decide
+from runs.base import selects
 from runs.base.errors import Expired, Forbidden, InvalidInput
 from runs.models import WaitingReason
 from runs.services import actor_for, append_event
@@ -290,11 +290,9 @@ def _lock_item(tx: RunTx, interrupt_id: int, *, decider=None, others_pending: bo
     per object, at the request's start: a right taken away during the request counts from the next one):
     no statement of its own. With ``others_pending``, the same statement sets ``others_pending``:
     whether another item of the run is pending (``_unblocks``). Raises ``Interrupt.DoesNotExist``."""
-    rows = Interrupt.objects.select_for_update(of=("self",)).select_related("tool_call", "answer_file")
-    if others_pending:
-        rows = rows.annotate(others_pending=Exists(Interrupt.objects.filter(
-            run_id=OuterRef("run_id"), status=InterruptStatus.PENDING).exclude(pk=OuterRef("pk"))))
-    interrupt = rows.get(pk=interrupt_id)
+    flags = {"others_pending": (Interrupt, "run", {"status": InterruptStatus.PENDING})} if others_pending else None
+    interrupt = selects.select_one(Interrupt, {"pk": interrupt_id}, related=("tool_call", "answer_file"),
+                                   flags=flags, for_update=True)
     if tx.run.pk == interrupt.run_id:
         interrupt.run = tx.run
         if interrupt.tool_call is not None:

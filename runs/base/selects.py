@@ -32,7 +32,7 @@ def _quote(name: str) -> str:
 class _Part:
     """One model's columns in a statement: the fields, their converters, and where the instance goes."""
 
-    def __init__(self, model, alias: str, setter=None):
+    def __init__(self, model, alias: str, setter=None, back=None):
         self.model = model
         self.fields = list(model._meta.concrete_fields)
         self.attnames = [field.attname for field in self.fields]
@@ -43,7 +43,8 @@ class _Part:
             found = connection.ops.get_db_converters(expression) + expression.get_db_converters(connection)
             if found:
                 self.converters.append((index, found, expression))
-        self.setter = setter  # the foreign key whose cache the instance fills, on the main row's instance
+        self.setter = setter  # the relation whose cache the instance fills, on the main row's instance
+        self.back = back  # a one-to-one's other side, whose cache the main row's instance fills on this one
 
     def build(self, values: list):
         for index, found, expression in self.converters:
@@ -71,15 +72,24 @@ def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple
     for number, name in enumerate(related, start=1):
         field = meta.get_field(name)
         alias, target = f"t{number}", field.related_model._meta
-        parts.append(_Part(field.related_model, alias, setter=field))
-        nullable.append(field.null)
-        joins.append(f"{'LEFT OUTER' if field.null else 'INNER'} JOIN {_quote(target.db_table)} {alias} "
-                     f"ON t0.{_quote(field.column)} = {alias}.{_quote(field.target_field.column)}")
+        if field.concrete:  # a foreign key of this model
+            on, optional = f"t0.{_quote(field.column)} = {alias}.{_quote(field.target_field.column)}", field.null
+            back = field.remote_field if field.one_to_one else None
+        else:  # a reverse one-to-one: the other row's key points at this one (there may be none)
+            key = field.remote_field
+            on, optional, back = f"{alias}.{_quote(key.column)} = t0.{_quote(key.target_field.column)}", True, key
+        parts.append(_Part(field.related_model, alias, setter=field, back=back))
+        nullable.append(optional)
+        joins.append(f"{'LEFT OUTER' if optional else 'INNER'} JOIN {_quote(target.db_table)} {alias} ON {on}")
     selected = [column for part in parts for column in part.columns]
     for _name, (other, key_name, conditions) in flags:
         other_meta = other._meta
         key_field = other_meta.get_field(key_name)
-        tests = [f"f.{_quote(key_field.column)} = t0.{_quote(key_field.target_field.column)}"]
+        if other is model:  # another row of the same model sharing the key's value
+            tests = [f"f.{_quote(key_field.column)} = t0.{_quote(key_field.column)}",
+                     f"f.{_quote(meta.pk.column)} <> t0.{_quote(meta.pk.column)}"]
+        else:  # a row of another model whose foreign key points at this one
+            tests = [f"f.{_quote(key_field.column)} = t0.{_quote(key_field.target_field.column)}"]
         tests += [f"f.{_quote(other_meta.get_field(c).column)} = %s" for c in conditions]
         selected.append(f"EXISTS (SELECT 1 FROM {_quote(other_meta.db_table)} f WHERE {' AND '.join(tests)})")
     tests = [f"t0.{_quote(meta.get_field(name).column)} = %s" for name in where]
@@ -102,10 +112,12 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     instances, in one statement: ``Model.objects.filter(**where).select_related(*related)`` read without
     building a queryset.
 
-    ``related``: foreign keys of ``model`` (one level) whose rows are read along and cached on each
-    instance (``None`` for a nullable key left empty). ``flags``: ``{attribute: (other model, its foreign
+    ``related``: foreign keys of ``model`` and reverse one-to-one relations (one level) whose rows are read
+    along and cached on each instance as ``select_related`` caches them (``None`` for a nullable key left
+    empty; a reverse one-to-one without a row raises ``RelatedObjectDoesNotExist`` when read, no query). ``flags``: ``{attribute: (other model, its foreign
     key to model, {field name: value})}``, each set on every instance to whether such a row of the other
-    model exists (an ``EXISTS`` in the same statement). ``order_by``: a field name, ascending.
+    model exists (an ``EXISTS`` in the same statement); with ``model`` itself as the other model, whether
+    another row of it (not this one) has the same value of that field and the values given. ``order_by``: a field name, ascending.
     ``limit``: at most that many rows.
     ``for_update``: lock the rows of ``model`` (not the related ones: ``FOR UPDATE OF``), inside a
     transaction only; nothing on SQLite, whose writers are serialized. ``attach``: ``{foreign key name:
@@ -141,7 +153,9 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
             built.append(None if empty else part.build(values))
         instance = built[0]
         for part, related_instance in zip(shape.parts[1:], built[1:]):
-            part.setter.set_cached_value(instance, related_instance)
+            part.setter.set_cached_value(instance, related_instance)  # None: no row (a reverse one raises)
+            if part.back is not None and related_instance is not None:
+                part.back.set_cached_value(related_instance, instance)
         for name, value in zip(shape.flags, row[start:]):
             setattr(instance, name, bool(value))
         for field, value in attach_fields:

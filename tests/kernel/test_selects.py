@@ -112,3 +112,38 @@ def test_a_locking_read_needs_a_transaction_and_locks_inside_one(run):
     assert locked.pk == run.pk and locked.agent.pk == run.agent_id
     if connection.vendor == "postgresql":  # only the run is locked, not its agent
         assert queries[0]["sql"].endswith("FOR UPDATE OF t0")
+
+
+def test_a_reverse_one_to_one_reads_along_and_a_sibling_flag_sees_only_other_rows(people):
+    from django.db.models import Exists, OuterRef
+
+    from approvals.models import AnswerFile, Interrupt, InterruptStatus
+    from tests.support.core import pending_transfer
+
+    item = pending_transfer(requester=people["requester"])
+    pending = {"others_pending": (Interrupt, "run", {"status": InterruptStatus.PENDING})}
+
+    def orm_flag(pk):
+        return Interrupt.objects.annotate(others_pending=Exists(Interrupt.objects.filter(
+            run_id=OuterRef("run_id"), status=InterruptStatus.PENDING).exclude(pk=OuterRef("pk")))).get(pk=pk)
+
+    with CaptureQueriesContext(connection) as queries:
+        alone = selects.select_one(Interrupt, {"pk": item.pk}, related=("tool_call", "answer_file"), flags=pending)
+        assert alone.others_pending is False and alone.tool_call.pk == item.tool_call_id
+        with pytest.raises(AnswerFile.DoesNotExist):  # none: known without a query, as select_related knows it
+            alone.answer_file
+    assert len(queries) == 1
+    assert _fields(alone) == _fields(Interrupt.objects.get(pk=item.pk))
+
+    second = Interrupt.objects.create(run=item.run, kind="input", title="a question")
+    AnswerFile.objects.create(interrupt=second, file="answers/x", name="x.txt", content_type="text/plain", size=1,
+                              sha256="0" * 64, uploaded_by=people["requester"])
+    for pk in (item.pk, second.pk):
+        fast = selects.select_one(Interrupt, {"pk": pk}, related=("answer_file",), flags=pending)
+        assert fast.others_pending is orm_flag(pk).others_pending is True
+    fast = selects.select_one(Interrupt, {"pk": second.pk}, related=("answer_file",))
+    with CaptureQueriesContext(connection) as queries:
+        assert fast.answer_file.name == "x.txt" and fast.answer_file.interrupt is fast
+    assert len(queries) == 0
+    Interrupt.objects.filter(pk=second.pk).update(status=InterruptStatus.RESOLVED)
+    assert selects.select_one(Interrupt, {"pk": item.pk}, flags=pending).others_pending is False
