@@ -121,7 +121,7 @@ def test_requester_with_the_permission_may_not_approve_own_item_api_or_web(peopl
     assert _status(core_approval_item) == "pending"
 
 
-def test_superuser_requester_may_not_approve_own_four_eyes_item(people, api, worker):
+def test_superuser_requester_may_not_approve_own_four_eyes_item(people, api, idle_worker):
     admin = people["admin"]
     item = pending_transfer(requester=admin)
     assert _approve(api(admin), item).status_code == 403
