@@ -202,6 +202,8 @@ class _Pushes:
     The hooks hold this object; it holds what they owe only weakly: what a rolled-back transaction or
     savepoint owed is gone with the hooks Django dropped (CPython frees them at once), so a run changed
     only there (its instance holding what the database never had) is not pushed with a later commit.
+    When some of it is gone, the runs still owed are read back rather than taken from their instances:
+    an instance changed both before and inside a savepoint that rolled back holds what the savepoint undid.
     """
 
     def __init__(self):
@@ -213,9 +215,12 @@ class _Pushes:
             return
         self.sent = True
         runs, event_seqs = {}, {}
-        for owed in filter(None, (ref() for ref in self.owed)):
-            if owed.run is not None:  # one instance: its snapshot; two: read back
-                runs[owed.run_id] = owed.run if runs.get(owed.run_id, owed.run) is owed.run else None
+        alive = [ref() for ref in self.owed]
+        undone = None in alive  # some work rolled back: an instance may hold what it undid, so read back
+        for owed in filter(None, alive):
+            if owed.run is not None:  # one instance: its snapshot; two, or work undone: read back
+                same = runs.get(owed.run_id, owed.run) is owed.run
+                runs[owed.run_id] = owed.run if same and not undone else None
             if owed.seq:
                 event_seqs[owed.run_id] = max(owed.seq, event_seqs.get(owed.run_id, 0))
         self.owed = []

@@ -123,11 +123,11 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     transaction only; nothing on SQLite, whose writers are serialized. ``attach``: ``{foreign key name:
     instance}`` cached on every row as it is (e.g. the run whose calls these are).
 
-    Raises ``TypeError`` for a None in ``where``, ``TransactionManagementError`` for ``for_update`` outside a
+    Raises ``TypeError`` for a None in ``where`` or a flag's values, ``TransactionManagementError`` for ``for_update`` outside a
     transaction (as the ORM does), and what the database raises.
     """
-    if None in where.values():
-        raise TypeError("select() compares with '=': a None in where would match no row (the ORM's IS NULL)")
+    if None in where.values() or any(None in conditions.values() for _, _, conditions in (flags or {}).values()):
+        raise TypeError("select() compares with '=': a None would match no row (the ORM's IS NULL)")
     if for_update and get_autocommit():
         raise TransactionManagementError("select(for_update=True) cannot be used outside of a transaction.")
     meta = model._meta
@@ -135,9 +135,9 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     flag_items = tuple((name, (other, key, tuple(conditions))) for name, (other, key, conditions)
                        in (flags or {}).items())
     shape = _shape(model, where_fields, tuple(related), flag_items, order_by, for_update, limit)
-    params = [meta.get_field(name).get_db_prep_value(value, connection) if not isinstance(value, Model)
-              else value.pk for name, value in zip(where_fields, where.values())]
-    flag_params = [value for _, (_other, _key, conditions) in (flags or {}).items() for value in conditions.values()]
+    params = [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())]
+    flag_params = [_prepared(other._meta, name, value) for other, _key, conditions in (flags or {}).values()
+                   for name, value in conditions.items()]
     with connection.cursor() as cursor:
         cursor.execute(shape.sql, flag_params + params)
         found = cursor.fetchall()
@@ -162,6 +162,13 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
             field.set_cached_value(instance, value)
         instances.append(instance)
     return instances
+
+
+def _prepared(meta, name: str, value):
+    """``value`` of field ``name`` as the database compares it (a model instance: its key), as a filter sends it."""
+    if isinstance(value, Model):
+        return value.pk
+    return meta.get_field(name).get_db_prep_value(value, connection)
 
 
 def select_one(model, where: dict, **options):
