@@ -290,7 +290,8 @@ def _lock_item(tx: RunTx, interrupt_id: int, *, decider=None, others_pending: bo
     per object, at the request's start: a right taken away during the request counts from the next one):
     no statement of its own. With ``others_pending``, the same statement sets ``others_pending``:
     whether another item of the run is pending (``_unblocks``). Raises ``Interrupt.DoesNotExist``."""
-    flags = {"others_pending": (Interrupt, "run", {"status": InterruptStatus.PENDING})} if others_pending else None
+    flags = ({"others_pending": (Interrupt, selects.Sharing("run"), {"status": InterruptStatus.PENDING})}
+             if others_pending else None)
     interrupt = selects.select_one(Interrupt, {"pk": interrupt_id}, related=("tool_call", "answer_file"),
                                    flags=flags, for_update=True)
     if tx.run.pk == interrupt.run_id:

@@ -99,8 +99,8 @@ def test_one_row_or_an_error(run):
         selects.select_one(Run, {"pk": run.pk + 1000})
     with pytest.raises(TypeError):  # '= NULL' would match nothing where the ORM's filter reads IS NULL
         selects.select(Run, {"retry_of": None})
+    start_run(agent=run.agent, user=run.requested_by, input="a second")
     with pytest.raises(Run.MultipleObjectsReturned):
-        start_run(agent=run.agent, user=run.requested_by, input="a second")
         selects.select_one(Run, {"agent": run.agent_id})
 
 
@@ -121,7 +121,7 @@ def test_a_reverse_one_to_one_reads_along_and_a_sibling_flag_sees_only_other_row
     from tests.support.core import pending_transfer
 
     item = pending_transfer(requester=people["requester"])
-    pending = {"others_pending": (Interrupt, "run", {"status": InterruptStatus.PENDING})}
+    pending = {"others_pending": (Interrupt, selects.Sharing("run"), {"status": InterruptStatus.PENDING})}
 
     def orm_flag(pk):
         return Interrupt.objects.annotate(others_pending=Exists(Interrupt.objects.filter(

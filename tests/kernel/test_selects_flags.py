@@ -73,3 +73,15 @@ def test_a_locking_read_holds_the_row_against_another_locker(step):
             assert pool.submit(other_locker).result() == "locked"
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(other_locker).result() == "got it"
+
+
+def test_a_flag_over_a_self_referencing_key_asks_what_the_orm_asks(step, people):
+    """``flags={name: (Run, "retry_of", {})}``: "a run retries this one", as for any other model's key to
+    ``model`` (a row sharing a field's value is asked with ``selects.Sharing``)."""
+    run = Run.objects.get(pk=step.run_id)
+    retry = start_run(agent=run.agent, user=people["requester"], input="again")
+    Run.objects.filter(pk=retry.pk).update(retry_of=run)
+    orm = Run.objects.annotate(flag=Exists(Run.objects.filter(retry_of=OuterRef("pk")))).get(pk=run.pk).flag
+    assert orm is True
+    assert selects.select_one(Run, {"pk": run.pk}, flags={"flag": (Run, "retry_of", {})}).flag is True
+    assert selects.select_one(Run, {"pk": retry.pk}, flags={"flag": (Run, "retry_of", {})}).flag is False
