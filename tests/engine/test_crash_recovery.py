@@ -33,8 +33,13 @@ def _start(people, agent):
 
 
 def _recover(run, worker):
+    """Let the dead worker's lease expire, sweep (which must send the run again), then start ``worker`` (an
+    ``idle_worker``) and let it finish. Started only after the sweep: a wake-up queued before the kill must
+    not let it take the run over first (under load, after the expiry), which would leave the sweeper nothing
+    to send."""
     wait_for_lease_expiry(run.pk)
     assert sweep()["reenqueued"] >= 1
+    worker.worker.start()
     worker.drain()
     run.refresh_from_db()
     return run
@@ -54,7 +59,6 @@ def test_transfer_killed_at_each_failpoint_completes_with_one_charge(
 ):
     run = _start(people, transfer_agent("transfer-10"))
     assert worker_process(run.pk, failpoint=point) == KILLED
-    idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
@@ -90,7 +94,6 @@ def test_worker_killed_while_the_bank_is_transferring_ends_with_one_charge(
         return ToolCall.objects.filter(run=run, name="fake_transfer", status=ToolCallStatus.RUNNING).exists()
 
     assert worker_process(run.pk, kill_when=transfer_in_flight) == KILLED
-    idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
@@ -122,7 +125,6 @@ def test_side_effect_without_hook_killed_mid_call_goes_to_a_person(point, people
     decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
 
     assert worker_process(run.pk, failpoint=point, tools=("fake_notice",)) == KILLED
-    idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     send_call = ToolCall.objects.get(run=run, name="fake_notice")
@@ -237,7 +239,6 @@ def test_an_earlier_send_landing_after_the_lookup_is_found_not_denied_by_its_own
     run = _transfer_of_most_of_a_small_limit(people, "acct-700")
     assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
     asked = _transfer_whose_earlier_send_lands_late(monkeypatch, "acct-700", 10, hidden_lookups=1)
-    idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     call = ToolCall.objects.get(run=run, name="fake_transfer")
@@ -256,7 +257,6 @@ def test_an_earlier_send_the_lookup_cannot_see_is_unknown_when_its_precondition_
     run = _transfer_of_most_of_a_small_limit(people, "acct-701")
     assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
     _transfer_whose_earlier_send_lands_late(monkeypatch, "acct-701", 10, hidden_lookups=10**6)
-    idle_worker.worker.start()
     run = _recover(run, idle_worker)
 
     call = ToolCall.objects.get(run=run, name="fake_transfer")
