@@ -21,15 +21,19 @@ pytestmark = [
 ]
 
 
-def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loops():
+def _chaos(*arguments: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run bench/chaos.py with ``arguments`` against the test database; its printed figures (name: text) and
+    the finished process."""
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess(), "DRAMATIQ_NAMESPACE": "tollgate-chaos"}
-    result = subprocess.run(
-        [sys.executable, "bench/chaos.py", "--runs", "12", "--kills", "3", "--kill-every", "1", "3", "--seed", "3",
-         "--settle-timeout", "240", "--crash-runs", "2"],
-        cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=600,
-    )
+    result = subprocess.run([sys.executable, "bench/chaos.py", *arguments], cwd=settings.BASE_DIR, env=env,
+                            capture_output=True, text=True, timeout=900)
     print(result.stdout, result.stderr[-3000:])
-    figures = dict(re.findall(r"^  (\w+): (.*)$", result.stdout, re.MULTILINE))
+    return dict(re.findall(r"^  (\w+): (.*)$", result.stdout, re.MULTILINE)), result
+
+
+def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loops():
+    figures, result = _chaos("--runs", "12", "--kills", "3", "--kill-every", "1", "3", "--seed", "3",
+                             "--settle-timeout", "240", "--crash-runs", "2")
     assert figures["runs_created"] == "12"
     assert figures["kills"] == "3"
     assert figures["lost_runs"] == "0"
@@ -44,5 +48,22 @@ def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loop
     assert int(figures["crash_runs_max_blamed_refund_attempts"]) <= 3
     # Every other run completes: dying beside a crashing run is not held against it.
     assert figures["bystanders_crash_loop"] == "0"
+    assert figures["runs_not_completed_otherwise"] == "0"
+    assert result.returncode == 0
+
+
+def test_workers_killed_holding_hundreds_of_runs_each_lose_none_and_charge_none_twice():
+    # Every refund takes the gateway 2 s, so a worker process holds its runs in flight meanwhile; a kill
+    # waits until the worker group it picks holds at least 100 run leases.
+    figures, result = _chaos("--runs", "300", "--kills", "2", "--min-held", "100", "--gateway-latency", "2",
+                             "--kill-every", "0.5", "1", "--seed", "5", "--settle-timeout", "300")
+    assert figures["kills"] == "2"
+    assert min(int(held) for held in figures["runs_held_per_kill_all"].strip("[]").split(",")) >= 100
+    assert figures["runs_created"] == "300"
+    assert figures["lost_runs"] == "0"
+    assert figures["max_charges_per_key"] == "1"
+    assert figures["refunds_charged_twice"] == "0"
+    assert figures["tool_calls_executed_twice"] == "0"
+    assert figures["charges_without_succeeded_call"] == "0"
     assert figures["runs_not_completed_otherwise"] == "0"
     assert result.returncode == 0
