@@ -1,9 +1,10 @@
 """The engine of one worker process: many runs in flight on one event loop, their database work on a few threads.
 
 A Dramatiq message (``runs.engine.actors.advance_run``) hands its run
-here (``submit``: the run's lease is taken in the broker's worker thread),
-then returns: that thread is free for the next message at once. Each run
-in flight is an asyncio task that drives the loop's slice
+here (``submit``: in the broker's worker thread, the run's lease is taken
+and the slice's first database work done, up to its first call), then
+returns: that thread is free for the next message. Each run in flight is
+then an asyncio task that drives the rest of the loop's slice
 (``runs.engine.loop.advance_slice``, a step generator, ``runs.base.awaiting``):
 
 * the database work between two calls runs on one of
@@ -31,6 +32,7 @@ blocking work in a bounded executor) is asyncio's own
 """
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -43,7 +45,7 @@ from django_fsm import ConcurrentTransition
 from runs import lease
 
 from runs.base import log_context, process_metrics
-from runs.base.awaiting import resume, settle
+from runs.base.awaiting import Await, resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
@@ -98,6 +100,9 @@ class Engine:
     def submit(self, run_id: int) -> lease.Lease | None:
         """Take run ``run_id``'s lease and advance it in this process; returns once it is under way.
 
+        In the calling thread, the lease is taken and the slice's first database work done, up to its
+        first call (a model or tool call, a pause): a run resumed by a decision starts its tool's
+        checks without a hop to the loop and back. Its calls and the rest go on on the loop.
         Returns the lease (released when the slice ends), or None when the run was not taken (held
         elsewhere, waiting, ended or gone). Waits for room (``runs_in_flight``) before taking the lease,
         at most ``SUBMIT_WAIT_S`` seconds, then raises ``EngineFull``. A suspect (``Lease.suspect``) is
@@ -115,7 +120,19 @@ class Engine:
         if held is None:
             self._slots.release()
             return None
-        asyncio.run_coroutine_threadsafe(self._advance(held), self._loop)
+        with log_context.bound(run_id):  # the slice's log ids, noted by its work in any thread
+            context = contextvars.copy_context()
+        steps = advance_slice(run_id)
+        try:
+            call, more, failure = context.run(_first_work, held, steps)
+        except BaseException:  # the thread itself is being stopped: the lease runs out, the sweeper sends the run
+            self._uncount(run_id)
+            self._slots.release()
+            raise
+        if call is not None:  # the rest goes on on the loop, in the slice's context
+            context.run(asyncio.run_coroutine_threadsafe, self._advance(held, steps, call), self._loop)
+        else:  # the slice ended (or failed) before any call: no task, no hop
+            context.run(self._end_slice, held, more, failure)
         return held
 
     def _take(self, run_id: int, deadline: float) -> lease.Lease | None:
@@ -193,15 +210,24 @@ class Engine:
         with whatever other runs' work is ready then (``group_commit``)."""
         return await asyncio.wrap_future(self.db.submit(fn, *args))
 
-    async def _advance(self, held: lease.Lease) -> None:
-        with log_context.bound(held.run_id), process_metrics.run_in_flight():  # log lines carry the run
-            await self._advance_logged(held)
+    def _end_slice(self, held: lease.Lease, more: bool, failure: Exception | None) -> None:
+        """In the broker's thread, a slice that ended in its first work: ``_after_slice``, and the run is no
+        longer in flight."""
+        try:
+            _after_slice(held, more, failure)
+        except Exception:  # the lease expires on its own; the sweeper sends the run back
+            log.exception("run %s: ending its slice failed", held.run_id)
+        finally:
+            self._uncount(held.run_id)
+            self._slots.release()
 
-    async def _advance_logged(self, held: lease.Lease) -> None:
+    async def _advance(self, held: lease.Lease, steps, call: Await) -> None:
+        """The rest of a slice whose first work (``_first_work``) stopped at ``call``: ``_drive``, then
+        ``_after_slice`` on a database thread."""
         more, failure = False, None
         try:
-            with lease.kept(held):
-                _run, more = await self._drive(_Slice(held.run_id), advance_slice(held.run_id))
+            with process_metrics.run_in_flight(), lease.kept(held):
+                _run, more = await self._drive(_Slice(held.run_id), steps, call)
         except Exception as exc:
             failure = exc
         finally:
@@ -212,20 +238,20 @@ class Engine:
             self._uncount(held.run_id)
             self._slots.release()
 
-    async def _drive(self, this: "_Slice", steps):
-        """Run the step generator ``steps`` of the slice ``this`` to its end: its database work on the
-        database threads, its calls awaited here, each cut short when the run's cancel is requested
-        meanwhile (``_watch_cancels``). Returns what the generator returns."""
-        answer = None
+    async def _drive(self, this: "_Slice", steps, call: Await):
+        """Run the step generator ``steps`` of the slice ``this``, stopped at ``call``, to its end: its
+        calls awaited here, each cut short when the run's cancel is requested meanwhile
+        (``_watch_cancels``), its database work on the database threads. Returns what the generator
+        returns."""
         while True:
-            done, value = await self._in_db_thread(resume, steps, answer)
-            if done:
-                return value
             self._awaiting.add(this)
             try:
-                answer = await settle(value, this.cancelled)
+                answer = await settle(call, this.cancelled)
             finally:
                 self._awaiting.discard(this)
+            done, call = await self._in_db_thread(resume, steps, answer)
+            if done:
+                return call
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_S``, one query: which runs waiting for a call had their cancel requested
@@ -251,6 +277,22 @@ class _Slice:
     def __init__(self, run_id: int):
         self.run_id = run_id
         self.cancelled = asyncio.Event()
+
+
+def _first_work(held: lease.Lease, steps) -> tuple[Await | None, bool, Exception | None]:
+    """A slice's first database work, in the thread that took its lease (the broker's), alone as a
+    group of one is (``group_commit``: its transactions commit as it makes them).
+
+    Returns ``(the call it stopped at, False, None)``; ``(None, more, None)`` when the slice ended
+    before any call (``more``: as ``advance_slice`` returns it); ``(None, False, the exception)`` when
+    it raised.
+    """
+    with process_metrics.run_in_flight(), lease.kept(held):
+        try:
+            done, value = resume(steps, None)
+        except Exception as exc:
+            return None, False, exc
+    return (None, value[1], None) if done else (value, False, None)
 
 
 def _cancel_requested(run_ids: list[int]) -> list[int]:
