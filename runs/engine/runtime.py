@@ -122,9 +122,8 @@ class Engine:
             return None
         with log_context.bound(run_id):  # the slice's log ids, noted by its work in any thread
             context = contextvars.copy_context()
-        steps = advance_slice(run_id)
         try:
-            call, more, failure = context.run(_first_work, held, steps)
+            steps, call, more, failure = context.run(_first_work, held)
         except BaseException:  # the thread itself is being stopped: the lease runs out, the sweeper sends the run
             self._uncount(run_id)
             self._slots.release()
@@ -279,20 +278,22 @@ class _Slice:
         self.cancelled = asyncio.Event()
 
 
-def _first_work(held: lease.Lease, steps) -> tuple[Await | None, bool, Exception | None]:
-    """A slice's first database work, in the thread that took its lease (the broker's), alone as a
-    group of one is (``group_commit``: its transactions commit as it makes them).
+def _first_work(held: lease.Lease) -> tuple[object, Await | None, bool, Exception | None]:
+    """A slice of ``held``'s run (``advance_slice``) started, and its first database work done, in the
+    thread that took the lease (the broker's), alone as a group of one is (``group_commit``: its
+    transactions commit as it makes them).
 
-    Returns ``(the call it stopped at, False, None)``; ``(None, more, None)`` when the slice ended
-    before any call (``more``: as ``advance_slice`` returns it); ``(None, False, the exception)`` when
-    it raised.
+    Returns ``(steps, the call it stopped at, False, None)``; ``(steps, None, more, None)`` when the
+    slice ended before any call (``more``: as ``advance_slice`` returns it); ``(None, None, False, the
+    exception)`` when it raised.
     """
     with process_metrics.run_in_flight(), lease.kept(held):
         try:
+            steps = advance_slice(held.run_id)
             done, value = resume(steps, None)
         except Exception as exc:
-            return None, False, exc
-    return (None, value[1], None) if done else (value, False, None)
+            return None, None, False, exc
+    return (steps, None, value[1], None) if done else (steps, value, False, None)
 
 
 def _cancel_requested(run_ids: list[int]) -> list[int]:
