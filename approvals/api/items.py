@@ -83,8 +83,9 @@ class InterruptViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMi
     filterset_class = InterruptFilter
 
     # The verbs on one item, each with the relations its service reads of the item before it locks it
-    # and loads it whole (which the answer shows): a question's call, for its options and file rule.
-    VERB_RELATIONS = {"approve": (), "reject": (), "reconcile": (), "claim": (), "unclaim": (),
+    # and loads it whole (which the answer shows): a question's call, for its options and file rule; a
+    # claim's run, for the decide rule's requester (``approvals.claims``).
+    VERB_RELATIONS = {"approve": (), "reject": (), "reconcile": (), "claim": ("run",), "unclaim": ("run",),
                       "respond": ("tool_call",)}
 
     def get_queryset(self):

@@ -254,6 +254,21 @@ def test_claims_through_the_api_inform_replay_with_a_key_and_filter_the_inbox(cl
     worker.drain()
 
 
+@pytest.mark.parametrize("verb", ["claim", "unclaim"])
+def test_a_claim_over_the_api_reads_the_run_only_with_the_item_and_for_its_lock(verb, api, people, worker):
+    """The decide rule's requester comes with the item's lookup (``VERB_RELATIONS``): no read of its own."""
+    [item] = transfer_items(api, people, worker, accounts=("acct-102",))
+    approver = api(people["approver"])
+    if verb == "unclaim":
+        approver.post(f"/api/interrupts/{item.pk}/claim/")
+    with CaptureQueriesContext(connection) as queries:
+        assert approver.post(f"/api/interrupts/{item.pk}/{verb}/").status_code == 200
+    run_reads = [q["sql"] for q in queries.captured_queries
+                 if re.match(r'SELECT .* FROM "runs_run"', q["sql"]) and "FOR UPDATE" not in q["sql"]]
+    assert run_reads == []
+    worker.drain()
+
+
 def test_unclaim_by_the_claimer_or_staff_only(client, api, people, worker, django_user_model):
     [item] = transfer_items(api, people, worker, accounts=("acct-101",))
     other = django_user_model.objects.create_user("other-approver")
