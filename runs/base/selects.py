@@ -87,19 +87,20 @@ def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple
             on, optional = f"t0.{_quote(field.column)} = {alias}.{_quote(field.target_field.column)}", field.null
             back = field.remote_field if field.one_to_one else None
         else:  # a reverse one-to-one: the other row's key points at this one (there may be none)
-            key = field.remote_field
-            on, optional, back = f"{alias}.{_quote(key.column)} = t0.{_quote(key.target_field.column)}", True, key
+            remote = field.remote_field
+            on = f"{alias}.{_quote(remote.column)} = t0.{_quote(remote.target_field.column)}"
+            optional, back = True, remote
         parts.append(_Part(field.related_model, alias, setter=field, back=back))
         nullable.append(optional)
         joins.append(f"{'LEFT OUTER' if optional else 'INNER'} JOIN {_quote(target.db_table)} {alias} ON {on}")
     selected = [column for part in parts for column in part.columns]
-    for _name, (other, key, conditions) in flags:
+    for _name, (other, pointer, conditions) in flags:
         other_meta = other._meta
-        if isinstance(key, Sharing):  # another row of the same model sharing the field's value
-            column = _quote(meta.get_field(key.field).column)
+        if isinstance(pointer, Sharing):  # another row of the same model sharing the field's value
+            column = _quote(meta.get_field(pointer.field).column)
             tests = [f"f.{column} = t0.{column}", f"f.{_quote(meta.pk.column)} <> t0.{_quote(meta.pk.column)}"]
         else:  # a row of the other model whose foreign key points at this one
-            key_field = other_meta.get_field(key)
+            key_field = other_meta.get_field(pointer)
             tests = [f"f.{_quote(key_field.column)} = t0.{_quote(key_field.target_field.column)}"]
         tests += [f"f.{_quote(other_meta.get_field(c).column)} = %s" for c in conditions]
         selected.append(f"EXISTS (SELECT 1 FROM {_quote(other_meta.db_table)} f WHERE {' AND '.join(tests)})")

@@ -147,3 +147,19 @@ def test_a_reverse_one_to_one_reads_along_and_a_sibling_flag_sees_only_other_row
     assert len(queries) == 0
     Interrupt.objects.filter(pk=second.pk).update(status=InterruptStatus.RESOLVED)
     assert selects.select_one(Interrupt, {"pk": item.pk}, flags=pending).others_pending is False
+
+
+def test_a_shape_with_flags_or_a_reverse_one_to_one_is_built_once(people):
+    """The statement of a shape is kept under the shape's own key, flags and reverse one-to-ones too (a loop
+    variable once overwrote the key, so such shapes were built again on every read)."""
+    from approvals.models import Interrupt, InterruptStatus
+    from tests.support.core import pending_transfer
+
+    item = pending_transfer(requester=people["requester"])
+    pending = {"others_pending": (Interrupt, selects.Sharing("run"), {"status": InterruptStatus.PENDING})}
+    for options in ({"related": ("tool_call", "answer_file")}, {"flags": pending},
+                    {"related": ("answer_file",), "flags": pending}):
+        selects.select_one(Interrupt, {"pk": item.pk}, **options)
+        kept = dict(selects._SELECTS)
+        selects.select_one(Interrupt, {"pk": item.pk}, **options)
+        assert selects._SELECTS == kept and all(shape is kept[key] for key, shape in selects._SELECTS.items())
