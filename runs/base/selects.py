@@ -1,4 +1,5 @@
-"""Row reads of the engine's hot path as one SQL statement each, built once per shape (``select``, ``select_one``).
+"""Row reads of the engine's hot path as one SQL statement each, built once per shape (``select``, ``select_one``,
+``values_one``).
 
 The read side of ``runs.base.rows``: what ``Model.objects.filter(...)``
 with ``select_related`` (and ``select_for_update``) gives, for equality
@@ -43,9 +44,10 @@ class Sharing:
 class _Part:
     """One model's columns in a statement: the fields, their converters, and where the instance goes."""
 
-    def __init__(self, model, alias: str, setter=None, back=None):
+    def __init__(self, model, alias: str, setter=None, back=None, only: tuple[str, ...] | None = None):
+        """``only``: the names of the fields read, in that order (``values_one``); default every concrete field."""
         self.model = model
-        self.fields = list(model._meta.concrete_fields)
+        self.fields = [model._meta.get_field(name) for name in only] if only else list(model._meta.concrete_fields)
         self.attnames = [field.attname for field in self.fields]
         self.columns = [f"{alias}.{_quote(field.column)}" for field in self.fields]
         self.converters = []  # (index, [converter], expression) of the columns that need converting
@@ -57,13 +59,17 @@ class _Part:
         self.setter = setter  # the relation whose cache the instance fills, on the main row's instance
         self.back = back  # a one-to-one's other side, whose cache the main row's instance fills on this one
 
-    def build(self, values: list):
+    def convert(self, values: list) -> list:
+        """``values`` (this part's columns of a row, changed in place) as the ORM converts them."""
         for index, found, expression in self.converters:
             value = values[index]
             for converter in found:
                 value = converter(value, expression, connection)
             values[index] = value
-        return self.model.from_db(connection.alias, self.attnames, values)
+        return values
+
+    def build(self, values: list):
+        return self.model.from_db(connection.alias, self.attnames, self.convert(values))
 
 
 class _Shape:
@@ -72,13 +78,13 @@ class _Shape:
 
 
 def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple, order_by: str | None,
-           for_update: bool, limit: int | None) -> _Shape:
-    key = (model, where, related, flags, order_by, for_update, limit, connection.vendor)
+           for_update: bool, limit: int | None, only: tuple[str, ...] | None = None) -> _Shape:
+    key = (model, where, related, flags, order_by, for_update, limit, only, connection.vendor)
     shape = _SELECTS.get(key)
     if shape is not None:
         return shape
     meta = model._meta
-    main = _Part(model, "t0")
+    main = _Part(model, "t0", only=only)
     parts, joins, nullable = [main], [], [False]
     for number, name in enumerate(related, start=1):
         field = meta.get_field(name)
@@ -181,6 +187,32 @@ def _prepared(meta, name: str, value):
     if isinstance(value, Model):
         return value.pk
     return meta.get_field(name).get_db_prep_value(value, connection)
+
+
+def values_one(model, where: dict, fields: tuple[str, ...], *, for_update: bool = False) -> tuple:
+    """The values of ``fields`` (names) of the one row of ``model`` whose fields equal ``where``, converted as
+    the ORM converts them, in one statement: ``Model.objects.filter(**where).values_list(*fields).get()``
+    (with ``for_update``: ``select_for_update()`` first) read without building a queryset, no instance built.
+
+    Raises ``model.DoesNotExist`` when no row matches, ``model.MultipleObjectsReturned`` when more do (two
+    rows read at most), ``TypeError`` for a None in ``where``, ``TransactionManagementError`` for
+    ``for_update`` outside a transaction, and what the database raises.
+    """
+    if None in where.values():
+        raise TypeError("values_one() compares with '=': a None would match no row (the ORM's IS NULL)")
+    if for_update and get_autocommit():
+        raise TransactionManagementError("values_one(for_update=True) cannot be used outside of a transaction.")
+    meta = model._meta
+    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    shape = _shape(model, where_fields, (), (), None, for_update, 2, tuple(fields))
+    with connection.cursor() as cursor:
+        cursor.execute(shape.sql, [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())])
+        found = cursor.fetchall()
+    if not found:
+        raise model.DoesNotExist(f"{model.__name__} matching {where} does not exist")
+    if len(found) > 1:
+        raise model.MultipleObjectsReturned(f"{len(found)} {model.__name__} rows match {where}")
+    return tuple(shape.parts[0].convert(list(found[0])))
 
 
 def select_one(model, where: dict, **options):

@@ -163,3 +163,23 @@ def test_a_shape_with_flags_or_a_reverse_one_to_one_is_built_once(people):
         kept = dict(selects._SELECTS)
         selects.select_one(Interrupt, {"pk": item.pk}, **options)
         assert selects._SELECTS == kept and all(shape is kept[key] for key, shape in selects._SELECTS.items())
+
+
+def test_values_of_one_row_read_as_values_list_reads_them(run):
+    """``values_one``: the ORM's ``values_list(...).get()`` values (a datetime, a decimal, an integer, a None),
+    in the order named; the errors of ``get``; a locking read only inside a transaction."""
+    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
+    for fields in (("cancel_requested_at", "last_event_seq"), ("cost_usd", "wake_at", "final_output", "outcome"),
+                   ("last_event_seq", "cancel_requested_at")):
+        orm = Run.objects.filter(pk=run.pk).values_list(*fields).get()
+        assert selects.values_one(Run, {"pk": run.pk}, fields) == orm
+        assert [type(value) for value in selects.values_one(Run, {"pk": run.pk}, fields)] == [type(v) for v in orm]
+    with pytest.raises(Run.DoesNotExist):
+        selects.values_one(Run, {"pk": run.pk + 1000}, ("last_event_seq",))
+    Run.objects.create(agent=run.agent, session=run.session, requested_by=run.requested_by, input="again")
+    with pytest.raises(Run.MultipleObjectsReturned):
+        selects.values_one(Run, {"session": run.session_id}, ("last_event_seq",))
+    with pytest.raises(TransactionManagementError):
+        selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True)
+    with transaction.atomic():
+        assert selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True) == (run.last_event_seq,)
