@@ -1,5 +1,5 @@
 """Row reads of the engine's hot path as one SQL statement each, built once per shape (``select``, ``select_one``,
-``values_one``).
+``values_one``, ``exists``, ``count``).
 
 The read side of ``runs.base.rows``: what ``Model.objects.filter(...)``
 with ``select_related`` (and ``select_for_update``) gives, for equality
@@ -213,6 +213,41 @@ def values_one(model, where: dict, fields: tuple[str, ...], *, for_update: bool 
     if len(found) > 1:
         raise model.MultipleObjectsReturned(f"{len(found)} {model.__name__} rows match {where}")
     return tuple(shape.parts[0].convert(list(found[0])))
+
+
+_TALLIES: dict = {}  # (model, where field names, what, vendor) -> sql
+
+
+def _tally(model, where: dict, what: str, tail: str = ""):
+    """The first column of the first row of ``SELECT <what> FROM model WHERE <where> <tail>`` (None when there is
+    no row), the SQL built once per shape."""
+    if None in where.values():
+        raise TypeError("selects compare with '=': a None would match no row (the ORM's IS NULL)")
+    meta = model._meta
+    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    key = (model, where_fields, what, tail, connection.vendor)
+    sql = _TALLIES.get(key)
+    if sql is None:
+        tests = " AND ".join(f"{_quote(meta.get_field(name).column)} = %s" for name in where_fields)
+        sql = _TALLIES[key] = (f"SELECT {what} FROM {_quote(meta.db_table)}" + (f" WHERE {tests}" if tests else "")
+                               + tail)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def exists(model, where: dict) -> bool:
+    """Whether a row of ``model`` has fields equal to ``where`` (``{field name: value}``, ``pk`` allowed), in one
+    statement built once per shape: ``Model.objects.filter(**where).exists()`` without building a queryset.
+    Raises ``TypeError`` for a None in ``where``, and what the database raises."""
+    return _tally(model, where, "1", " LIMIT 1") is not None
+
+
+def count(model, where: dict) -> int:
+    """How many rows of ``model`` have fields equal to ``where`` (as ``exists`` takes it), in one statement built
+    once per shape: ``Model.objects.filter(**where).count()`` without building a queryset."""
+    return _tally(model, where, "COUNT(*)")
 
 
 def select_one(model, where: dict, **options):

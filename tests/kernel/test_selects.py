@@ -183,3 +183,25 @@ def test_values_of_one_row_read_as_values_list_reads_them(run):
         selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True)
     with transaction.atomic():
         assert selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True) == (run.last_event_seq,)
+
+
+def test_exists_and_count_answer_as_the_orm_answers(run):
+    """``exists`` and ``count``: ``filter(**where).exists()`` and ``.count()``, a boolean and a str enum among the
+    values (SQLite stores a boolean as an integer), no row as well as several."""
+    from runs.webhooks.models import WebhookSubscription
+
+    assert selects.exists(WebhookSubscription, {"active": True}) is False
+    WebhookSubscription.objects.create(owner=run.requested_by, url="https://hooks.example.test/in",
+                                       event_types=["run.failed"], secret="whsec_test", active=False)
+    assert selects.exists(WebhookSubscription, {"active": True}) is False
+    assert selects.exists(WebhookSubscription, {"active": False}) is True
+    WebhookSubscription.objects.update(active=True)
+    assert selects.exists(WebhookSubscription, {"active": True}) is True
+    for index in range(2):
+        Step.objects.create(run=run, index=index)
+    for where in ({"run": run.pk}, {"run": run.pk, "status": Step.Status.STARTED}, {"run": run.pk, "index": 1},
+                  {"run": run.pk, "status": Step.Status.FAILED}, {"run": run.pk + 1000}):
+        assert selects.exists(Step, where) is Step.objects.filter(**where).exists()
+        assert selects.count(Step, where) == Step.objects.filter(**where).count()
+    with pytest.raises(TypeError):
+        selects.exists(Step, {"run": run.pk, "finished_at": None})
