@@ -205,7 +205,7 @@ def relock(run: Run) -> bool:
     lock" contract), without loading it again. Re-reads ``cancel_requested_at``; True when no other writer logged an
     event since. Raises ``Run.DoesNotExist``.
     """
-    cancel_requested_at, seq = (Run.objects.select_for_update().filter(pk=run.pk).order_by()
-                                .values_list("cancel_requested_at", "last_event_seq").get())
+    cancel_requested_at, seq = selects.values_one(Run, {"pk": run.pk}, ("cancel_requested_at", "last_event_seq"),
+                                                  for_update=True)
     run.cancel_requested_at = cancel_requested_at
     return seq == run.last_event_seq

@@ -1,4 +1,5 @@
-"""Row reads of the engine's hot path as one SQL statement each, built once per shape (``select``, ``select_one``).
+"""Row reads of the engine's hot path as one SQL statement each, built once per shape (``select``, ``select_one``,
+``values_one``, ``exists``, ``count``).
 
 The read side of ``runs.base.rows``: what ``Model.objects.filter(...)``
 with ``select_related`` (and ``select_for_update``) gives, for equality
@@ -43,9 +44,10 @@ class Sharing:
 class _Part:
     """One model's columns in a statement: the fields, their converters, and where the instance goes."""
 
-    def __init__(self, model, alias: str, setter=None, back=None):
+    def __init__(self, model, alias: str, setter=None, back=None, only: tuple[str, ...] | None = None):
+        """``only``: the names of the fields read, in that order (``values_one``); default every concrete field."""
         self.model = model
-        self.fields = list(model._meta.concrete_fields)
+        self.fields = [model._meta.get_field(name) for name in only] if only else list(model._meta.concrete_fields)
         self.attnames = [field.attname for field in self.fields]
         self.columns = [f"{alias}.{_quote(field.column)}" for field in self.fields]
         self.converters = []  # (index, [converter], expression) of the columns that need converting
@@ -57,13 +59,17 @@ class _Part:
         self.setter = setter  # the relation whose cache the instance fills, on the main row's instance
         self.back = back  # a one-to-one's other side, whose cache the main row's instance fills on this one
 
-    def build(self, values: list):
+    def convert(self, values: list) -> list:
+        """``values`` (this part's columns of a row, changed in place) as the ORM converts them."""
         for index, found, expression in self.converters:
             value = values[index]
             for converter in found:
                 value = converter(value, expression, connection)
             values[index] = value
-        return self.model.from_db(connection.alias, self.attnames, values)
+        return values
+
+    def build(self, values: list):
+        return self.model.from_db(connection.alias, self.attnames, self.convert(values))
 
 
 class _Shape:
@@ -72,13 +78,13 @@ class _Shape:
 
 
 def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple, order_by: str | None,
-           for_update: bool, limit: int | None) -> _Shape:
-    key = (model, where, related, flags, order_by, for_update, limit, connection.vendor)
+           for_update: bool, limit: int | None, only: tuple[str, ...] | None = None) -> _Shape:
+    key = (model, where, related, flags, order_by, for_update, limit, only, connection.vendor)
     shape = _SELECTS.get(key)
     if shape is not None:
         return shape
     meta = model._meta
-    main = _Part(model, "t0")
+    main = _Part(model, "t0", only=only)
     parts, joins, nullable = [main], [], [False]
     for number, name in enumerate(related, start=1):
         field = meta.get_field(name)
@@ -87,19 +93,20 @@ def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple
             on, optional = f"t0.{_quote(field.column)} = {alias}.{_quote(field.target_field.column)}", field.null
             back = field.remote_field if field.one_to_one else None
         else:  # a reverse one-to-one: the other row's key points at this one (there may be none)
-            key = field.remote_field
-            on, optional, back = f"{alias}.{_quote(key.column)} = t0.{_quote(key.target_field.column)}", True, key
+            remote = field.remote_field
+            on = f"{alias}.{_quote(remote.column)} = t0.{_quote(remote.target_field.column)}"
+            optional, back = True, remote
         parts.append(_Part(field.related_model, alias, setter=field, back=back))
         nullable.append(optional)
         joins.append(f"{'LEFT OUTER' if optional else 'INNER'} JOIN {_quote(target.db_table)} {alias} ON {on}")
     selected = [column for part in parts for column in part.columns]
-    for _name, (other, key, conditions) in flags:
+    for _name, (other, pointer, conditions) in flags:
         other_meta = other._meta
-        if isinstance(key, Sharing):  # another row of the same model sharing the field's value
-            column = _quote(meta.get_field(key.field).column)
+        if isinstance(pointer, Sharing):  # another row of the same model sharing the field's value
+            column = _quote(meta.get_field(pointer.field).column)
             tests = [f"f.{column} = t0.{column}", f"f.{_quote(meta.pk.column)} <> t0.{_quote(meta.pk.column)}"]
         else:  # a row of the other model whose foreign key points at this one
-            key_field = other_meta.get_field(key)
+            key_field = other_meta.get_field(pointer)
             tests = [f"f.{_quote(key_field.column)} = t0.{_quote(key_field.target_field.column)}"]
         tests += [f"f.{_quote(other_meta.get_field(c).column)} = %s" for c in conditions]
         selected.append(f"EXISTS (SELECT 1 FROM {_quote(other_meta.db_table)} f WHERE {' AND '.join(tests)})")
@@ -180,6 +187,67 @@ def _prepared(meta, name: str, value):
     if isinstance(value, Model):
         return value.pk
     return meta.get_field(name).get_db_prep_value(value, connection)
+
+
+def values_one(model, where: dict, fields: tuple[str, ...], *, for_update: bool = False) -> tuple:
+    """The values of ``fields`` (names) of the one row of ``model`` whose fields equal ``where``, converted as
+    the ORM converts them, in one statement: ``Model.objects.filter(**where).values_list(*fields).get()``
+    (with ``for_update``: ``select_for_update()`` first) read without building a queryset, no instance built.
+
+    Raises ``model.DoesNotExist`` when no row matches, ``model.MultipleObjectsReturned`` when more do (two
+    rows read at most), ``TypeError`` for a None in ``where``, ``TransactionManagementError`` for
+    ``for_update`` outside a transaction, and what the database raises.
+    """
+    if None in where.values():
+        raise TypeError("values_one() compares with '=': a None would match no row (the ORM's IS NULL)")
+    if for_update and get_autocommit():
+        raise TransactionManagementError("values_one(for_update=True) cannot be used outside of a transaction.")
+    meta = model._meta
+    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    shape = _shape(model, where_fields, (), (), None, for_update, 2, tuple(fields))
+    with connection.cursor() as cursor:
+        cursor.execute(shape.sql, [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())])
+        found = cursor.fetchall()
+    if not found:
+        raise model.DoesNotExist(f"{model.__name__} matching {where} does not exist")
+    if len(found) > 1:
+        raise model.MultipleObjectsReturned(f"{len(found)} {model.__name__} rows match {where}")
+    return tuple(shape.parts[0].convert(list(found[0])))
+
+
+_TALLIES: dict = {}  # (model, where field names, what, vendor) -> sql
+
+
+def _tally(model, where: dict, what: str, tail: str = ""):
+    """The first column of the first row of ``SELECT <what> FROM model WHERE <where> <tail>`` (None when there is
+    no row), the SQL built once per shape."""
+    if None in where.values():
+        raise TypeError("selects compare with '=': a None would match no row (the ORM's IS NULL)")
+    meta = model._meta
+    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    key = (model, where_fields, what, tail, connection.vendor)
+    sql = _TALLIES.get(key)
+    if sql is None:
+        tests = " AND ".join(f"{_quote(meta.get_field(name).column)} = %s" for name in where_fields)
+        sql = _TALLIES[key] = (f"SELECT {what} FROM {_quote(meta.db_table)}" + (f" WHERE {tests}" if tests else "")
+                               + tail)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def exists(model, where: dict) -> bool:
+    """Whether a row of ``model`` has fields equal to ``where`` (``{field name: value}``, ``pk`` allowed), in one
+    statement built once per shape: ``Model.objects.filter(**where).exists()`` without building a queryset.
+    Raises ``TypeError`` for a None in ``where``, and what the database raises."""
+    return _tally(model, where, "1", " LIMIT 1") is not None
+
+
+def count(model, where: dict) -> int:
+    """How many rows of ``model`` have fields equal to ``where`` (as ``exists`` takes it), in one statement built
+    once per shape: ``Model.objects.filter(**where).count()`` without building a queryset."""
+    return _tally(model, where, "COUNT(*)")
 
 
 def select_one(model, where: dict, **options):

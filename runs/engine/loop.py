@@ -107,7 +107,11 @@ def hand_back(run_id: int, *, more: bool, released: str | None) -> None:
     and its wake-up was refused). ``released``: the run's status as ``runs.lease.release`` left it, or
     None when that found the lease no longer this worker's (then the row is asked)."""
     if released is None:
-        nobody_on_it = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__isnull=True).exists()
+        try:
+            status, lease_expires_at = selects.values_one(Run, {"pk": run_id}, ("status", "lease_expires_at"))
+        except Run.DoesNotExist:
+            status, lease_expires_at = None, None
+        nobody_on_it = status == RunStatus.RUNNING and lease_expires_at is None
     else:
         nobody_on_it = released == RunStatus.RUNNING
     if more or nobody_on_it:
@@ -327,7 +331,7 @@ def _wait_for_approval(run: Run) -> bool:
     """Put the run in ``waiting/approval`` unless a decision came in first; True if it waits."""
     with transaction.atomic():
         relock(run)  # decisions take the lock too
-        if not run.tool_calls.filter(status=S.AWAITING_APPROVAL).exists():
+        if not selects.exists(ToolCall, {"run": run.pk, "status": S.AWAITING_APPROVAL}):
             return False
         _wait_locked(run, reason="a tool call needs approval", waiting_reason=WaitingReason.APPROVAL)
     return True

@@ -5,7 +5,7 @@ why that suffices: docs/design.md#what-a-worker-keeps-between-passes.
 """
 
 from runs.base import rows, selects
-from runs.models import Message, Run
+from runs.models import Message, Run, Step
 from tools.models import ToolCall, ToolCallStatus
 
 # Run columns that change while a run is advanced (the foreign keys never do, so the
@@ -73,7 +73,7 @@ class Known:
     def steps(self) -> int:
         """How many steps (model calls, whatever became of them) the run has."""
         if self._steps is None:
-            self._steps = self.run.steps.count()
+            self._steps = selects.count(Step, {"run": self.run.pk})
         return self._steps
 
     @property

@@ -24,6 +24,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from runs.access import RunAccess
+from runs.base import selects
 from runs.models import RunEvent
 from runs.webhooks.events import webhook_body, webhook_type
 from runs.webhooks.models import DeliveryStatus, OutboxEntry, WebhookDelivery, WebhookSubscription
@@ -71,7 +72,7 @@ def _subscriptions_active() -> bool:
         marker, place, answer = known
         if place < len(hooks) and hooks[place][1] is marker:
             return answer
-    answer = WebhookSubscription.objects.filter(active=True).exists()
+    answer = selects.exists(WebhookSubscription, {"active": True})  # built once: no queryset per transaction
     if connection.in_atomic_block:
         marker = _Asked()
         transaction.on_commit(marker)

@@ -147,3 +147,61 @@ def test_a_reverse_one_to_one_reads_along_and_a_sibling_flag_sees_only_other_row
     assert len(queries) == 0
     Interrupt.objects.filter(pk=second.pk).update(status=InterruptStatus.RESOLVED)
     assert selects.select_one(Interrupt, {"pk": item.pk}, flags=pending).others_pending is False
+
+
+def test_a_shape_with_flags_or_a_reverse_one_to_one_is_built_once(people):
+    """The statement of a shape is kept under the shape's own key, flags and reverse one-to-ones too (a loop
+    variable once overwrote the key, so such shapes were built again on every read)."""
+    from approvals.models import Interrupt, InterruptStatus
+    from tests.support.core import pending_transfer
+
+    item = pending_transfer(requester=people["requester"])
+    pending = {"others_pending": (Interrupt, selects.Sharing("run"), {"status": InterruptStatus.PENDING})}
+    for options in ({"related": ("tool_call", "answer_file")}, {"flags": pending},
+                    {"related": ("answer_file",), "flags": pending}):
+        selects.select_one(Interrupt, {"pk": item.pk}, **options)
+        kept = dict(selects._SELECTS)
+        selects.select_one(Interrupt, {"pk": item.pk}, **options)
+        assert selects._SELECTS == kept and all(shape is kept[key] for key, shape in selects._SELECTS.items())
+
+
+def test_values_of_one_row_read_as_values_list_reads_them(run):
+    """``values_one``: the ORM's ``values_list(...).get()`` values (a datetime, a decimal, an integer, a None),
+    in the order named; the errors of ``get``; a locking read only inside a transaction."""
+    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
+    for fields in (("cancel_requested_at", "last_event_seq"), ("cost_usd", "wake_at", "final_output", "outcome"),
+                   ("last_event_seq", "cancel_requested_at")):
+        orm = Run.objects.filter(pk=run.pk).values_list(*fields).get()
+        assert selects.values_one(Run, {"pk": run.pk}, fields) == orm
+        assert [type(value) for value in selects.values_one(Run, {"pk": run.pk}, fields)] == [type(v) for v in orm]
+    with pytest.raises(Run.DoesNotExist):
+        selects.values_one(Run, {"pk": run.pk + 1000}, ("last_event_seq",))
+    Run.objects.create(agent=run.agent, session=run.session, requested_by=run.requested_by, input="again")
+    with pytest.raises(Run.MultipleObjectsReturned):
+        selects.values_one(Run, {"session": run.session_id}, ("last_event_seq",))
+    with pytest.raises(TransactionManagementError):
+        selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True)
+    with transaction.atomic():
+        assert selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True) == (run.last_event_seq,)
+
+
+def test_exists_and_count_answer_as_the_orm_answers(run):
+    """``exists`` and ``count``: ``filter(**where).exists()`` and ``.count()``, a boolean and a str enum among the
+    values (SQLite stores a boolean as an integer), no row as well as several."""
+    from runs.webhooks.models import WebhookSubscription
+
+    assert selects.exists(WebhookSubscription, {"active": True}) is False
+    WebhookSubscription.objects.create(owner=run.requested_by, url="https://hooks.example.test/in",
+                                       event_types=["run.failed"], secret="whsec_test", active=False)
+    assert selects.exists(WebhookSubscription, {"active": True}) is False
+    assert selects.exists(WebhookSubscription, {"active": False}) is True
+    WebhookSubscription.objects.update(active=True)
+    assert selects.exists(WebhookSubscription, {"active": True}) is True
+    for index in range(2):
+        Step.objects.create(run=run, index=index)
+    for where in ({"run": run.pk}, {"run": run.pk, "status": Step.Status.STARTED}, {"run": run.pk, "index": 1},
+                  {"run": run.pk, "status": Step.Status.FAILED}, {"run": run.pk + 1000}):
+        assert selects.exists(Step, where) is Step.objects.filter(**where).exists()
+        assert selects.count(Step, where) == Step.objects.filter(**where).count()
+    with pytest.raises(TypeError):
+        selects.exists(Step, {"run": run.pk, "finished_at": None})
