@@ -45,7 +45,7 @@ from django_fsm import ConcurrentTransition
 from runs import lease
 
 from runs.base import log_context, process_metrics
-from runs.base.awaiting import Await, resume, settle
+from runs.base.awaiting import Await, keeping_connection, resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
@@ -290,7 +290,9 @@ def _first_work(held: lease.Lease) -> tuple[object, Await | None, bool, Exceptio
     with process_metrics.run_in_flight(), lease.kept(held):
         try:
             steps = advance_slice(held.run_id)
-            done, value = resume(steps, None)
+            # The connection minded as on a database thread: one a database error broke is closed, so that
+            # ending the slice (the lease given back, the run woken) connects afresh.
+            done, value = keeping_connection(resume, steps, None)
         except Exception as exc:
             return None, None, False, exc
     return (steps, None, value[1], None) if done else (steps, value, False, None)

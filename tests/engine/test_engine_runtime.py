@@ -374,3 +374,41 @@ def test_a_side_effect_that_was_certainly_not_sent_is_sent_again_after_a_backoff
     call = ToolCall.objects.get(run=run)
     assert (len(sent), call.status, call.attempts) == (sends, status, sends)
     assert len(set(sent)) == 1  # one idempotency key for every send
+
+
+def test_a_database_error_in_the_slices_first_work_gives_the_lease_back_and_retries_soon(people, monkeypatch):
+    """The first work runs in the broker's thread (``Engine.submit``); a backend that dies under it (a restart,
+    a failover) must not leave the lease held, which would make the run's next taker find a worker's death."""
+    from django.db import connection
+
+    from runs.engine import runtime
+
+    if connection.vendor != "postgresql":
+        pytest.skip("ends its own PostgreSQL backend")
+    run = start_run(agent=make_agent("db-blip-first", [{"content": "Done."}], tools=[]), user=people["requester"],
+                    input="x")
+    woken = []
+
+    def dying_slice(run_id):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        yield  # never reached
+
+    monkeypatch.setattr(runtime, "advance_slice", dying_slice)
+    monkeypatch.setattr(runtime, "wake_on_commit", lambda run_id, **options: woken.append((run_id, options)))
+    engine = runtime.Engine(runs_in_flight=2, db_threads=1)
+    taken = {}
+
+    def broker():  # a thread of its own, as a Dramatiq worker thread is
+        try:
+            taken["lease"] = engine.submit(run.pk)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=broker)
+    thread.start()
+    thread.join(30)
+    assert taken["lease"] is not None and engine.wait_idle(10) and engine.in_flight == 0
+    engine.close_connections()
+    assert Run.objects.values_list("lease_owner", "lease_expires_at").get(pk=run.pk) == ("", None)
+    assert woken == [(run.pk, {"delay_ms": runtime.RETRY_AFTER_DB_ERROR_MS})]
