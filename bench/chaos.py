@@ -89,6 +89,9 @@ def parse_args(argv=None):
     parser.add_argument("--restart-postgres", action="store_true",
                         help="restart PostgreSQL once, after two thirds of the kills")
     parser.add_argument("--outage-s", type=float, default=3.0, help="seconds a restarted server stays down")
+    parser.add_argument("--amount", type=int, default=60,
+                        help="refund of each (non-poison) run, on an order of 100: over 50 an approver must "
+                             "approve it (default 60); 50 or less starts it at once, so runs pile up in flight")
     parser.add_argument("--deadline-s", type=float, default=None,
                         help="stop killing and waiting this many seconds after the drive began, and audit "
                              "(runs not settled by then count as lost); restarts come by a quarter and a half "
@@ -150,7 +153,7 @@ def main() -> int:
         for index in range(args.workers):
             cluster.start_worker(index)
         cluster.start_sweeper()
-        run_ids, crash_ids = create_mixed_runs(args.runs - poison, poison)
+        run_ids, crash_ids = create_mixed_runs(args.runs - poison, poison, amount=args.amount)
         crash_ids += create_crashing_runs(args.crash_runs, first=poison)
         figures = {"seconds_creating_runs": round(time.monotonic() - began, 1)}
         figures.update(drive(cluster, run_ids + crash_ids, args, rng, env["GATEWAY_URL"], servers))
@@ -229,7 +232,7 @@ class Servers:
         return answer.stdout.strip() == "PONG"
 
 
-def _new_order_and_agent(requester, number: int):
+def _new_order_and_agent(requester, number: int, amount: int = 60):
     from runs.models import Agent
     from tools.demo.models import Order
 
@@ -238,20 +241,21 @@ def _new_order_and_agent(requester, number: int):
         slug=f"chaos-{number}", name=f"chaos {number}", tools=["query_order", "refund"], completion_check="refund",
         model={"provider": "scripted", "turns": [
             {"tool_calls": [{"name": "query_order", "arguments": {"order_id": number}}]},
-            {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": 60}}]},
-            {"content": f"Refunded 60.00 on order {number}."},
+            {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": amount}}]},
+            {"content": f"Refunded {amount}.00 on order {number}."},
         ]},
     )
 
 
-def create_runs(count: int) -> list[int]:
-    """One order (total 100.00) and one agent refunding 60.00 of it per run; start the runs."""
-    return create_mixed_runs(count, 0)[0]
+def create_runs(count: int, amount: int = 60) -> list[int]:
+    """One order (total 100.00) and one agent refunding ``amount`` (default 60.00) of it per run; start the runs."""
+    return create_mixed_runs(count, 0, amount=amount)[0]
 
 
-def create_mixed_runs(count: int, poison: int) -> tuple[list[int], list[int]]:
-    """``count`` refund runs (as ``create_runs``) and ``poison`` crashing runs (as ``create_crashing_runs``),
-    started in one sequence with the poison runs spread evenly among the others; returns both id lists."""
+def create_mixed_runs(count: int, poison: int, amount: int = 60) -> tuple[list[int], list[int]]:
+    """``count`` refund runs (as ``create_runs``, of ``amount``) and ``poison`` crashing runs (as
+    ``create_crashing_runs``), started in one sequence with the poison runs spread evenly among the others;
+    returns both id lists."""
     from django.contrib.auth import get_user_model
 
     from runs.engine.lifecycle import start_run
@@ -267,7 +271,7 @@ def create_mixed_runs(count: int, poison: int) -> tuple[list[int], list[int]]:
             crash_ids.append(start_run(agent=_crasher_agent(requester, k), user=requester, input=f"crash {k}").pk)
             continue
         number = 1_000_000_000 + stamp + len(run_ids)
-        agent = _new_order_and_agent(requester, number)
+        agent = _new_order_and_agent(requester, number, amount)
         run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
     return run_ids, crash_ids
 

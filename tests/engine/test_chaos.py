@@ -53,10 +53,12 @@ def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loop
 
 
 def test_workers_killed_holding_hundreds_of_runs_each_lose_none_and_charge_none_twice():
-    # Every refund takes the gateway 2 s, so a worker process holds its runs in flight meanwhile; a kill
-    # waits until the worker group it picks holds at least 100 run leases.
-    figures, result = _chaos("--runs", "300", "--kills", "2", "--min-held", "100", "--gateway-latency", "2",
-                             "--kill-every", "0.5", "1", "--seed", "5", "--settle-timeout", "300")
+    # Refunds of 20 need no approval, so the runs reach them as fast as they are created, and each takes the
+    # gateway 3 s: a worker process holds its runs in flight meanwhile. A kill waits until the worker group
+    # it picks holds at least 100 run leases.
+    figures, result = _chaos("--runs", "300", "--amount", "20", "--kills", "2", "--min-held", "100",
+                             "--gateway-latency", "3", "--kill-every", "0.5", "1", "--seed", "5",
+                             "--settle-timeout", "300")
     assert figures["kills"] == "2"
     assert min(int(held) for held in figures["runs_held_per_kill_all"].strip("[]").split(",")) >= 100
     assert figures["runs_created"] == "300"
