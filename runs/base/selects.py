@@ -144,16 +144,14 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     Raises ``TypeError`` for a None in ``where`` or a flag's values, ``TransactionManagementError`` for ``for_update`` outside a
     transaction (as the ORM does), and what the database raises.
     """
-    if None in where.values() or any(None in conditions.values() for _, _, conditions in (flags or {}).values()):
+    if any(None in conditions.values() for _, _, conditions in (flags or {}).values()):
         raise TypeError("select() compares with '=': a None would match no row (the ORM's IS NULL)")
-    if for_update and get_autocommit():
-        raise TransactionManagementError("select(for_update=True) cannot be used outside of a transaction.")
+    _lockable("select", for_update)
     meta = model._meta
-    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    where_fields, params = _where(model, where)
     flag_items = tuple((name, (other, key, tuple(conditions))) for name, (other, key, conditions)
                        in (flags or {}).items())
     shape = _shape(model, where_fields, tuple(related), flag_items, order_by, for_update, limit)
-    params = [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())]
     flag_params = [_prepared(other._meta, name, value) for other, _key, conditions in (flags or {}).values()
                    for name, value in conditions.items()]
     with connection.cursor() as cursor:
@@ -189,6 +187,32 @@ def _prepared(meta, name: str, value):
     return meta.get_field(name).get_db_prep_value(value, connection)
 
 
+def _where(model, where: dict) -> tuple[tuple[str, ...], list]:
+    """``where`` (``{field name or "pk": value}``) as the field names of a shape and the values to send with
+    them. Raises ``TypeError`` for a None: ``=`` would match no row where the ORM reads ``IS NULL``."""
+    if None in where.values():
+        raise TypeError("selects compare with '=': a None would match no row (the ORM's IS NULL)")
+    meta = model._meta
+    names = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    return names, [_prepared(meta, name, value) for name, value in zip(names, where.values())]
+
+
+def _lockable(caller: str, for_update: bool) -> None:
+    """Raises ``TransactionManagementError`` for a lock asked for outside a transaction, as the ORM does."""
+    if for_update and get_autocommit():
+        raise TransactionManagementError(f"{caller}(for_update=True) cannot be used outside of a transaction.")
+
+
+def _the_one(model, where: dict, found: list):
+    """The only item of ``found`` (what ``where`` matched, two read at most); raises ``model.DoesNotExist`` for
+    none and ``model.MultipleObjectsReturned`` for more, as ``QuerySet.get`` does."""
+    if not found:
+        raise model.DoesNotExist(f"{model.__name__} matching {where} does not exist")
+    if len(found) > 1:
+        raise model.MultipleObjectsReturned(f"{len(found)} {model.__name__} rows match {where}")
+    return found[0]
+
+
 def values_one(model, where: dict, fields: tuple[str, ...], *, for_update: bool = False) -> tuple:
     """The values of ``fields`` (names) of the one row of ``model`` whose fields equal ``where``, converted as
     the ORM converts them, in one statement: ``Model.objects.filter(**where).values_list(*fields).get()``
@@ -198,33 +222,23 @@ def values_one(model, where: dict, fields: tuple[str, ...], *, for_update: bool 
     rows read at most), ``TypeError`` for a None in ``where``, ``TransactionManagementError`` for
     ``for_update`` outside a transaction, and what the database raises.
     """
-    if None in where.values():
-        raise TypeError("values_one() compares with '=': a None would match no row (the ORM's IS NULL)")
-    if for_update and get_autocommit():
-        raise TransactionManagementError("values_one(for_update=True) cannot be used outside of a transaction.")
-    meta = model._meta
-    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    _lockable("values_one", for_update)
+    where_fields, params = _where(model, where)
     shape = _shape(model, where_fields, (), (), None, for_update, 2, tuple(fields))
     with connection.cursor() as cursor:
-        cursor.execute(shape.sql, [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())])
+        cursor.execute(shape.sql, params)
         found = cursor.fetchall()
-    if not found:
-        raise model.DoesNotExist(f"{model.__name__} matching {where} does not exist")
-    if len(found) > 1:
-        raise model.MultipleObjectsReturned(f"{len(found)} {model.__name__} rows match {where}")
-    return tuple(shape.parts[0].convert(list(found[0])))
+    return tuple(shape.parts[0].convert(list(_the_one(model, where, found))))
 
 
-_TALLIES: dict = {}  # (model, where field names, what, vendor) -> sql
+_TALLIES: dict = {}  # (model, where field names, what, tail, vendor) -> sql
 
 
 def _tally(model, where: dict, what: str, tail: str = ""):
     """The first column of the first row of ``SELECT <what> FROM model WHERE <where> <tail>`` (None when there is
     no row), the SQL built once per shape."""
-    if None in where.values():
-        raise TypeError("selects compare with '=': a None would match no row (the ORM's IS NULL)")
     meta = model._meta
-    where_fields = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    where_fields, params = _where(model, where)
     key = (model, where_fields, what, tail, connection.vendor)
     sql = _TALLIES.get(key)
     if sql is None:
@@ -232,7 +246,7 @@ def _tally(model, where: dict, what: str, tail: str = ""):
         sql = _TALLIES[key] = (f"SELECT {what} FROM {_quote(meta.db_table)}" + (f" WHERE {tests}" if tests else "")
                                + tail)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [_prepared(meta, name, value) for name, value in zip(where_fields, where.values())])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else row[0]
 
@@ -254,9 +268,4 @@ def select_one(model, where: dict, **options):
     """The one row ``select(model, where, **options)`` finds (reading two at most, as ``QuerySet.get`` bounds its
     read); raises ``model.DoesNotExist`` when there is none and ``model.MultipleObjectsReturned`` when there are
     more."""
-    found = select(model, where, limit=2, **options)
-    if not found:
-        raise model.DoesNotExist(f"{model.__name__} matching {where} does not exist")
-    if len(found) > 1:
-        raise model.MultipleObjectsReturned(f"{len(found)} {model.__name__} rows match {where}")
-    return found[0]
+    return _the_one(model, where, select(model, where, limit=2, **options))

@@ -248,9 +248,10 @@ class Engine:
                 answer = await settle(call, this.cancelled)
             finally:
                 self._awaiting.discard(this)
-            done, call = await self._in_db_thread(resume, steps, answer)
+            done, value = await self._in_db_thread(resume, steps, answer)
             if done:
-                return call
+                return value
+            call = value
 
     async def _watch_cancels(self) -> None:
         """Every ``CANCEL_POLL_S``, one query: which runs waiting for a call had their cancel requested
