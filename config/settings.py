@@ -7,6 +7,7 @@ Production shape: set ``DATABASE_URL`` (PostgreSQL) and ``REDIS_URL``
 """
 
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -454,10 +455,16 @@ TOLLGATE = {
     # run all the same (a bound for a culprit that is never singled out).
     "MAX_LOSSES_PER_STEP": env.int("TOLLGATE_MAX_LOSSES_PER_STEP", default=10),
     # A run whose worker died with it blamed, or this many times in a row
-    # with work in flight, is advanced alone in its process next time, so
-    # that a step that kills its worker takes no other run down and is
-    # blamed exactly (runs.engine.runtime).
+    # with work in flight and no flight recorder to clear it, is advanced
+    # alone in its process next time, so that a step that kills its worker
+    # takes no other run down and is blamed exactly (runs.engine.runtime).
     "ISOLATE_AFTER_LOSSES": env.int("TOLLGATE_ISOLATE_AFTER_LOSSES", default=2),
+    # Where each worker process keeps its flight recorder (which run's code
+    # each of its threads runs; runs.base.flight_recorder), read by a sweeper
+    # on the same host when the process dies. Share it between the hosts'
+    # workers and sweeper, or keep them on one host, for exact blame.
+    "FLIGHT_RECORDER_DIR": env.str("TOLLGATE_FLIGHT_RECORDER_DIR",
+                                   default=str(Path(tempfile.gettempdir()) / "tollgate-flight-recorder")),
     # A run whose worker died is sent back after a random delay of up to
     # CRASH_BACKOFF_S * 2**crash_streak seconds, so the runs of one dead
     # worker do not land together on the next one.

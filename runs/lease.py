@@ -31,7 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from runs.base import rows
-from runs.models import Run, RunStatus
+from runs.models import DeathBlame, Run, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,13 @@ class Lease:
     suspect: bool = False
 
 
-def is_suspect(crash_streak: int, loss_streak: int) -> bool:
+def is_suspect(crash_streak: int, loss_streak: int, death_blame: str) -> bool:
     """Whether a run with these streaks (``Run.crash_streak``, ``Run.loss_streak``: deaths since its last
-    progress) may kill its worker again: a death was blamed on it, or it died ``ISOLATE_AFTER_LOSSES``
-    times (the sweeper could not tell whose step killed a worker that held many runs)."""
-    return crash_streak >= 1 or loss_streak >= settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]
+    progress) and its last death's verdict (``Run.death_blame``) may kill its worker again: a death was
+    blamed on it, or it died ``ISOLATE_AFTER_LOSSES`` times (the sweeper could not tell whose step killed a
+    worker that held many runs), the last time not cleared by the worker's flight recorder."""
+    return crash_streak >= 1 or (loss_streak >= settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]
+                                 and death_blame != DeathBlame.CLEARED)
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -81,7 +83,7 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
     the sweeper has not counted that death yet, so the takeover will
     blame the run (``runs.engine.recovery.recover_after_takeover``). One
     statement on PostgreSQL (``UPDATE ... FROM ... RETURNING`` the new
-    token, the streaks and whether the old lease was still set), else a
+    token, the streaks, the last death's verdict and whether the old lease was still set), else a
     SELECT, an UPDATE and a SELECT (SQLite's RETURNING cannot name the FROM).
     """
     now = timezone.now()
@@ -92,12 +94,15 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
         if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
                 lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
             return None
-        row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak").get(pk=run_id), abandoned)
+        row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak", "death_blame").get(pk=run_id),
+               abandoned)
     else:
         quote, meta = connection.ops.quote_name, Run._meta
         table = quote(meta.db_table)
-        pk, status, lease_owner, token, expires, crashes, losses = (quote(meta.get_field(name).column) for name in (
-            "id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak"))
+        names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak",
+                 "death_blame")
+        pk, status, lease_owner, token, expires, crashes, losses, blame = (
+            quote(meta.get_field(name).column) for name in names)
         adapt = connection.ops.adapt_datetimefield_value
         with connection.cursor() as cursor:
             cursor.execute(  # the FROM reads the lease being replaced (RETURNING sees only the new row)
@@ -105,12 +110,13 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
                 f"FROM (SELECT {expires} AS held_until FROM {table} WHERE {pk} = %s) AS replaced "
                 f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
                 f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
-                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, replaced.held_until IS NOT NULL",
+                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, {table}.{blame}, "
+                f"replaced.held_until IS NOT NULL",
                 [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)])
             row = cursor.fetchone()
         if row is None:
             return None
-    return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(row[1], row[2]) or bool(row[3]))
+    return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(*row[1:4]) or bool(row[4]))
 
 
 def release(lease: Lease) -> str | None:

@@ -240,6 +240,8 @@ class DeathBlame(models.TextChoices):
 
     CULPRIT = choice("culprit")  # its work started last: the death counts toward its crash streak
     BYSTANDER = choice("bystander")  # it died beside the culprit: a loss, not a crash of its own
+    # Its worker's flight recorder says it was waiting for an answer: a loss that never makes it a suspect.
+    CLEARED = choice("cleared")
 
 
 def _no_cancel_requested(run: "Run") -> bool:
@@ -311,7 +313,8 @@ class Run(FSMModel):
                     "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it."))
     death_blame = models.CharField(
         _("death blame"), max_length=16, blank=True, choices=DeathBlame.choices,
-        help_text=_("How the sweeper counted the run's last death: culprit or bystander (empty: not counted yet)."))
+        help_text=_("How the sweeper counted the run's last death: culprit, bystander or cleared "
+                    "(empty: not counted yet)."))
 
     lease_owner = models.CharField(_("lease owner"), max_length=200, blank=True)
     lease_token = models.PositiveBigIntegerField(_("lease token"), default=0,

@@ -158,8 +158,8 @@ def short_lease(settings):
 
 @pytest.fixture
 def worker_process(short_lease, settings):
-    """``worker_process(run_id, failpoint=None, kill_when=None, env=None, tools=()) -> exit code``: advance a
-    run in a separate process.
+    """``worker_process(run_id, failpoint=None, kill_when=None, env=None, tools=(), first=()) -> exit code``:
+    advance a run in a separate process.
 
     The process runs the real ``advance_run`` actor with this test process's
     settings module, against this test's database and the tests' own tools,
@@ -167,17 +167,26 @@ def worker_process(short_lease, settings):
     (``tests.support.fake_tools``); ``env`` is added to its environment and
     ``tools`` (names of tools defined but not registered in
     ``tests.support.fake_tools``, e.g. ``fake_notice``) are registered in it.
+    The runs ``first`` are handed to it before ``run_id``, which waits (at
+    most 30 s) until each of them has a tool call running.
     With a failpoint it SIGKILLs itself there (exit code -9), with
     ``kill_when`` (a predicate) it is SIGKILLed once that holds.
     """
 
     def run(run_id: int, failpoint: str | None = None, kill_when=None, env: dict | None = None,
-            tools: tuple[str, ...] = ()) -> int:
+            tools: tuple[str, ...] = (), first: tuple[int, ...] = ()) -> int:
         env = worker_environment(TOLLGATE_LEASE_TTL_S=str(short_lease), TOLLGATE_FAILPOINTS=failpoint or "",
                                  **(env or {}))
-        code = ("import django; django.setup(); from runs.engine.actors import advance_run; "
-                "from runs.engine.runtime import engine; from tests.support.fake_tools import register_test_tools; "
-                f"register_test_tools({list(tools)!r}); advance_run({run_id}); engine().wait_idle(60)")
+        code = "\n".join((
+            "import time, django; django.setup()",
+            "from runs.engine.actors import advance_run; from runs.engine.runtime import engine",
+            "from tests.support.fake_tools import register_test_tools; from tools.models import ToolCall",
+            f"register_test_tools({list(tools)!r}); first = {list(first)!r}",
+            "for other in first: advance_run(other)",
+            "deadline = time.monotonic() + 30",
+            "while (ToolCall.objects.filter(run_id__in=first, status='running').values('run').distinct().count()",
+            "       < len(first) and time.monotonic() < deadline): time.sleep(0.02)",
+            f"advance_run({run_id}); engine().wait_idle(60)"))
         process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR)
         if kill_when is not None:
             deadline = time.monotonic() + 30

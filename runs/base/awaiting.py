@@ -14,6 +14,11 @@ Sync tool handlers run in a bounded pool of threads (``run_blocking``):
 a handler that outlives its timeout cannot be stopped, so its thread is
 *abandoned* (left to finish, its answer dropped) and counted in
 ``abandoned_threads()`` for operators.
+
+Whose code a thread runs (a step's database work in ``resume``, a call in
+``settle`` and ``run_blocking``) is noted in the process's flight recorder
+(``runs.base.flight_recorder``), so a death can be blamed on the run whose
+code was running.
 """
 
 import asyncio
@@ -30,7 +35,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from runs.base import log_context, process_metrics, tracing
+from runs.base import flight_recorder, log_context, process_metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +94,9 @@ async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tupl
         left = (request.stop_at - timezone.now()).total_seconds()
         if timeout_s is None or left < timeout_s:
             timeout_s, deadline = max(left, 0.0), left
-    with tracing.attached():  # the call's task (and its HTTP requests) in the run's trace
-        call = asyncio.ensure_future(request.start())
+    # The call's task (and its HTTP requests) in the run's trace; its code noted in the flight recorder.
+    with tracing.attached(), flight_recorder.executing(flight_recorder.CALL):
+        call = asyncio.ensure_future(flight_recorder.recorded(request.start()))
     watch = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
     try:
         done, _ = await asyncio.wait([call] if watch is None else [call, watch], timeout=timeout_s,
@@ -133,7 +139,8 @@ def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:
     once it finished; raises whatever the step raised.
     """
     try:
-        with tracing.attached():  # the step's queries in the run's trace
+        # The step's queries in the run's trace; its work noted in the flight recorder.
+        with tracing.attached(), flight_recorder.executing(flight_recorder.STEP):
             if answer is None:
                 return False, next(steps)
             ok, value = answer
@@ -220,8 +227,8 @@ class _BlockingPool:
 
     async def run(self, fn: Callable, *args):
         # The handler's log lines carry the run's ids (not the rest of the context: the lease stays with the step).
-        future = self.executor().submit(log_context.run_with, log_context.current(), tracing.in_run_trace,
-                                        keeping_connection, fn, *args)
+        future = self.executor().submit(log_context.run_with, log_context.current(), flight_recorder.run,
+                                        flight_recorder.CALL, tracing.in_run_trace, keeping_connection, fn, *args)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -61,6 +61,12 @@ def current() -> dict:
     return {key: value for key, value in (_ids.get() or {}).items() if value is not None}
 
 
+def run_id() -> int | None:
+    """The id of the run this context is bound to (``bound``), or None outside a run."""
+    ids = _ids.get()
+    return None if ids is None else ids.get("run_id")
+
+
 def run_with(ids: dict, fn, *args):
     """``fn(*args)`` with log records carrying ``ids`` (as ``current()`` gave them, e.g. in another thread)."""
     with bound(**ids):

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
+from runs.base import flight_recorder
 from runs.lease import fenced
 from runs.models import DeathBlame, FailureType, Run, Step
 from runs.services import append_event
@@ -63,7 +64,7 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall],
         return None
     with transaction.atomic():
         counters = fenced(Run.objects.filter(pk=run.pk), run.pk)
-        blamed = run.death_blame != DeathBlame.BYSTANDER
+        blamed = run.death_blame not in (DeathBlame.BYSTANDER, DeathBlame.CLEARED)
         if run.death_blame:
             counters.update(death_blame="")
         else:
@@ -87,23 +88,30 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall],
     return None
 
 
-def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
-    """Who is to blame for each worker death: ``{run id: blamed}`` for runs that died with work in flight.
+def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, DeathBlame]:
+    """Who is to blame for each worker death: ``{run id: verdict}`` for runs that died with work in flight.
 
-    ``dead`` is ``(run id, lease owner)`` of runs whose lease expired. The
-    runs one worker held died together; the one whose in-flight step or
-    tool call started last is blamed (a step that kills its worker does so
-    soon after it starts), the others are bystanders: their deaths count
-    towards ``MAX_LOSSES_PER_STEP`` only. A run that died alone is blamed.
-    When another run's work started less than ``BLAME_MARGIN`` before the
-    last one, the order says nothing (the killing step may be the earlier
-    one, still between its start and the kill): nobody is blamed.
+    ``dead`` is ``(run id, lease owner)`` of runs whose lease expired; the
+    runs one worker held died together. When the dead worker's flight
+    recorder is readable here (``runs.base.flight_recorder``: the sweeper
+    shares its host), the runs whose code its threads were running are
+    ``CULPRIT`` (those in a call if any, else those in the engine's own
+    work) and the others ``CLEARED``: they were waiting for an answer, so
+    their loss never makes them suspects. Otherwise (no box, or it names
+    none of them) the one whose in-flight step or tool call started last is
+    ``CULPRIT`` (a step that kills its worker does so soon after it starts)
+    and the others ``BYSTANDER``s: their deaths count towards
+    ``MAX_LOSSES_PER_STEP`` and ``ISOLATE_AFTER_LOSSES`` only. A run that
+    died alone is blamed. When another run's work started less than
+    ``BLAME_MARGIN`` before the last one, the order says nothing (the
+    killing step may be the earlier one, still between its start and the
+    kill): nobody is blamed.
     """
     by_owner: dict[str, list[int]] = {}
     for run_id, owner in dead:
         by_owner.setdefault(owner, []).append(run_id)
-    blame: dict[int, bool] = {}
-    for run_ids in by_owner.values():
+    blame: dict[int, DeathBlame] = {}
+    for owner, run_ids in by_owner.items():
         started = {}
         for model in (Step.objects.filter(status=Step.Status.STARTED),
                       ToolCall.objects.filter(status=ToolCallStatus.RUNNING)):
@@ -111,9 +119,16 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, bool]:
                     latest=Max("started_at")).values_list("run_id", "latest"):
                 if latest is not None and (run_id not in started or latest > started[run_id]):
                     started[run_id] = latest
+        running = {run_id: kind for run_id, kind in (flight_recorder.read(owner) or {}).items() if run_id in started}
+        if running:
+            worst = max(running.values())
+            blame.update({run_id: DeathBlame.CULPRIT if running.get(run_id) == worst else DeathBlame.CLEARED
+                          for run_id in started})
+            continue
         starts = sorted(started.values(), reverse=True)
         clear = len(starts) < 2 or starts[0] - starts[1] >= BLAME_MARGIN  # none in flight: nothing to blame
-        blame.update({run_id: clear and at == starts[0] for run_id, at in started.items()})
+        blame.update({run_id: DeathBlame.CULPRIT if clear and at == starts[0] else DeathBlame.BYSTANDER
+                      for run_id, at in started.items()})
     return blame
 
 

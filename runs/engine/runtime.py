@@ -44,7 +44,7 @@ from django_fsm import ConcurrentTransition
 
 from runs import lease
 
-from runs.base import log_context, process_metrics
+from runs.base import flight_recorder, log_context, process_metrics
 from runs.base.awaiting import Await, keeping_connection, resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
@@ -84,6 +84,11 @@ class Engine:
         self.submitted = 0  # runs handed over since the process started
         self.isolated = 0  # of which advanced alone
         self._awaiting: set[_Slice] = set()  # slices waiting for a call now
+        try:  # whose code runs in which thread, read by the sweeper if the process dies (recovery.attribute_deaths)
+            flight_recorder.open_box(lease.WORKER_ID)
+        except OSError:
+            log.warning("no flight recorder (%s): a death here is blamed by the order of starts",
+                        settings.TOLLGATE["FLIGHT_RECORDER_DIR"], exc_info=True)
         threading.Thread(target=self._loop.run_forever, name="tollgate-engine", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._watch_cancels(), self._loop)
 

@@ -5,8 +5,8 @@ by ``runs.apps`` in the order of ``JOBS``: active runs whose lease expired
 (their worker died) or that lost their broker message, queued runs whose
 ``start_at`` came, waiting runs whose ``wake_at`` passed (ending their due
 waits first: ``tools.waits.end_due_waits``), approvals past their
-deadline, waiting runs past their agent's deadline, and unknown calls of
-ended runs. Each kind of due work is read with one query, capped per pass
+deadline, waiting runs past their agent's deadline, unknown calls of
+ended runs, and the flight recorders of dead worker processes. Each kind of due work is read with one query, capped per pass
 (``SWEEP_BATCH``, ``SWEEP_MAX_RESENDS``) and handled several items per
 transaction (``ITEMS_PER_TRANSACTION``). Any number of sweepers may run at
 once: waking a worker is harmless (leases decide who advances), claims are
@@ -29,7 +29,7 @@ from approvals.services import (
     overdue_interrupts,
     request_reconciliation,
 )
-from runs.base import tracing
+from runs.base import flight_recorder, tracing
 from runs.base.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
@@ -92,8 +92,8 @@ def rescue_stranded(*, now) -> dict[str, int]:
             death = {}
             if run_id in blame:  # it died with work in flight: count it here, blamed or not
                 death = {"lost_leases": F("lost_leases") + 1, "loss_streak": F("loss_streak") + 1,
-                         "crash_streak": F("crash_streak") + int(blame[run_id]),
-                         "death_blame": DeathBlame.CULPRIT if blame[run_id] else DeathBlame.BYSTANDER}
+                         "crash_streak": F("crash_streak") + int(blame[run_id] == DeathBlame.CULPRIT),
+                         "death_blame": blame[run_id]}
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
             ).update(lease_owner="", lease_expires_at=None, updated_at=now, **death):
@@ -269,6 +269,18 @@ def reconcile_after_run_end(*, now, limit: int | None = None) -> dict[str, int]:
 # The engine's jobs in the order a pass runs them: ``(order, job)``, registered
 # under the job's name by ``runs.apps``. Other apps' jobs fit between
 # (``approvals``: expiry warnings at 550) or after (``runs.webhooks``: 900).
+def discard_dead_flight_recorders(*, now) -> dict[str, int]:
+    """Remove the flight recorders (``runs.base.flight_recorder``) of this host's worker processes that died,
+    once none of their runs is still leased to them (``rescue_stranded`` has read them); returns
+    ``{"discarded": n}``."""
+    discarded = 0
+    for owner in flight_recorder.dead_owners():
+        if not Run.objects.filter(lease_owner=owner, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists():
+            flight_recorder.discard(owner)
+            discarded += 1
+    return {"discarded": discarded}
+
+
 JOBS = (
     (100, rescue_stranded),
     (200, start_scheduled_runs),
@@ -276,4 +288,5 @@ JOBS = (
     (400, expire_overdue_approvals),
     (500, fail_waiting_runs_past_deadline),
     (600, reconcile_after_run_end),
+    (700, discard_dead_flight_recorders),
 )

@@ -21,8 +21,8 @@ from runs.sweeping import sweep
 from runs.engine.lifecycle import start_run
 from tests.support.core import asking_agent, lookup, transfer_agent
 from tests.support.durability import make_agent, wait_for_lease_expiry
-from tests.support.fake_tools import (FAKE_NOTICE, set_account_limit, slow_down, transfer_bank, transfer_keys,
-                                      transfer_made_under, transfer_requests)
+from tests.support.fake_tools import (FAKE_NOTICE, FAKE_WAIT, set_account_limit, slow_down, transfer_bank,
+                                      transfer_keys, transfer_made_under, transfer_requests)
 from tools.models import ToolCall, ToolCallStatus
 
 KILLED = -9
@@ -177,8 +177,11 @@ def test_sends_a_bystander_lost_to_a_neighbours_crashes_leave_its_retries_whole(
     # otherwise, left it unknown; the bank had no trace, a person settled it failed, the run failed.
     run = _start(people, transfer_agent("transfer-10"))
     neighbour = _start(people, make_agent("neighbour", [{"content": "Done."}], tools=[]))
-    for attempt in (1, 2):  # worker_process: the real actor in a process that SIGKILLs itself at the failpoint
-        assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer") == KILLED
+    # worker_process: the real actor in a process that SIGKILLs itself at the failpoint. It keeps no flight
+    # recorder (its directory cannot be made), so the order of starts decides, as for a sweeper on another host.
+    for attempt in (1, 2):
+        assert worker_process(run.pk, failpoint="tool_call_started:fake_transfer",
+                              env={"TOLLGATE_FLIGHT_RECORDER_DIR": "/dev/null/no-recorder"}) == KILLED
         _neighbour_blamed_for(run, neighbour)
         wait_for_lease_expiry(run.pk)
         sweep()
@@ -286,3 +289,36 @@ def test_a_run_taken_over_from_a_dead_worker_before_the_sweeper_is_advanced_alon
     recovery = Run.objects.get(pk=run.pk).events.get(type="recovery")
     assert recovery.payload["blamed"] and recovery.payload["crash_streak"] == 1  # its death was counted...
     assert engine.isolated == 1  # ...so it is a suspect, advanced alone
+
+
+def test_a_worker_killed_by_one_runs_call_blames_that_run_and_clears_the_runs_waiting_for_answers(
+        people, worker_process, monkeypatch):
+    """Issue 21 (quarantine at scale): the dead worker's flight recorder says whose code was running when it
+    died, so its neighbours, waiting for answers on the loop, are neither blamed nor made suspects."""
+    from runs import lease
+    from runs.base import flight_recorder
+    from tools import registry
+
+    monkeypatch.setitem(registry._TOOLS, "fake_wait", FAKE_WAIT)
+    waiting_agent = make_agent("waiting", [{"tool_calls": [{"name": "fake_wait", "arguments": {"seconds": 30}}]},
+                                           {"content": "Waited."}], tools=["fake_wait"])
+    waiting = [start_run(agent=waiting_agent, user=people["requester"], input=f"wait {n}") for n in range(4)]
+    poison = _start(people, transfer_agent("poison"))
+    killed = worker_process(poison.pk, failpoint="tool_call_started:agent=poison", tools=("fake_wait",),
+                            first=tuple(run.pk for run in waiting))
+    assert killed == KILLED
+    everyone = [*waiting, poison]
+    owners = set(Run.objects.filter(pk__in=[run.pk for run in everyone]).values_list("lease_owner", flat=True))
+    assert len(owners) == 1 and flight_recorder.read(owner := owners.pop()) is not None
+    assert ToolCall.objects.filter(run__in=everyone, status=ToolCallStatus.RUNNING).count() == 5  # all in flight
+    for run in everyone:
+        wait_for_lease_expiry(run.pk)
+
+    assert sweep()["reenqueued"] == 5
+    assert flight_recorder.read(owner) is None  # read, then discarded once no run was left leased to it
+    counted = {pk: rest for pk, *rest in Run.objects.filter(pk__in=[run.pk for run in everyone]).values_list(
+        "pk", "death_blame", "crash_streak", "loss_streak", "lost_leases")}
+    assert counted == {poison.pk: [DeathBlame.CULPRIT, 1, 1, 1],
+                       **{run.pk: [DeathBlame.CLEARED, 0, 1, 1] for run in waiting}}
+    suspects = {run.pk: lease.acquire(run.pk).suspect for run in everyone}
+    assert suspects == {poison.pk: True, **{run.pk: False for run in waiting}}

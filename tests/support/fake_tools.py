@@ -27,6 +27,10 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   ``stall(n)`` lets the bank make ``n`` more transfers and leaves every
   call hanging; ``transfer_requests()`` counts the calls per key.
 
+Two more are defined but not registered (a test registers them where it needs them): ``fake_notice``
+(a side effect that always asks a person) and ``fake_wait`` (``{"seconds": number}``, an ``async def``
+handler that answers that late: a run waiting on it holds no thread).
+
 The ledger (transfers, requests, limits, hidden keys, faults to come) is a
 SQLite file named by ``FAKE_TOOLS_LEDGER``: the test process makes one when
 this module is imported and names it in its environment, so the worker
@@ -43,6 +47,7 @@ without the demo data; ``tests.support.core`` has the helpers (calls,
 agents) of the tests that use these tools.
 """
 
+import asyncio
 import atexit
 import contextlib
 import dataclasses
@@ -306,6 +311,22 @@ FAKE_NOTICE = Tool(
 )
 
 
+
+
+async def _wait(ctx, args: dict) -> dict:
+    await asyncio.sleep(args["seconds"])
+    return {"waited": args["seconds"]}
+
+
+FAKE_WAIT = Tool(
+    name="fake_wait",
+    description="Answer after some seconds, awaited on the engine's loop (a test tool; not registered: a test "
+                "adds it to the registry itself).",
+    parameters={"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": 60}},
+                "required": ["seconds"], "additionalProperties": False},
+    handler=_wait,
+    timeout_s=60,
+)
 
 
 def transfer_made_under(idempotency_key: str) -> dict | None:
