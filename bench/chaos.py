@@ -247,15 +247,10 @@ def _new_order_and_agent(requester, number: int, amount: int = 60):
     )
 
 
-def create_runs(count: int, amount: int = 60) -> list[int]:
-    """One order (total 100.00) and one agent refunding ``amount`` (default 60.00) of it per run; start the runs."""
-    return create_mixed_runs(count, 0, amount=amount)[0]
-
-
 def create_mixed_runs(count: int, poison: int, amount: int = 60) -> tuple[list[int], list[int]]:
-    """``count`` refund runs (as ``create_runs``, of ``amount``) and ``poison`` crashing runs (as
-    ``create_crashing_runs``), started in one sequence with the poison runs spread evenly among the others;
-    returns both id lists."""
+    """``count`` refund runs (per run, one order of total 100.00 and one agent refunding ``amount``, default
+    60.00, of it) and ``poison`` crashing runs (as ``create_crashing_runs``), started in one sequence with the
+    poison runs spread evenly among the others; returns both id lists (refund runs, crashing runs)."""
     from django.contrib.auth import get_user_model
 
     from runs.engine.lifecycle import start_run

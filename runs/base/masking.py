@@ -1,4 +1,5 @@
-"""Masking of credentials in JSON shown to users (agent model configs) and in every log line.
+"""Masking of credentials in JSON shown to users (agent model configs, tool calls' arguments in approvers'
+summaries and emails) and in every log line.
 
 Agent configs name endpoint profiles and hold no secrets
 (``runs.providers.http_config``); this is the second line: whatever looks
@@ -53,15 +54,30 @@ def mask_string(text: str) -> str:
     return _BARE_KEY.sub(MASK, text)
 
 
+# A JSON entry named just "key" (any case) is a lookup key, as in a tool's ``{"key": "order-7"}``, which the
+# approver deciding on the call must see. With another word "key" still names a credential (``api_key``,
+# ``x-api-key``, ``secret_key``); alone it still does in a URL's query (``?key=``, as some APIs take their keys)
+# and in an environment variable's name, where ``is_secret_name`` decides as before.
+_LOOKUP_NAMES = {"key"}
+
+
+def _is_credential_entry(name: str) -> bool:
+    """Whether a JSON entry named ``name`` holds a credential: ``is_secret_name``, a bare ``key`` left out."""
+    return is_secret_name(name) and name.lower() not in _LOOKUP_NAMES
+
+
 def mask_credentials(value):
     """A copy of the JSON ``value`` with credentials masked at any depth.
 
-    A dict entry whose key looks like a credential (``is_secret_name``)
-    becomes ``"***"`` unless it is empty or null; every string is passed
-    through ``mask_string``. Other values are returned as they are.
+    A dict entry whose key looks like a credential (``is_secret_name``:
+    ``api_key``, ``secret``, ``token``, ``password``, ``Authorization``...)
+    becomes ``"***"`` unless it is empty or null; an entry named just
+    ``key`` is not one (``_LOOKUP_NAMES``). Every string, such a key's value
+    too, is passed through ``mask_string`` (bare API keys, URL passwords and
+    credential query parameters masked). Other values are returned as they are.
     """
     if isinstance(value, dict):
-        return {key: MASK if is_secret_name(str(key)) and item not in (None, "")
+        return {key: MASK if _is_credential_entry(str(key)) and item not in (None, "")
                 else mask_credentials(item) for key, item in value.items()}
     if isinstance(value, list):
         return [mask_credentials(item) for item in value]

@@ -35,10 +35,6 @@ _AS_IS = {"CharField": str, "TextField": str, "BooleanField": bool, "AutoField":
           "SmallIntegerField": int}
 
 
-def _quote(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
 def _params(instance: Model, fields: list, kinds: list, add: bool) -> list:
     """The database values of ``fields`` of ``instance`` (``kinds``: ``_kinds(fields)``)."""
     params = []
@@ -81,13 +77,13 @@ def insert_many(instances: list[Model]) -> list[Model]:
     count = len(instances) if returning else 1
     shape = _INSERTS.get((model, count))
     if shape is None:
-        meta = model._meta
+        meta, quote = model._meta, connection.ops.quote_name
         fields = [f for f in meta.concrete_fields if not (f.primary_key and f.auto_created)]
-        columns = ", ".join(_quote(f.column) for f in fields)
+        columns = ", ".join(quote(f.column) for f in fields)
         row = f"({', '.join(['%s'] * len(fields))})"
-        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * count)}"
+        sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * count)}"
         if returning:
-            sql += f" RETURNING {_quote(meta.pk.column)}"
+            sql += f" RETURNING {quote(meta.pk.column)}"
         shape = (sql, fields, _kinds(fields))
         if count <= _MAX_CACHED_ROWS:
             _INSERTS[(model, count)] = shape
@@ -139,9 +135,9 @@ def counter(model, field: str, pk) -> int:
     """
     sql = _COUNTERS.get((model, field))
     if sql is None:
-        meta = model._meta
-        sql = _COUNTERS[(model, field)] = (f"SELECT {_quote(meta.get_field(field).column)} FROM "
-                                           f"{_quote(meta.db_table)} WHERE {_quote(meta.pk.column)} = %s")
+        meta, quote = model._meta, connection.ops.quote_name
+        sql = _COUNTERS[(model, field)] = (f"SELECT {quote(meta.get_field(field).column)} FROM "
+                                           f"{quote(meta.db_table)} WHERE {quote(meta.pk.column)} = %s")
     with connection.cursor() as cursor:
         cursor.execute(sql, [pk])
         row = cursor.fetchone()
@@ -157,15 +153,15 @@ def _update_shape(model, values: tuple, increments: tuple, expected: tuple, retu
     key = (model, values, increments, expected, returning)
     shape = _UPDATES.get(key)
     if shape is None:
-        meta = model._meta
+        meta, quote = model._meta, connection.ops.quote_name
         set_fields = [meta.get_field(name) for name in values]
         added = [meta.get_field(name) for name in increments]
         checked = [meta.get_field(name) for name in expected]
-        assignments = [f"{_quote(f.column)} = %s" for f in set_fields]
-        assignments += [f"{_quote(f.column)} = {_quote(f.column)} + %s" for f in added]
-        sql = (f"UPDATE {_quote(meta.db_table)} SET {', '.join(assignments)} WHERE {_quote(meta.pk.column)} = %s"
-               + "".join(f" AND {_quote(f.column)} = %s" for f in checked)
-               + (f" RETURNING {_quote(meta.get_field(returning).column)}" if returning else ""))
+        assignments = [f"{quote(f.column)} = %s" for f in set_fields]
+        assignments += [f"{quote(f.column)} = {quote(f.column)} + %s" for f in added]
+        sql = (f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {quote(meta.pk.column)} = %s"
+               + "".join(f" AND {quote(f.column)} = %s" for f in checked)
+               + (f" RETURNING {quote(meta.get_field(returning).column)}" if returning else ""))
         fields = set_fields + added + [meta.pk] + checked
         shape = _UPDATES[key] = (sql, fields, _kinds(fields))
     return shape
@@ -265,21 +261,21 @@ def _update_and_insert(model, pk, values, increments, expected, returning, insta
     key = (update_sql, also_sql, rows_model, count, numbered)
     shape = _AND_INSERT.get(key)
     if shape is None:
-        rows_meta = rows_model._meta
+        rows_meta, quote = rows_model._meta, connection.ops.quote_name
         fields = [f for f in rows_meta.concrete_fields if not (f.primary_key and f.auto_created) and f is not numbered]
         names = [f"c{i}" for i in range(len(fields))]
         # Typed placeholders: a VALUES list in a FROM clause has no column types of its own. The type without
         # its length or scale (``varchar``, not ``varchar(32)``): a cast would cut text to the length, where
         # storing it into the column refuses it, as save() does.
         row = ", ".join(["%s"] + [f"%s::{f.db_type(connection).split('(')[0]}" for f in fields])
-        columns, selected = [_quote(f.column) for f in fields], [f"v.{name}" for name in names]
-        returned = _quote(rows_meta.pk.column)
+        columns, selected = [quote(f.column) for f in fields], [f"v.{name}" for name in names]
+        returned = quote(rows_meta.pk.column)
         if numbered is not None:
-            columns.append(_quote(numbered.column))
-            selected.append(f"written.{_quote(model._meta.get_field(returning).column)} - {count} + v.n")
-            returned += f", {_quote(numbered.column)}"
+            columns.append(quote(numbered.column))
+            selected.append(f"written.{quote(model._meta.get_field(returning).column)} - {count} + v.n")
+            returned += f", {quote(numbered.column)}"
         sql = (f"WITH written AS ({update_sql}){f', also AS ({also_sql})' if also_sql else ''} "
-               f"INSERT INTO {_quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
+               f"INSERT INTO {quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
                f"FROM written{' CROSS JOIN also' if also_sql else ''} "
                f"CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
                f"RETURNING {returned}")

@@ -17,6 +17,9 @@ django-fsm's initial state see what they always see), and the related rows
 cached on the instance as ``select_related`` caches them. No ``Manager``
 is involved: a model whose default manager filters rows would not be
 filtered (none of the models read here has one).
+
+Wherever a field's name is taken, ``"pk"`` names the model's primary key,
+as in the ORM's lookups (``_field``).
 """
 
 from dataclasses import dataclass
@@ -28,8 +31,10 @@ from django.db.transaction import TransactionManagementError, get_autocommit
 _SELECTS: dict = {}  # shape key -> _Shape
 
 
-def _quote(name: str) -> str:
-    return connection.ops.quote_name(name)
+def _field(meta, name: str):
+    """The field ``name`` of the model of ``meta`` (``Model._meta``), ``"pk"`` its primary key as the ORM reads it;
+    raises ``FieldDoesNotExist`` for a name it does not have."""
+    return meta.pk if name == "pk" else meta.get_field(name)
 
 
 @dataclass(frozen=True)
@@ -47,9 +52,10 @@ class _Part:
     def __init__(self, model, alias: str, setter=None, back=None, only: tuple[str, ...] | None = None):
         """``only``: the names of the fields read, in that order (``values_one``); default every concrete field."""
         self.model = model
-        self.fields = [model._meta.get_field(name) for name in only] if only else list(model._meta.concrete_fields)
+        self.fields = [_field(model._meta, name) for name in only] if only else list(model._meta.concrete_fields)
         self.attnames = [field.attname for field in self.fields]
-        self.columns = [f"{alias}.{_quote(field.column)}" for field in self.fields]
+        quote = connection.ops.quote_name
+        self.columns = [f"{alias}.{quote(field.column)}" for field in self.fields]
         self.converters = []  # (index, [converter], expression) of the columns that need converting
         for index, field in enumerate(self.fields):
             expression = field.get_col(alias)
@@ -83,38 +89,38 @@ def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple
     shape = _SELECTS.get(key)
     if shape is not None:
         return shape
-    meta = model._meta
+    meta, quote = model._meta, connection.ops.quote_name
     main = _Part(model, "t0", only=only)
     parts, joins, nullable = [main], [], [False]
     for number, name in enumerate(related, start=1):
-        field = meta.get_field(name)
+        field = _field(meta, name)
         alias, target = f"t{number}", field.related_model._meta
         if field.concrete:  # a foreign key of this model
-            on, optional = f"t0.{_quote(field.column)} = {alias}.{_quote(field.target_field.column)}", field.null
+            on, optional = f"t0.{quote(field.column)} = {alias}.{quote(field.target_field.column)}", field.null
             back = field.remote_field if field.one_to_one else None
         else:  # a reverse one-to-one: the other row's key points at this one (there may be none)
             remote = field.remote_field
-            on = f"{alias}.{_quote(remote.column)} = t0.{_quote(remote.target_field.column)}"
+            on = f"{alias}.{quote(remote.column)} = t0.{quote(remote.target_field.column)}"
             optional, back = True, remote
         parts.append(_Part(field.related_model, alias, setter=field, back=back))
         nullable.append(optional)
-        joins.append(f"{'LEFT OUTER' if optional else 'INNER'} JOIN {_quote(target.db_table)} {alias} ON {on}")
+        joins.append(f"{'LEFT OUTER' if optional else 'INNER'} JOIN {quote(target.db_table)} {alias} ON {on}")
     selected = [column for part in parts for column in part.columns]
     for _name, (other, pointer, conditions) in flags:
         other_meta = other._meta
         if isinstance(pointer, Sharing):  # another row of the same model sharing the field's value
-            column = _quote(meta.get_field(pointer.field).column)
-            tests = [f"f.{column} = t0.{column}", f"f.{_quote(meta.pk.column)} <> t0.{_quote(meta.pk.column)}"]
+            column = quote(_field(meta, pointer.field).column)
+            tests = [f"f.{column} = t0.{column}", f"f.{quote(meta.pk.column)} <> t0.{quote(meta.pk.column)}"]
         else:  # a row of the other model whose foreign key points at this one
-            key_field = other_meta.get_field(pointer)
-            tests = [f"f.{_quote(key_field.column)} = t0.{_quote(key_field.target_field.column)}"]
-        tests += [f"f.{_quote(other_meta.get_field(c).column)} = %s" for c in conditions]
-        selected.append(f"EXISTS (SELECT 1 FROM {_quote(other_meta.db_table)} f WHERE {' AND '.join(tests)})")
-    tests = [f"t0.{_quote(meta.get_field(name).column)} = %s" for name in where]
-    sql = (f"SELECT {', '.join(selected)} FROM {_quote(meta.db_table)} t0 {' '.join(joins)} "
+            key_field = _field(other_meta, pointer)
+            tests = [f"f.{quote(key_field.column)} = t0.{quote(key_field.target_field.column)}"]
+        tests += [f"f.{quote(_field(other_meta, c).column)} = %s" for c in conditions]
+        selected.append(f"EXISTS (SELECT 1 FROM {quote(other_meta.db_table)} f WHERE {' AND '.join(tests)})")
+    tests = [f"t0.{quote(_field(meta, name).column)} = %s" for name in where]
+    sql = (f"SELECT {', '.join(selected)} FROM {quote(meta.db_table)} t0 {' '.join(joins)} "
            f"WHERE {' AND '.join(tests)}")
     if order_by is not None:
-        sql += f" ORDER BY t0.{_quote(meta.get_field(order_by).column)}"
+        sql += f" ORDER BY t0.{quote(_field(meta, order_by).column)}"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     if for_update and connection.features.has_select_for_update:
@@ -157,7 +163,7 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     with connection.cursor() as cursor:
         cursor.execute(shape.sql, flag_params + params)
         found = cursor.fetchall()
-    attach_fields = [(meta.get_field(name), instance) for name, instance in (attach or {}).items()]
+    attach_fields = [(_field(meta, name), instance) for name, instance in (attach or {}).items()]
     instances = []
     for row in found:
         row, start = list(row), 0
@@ -184,7 +190,7 @@ def _prepared(meta, name: str, value):
     """``value`` of field ``name`` as the database compares it (a model instance: its key), as a filter sends it."""
     if isinstance(value, Model):
         return value.pk
-    return meta.get_field(name).get_db_prep_value(value, connection)
+    return _field(meta, name).get_db_prep_value(value, connection)
 
 
 def _where(model, where: dict) -> tuple[tuple[str, ...], list]:
@@ -193,7 +199,7 @@ def _where(model, where: dict) -> tuple[tuple[str, ...], list]:
     if None in where.values():
         raise TypeError("selects compare with '=': a None would match no row (the ORM's IS NULL)")
     meta = model._meta
-    names = tuple(meta.pk.name if name == "pk" else meta.get_field(name).name for name in where)
+    names = tuple(_field(meta, name).name for name in where)
     return names, [_prepared(meta, name, value) for name, value in zip(names, where.values())]
 
 
@@ -214,7 +220,7 @@ def _the_one(model, where: dict, found: list):
 
 
 def values_one(model, where: dict, fields: tuple[str, ...], *, for_update: bool = False) -> tuple:
-    """The values of ``fields`` (names) of the one row of ``model`` whose fields equal ``where``, converted as
+    """The values of ``fields`` (names, ``"pk"`` allowed) of the one row of ``model`` whose fields equal ``where``, converted as
     the ORM converts them, in one statement: ``Model.objects.filter(**where).values_list(*fields).get()``
     (with ``for_update``: ``select_for_update()`` first) read without building a queryset, no instance built.
 
@@ -242,8 +248,9 @@ def _tally(model, where: dict, what: str, tail: str = ""):
     key = (model, where_fields, what, tail, connection.vendor)
     sql = _TALLIES.get(key)
     if sql is None:
-        tests = " AND ".join(f"{_quote(meta.get_field(name).column)} = %s" for name in where_fields)
-        sql = _TALLIES[key] = (f"SELECT {what} FROM {_quote(meta.db_table)}" + (f" WHERE {tests}" if tests else "")
+        quote = connection.ops.quote_name
+        tests = " AND ".join(f"{quote(_field(meta, name).column)} = %s" for name in where_fields)
+        sql = _TALLIES[key] = (f"SELECT {what} FROM {quote(meta.db_table)}" + (f" WHERE {tests}" if tests else "")
                                + tail)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

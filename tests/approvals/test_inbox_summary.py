@@ -33,6 +33,13 @@ def test_the_fallback_line_masks_credentials(people):
     assert dict(description.risk_fields)["api_key"] == "***"
 
 
+def test_the_fallback_line_shows_a_lookup_key_as_it_is(people):
+    """A tool's ``key`` argument is the row it looks up, which the approver must see (not a credential)."""
+    description = describe(_call("fake_lookup", {"key": "order-7"}))
+    assert description.text == "fake_lookup(key=order-7)"
+    assert description.risk_fields == (("key", "order-7"),)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_rule_that_fired_and_the_target_are_kept_on_the_item(people, worker):
     agent = make_agent("transfer-80", [{"tool_calls": [lookup("acme")]}, {"tool_calls": [transfer("acme", 80)]},

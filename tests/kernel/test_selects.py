@@ -185,6 +185,24 @@ def test_values_of_one_row_read_as_values_list_reads_them(run):
         assert selects.values_one(Run, {"pk": run.pk}, ("last_event_seq",), for_update=True) == (run.last_event_seq,)
 
 
+def test_pk_names_the_primary_key_wherever_a_field_name_is_taken(run):
+    """``"pk"`` as the ORM reads it: among ``values_one``'s fields, as ``order_by``, in a flag's values (and in
+    ``where``, as before), the same answers as the queryset's."""
+    fields = ("pk", "last_event_seq")
+    assert selects.values_one(Run, {"pk": run.pk}, fields) == Run.objects.filter(pk=run.pk).values_list(*fields).get()
+    assert selects.values_one(Run, {"pk": run.pk}, ("pk",)) == (run.pk,)
+    step = Step.objects.create(run=run, index=0)
+    for index in (2, 0, 1):
+        ToolCall.objects.create(run=run, step=step, index=index, provider_call_id=f"c{index}", name="fake_lookup",
+                                arguments={"key": str(index)})
+    fast = selects.select(ToolCall, {"run": run.pk}, order_by="pk")
+    assert [call.pk for call in fast] == list(run.tool_calls.order_by("pk").values_list("pk", flat=True))
+    assert [call.index for call in fast] == [2, 0, 1]
+    for pk, there in ((step.pk, True), (step.pk + 1000, False)):
+        flags = {"has_step": (Step, "run", {"pk": pk})}
+        assert selects.select_one(Run, {"pk": run.pk}, flags=flags).has_step is there
+
+
 def test_exists_and_count_answer_as_the_orm_answers(run):
     """``exists`` and ``count``: ``filter(**where).exists()`` and ``.count()``, a boolean and a str enum among the
     values (SQLite stores a boolean as an integer), no row as well as several."""
