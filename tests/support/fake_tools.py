@@ -329,6 +329,44 @@ FAKE_WAIT = Tool(
 )
 
 
+def _sleep(ctx, args: dict) -> dict:
+    time.sleep(args["seconds"])
+    return {"slept": args["seconds"]}
+
+
+FAKE_SLEEP = Tool(
+    name="fake_sleep",
+    description="A sync handler that answers after some seconds, in a pool thread (review test tool).",
+    parameters={"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": 60}},
+                "required": ["seconds"], "additionalProperties": False},
+    handler=_sleep,
+    timeout_s=60,
+)
+
+
+def _die() -> None:
+    import signal
+    time.sleep(0.2)  # the work that ends in the crash (parsing, say) takes a moment
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _crash_off_loop(ctx, args: dict) -> dict:
+    """An async handler that does its heavy work off the loop, as asyncio.to_thread is meant for (a C library
+    parsing an untrusted file, say), and that work kills the process."""
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(_die)
+    return {}
+
+
+FAKE_CRASH_OFF_LOOP = Tool(
+    name="fake_crash_off_loop",
+    description="Kill the process from asyncio.to_thread (review test tool).",
+    parameters={"type": "object", "properties": {}, "additionalProperties": False},
+    handler=_crash_off_loop,
+    timeout_s=60,
+)
+
+
 def transfer_made_under(idempotency_key: str) -> dict | None:
     """The transfer ``fake_transfer`` made under ``idempotency_key`` (as ``transfers()`` lists it), or None."""
     made = _rows("SELECT transfer_id, account, amount FROM transfers WHERE key = ?", idempotency_key)
