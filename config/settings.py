@@ -7,7 +7,6 @@ Production shape: set ``DATABASE_URL`` (PostgreSQL) and ``REDIS_URL``
 """
 
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -331,6 +330,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "runs.engine.worker_middleware.HeartbeatMiddleware",
     # Queue lag and Dramatiq's message metrics in /metrics (runs.base.process_metrics).
     "runs.engine.worker_middleware.MetricsMiddleware",
+    # A stopping worker removes its flight recorder's box (runs.base.flight_recorder).
+    "runs.engine.worker_middleware.FlightRecorderMiddleware",
 ]
 if REDIS_URL:
     # Dramatiq's Redis broker with a doorbell per queue (runs/base/brokers.py): an
@@ -459,12 +460,14 @@ TOLLGATE = {
     # alone in its process next time, so that a step that kills its worker
     # takes no other run down and is blamed exactly (runs.engine.runtime).
     "ISOLATE_AFTER_LOSSES": env.int("TOLLGATE_ISOLATE_AFTER_LOSSES", default=2),
+    # Suspects a worker process advances together in quarantine, with no
+    # other run in flight (a run blamed for a death is advanced alone).
+    "QUARANTINE_SIZE": env.int("TOLLGATE_QUARANTINE_SIZE", default=8),
     # Where each worker process keeps its flight recorder (which run's code
     # each of its threads runs; runs.base.flight_recorder), read by a sweeper
-    # on the same host when the process dies. Share it between the hosts'
-    # workers and sweeper, or keep them on one host, for exact blame.
-    "FLIGHT_RECORDER_DIR": env.str("TOLLGATE_FLIGHT_RECORDER_DIR",
-                                   default=str(Path(tempfile.gettempdir()) / "tollgate-flight-recorder")),
+    # on the same host when the process dies: this installation's own, made
+    # private to its user (mode 0700; refused if others may write to it).
+    "FLIGHT_RECORDER_DIR": env.str("TOLLGATE_FLIGHT_RECORDER_DIR", default=str(BASE_DIR / "var" / "flight-recorder")),
     # A run whose worker died is sent back after a random delay of up to
     # CRASH_BACKOFF_S * 2**crash_streak seconds, so the runs of one dead
     # worker do not land together on the next one.

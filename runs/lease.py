@@ -31,7 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from runs.base import rows
-from runs.models import DeathBlame, Run, RunStatus
+from runs.models import Run, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -45,23 +45,18 @@ class LeaseLost(Exception):
 
 @dataclass(frozen=True)
 class Lease:
-    """A held lease: ``run_id``, the fencing ``token``, the ``owner`` string, and ``suspect``: the run's worker died on it,
-    maybe by its doing, so it is advanced alone (docs/design.md#recovery-and-the-sweeper).
+    """A held lease: ``run_id``, the fencing ``token``, the ``owner`` string, and what the run's worker deaths
+    say: ``suspect``, a worker died on it, maybe by its doing (``Run.suspect``), so it is advanced in
+    quarantine; ``blamed``, a death was laid on it (``Run.crash_streak``), so it is advanced alone. A run
+    taken from a lease that ran out without being given back is both: its holder died on it and the
+    takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine").
     """
 
     run_id: int
     token: int
     owner: str
     suspect: bool = False
-
-
-def is_suspect(crash_streak: int, loss_streak: int, death_blame: str) -> bool:
-    """Whether a run with these streaks (``Run.crash_streak``, ``Run.loss_streak``: deaths since its last
-    progress) and its last death's verdict (``Run.death_blame``) may kill its worker again: a death was
-    blamed on it, or it died ``ISOLATE_AFTER_LOSSES`` times (the sweeper could not tell whose step killed a
-    worker that held many runs), the last time not cleared by the worker's flight recorder."""
-    return crash_streak >= 1 or (loss_streak >= settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]
-                                 and death_blame != DeathBlame.CLEARED)
+    blamed: bool = False
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -77,46 +72,48 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
 
     Returns None when another worker holds it or the run is waiting,
     finished or gone (a waiting run needs a person or a timer, not a
-    worker). The lease is ``suspect`` (``is_suspect``) when the run's
-    streaks say so, or when the lease it replaces had expired without
-    being given back: its holder died on it (or stalled past the TTL) and
-    the sweeper has not counted that death yet, so the takeover will
-    blame the run (``runs.engine.recovery.recover_after_takeover``). One
+    worker). The lease says whether the run is a suspect, and blamed
+    (``Lease``): from its row, or because the lease it replaces had
+    expired without being given back and the sweeper has not counted that
+    death yet (``death_blame`` empty): its holder died on it (or stalled
+    past the TTL), so the takeover will blame the run
+    (``runs.engine.recovery.recover_after_takeover``). One
     statement on PostgreSQL (``UPDATE ... FROM ... RETURNING`` the new
-    token, the streaks, the last death's verdict and whether the old lease was still set), else a
+    token, the crash streak, the suspect flag and whether the old lease was still set, uncounted), else a
     SELECT, an UPDATE and a SELECT (SQLite's RETURNING cannot name the FROM).
     """
     now = timezone.now()
     expires_at = now + ttl()
     if connection.vendor != "postgresql":
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-        abandoned = Run.objects.filter(pk=run_id, lease_expires_at__isnull=False).exists()
+        abandoned = Run.objects.filter(pk=run_id, lease_expires_at__isnull=False, death_blame="").exists()
         if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
                 lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
             return None
-        row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak", "death_blame").get(pk=run_id),
-               abandoned)
+        row = (*Run.objects.values_list("lease_token", "crash_streak", "suspect").get(pk=run_id), abandoned)
     else:
         quote, meta = connection.ops.quote_name, Run._meta
         table = quote(meta.db_table)
-        names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak",
+        names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "suspect",
                  "death_blame")
-        pk, status, lease_owner, token, expires, crashes, losses, blame = (
-            quote(meta.get_field(name).column) for name in names)
+        pk, status, lease_owner, token, expires, crashes, suspect, blame = (quote(meta.get_field(name).column)
+                                                                            for name in names)
         adapt = connection.ops.adapt_datetimefield_value
         with connection.cursor() as cursor:
             cursor.execute(  # the FROM reads the lease being replaced (RETURNING sees only the new row)
                 f"UPDATE {table} SET {lease_owner} = %s, {token} = {table}.{token} + 1, {expires} = %s "
-                f"FROM (SELECT {expires} AS held_until FROM {table} WHERE {pk} = %s) AS replaced "
+                f"FROM (SELECT {expires} AS held_until, {blame} AS counted FROM {table} WHERE {pk} = %s) AS replaced "
                 f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
                 f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
-                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, {table}.{blame}, "
-                f"replaced.held_until IS NOT NULL",
+                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{suspect}, "
+                f"replaced.held_until IS NOT NULL AND replaced.counted = ''",
                 [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)])
             row = cursor.fetchone()
         if row is None:
             return None
-    return Lease(run_id=run_id, token=row[0], owner=owner, suspect=is_suspect(*row[1:4]) or bool(row[4]))
+    token, crash_streak, suspect, abandoned = row
+    return Lease(run_id=run_id, token=token, owner=owner, suspect=bool(suspect) or bool(abandoned),
+                 blamed=crash_streak >= 1 or bool(abandoned))
 
 
 def release(lease: Lease) -> str | None:

@@ -240,6 +240,9 @@ class DeathBlame(models.TextChoices):
 
     CULPRIT = choice("culprit")  # its work started last: the death counts toward its crash streak
     BYSTANDER = choice("bystander")  # it died beside the culprit: a loss, not a crash of its own
+    # Its worker's flight recorder found its code running beside other runs' code: which killed it is not
+    # known, so it is a suspect (advanced in quarantine) without a crash of its own.
+    SUSPECT = choice("suspect")
     # Its worker's flight recorder says it was waiting for an answer: a loss that never makes it a suspect.
     CLEARED = choice("cleared")
 
@@ -311,10 +314,14 @@ class Run(FSMModel):
         _("loss streak"), default=0,
         help_text=_("Deaths with work in flight since the last progress, blamed on this run or not; "
                     "TOLLGATE['MAX_LOSSES_PER_STEP'] ends it."))
+    suspect = models.BooleanField(
+        _("suspect"), default=False,
+        help_text=_("A worker died on this run, maybe by its doing: it is advanced in quarantine until it "
+                    "makes progress."))
     death_blame = models.CharField(
         _("death blame"), max_length=16, blank=True, choices=DeathBlame.choices,
-        help_text=_("How the sweeper counted the run's last death: culprit, bystander or cleared "
-                    "(empty: not counted yet)."))
+        help_text=_("How the sweeper counted the run's last death: culprit, bystander, suspect or "
+                    "cleared (empty: not counted yet)."))
 
     lease_owner = models.CharField(_("lease owner"), max_length=200, blank=True)
     lease_token = models.PositiveBigIntegerField(_("lease token"), default=0,

@@ -94,9 +94,10 @@ async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tupl
         left = (request.stop_at - timezone.now()).total_seconds()
         if timeout_s is None or left < timeout_s:
             timeout_s, deadline = max(left, 0.0), left
-    # The call's task (and its HTTP requests) in the run's trace; its code noted in the flight recorder.
+    # The call's task (and its HTTP requests) in the run's trace; its code, and that of the task the engine's
+    # loop makes of it, noted in the flight recorder (``flight_recorder.task_factory``).
     with tracing.attached(), flight_recorder.executing(flight_recorder.CALL):
-        call = asyncio.ensure_future(flight_recorder.recorded(request.start()))
+        call = asyncio.ensure_future(request.start())
     watch = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
     try:
         done, _ = await asyncio.wait([call] if watch is None else [call, watch], timeout=timeout_s,

@@ -4,26 +4,31 @@ A worker process with many runs in flight that is killed (a poison step,
 the OOM killer, an operator's SIGKILL) leaves leases that only say *which*
 runs died, not whose code killed it: the order of their starts says little
 when a hundred start work every second (docs/design.md#recovery-and-the-sweeper,
-"Quarantine"). So each engine process keeps a *box*: a small file mapped
-into its memory, one slot per thread, where a thread notes the run whose
-code it runs now and what kind of code that is:
+"The flight recorder"). So each engine process keeps a *box*: a small file
+mapped into its memory, one slot per thread, where a thread notes the run
+whose code it runs now and what kind of code that is:
 
 * ``STEP``: the engine's own database work between two calls (resuming a
   run's step generator, ``runs.base.awaiting.resume``);
 * ``CALL``: code that is not the engine's: a tool handler, a hook, a model
   client, from the call's start to its answer, each time the loop runs it
-  (``runs.base.awaiting.settle``, ``run_blocking``).
+  (``runs.base.awaiting.settle``, ``run_blocking``), and what that code
+  starts on the engine's loop: its tasks (``task_factory``) and its work in
+  the loop's default executor (``asyncio.to_thread``, ``run_in_executor``:
+  ``RecordingExecutor``). Threads a handler starts itself are not seen.
 
 A note is a store into shared memory: no system call, no flush. The pages
 of a shared file mapping belong to the operating system's page cache, so
-they outlive a process that is SIGKILLed; whoever breaks the dead
-worker's leases on the same host (the sweeper, ``runs.engine.recovery.attribute_deaths``)
+they outlive a process that is SIGKILLed; whoever breaks the dead worker's
+leases on the same host (the sweeper, ``runs.engine.recovery.attribute_deaths``)
 reads what each of its threads was running at the moment it died
-(``read``). A box lives in ``TOLLGATE["FLIGHT_RECORDER_DIR"]`` under its
+(``read``). A box lives in ``TOLLGATE["FLIGHT_RECORDER_DIR"]`` (a
+directory of this installation's own, made private to its user) under its
 lease owner's name (``runs.lease.WORKER_ID``); a sweeper on another host
-finds none (unless the directory is shared) and falls back to the order of
-starts. A process removes its box when it exits; the sweeper removes those
-of processes that died (``discard_dead``).
+finds none and falls back to the order of starts. A process removes its
+box when it stops (``close_box``: a Dramatiq worker's shutdown, or the
+interpreter's exit); the sweeper removes those of processes that died
+(``dead_owners``, ``discard``).
 
 The idea is the aircraft's flight data recorder, as crash reporters use it
 (state written before a crash, read after it: e.g. Chromium's "crash keys",
@@ -43,8 +48,10 @@ import mmap
 import os
 import re
 import socket
+import stat
 import struct
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from django.conf import settings
@@ -59,14 +66,14 @@ _VERSION = 1
 _HEADER = struct.Struct("<4sII4x240s")
 _SLOT = struct.Struct("<qI4x")
 _SIZE = _HEADER.size + SLOTS * _SLOT.size
+_HOST = socket.gethostname()
 
 
 class _Box:
     """This process's open box: the mapping, and the next free slot (one per thread, taken at its first note)."""
 
     def __init__(self, path: Path, owner: str):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, _SIZE)
             self.memory = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -77,11 +84,11 @@ class _Box:
         self.path = path
         self._lock = threading.Lock()
         self._taken = 0
-        self._local = threading.local()
+        self.local = threading.local()  # offset: this thread's slot; running: (run id, kind) it notes now
 
     def slot(self) -> int | None:
         """The byte offset of this thread's slot, or None when all are taken (the box is marked incomplete)."""
-        offset = getattr(self._local, "offset", False)
+        offset = getattr(self.local, "offset", False)
         if offset is False:
             with self._lock:
                 if self._taken < SLOTS:
@@ -90,15 +97,22 @@ class _Box:
                 else:
                     offset = None
                     _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, 1, self.owner)
-            self._local.offset = offset
+            self.local.offset = offset
         return offset
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.unlink()
 
 
 _box: _Box | None = None
+
+
+def _directory() -> Path:
+    """``TOLLGATE["FLIGHT_RECORDER_DIR"]``, made if missing (mode 0700). Raises ``OSError`` when it is not a
+    directory of this user's that no one else may write to (a box there could be planted or replaced)."""
+    directory = Path(settings.TOLLGATE["FLIGHT_RECORDER_DIR"])
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
+        raise OSError(f"{directory} must be a directory of this user's that others cannot write to")
+    return directory
 
 
 def _file_name(owner: str) -> str:
@@ -106,103 +120,89 @@ def _file_name(owner: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", owner) + ".box"
 
 
-def box_path(owner: str) -> Path:
-    """Where the box of lease owner ``owner`` is (``TOLLGATE["FLIGHT_RECORDER_DIR"]``)."""
-    return Path(settings.TOLLGATE["FLIGHT_RECORDER_DIR"]) / _file_name(owner)
-
-
 def open_box(owner: str) -> None:
-    """Start recording in this process, in the box of lease owner ``owner`` (created afresh; removed when
-    the process exits normally). Once per process (the engine calls it when it starts); later calls do
-    nothing. Raises ``OSError`` when the directory cannot be written."""
+    """Start recording in this process, in the box of lease owner ``owner`` (created afresh). Once per
+    process (the engine calls it when it starts); later calls do nothing. Raises ``OSError`` when the
+    directory cannot be used (``_directory``)."""
     global _box
     if _box is None:
-        _box = _Box(box_path(owner), owner)
-        atexit.register(_box.close)
+        _box = _Box(_directory() / _file_name(owner), owner)
+        atexit.register(close_box)
+
+
+def close_box() -> None:
+    """Stop recording in this process and remove its box (the process stops: nothing it runs now is to blame)."""
+    global _box
+    box, _box = _box, None
+    if box is not None:
+        with contextlib.suppress(OSError):
+            box.path.unlink()
 
 
 class executing:  # noqa: N801 (used as a function: ``with executing(STEP):``)
-    """Within the block, this thread's slot says it runs code of ``kind`` (``STEP`` or ``CALL``) for the
-    run this context is bound to (``runs.base.log_context``); the slot's earlier note comes back after.
-    Does nothing in a process with no box or outside a run. (A class, not a generator: it runs around
-    every step of every run, about 1 µs.)"""
+    """Within the block, this thread's slot says it runs code of ``kind`` (``STEP`` or ``CALL``) for run
+    ``run_id`` (by default the run this context is bound to: ``runs.base.log_context``); the slot's earlier
+    note comes back after. Does nothing in a process with no box or outside a run. (A class, not a
+    generator: it runs around every step of every run, about 1 µs.)"""
 
-    __slots__ = ("_kind", "_offset", "_before")
+    __slots__ = ("_kind", "_run_id", "_box", "_offset", "_before", "_was")
 
-    def __init__(self, kind: int):
+    def __init__(self, kind: int, run_id: int | None = None):
         self._kind = kind
+        self._run_id = run_id
         self._offset = None
 
     def __enter__(self) -> None:
-        box = _box
+        box = self._box = _box
         if box is None:
             return
-        run_id = log_context.run_id()
+        run_id = self._run_id if self._run_id is not None else log_context.run_id()
         if run_id is None:
             return
         offset = self._offset = box.slot()
         if offset is not None:
             self._before = box.memory[offset:offset + _SLOT.size]
+            self._was = getattr(box.local, "running", None)
             _SLOT.pack_into(box.memory, offset, run_id, self._kind)
+            box.local.running = (run_id, self._kind)
 
     def __exit__(self, *_exc) -> None:
         offset = self._offset
         if offset is not None:
-            _box.memory[offset:offset + _SLOT.size] = self._before
+            self._box.memory[offset:offset + _SLOT.size] = self._before
+            self._box.local.running = self._was
 
 
-def read(owner: str) -> dict[int, int] | None:
-    """What the threads of lease owner ``owner``'s process were running when it stopped: ``{run id: kind}``
-    (``CALL`` wins when a run was in both), or None when no complete box of it is here (none on this host,
-    another format, or a thread had no slot)."""
-    try:
-        data = box_path(owner).read_bytes()
-    except OSError:
-        return None
-    if len(data) != _SIZE:
-        return None
-    magic, version, overflow, _owner = _HEADER.unpack_from(data, 0)
-    if magic != _MAGIC or version != _VERSION or overflow:
-        return None
-    running: dict[int, int] = {}
-    for offset in range(_HEADER.size, _SIZE, _SLOT.size):
-        run_id, kind = _SLOT.unpack_from(data, offset)
-        if run_id:
-            running[run_id] = max(kind, running.get(run_id, 0))
-    return running
+def running_call() -> int | None:
+    """The run whose call's code this thread runs now (``CALL``), or None."""
+    box = _box
+    running = getattr(box.local, "running", None) if box is not None else None
+    return running[0] if running is not None and running[1] == CALL else None
 
 
-def dead_owners() -> list[str]:
-    """The lease owners of the boxes here whose process was on this host and is gone (the pid of the
-    box's name no longer runs; a box whose pid was reused stays until that process ends too)."""
-    directory = Path(settings.TOLLGATE["FLIGHT_RECORDER_DIR"])
-    host = _file_name(socket.gethostname()).removesuffix(".box")
-    owners = []
-    for path in directory.glob(f"{host}_*.box") if directory.is_dir() else ():
-        pid = path.name[len(host) + 1:].split("_", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        with contextlib.suppress(OSError, struct.error, UnicodeDecodeError):
-            magic, _version, _overflow, owner = _HEADER.unpack_from(path.read_bytes(), 0)
-            if magic == _MAGIC and box_path(owner := owner.rstrip(b"\0").decode()) == path:
-                owners.append(owner)
-    return owners
+def task_factory(loop: asyncio.AbstractEventLoop, coro, context=None) -> asyncio.Task:
+    """The engine loop's task factory (``loop.set_task_factory``): a task created by a call's code (``CALL``)
+    runs each step noted as that run's call, as the call itself does."""
+    run_id = running_call()
+    if run_id is not None:
+        coro = _each_step_noted(coro, run_id)
+    return asyncio.Task(coro, loop=loop, context=context)
 
 
-def discard(owner: str) -> None:
-    """Remove the box of lease owner ``owner``, if it is still there."""
-    with contextlib.suppress(OSError):
-        box_path(owner).unlink()
+class RecordingExecutor(ThreadPoolExecutor):
+    """The engine loop's default executor (``loop.set_default_executor``): work a call's code sends to it
+    (``asyncio.to_thread``, ``loop.run_in_executor(None, ...)``) is noted as that run's call while it runs."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        run_id = running_call()
+        if run_id is None:
+            return super().submit(fn, *args, **kwargs)
+        return super().submit(_run_noted, run_id, fn, *args, **kwargs)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+def _run_noted(run_id: int, fn, *args, **kwargs):
+    with executing(CALL, run_id):
+        return fn(*args, **kwargs)
 
 
 def run(kind: int, fn, *args):
@@ -211,27 +211,25 @@ def run(kind: int, fn, *args):
         return fn(*args)
 
 
-def recorded(awaitable):
-    """``awaitable`` with each step of its coroutine noted as ``CALL`` (``executing``) while the event loop
-    runs it; unchanged when it is not a coroutine or this process has no box."""
-    if _box is None or not asyncio.iscoroutine(awaitable):
-        return awaitable
-    return _Recorded(awaitable)
+async def _each_step_noted(coro, run_id: int):
+    return await _Noted(coro, run_id)
 
 
-class _Recorded:
-    """A coroutine driven step by step (``send``/``throw`` forwarded, as ``yield from`` does), each step noted."""
+class _Noted:
+    """A coroutine driven step by step (``send``/``throw`` forwarded, as ``yield from`` does), each step noted
+    as run ``run_id``'s call."""
 
-    __slots__ = ("_coro",)
+    __slots__ = ("_coro", "_run_id")
 
-    def __init__(self, coro):
+    def __init__(self, coro, run_id: int):
         self._coro = coro
+        self._run_id = run_id
 
     def __await__(self):
         coro = self._coro
         advance, value = coro.send, None
         while True:
-            with executing(CALL):
+            with executing(CALL, self._run_id):
                 try:
                     signal = advance(value)
                 except StopIteration as stop:
@@ -243,3 +241,88 @@ class _Recorded:
                 raise
             except BaseException as exc:  # a cancel (CancelledError) or a thrown error: the coroutine's to handle
                 value, advance = exc, coro.throw
+
+
+def _read_box(path: Path) -> tuple[str, bool, dict[int, int]] | None:
+    """``(owner, overflowed, {run id: kind})`` of the box at ``path``, or None when it is not a box (not a
+    regular file of the right size and format; never followed through a link nor waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or found.st_size != _SIZE:
+            return None
+        data = os.read(fd, _SIZE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) != _SIZE:
+        return None
+    magic, version, overflow, owner = _HEADER.unpack_from(data, 0)
+    if magic != _MAGIC or version != _VERSION:
+        return None
+    running: dict[int, int] = {}
+    for offset in range(_HEADER.size, _SIZE, _SLOT.size):
+        run_id, kind = _SLOT.unpack_from(data, offset)
+        if run_id:
+            running[run_id] = max(kind, running.get(run_id, 0))
+    return owner.rstrip(b"\0").decode(errors="replace"), bool(overflow), running
+
+
+def _pid_here(owner: str) -> int | None:
+    """The pid of lease owner ``owner`` (``host:pid:nonce``) when its host is this one, else None."""
+    parts = owner.rsplit(":", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[0] == _HOST and parts[1].isdigit() else None
+
+
+def read(owner: str) -> dict[int, int] | None:
+    """What the threads of lease owner ``owner``'s process were running when it stopped: ``{run id: kind}``
+    (``CALL`` wins when a run was in both). None when no complete box of it is here (none on this host,
+    not a box, or a thread had no slot), or when its process still runs here (its lease ran out without a
+    death: what it runs now says nothing)."""
+    try:
+        box = _read_box(_directory() / _file_name(owner))
+    except OSError:
+        return None
+    if box is None or box[0] != owner or box[1]:
+        return None
+    pid = _pid_here(owner)
+    if pid is None or _alive(pid):
+        return None
+    return box[2]
+
+
+def dead_owners() -> list[str]:
+    """The lease owners of the boxes here whose process was on this host and is gone (a box whose pid was
+    reused stays until that process ends too)."""
+    try:
+        directory = _directory()
+    except OSError:
+        return []
+    owners = []
+    for path in directory.glob(f"{_file_name(_HOST).removesuffix('.box')}_*.box"):
+        box = _read_box(path)
+        if box is not None and directory / _file_name(box[0]) == path:
+            pid = _pid_here(box[0])
+            if pid is not None and not _alive(pid):
+                owners.append(box[0])
+    return owners
+
+
+def discard(owner: str) -> None:
+    """Remove the box of lease owner ``owner``, if it is still there."""
+    with contextlib.suppress(OSError):
+        (_directory() / _file_name(owner)).unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -51,6 +51,7 @@ LABELS = {
     # Run.death_blame
     "culprit": pgettext_lazy("state", "culprit"),
     "bystander": pgettext_lazy("state", "bystander"),
+    "suspect": pgettext_lazy("state", "suspect"),
     "cleared": pgettext_lazy("state", "cleared"),
     # Interrupt.status and Interrupt.decision
     "pending": pgettext_lazy("state", "pending"),

@@ -64,16 +64,17 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall],
         return None
     with transaction.atomic():
         counters = fenced(Run.objects.filter(pk=run.pk), run.pk)
-        blamed = run.death_blame not in (DeathBlame.BYSTANDER, DeathBlame.CLEARED)
+        verdict = run.death_blame or DeathBlame.CULPRIT
+        blamed = verdict == DeathBlame.CULPRIT
         if run.death_blame:
             counters.update(death_blame="")
         else:
             counters.update(lost_leases=F("lost_leases") + 1, loss_streak=F("loss_streak") + 1,
-                            crash_streak=F("crash_streak") + 1)
-        run.refresh_from_db(fields=["lost_leases", "crash_streak", "loss_streak", "death_blame"])
+                            crash_streak=F("crash_streak") + 1, suspect=True)
+        run.refresh_from_db(fields=["lost_leases", "crash_streak", "loss_streak", "death_blame", "suspect"])
         append_event(run, type="recovery", actor=actor, reason="took over from a worker that died",
                      payload={"lost_leases": run.lost_leases, "crash_streak": run.crash_streak,
-                              "loss_streak": run.loss_streak, "blamed": blamed,
+                              "loss_streak": run.loss_streak, "blamed": blamed, "verdict": str(verdict),
                               "steps": [step.pk for step in steps], "tool_calls": [call.pk for call in calls]})
     for step in steps:
         apply(step.discard, actor=actor, reason="discarded after a worker crash", now=timezone.now())
@@ -94,18 +95,19 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, DeathBlame]:
     ``dead`` is ``(run id, lease owner)`` of runs whose lease expired; the
     runs one worker held died together. When the dead worker's flight
     recorder is readable here (``runs.base.flight_recorder``: the sweeper
-    shares its host), the runs whose code its threads were running are
-    ``CULPRIT`` (those in a call if any, else those in the engine's own
-    work) and the others ``CLEARED``: they were waiting for an answer, so
-    their loss never makes them suspects. Otherwise (no box, or it names
-    none of them) the one whose in-flight step or tool call started last is
-    ``CULPRIT`` (a step that kills its worker does so soon after it starts)
-    and the others ``BYSTANDER``s: their deaths count towards
-    ``MAX_LOSSES_PER_STEP`` and ``ISOLATE_AFTER_LOSSES`` only. A run that
-    died alone is blamed. When another run's work started less than
-    ``BLAME_MARGIN`` before the last one, the order says nothing (the
-    killing step may be the earlier one, still between its start and the
-    kill): nobody is blamed.
+    shares its host) and names some of them, the run whose code its
+    threads were running is the ``CULPRIT`` (of those in a call if any,
+    else of those in the engine's own work); when several were, each is a
+    ``SUSPECT`` (one of them did it, or none: a suspect with no crash
+    counted). Runs in the engine's own work beside a call are
+    ``BYSTANDER``s; the others were waiting for an answer and are
+    ``CLEARED``. Otherwise (no box: another host, the process still runs)
+    the one whose in-flight step or tool call started last is ``CULPRIT``
+    (a step that kills its worker does so soon after it starts) and the
+    others ``BYSTANDER``s. A run that died alone is blamed. When another
+    run's work started less than ``BLAME_MARGIN`` before the last one, the
+    order says nothing (the killing step may be the earlier one, still
+    between its start and the kill): nobody is blamed.
     """
     by_owner: dict[str, list[int]] = {}
     for run_id, owner in dead:
@@ -120,16 +122,26 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, DeathBlame]:
                 if latest is not None and (run_id not in started or latest > started[run_id]):
                     started[run_id] = latest
         running = {run_id: kind for run_id, kind in (flight_recorder.read(owner) or {}).items() if run_id in started}
-        if running:
-            worst = max(running.values())
-            blame.update({run_id: DeathBlame.CULPRIT if running.get(run_id) == worst else DeathBlame.CLEARED
-                          for run_id in started})
-            continue
-        starts = sorted(started.values(), reverse=True)
-        clear = len(starts) < 2 or starts[0] - starts[1] >= BLAME_MARGIN  # none in flight: nothing to blame
-        blame.update({run_id: DeathBlame.CULPRIT if clear and at == starts[0] else DeathBlame.BYSTANDER
-                      for run_id, at in started.items()})
+        blame.update(_by_the_box(started, running) if running else _by_the_starts(started))
     return blame
+
+
+def _by_the_box(started: dict, running: dict[int, int]) -> dict[int, DeathBlame]:
+    """The verdicts on the runs ``started`` (run id: when its work in flight started) by what the dead
+    worker's threads were running (``running``: run id: kind, at least one)."""
+    worst = max(running.values())
+    culprits = {run_id for run_id, kind in running.items() if kind == worst}
+    verdict = DeathBlame.CULPRIT if len(culprits) == 1 else DeathBlame.SUSPECT
+    return {run_id: verdict if run_id in culprits else DeathBlame.BYSTANDER if run_id in running
+            else DeathBlame.CLEARED for run_id in started}
+
+
+def _by_the_starts(started: dict) -> dict[int, DeathBlame]:
+    """The verdicts on the runs ``started`` (run id: when its work in flight started) by the order of starts."""
+    starts = sorted(started.values(), reverse=True)
+    clear = len(starts) < 2 or starts[0] - starts[1] >= BLAME_MARGIN  # none in flight: nothing to blame
+    return {run_id: DeathBlame.CULPRIT if clear and at == starts[0] else DeathBlame.BYSTANDER
+            for run_id, at in started.items()}
 
 
 def restart_delay_ms(crash_streak: int) -> int:

@@ -80,15 +80,22 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._changed = threading.Condition()
         self._in_flight = 0
-        self._isolated: int | None = None  # the suspect run being advanced alone (or waiting to be)
+        # The leases of the suspects advanced (or waiting to be) with no other run in flight: a lease, not a
+        # run id, names one slice (two slices of one run may be in flight for a moment: ``_Slice``).
+        self._quarantine: set[lease.Lease] = set()
+        self._quarantined = 0  # of which in flight now
+        self._alone_waiting = 0  # blamed suspects waiting for the process to themselves
         self.submitted = 0  # runs handed over since the process started
-        self.isolated = 0  # of which advanced alone
+        self.isolated = 0  # of which advanced in quarantine
         self._awaiting: set[_Slice] = set()  # slices waiting for a call now
         try:  # whose code runs in which thread, read by the sweeper if the process dies (recovery.attribute_deaths)
             flight_recorder.open_box(lease.WORKER_ID)
         except OSError:
             log.warning("no flight recorder (%s): a death here is blamed by the order of starts",
                         settings.TOLLGATE["FLIGHT_RECORDER_DIR"], exc_info=True)
+        # A call's own tasks and its work in the default executor are noted as its code too.
+        self._loop.set_task_factory(flight_recorder.task_factory)
+        self._loop.set_default_executor(flight_recorder.RecordingExecutor(thread_name_prefix="tollgate-default"))
         threading.Thread(target=self._loop.run_forever, name="tollgate-engine", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._watch_cancels(), self._loop)
 
@@ -98,9 +105,10 @@ class Engine:
         return self._in_flight
 
     @property
-    def isolating(self) -> int | None:
-        """The id of the suspect run advanced alone now, or waiting for the process to empty (``submit``)."""
-        return self._isolated
+    def quarantine(self) -> frozenset[int]:
+        """The ids of the suspects advanced in quarantine now, or waiting for the process to empty (``submit``)."""
+        with self._changed:
+            return frozenset(held.run_id for held in self._quarantine)
 
     def submit(self, run_id: int) -> lease.Lease | None:
         """Take run ``run_id``'s lease and advance it in this process; returns once it is under way.
@@ -111,8 +119,9 @@ class Engine:
         Returns the lease (released when the slice ends), or None when the run was not taken (held
         elsewhere, waiting, ended or gone). Waits for room (``runs_in_flight``) before taking the lease,
         at most ``SUBMIT_WAIT_S`` seconds, then raises ``EngineFull``. A suspect (``Lease.suspect``) is
-        advanced alone, its lease left to run out past the deadline (docs/design.md#recovery-and-the-sweeper,
-        "Quarantine"). Raises ``DatabaseError`` from taking the lease.
+        advanced in quarantine, with other suspects only (``_take``), its lease left to run out past the
+        deadline (docs/design.md#recovery-and-the-sweeper, "Quarantine"). Raises ``DatabaseError`` from
+        taking the lease.
         """
         deadline = time.monotonic() + SUBMIT_WAIT_S
         if not self._slots.acquire(timeout=SUBMIT_WAIT_S):
@@ -130,7 +139,7 @@ class Engine:
         try:
             steps, call, more, failure = context.run(_first_work, held)
         except BaseException:  # the thread itself is being stopped: the lease runs out, the sweeper sends the run
-            self._uncount(run_id)
+            self._uncount(held)
             self._slots.release()
             raise
         if call is not None:  # the rest goes on on the loop, in the slice's context
@@ -140,10 +149,19 @@ class Engine:
         return held
 
     def _take(self, run_id: int, deadline: float) -> lease.Lease | None:
-        """The lease of ``run_id`` with the run counted in flight, or None (not taken); alone in the
-        process if it is a suspect (``submit``). Raises ``EngineFull`` past ``deadline`` (monotonic)."""
-        with self._changed:  # no other run may start while a suspect waits for the process to empty
-            self._wait(lambda: self._isolated is None, deadline)
+        """The lease of ``run_id`` with the run counted in flight, or None (not taken). Raises ``EngineFull``
+        past ``deadline`` (monotonic).
+
+        A suspect (``Lease.suspect``) joins the process's quarantine and waits until no other run is in
+        flight; while a quarantine is on, no other run starts, so if a suspect kills the process only
+        suspects die with it, and the flight recorder names the one whose code ran
+        (``runs.engine.recovery.attribute_deaths``). A quarantine takes up to
+        ``TOLLGATE["QUARANTINE_SIZE"]`` suspects together (one drain serves them all), but a blamed one
+        (``Lease.blamed``: a death was laid on it) is advanced alone, and no suspect joins a quarantine one
+        waits to have to itself.
+        """
+        with self._changed:  # no run starts beside a quarantine
+            self._wait(lambda: not self._quarantine, deadline)
             self._in_flight += 1
         held = self._acquire_counted(run_id)
         if held is None or not held.suspect:
@@ -155,41 +173,55 @@ class Engine:
             self._in_flight -= 1  # not in flight while it waits
             self._changed.notify_all()
             try:
-                self._wait(lambda: self._isolated is None, deadline)
-                self._isolated = run_id
-                self._wait(lambda: self._in_flight == 0, deadline)
+                if held.blamed:
+                    self._alone_waiting += 1
+                    try:
+                        self._wait(lambda: not self._quarantine, deadline)
+                    finally:
+                        self._alone_waiting -= 1
+                else:
+                    self._wait(lambda: not self._alone_waiting and self._has_room(), deadline)
+                self._quarantine.add(held)
+                self._wait(lambda: self._in_flight == self._quarantined, deadline)
             except BaseException:
-                if self._isolated == run_id:
-                    self._isolated = None
+                self._quarantine.discard(held)
                 self._changed.notify_all()
                 # Not given back: unrenewed from here, the lease runs out, and whoever takes the run
                 # next (the sweeper sends it) finds a lease nobody gave back: a suspect still.
                 raise
             self._in_flight += 1
+            self._quarantined += 1
             self.isolated += 1
-        log.warning("run %s: its worker died on it before; it is advanced alone in this process", run_id)
+        log.warning("run %s: its worker died on it before; it is advanced in quarantine%s", run_id,
+                    " alone" if held.blamed else "")
         return held
+
+    def _has_room(self) -> bool:
+        """Whether a suspect that is not blamed may join the quarantine now (``_take``; ``_changed`` held)."""
+        return (len(self._quarantine) < settings.TOLLGATE["QUARANTINE_SIZE"]
+                and not any(member.blamed for member in self._quarantine))
 
     def _acquire_counted(self, run_id: int) -> lease.Lease | None:
         """``lease.acquire(run_id)`` for a run already counted in flight; uncounts it if not taken."""
         try:
             held = lease.acquire(run_id)
         except BaseException:
-            self._uncount(run_id)
+            self._uncount(None)
             raise
         if held is None:
-            self._uncount(run_id)
+            self._uncount(None)
         else:
             with self._changed:
                 self.submitted += 1
         return held
 
-    def _uncount(self, run_id: int) -> None:
-        """Run ``run_id`` is no longer in flight (its slice ended, or it was not taken)."""
+    def _uncount(self, held: lease.Lease | None) -> None:
+        """A run is no longer in flight: the slice of ``held`` ended, or (None) a run was not taken."""
         with self._changed:
             self._in_flight -= 1
-            if self._isolated == run_id:
-                self._isolated = None
+            if held in self._quarantine:
+                self._quarantine.discard(held)
+                self._quarantined -= 1
             self._changed.notify_all()
 
     def _wait(self, ready, deadline: float) -> None:
@@ -222,7 +254,7 @@ class Engine:
         except Exception:  # the lease expires on its own; the sweeper sends the run back
             log.exception("run %s: ending its slice failed", held.run_id)
         finally:
-            self._uncount(held.run_id)
+            self._uncount(held)
             self._slots.release()
 
     async def _advance(self, held: lease.Lease, steps, call: Await) -> None:
@@ -239,7 +271,7 @@ class Engine:
                 await self._in_db_thread(_after_slice, held, more, failure)
             except Exception:  # the lease expires on its own; the sweeper sends the run back
                 log.exception("run %s: ending its slice failed", held.run_id)
-            self._uncount(held.run_id)
+            self._uncount(held)
             self._slots.release()
 
     async def _drive(self, this: "_Slice", steps, call: Await):

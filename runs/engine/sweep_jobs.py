@@ -18,7 +18,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 from django_fsm import can_proceed
 
@@ -62,12 +62,13 @@ def _chunks(items: list, size: int = ITEMS_PER_TRANSACTION):
 def rescue_stranded(*, now) -> dict[str, int]:
     """Send back queued or running runs nobody is advancing; returns ``{"reenqueued": n}``.
 
-    A run whose lease expired (its worker died) gets its lease broken and
-    goes back after ``restart_delay_ms``; its death is counted and blamed
-    here (``attribute_deaths``) when it died with work in flight. A run with
-    no lease and no update for ``QUEUED_GRACE_S`` whose wake-up the broker no
-    longer holds is sent again. At most ``SWEEP_MAX_RESENDS`` per pass, the
-    longest untouched first.
+    A run whose lease expired (its worker died) goes back after
+    ``restart_delay_ms``, its lease broken; its death is counted here first
+    (``count_deaths``). A run with no lease and no update for
+    ``QUEUED_GRACE_S`` whose wake-up the broker no longer holds is sent
+    again. At most ``SWEEP_MAX_RESENDS`` per pass, the longest untouched
+    first; deaths are counted for all, so that the runs one worker held are
+    judged together, whichever pass sends them.
     """
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
     stranded = list(Run.objects.filter(
@@ -75,12 +76,12 @@ def rescue_stranded(*, now) -> dict[str, int]:
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
     ).exclude(status=RunStatus.QUEUED, wake_at__gt=now)  # not lost: its start_at has not come
         .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
-    blame = attribute_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None])
+    count_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None], now=now)
     # A run with no lease whose wake-up the broker still holds is waiting its
     # turn, not lost: sending it again would only lengthen the queue.
-    waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, _, _ in stranded) else set()
+    waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, *_ in stranded) else set()
     reenqueued = 0
-    for run_id, lease_expired_at, crash_streak, _ in stranded:
+    for run_id, lease_expired_at, crash_streak, *_ in stranded:
         if reenqueued >= settings.TOLLGATE["SWEEP_MAX_RESENDS"]:
             break
         if lease_expired_at is None and waiting_turn is not None and run_id in waiting_turn:
@@ -89,17 +90,35 @@ def rescue_stranded(*, now) -> dict[str, int]:
             # Break the dead lease and restart the grace period, so the next
             # pass does not send the same run again while it sits in a
             # backlog. The fencing token still stops the old holder.
-            death = {}
-            if run_id in blame:  # it died with work in flight: count it here, blamed or not
-                death = {"lost_leases": F("lost_leases") + 1, "loss_streak": F("loss_streak") + 1,
-                         "crash_streak": F("crash_streak") + int(blame[run_id] == DeathBlame.CULPRIT),
-                         "death_blame": blame[run_id]}
             if Run.objects.filter(pk=run_id).filter(
                 Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
-            ).update(lease_owner="", lease_expires_at=None, updated_at=now, **death):
+            ).update(lease_owner="", lease_expires_at=None, updated_at=now):
                 wake_on_commit(run_id, delay_ms=restart_delay_ms(crash_streak) if lease_expired_at else None)
                 reenqueued += 1
     return {"reenqueued": reenqueued}
+
+
+def count_deaths(dead: list[tuple[int, str]], *, now) -> None:
+    """Count the deaths of the runs ``dead`` (``(run id, lease owner)`` of runs whose lease expired, judged
+    together whether counted already or not): for those not counted yet, the verdict of ``attribute_deaths`` in ``death_blame`` for those that died with
+    work in flight, ``lost_leases`` and ``loss_streak`` one more, ``crash_streak`` one more for a culprit,
+    and ``suspect`` set for a culprit or a suspect, for a bystander ``ISOLATE_AFTER_LOSSES`` losses in a
+    row, and for a cleared run twice as many (a culprit the flight recorder missed). One UPDATE per verdict,
+    of rows whose lease is still expired and whose death is still uncounted (another sweeper may be first).
+    """
+    limit = settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]
+    losses_to_suspect = {DeathBlame.BYSTANDER: limit, DeathBlame.CLEARED: 2 * limit}
+    by_verdict: dict[DeathBlame, list[int]] = {}
+    for run_id, verdict in attribute_deaths(dead).items():
+        by_verdict.setdefault(verdict, []).append(run_id)
+    for verdict, run_ids in by_verdict.items():
+        losses = losses_to_suspect.get(verdict)
+        suspect = Value(True) if losses is None else Case(  # this death included
+            When(loss_streak__gte=losses - 1, then=Value(True)), default=F("suspect"))
+        Run.objects.filter(pk__in=run_ids, lease_expires_at__lt=now, death_blame="").update(
+            lost_leases=F("lost_leases") + 1, loss_streak=F("loss_streak") + 1,
+            crash_streak=F("crash_streak") + int(verdict == DeathBlame.CULPRIT), death_blame=verdict,
+            suspect=suspect)
 
 
 def start_scheduled_runs(*, now, limit: int | None = None) -> dict[str, int]:

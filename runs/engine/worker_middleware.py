@@ -27,6 +27,17 @@ class HeartbeatMiddleware(dramatiq.Middleware):
         heartbeat.stop(id(worker))
 
 
+class FlightRecorderMiddleware(dramatiq.Middleware):
+    """A worker process that stops removes its flight recorder's box (``runs.base.flight_recorder``): a
+    process Dramatiq forked leaves through ``os._exit``, so its ``atexit`` hooks never run, and a box left
+    behind would blame whatever the process ran as it stopped."""
+
+    def after_worker_shutdown(self, broker, worker):
+        from runs.base import flight_recorder
+
+        flight_recorder.close_box()
+
+
 class MetricsMiddleware(dramatiq.Middleware):
     """Counts every message a worker of this process handles (``runs.base.process_metrics``): the queue lag, from
     its enqueue (``message_timestamp``, ms) or, for a delayed message, from when it was due (its ``eta``) to

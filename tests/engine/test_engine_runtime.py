@@ -230,12 +230,12 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(peop
     busy = start_run(agent=calling("busy", "busy_lookup"), user=people["requester"], input="busy")
     quick = calling("quick", "quick_lookup")
     suspect, later = (start_run(agent=quick, user=people["requester"], input=name) for name in ("suspect", "later"))
-    Run.objects.filter(pk=suspect.pk).update(crash_streak=1, loss_streak=1)
+    Run.objects.filter(pk=suspect.pk).update(crash_streak=1, loss_streak=1, suspect=True)
     assert engine.submit(busy.pk) is not None
     wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
 
     threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
-    wait_until(lambda: engine.isolating == suspect.pk)
+    wait_until(lambda: suspect.pk in engine.quarantine)
     threading.Thread(target=engine.submit, args=(later.pk,), daemon=True).start()
     time.sleep(0.5)  # both would have started by now; the suspect keeps its lease while it waits, later has none
     assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID
@@ -246,7 +246,47 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(peop
     wait_until(lambda: Run.objects.filter(pk__in=[busy.pk, suspect.pk, later.pk],
                                           status=RunStatus.COMPLETED).count() == 3)
     assert seen[suspect.pk] == 1  # alone in the process while its tool ran
-    assert engine.isolated == 1 and engine.isolating is None
+    assert engine.isolated == 1 and not engine.quarantine
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_suspects_not_blamed_share_one_quarantine_and_a_blamed_one_waits_to_have_it_alone(people, monkeypatch, hung):
+    """Suspects with no death laid on them (the flight recorder found each running beside another) are advanced
+    together, with no other run in flight; one a death was blamed on waits until they are done and then has
+    the process to itself; a run that is no suspect waits for both."""
+    from runs.engine import runtime
+
+    seen = {}
+
+    def held_open(ctx, args):
+        seen[ctx.run.pk] = (engine.in_flight, engine.quarantine)
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "gated_lookup", held_open, timeout_s=60)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    agent = calling("gated", "gated_lookup")
+    first, second, blamed, plain = (start_run(agent=agent, user=people["requester"], input=name)
+                                    for name in ("first", "second", "blamed", "plain"))
+    Run.objects.filter(pk__in=[first.pk, second.pk]).update(loss_streak=1, suspect=True)
+    Run.objects.filter(pk=blamed.pk).update(crash_streak=1, loss_streak=1, suspect=True)
+    for run in (first, second):
+        threading.Thread(target=engine.submit, args=(run.pk,), daemon=True).start()
+    wait_until(lambda: len(seen) == 2)
+    assert {seen[first.pk][0], seen[second.pk][0]} == {2}  # in flight together...
+    assert engine.quarantine == {first.pk, second.pk}  # ...in one quarantine
+    threading.Thread(target=engine.submit, args=(blamed.pk,), daemon=True).start()
+    threading.Thread(target=engine.submit, args=(plain.pk,), daemon=True).start()
+    time.sleep(0.5)  # either would have started by now
+    assert set(seen) == {first.pk, second.pk}
+
+    hung.set()
+    wait_until(lambda: Run.objects.filter(status=RunStatus.COMPLETED).count() == 4)
+    assert seen[blamed.pk] == (1, {blamed.pk})  # alone
+    assert seen[plain.pk][0] == 1  # not beside a suspect (before the blamed one took the process, or after)
+    assert engine.isolated == 3
+    assert not Run.objects.filter(suspect=True).exists()  # each got through its call: no longer a suspect
     assert engine.wait_idle(30)
     engine.close_connections()
 
@@ -273,7 +313,7 @@ def test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease(people, monk
     wait_until(lambda: ToolCall.objects.filter(run=busy, status=S.RUNNING).exists())
 
     threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
-    wait_until(lambda: engine.isolating == suspect.pk)
+    wait_until(lambda: suspect.pk in engine.quarantine)
     waiting = Run.objects.get(pk=suspect.pk)
     assert waiting.lease_owner == lease.WORKER_ID and waiting.lease_expires_at > timezone.now()
     later = timezone.now() + timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"] + 1)
@@ -310,7 +350,7 @@ def test_a_suspect_whose_process_stays_busy_is_handed_back_still_a_suspect(peopl
 
     with pytest.raises(runtime.EngineFull):
         engine.submit(suspect.pk)
-    assert engine.isolating is None and not Step.objects.filter(run=suspect).exists()
+    assert not engine.quarantine and not Step.objects.filter(run=suspect).exists()
     assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID  # not given back
     Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))  # ran out
     assert lease.acquire(suspect.pk, owner="another-worker").suspect

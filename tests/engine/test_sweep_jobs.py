@@ -30,6 +30,7 @@ PRODUCT_JOBS = [
     "fail_waiting_runs_past_deadline",
     "warn_claimed_items_expiring",       # the inbox's (approvals.apps)
     "reconcile_after_run_end",
+    "discard_dead_flight_recorders",
     "sweep_webhooks",                    # the webhooks' backstop (runs.webhooks.apps)
 ]
 
@@ -93,5 +94,5 @@ def test_one_pass_of_the_command_prints_every_jobs_counts(people, idle_worker):
     call_command("recover_runs", stdout=output)
     printed = dict(pair.split("=") for pair in output.getvalue().split())
     assert printed["woken"] == "1"
-    assert {"reenqueued", "started", "expired", "past_deadline", "expiry_warnings", "reconciled",
+    assert {"reenqueued", "started", "expired", "past_deadline", "expiry_warnings", "reconciled", "discarded",
             "webhook_events", "webhook_chains_woken"} <= printed.keys()

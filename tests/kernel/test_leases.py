@@ -106,12 +106,14 @@ def test_stale_worker_cannot_even_start_a_model_step(run):
     assert not run.steps.exists()
 
 
-@pytest.mark.parametrize("crash_streak, loss_streak, suspect", [(0, 0, False), (0, 1, False), (1, 1, True),
-                                                                 (0, 2, True)])
-def test_a_lease_says_whether_the_run_is_a_suspect(crash_streak, loss_streak, suspect, run):
-    """Blamed for a death, or died ISOLATE_AFTER_LOSSES (2) times without progress: advanced alone next."""
-    Run.objects.filter(pk=run.pk).update(crash_streak=crash_streak, loss_streak=loss_streak)
-    assert lease.acquire(run.pk, owner="worker-a").suspect is suspect
+@pytest.mark.parametrize("crash_streak, marked, suspect, blamed", [(0, False, False, False), (0, True, True, False),
+                                                                   (1, True, True, True)])
+def test_a_lease_says_whether_the_run_is_a_suspect_and_whether_it_was_blamed(crash_streak, marked, suspect, blamed,
+                                                                            run):
+    """What the sweeper (or a takeover) left on the run: a suspect is advanced in quarantine, a blamed one alone."""
+    Run.objects.filter(pk=run.pk).update(crash_streak=crash_streak, suspect=marked)
+    held = lease.acquire(run.pk, owner="worker-a")
+    assert (held.suspect, held.blamed) == (suspect, blamed)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks and concurrent statements: PostgreSQL")

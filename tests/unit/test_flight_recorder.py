@@ -2,48 +2,25 @@
 leaves for whoever reads its box, in a real child process that kills itself."""
 
 import os
-import signal
 import socket
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from runs.base import flight_recorder
 from runs.base.flight_recorder import CALL, SLOTS, STEP
+from tests.support.flight_recorder import KILLED, box_process, dead_box
 
-KILLED = -signal.SIGKILL
 
-
-@pytest.fixture
-def box_dir(settings, tmp_path):
+@pytest.fixture(autouse=True)
+def box_dir(settings, tmp_path, monkeypatch):
+    """A box directory of the test's own, for this process and the ones it starts."""
+    monkeypatch.setenv("TOLLGATE_FLIGHT_RECORDER_DIR", str(tmp_path))
     settings.TOLLGATE = {**settings.TOLLGATE, "FLIGHT_RECORDER_DIR": str(tmp_path)}
     return tmp_path
 
 
-def _child(box_dir, body: str, *, wait: bool = True) -> tuple[subprocess.Popen, str]:
-    """A Python process that opens its box as lease owner ``host:pid:test`` and runs ``body``; with ``wait``,
-    its exit code once it ended, else the process. Returns (process or exit code, its owner)."""
-    code = textwrap.dedent("""
-        import asyncio, os, signal, socket, threading, time
-        from runs.base import flight_recorder, log_context
-        from runs.base.flight_recorder import CALL, STEP, executing
-        owner = f"{socket.gethostname()}:{os.getpid()}:test"
-        flight_recorder.open_box(owner)
-        print(owner, flush=True)
-    """) + textwrap.dedent(body)
-    env = {**os.environ, "TOLLGATE_FLIGHT_RECORDER_DIR": str(box_dir)}
-    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-    owner = process.stdout.readline().strip()
-    assert owner.startswith(f"{socket.gethostname()}:{process.pid}:"), owner
-    if wait:
-        process.wait(timeout=60)
-    return process, owner
-
-
-def test_a_killed_process_leaves_whose_code_each_thread_was_running(box_dir):
-    process, owner = _child(box_dir, """
+def test_a_killed_process_leaves_whose_code_each_thread_was_running():
+    process, owner = box_process("""
         def hold(run_id, kind):
             with log_context.bound(run_id), executing(STEP):
                 with executing(CALL):  # over before the kill: the slot says STEP again
@@ -61,13 +38,24 @@ def test_a_killed_process_leaves_whose_code_each_thread_was_running(box_dir):
         with executing(STEP):  # outside a run: nothing to note
             pass
 
-        async def handler():
-            await asyncio.sleep(0)  # a later step of the call's coroutine, run by the loop
+        def die():
             os.kill(os.getpid(), signal.SIGKILL)
 
+        async def child():
+            await asyncio.sleep(0)
+            await asyncio.to_thread(die)  # in the loop's default executor, for the call that made the task
+
+        async def handler():
+            await asyncio.sleep(0)  # a later step of the call's coroutine, run by the loop
+            await asyncio.create_task(child())  # a task of its own
+
         async def main():
+            asyncio.get_running_loop().set_task_factory(flight_recorder.task_factory)
+            asyncio.get_running_loop().set_default_executor(flight_recorder.RecordingExecutor())
             with log_context.bound(12):
-                await asyncio.ensure_future(flight_recorder.recorded(handler()))
+                with executing(CALL):  # as the engine starts a call (runs.base.awaiting.settle)
+                    call = asyncio.ensure_future(handler())
+                await call
 
         asyncio.run(main())
     """)
@@ -79,25 +67,31 @@ def test_a_killed_process_leaves_whose_code_each_thread_was_running(box_dir):
     assert flight_recorder.dead_owners() == []
 
 
-def test_a_process_that_exits_removes_its_box_and_a_live_ones_is_not_dead(box_dir):
-    living, owner = _child(box_dir, "time.sleep(60)", wait=False)
+def test_a_box_is_read_only_once_its_process_is_gone_and_removed_when_it_exits():
+    living, owner = box_process("""
+        with log_context.bound(5), executing(CALL):
+            print("noted", flush=True)
+            time.sleep(60)
+    """, wait=False)
+    assert living.stdout.readline().strip() == "noted"
     try:
-        assert flight_recorder.read(owner) == {}
+        assert flight_recorder.read(owner) is None  # still running: what it runs now says nothing of a death
         assert flight_recorder.dead_owners() == []
     finally:
         living.kill()
         living.wait(timeout=10)
+    assert flight_recorder.read(owner) == {5: CALL}
     assert flight_recorder.dead_owners() == [owner]
 
-    _, exited = _child(box_dir, """
+    _, exited = box_process("""
         with log_context.bound(5), executing(CALL):
             pass
     """)
     assert flight_recorder.read(exited) is None  # removed on the way out: nothing to blame
 
 
-def test_a_box_with_more_threads_than_slots_is_not_trusted(box_dir):
-    process, owner = _child(box_dir, f"""
+def test_a_box_with_more_threads_than_slots_is_not_trusted():
+    process, owner = box_process(f"""
         def note(run_id):
             with log_context.bound(run_id), executing(STEP):
                 pass
@@ -112,6 +106,28 @@ def test_a_box_with_more_threads_than_slots_is_not_trusted(box_dir):
     assert flight_recorder.read(owner) is None  # the thread past the last slot went unrecorded
 
 
-def test_no_box_here_reads_as_none(box_dir):
+def test_no_box_here_reads_as_none():
     assert flight_recorder.read(f"{socket.gethostname()}:1:none") is None
     assert flight_recorder.read("another-host:7:abc") is None
+
+
+def test_what_is_planted_in_the_directory_is_never_waited_on_nor_followed(box_dir):
+    """A FIFO or a link under a box's name (anyone who could write there) neither hangs the sweeper nor
+    decides blame; a box of a dead process that names another owner is not that owner's."""
+    host = socket.gethostname()
+    os.mkfifo(box_dir / f"{host}_999999_fifo.box")
+    (box_dir / f"{host}_999998_link.box").symlink_to("/dev/zero")
+    assert flight_recorder.read(f"{host}:999999:fifo") is None
+    assert flight_recorder.read(f"{host}:999998:link") is None
+    owner = dead_box({7: CALL})
+    os.rename(box_dir / (owner.replace(":", "_") + ".box"), box_dir / f"{host}_999997_copy.box")
+    assert flight_recorder.read(f"{host}:999997:copy") is None
+    assert flight_recorder.dead_owners() == []
+
+
+def test_a_directory_others_may_write_to_is_refused(box_dir):
+    box_dir.chmod(0o777)
+    with pytest.raises(OSError):
+        flight_recorder.open_box("host:1:x")
+    assert flight_recorder.read(f"{socket.gethostname()}:1:x") is None
+    assert flight_recorder.dead_owners() == []
