@@ -51,7 +51,11 @@ Printed for each side:
   total (the largest sum at one sample) and peak per process, in MiB; the
   sum counts pages shared between a parent and its forked child twice.
   "Memory per run in flight" = (peak total - idle total) / the most model
-  requests in flight, in KiB;
+  requests in flight, in KiB; for Tollgate also the most runs its workers
+  held at once (live leases, counted at each sample) and "memory per run
+  held" = (total at that sample - idle total) / that count, in KiB: what
+  a run the engine holds costs, whether it is in a model call or waits
+  for a database thread;
 * CPU per step in ms, by process kind (user + system seconds from
   ``/proc`` via psutil, exited children included; PostgreSQL = the
   postmaster and its backends when its pid is known; Redis from ``INFO
@@ -147,14 +151,20 @@ class RssSampler:
     ``idle`` is the sample taken by ``start()`` (bytes per name);
     ``peak_total`` the largest sum over the names at one sample and
     ``peak`` the largest sample per name (bytes), both including ``idle``.
+    With ``held`` (a function: how many runs the workers hold in flight now),
+    each sample also counts them: ``max_held`` is the most, and
+    ``total_at_max_held`` the sum of RSS at that sample (bytes).
     """
 
-    def __init__(self, pids: dict[str, int], interval_s: float):
+    def __init__(self, pids: dict[str, int], interval_s: float, held=None):
         self.pids = pids
         self.interval_s = interval_s
+        self.held = held
         self.idle: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self.peak_total = 0
+        self.max_held = 0
+        self.total_at_max_held = 0
         self.samples = 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._sample_until_stopped, name="rss-sampler", daemon=True)
@@ -164,6 +174,9 @@ class RssSampler:
         for name, rss in now.items():
             self.peak[name] = max(self.peak.get(name, 0), rss)
         self.peak_total = max(self.peak_total, sum(now.values()))
+        held = self.held() if self.held is not None else 0
+        if held > self.max_held:
+            self.max_held, self.total_at_max_held = held, sum(now.values())
         self.samples += 1
         return now
 
@@ -177,8 +190,13 @@ class RssSampler:
         self.sample()
 
     def _sample_until_stopped(self) -> None:
-        while not self.stopped.wait(self.interval_s):
-            self.sample()
+        from django.db import connection
+
+        try:
+            while not self.stopped.wait(self.interval_s):
+                self.sample()
+        finally:
+            connection.close()  # this thread's, opened by ``held``
 
     def figures(self, max_in_flight: int) -> dict:
         """Idle and peak RSS in MiB, and (peak - idle) per model request in flight in KiB."""
@@ -191,6 +209,10 @@ class RssSampler:
             "samples": self.samples,
             "memory per run in flight KiB ((peak - idle) / max model requests in flight)":
                 round(grown / 1024 / max_in_flight, 1) if max_in_flight else "n/a",
+            **({"max runs held (leases)": self.max_held,
+                "memory per run held KiB ((RSS at the most runs held - idle) / the most runs held)":
+                    round((self.total_at_max_held - idle) / 1024 / self.max_held, 1)}
+               if self.max_held else {}),
         }
 
 
@@ -276,6 +298,8 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
     import redis
     from django.contrib.auth import get_user_model
 
+    from django.utils import timezone
+
     from runs.engine.lifecycle import start_run
     from runs.models import TERMINAL_STATUSES, Agent, Run
 
@@ -305,7 +329,8 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
                  120, "the warm-up runs")
         warmup_ended = Counter(Run.objects.filter(pk__in=warmup_ids).values_list("outcome", flat=True))
 
-        sampler = RssSampler({f"worker-{i}": w.pid for i, w in enumerate(workers)}, args.sample_s)
+        sampler = RssSampler({f"worker-{i}": w.pid for i, w in enumerate(workers)}, args.sample_s,
+                             held=lambda: Run.objects.filter(lease_expires_at__gt=timezone.now()).count())
         pg_pid = postgres_pid()
         meter = CpuMeter({"worker": [w.pid for w in workers], "sweeper": [sweeper.pid],
                           "gateway": [services.others[0].pid], "model server": [model.process.pid],
