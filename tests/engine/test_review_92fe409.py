@@ -113,3 +113,23 @@ def test_a_suspect_that_comes_while_a_quarantine_waits_for_the_process_to_empty_
         hung.set()
         assert engine.wait_idle(30)
         engine.close_connections()
+
+
+def test_two_runs_that_keep_dying_in_calls_together_are_never_blamed_nor_separated(people, settings):
+    """A SUSPECT verdict counts no crash, and nothing escalates it: a poison run whose death always finds a
+    neighbour's sync handler blocked in its pool thread (both "in a call") is a suspect again and again,
+    never blamed, so never advanced alone and never ended by MAX_CRASHES_PER_STEP; the neighbour's losses
+    grow with it until MAX_LOSSES_PER_STEP ends both. docs/design.md: "A poison run dies alone, is blamed
+    alone"."""
+    poison, neighbour = _runs(people, 2)
+    for _ in range(settings.TOLLGATE["MAX_CRASHES_PER_STEP"]):
+        owner = dead_box({poison.pk: CALL, neighbour.pk: CALL})
+        _die_together([poison, neighbour], owner, [timezone.now() - timedelta(minutes=5)] * 2)
+        sweep()
+        for run in (poison, neighbour):  # taken over (in one quarantine, together), and dies again
+            held = lease.acquire(run.pk)
+            run.refresh_from_db()
+            recover_after_takeover(run, actor="worker", calls=[])
+            lease.release(held)
+    assert any(lease.acquire(run.pk).blamed for run in (poison, neighbour)), list(
+        Run.objects.filter(pk__in=[poison.pk, neighbour.pk]).values_list("death_blame", "crash_streak", "loss_streak"))
