@@ -47,7 +47,8 @@ class LeaseLost(Exception):
 class Lease:
     """A held lease: ``run_id``, the fencing ``token``, the ``owner`` string, and what the run's worker deaths
     say: ``suspect``, a worker died on it, maybe by its doing (``Run.suspect``), so it is advanced in
-    quarantine; ``blamed``, a death was laid on it (``Run.crash_streak``), so it is advanced alone. A run
+    quarantine; ``blamed``, a death was laid on it (``Run.crash_streak``), or it is a suspect that died
+    ``ISOLATE_AFTER_LOSSES`` times in a row (each time beside others), so it is advanced alone. A run
     taken from a lease that ran out without being given back is both: its holder died on it and the
     takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine").
     """
@@ -79,7 +80,7 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
     past the TTL), so the takeover will blame the run
     (``runs.engine.recovery.recover_after_takeover``). One
     statement on PostgreSQL (``UPDATE ... FROM ... RETURNING`` the new
-    token, the crash streak, the suspect flag and whether the old lease was still set, uncounted), else a
+    token, the streaks, the suspect flag and whether the old lease was still set, uncounted), else a
     SELECT, an UPDATE and a SELECT (SQLite's RETURNING cannot name the FROM).
     """
     now = timezone.now()
@@ -90,14 +91,15 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
         if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
                 lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
             return None
-        row = (*Run.objects.values_list("lease_token", "crash_streak", "suspect").get(pk=run_id), abandoned)
+        row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak", "suspect", "death_blame").get(
+            pk=run_id), abandoned)
     else:
         quote, meta = connection.ops.quote_name, Run._meta
         table = quote(meta.db_table)
-        names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "suspect",
-                 "death_blame")
-        pk, status, lease_owner, token, expires, crashes, suspect, blame = (quote(meta.get_field(name).column)
-                                                                            for name in names)
+        names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak",
+                 "suspect", "death_blame")
+        pk, status, lease_owner, token, expires, crashes, losses, suspect, blame = (
+            quote(meta.get_field(name).column) for name in names)
         adapt = connection.ops.adapt_datetimefield_value
         with connection.cursor() as cursor:
             cursor.execute(  # the FROM reads the lease being replaced (RETURNING sees only the new row)
@@ -105,15 +107,23 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
                 f"FROM (SELECT {expires} AS held_until, {blame} AS counted FROM {table} WHERE {pk} = %s) AS replaced "
                 f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
                 f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
-                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{suspect}, "
+                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, {table}.{suspect}, {table}.{blame}, "
                 f"replaced.held_until IS NOT NULL AND replaced.counted = ''",
                 [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)])
             row = cursor.fetchone()
         if row is None:
             return None
-    token, crash_streak, suspect, abandoned = row
+    token, crash_streak, loss_streak, suspect, counted, abandoned = row
+    limits = settings.TOLLGATE
+    if counted and (crash_streak >= limits["MAX_CRASHES_PER_STEP"] or loss_streak >= limits["MAX_LOSSES_PER_STEP"]):
+        # Its death counted to the limit, with its work still in flight: the takeover ends it crash_loop
+        # before any of its code runs (runs.engine.recovery.recover_after_takeover), so no quarantine.
+        return Lease(run_id=run_id, token=token, owner=owner)
+    # A suspect dead again and again beside others (each time a SUSPECT) is blamed too: advanced alone, its next
+    # death is its own.
+    blamed = crash_streak >= 1 or (suspect and loss_streak >= limits["ISOLATE_AFTER_LOSSES"])
     return Lease(run_id=run_id, token=token, owner=owner, suspect=bool(suspect) or bool(abandoned),
-                 blamed=crash_streak >= 1 or bool(abandoned))
+                 blamed=bool(blamed) or bool(abandoned))
 
 
 def release(lease: Lease) -> str | None:

@@ -25,18 +25,20 @@ reads what each of its threads was running at the moment it died
 (``read``). A box lives in ``TOLLGATE["FLIGHT_RECORDER_DIR"]`` (a
 directory of this installation's own, made private to its user) under its
 lease owner's name (``runs.lease.WORKER_ID``); a sweeper on another host
-finds none and falls back to the order of starts. A process removes its
-box when it stops (``close_box``: a Dramatiq worker's shutdown, or the
-interpreter's exit); the sweeper removes those of processes that died
-(``dead_owners``, ``discard``).
+finds none and falls back to the order of starts. A process that stops
+marks its box stopped, its slots empty (``close_box``: a Dramatiq worker's
+shutdown, or the interpreter's exit): the runs it still held died with no
+code of theirs to blame. The sweeper removes the boxes of processes that
+are gone once none of their runs is leased to them (``dead_owners``,
+``discard``).
 
 The idea is the aircraft's flight data recorder, as crash reporters use it
 (state written before a crash, read after it: e.g. Chromium's "crash keys",
 breadcrumbs in Sentry's SDKs).
 
-Layout (little-endian): a 256-byte header (``b"TGFR"``, version u32, an
-overflow flag u32: a thread found no free slot, so the box may miss one,
-4 bytes of padding, the lease owner in UTF-8 padded with NULs), then
+Layout (little-endian): a 256-byte header (``b"TGFR"``, version u32, flags
+u32: ``OVERFLOW``, a thread found no free slot, so the box may miss one;
+``STOPPED``, the process stopped; 4 bytes of padding, the lease owner in UTF-8 padded with NULs), then
 ``SLOTS`` slots of 16 bytes (run id i64, kind u32, padding); run id 0 is
 an empty slot.
 """
@@ -61,6 +63,8 @@ from runs.base import log_context
 STEP = 1
 CALL = 2
 SLOTS = 256
+OVERFLOW = 1
+STOPPED = 2
 _MAGIC = b"TGFR"
 _VERSION = 1
 _HEADER = struct.Struct("<4sII4x240s")
@@ -80,7 +84,8 @@ class _Box:
         finally:
             os.close(fd)
         self.owner = owner.encode()
-        _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, 0, self.owner)
+        self.flags = 0
+        _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, self.flags, self.owner)
         self.path = path
         self._lock = threading.Lock()
         self._taken = 0
@@ -96,9 +101,14 @@ class _Box:
                     self._taken += 1
                 else:
                     offset = None
-                    _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, 1, self.owner)
+                    self.mark(OVERFLOW)
             self.local.offset = offset
         return offset
+
+    def mark(self, flag: int) -> None:
+        """Set ``flag`` in the header."""
+        self.flags |= flag
+        _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, self.flags, self.owner)
 
 
 _box: _Box | None = None
@@ -131,12 +141,13 @@ def open_box(owner: str) -> None:
 
 
 def close_box() -> None:
-    """Stop recording in this process and remove its box (the process stops: nothing it runs now is to blame)."""
+    """Stop recording in this process: its box says it stopped, with every slot empty (the runs it still held
+    die with no code of theirs to blame, ``read``); the sweeper removes it once the process is gone."""
     global _box
     box, _box = _box, None
     if box is not None:
-        with contextlib.suppress(OSError):
-            box.path.unlink()
+        box.mark(STOPPED)
+        box.memory[_HEADER.size:_SIZE] = bytes(_SIZE - _HEADER.size)
 
 
 class executing:  # noqa: N801 (used as a function: ``with executing(STEP):``)
@@ -180,13 +191,14 @@ def running_call() -> int | None:
     return running[0] if running is not None and running[1] == CALL else None
 
 
-def task_factory(loop: asyncio.AbstractEventLoop, coro, context=None) -> asyncio.Task:
+def task_factory(loop: asyncio.AbstractEventLoop, coro, **options) -> asyncio.Task:
     """The engine loop's task factory (``loop.set_task_factory``): a task created by a call's code (``CALL``)
-    runs each step noted as that run's call, as the call itself does."""
+    runs each step noted as that run's call, as the call itself does. ``options``: ``asyncio.Task``'s
+    (``context``, and ``name`` where the loop passes it)."""
     run_id = running_call()
     if run_id is not None:
         coro = _each_step_noted(coro, run_id)
-    return asyncio.Task(coro, loop=loop, context=context)
+    return asyncio.Task(coro, loop=loop, **options)
 
 
 class RecordingExecutor(ThreadPoolExecutor):
@@ -243,8 +255,8 @@ class _Noted:
                 value, advance = exc, coro.throw
 
 
-def _read_box(path: Path) -> tuple[str, bool, dict[int, int]] | None:
-    """``(owner, overflowed, {run id: kind})`` of the box at ``path``, or None when it is not a box (not a
+def _read_box(path: Path) -> tuple[str, int, dict[int, int]] | None:
+    """``(owner, flags, {run id: kind})`` of the box at ``path``, or None when it is not a box (not a
     regular file of the right size and format; never followed through a link nor waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -261,7 +273,7 @@ def _read_box(path: Path) -> tuple[str, bool, dict[int, int]] | None:
         os.close(fd)
     if len(data) != _SIZE:
         return None
-    magic, version, overflow, owner = _HEADER.unpack_from(data, 0)
+    magic, version, flags, owner = _HEADER.unpack_from(data, 0)
     if magic != _MAGIC or version != _VERSION:
         return None
     running: dict[int, int] = {}
@@ -269,7 +281,7 @@ def _read_box(path: Path) -> tuple[str, bool, dict[int, int]] | None:
         run_id, kind = _SLOT.unpack_from(data, offset)
         if run_id:
             running[run_id] = max(kind, running.get(run_id, 0))
-    return owner.rstrip(b"\0").decode(errors="replace"), bool(overflow), running
+    return owner.rstrip(b"\0").decode(errors="replace"), flags, running
 
 
 def _pid_here(owner: str) -> int | None:
@@ -279,20 +291,20 @@ def _pid_here(owner: str) -> int | None:
 
 
 def read(owner: str) -> dict[int, int] | None:
-    """What the threads of lease owner ``owner``'s process were running when it stopped: ``{run id: kind}``
-    (``CALL`` wins when a run was in both). None when no complete box of it is here (none on this host,
-    not a box, or a thread had no slot), or when its process still runs here (its lease ran out without a
-    death: what it runs now says nothing)."""
+    """What the threads of lease owner ``owner``'s process were running when it died: ``{run id: kind}``
+    (``CALL`` wins when a run was in both; empty: none, e.g. it was stopped). None when no complete box of
+    it is here (none on this host, not a box, or a thread had no slot), or when its process still runs
+    here (its lease ran out without a death: what it runs now says nothing)."""
     try:
         box = _read_box(_directory() / _file_name(owner))
     except OSError:
         return None
-    if box is None or box[0] != owner or box[1]:
+    if box is None or box[0] != owner or box[1] & OVERFLOW:
         return None
     pid = _pid_here(owner)
     if pid is None or _alive(pid):
         return None
-    return box[2]
+    return {} if box[1] & STOPPED else box[2]
 
 
 def dead_owners() -> list[str]:

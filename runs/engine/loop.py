@@ -206,10 +206,10 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     delivered = []
 
     def with_outcome(call: ToolCall) -> None:  # inside the outcome's transaction, after its fenced event
-        if run.crash_streak or run.loss_streak or run.suspect:  # it got through an attempt: the streaks are over
-            Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0, suspect=False)
-            run.crash_streak = run.loss_streak = 0
-            run.suspect = False
+        if run.crash_streak or run.loss_streak or run.suspect or run.death_blame:  # it got through an attempt:
+            Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0, suspect=False, death_blame="")
+            run.crash_streak = run.loss_streak = 0  # the streaks are over, and any death counted is behind it
+            run.suspect, run.death_blame = False, ""
         owing = any(c.is_pending for c in known.calls)
         delivered[:] = [] if owing else deliver_tool_results(run, calls=known.calls, history=known.history,
                                                              fence=False, never_asked=known.assessed_here)
@@ -502,7 +502,7 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
     # commit's live push shows (runs.live).
     finalizing = {"phase": Phase.FINALIZING, "updated_at": now} if final else {}
     usage = RunColumns(
-        values={"crash_streak": 0, "loss_streak": 0, "suspect": False, **finalizing},
+        values={"crash_streak": 0, "loss_streak": 0, "suspect": False, "death_blame": "", **finalizing},
         increments={"model_calls": 1, "input_tokens": response.input_tokens,
                     "output_tokens": response.output_tokens, "cost_usd": cost},
     )

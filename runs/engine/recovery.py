@@ -21,7 +21,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from runs.base import flight_recorder
-from runs.lease import fenced
+from runs.lease import ACTIVE, fenced
 from runs.models import DeathBlame, FailureType, Run, Step
 from runs.services import append_event
 from runs.transitions import apply
@@ -61,6 +61,9 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall],
         steps = list(run.steps.filter(status=Step.Status.STARTED))
     calls = [call for call in calls if call.status == ToolCallStatus.RUNNING]
     if not steps and not calls:
+        if run.death_blame:  # a death the sweeper counted, yet its holder finished the step (a pause): counted
+            Run.objects.filter(pk=run.pk).update(death_blame="")
+            run.death_blame = ""
         return None
     with transaction.atomic():
         counters = fenced(Run.objects.filter(pk=run.pk), run.pk)
@@ -89,18 +92,23 @@ def recover_after_takeover(run: Run, *, actor: str, calls: list[ToolCall],
     return None
 
 
-def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, DeathBlame]:
-    """Who is to blame for each worker death: ``{run id: verdict}`` for runs that died with work in flight.
+def attribute_deaths(dead: list[tuple[int, str]]) -> dict[str, dict[int, DeathBlame]]:
+    """Who is to blame for each worker death: ``{lease owner: {run id: verdict}}`` for the runs that died
+    with work in flight.
 
     ``dead`` is ``(run id, lease owner)`` of runs whose lease expired; the
     runs one worker held died together. When the dead worker's flight
     recorder is readable here (``runs.base.flight_recorder``: the sweeper
-    shares its host) and names some of them, the run whose code its
-    threads were running is the ``CULPRIT`` (of those in a call if any,
-    else of those in the engine's own work); when several were, each is a
-    ``SUSPECT`` (one of them did it, or none: a suspect with no crash
-    counted). Runs in the engine's own work beside a call are
-    ``BYSTANDER``s; the others were waiting for an answer and are
+    shares its host, and the process is gone), every run still leased to
+    it is judged with them, even one whose lease has not run out yet (a
+    lease taken since the keeper's last renewal runs out up to a third of
+    the TTL later, and the run that kills its worker is often one it has
+    just taken): the run whose code its threads were running is the
+    ``CULPRIT`` (of those in a call if any, else of those in the engine's
+    own work); when several were, each is a ``SUSPECT`` (one of them did
+    it, or none: a suspect with no crash counted). Runs in the engine's own
+    work beside a call are ``BYSTANDER``s; the others were waiting for an
+    answer (or the process was stopped: its box names nobody) and are
     ``CLEARED``. Otherwise (no box: another host, the process still runs)
     the one whose in-flight step or tool call started last is ``CULPRIT``
     (a step that kills its worker does so soon after it starts) and the
@@ -109,11 +117,14 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, DeathBlame]:
     order says nothing (the killing step may be the earlier one, still
     between its start and the kill): nobody is blamed.
     """
-    by_owner: dict[str, list[int]] = {}
+    by_owner: dict[str, set[int]] = {}
     for run_id, owner in dead:
-        by_owner.setdefault(owner, []).append(run_id)
-    blame: dict[int, DeathBlame] = {}
+        by_owner.setdefault(owner, set()).add(run_id)
+    blame: dict[str, dict[int, DeathBlame]] = {}
     for owner, run_ids in by_owner.items():
+        box = flight_recorder.read(owner)
+        if box is not None:  # the process is gone: every run it held died with it
+            run_ids |= set(Run.objects.filter(lease_owner=owner, status__in=ACTIVE).values_list("pk", flat=True))
         started = {}
         for model in (Step.objects.filter(status=Step.Status.STARTED),
                       ToolCall.objects.filter(status=ToolCallStatus.RUNNING)):
@@ -121,15 +132,17 @@ def attribute_deaths(dead: list[tuple[int, str]]) -> dict[int, DeathBlame]:
                     latest=Max("started_at")).values_list("run_id", "latest"):
                 if latest is not None and (run_id not in started or latest > started[run_id]):
                     started[run_id] = latest
-        running = {run_id: kind for run_id, kind in (flight_recorder.read(owner) or {}).items() if run_id in started}
-        blame.update(_by_the_box(started, running) if running else _by_the_starts(started))
+        if box is None:
+            blame[owner] = _by_the_starts(started)
+        else:
+            blame[owner] = _by_the_box(started, {run_id: kind for run_id, kind in box.items() if run_id in started})
     return blame
 
 
 def _by_the_box(started: dict, running: dict[int, int]) -> dict[int, DeathBlame]:
     """The verdicts on the runs ``started`` (run id: when its work in flight started) by what the dead
-    worker's threads were running (``running``: run id: kind, at least one)."""
-    worst = max(running.values())
+    worker's threads were running (``running``: run id: kind; none: every run is cleared)."""
+    worst = max(running.values(), default=None)
     culprits = {run_id for run_id, kind in running.items() if kind == worst}
     verdict = DeathBlame.CULPRIT if len(culprits) == 1 else DeathBlame.SUSPECT
     return {run_id: verdict if run_id in culprits else DeathBlame.BYSTANDER if run_id in running

@@ -152,71 +152,66 @@ class Engine:
         """The lease of ``run_id`` with the run counted in flight, or None (not taken). Raises ``EngineFull``
         past ``deadline`` (monotonic).
 
-        A suspect (``Lease.suspect``) joins the process's quarantine and waits until no other run is in
-        flight; while a quarantine is on, no other run starts, so if a suspect kills the process only
-        suspects die with it, and the flight recorder names the one whose code ran
-        (``runs.engine.recovery.attribute_deaths``). A quarantine takes up to
-        ``TOLLGATE["QUARANTINE_SIZE"]`` suspects together (one drain serves them all), but a blamed one
-        (``Lease.blamed``: a death was laid on it) is advanced alone, and no suspect joins a quarantine one
-        waits to have to itself.
+        The lease says whether the run is a suspect. A suspect (``Lease.suspect``) joins the process's
+        quarantine and waits until no other run is in flight; while a quarantine is on, no other run
+        starts, so if a suspect kills the process only suspects die with it, and the flight recorder names
+        the one whose code ran (``runs.engine.recovery.attribute_deaths``). A quarantine takes up to
+        ``TOLLGATE["QUARANTINE_SIZE"]`` suspects together, those that come while it waits for the process
+        to empty included (one drain serves them all), but a blamed one (``Lease.blamed``) is advanced
+        alone, and no suspect joins a quarantine one waits to have to itself. A run that waits keeps its
+        lease renewed; past the deadline a suspect's is left to run out (the next taker still finds a
+        suspect), another's is given back.
         """
-        with self._changed:  # no run starts beside a quarantine
-            self._wait(lambda: not self._quarantine, deadline)
-            self._in_flight += 1
-        held = self._acquire_counted(run_id)
-        if held is None or not held.suspect:
-            return held
-        # Kept, renewed, while the process empties: given back, it would look released to the next taker
-        # (``lease.acquire``: a suspect because its last lease was never given back), whom the sweeper
-        # may send it meanwhile.
+        held = lease.acquire(run_id)
+        if held is None:
+            return None
+        with self._changed:
+            self.submitted += 1
+            if not held.suspect and not self._quarantine:  # the common case: nothing to wait for
+                self._in_flight += 1
+                return held
         with lease.renewed(held), self._changed:
-            self._in_flight -= 1  # not in flight while it waits
-            self._changed.notify_all()
             try:
-                if held.blamed:
-                    self._alone_waiting += 1
-                    try:
-                        self._wait(lambda: not self._quarantine, deadline)
-                    finally:
-                        self._alone_waiting -= 1
-                else:
-                    self._wait(lambda: not self._alone_waiting and self._has_room(), deadline)
-                self._quarantine.add(held)
-                self._wait(lambda: self._in_flight == self._quarantined, deadline)
+                self._join(held, deadline)
             except BaseException:
                 self._quarantine.discard(held)
                 self._changed.notify_all()
-                # Not given back: unrenewed from here, the lease runs out, and whoever takes the run
-                # next (the sweeper sends it) finds a lease nobody gave back: a suspect still.
+                if not held.suspect:
+                    _give_back(held)
                 raise
-            self._in_flight += 1
-            self._quarantined += 1
-            self.isolated += 1
-        log.warning("run %s: its worker died on it before; it is advanced in quarantine%s", run_id,
-                    " alone" if held.blamed else "")
+        if held.suspect:
+            log.warning("run %s: its worker died on it before; it is advanced in quarantine%s", run_id,
+                        " alone" if held.blamed else "")
         return held
+
+    def _join(self, held: lease.Lease, deadline: float) -> None:
+        """Wait (holding ``_changed``) until ``held``'s run may start (``_take``), then count it in flight."""
+        if not held.suspect:
+            self._wait(lambda: not self._quarantine, deadline)
+            self._in_flight += 1
+            return
+        if held.blamed:
+            self._alone_waiting += 1
+            try:
+                self._wait(lambda: not self._quarantine, deadline)
+            finally:
+                self._alone_waiting -= 1
+        else:
+            self._wait(lambda: not self._alone_waiting and self._has_room(), deadline)
+        self._quarantine.add(held)
+        self._changed.notify_all()
+        self._wait(lambda: self._in_flight == self._quarantined, deadline)
+        self._in_flight += 1
+        self._quarantined += 1
+        self.isolated += 1
 
     def _has_room(self) -> bool:
         """Whether a suspect that is not blamed may join the quarantine now (``_take``; ``_changed`` held)."""
         return (len(self._quarantine) < settings.TOLLGATE["QUARANTINE_SIZE"]
                 and not any(member.blamed for member in self._quarantine))
 
-    def _acquire_counted(self, run_id: int) -> lease.Lease | None:
-        """``lease.acquire(run_id)`` for a run already counted in flight; uncounts it if not taken."""
-        try:
-            held = lease.acquire(run_id)
-        except BaseException:
-            self._uncount(None)
-            raise
-        if held is None:
-            self._uncount(None)
-        else:
-            with self._changed:
-                self.submitted += 1
-        return held
-
-    def _uncount(self, held: lease.Lease | None) -> None:
-        """A run is no longer in flight: the slice of ``held`` ended, or (None) a run was not taken."""
+    def _uncount(self, held: lease.Lease) -> None:
+        """The slice of ``held`` is no longer in flight."""
         with self._changed:
             self._in_flight -= 1
             if held in self._quarantine:
@@ -314,6 +309,14 @@ class _Slice:
     def __init__(self, run_id: int):
         self.run_id = run_id
         self.cancelled = asyncio.Event()
+
+
+def _give_back(held: lease.Lease) -> None:
+    """Release ``held`` (a run that never started here); a failure leaves it to run out."""
+    try:
+        lease.release(held)
+    except Exception:
+        log.exception("run %s: giving its lease back failed; it runs out", held.run_id)
 
 
 def _first_work(held: lease.Lease) -> tuple[object, Await | None, bool, Exception | None]:

@@ -76,7 +76,7 @@ def rescue_stranded(*, now) -> dict[str, int]:
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
     ).exclude(status=RunStatus.QUEUED, wake_at__gt=now)  # not lost: its start_at has not come
         .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
-    count_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None], now=now)
+    count_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None])
     # A run with no lease whose wake-up the broker still holds is waiting its
     # turn, not lost: sending it again would only lengthen the queue.
     waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, *_ in stranded) else set()
@@ -98,27 +98,29 @@ def rescue_stranded(*, now) -> dict[str, int]:
     return {"reenqueued": reenqueued}
 
 
-def count_deaths(dead: list[tuple[int, str]], *, now) -> None:
+def count_deaths(dead: list[tuple[int, str]]) -> None:
     """Count the deaths of the runs ``dead`` (``(run id, lease owner)`` of runs whose lease expired, judged
-    together whether counted already or not): for those not counted yet, the verdict of ``attribute_deaths`` in ``death_blame`` for those that died with
-    work in flight, ``lost_leases`` and ``loss_streak`` one more, ``crash_streak`` one more for a culprit,
-    and ``suspect`` set for a culprit or a suspect, for a bystander ``ISOLATE_AFTER_LOSSES`` losses in a
-    row, and for a cleared run twice as many (a culprit the flight recorder missed). One UPDATE per verdict,
-    of rows whose lease is still expired and whose death is still uncounted (another sweeper may be first).
+    together with the rest of their worker's, whether counted already or not: ``attribute_deaths``): for
+    each not counted yet, its verdict in ``death_blame``, ``lost_leases`` and ``loss_streak`` one more,
+    ``crash_streak`` one more for a culprit, and ``suspect`` set for a culprit or a suspect, for a
+    bystander ``ISOLATE_AFTER_LOSSES`` losses in a row, and for a cleared run twice as many (a culprit the
+    flight recorder missed). One UPDATE per worker and verdict, of rows still leased to that worker whose
+    death is still uncounted (another sweeper may be first; a run taken over since is another's).
     """
     limit = settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]
     losses_to_suspect = {DeathBlame.BYSTANDER: limit, DeathBlame.CLEARED: 2 * limit}
-    by_verdict: dict[DeathBlame, list[int]] = {}
-    for run_id, verdict in attribute_deaths(dead).items():
-        by_verdict.setdefault(verdict, []).append(run_id)
-    for verdict, run_ids in by_verdict.items():
-        losses = losses_to_suspect.get(verdict)
-        suspect = Value(True) if losses is None else Case(  # this death included
-            When(loss_streak__gte=losses - 1, then=Value(True)), default=F("suspect"))
-        Run.objects.filter(pk__in=run_ids, lease_expires_at__lt=now, death_blame="").update(
-            lost_leases=F("lost_leases") + 1, loss_streak=F("loss_streak") + 1,
-            crash_streak=F("crash_streak") + int(verdict == DeathBlame.CULPRIT), death_blame=verdict,
-            suspect=suspect)
+    for owner, verdicts in attribute_deaths(dead).items():
+        by_verdict: dict[DeathBlame, list[int]] = {}
+        for run_id, verdict in verdicts.items():
+            by_verdict.setdefault(verdict, []).append(run_id)
+        for verdict, run_ids in by_verdict.items():
+            losses = losses_to_suspect.get(verdict)
+            suspect = Value(True) if losses is None else Case(  # this death included
+                When(loss_streak__gte=losses - 1, then=Value(True)), default=F("suspect"))
+            Run.objects.filter(pk__in=run_ids, lease_owner=owner, death_blame="").update(
+                lost_leases=F("lost_leases") + 1, loss_streak=F("loss_streak") + 1,
+                crash_streak=F("crash_streak") + int(verdict == DeathBlame.CULPRIT), death_blame=verdict,
+                suspect=suspect)
 
 
 def start_scheduled_runs(*, now, limit: int | None = None) -> dict[str, int]:

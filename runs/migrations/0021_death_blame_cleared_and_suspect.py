@@ -6,11 +6,11 @@ from django.db.models import Q
 
 
 def mark_suspects(apps, schema_editor):
-    """The runs the streaks made suspects before the column (a death blamed on them, or as many losses in a
-    row as ``ISOLATE_AFTER_LOSSES``) are suspects in it."""
+    """The active runs the streaks made suspects before the column (a death blamed on them, or as many losses
+    in a row as ``ISOLATE_AFTER_LOSSES``, the last one not cleared) are suspects in it."""
     Run = apps.get_model("runs", "Run")
-    Run.objects.filter(Q(crash_streak__gte=1) | Q(loss_streak__gte=settings.TOLLGATE["ISOLATE_AFTER_LOSSES"])).update(
-        suspect=True)
+    losses = Q(loss_streak__gte=settings.TOLLGATE["ISOLATE_AFTER_LOSSES"]) & ~Q(death_blame="cleared")
+    Run.objects.filter(Q(crash_streak__gte=1) | losses, status__in=["queued", "running"]).update(suspect=True)
 
 
 class Migration(migrations.Migration):

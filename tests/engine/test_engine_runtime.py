@@ -237,9 +237,9 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(peop
     threading.Thread(target=engine.submit, args=(suspect.pk,), daemon=True).start()
     wait_until(lambda: suspect.pk in engine.quarantine)
     threading.Thread(target=engine.submit, args=(later.pk,), daemon=True).start()
-    time.sleep(0.5)  # both would have started by now; the suspect keeps its lease while it waits, later has none
+    time.sleep(0.5)  # both would have started by now; each keeps its lease while it waits
     assert Run.objects.get(pk=suspect.pk).lease_owner == lease.WORKER_ID
-    assert Run.objects.get(pk=later.pk).lease_owner == ""
+    assert Run.objects.get(pk=later.pk).lease_owner == lease.WORKER_ID
     assert not Step.objects.filter(run__in=[suspect, later]).exists()
 
     hung.set()

@@ -4,6 +4,7 @@ the sweeper makes of the box a dead worker left, against the cases a reviewer fo
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -18,12 +19,13 @@ from runs.base import flight_recorder
 from runs.base.flight_recorder import CALL, STEP
 from runs.engine.lifecycle import start_run
 from runs.engine.recovery import BLAME_MARGIN, recover_after_takeover
-from runs.models import DeathBlame, Run, RunStatus
+from runs.models import DeathBlame, Run, RunStatus, Step
 from runs.sweeping import sweep
+from tests.engine.test_engine_runtime import calling, hung, use_tool, wait_until  # noqa: F401 (hung: a fixture)
 from tests.engine.test_retries_and_sweeper import _die_together
 from tests.support.durability import make_agent, wait_for_lease_expiry
 from tests.support.fake_tools import FAKE_CRASH_OFF_LOOP, FAKE_SLEEP
-from tests.support.flight_recorder import dead_box
+from tests.support.flight_recorder import box_process, dead_box
 from tests.support.processes import worker_environment
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
@@ -137,9 +139,10 @@ def test_a_handler_that_kills_from_its_own_task_and_to_thread_is_found(people, w
     assert lease.acquire(poison.pk).suspect
 
 
-def test_a_dramatiq_worker_process_that_stops_removes_its_box(people, short_lease):
+def test_a_dramatiq_worker_process_that_stops_says_so_in_its_box_and_the_sweeper_removes_it(people, short_lease):
     """``rundramatiq`` forks its worker processes, which leave through ``os._exit`` (no ``atexit``): the
-    worker's shutdown removes the box, so a stop never leaves one behind to blame what ran as it stopped."""
+    worker's shutdown marks its box stopped, so a stop never blames what ran as it stopped, and the sweeper
+    removes the box once the process is gone and no run is leased to it."""
     if not django_settings.REDIS_URL:
         pytest.skip("a worker process needs the Redis broker")
     dramatiq.get_broker().flush_all()
@@ -158,4 +161,134 @@ def test_a_dramatiq_worker_process_that_stops_removes_its_box(people, short_leas
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(60) == 0
+    owner, = [owner for owner in flight_recorder.dead_owners() if any(box.name.startswith(
+        owner.replace(":", "_")) for box in boxes)]
+    assert flight_recorder.read(owner) == {}  # stopped: it names nobody
+    assert sweep()["discarded"] >= 1
     assert not any(box.exists() for box in boxes)
+
+
+def test_a_dead_workers_runs_whose_leases_run_out_at_different_times_are_still_judged_by_its_box(people):
+    """The keeper renews all leases every TTL/3, but a lease taken since its last beat runs out up to TTL/3
+    later (acquire: now + TTL), and the run that kills its worker is often one just taken. Once the box says
+    the process is gone, every run still leased to it is judged in the same pass, by the box."""
+    waiting, poison = _runs(people, 2)
+    owner = dead_box({poison.pk: CALL})
+    _die_together([waiting, poison], owner, [timezone.now() - timedelta(minutes=5)] * 2)
+    # The poison run's lease was taken after the keeper's last beat: it runs out some seconds later.
+    Run.objects.filter(pk=poison.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=5))
+    sweep()
+    Run.objects.filter(pk=poison.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    sweep()
+    verdicts = dict(Run.objects.filter(pk__in=[waiting.pk, poison.pk]).values_list("pk", "death_blame"))
+    assert verdicts[poison.pk] == DeathBlame.CULPRIT
+    assert Run.objects.get(pk=waiting.pk).crash_streak == 0, verdicts  # the box says it was waiting: cleared
+
+
+def test_a_verdict_left_by_a_takeover_that_found_nothing_in_flight_does_not_swallow_the_next_death(people):
+    """The sweeper counts a death whose holder was alive after all (a pause past the TTL: its box is not
+    read; its fenced writes still land, as the break leaves the token): the holder finishes the step, and
+    the next taker finds nothing in flight. The counted verdict is emptied then, so the run's next real death
+    is counted again (by ``count_deaths``, which counts only rows with none)."""
+    run, = _runs(people, 1)
+    _die_together([run], "elsewhere:1:x", [timezone.now() - timedelta(minutes=5)])
+    sweep()  # alone, by the order of starts: culprit
+    run.refresh_from_db()
+    assert run.death_blame == DeathBlame.CULPRIT and run.crash_streak == 1
+    # The holder was only paused: it finishes the step (its fenced writes carry the unchanged token); a
+    # slice's end with no model answer nor tool attempt (say, a wait) leaves the streaks as they are.
+    Step.objects.filter(run=run, status=Step.Status.STARTED).update(status=Step.Status.SUCCEEDED)
+    held = lease.acquire(run.pk)
+    run.refresh_from_db()
+    assert recover_after_takeover(run, actor="worker", calls=[]) is None  # nothing in flight
+    lease.release(held)
+
+    owner = dead_box({run.pk: CALL})  # now it really kills its worker, alone, in a call
+    _die_together([run], owner, [timezone.now() - timedelta(minutes=1)])
+    sweep()
+    run.refresh_from_db()
+    assert (run.lost_leases, run.crash_streak, run.suspect) == (2, 2, True), (
+        run.lost_leases, run.crash_streak, run.suspect, run.death_blame)
+
+
+def test_the_runs_a_stopped_worker_held_are_cleared(people):
+    """A stop (a deploy's SIGTERM; Dramatiq stopping the siblings of a worker that died) leaves the engine's
+    runs in flight to die with it: its box says it stopped, so none of them is blamed, alone or not."""
+    run, = _runs(people, 1)
+    process, owner = box_process("""
+        with log_context.bound(99), executing(CALL):
+            flight_recorder.close_box()  # stopped while a run's code ran
+    """)
+    assert process.returncode == 0
+    _die_together([run], owner, [timezone.now() - timedelta(minutes=5)])
+    sweep()
+    run.refresh_from_db()
+    assert (run.death_blame, run.crash_streak, run.suspect) == (DeathBlame.CLEARED, 0, False)
+
+
+def test_a_suspect_that_comes_while_a_quarantine_waits_for_the_process_to_empty_joins_it(people, monkeypatch, hung):
+    """Up to QUARANTINE_SIZE suspects together, so one drain serves them all: a suspect that comes while
+    the quarantine waits for the process to empty joins it (the lease says it is a suspect before it waits)."""
+    from runs.engine import runtime
+
+    def stuck(ctx, args):
+        hung.wait()
+        return {}
+
+    use_tool(monkeypatch, "busy_lookup", stuck, timeout_s=60)
+    use_tool(monkeypatch, "gated_lookup", stuck, timeout_s=60)
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    busy = start_run(agent=calling("busy", "busy_lookup"), user=people["requester"], input="busy")
+    gated = calling("gated", "gated_lookup")
+    first, second = (start_run(agent=gated, user=people["requester"], input=name) for name in ("first", "second"))
+    Run.objects.filter(pk__in=[first.pk, second.pk]).update(loss_streak=1, suspect=True)
+    assert engine.submit(busy.pk) is not None
+    threading.Thread(target=engine.submit, args=(first.pk,), daemon=True).start()
+    wait_until(lambda: first.pk in engine.quarantine)
+    threading.Thread(target=engine.submit, args=(second.pk,), daemon=True).start()
+    time.sleep(1)
+    try:
+        assert engine.quarantine == {first.pk, second.pk}
+    finally:
+        hung.set()
+        assert engine.wait_idle(30)
+        engine.close_connections()
+
+
+def test_suspects_that_keep_dying_together_in_calls_are_blamed_and_advanced_alone(people, settings):
+    """A SUSPECT verdict counts no crash: a poison run whose death always finds a neighbour's sync handler
+    blocked in its pool thread (both "in a call") is a suspect again. After ISOLATE_AFTER_LOSSES such deaths
+    in a row both are blamed: each is advanced alone, so the next death is the poison run's own."""
+    poison, neighbour = _runs(people, 2)
+    for _ in range(settings.TOLLGATE["MAX_CRASHES_PER_STEP"]):
+        owner = dead_box({poison.pk: CALL, neighbour.pk: CALL})
+        _die_together([poison, neighbour], owner, [timezone.now() - timedelta(minutes=5)] * 2)
+        sweep()
+        for run in (poison, neighbour):  # taken over (in one quarantine, together), and dies again
+            held = lease.acquire(run.pk)
+            run.refresh_from_db()
+            recover_after_takeover(run, actor="worker", calls=[])
+            lease.release(held)
+    assert all(lease.acquire(run.pk).blamed for run in (poison, neighbour)), list(
+        Run.objects.filter(pk__in=[poison.pk, neighbour.pk]).values_list("death_blame", "crash_streak", "loss_streak"))
+
+
+def test_a_run_whose_counted_deaths_reached_the_limit_skips_quarantine_and_ends_at_its_takeover(people, settings):
+    """Its takeover ends it ``crash_loop`` before any of its code runs, so no process has to empty for it."""
+    from runs.engine.loop import advance
+
+    run, = _runs(people, 1)
+    limit = settings.TOLLGATE["MAX_CRASHES_PER_STEP"]
+    for death in range(limit):
+        _die_together([run], dead_box({run.pk: CALL}), [timezone.now() - timedelta(minutes=5)])
+        sweep()
+        held = lease.acquire(run.pk)
+        if death < limit - 1:
+            assert held.blamed  # advanced alone...
+            run.refresh_from_db()
+            assert recover_after_takeover(run, actor="worker", calls=[]) is None
+        lease.release(held)
+    assert not held.suspect  # ...until the last death counted: nothing of it runs again
+    advance(run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.failure_type, run.crash_streak) == (RunStatus.FAILED, "crash_loop", limit)
