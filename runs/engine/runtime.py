@@ -170,15 +170,18 @@ class Engine:
             if not held.suspect and not self._quarantine:  # the common case: nothing to wait for
                 self._in_flight += 1
                 return held
-        with lease.renewed(held), self._changed:
-            try:
-                self._join(held, deadline)
-            except BaseException:
-                self._quarantine.discard(held)
-                self._changed.notify_all()
-                if not held.suspect:
-                    _give_back(held)
-                raise
+        try:
+            with lease.renewed(held), self._changed:
+                try:
+                    self._join(held, deadline)
+                except BaseException:
+                    self._quarantine.discard(held)
+                    self._changed.notify_all()
+                    raise
+        except BaseException:
+            if not held.suspect:
+                _give_back(held)  # after the engine's lock is let go: a database statement
+            raise
         if held.suspect:
             log.warning("run %s: its worker died on it before; it is advanced in quarantine%s", run_id,
                         " alone" if held.blamed else "")

@@ -6,7 +6,8 @@ by ``runs.apps`` in the order of ``JOBS``: active runs whose lease expired
 ``start_at`` came, waiting runs whose ``wake_at`` passed (ending their due
 waits first: ``tools.waits.end_due_waits``), approvals past their
 deadline, waiting runs past their agent's deadline, unknown calls of
-ended runs, and the flight recorders of dead worker processes. Each kind of due work is read with one query, capped per pass
+ended runs, and the flight recorders of dead worker processes. Each kind
+of due work is read with one query, capped per pass
 (``SWEEP_BATCH``, ``SWEEP_MAX_RESENDS``) and handled several items per
 transaction (``ITEMS_PER_TRANSACTION``). Any number of sweepers may run at
 once: waking a worker is harmless (leases decide who advances), claims are
@@ -34,6 +35,7 @@ from runs.base.awaiting import drive
 from runs.engine.budgets import deadline_passed
 from runs.engine.lifecycle import end_run, load_endings
 from runs.engine.recovery import attribute_deaths, restart_delay_ms
+from runs.lease import ACTIVE
 from runs.models import TERMINAL_STATUSES, Agent, DeathBlame, FailureType, Run, RunStatus, WaitingReason
 from runs.services import append_event
 from runs.tx import locked_many
@@ -287,21 +289,21 @@ def reconcile_after_run_end(*, now, limit: int | None = None) -> dict[str, int]:
     return {"reconciled": asked}
 
 
-# The engine's jobs in the order a pass runs them: ``(order, job)``, registered
-# under the job's name by ``runs.apps``. Other apps' jobs fit between
-# (``approvals``: expiry warnings at 550) or after (``runs.webhooks``: 900).
 def discard_dead_flight_recorders(*, now) -> dict[str, int]:
     """Remove the flight recorders (``runs.base.flight_recorder``) of this host's worker processes that died,
     once none of their runs is still leased to them (``rescue_stranded`` has read them); returns
     ``{"discarded": n}``."""
     discarded = 0
     for owner in flight_recorder.dead_owners():
-        if not Run.objects.filter(lease_owner=owner, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists():
+        if not Run.objects.filter(lease_owner=owner, status__in=ACTIVE).exists():
             flight_recorder.discard(owner)
             discarded += 1
     return {"discarded": discarded}
 
 
+# The engine's jobs in the order a pass runs them: ``(order, job)``, registered
+# under the job's name by ``runs.apps``. Other apps' jobs fit between
+# (``approvals``: expiry warnings at 550) or after (``runs.webhooks``: 900).
 JOBS = (
     (100, rescue_stranded),
     (200, start_scheduled_runs),

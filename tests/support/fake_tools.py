@@ -27,9 +27,10 @@ plug-in does, so the core sees them exactly as it sees the demo's.
   ``stall(n)`` lets the bank make ``n`` more transfers and leaves every
   call hanging; ``transfer_requests()`` counts the calls per key.
 
-Two more are defined but not registered (a test registers them where it needs them): ``fake_notice``
-(a side effect that always asks a person) and ``fake_wait`` (``{"seconds": number}``, an ``async def``
-handler that answers that late: a run waiting on it holds no thread).
+More are defined but not registered (a test registers them where it needs them): ``fake_notice``
+(a side effect that always asks a person), ``fake_wait`` (``{"seconds": number}``, an ``async def``
+handler that answers that late: a run waiting on it holds no thread), ``fake_sleep`` (the same from a
+sync handler, in a pool thread) and ``fake_crash_off_loop`` (kills its worker from ``asyncio.to_thread``).
 
 The ledger (transfers, requests, limits, hidden keys, faults to come) is a
 SQLite file named by ``FAKE_TOOLS_LEDGER``: the test process makes one when
@@ -336,7 +337,7 @@ def _sleep(ctx, args: dict) -> dict:
 
 FAKE_SLEEP = Tool(
     name="fake_sleep",
-    description="A sync handler that answers after some seconds, in a pool thread (review test tool).",
+    description="A sync handler that answers after some seconds, in a pool thread (a test tool; not registered).",
     parameters={"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": 60}},
                 "required": ["seconds"], "additionalProperties": False},
     handler=_sleep,
@@ -360,7 +361,7 @@ async def _crash_off_loop(ctx, args: dict) -> dict:
 
 FAKE_CRASH_OFF_LOOP = Tool(
     name="fake_crash_off_loop",
-    description="Kill the process from asyncio.to_thread (review test tool).",
+    description="Kill the process from asyncio.to_thread (a test tool; not registered).",
     parameters={"type": "object", "properties": {}, "additionalProperties": False},
     handler=_crash_off_loop,
     timeout_s=60,
