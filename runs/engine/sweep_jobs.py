@@ -66,15 +66,23 @@ def rescue_stranded(*, now) -> dict[str, int]:
 
     A run whose lease expired (its worker died) goes back after
     ``restart_delay_ms``, its lease broken; its death is counted here first
-    (``count_deaths``). A run with no lease and no update for
+    (``count_deaths``). So does a run whose lease has not run out yet but
+    whose holder is known dead: a worker process of this host that left a
+    flight recorder and is gone (``flight_recorder.dead_owners``), so its
+    runs go on within a sweep interval, not a lease TTL, of a SIGKILL (the
+    fencing token stops the holder anyway). A run with no lease and no update for
     ``QUEUED_GRACE_S`` whose wake-up the broker no longer holds is sent
     again. At most ``SWEEP_MAX_RESENDS`` per pass, the longest untouched
     first; deaths are counted for all, so that the runs one worker held are
     judged together, whichever pass sends them.
     """
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
+    lost = Q(lease_expires_at__lt=now)
+    dead = flight_recorder.dead_owners()
+    if dead:
+        lost |= Q(lease_owner__in=dead, lease_expires_at__isnull=False)
     stranded = list(Run.objects.filter(
-        Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
+        lost | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
     ).exclude(status=RunStatus.QUEUED, wake_at__gt=now)  # not lost: its start_at has not come
         .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
@@ -83,7 +91,7 @@ def rescue_stranded(*, now) -> dict[str, int]:
     # turn, not lost: sending it again would only lengthen the queue.
     waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, *_ in stranded) else set()
     reenqueued = 0
-    for run_id, lease_expired_at, crash_streak, *_ in stranded:
+    for run_id, lease_expired_at, crash_streak, _ in stranded:
         if reenqueued >= settings.TOLLGATE["SWEEP_MAX_RESENDS"]:
             break
         if lease_expired_at is None and waiting_turn is not None and run_id in waiting_turn:
@@ -92,9 +100,8 @@ def rescue_stranded(*, now) -> dict[str, int]:
             # Break the dead lease and restart the grace period, so the next
             # pass does not send the same run again while it sits in a
             # backlog. The fencing token still stops the old holder.
-            if Run.objects.filter(pk=run_id).filter(
-                Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True)
-            ).update(lease_owner="", lease_expires_at=None, updated_at=now):
+            if Run.objects.filter(lost | Q(lease_expires_at__isnull=True), pk=run_id).update(
+                    lease_owner="", lease_expires_at=None, updated_at=now):
                 wake_on_commit(run_id, delay_ms=restart_delay_ms(crash_streak) if lease_expired_at else None)
                 reenqueued += 1
     return {"reenqueued": reenqueued}

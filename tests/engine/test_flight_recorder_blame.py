@@ -118,6 +118,32 @@ def test_a_box_of_a_process_still_running_is_not_read(people):
     assert _verdicts([first, last]) == {first.pk: DeathBlame.BYSTANDER, last.pk: DeathBlame.CULPRIT}
 
 
+def test_a_dead_workers_runs_go_back_at_the_next_sweep_before_their_leases_run_out(people):
+    """A worker process of this host that left its box and is gone is known dead: its runs are judged and sent
+    again at the next sweep, their leases broken, with no wait for the lease TTL. A live process's runs and
+    another host's (no box here to tell) keep their leases until they run out."""
+    poison, waiting, live, remote = _runs(people, 4)
+    owner = dead_box({poison.pk: CALL})
+    process, live_owner = box_process("time.sleep(60)", wait=False)
+    try:
+        _die_together([poison, waiting, live, remote], owner, [timezone.now() - timedelta(minutes=5)] * 4)
+        later = timezone.now() + timedelta(seconds=30)
+        Run.objects.filter(pk__in=[poison.pk, waiting.pk, live.pk, remote.pk]).update(lease_expires_at=later)
+        Run.objects.filter(pk=live.pk).update(lease_owner=live_owner)
+        Run.objects.filter(pk=remote.pk).update(lease_owner="elsewhere:4242:abcdef")
+
+        assert sweep()["reenqueued"] == 2
+        leases = {pk: (holder, expires is not None, blame) for pk, holder, expires, blame in Run.objects.filter(
+            pk__in=[poison.pk, waiting.pk, live.pk, remote.pk]).values_list(
+            "pk", "lease_owner", "lease_expires_at", "death_blame")}
+        assert leases == {poison.pk: ("", False, DeathBlame.CULPRIT), waiting.pk: ("", False, DeathBlame.CLEARED),
+                          live.pk: (live_owner, True, ""), remote.pk: ("elsewhere:4242:abcdef", True, "")}
+        assert lease.acquire(waiting.pk) is not None  # the next worker takes it at once
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_a_handler_that_kills_from_its_own_task_and_to_thread_is_found(people, worker_process, monkeypatch):
     """An async handler's work in ``asyncio.to_thread`` from a task it created is noted as its call, so the run
     whose handler killed the worker is a suspect, beside a neighbour whose sync handler sleeps in its pool
