@@ -32,6 +32,7 @@ from tools import registry
 from tools.registry import Tool, ToolTimeout, register
 from runs.base.awaiting import drive
 from tools.services import assess_tool_calls, propose_tool_calls
+from tools.services.targets import target_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,6 +210,54 @@ def test_transfers_to_different_accounts_are_counted_apart(people, worker, cumul
     run = run_to_rest(worker, agent, people["requester"])
 
     assert statuses(run) == ["succeeded", "succeeded"]
+
+
+def test_one_target_written_two_ways_is_counted_as_one(people, worker, cumulative, monkeypatch):
+    """Account 7 and account "7" are one target (one lock key, ``Target.lock_key``): a rule per target counts
+    them together, so a transfer split between the two spellings still reaches a person."""
+    either = {**FAKE_TRANSFER.parameters, "properties": {
+        **FAKE_TRANSFER.parameters["properties"], "account": {"type": ["string", "integer"]}}}
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(
+        registry._TOOLS["fake_transfer"], parameters=either))
+    agent = scripted_agent("two-spellings", [{"tool_calls": [send(50, account=7)]},
+                                             {"tool_calls": [send(45, account="7")]}, {"content": "Done."}])
+
+    run = run_to_rest(worker, agent, people["requester"])
+
+    assert statuses(run) == ["succeeded", "awaiting_approval"]
+    assert len(set(run.tool_calls.values_list("target", flat=True))) == 1
+
+
+def test_calls_stored_before_targets_were_kept_are_counted_and_filled_in(people, worker, cumulative):
+    """A call stored with no ``target`` (before migration 0014) still counts for its target by its arguments;
+    the migration's fill-in gives it the target's key."""
+    from importlib import import_module
+
+    from django.apps import apps
+
+    first = run_to_rest(worker, scripted_agent("before", [{"tool_calls": [send(50)]}, {"content": "Done."}]),
+                        people["requester"])
+    first.tool_calls.update(target="")
+    second = run_to_rest(worker, scripted_agent("after", [{"tool_calls": [send(45)]}, {"content": "Done."}]),
+                         people["requester"])
+    assert (second.waiting_reason, statuses(second)) == ("approval", ["awaiting_approval"])
+
+    import_module("tools.migrations.0014_tool_call_target").fill_targets(apps, None)
+    assert first.tool_calls.get().target == second.tool_calls.get().target != ""
+
+
+def test_an_approvers_edit_of_the_target_moves_the_call_to_the_new_target(people, worker, cumulative):
+    from approvals.services import decide_interrupt
+
+    run = run_to_rest(worker, scripted_agent("edited", [{"tool_calls": [send(80)]}, {"content": "Done."}]),
+                      people["requester"])
+    decide_interrupt(interrupt=run.interrupts.get(), user=people["approver"], decision="approved",
+                     edited_arguments={"account": "globex", "amount": 80})
+    worker.drain()
+
+    call = run.tool_calls.get()
+    assert (call.status, call.target) == ("succeeded", target_key(registry.get_tool("fake_transfer"),
+                                                                  {"account": "globex", "amount": 80}))
 
 
 def test_rejected_transfers_do_not_count(people, worker, cumulative):

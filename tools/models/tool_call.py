@@ -67,6 +67,10 @@ class ToolCall(FSMModel):
     status = FSMField(_("status"), default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
     side_effect = models.BooleanField(_("side effect"), default=False)
     action_key = models.CharField(_("action key"), max_length=64, blank=True, db_index=True)
+    target = models.CharField(
+        _("target"), max_length=100, blank=True,
+        help_text=_("What the call acts on (its tool's target argument, as the target's lock key); empty when "
+                    "none. Per-target approval rules count the calls with the same target."))
     duplicate_of = models.ForeignKey("self", verbose_name=_("duplicate of"), null=True, blank=True,
                                      on_delete=models.PROTECT, related_name="duplicates",
                                      help_text=_("The earlier call of the same action."))
@@ -89,6 +93,7 @@ class ToolCall(FSMModel):
         verbose_name = _("tool call")
         verbose_name_plural = _("tool calls")
         ordering = ["run", "id"]
+        indexes = [models.Index(fields=["target", "name"], name="toolcall_target")]
 
     def __str__(self):
         return f"{self.name} ({self.status})"
@@ -134,11 +139,12 @@ class ToolCall(FSMModel):
         pass
 
     @transition(field=status, source=[S.PROPOSED, S.AWAITING_APPROVAL], target=S.READY)
-    def make_ready(self, arguments=None, action_key: str = ""):
+    def make_ready(self, arguments=None, action_key: str = "", target: str = ""):
         """Cleared to run; an approver's edited ``arguments`` replace the proposed ones, and with them
-        the call's business identity (``action_key``)."""
+        the call's business identity (``action_key``) and its ``target`` (``tools.services.targets.target_key``)."""
         if arguments is not None:
             self.arguments = arguments
+            self.target = target
         if action_key:
             self.action_key = action_key
 

@@ -6,6 +6,7 @@ from runs.tx import RunTx
 from tools.models import ToolCall
 from tools.registry import ToolContext, get_tool
 from tools.services.arguments import checked_action_identity
+from tools.services.targets import target_key
 
 
 def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
@@ -45,7 +46,9 @@ def approve_tool_call(tx: RunTx, tool_call: ToolCall, *, arguments: dict | None,
     ``arguments``: the person's edit checked by ``check_edited_arguments`` (its answer is ``action_key``), None: as
     proposed. Raises what ``RunTx.apply`` raises.
     """
-    return tx.apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key)
+    target = target_key(get_tool(tool_call.name), arguments) if arguments is not None else ""
+    return tx.apply(tool_call.make_ready, actor=actor, reason="approved", arguments=arguments, action_key=action_key,
+                    target=target)
 
 
 def reject_tool_call(tx: RunTx, tool_call: ToolCall, *, comment: str, actor: str) -> ToolCall:

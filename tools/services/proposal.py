@@ -18,7 +18,7 @@ from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import FINAL_STATUSES
 from tools.policy import Cumulative, approval_required, cumulative_clauses
 from tools.registry import Tool
-from tools.services.targets import lock_scopes, scope_lock_key, target_of
+from tools.services.targets import calls_on, lock_scopes, scope_lock_key, target_key, target_of
 from tools.services.assessment import Assessed, Assessment
 
 S = ToolCallStatus
@@ -44,13 +44,15 @@ def _scope_key(run, tool: Tool, clause: Cumulative, arguments: dict) -> str | No
 def _earlier_arguments(run, tool: Tool, clause: Cumulative, arguments: dict) -> list[dict]:
     """Arguments of the counted calls of ``tool`` in ``clause``'s scope and window (this call not yet stored)."""
     # A re-proposal of an action (``duplicate_of``) is the same action: counted once, as its original.
-    calls = ToolCall.objects.filter(name=tool.name, status__in=COUNTED_STATUSES, duplicate_of__isnull=True)
+    if clause.scope == "target":  # the target's calls, through ToolCall.target's index
+        calls = calls_on(target_of(tool, arguments))
+    else:
+        calls = ToolCall.objects.filter(name=tool.name)
+    calls = calls.filter(status__in=COUNTED_STATUSES, duplicate_of__isnull=True).order_by()
     if clause.scope == "run":
         calls = calls.filter(run_id=run.pk)
     elif clause.scope == "user":
         calls = calls.filter(run__requested_by_id=run.requested_by_id)
-    else:
-        calls = calls.filter(**{f"arguments__{tool.target_key}": arguments[tool.target_key]})
     if clause.window_s is not None:
         calls = calls.filter(created_at__gte=timezone.now() - timedelta(seconds=clause.window_s))
     return [args or {} for args in calls.values_list("arguments", flat=True)]
@@ -132,7 +134,7 @@ def propose_tool_calls(
                 raw_arguments=raw if isinstance(raw, str) else json.dumps(raw),
                 arguments=assessment.arguments,
                 side_effect=bool(assessment.tool and assessment.tool.side_effect),
-                action_key=assessment.action_key,
+                action_key=assessment.action_key, target=target_key(assessment.tool, assessment.arguments),
             )
             proposal_events = functools.partial(_proposal_events, call=call, assessment=assessment,
                                                 loosened=loosened, actor=actor)

@@ -114,8 +114,19 @@ def lock_scopes(keys: set[str]) -> None:
     list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
 
 
-def _calls_on(target: Target):
-    return ToolCall.objects.filter(name=target.tool, **{f"arguments__{target.argument}": target.value})
+def target_key(tool: Tool | None, arguments: dict | None) -> str:
+    """What ``ToolCall.target`` holds for a call of ``tool`` with ``arguments``: its target's ``lock_key``, or ""
+    when it names none (``target_of``)."""
+    target = target_of(tool, arguments) if tool is not None else None
+    return target.lock_key if target is not None else ""
+
+
+def calls_on(target: Target):
+    """The calls (a ``ToolCall`` queryset) of ``target``: by the indexed ``ToolCall.target``, so by the target's
+    canonical value (``80`` and ``80.0`` alike, as its lock); a call stored with no target (a tool unknown when
+    migration 0014 filled the column in) by its arguments, as before."""
+    legacy = Q(target="", name=target.tool, **{f"arguments__{target.argument}": target.value})
+    return ToolCall.objects.filter(Q(target=target.lock_key) | legacy)
 
 
 def claim(target: Target, call: ToolCall) -> int | None:
@@ -237,7 +248,7 @@ def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
 
 def _waiters(target: Target, call: ToolCall):
     """The ids of the runs waiting for ``target`` (``release``), ``call``'s own run aside."""
-    return (_calls_on(target).filter(status=S.READY, attempts=0, run__status=RunStatus.WAITING,
+    return (calls_on(target).filter(status=S.READY, attempts=0, run__status=RunStatus.WAITING,
                                      run__waiting_reason=WaitingReason.RETRY_BACKOFF)
             .exclude(pk=call.pk).values_list("run_id", flat=True).distinct())
 
