@@ -42,7 +42,13 @@ ended ``failed/crash_loop``.
 
 Short (CI): ``python bench/chaos.py --runs 20 --kills 3``.
 Raised:     ``bash bench/run.sh chaos --runs 5000 --kills 50 --min-held 100 --poison-percent 5
---restart-redis --restart-postgres --gateway-latency 2``.
+--restart-redis --restart-postgres --gateway-latency 2 --quarantine-workers 2``.
+
+Quarantine workers: ``--quarantine-workers N`` starts N more worker groups
+on a queue of their own for suspects (``TOLLGATE_QUARANTINE_QUEUE``), the
+``--workers`` groups then taking the default queue only, so that a
+regular group never empties itself for a suspect and holds its hundreds
+of runs between deaths.
 """
 
 import argparse
@@ -72,6 +78,10 @@ def parse_args(argv=None):
     parser.add_argument("--runs", type=int, default=20, help="runs in all (poison runs of --poison-percent included)")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="worker process groups")
+    parser.add_argument("--quarantine-workers", type=int, default=0, metavar="N",
+                        help="worker process groups of their own for suspects (TOLLGATE_QUARANTINE_QUEUE), "
+                             "besides --workers (which then take the default queue only); 0: none, each "
+                             "worker quarantines its own suspects")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker")
     parser.add_argument("--kill-every", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN_S", "MAX_S"))
     parser.add_argument("--min-held", type=int, default=0,
@@ -125,6 +135,7 @@ def main() -> int:
         # order's refund (one side effect at a time per target) but die as they come.
         "TOLLGATE_FAILPOINTS": ",".join(f"tool_call_started:agent={crasher_slug(k)}"
                                         for k in range(poison + args.crash_runs)),
+        "TOLLGATE_QUARANTINE_QUEUE": QUARANTINE_QUEUE if args.quarantine_workers else "",
     }
     os.environ.update(env)
 
@@ -139,7 +150,8 @@ def main() -> int:
     call_command("demo", force=True, stdout=open(os.devnull, "w"))
 
     log_dir = Path(tempfile.mkdtemp(prefix="tollgate-chaos-"))
-    cluster = Cluster(env, args.workers, args.threads, log_dir)
+    queues = ["default"] * args.workers + [QUARANTINE_QUEUE] * args.quarantine_workers
+    cluster = Cluster(env, len(queues), args.threads, log_dir, queues=queues if args.quarantine_workers else None)
     # Stopped from outside (timeout, Ctrl-C): still tear the cluster down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began = time.monotonic()
@@ -150,7 +162,7 @@ def main() -> int:
             "p_timeout_after_commit": args.p_timeout, "p_error_before_commit": args.p_5xx, "hang_s": 2.0,
             "latency_s": args.gateway_latency,
         }).raise_for_status()
-        for index in range(args.workers):
+        for index in range(len(queues)):
             cluster.start_worker(index)
         cluster.start_sweeper()
         run_ids, crash_ids = create_mixed_runs(args.runs - poison, poison, amount=args.amount)
@@ -474,6 +486,8 @@ class Supervisor:
         self._thread.join()
 
 
+# The suspects' queue of --quarantine-workers.
+QUARANTINE_QUEUE = "quarantine"
 # Approval items decided per turn of the driver's loop, so that kills and restarts are not held up by a
 # backlog of thousands.
 APPROVALS_PER_TURN = 200
@@ -523,7 +537,8 @@ def _drive(cluster: Cluster, supervisor: Supervisor, run_ids: list[int], args, r
                 del restart_at[server]
         if time.monotonic() >= next_kill:
             held = _tolerating_outages(lambda: leases_held(cluster), [])
-            targets = [i for i, n in enumerate(held) if n >= args.min_held]
+            # The regular groups: a quarantine group's deaths are the poison runs' own.
+            targets = [i for i, n in enumerate(held[:args.workers]) if n >= args.min_held]
             victim = rng.choice(targets) if targets else None
             with supervisor.lock:
                 if victim is not None and cluster.workers[victim].poll() is None:  # not died meanwhile

@@ -107,9 +107,12 @@ def prepare_django(name: str, extra_env: dict | None = None, *, demo: bool = Tru
 class Cluster:
     """The processes under test: gateway, worker groups, sweeper, API server."""
 
-    def __init__(self, env: dict, workers: int, threads: int, log_dir: Path):
+    def __init__(self, env: dict, workers: int, threads: int, log_dir: Path, queues: list[str] | None = None):
+        """``queues``: the Dramatiq queue each worker group consumes (``--queues``), by index; None: every
+        queue its processes declare."""
         self.env = env
         self.threads = threads
+        self.queues = queues
         self.log_dir = log_dir
         self.workers: list[subprocess.Popen | None] = [None] * workers
         self.others: list[subprocess.Popen] = []
@@ -131,8 +134,9 @@ class Cluster:
         return process
 
     def start_worker(self, index: int, env: dict | None = None) -> subprocess.Popen:
+        queues = ["--queues", self.queues[index]] if self.queues else []
         self.workers[index] = self.spawn(["manage.py", "rundramatiq", "--processes", "1", "--threads",
-                                          str(self.threads), "--skip-logging"], f"worker-{index}", env)
+                                          str(self.threads), "--skip-logging", *queues], f"worker-{index}", env)
         return self.workers[index]
 
     def start_api(self, port: int, env: dict | None = None) -> subprocess.Popen:

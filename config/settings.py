@@ -463,6 +463,12 @@ TOLLGATE = {
     # Suspects a worker process advances together in quarantine, with no
     # other run in flight (a run blamed for a death is advanced alone).
     "QUARANTINE_SIZE": env.int("TOLLGATE_QUARANTINE_SIZE", default=8),
+    # A Dramatiq queue of their own for suspects, consumed by worker processes
+    # that take nothing else (`rundramatiq --queues <it>`; the others then
+    # `--queues default`): a process advancing a suspect in quarantine empties
+    # first, so it had better be one that holds no other runs. Empty (the
+    # default): every worker process quarantines its own suspects.
+    "QUARANTINE_QUEUE": env.str("TOLLGATE_QUARANTINE_QUEUE", default=""),
     # Where each worker process keeps its flight recorder (which run's code
     # each of its threads runs; runs.base.flight_recorder), read by a sweeper
     # on the same host when the process dies: this installation's own, made

@@ -51,7 +51,7 @@ from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
 from runs.lease import LeaseLost
 from runs.models import FailureType, Run
-from runs.wakeups import wake_on_commit
+from runs.wakeups import quarantine_queue, wake_now, wake_on_commit
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_DB_ERROR_MS = 2000
@@ -87,6 +87,7 @@ class Engine:
         self._alone_waiting = 0  # blamed suspects waiting for the process to themselves
         self.submitted = 0  # runs handed over since the process started
         self.isolated = 0  # of which advanced in quarantine
+        self.forwarded = 0  # suspects sent on to the quarantine queue
         self._awaiting: set[_Slice] = set()  # slices waiting for a call now
         try:  # whose code runs in which thread, read by the sweeper if the process dies (recovery.attribute_deaths)
             flight_recorder.open_box(lease.WORKER_ID)
@@ -110,7 +111,7 @@ class Engine:
         with self._changed:
             return frozenset(held.run_id for held in self._quarantine)
 
-    def submit(self, run_id: int) -> lease.Lease | None:
+    def submit(self, run_id: int, *, quarantine_worker: bool = False) -> lease.Lease | None:
         """Take run ``run_id``'s lease and advance it in this process; returns once it is under way.
 
         In the calling thread, the lease is taken and the slice's first database work done, up to its
@@ -120,14 +121,15 @@ class Engine:
         elsewhere, waiting, ended or gone). Waits for room (``runs_in_flight``) before taking the lease,
         at most ``SUBMIT_WAIT_S`` seconds, then raises ``EngineFull``. A suspect (``Lease.suspect``) is
         advanced in quarantine, with other suspects only (``_take``), its lease left to run out past the
-        deadline (docs/design.md#recovery-and-the-sweeper, "Quarantine"). Raises ``DatabaseError`` from
-        taking the lease.
+        deadline (docs/design.md#recovery-and-the-sweeper, "Quarantine"); when suspects have a queue of
+        their own (``TOLLGATE["QUARANTINE_QUEUE"]``), it is given back and sent there instead, unless
+        ``quarantine_worker`` (it came from that queue). Raises ``DatabaseError`` from taking the lease.
         """
         deadline = time.monotonic() + SUBMIT_WAIT_S
         if not self._slots.acquire(timeout=SUBMIT_WAIT_S):
             raise EngineFull(f"{self._in_flight} runs in flight for {SUBMIT_WAIT_S} s")
         try:
-            held = self._take(run_id, deadline)
+            held = self._take(run_id, deadline, forward=not quarantine_worker and bool(quarantine_queue()))
         except BaseException:
             self._slots.release()
             raise
@@ -148,9 +150,9 @@ class Engine:
             context.run(self._end_slice, held, more, failure)
         return held
 
-    def _take(self, run_id: int, deadline: float) -> lease.Lease | None:
-        """The lease of ``run_id`` with the run counted in flight, or None (not taken). Raises ``EngineFull``
-        past ``deadline`` (monotonic).
+    def _take(self, run_id: int, deadline: float, *, forward: bool = False) -> lease.Lease | None:
+        """The lease of ``run_id`` with the run counted in flight, or None (not taken, or a suspect sent on to
+        the quarantine queue, with ``forward``). Raises ``EngineFull`` past ``deadline`` (monotonic).
 
         The lease says whether the run is a suspect. A suspect (``Lease.suspect``) joins the process's
         quarantine and waits until no other run is in flight; while a quarantine is on, no other run
@@ -164,6 +166,12 @@ class Engine:
         """
         held = lease.acquire(run_id)
         if held is None:
+            return None
+        if held.suspect and forward:  # a process of the quarantine queue's empties for it, not this one
+            _give_back(held)
+            wake_now(run_id, suspect=True)
+            with self._changed:
+                self.forwarded += 1
             return None
         with self._changed:
             self.submitted += 1

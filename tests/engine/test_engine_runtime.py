@@ -251,6 +251,57 @@ def test_a_suspect_run_waits_for_the_process_to_empty_and_is_advanced_alone(peop
     engine.close_connections()
 
 
+def test_with_a_quarantine_queue_a_suspect_is_sent_there_and_only_its_workers_advance_it(people, monkeypatch,
+                                                                                         settings):
+    """``QUARANTINE_QUEUE`` set: a regular worker gives a suspect's lease back and sends the run to that queue,
+    and takes the next run at once instead of emptying; a worker of the quarantine queue advances it."""
+    from runs.engine import runtime
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUARANTINE_QUEUE": "quarantine"}
+    sent = []
+    monkeypatch.setattr(runtime, "wake_now", lambda run_id, **options: sent.append((run_id, options)))
+    use_tool(monkeypatch, "quick_lookup", lambda ctx, args: {})
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    agent = calling("quick", "quick_lookup")
+    suspect, plain = (start_run(agent=agent, user=people["requester"], input=name) for name in ("suspect", "plain"))
+    Run.objects.filter(pk=suspect.pk).update(crash_streak=1, loss_streak=1, suspect=True)
+
+    assert engine.submit(suspect.pk) is None
+    assert sent == [(suspect.pk, {"suspect": True})]
+    assert Run.objects.get(pk=suspect.pk).lease_owner == ""  # given back, for the quarantine's worker to take
+    assert engine.submit(plain.pk) is not None  # no emptying of this process for the suspect
+    wait_until(lambda: Run.objects.get(pk=plain.pk).status == RunStatus.COMPLETED)
+    assert (engine.forwarded, engine.isolated) == (1, 0)
+
+    assert engine.submit(suspect.pk, quarantine_worker=True) is not None  # from the quarantine queue
+    wait_until(lambda: Run.objects.get(pk=suspect.pk).status == RunStatus.COMPLETED)
+    assert (engine.forwarded, engine.isolated) == (1, 1)
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_a_suspect_waiting_in_the_quarantine_queue_is_not_sent_again_by_the_sweeper(people, settings):
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from runs.wakeups import QUARANTINE_ACTOR, runs_with_pending_wakeups, wake_now
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUARANTINE_QUEUE": "quarantine-test"}
+    run = start_run(agent=lookup_agent(), user=people["requester"], input="x")
+    broker = dramatiq.get_broker()
+    try:
+        wake_now(run.pk, suspect=True)
+        assert run.pk in runs_with_pending_wakeups()
+        if isinstance(broker, StubBroker):
+            queued = list(broker.queues["quarantine-test"].queue)
+        else:  # Redis: "<namespace>:<queue>.msgs" maps message ids to messages
+            queued = broker.client.hvals(f"{broker.namespace}:quarantine-test.msgs")
+        message, = (dramatiq.Message.decode(data) for data in queued)
+        assert (message.actor_name, list(message.args)) == (QUARANTINE_ACTOR, [run.pk])
+    finally:
+        broker.flush("quarantine-test")
+
+
 def test_suspects_not_blamed_share_one_quarantine_and_a_blamed_one_waits_to_have_it_alone(people, monkeypatch, hung):
     """Suspects with no death laid on them (the flight recorder found each running beside another) are advanced
     together, with no other run in flight; one a death was blamed on waits until they are done and then has
