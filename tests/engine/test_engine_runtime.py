@@ -280,6 +280,46 @@ def test_with_a_quarantine_queue_a_suspect_is_sent_there_and_only_its_workers_ad
     engine.close_connections()
 
 
+def test_with_a_quarantine_queue_a_run_taken_from_a_holder_that_died_is_still_a_suspect_there(people, monkeypatch,
+                                                                                             settings):
+    """A run whose holder died on it (its lease ran out, never given back, no sweep yet) is a suspect only by the
+    lease it replaced (``lease.acquire``). Sent on to the quarantine queue, it must still be one there: giving the
+    lease back must not wipe out that evidence, or the quarantine's worker advances it as no suspect, beside
+    other runs (what ``test_a_suspect_waiting_for_its_process_to_empty_keeps_its_lease`` guards against)."""
+    from runs.engine import runtime
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUARANTINE_QUEUE": "quarantine"}
+    sent = []
+    monkeypatch.setattr(runtime, "wake_now", lambda run_id, **options: sent.append((run_id, options)))
+    use_tool(monkeypatch, "quick_lookup", lambda ctx, args: {})
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    suspect = start_run(agent=calling("quick", "quick_lookup"), user=people["requester"], input="suspect")
+    lease.acquire(suspect.pk, owner="dead")  # its holder died; its lease ran out, never given back
+    Run.objects.filter(pk=suspect.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert engine.submit(suspect.pk) is None  # a regular worker: sent on
+    assert sent == [(suspect.pk, {"suspect": True})]
+    held = engine.submit(suspect.pk, quarantine_worker=True)  # the quarantine queue's worker
+    assert held is not None and held.suspect
+    wait_until(lambda: Run.objects.get(pk=suspect.pk).status == RunStatus.COMPLETED)
+    assert engine.isolated == 1
+    assert engine.wait_idle(30)
+    engine.close_connections()
+
+
+def test_the_embedded_run_worker_consumes_the_quarantine_queue(settings):
+    """``serve``'s embedded shape has one run worker: with ``QUARANTINE_QUEUE`` set, the suspects a worker sends
+    on to that queue must be consumed by it, or they are never advanced (and the sweeper, finding their
+    wake-up waiting there, never sends them again)."""
+    from dramatiq.brokers.stub import StubBroker
+
+    from runs.management.commands.serve import embedded_workers
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUARANTINE_QUEUE": "quarantine"}
+    run_worker, _ = embedded_workers(StubBroker())
+    assert "quarantine" in run_worker.consumer_whitelist  # the queues it consumes (Dramatiq's name)
+
+
 def test_a_suspect_waiting_in_the_quarantine_queue_is_not_sent_again_by_the_sweeper(people, settings):
     import dramatiq
     from dramatiq.brokers.stub import StubBroker
