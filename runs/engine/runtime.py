@@ -168,7 +168,7 @@ class Engine:
         if held is None:
             return None
         if held.suspect and forward:  # a process of the quarantine queue's empties for it, not this one
-            _give_back(held)
+            _send_on(held)
             wake_now(run_id, suspect=True)
             with self._changed:
                 self.forwarded += 1
@@ -326,6 +326,18 @@ def _give_back(held: lease.Lease) -> None:
     """Release ``held`` (a run that never started here); a failure leaves it to run out."""
     try:
         lease.release(held)
+    except Exception:
+        log.exception("run %s: giving its lease back failed; it runs out", held.run_id)
+
+
+def _send_on(held: lease.Lease) -> None:
+    """Give back the lease of suspect ``held`` (sent on to the quarantine queue) with the run's ``suspect`` set:
+    a run that is a suspect only by the abandoned lease it replaced (``lease.acquire``: its holder died on
+    it, uncounted yet) would otherwise reach the quarantine's worker as no suspect, its lease freed. One
+    UPDATE, fenced by the token; a failure leaves the lease to run out (the next taker still finds a suspect)."""
+    try:
+        Run.objects.filter(pk=held.run_id, lease_token=held.token).update(
+            lease_owner="", lease_expires_at=None, suspect=True)
     except Exception:
         log.exception("run %s: giving its lease back failed; it runs out", held.run_id)
 
