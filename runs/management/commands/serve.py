@@ -33,7 +33,7 @@ from config.secret_key import require_secret_key
 from runs.management.commands.recover_runs import sweep_all
 from runs.models import Run, RunStatus
 from runs.serving import start_services
-from runs.wakeups import ADVANCE_QUEUE, wake_now
+from runs.wakeups import ADVANCE_QUEUE, quarantine_queue, wake_now
 from runs.webhooks.nudges import QUEUE as WEBHOOK_QUEUE
 
 # The queues of the run worker: runs (advance_run) and email notifications.
@@ -45,11 +45,14 @@ WEBHOOK_THREADS = 4  # serve's --webhook-threads
 
 def embedded_workers(broker, *, run_threads: int = RUN_THREADS,
                      webhook_threads: int = WEBHOOK_THREADS) -> tuple[dramatiq.Worker, dramatiq.Worker]:
-    """The embedded shape's workers, not started: ``(run worker on RUN_QUEUES, webhook worker on its queue)``.
+    """The embedded shape's workers, not started: ``(run worker on RUN_QUEUES and the quarantine queue if there
+    is one, webhook worker on its queue)``: the one run worker advances the suspects sent on to
+    ``TOLLGATE["QUARANTINE_QUEUE"]`` too (``runs.engine.actors.advance_suspect``), or nobody would.
 
     Keep ``webhook_threads`` above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]`` (docs/design.md#webhooks).
     """
-    return (dramatiq.Worker(broker, queues=set(RUN_QUEUES), worker_threads=run_threads,
+    run_queues = set(RUN_QUEUES) | ({quarantine_queue()} if quarantine_queue() else set())
+    return (dramatiq.Worker(broker, queues=run_queues, worker_threads=run_threads,
                             worker_timeout=WORKER_TIMEOUT_MS),
             dramatiq.Worker(broker, queues={WEBHOOK_QUEUE}, worker_threads=webhook_threads,
                             worker_timeout=WORKER_TIMEOUT_MS))
