@@ -120,8 +120,8 @@ class Engine:
         Returns the lease (released when the slice ends), or None when the run was not taken (held
         elsewhere, waiting, ended or gone). Waits for room (``runs_in_flight``) before taking the lease,
         at most ``SUBMIT_WAIT_S`` seconds, then raises ``EngineFull``. A suspect (``Lease.suspect``) is
-        advanced in quarantine, with other suspects only (``_take``), its lease left to run out past the
-        deadline (docs/design.md#recovery-and-the-sweeper, "Quarantine"); when suspects have a queue of
+        advanced in quarantine, with other suspects only (``_take``; docs/design.md#recovery-and-the-sweeper,
+        "Quarantine"); when suspects have a queue of
         their own (``TOLLGATE["QUARANTINE_QUEUE"]``), it is given back and sent there instead, unless
         ``quarantine_worker`` (it came from that queue). Raises ``DatabaseError`` from taking the lease.
         """
@@ -161,14 +161,14 @@ class Engine:
         ``TOLLGATE["QUARANTINE_SIZE"]`` suspects together, those that come while it waits for the process
         to empty included (one drain serves them all), but a blamed one (``Lease.blamed``) is advanced
         alone, and no suspect joins a quarantine one waits to have to itself. A run that waits keeps its
-        lease renewed; past the deadline a suspect's is left to run out (the next taker still finds a
-        suspect), another's is given back.
+        lease renewed; past the deadline it is given back (a suspect's with the run marked a suspect, so that
+        the next taker still finds one: ``_give_back``).
         """
         held = lease.acquire(run_id)
         if held is None:
             return None
         if held.suspect and forward:  # a process of the quarantine queue's empties for it, not this one
-            _send_on(held)
+            _give_back(held)
             wake_now(run_id, suspect=True)
             with self._changed:
                 self.forwarded += 1
@@ -187,8 +187,7 @@ class Engine:
                     self._changed.notify_all()
                     raise
         except BaseException:
-            if not held.suspect:
-                _give_back(held)  # after the engine's lock is let go: a database statement
+            _give_back(held)  # after the engine's lock is let go: a database statement
             raise
         if held.suspect:
             log.warning("run %s: its worker died on it before; it is advanced in quarantine%s", run_id,
@@ -323,21 +322,18 @@ class _Slice:
 
 
 def _give_back(held: lease.Lease) -> None:
-    """Release ``held`` (a run that never started here); a failure leaves it to run out."""
-    try:
-        lease.release(held)
-    except Exception:
-        log.exception("run %s: giving its lease back failed; it runs out", held.run_id)
+    """Release ``held`` (a run that never started here); a failure leaves it to run out.
 
-
-def _send_on(held: lease.Lease) -> None:
-    """Give back the lease of suspect ``held`` (sent on to the quarantine queue) with the run's ``suspect`` set:
-    a run that is a suspect only by the abandoned lease it replaced (``lease.acquire``: its holder died on
-    it, uncounted yet) would otherwise reach the quarantine's worker as no suspect, its lease freed. One
-    UPDATE, fenced by the token; a failure leaves the lease to run out (the next taker still finds a suspect)."""
+    A suspect's is given back with the run's ``suspect`` set, in one UPDATE fenced by the token: a run that
+    is a suspect only by the abandoned lease it replaced (``lease.acquire``: its holder died on it, not
+    counted yet) would otherwise reach its next taker as no suspect, its lease freed.
+    """
     try:
-        Run.objects.filter(pk=held.run_id, lease_token=held.token).update(
-            lease_owner="", lease_expires_at=None, suspect=True)
+        if held.suspect:
+            Run.objects.filter(pk=held.run_id, lease_token=held.token).update(
+                lease_owner="", lease_expires_at=None, suspect=True)
+        else:
+            lease.release(held)
     except Exception:
         log.exception("run %s: giving its lease back failed; it runs out", held.run_id)
 
