@@ -42,7 +42,12 @@ ended ``failed/crash_loop``.
 
 Short (CI): ``python bench/chaos.py --runs 20 --kills 3``.
 Raised:     ``bash bench/run.sh chaos --runs 5000 --kills 50 --min-held 100 --poison-percent 5
---restart-redis --restart-postgres --gateway-latency 2 --quarantine-workers 2``.
+--restart-redis --restart-postgres --gateway-latency 5 --quarantine-workers 3 --burst --amount 20``.
+
+``--burst`` creates every run before any worker starts: the workers then
+take the whole backlog at once, each holding hundreds of runs (otherwise
+runs finish about as fast as the harness creates them, and no group ever
+holds a hundred).
 
 Quarantine workers: ``--quarantine-workers N`` starts N more worker groups
 on a queue of their own for suspects (``TOLLGATE_QUARANTINE_QUEUE``), the
@@ -84,6 +89,9 @@ def parse_args(argv=None):
                              "worker quarantines its own suspects")
     parser.add_argument("--threads", type=int, default=4, help="threads per worker")
     parser.add_argument("--kill-every", type=float, nargs=2, default=(1.0, 4.0), metavar=("MIN_S", "MAX_S"))
+    parser.add_argument("--burst", action="store_true",
+                        help="create every run before any worker starts, so that the workers take the backlog "
+                             "at once and each holds hundreds of runs (with --min-held: kills from the start)")
     parser.add_argument("--min-held", type=int, default=0,
                         help="kill a worker group only while it holds at least this many run leases")
     parser.add_argument("--p-timeout", type=float, default=0.05, help="gateway timeout-after-commit probability")
@@ -162,12 +170,13 @@ def main() -> int:
             "p_timeout_after_commit": args.p_timeout, "p_error_before_commit": args.p_5xx, "hang_s": 2.0,
             "latency_s": args.gateway_latency,
         }).raise_for_status()
-        for index in range(len(queues)):
-            cluster.start_worker(index)
-        cluster.start_sweeper()
+        if not args.burst:
+            start_workers(cluster)
         run_ids, crash_ids = create_mixed_runs(args.runs - poison, poison, amount=args.amount)
         crash_ids += create_crashing_runs(args.crash_runs, first=poison)
         figures = {"seconds_creating_runs": round(time.monotonic() - began, 1)}
+        if args.burst:
+            start_workers(cluster)
         figures.update(drive(cluster, run_ids + crash_ids, args, rng, env["GATEWAY_URL"], servers))
         figures.update(audit(run_ids, env["GATEWAY_URL"]))
         figures.update(audit_crashing(crash_ids))
@@ -177,6 +186,13 @@ def main() -> int:
     print_figures(figures, log_dir)
     return 0 if figures["lost_runs"] == 0 and figures["refunds_charged_twice"] == 0 \
         and figures["max_charges_per_key"] <= 1 and figures["crash_runs_not_crash_loop"] == 0 else 1
+
+
+def start_workers(cluster: Cluster) -> None:
+    """Every worker group and the sweeper."""
+    for index in range(len(cluster.workers)):
+        cluster.start_worker(index)
+    cluster.start_sweeper()
 
 
 class Servers:
