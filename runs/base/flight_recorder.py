@@ -32,6 +32,13 @@ code of theirs to blame. The sweeper removes the boxes of processes that
 are gone once none of their runs is leased to them (``dead_owners``,
 ``discard``).
 
+Whether a box's process is gone is told by a lock, not its process id: the
+process holds an exclusive ``flock`` on its box for as long as it lives
+(the kernel drops it when the process dies, however it dies), and a reader
+that can take it finds the box's process gone. A process id would mislead
+where it was reused, or where workers in other pid namespaces (containers
+sharing a host name and this directory) look dead from here.
+
 The idea is the aircraft's flight data recorder, as crash reporters use it
 (state written before a crash, read after it: e.g. Chromium's "crash keys",
 breadcrumbs in Sentry's SDKs).
@@ -46,6 +53,7 @@ an empty slot.
 import asyncio
 import atexit
 import contextlib
+import fcntl
 import mmap
 import os
 import re
@@ -66,7 +74,7 @@ SLOTS = 256
 OVERFLOW = 1
 STOPPED = 2
 _MAGIC = b"TGFR"
-_VERSION = 1
+_VERSION = 2  # 2: the box's process holds its lock (boxes of version 1 are not read)
 _HEADER = struct.Struct("<4sII4x240s")
 _SLOT = struct.Struct("<qI4x")
 _SIZE = _HEADER.size + SLOTS * _SLOT.size
@@ -79,10 +87,13 @@ class _Box:
     def __init__(self, path: Path, owner: str):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process ends: it lives (module doc)
             os.ftruncate(fd, _SIZE)
             self.memory = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd  # kept open: closing it would let the lock go
         self.owner = owner.encode()
         self.flags = 0
         _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, self.flags, self.owner)
@@ -255,9 +266,10 @@ class _Noted:
                 value, advance = exc, coro.throw
 
 
-def _read_box(path: Path) -> tuple[str, int, dict[int, int]] | None:
-    """``(owner, flags, {run id: kind})`` of the box at ``path``, or None when it is not a box (not a
-    regular file of the right size and format; never followed through a link nor waited on)."""
+def _read_box(path: Path) -> tuple[str, int, dict[int, int], bool] | None:
+    """``(owner, flags, {run id: kind}, whether its process lives)`` of the box at ``path``, or None when it is
+    not a box (not a regular file of the right size and format; never followed through a link nor waited on).
+    Its process lives while it holds the box's lock (module doc)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -267,6 +279,11 @@ def _read_box(path: Path) -> tuple[str, int, dict[int, int]] | None:
         if not stat.S_ISREG(found.st_mode) or found.st_size != _SIZE:
             return None
         data = os.read(fd, _SIZE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            alive = False  # nobody holds it: the process that made the box is gone (closing lets it go again)
+        except BlockingIOError:
+            alive = True
     except OSError:
         return None
     finally:
@@ -281,35 +298,31 @@ def _read_box(path: Path) -> tuple[str, int, dict[int, int]] | None:
         run_id, kind = _SLOT.unpack_from(data, offset)
         if run_id:
             running[run_id] = max(kind, running.get(run_id, 0))
-    return owner.rstrip(b"\0").decode(errors="replace"), flags, running
+    return owner.rstrip(b"\0").decode(errors="replace"), flags, running, alive
 
 
-def _pid_here(owner: str) -> int | None:
-    """The pid of lease owner ``owner`` (``host:pid:nonce``) when its host is this one, else None."""
+def _here(owner: str) -> bool:
+    """Whether lease owner ``owner`` (``host:pid:nonce``) names this host."""
     parts = owner.rsplit(":", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[0] == _HOST and parts[1].isdigit() else None
+    return len(parts) == 3 and parts[0] == _HOST
 
 
 def read(owner: str) -> dict[int, int] | None:
     """What the threads of lease owner ``owner``'s process were running when it died: ``{run id: kind}``
     (``CALL`` wins when a run was in both; empty: none, e.g. it was stopped). None when no complete box of
-    it is here (none on this host, not a box, or a thread had no slot), or when its process still runs
-    here (its lease ran out without a death: what it runs now says nothing)."""
+    it is here (none on this host, not a box, or a thread had no slot), or when its process still lives
+    (its lease ran out without a death: what it runs now says nothing)."""
     try:
         box = _read_box(_directory() / _file_name(owner))
     except OSError:
         return None
-    if box is None or box[0] != owner or box[1] & OVERFLOW:
-        return None
-    pid = _pid_here(owner)
-    if pid is None or _alive(pid):
+    if box is None or box[0] != owner or box[1] & OVERFLOW or not _here(owner) or box[3]:
         return None
     return {} if box[1] & STOPPED else box[2]
 
 
 def dead_owners() -> list[str]:
-    """The lease owners of the boxes here whose process was on this host and is gone (a box whose pid was
-    reused stays until that process ends too)."""
+    """The lease owners of the boxes here whose process was on this host and is gone."""
     try:
         directory = _directory()
     except OSError:
@@ -317,10 +330,8 @@ def dead_owners() -> list[str]:
     owners = []
     for path in directory.glob(f"{_file_name(_HOST).removesuffix('.box')}_*.box"):
         box = _read_box(path)
-        if box is not None and directory / _file_name(box[0]) == path:
-            pid = _pid_here(box[0])
-            if pid is not None and not _alive(pid):
-                owners.append(box[0])
+        if box is not None and directory / _file_name(box[0]) == path and _here(box[0]) and not box[3]:
+            owners.append(box[0])
     return owners
 
 
@@ -329,12 +340,3 @@ def discard(owner: str) -> None:
     with contextlib.suppress(OSError):
         (_directory() / _file_name(owner)).unlink()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True

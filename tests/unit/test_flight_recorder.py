@@ -136,3 +136,43 @@ def test_a_directory_others_may_write_to_is_refused(box_dir):
     opening = subprocess.run([sys.executable, "-c", "from runs.base import flight_recorder; "
                               "flight_recorder.open_box('host:1:x')"], capture_output=True, text=True)
     assert opening.returncode != 0 and "others cannot write to" in opening.stderr
+
+
+def _box_under(owner: str, *, then: str) -> subprocess.Popen:
+    """A process that opens its box as lease owner ``owner`` (whatever pid that names), notes a call of run 5,
+    says so, then runs ``then``."""
+    process = subprocess.Popen([sys.executable, "-c", f"""
+import os, signal, time
+from runs.base import flight_recorder, log_context
+from runs.base.flight_recorder import CALL, executing
+flight_recorder.open_box({owner!r})
+with log_context.bound(5), executing(CALL):
+    print("ready", flush=True)
+    {then}
+"""], env=dict(os.environ), stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def test_a_live_process_whose_pid_this_host_cannot_see_is_not_taken_for_dead():
+    """A worker in another pid namespace (a container sharing this host name and directory) names a pid that
+    does not exist here: its lock, not its pid, says it lives."""
+    owner = f"{socket.gethostname()}:4194999:elsewhere"
+    process = _box_under(owner, then="time.sleep(60)")
+    try:
+        assert flight_recorder.read(owner) is None
+        assert owner not in flight_recorder.dead_owners()
+    finally:
+        process.kill()
+        process.wait()
+    assert flight_recorder.read(owner) == {5: CALL}
+    assert owner in flight_recorder.dead_owners()
+
+
+def test_a_dead_process_whose_pid_was_reused_is_read():
+    """The box names a pid that lives now (here: this test's own): its process is gone all the same."""
+    owner = f"{socket.gethostname()}:{os.getpid()}:reused"
+    process = _box_under(owner, then="os.kill(os.getpid(), signal.SIGKILL)")
+    assert process.wait(timeout=60) == KILLED
+    assert flight_recorder.read(owner) == {5: CALL}
+    assert owner in flight_recorder.dead_owners()
