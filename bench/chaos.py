@@ -42,7 +42,8 @@ ended ``failed/crash_loop``.
 
 Short (CI): ``python bench/chaos.py --runs 20 --kills 3``.
 Raised:     ``bash bench/run.sh chaos --runs 5000 --kills 50 --min-held 100 --poison-percent 5
---restart-redis --restart-postgres --gateway-latency 5 --quarantine-workers 3 --burst --amount 20``.
+--restart-redis --restart-postgres --gateway-latency 2 --quarantine-workers 3 --burst --amount 20
+--settle-timeout 2700 --deadline-s 2700``.
 
 ``--burst`` creates every run before any worker starts: the workers then
 take the whole backlog at once, each holding hundreds of runs (otherwise

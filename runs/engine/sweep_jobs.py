@@ -78,15 +78,19 @@ def rescue_stranded(*, now) -> dict[str, int]:
     """
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
     lost = Q(lease_expires_at__lt=now)
-    dead = flight_recorder.dead_owners()
-    if dead:
-        lost |= Q(lease_owner__in=dead, lease_expires_at__isnull=False)
+    gone = flight_recorder.dead_owners()
+    if gone:
+        lost |= Q(lease_owner__in=gone, lease_expires_at__isnull=False)
     stranded = list(Run.objects.filter(
         lost | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
     ).exclude(status=RunStatus.QUEUED, wake_at__gt=now)  # not lost: its start_at has not come
         .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
-    count_deaths([(pk, owner) for pk, expired, _, owner in stranded if expired is not None])
+    died = [(pk, owner) for pk, expired, _, owner in stranded if expired is not None]
+    count_deaths(died)
+    if died:  # the streaks as the deaths just counted left them: a culprit's next try waits the longer
+        counted = dict(Run.objects.filter(pk__in=[pk for pk, _ in died]).values_list("pk", "crash_streak"))
+        stranded = [(pk, expired, counted.get(pk, streak), owner) for pk, expired, streak, owner in stranded]
     # A run with no lease whose wake-up the broker still holds is waiting its
     # turn, not lost: sending it again would only lengthen the queue.
     waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, *_ in stranded) else set()

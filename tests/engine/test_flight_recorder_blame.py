@@ -144,6 +144,26 @@ def test_a_dead_workers_runs_go_back_at_the_next_sweep_before_their_leases_run_o
         process.wait()
 
 
+def test_a_culprit_is_sent_back_after_the_delay_of_the_crash_streak_just_counted(people, monkeypatch):
+    """The delay before a dead worker's run is tried again grows with its crash streak: the streak as this
+    death left it (a culprit's first death already doubles it), not as it was read before it was counted."""
+    from runs.engine import sweep_jobs
+
+    seen = []
+
+    def delay_ms(streak: int) -> int:
+        seen.append(streak)
+        return 0
+
+    monkeypatch.setattr(sweep_jobs, "restart_delay_ms", delay_ms)
+    poison, waiting = _runs(people, 2)
+    owner = dead_box({poison.pk: CALL})
+    _die_together([poison, waiting], owner, [timezone.now() - timedelta(minutes=5)] * 2)
+
+    assert sweep()["reenqueued"] == 2
+    assert sorted(seen) == [0, 1]  # the cleared run's streak, the culprit's (counted now)
+
+
 def test_a_handler_that_kills_from_its_own_task_and_to_thread_is_found(people, worker_process, monkeypatch):
     """An async handler's work in ``asyncio.to_thread`` from a task it created is noted as its call, so the run
     whose handler killed the worker is a suspect, beside a neighbour whose sync handler sleeps in its pool
