@@ -1,10 +1,13 @@
 """The flight recorder (``runs.base.flight_recorder``): what a process SIGKILLed in the middle of runs' code
 leaves for whoever reads its box, in a real child process that kills itself."""
 
+import fcntl
 import os
+import signal
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -176,3 +179,67 @@ def test_a_dead_process_whose_pid_was_reused_is_read():
     assert process.wait(timeout=60) == KILLED
     assert flight_recorder.read(owner) == {5: CALL}
     assert owner in flight_recorder.dead_owners()
+
+
+def test_a_dead_process_whose_forked_child_lives_on_is_read():
+    """A handler forks (``os.fork``, ``multiprocessing`` with its default start method): the child inherits the
+    box's file descriptor, and with it the box's lock. The worker is killed, the child lives on: the worker
+    is gone all the same, and its box is read."""
+    process, owner = box_process("""
+        with log_context.bound(5), executing(CALL):
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            print(child, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    child = int(process.stdout.readline())
+    try:
+        assert process.returncode == KILLED
+        assert flight_recorder.read(owner) == {5: CALL}
+        assert owner in flight_recorder.dead_owners()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_box_as_it_was():
+    """A child forked in the middle of a call that leaves through the interpreter's exit (its ``with`` blocks
+    unwound, its ``atexit`` hooks run) writes nothing into its parent's box: the parent, killed later, is
+    still found in that call, not stopped."""
+    process, owner = box_process("""
+        import sys
+        with log_context.bound(5), executing(CALL):
+            child = os.fork()
+            if child == 0:
+                sys.exit(0)
+            os.waitpid(child, 0)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert process.returncode == KILLED
+    assert flight_recorder.read(owner) == {5: CALL}
+
+
+def test_a_box_is_read_as_its_process_left_it_when_it_dies_while_being_read(box_dir, monkeypatch):
+    """The process dies while the sweeper reads its box (between opening it and learning from its lock that
+    the process is gone): what is read is what its threads ran when it died, not a moment before."""
+    go = box_dir / "go"
+    living, owner = box_process(f"""
+        with log_context.bound(5), executing(STEP):
+            print("noted", flush=True)
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.01)
+            with log_context.bound(6), executing(CALL):
+                os.kill(os.getpid(), signal.SIGKILL)
+    """, wait=False)
+    assert living.stdout.readline().strip() == "noted"
+
+    def dying_meanwhile(fd, operation):
+        if living.poll() is None:
+            go.touch()
+            living.wait(timeout=60)
+        return fcntl.flock(fd, operation)
+
+    monkeypatch.setattr(flight_recorder, "fcntl", types.SimpleNamespace(
+        flock=dying_meanwhile, LOCK_SH=fcntl.LOCK_SH, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
+    assert flight_recorder.read(owner) == {6: CALL}
