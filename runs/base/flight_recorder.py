@@ -278,12 +278,12 @@ def _read_box(path: Path) -> tuple[str, int, dict[int, int], bool] | None:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode) or found.st_size != _SIZE:
             return None
-        data = os.read(fd, _SIZE)
-        try:
+        try:  # the lock first: once the process is gone, what is read is what it left
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             alive = False  # nobody holds it: the process that made the box is gone (closing lets it go again)
         except BlockingIOError:
             alive = True
+        data = os.read(fd, _SIZE)
     except OSError:
         return None
     finally:
