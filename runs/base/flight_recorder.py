@@ -37,7 +37,10 @@ process holds an exclusive ``flock`` on its box for as long as it lives
 (the kernel drops it when the process dies, however it dies), and a reader
 that can take it finds the box's process gone. A process id would mislead
 where it was reused, or where workers in other pid namespaces (containers
-sharing a host name and this directory) look dead from here.
+sharing a host name and this directory) look dead from here. A child the
+process forks (a handler's ``os.fork``, ``multiprocessing``) lets go of
+its copy of the box at once (``os.register_at_fork``): it would hold the
+lock after the process died, and write into the box.
 
 The idea is the aircraft's flight data recorder, as crash reporters use it
 (state written before a crash, read after it: e.g. Chromium's "crash keys",
@@ -121,6 +124,14 @@ class _Box:
         self.flags |= flag
         _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, self.flags, self.owner)
 
+    def leave(self) -> None:
+        """In a child forked from the box's process: let go of the box. The child's copies of its descriptors
+        (``_fd``, and the mapping's own) would hold the box's lock after the process died, and its writes (a
+        note it unwinds, ``close_box`` at its exit) would land in the box: they go to private memory now."""
+        shared, self.memory = self.memory, mmap.mmap(-1, _SIZE)
+        shared.close()
+        os.close(self._fd)
+
 
 _box: _Box | None = None
 
@@ -149,6 +160,17 @@ def open_box(owner: str) -> None:
     if _box is None:
         _box = _Box(_directory() / _file_name(owner), owner)
         atexit.register(close_box)
+
+
+def _leave_in_child() -> None:
+    """After a fork, in the child (``os.register_at_fork``): no box here (``_Box.leave``)."""
+    global _box
+    box, _box = _box, None
+    if box is not None:
+        box.leave()
+
+
+os.register_at_fork(after_in_child=_leave_in_child)
 
 
 def close_box() -> None:
