@@ -243,3 +243,25 @@ def test_a_box_is_read_as_its_process_left_it_when_it_dies_while_being_read(box_
     monkeypatch.setattr(flight_recorder, "fcntl", types.SimpleNamespace(
         flock=dying_meanwhile, LOCK_SH=fcntl.LOCK_SH, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB))
     assert flight_recorder.read(owner) == {6: CALL}
+
+
+def test_a_box_opened_again_under_its_owner_while_its_process_lives_is_left_whole():
+    """A forked child starts recording under the owner name it inherited (``runs.lease.WORKER_ID``, named at
+    import): its box cannot be opened while the parent holds the lock, and the parent's box is left as it
+    was (not truncated under the parent's mapping), so the parent, killed later, is read."""
+    process, owner = box_process("""
+        with log_context.bound(5), executing(CALL):
+            child = os.fork()
+            if child == 0:
+                try:
+                    flight_recorder.open_box(owner)
+                except OSError:
+                    os._exit(3)
+                os._exit(0)
+            print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
+            with executing(CALL):
+                os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert process.stdout.readline().strip() == "3"
+    assert process.returncode == KILLED
+    assert flight_recorder.read(owner) == {5: CALL}
