@@ -88,9 +88,10 @@ class _Box:
     """This process's open box: the mapping, and the next free slot (one per thread, taken at its first note)."""
 
     def __init__(self, path: Path, owner: str):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process ends: it lives (module doc)
+            os.ftruncate(fd, 0)  # emptied only once locked: a box of a live process is never cut under its mapping
             os.ftruncate(fd, _SIZE)
             self.memory = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
