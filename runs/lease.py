@@ -23,7 +23,7 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
@@ -50,7 +50,9 @@ class Lease:
     quarantine; ``blamed``, a death was laid on it (``Run.crash_streak``), or it is a suspect that died
     ``ISOLATE_AFTER_LOSSES`` times in a row (each time beside others), so it is advanced alone. A run
     taken from a lease that ran out without being given back is both: its holder died on it and the
-    takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine").
+    takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine"); ``replaced`` is then that
+    lease, ``(owner, expiry)``, so that a run handed back before any of its code ran here is left as it was
+    found (``runs.engine.runtime``), its holder's death still to be counted and the run still blamed.
     """
 
     run_id: int
@@ -58,6 +60,7 @@ class Lease:
     owner: str
     suspect: bool = False
     blamed: bool = False
+    replaced: tuple[str, datetime] | None = None
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -80,19 +83,22 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
     past the TTL), so the takeover will blame the run
     (``runs.engine.recovery.recover_after_takeover``). One
     statement on PostgreSQL (``UPDATE ... FROM ... RETURNING`` the new
-    token, the streaks, the suspect flag and whether the old lease was still set, uncounted), else a
+    token, the streaks, the suspect flag, whether the old lease was still set, uncounted, and that lease), else a
     SELECT, an UPDATE and a SELECT (SQLite's RETURNING cannot name the FROM).
     """
     now = timezone.now()
     expires_at = now + ttl()
     if connection.vendor != "postgresql":
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-        abandoned = Run.objects.filter(pk=run_id, lease_expires_at__isnull=False, death_blame="").exists()
+        found = Run.objects.filter(pk=run_id).values_list("lease_owner", "lease_expires_at", "death_blame").first()
+        if found is None:
+            return None
+        held_by, held_until, counted = found
         if Run.objects.filter(free, pk=run_id, status__in=ACTIVE).update(
                 lease_owner=owner, lease_token=F("lease_token") + 1, lease_expires_at=expires_at) != 1:
             return None
         row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak", "suspect", "death_blame").get(
-            pk=run_id), abandoned)
+            pk=run_id), held_until is not None and counted == "", held_by, held_until)
     else:
         quote, meta = connection.ops.quote_name, Run._meta
         table = quote(meta.db_table)
@@ -104,16 +110,17 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
         with connection.cursor() as cursor:
             cursor.execute(  # the FROM reads the lease being replaced (RETURNING sees only the new row)
                 f"UPDATE {table} SET {lease_owner} = %s, {token} = {table}.{token} + 1, {expires} = %s "
-                f"FROM (SELECT {expires} AS held_until, {blame} AS counted FROM {table} WHERE {pk} = %s) AS replaced "
+                f"FROM (SELECT {lease_owner} AS held_by, {expires} AS held_until, {blame} AS counted "
+                f"FROM {table} WHERE {pk} = %s) AS replaced "
                 f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
                 f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
                 f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, {table}.{suspect}, {table}.{blame}, "
-                f"replaced.held_until IS NOT NULL AND replaced.counted = ''",
+                f"replaced.held_until IS NOT NULL AND replaced.counted = '', replaced.held_by, replaced.held_until",
                 [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)])
             row = cursor.fetchone()
         if row is None:
             return None
-    token, crash_streak, loss_streak, suspect, counted, abandoned = row
+    token, crash_streak, loss_streak, suspect, counted, abandoned, held_by, held_until = row
     limits = settings.TOLLGATE
     if counted and (crash_streak >= limits["MAX_CRASHES_PER_STEP"] or loss_streak >= limits["MAX_LOSSES_PER_STEP"]):
         # Its death counted to the limit, with its work still in flight: the takeover ends it crash_loop
@@ -123,7 +130,7 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
     # death is its own.
     blamed = crash_streak >= 1 or (suspect and loss_streak >= limits["ISOLATE_AFTER_LOSSES"])
     return Lease(run_id=run_id, token=token, owner=owner, suspect=bool(suspect) or bool(abandoned),
-                 blamed=bool(blamed) or bool(abandoned))
+                 blamed=bool(blamed) or bool(abandoned), replaced=(held_by, held_until) if abandoned else None)
 
 
 def release(lease: Lease) -> str | None:

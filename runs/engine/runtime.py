@@ -161,8 +161,8 @@ class Engine:
         ``TOLLGATE["QUARANTINE_SIZE"]`` suspects together, those that come while it waits for the process
         to empty included (one drain serves them all), but a blamed one (``Lease.blamed``) is advanced
         alone, and no suspect joins a quarantine one waits to have to itself. A run that waits keeps its
-        lease renewed; past the deadline it is given back (a suspect's with the run marked a suspect, so that
-        the next taker still finds one: ``_give_back``).
+        lease renewed; past the deadline it is given back (one that replaced an abandoned lease as it was found,
+        so that the next taker still finds a suspect, blamed: ``_give_back``).
         """
         held = lease.acquire(run_id)
         if held is None:
@@ -324,14 +324,17 @@ class _Slice:
 def _give_back(held: lease.Lease) -> None:
     """Release ``held`` (a run that never started here); a failure leaves it to run out.
 
-    A suspect's is given back with the run's ``suspect`` set, in one UPDATE fenced by the token: a run that
-    is a suspect only by the abandoned lease it replaced (``lease.acquire``: its holder died on it, not
-    counted yet) would otherwise reach its next taker as no suspect, its lease freed.
+    A lease that replaced an abandoned one (``Lease.replaced``: its holder died on it, not counted yet) is
+    given back as it was found, that holder's lease run out, in one UPDATE fenced by the token: freed, the
+    run would reach its next taker as no suspect, or a suspect no longer blamed (advanced beside others),
+    and the sweeper would never judge that death with the rest of its holder's. So the next taker, or the
+    sweeper, counts it as if this process had never taken the run, and no lease runs out under this live one.
     """
     try:
-        if held.suspect:
+        if held.replaced is not None:
+            owner, expired_at = held.replaced
             Run.objects.filter(pk=held.run_id, lease_token=held.token).update(
-                lease_owner="", lease_expires_at=None, suspect=True)
+                lease_owner=owner, lease_expires_at=expired_at)
         else:
             lease.release(held)
     except Exception:
