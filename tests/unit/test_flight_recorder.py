@@ -265,3 +265,17 @@ def test_a_box_opened_again_under_its_owner_while_its_process_lives_is_left_whol
     assert process.stdout.readline().strip() == "3"
     assert process.returncode == KILLED
     assert flight_recorder.read(owner) == {5: CALL}
+
+
+def test_a_process_that_stopped_recording_can_start_again():
+    """A process whose Dramatiq worker shut down (``close_box``) and that starts an engine again (a test
+    process's in-process workers, one after another) records again in its box: it still holds the box's
+    lock, which must not shut it out of its own box."""
+    process, owner = box_process("""
+        flight_recorder.close_box()
+        flight_recorder.open_box(owner)
+        with log_context.bound(5), executing(CALL):
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert process.returncode == KILLED
+    assert flight_recorder.read(owner) == {5: CALL}
