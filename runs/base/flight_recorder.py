@@ -99,10 +99,15 @@ class _Box:
             raise
         self._fd = fd  # kept open: closing it would let the lock go
         self.owner = owner.encode()
-        self.flags = 0
-        _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, self.flags, self.owner)
         self.path = path
         self._lock = threading.Lock()
+        self.start()
+
+    def start(self) -> None:
+        """Empty the box (no flag, every slot free) and record in it from now on."""
+        self.memory[:] = bytes(_SIZE)
+        self.flags = 0
+        _HEADER.pack_into(self.memory, 0, _MAGIC, _VERSION, self.flags, self.owner)
         self._taken = 0
         self.local = threading.local()  # offset: this thread's slot; running: (run id, kind) it notes now
 
@@ -135,6 +140,7 @@ class _Box:
 
 
 _box: _Box | None = None
+_stopped: _Box | None = None  # the box ``close_box`` stopped: its lock is still held, so it is the one opened again
 
 
 def _directory() -> Path:
@@ -155,20 +161,27 @@ def _file_name(owner: str) -> str:
 
 def open_box(owner: str) -> None:
     """Start recording in this process, in the box of lease owner ``owner`` (created afresh). Once per
-    process (the engine calls it when it starts); later calls do nothing. Raises ``OSError`` when the
-    directory cannot be used (``_directory``)."""
-    global _box
+    process (the engine calls it when it starts); later calls do nothing, until ``close_box`` (then the same
+    box is started again: this process still holds its lock). Raises ``OSError`` when the directory cannot
+    be used (``_directory``), or the box is another live process's (its lock is held)."""
+    global _box, _stopped
     if _box is None:
-        _box = _Box(_directory() / _file_name(owner), owner)
-        atexit.register(close_box)
+        path = _directory() / _file_name(owner)
+        if _stopped is not None and _stopped.path == path:
+            _stopped.start()
+            _box, _stopped = _stopped, None
+        else:
+            _box = _Box(path, owner)
+            atexit.register(close_box)
 
 
 def _leave_in_child() -> None:
     """After a fork, in the child (``os.register_at_fork``): no box here (``_Box.leave``)."""
-    global _box
-    box, _box = _box, None
-    if box is not None:
-        box.leave()
+    global _box, _stopped
+    for box in (_box, _stopped):
+        if box is not None:
+            box.leave()
+    _box = _stopped = None
 
 
 os.register_at_fork(after_in_child=_leave_in_child)
@@ -177,11 +190,12 @@ os.register_at_fork(after_in_child=_leave_in_child)
 def close_box() -> None:
     """Stop recording in this process: its box says it stopped, with every slot empty (the runs it still held
     die with no code of theirs to blame, ``read``); the sweeper removes it once the process is gone."""
-    global _box
+    global _box, _stopped
     box, _box = _box, None
     if box is not None:
         box.mark(STOPPED)
         box.memory[_HEADER.size:_SIZE] = bytes(_SIZE - _HEADER.size)
+        _stopped = box
 
 
 class executing:  # noqa: N801 (used as a function: ``with executing(STEP):``)
