@@ -47,11 +47,11 @@ def wake_now(run_id: int, *, delay_ms: int | None = None, suspect: bool = False)
     broker.enqueue(_message(run_id, queue, actor), delay=delay_ms)
 
 
-def wake_on_commit(run_id: int, *, delay_ms: int | None = None) -> None:
+def wake_on_commit(run_id: int, *, delay_ms: int | None = None, suspect: bool = False) -> None:
     """Enqueue a wake-up for ``run_id`` once the current transaction commits (never before, never on rollback),
-    ``delay_ms`` milliseconds later if given. Never raises: a broker error is logged (``robust``), and the
-    sweeper re-sends lost wake-ups."""
-    transaction.on_commit(lambda: wake_now(run_id, delay_ms=delay_ms), robust=True)
+    ``delay_ms`` milliseconds later if given, on the quarantine queue with ``suspect`` (``wake_now``). Never
+    raises: a broker error is logged (``robust``), and the sweeper re-sends lost wake-ups."""
+    transaction.on_commit(lambda: wake_now(run_id, delay_ms=delay_ms, suspect=suspect), robust=True)
 
 
 def _run_id(data: bytes) -> int | None:

@@ -39,7 +39,7 @@ from runs.lease import ACTIVE
 from runs.models import TERMINAL_STATUSES, Agent, DeathBlame, FailureType, Run, RunStatus, WaitingReason
 from runs.services import append_event
 from runs.tx import locked_many
-from runs.wakeups import runs_with_pending_wakeups, wake_on_commit
+from runs.wakeups import quarantine_queue, runs_with_pending_wakeups, wake_on_commit
 from tools.models import ToolCall, ToolCallStatus
 from tools.services import Reconciled, reconcile_delay, reconcile_unknown_call
 from tools.waits import end_due_waits, prefetch_due_waits
@@ -74,7 +74,9 @@ def rescue_stranded(*, now) -> dict[str, int]:
     ``QUEUED_GRACE_S`` whose wake-up the broker no longer holds is sent
     again. At most ``SWEEP_MAX_RESENDS`` per pass, the longest untouched
     first; deaths are counted for all, so that the runs one worker held are
-    judged together, whichever pass sends them.
+    judged together, whichever pass sends them. With a quarantine queue
+    (``TOLLGATE["QUARANTINE_QUEUE"]``), a suspect is sent there, not behind
+    the regular queue's backlog to be sent on from it.
     """
     grace = now - timedelta(seconds=settings.TOLLGATE["QUEUED_GRACE_S"])
     lost = Q(lease_expires_at__lt=now)
@@ -85,17 +87,20 @@ def rescue_stranded(*, now) -> dict[str, int]:
         lost | Q(lease_expires_at__isnull=True, updated_at__lt=grace),
         status__in=[RunStatus.QUEUED, RunStatus.RUNNING],
     ).exclude(status=RunStatus.QUEUED, wake_at__gt=now)  # not lost: its start_at has not come
-        .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "lease_owner"))
-    died = [(pk, owner) for pk, expired, _, owner in stranded if expired is not None]
+        .order_by("updated_at").values_list("pk", "lease_expires_at", "crash_streak", "suspect", "lease_owner"))
+    died = [(pk, owner) for pk, expired, *_, owner in stranded if expired is not None]
     count_deaths(died)
-    if died:  # the streaks as the deaths just counted left them: a culprit's next try waits the longer
-        counted = dict(Run.objects.filter(pk__in=[pk for pk, _ in died]).values_list("pk", "crash_streak"))
-        stranded = [(pk, expired, counted.get(pk, streak), owner) for pk, expired, streak, owner in stranded]
+    if died:  # as the deaths just counted left them: a culprit's next try waits the longer, a suspect's is its own
+        counted = {pk: rest for pk, *rest in Run.objects.filter(pk__in=[pk for pk, _ in died]).values_list(
+            "pk", "crash_streak", "suspect")}
+        stranded = [(pk, expired, *counted.get(pk, (streak, suspect)), owner)
+                    for pk, expired, streak, suspect, owner in stranded]
     # A run with no lease whose wake-up the broker still holds is waiting its
     # turn, not lost: sending it again would only lengthen the queue.
     waiting_turn = runs_with_pending_wakeups() if any(expired is None for _, expired, *_ in stranded) else set()
+    separate = bool(quarantine_queue())  # suspects go straight to their own queue, past the regular backlog
     reenqueued = 0
-    for run_id, lease_expired_at, crash_streak, _ in stranded:
+    for run_id, lease_expired_at, crash_streak, suspect, _ in stranded:
         if reenqueued >= settings.TOLLGATE["SWEEP_MAX_RESENDS"]:
             break
         if lease_expired_at is None and waiting_turn is not None and run_id in waiting_turn:
@@ -106,7 +111,8 @@ def rescue_stranded(*, now) -> dict[str, int]:
             # backlog. The fencing token still stops the old holder.
             if Run.objects.filter(lost | Q(lease_expires_at__isnull=True), pk=run_id).update(
                     lease_owner="", lease_expires_at=None, updated_at=now):
-                wake_on_commit(run_id, delay_ms=restart_delay_ms(crash_streak) if lease_expired_at else None)
+                wake_on_commit(run_id, delay_ms=restart_delay_ms(crash_streak) if lease_expired_at else None,
+                               suspect=separate and suspect)
                 reenqueued += 1
     return {"reenqueued": reenqueued}
 

@@ -164,6 +164,22 @@ def test_a_culprit_is_sent_back_after_the_delay_of_the_crash_streak_just_counted
     assert sorted(seen) == [0, 1]  # the cleared run's streak, the culprit's (counted now)
 
 
+def test_with_a_quarantine_queue_the_sweeper_sends_a_dead_workers_suspects_there(people, monkeypatch, settings):
+    """The culprit goes straight to the quarantine queue, not behind the regular backlog to be sent on from it;
+    the cleared run goes to the regular queue."""
+    from runs.engine import sweep_jobs
+
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUARANTINE_QUEUE": "quarantine"}
+    sent = {}
+    monkeypatch.setattr(sweep_jobs, "wake_on_commit", lambda run_id, **options: sent.update({run_id: options}))
+    poison, waiting = _runs(people, 2)
+    owner = dead_box({poison.pk: CALL})
+    _die_together([poison, waiting], owner, [timezone.now() - timedelta(minutes=5)] * 2)
+
+    assert sweep()["reenqueued"] == 2
+    assert {run_id: options["suspect"] for run_id, options in sent.items()} == {poison.pk: True, waiting.pk: False}
+
+
 def test_a_handler_that_kills_from_its_own_task_and_to_thread_is_found(people, worker_process, monkeypatch):
     """An async handler's work in ``asyncio.to_thread`` from a task it created is noted as its call, so the run
     whose handler killed the worker is a suspect, beside a neighbour whose sync handler sleeps in its pool

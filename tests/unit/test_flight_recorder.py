@@ -187,10 +187,13 @@ def test_a_dead_process_whose_forked_child_lives_on_is_read():
     is gone all the same, and its box is read."""
     process, owner = box_process("""
         with log_context.bound(5), executing(CALL):
+            forked, running = os.pipe()
             child = os.fork()
             if child == 0:
+                os.write(running, b"x")  # past the fork's handlers: what it let go of is gone
                 time.sleep(60)
                 os._exit(0)
+            os.read(forked, 1)
             print(child, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
     """)
