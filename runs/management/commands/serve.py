@@ -47,7 +47,7 @@ def embedded_workers(broker, *, run_threads: int = RUN_THREADS,
                      webhook_threads: int = WEBHOOK_THREADS) -> tuple[dramatiq.Worker, dramatiq.Worker]:
     """The embedded shape's workers, not started: ``(run worker on RUN_QUEUES and the quarantine queue if there
     is one, webhook worker on its queue)``: the one run worker advances the suspects sent on to
-    ``TOLLGATE["QUARANTINE_QUEUE"]`` too (``runs.engine.actors.advance_suspect``), or nobody would.
+    ``TOLLGATE["QUARANTINE_QUEUE"]`` too (the ``advance_suspect`` actor), or nobody would.
 
     Keep ``webhook_threads`` above ``TOLLGATE["WEBHOOK_MAX_IN_FLIGHT_PER_USER"]`` (docs/design.md#webhooks).
     """
