@@ -146,6 +146,24 @@ def release(lease: Lease) -> str | None:
                                increments={}, expected={"lease_token": lease.token}, returning="status")
 
 
+def give_back(lease: Lease) -> None:
+    """Give back a lease under which none of the run's code ran (the run was sent elsewhere, or never started).
+
+    A lease that replaced an abandoned one (``Lease.replaced``: its holder died on it, not counted yet) is
+    left as it was found, that holder's lease run out, in one UPDATE fenced by the token: freed, the run
+    would reach its next taker as no suspect, or a suspect no longer blamed (advanced beside others), and
+    the sweeper would never judge that death with the rest of its holder's. So the next taker, or the
+    sweeper, counts it as if this lease had never been taken, and no lease runs out under a live holder.
+    Any other lease is released (``release``). Writes nothing once the lease has changed hands; raises
+    ``DatabaseError`` from the write.
+    """
+    if lease.replaced is None:
+        release(lease)
+        return
+    owner, expired_at = lease.replaced
+    Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(lease_owner=owner, lease_expires_at=expired_at)
+
+
 def current_token(run_id: int) -> int | None:
     """The fencing token this thread holds for ``run_id``, or None when it holds no lease on it."""
     lease = _current.get()

@@ -322,21 +322,10 @@ class _Slice:
 
 
 def _give_back(held: lease.Lease) -> None:
-    """Release ``held`` (a run that never started here); a failure leaves it to run out.
-
-    A lease that replaced an abandoned one (``Lease.replaced``: its holder died on it, not counted yet) is
-    given back as it was found, that holder's lease run out, in one UPDATE fenced by the token: freed, the
-    run would reach its next taker as no suspect, or a suspect no longer blamed (advanced beside others),
-    and the sweeper would never judge that death with the rest of its holder's. So the next taker, or the
-    sweeper, counts it as if this process had never taken the run, and no lease runs out under this live one.
-    """
+    """``lease.give_back(held)`` (a run that never started here: left as it was found); a failure leaves the
+    lease to run out."""
     try:
-        if held.replaced is not None:
-            owner, expired_at = held.replaced
-            Run.objects.filter(pk=held.run_id, lease_token=held.token).update(
-                lease_owner=owner, lease_expires_at=expired_at)
-        else:
-            lease.release(held)
+        lease.give_back(held)
     except Exception:
         log.exception("run %s: giving its lease back failed; it runs out", held.run_id)
 

@@ -544,3 +544,50 @@ def test_a_database_error_in_the_slices_first_work_gives_the_lease_back_and_retr
     engine.close_connections()
     assert Run.objects.values_list("lease_owner", "lease_expires_at").get(pk=run.pk) == ("", None)
     assert woken == [(run.pk, {"delay_ms": runtime.RETRY_AFTER_DB_ERROR_MS})]
+
+
+def test_worker_processes_of_the_two_queues_forward_a_suspect_and_advance_it_in_quarantine(people, settings):
+    """The production shape of ``QUARANTINE_QUEUE``: ``rundramatiq --queues default`` processes send a suspect on
+    (``advance_run``), and only a ``rundramatiq --queues <it>`` process advances it (``advance_suspect``, declared
+    in a worker process that has the setting), in quarantine."""
+    import subprocess
+    import sys
+
+    import dramatiq
+
+    from runs.wakeups import runs_with_pending_wakeups
+    from tests.support.processes import worker_environment
+
+    if not settings.REDIS_URL:
+        pytest.skip("worker processes need the Redis broker")
+    queue = "quarantine-e2e"
+    settings.TOLLGATE = {**settings.TOLLGATE, "QUARANTINE_QUEUE": queue}
+    dramatiq.get_broker().flush_all()
+    run = start_run(agent=make_agent("e2e", [{"content": "Done."}], tools=[]), user=people["requester"], input="x")
+    Run.objects.filter(pk=run.pk).update(crash_streak=1, loss_streak=1, suspect=True)
+    environment = worker_environment(TOLLGATE_QUARANTINE_QUEUE=queue, LOG_LEVEL="INFO")
+
+    def worker(queue_name: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "manage.py", "rundramatiq", "--processes", "1", "--threads", "1",
+                                 "--skip-logging", "--queues", queue_name], cwd=settings.BASE_DIR, env=environment,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    workers = [worker("default")]  # start_run sent the run's wake-up to the default queue
+    try:
+        wait_until(lambda: _queued(dramatiq.get_broker(), queue) == 1, timeout_s=60)  # sent on, not advanced
+        assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+        assert run.pk in runs_with_pending_wakeups()
+        workers.append(worker(queue))
+        wait_until(lambda: Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED, timeout_s=60)
+    finally:
+        for process in workers:
+            process.terminate()
+        logs = [process.communicate(timeout=60)[1] for process in workers]
+    assert f"run {run.pk}: its worker died on it before; it is advanced in quarantine alone" in logs[1]
+    assert "advanced in quarantine" not in logs[0]
+    assert Run.objects.get(pk=run.pk).lease_owner == ""
+
+
+def _queued(broker, queue_name: str) -> int:
+    """Messages waiting in ``queue_name`` of the Redis broker (Dramatiq keeps a queue's message ids in a list)."""
+    return broker.client.llen(f"{broker.namespace}:{queue_name}")
