@@ -9,7 +9,9 @@ from django.test.utils import CaptureQueriesContext
 from tests.support.inbox import pending_call
 from tools.demo.models import Order
 from tools.models import ToolCall, ToolCallStatus
+from tools.registry import get_tool
 from tools.services.summary import describe, describe_many, judge_groups
+from tools.services.targets import target_key
 
 
 def _call(name, arguments):
@@ -27,6 +29,22 @@ def test_a_refund_reads_as_amount_order_total_and_refunded_so_far(demo):
     assert description.risk_fields == (("Amount", "80.00"), ("Order", "123"), ("Total", "120.00"),
                                        ("Refunded so far", "15.50"))
     assert description.target == "order 123"
+
+
+def test_refunds_so_far_are_found_by_their_target_and_a_call_stored_without_one_by_its_arguments(demo):
+    """The refunded-so-far figure reads the refunds by ``ToolCall.target`` (an indexed column: no scan of every
+    refund's arguments), a call stored with no target (before the column was filled) by its arguments, and a
+    refund on another order counts for that order only."""
+    item = pending_call(requester=demo["requester"], arguments={"order_id": 123, "amount": 80})
+    refunds = [pending_call(requester=demo["requester"], arguments={"order_id": number, "amount": amount})
+               for number, amount in ((123, 10), (123, 2.5), (124, 7))]
+    refund = get_tool("refund")
+    for call in refunds:
+        ToolCall.objects.filter(pk=call.tool_call_id).update(
+            status=ToolCallStatus.SUCCEEDED, target=target_key(refund, call.tool_call.arguments))
+    ToolCall.objects.filter(pk=refunds[1].tool_call_id).update(target="")  # stored before the column was filled
+
+    assert describe(item.tool_call).text == "Refund 80.00 on order 123 (total 120.00, refunded 12.50)"
 
 
 def test_describe_many_costs_the_same_queries_for_3_or_30_calls_and_keeps_the_order(demo):
