@@ -47,6 +47,21 @@ def test_refunds_so_far_are_found_by_their_target_and_a_call_stored_without_one_
     assert describe(item.tool_call).text == "Refund 80.00 on order 123 (total 120.00, refunded 12.50)"
 
 
+def test_a_refund_answered_with_an_earlier_refunds_result_is_not_counted_again(demo):
+    """A reused refund (``duplicate_of``: the same action, done once) refunded nothing: the figure counts its
+    original only, as the gateway does (and as per-target rules count, ``tools.services.proposal``)."""
+    item = pending_call(requester=demo["requester"], arguments={"order_id": 123, "amount": 80})
+    original, reused = (pending_call(requester=demo["requester"], arguments={"order_id": 123, "amount": 10})
+                        for _ in range(2))
+    refund = get_tool("refund")
+    for call in (original, reused):
+        ToolCall.objects.filter(pk=call.tool_call_id).update(
+            status=ToolCallStatus.SUCCEEDED, target=target_key(refund, call.tool_call.arguments))
+    ToolCall.objects.filter(pk=reused.tool_call_id).update(duplicate_of=original.tool_call_id)
+
+    assert describe(item.tool_call).text == "Refund 80.00 on order 123 (total 120.00, refunded 10.00)"
+
+
 def test_describe_many_costs_the_same_queries_for_3_or_30_calls_and_keeps_the_order(demo):
     def calls(n):
         return [_call("refund", {"order_id": 100 + i % 20, "amount": 10 + i}) if i % 3

@@ -45,14 +45,16 @@ def _refunded(orders: dict[int, Order]) -> dict[int, Decimal]:
 
     A refund counts if it was sent (``started_at``; ``created_at`` if it has
     none) at or after its order's ``refunds_since``: the refund tool asks the
-    gateway for the same refunds, so the inbox and an order lookup agree.
+    gateway for the same refunds, so the inbox and an order lookup agree. A
+    refund answered with an earlier one's result (``duplicate_of``) refunded
+    nothing and is not counted.
     """
     totals: dict[int, Decimal] = defaultdict(Decimal)
     refund = get_tool("refund")
     targets = [target_of(refund, {refund.target_key: number}) for number in sorted(orders)]
     if targets:
         for arguments, started_at, created_at in calls_on_any(targets).filter(
-                name="refund", status=ToolCallStatus.SUCCEEDED
+                name="refund", status=ToolCallStatus.SUCCEEDED, duplicate_of__isnull=True
         ).order_by().values_list("arguments", "started_at", "created_at"):
             since = getattr(orders.get(arguments["order_id"]), "refunds_since", None)
             if since is None or (started_at or created_at) >= since:
