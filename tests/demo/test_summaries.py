@@ -62,6 +62,22 @@ def test_a_refund_answered_with_an_earlier_refunds_result_is_not_counted_again(d
     assert describe(item.tool_call).text == "Refund 80.00 on order 123 (total 120.00, refunded 10.00)"
 
 
+def test_an_approvers_edit_moves_a_refund_to_the_order_it_now_names(demo):
+    """A refund proposed on order 124 and approved edited to order 123 counts on 123 (its target moved with
+    its arguments, ``ToolCall.make_ready``), not on 124."""
+    from approvals.services import decide_interrupt
+
+    moved = pending_call(requester=demo["requester"], arguments={"order_id": 124, "amount": 10})
+    decide_interrupt(interrupt=moved, user=demo["approver"], decision="approved",
+                     edited_arguments={"order_id": 123, "amount": 10})
+    ToolCall.objects.filter(pk=moved.tool_call_id).update(status=ToolCallStatus.SUCCEEDED)
+    on_123, on_124 = (pending_call(requester=demo["requester"], arguments={"order_id": number, "amount": 1})
+                      for number in (123, 124))
+
+    assert describe(on_123.tool_call).text == "Refund 1.00 on order 123 (total 120.00, refunded 10.00)"
+    assert describe(on_124.tool_call).text.endswith("refunded 0.00)")
+
+
 def test_describe_many_costs_the_same_queries_for_3_or_30_calls_and_keeps_the_order(demo):
     def calls(n):
         return [_call("refund", {"order_id": 100 + i % 20, "amount": 10 + i}) if i % 3
