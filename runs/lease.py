@@ -52,7 +52,7 @@ class Lease:
     taken from a lease that ran out without being given back is both: its holder died on it and the
     takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine"); ``replaced`` is then that
     lease, ``(owner, expiry)``, so that a run handed back before any of its code ran here is left as it was
-    found (``runs.engine.runtime``), its holder's death still to be counted and the run still blamed.
+    found (``give_back``), its holder's death still to be counted and the run still blamed.
     """
 
     run_id: int
