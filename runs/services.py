@@ -11,6 +11,7 @@ runs is the engine's (``runs.engine.lifecycle``).
 """
 
 import dataclasses
+import weakref
 
 from django.db import connection, transaction
 from django.db.models import F, Model
@@ -23,6 +24,7 @@ from runs.base.rows import insert as insert_row
 from runs.base.rows import insert_many as insert_rows
 from runs.base.rows import update as update_row
 from runs.base.rows import update_and_insert_numbered, update_and_insert_one, update_columns
+from runs.base.awaiting import current_resumption
 from runs.lease import LeaseLost, current_token, fenced
 from runs.live import publish_event_on_commit, publish_on_commit
 from runs.models import Message, Run, RunEvent, RunStatus
@@ -138,8 +140,12 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
             raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
     first = last - len(events) + 1
+    _last_writer[run.pk] = run
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
+        run._counter_confirmed = (last, current_resumption())
+    else:
+        run._counter_confirmed = None
     if columns is not None:
         for name, value in columns.values.items():
             if getattr(run, name) != value:  # a transition's own fields are set already
@@ -161,9 +167,28 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
         # counter left ahead would later hide another writer's event.
         for name, value in held.items():
             setattr(run, name, value)
+        run._counter_confirmed = None
         raise
     publish_event_on_commit(run.pk, last)
     return rows
+
+
+# Run id -> the instance through which this process last appended events to the run (``counter_confirmed``).
+_last_writer: "weakref.WeakValueDictionary[int, Run]" = weakref.WeakValueDictionary()
+
+
+def counter_confirmed(run: Run) -> bool:
+    """Whether ``run.last_event_seq`` is the row's without reading it: the last events appended to the run in
+    this process went through this instance (``append_events``), found no other writer's event before them,
+    and no ``Await`` came since (the same ``runs.base.awaiting.resume``).
+
+    The row's counter was read then, under the row's lock (the reservation's fenced UPDATE ``RETURNING`` it),
+    by this very stretch of code, which has done no I/O since; so it is as fresh as a read now
+    (``runs.engine.state.Known.revalidate``). Always False outside a resumed step (``current_resumption`` None).
+    """
+    token = current_resumption()
+    return (token is not None and _last_writer.get(run.pk) is run
+            and getattr(run, "_counter_confirmed", None) == (run.last_event_seq, token))
 
 
 def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None,

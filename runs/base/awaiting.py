@@ -23,6 +23,7 @@ code was running.
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import threading
@@ -133,12 +134,22 @@ async def _let_go(call: asyncio.Future, what: str) -> None:
     call.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
+_resumption: contextvars.ContextVar[object | None] = contextvars.ContextVar("tollgate_resumption", default=None)
+
+
+def current_resumption() -> object | None:
+    """A token of the ``resume`` call running now, a new one for each (None outside any): two reads within one
+    stretch of a step's code, between two ``Await`` objects, get the same token; across one, different ones."""
+    return _resumption.get()
+
+
 def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:
     """Resume ``steps`` with ``answer`` (None: start it), as ``settle`` gave it.
 
     Returns ``(False, the next Await)``, or ``(True, the step's result)``
     once it finished; raises whatever the step raised.
     """
+    _resumption.set(object())  # this stretch of the step's code, up to its next Await (current_resumption)
     try:
         # The step's queries in the run's trace; its work noted in the flight recorder.
         with tracing.attached(), flight_recorder.executing(flight_recorder.STEP):

@@ -6,6 +6,7 @@ why that suffices: docs/design.md#what-a-worker-keeps-between-passes.
 
 from runs.base import rows, selects
 from runs.models import Message, Run, Step
+from runs.services import counter_confirmed
 from tools.models import ToolCall, ToolCallStatus
 
 # Run columns that change while a run is advanced (the foreign keys never do, so the
@@ -41,14 +42,17 @@ class Known:
         self._calls, self._steps = [], 0
 
     def revalidate(self) -> None:
-        """Read the run's event counter (one query; none on the first call, the row was just read); if another
-        writer logged an event meanwhile, re-read the run's own columns (a second query) and forget the rest.
+        """Read the run's event counter (one query; none on the first call, the row was just read, nor when this
+        stretch of code's own last write read it: ``runs.services.counter_confirmed``); if another writer logged
+        an event meanwhile, re-read the run's own columns (a second query) and forget the rest.
 
         Raises ``Run.DoesNotExist`` if the run is gone. Why the counter is
         enough: docs/design.md#what-a-worker-keeps-between-passes.
         """
         if self._fresh:
             self._fresh = False
+            return
+        if counter_confirmed(self.run):  # this stretch of code just read it, in its own last write
             return
         seq = rows.counter(Run, "last_event_seq", self.run.pk)
         if seq != self.run.last_event_seq:

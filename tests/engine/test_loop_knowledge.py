@@ -72,6 +72,31 @@ def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
     assert not run.events.filter(type="input", reason__contains="not read").exists()
 
 
+def test_input_supplemented_right_after_the_workers_own_write_reaches_the_next_model_call(
+        idle_worker, people, monkeypatch, requests_seen):
+    """A pass that follows the worker's own write with no call in between does not read the event counter
+    (``runs.services.counter_confirmed``), unless another instance appended to the run since: here input
+    is supplemented in this very process and stretch of code, right after the tool call's outcome is stored
+    and before the pass that asks the model again."""
+    agent = _agent([LOOKUP, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=people["requester"], input="look acme up")
+    execute = loop._execute
+
+    def then_supplemented(run, known, call):
+        going_on = yield from execute(run, known, call)
+        submit_input(agent=agent, user=people["requester"], input="and please hurry", session=run.session,
+                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        return going_on
+
+    monkeypatch.setattr(loop, "_execute", then_supplemented)
+    loop.advance(run.pk)
+
+    second = requests_seen[1]
+    assert [m["content"] for m in second.messages if m["role"] == "user"] == ["look acme up", "and please hurry"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+
+
 def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(idle_worker, people, monkeypatch):
     run = start_run(agent=_agent([TRANSFER, {"content": "Sent."}]), user=people["requester"], input="send 80")
     wait_for_approval = loop._wait_for_approval
