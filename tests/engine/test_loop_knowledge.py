@@ -6,15 +6,19 @@ while a tool runs, and an approval given between the proposal and the wait.
 """
 
 import asyncio
+import contextlib
 import dataclasses
+import weakref
 
 import pytest
 from django.db import transaction
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
+from runs.base.awaiting import resume
 from runs.engine import loop
-from runs.engine.lifecycle import start_run, submit_input
+from runs import services
+from runs.engine.lifecycle import cancel_run, start_run, submit_input
 from runs.models import Agent, MultitaskStrategy, Run, RunEvent, RunStatus
 from runs.services import append_event
 from tests.support.core import CORE_TOOLS, lookup, transfer
@@ -74,10 +78,10 @@ def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
 
 def test_input_supplemented_right_after_the_workers_own_write_reaches_the_next_model_call(
         idle_worker, people, monkeypatch, requests_seen):
-    """A pass that follows the worker's own write with no call in between does not read the event counter
-    (``runs.services.counter_confirmed``), unless another instance appended to the run since: here input
-    is supplemented in this very process and stretch of code, right after the tool call's outcome is stored
-    and before the pass that asks the model again."""
+    """Inside a group commit, a pass that follows the worker's own write with no call in between does not read
+    the event counter (``runs.services.counter_confirmed``), unless another instance appended to the run since;
+    alone, it does: here input is supplemented in this very process and stretch of code, right after the tool
+    call's outcome is stored and before the pass that asks the model again."""
     agent = _agent([LOOKUP, {"content": "Done."}], check="default")
     run = start_run(agent=agent, user=people["requester"], input="look acme up")
     execute = loop._execute
@@ -95,6 +99,59 @@ def test_input_supplemented_right_after_the_workers_own_write_reaches_the_next_m
     assert [m["content"] for m in second.messages if m["role"] == "user"] == ["look acme up", "and please hurry"]
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
+
+
+@contextlib.contextmanager
+def _another_process(monkeypatch):
+    """Writes in the block are made as by another process: this one's record of who last appended to each run
+    (``runs.services._last_writer``, process-local) does not see them."""
+    with monkeypatch.context() as patched:
+        patched.setattr(services, "_last_writer", weakref.WeakValueDictionary())
+        yield
+
+
+def test_a_cancel_another_process_commits_right_after_the_workers_own_write_is_seen_at_the_next_pass(
+        idle_worker, people, monkeypatch, requests_seen):
+    """The tool call's outcome is committed; before the next pass a person cancels the run through another
+    process (the API): that pass, a safe point, ends the run rather than asking the model again. Between
+    the two, the worker's stretch of code may run commit hooks that wait (a target's waiters woken, the
+    broker told), so the counter its reservation read is older than the pass."""
+    agent = _agent([LOOKUP, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=people["requester"], input="look acme up")
+    execute = loop._execute
+
+    def then_cancelled(run, known, call):
+        going_on = yield from execute(run, known, call)
+        with _another_process(monkeypatch):
+            cancel_run(run=Run.objects.get(pk=run.pk), actor="user:requester")
+        return going_on
+
+    monkeypatch.setattr(loop, "_execute", then_cancelled)
+    loop.advance(run.pk)
+
+    assert len(requests_seen) == 1
+    run.refresh_from_db()
+    assert (run.status, run.events.filter(reason="cancelled at a safe point").count()) == (RunStatus.CANCELLED, 1)
+
+
+def test_a_decision_another_process_made_before_the_wait_is_read_at_the_next_pass(idle_worker, people, monkeypatch):
+    """The worker's own lock of the row (``relock``, before it would wait) finds an approver's decision,
+    made through another process, that came after the worker's last write: the next pass reads the row again."""
+    run = start_run(agent=_agent([TRANSFER, {"content": "Sent."}]), user=people["requester"], input="send 80")
+    wait_for_approval = loop._wait_for_approval
+
+    def approved_first(run):
+        with _another_process(monkeypatch):
+            decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
+        return wait_for_approval(run)
+
+    monkeypatch.setattr(loop, "_wait_for_approval", approved_first)
+    _compare_at_every_pass(monkeypatch)
+    loop.advance(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.outcome) == (RunStatus.COMPLETED, "achieved")
+    assert len(transfers()) == 1
 
 
 def test_an_approval_given_before_the_run_waits_is_acted_on_in_the_same_slice(idle_worker, people, monkeypatch):
@@ -126,6 +183,31 @@ def test_an_event_counter_in_memory_moves_only_over_its_own_unbroken_series(run_
     assert Run.objects.get(pk=mine.pk).last_event_seq == start + 3
     assert list(RunEvent.objects.filter(run=mine, seq__gt=start).values_list("seq", flat=True)) == [
         start + 1, start + 2, start + 3]
+
+
+def test_the_counter_is_taken_as_read_only_while_its_reservations_transaction_holds_the_row(run_with_history):
+    """``counter_confirmed``: inside one transaction (a group commit's) after the instance's own events, not
+    once their savepoint rolled back (the instance's counter is ahead then), nor once they committed."""
+    from django.db import DataError
+
+    run, seen = Run.objects.get(pk=run_with_history.pk), []
+
+    def stretch():
+        with transaction.atomic():  # a group commit's transaction
+            with transaction.atomic():
+                append_event(run, type="note", actor="worker")
+            seen.append(services.counter_confirmed(run))
+            with contextlib.suppress(DataError), transaction.atomic():
+                append_event(run, type="note", actor="worker")
+                raise DataError("refused after the reservation")
+            seen.append(services.counter_confirmed(run))
+        with transaction.atomic():
+            append_event(run, type="note", actor="worker")
+        seen.append(services.counter_confirmed(run))
+        yield from ()
+
+    assert resume(stretch(), None) == (True, None)
+    assert seen == [True, False, False]
 
 
 @pytest.fixture
