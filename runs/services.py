@@ -143,7 +143,7 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     _last_writer[run.pk] = run
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
-        run._counter_confirmed = (last, current_resumption())
+        run._counter_confirmed = _confirmation(last)
     else:
         run._counter_confirmed = None
     if columns is not None:
@@ -177,18 +177,50 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
 _last_writer: "weakref.WeakValueDictionary[int, Run]" = weakref.WeakValueDictionary()
 
 
+class _Reserved:
+    """A no-op commit hook (``transaction.on_commit``) standing for one reservation: Django drops it when its
+    transaction commits or rolls back, or the savepoint it was made in rolls back (``counter_confirmed``)."""
+
+    __slots__ = ()
+
+    def __call__(self) -> None:
+        pass
+
+
+def _confirmation(last: int) -> tuple | None:
+    """What ``counter_confirmed`` checks of a reservation that moved the instance's counter to ``last``: the
+    counter, the stretch of code (``current_resumption``), and a commit hook of its transaction with its place
+    among the connection's hooks; None outside a transaction (then nothing holds the row's lock)."""
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
+        return None
+    marker = _Reserved()
+    transaction.on_commit(marker)
+    return last, current_resumption(), marker, len(connection.run_on_commit) - 1
+
+
 def counter_confirmed(run: Run) -> bool:
     """Whether ``run.last_event_seq`` is the row's without reading it: the last events appended to the run in
     this process went through this instance (``append_events``), found no other writer's event before them,
-    and no ``Await`` came since (the same ``runs.base.awaiting.resume``).
+    no ``Await`` came since (the same ``runs.base.awaiting.resume``), and the transaction that reserved them
+    is still open, that reservation not rolled back (a group commit's, ``runs.engine.group_commit``).
 
-    The row's counter was read then, under the row's lock (the reservation's fenced UPDATE ``RETURNING`` it),
-    by this very stretch of code, which has done no I/O since; so it is as fresh as a read now
-    (``runs.engine.state.Known.revalidate``). Always False outside a resumed step (``current_resumption`` None).
+    The reservation read the row's counter under the row's lock (its fenced UPDATE ``RETURNING`` it), and
+    the transaction holds that lock until it ends, so no other connection can have logged an event since;
+    on this connection, only through another instance (``_last_writer``). Once that transaction committed
+    the lock is gone, and the stretch of code may have waited on other rows since (commit hooks that wake
+    a target's waiters, ``relock``), so the counter is read again (``runs.engine.state.Known.revalidate``).
+    Always False outside a resumed step (``current_resumption`` None).
     """
-    token = current_resumption()
-    return (token is not None and _last_writer.get(run.pk) is run
-            and getattr(run, "_counter_confirmed", None) == (run.last_event_seq, token))
+    token, confirmed = current_resumption(), getattr(run, "_counter_confirmed", None)
+    if token is None or confirmed is None or _last_writer.get(run.pk) is not run:
+        return False
+    last, resumption, marker, place = confirmed
+    if (last, resumption) != (run.last_event_seq, token):
+        return False
+    connection = transaction.get_connection()
+    hooks = connection.run_on_commit
+    return connection.in_atomic_block and place < len(hooks) and hooks[place][1] is marker
 
 
 def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None,

@@ -43,7 +43,8 @@ class Known:
 
     def revalidate(self) -> None:
         """Read the run's event counter (one query; none on the first call, the row was just read, nor when this
-        stretch of code's own last write read it: ``runs.services.counter_confirmed``); if another writer logged
+        stretch of code's own last write read it in a transaction still holding the row's lock, a group
+        commit's: ``runs.services.counter_confirmed``); if another writer logged
         an event meanwhile, re-read the run's own columns (a second query) and forget the rest.
 
         Raises ``Run.DoesNotExist`` if the run is gone. Why the counter is
@@ -52,7 +53,7 @@ class Known:
         if self._fresh:
             self._fresh = False
             return
-        if counter_confirmed(self.run):  # this stretch of code just read it, in its own last write
+        if counter_confirmed(self.run):  # its own last write read it, and its transaction still holds the row
             return
         seq = rows.counter(Run, "last_event_seq", self.run.pk)
         if seq != self.run.last_event_seq:
