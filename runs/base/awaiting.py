@@ -149,7 +149,7 @@ def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:
     Returns ``(False, the next Await)``, or ``(True, the step's result)``
     once it finished; raises whatever the step raised.
     """
-    _resumption.set(object())  # this stretch of the step's code, up to its next Await (current_resumption)
+    stretch = _resumption.set(object())  # this stretch of the step's code, up to its next Await (current_resumption)
     try:
         # The step's queries in the run's trace; its work noted in the flight recorder.
         with tracing.attached(), flight_recorder.executing(flight_recorder.STEP):
@@ -159,6 +159,8 @@ def resume(steps: Steps, answer: tuple[bool, Any] | None) -> tuple[bool, Any]:
             return False, (steps.send(value) if ok else steps.throw(value))
     except StopIteration as stop:
         return True, stop.value
+    finally:  # None again once it stopped: the thread's later code (drive's calls, ending the slice) is no stretch
+        _resumption.reset(stretch)
 
 
 _local = threading.local()
