@@ -78,6 +78,14 @@ def test_an_approvers_edit_moves_a_refund_to_the_order_it_now_names(demo):
     assert describe(on_124.tool_call).text.endswith("refunded 0.00)")
 
 
+def test_an_order_number_written_as_a_whole_float_reads_as_that_order(demo):
+    """``123.0`` passes the refund's schema (``integer``) and is stored as given: its summary still names the
+    order's total and what was refunded on it, as ``123`` does."""
+    item = pending_call(requester=demo["requester"], arguments={"order_id": 123.0, "amount": 80})
+
+    assert describe(item.tool_call).risk_fields[2] == ("Total", "120.00")
+
+
 def test_describe_many_costs_the_same_queries_for_3_or_30_calls_and_keeps_the_order(demo):
     def calls(n):
         return [_call("refund", {"order_id": 100 + i % 20, "amount": 10 + i}) if i % 3

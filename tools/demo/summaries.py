@@ -31,7 +31,11 @@ def _money(value) -> Decimal | None:
 
 
 def _order_numbers(arguments_list: list[dict]) -> set[int]:
-    return {a["order_id"] for a in arguments_list if isinstance(a.get("order_id"), int)}
+    """The order numbers the calls name: whole numbers, ``123.0`` as ``123`` (the tool's schema takes both as an
+    integer, and ``123.0`` finds order 123 in a dict keyed by ``123``)."""
+    numbers = (a.get("order_id") for a in arguments_list)
+    return {int(n) for n in numbers
+            if (isinstance(n, int) and not isinstance(n, bool)) or (isinstance(n, float) and n.is_integer())}
 
 
 def _orders(numbers: set[int]) -> dict[int, Order]:
