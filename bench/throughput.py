@@ -290,6 +290,14 @@ class Approver:
     A watcher thread looks for new pending items every ``poll_s`` seconds
     (one query); ``threads`` threads send the POSTs. ``posts`` maps an item
     id to ``(sent, answered, status code)`` (epoch seconds).
+
+    The look is cheap on purpose, as this driver shares the machine (and
+    PostgreSQL) with what it measures: it reads the pending approval items
+    of runs from the first of ``run_ids`` on (run ids only grow), by the
+    inbox's own index, and leaves out in Python those of other runs and
+    those already seen. Naming every run and every item seen in the query
+    (two lists of up to ``--runs`` values) made PostgreSQL plan a statement
+    of a new shape at every look.
     """
 
     def __init__(self, api_url: str, token: str, run_ids: list[int], threads: int, poll_s: float):
@@ -321,11 +329,15 @@ class Approver:
 
         try:
             while not self.stopped.wait(self.poll_s):
-                pending = Interrupt.objects.filter(run_id__in=self.run_ids, status="pending", kind="approval") \
-                    .exclude(pk__in=self.seen).values_list("pk", flat=True)
-                for item_id in pending:
-                    self.seen.add(item_id)
-                    self.pool.submit(self._approve, item_id)
+                if not self.run_ids:
+                    continue
+                ours = set(self.run_ids)
+                pending = Interrupt.objects.filter(status="pending", kind="approval", run_id__gte=self.run_ids[0]) \
+                    .values_list("pk", "run_id")
+                for item_id, run_id in pending:
+                    if run_id in ours and item_id not in self.seen:
+                        self.seen.add(item_id)
+                        self.pool.submit(self._approve, item_id)
         finally:
             close_old_connections()
 
@@ -336,11 +348,17 @@ class Approver:
 
 
 def wait_until_ended(run_ids: list[int], deadline: float, poll_s: float) -> None:
-    """Look every ``poll_s`` seconds until none of the runs is active or ``time.monotonic()`` passes ``deadline``."""
+    """Look every ``poll_s`` seconds until none of the runs is active or ``time.monotonic()`` passes ``deadline``.
+
+    Each look reads the active runs between the lowest and the highest of ``run_ids`` (a range of the
+    primary key, one statement of one shape) and keeps ``run_ids``' own in Python, rather than naming them all.
+    """
     from runs.models import TERMINAL_STATUSES, Run
 
-    active = Run.objects.filter(pk__in=run_ids).exclude(status__in=TERMINAL_STATUSES)
-    while active.exists() and time.monotonic() < deadline:
+    ours = set(run_ids)
+    active = Run.objects.filter(pk__range=(min(ours), max(ours))).exclude(status__in=TERMINAL_STATUSES) \
+        .values_list("pk", flat=True)
+    while ours.intersection(active.all()) and time.monotonic() < deadline:  # .all(): a fresh read each look
         time.sleep(poll_s)
 
 
