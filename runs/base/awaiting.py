@@ -191,7 +191,25 @@ def keeping_connection(fn: Callable, *args):
     hold none and a process needs no more connections than it has jobs
     running. Without one (SQLite) the thread keeps its connection. After a
     database error a connection that no longer works (a database restart)
-    is closed, so the thread's next job connects afresh.
+    is closed, so the thread's next job connects afresh (``holding_connection``).
+    """
+    try:
+        return holding_connection(fn, *args)
+    finally:
+        if connection.connection is not None and getattr(connection, "pool", None) is not None:
+            connection.close()  # back to the pool
+
+
+def holding_connection(fn: Callable, *args):
+    """``fn(*args)`` in one of a fixed, small set of threads that each keep their database connection from
+    one job to the next (the engine's database threads, ``runs.engine.group_commit``), pool or not.
+
+    A thread that does nothing but database work gains nothing by handing its connection back: it
+    needs one again at its next job, and a connection it keeps keeps its prepared statements and
+    PostgreSQL's cached plans, where the pool would hand it the connection used least recently
+    (psycopg's pool is first in, first out), on which they are not made yet. The process then holds
+    one connection per such thread (``docs/operating.md``). After a database error a connection that
+    no longer works (a database restart) is closed, so the thread's next job connects afresh.
     """
     try:
         return fn(*args)
@@ -199,9 +217,6 @@ def keeping_connection(fn: Callable, *args):
         if connection.connection is not None and not connection.is_usable():
             connection.close()
         raise
-    finally:
-        if connection.connection is not None and getattr(connection, "pool", None) is not None:
-            connection.close()  # back to the pool
 
 
 def close_pool_connections(executor: ThreadPoolExecutor, threads: int, *, timeout_s: float = 10) -> None:

@@ -23,7 +23,7 @@ from tools.registry import (
     Reconciliation, Tool, ToolContext, ToolError, ToolNotSent, ToolTimeout, ToolUnavailable, get_tool,
 )
 from tools.services.arguments import idempotency_key_base, same_action_scope
-from tools.services.targets import Target, claim, release, target_of
+from tools.services.targets import Target, claim, claim_if_free, release, target_of
 
 log = logging.getLogger(__name__)
 S = ToolCallStatus
@@ -117,7 +117,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.deny, reason="tool no longer registered", error=error)
     target = target_of(tool, tool_call.arguments) if tool.side_effect else None
-    if target is not None:
+    if target is not None and not claim_if_free(target, tool_call):  # a free target: one statement, no transaction
         with transaction.atomic():
             holder = claim(target, tool_call)
             if holder is not None:

@@ -170,6 +170,21 @@ def claim(target: Target, call: ToolCall) -> int | None:
     return None
 
 
+def claim_if_free(target: Target, call: ToolCall) -> bool:
+    """``claim``'s first statement alone: True when ``call`` holds ``target`` now (it was free, or already
+    ``call``'s); False when another live claim stands, or stood a moment ago, or the database cannot return
+    rows from a write: then ``claim`` in a transaction says who holds it, and the caller acts on it there.
+
+    Needs no transaction: outside one, the statement commits at once, which is what a free target needs
+    (the claim must be visible to other calls before ``call`` is checked or sent), and saves a
+    ``BEGIN`` and a ``COMMIT`` on the way to every side effect. Inside one, as ``claim``.
+    """
+    if not connection.features.can_return_columns_from_insert:
+        return False
+    note_shared_lock()
+    return _upsert(target.lock_key, call)
+
+
 def _upsert(key: str, call: ToolCall) -> bool:
     """One statement: insert row ``key`` held by ``call``, or take the existing row unless a live claim stands.
 
