@@ -176,6 +176,20 @@ def test_a_broken_connection_fails_the_jobs_run_and_requeues_the_others(committe
     assert committed == [runs[2].pk]
 
 
+def test_a_database_thread_keeps_its_connection_from_one_group_to_the_next(committer, runs):
+    """Its statements stay prepared there (with PostgreSQL's pool a connection handed back after each job would
+    come back as whichever connection was used least recently)."""
+    def opened():
+        Run.objects.count()
+        return id(connection.connection)
+
+    def still_open():
+        return None if connection.connection is None else id(connection.connection)
+
+    first = committer.submit(opened).result(10)
+    assert committer.submit(still_open).result(10) == first
+
+
 def test_a_job_that_takes_a_policy_lock_ends_its_group_and_the_jobs_after_it_commit_in_the_next(committer, runs):
     """A policy lock (a tool target's or a rule scope's row) is committed with the job that took it, before
     any other job runs: a later job of the group could otherwise wait for another group that waits for it."""
