@@ -14,6 +14,11 @@ forms); ``has_perm`` and ``has_module_perms`` are ``ModelBackend``'s own,
 answering from them. Logging in (``authenticate``, ``get_user``) and
 ``with_perm`` are ``ModelBackend``'s, unchanged.
 
+The statement's SQL is built once per process and kind of user (``_sql``),
+from the models' own table and column names: compiling the ``UNION`` with
+the ORM cost 0.9 ms of CPU per request that checks a right, ten times the
+statement itself.
+
 ``config.settings.AUTHENTICATION_BACKENDS`` lists it in place of
 ``ModelBackend``, after axes' lockout backend. Its answers are
 ``ModelBackend``'s for every kind of user (``tests/kernel/test_access_rules.py``
@@ -26,13 +31,15 @@ next object loaded (the next request), not for this one.
 
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.models import Permission
-from django.db.models import Value
+from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
 
 CACHE = "_tollgate_permissions"  # the attribute of the user object that keeps what was read
-_NAMES = ("content_type__app_label", "codename")
 _OWN, _GROUPED = "user", "group"
+_SQL: dict = {}  # (user model, superuser) -> the statement of ``_rows``
 
 
 @dataclass(frozen=True)
@@ -45,21 +52,50 @@ class Held:
     every: set[str]
 
 
-def _statement(user_obj):
+def _rows(user_obj) -> list[tuple[str, str, str]]:
     """Rows ``(app_label, codename, source)``, ``source`` ``"user"`` or ``"group"``: one statement.
 
     A superuser's rows are every permission (``ModelBackend`` gives them
     all, as their own and as their groups'), each once, as their own.
     """
-    if user_obj.is_superuser:
-        return Permission.objects.order_by().values_list(*_NAMES, Value(_OWN))
-    own = Permission.objects.filter(user=user_obj).order_by().values_list(*_NAMES, Value(_OWN))
-    grouped = Permission.objects.filter(group__user=user_obj).order_by().values_list(*_NAMES, Value(_GROUPED))
-    return own.union(grouped, all=True)
+    superuser = bool(user_obj.is_superuser)
+    key = (type(user_obj), superuser)
+    sql = _SQL.get(key) or _SQL.setdefault(key, _sql(type(user_obj), superuser))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [] if superuser else [user_obj.pk, user_obj.pk])
+        return cursor.fetchall()
+
+
+def _sql(user_model, superuser: bool) -> str:
+    """The statement of ``_rows`` for users of ``user_model``: what ``ModelBackend`` reads
+    (``user.user_permissions`` and ``Permission`` by ``group__user``), from the models' tables and columns;
+    parameters: the user's id twice (none for a superuser)."""
+    quote = connection.ops.quote_name
+    perm, ctype = Permission._meta, ContentType._meta
+    p, c = quote(perm.db_table), quote(ctype.db_table)
+    select = (f"SELECT {c}.{quote(ctype.get_field('app_label').column)}, {p}.{quote(perm.get_field('codename').column)}"
+              ", '{source}' FROM " f"{p} INNER JOIN {c} ON {c}.{quote(ctype.pk.column)} = "
+              f"{p}.{quote(perm.get_field('content_type').column)}")
+    if superuser:
+        return select.format(source=_OWN)
+    own = user_model._meta.get_field("user_permissions")
+    own_table = quote(own.remote_field.through._meta.db_table)
+    groups = user_model._meta.get_field("groups")
+    member_table = quote(groups.remote_field.through._meta.db_table)
+    granted = Group._meta.get_field("permissions")
+    granted_table = quote(granted.remote_field.through._meta.db_table)
+    pk = f"{p}.{quote(perm.pk.column)}"
+    return (f"{select.format(source=_OWN)} INNER JOIN {own_table} ON {own_table}.{quote(own.m2m_reverse_name())} = {pk} "
+            f"WHERE {own_table}.{quote(own.m2m_column_name())} = %s "
+            f"UNION ALL {select.format(source=_GROUPED)} "
+            f"INNER JOIN {granted_table} ON {granted_table}.{quote(granted.m2m_reverse_name())} = {pk} "
+            f"INNER JOIN {member_table} ON {member_table}.{quote(groups.m2m_reverse_name())} = "
+            f"{granted_table}.{quote(granted.m2m_column_name())} "
+            f"WHERE {member_table}.{quote(groups.m2m_column_name())} = %s")
 
 
 def _held(user_obj, rows) -> Held:
-    """``rows`` of ``_statement(user_obj)`` as ``Held``, kept on ``user_obj``."""
+    """``rows`` of ``_rows(user_obj)`` as ``Held``, kept on ``user_obj``."""
     own: set[str] = set()
     grouped: set[str] = set()
     for app_label, codename, source in rows:
@@ -86,11 +122,11 @@ class PermissionsBackend(ModelBackend):
 
     def _held(self, user_obj) -> Held:
         held = getattr(user_obj, CACHE, None)
-        return held if held is not None else _held(user_obj, _statement(user_obj))
+        return held if held is not None else _held(user_obj, _rows(user_obj))
 
     async def _aheld(self, user_obj) -> Held:
         held = getattr(user_obj, CACHE, None)
-        return held if held is not None else _held(user_obj, [row async for row in _statement(user_obj)])
+        return held if held is not None else _held(user_obj, await sync_to_async(_rows)(user_obj))
 
     def get_user_permissions(self, user_obj, obj=None) -> set[str]:
         """The permissions granted to ``user_obj`` itself (every one for a superuser)."""
