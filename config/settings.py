@@ -204,8 +204,6 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         }
     if env.bool("DATABASE_PREPARED_STATEMENTS", default=True):
         DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
-    # Django's backend, whose savepoints a group commit may leave to its COMMIT (runs/base/pgbackend).
-    DATABASES["default"]["ENGINE"] = "runs.base.pgbackend"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -58,7 +58,6 @@ from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from runs.base.awaiting import close_pool_connections, holding_connection
-from runs.base.pgbackend.base import releases_deferred
 from runs.tx import clear_shared_lock, holds_shared_lock
 
 
@@ -125,7 +124,7 @@ class GroupCommit:
         ran = group  # the jobs the transaction runs: all of them unless it stops early
         try:
             try:
-                with transaction.atomic(), releases_deferred():  # the jobs' savepoints end with the COMMIT
+                with transaction.atomic():
                     for job in group:
                         outcomes.append(_run_in_savepoint(job))
                         if connection.needs_rollback:  # the transaction is unusable: stop here
