@@ -18,7 +18,8 @@ class ConnectionsMiddleware(dramatiq.Middleware):
 
     Around each message it closes only a connection that an error left unusable
     or that is not back in autocommit (a transaction left open), as Django's
-    ``close_if_unusable_or_obsolete`` would, but not one merely past its age: with
+    ``close_if_unusable_or_obsolete`` would (``runs.base.awaiting.close_if_unusable``),
+    but not one merely past its age: with
     PostgreSQL's pool every connection is "past its age" at once, and handing it
     back after each message would have the thread's next message (a lease, a run's
     row) served by the connection the pool used least recently, whose statements
@@ -32,16 +33,10 @@ class ConnectionsMiddleware(dramatiq.Middleware):
     def _close_unusable(*args, **kwargs):
         from django.db import connections
 
+        from runs.base.awaiting import close_if_unusable
+
         for connection in connections.all(initialized_only=True):
-            if connection.connection is None:
-                continue
-            if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
-                connection.close()
-            elif connection.errors_occurred:
-                if connection.is_usable():
-                    connection.errors_occurred = False
-                else:
-                    connection.close()
+            close_if_unusable(connection)
 
     @staticmethod
     def _close_all(*args, **kwargs):
