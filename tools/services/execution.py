@@ -8,14 +8,14 @@ import json
 import logging
 from typing import Callable
 
-from django.db import DataError, IntegrityError, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
 from config.strict_json import check_value
 from runs.base.awaiting import Await, Interrupted, Steps, full_jitter, run_blocking
 from runs.base.failpoints import failpoint
-from runs.models import Phase, RunEvent
+from runs.models import Phase, Run, RunEvent
 from runs.services import RunColumns
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
@@ -347,13 +347,53 @@ def _key_and_reusable_result(tool_call: ToolCall, tool: Tool) -> tuple[str, tupl
     statuses = ([S.FAILED] if numbered else []) + ([S.SUCCEEDED] if tool.side_effect else [])
     # The action's identity (indexed) narrows a business key's scope, every call of the tool, at once.
     same = {"action_key": tool_call.action_key} if tool_call.action_key else same_action_scope(tool, run)
-    earlier = list(ToolCall.objects.filter(idempotency_key__startswith=key, status__in=statuses, **same)
-                   .exclude(pk=tool_call.pk).order_by("pk").values_list("pk", "status", "idempotency_key", "result"))
+    earlier = _calls_under(key, statuses, same, other_than=tool_call.pk)
     if numbered:
-        failures = sum(1 for _, status, _, _ in earlier if status == S.FAILED)
+        failures = sum(1 for _, status, _ in earlier if status == S.FAILED)
         key = f"{key}-{failures}" if failures else key
-    return key, next(((pk, result) for pk, status, used, result in earlier
-                      if status == S.SUCCEEDED and used == key), None)
+    reused = next((pk for pk, status, used in earlier if status == S.SUCCEEDED and used == key), None)
+    if reused is None:
+        return key, None
+    return key, (reused, ToolCall.objects.values_list("result", flat=True).get(pk=reused))
+
+
+_CALLS_UNDER: dict = {}  # (scope lookup, number of statuses) -> the statement of ``_calls_under``
+
+
+def _calls_under(key: str, statuses: list[str], scope: dict, *, other_than: int) -> list[tuple[int, str, str]]:
+    """``(id, status, idempotency key)`` of the calls other than ``other_than`` whose key starts with ``key``,
+    whose status is one of ``statuses`` and that match ``scope`` (one lookup: ``action_key``, ``name``,
+    ``run_id`` or ``run__session_id``, as ``same_action_scope`` gives), in id order: one statement whose
+    SQL is built once per shape (the ORM built this one at every side effect, 0.5 ms of CPU)."""
+    (lookup, value), = scope.items()
+    shape = (lookup, len(statuses))
+    sql = _CALLS_UNDER.get(shape) or _CALLS_UNDER.setdefault(shape, _calls_under_sql(lookup, len(statuses)))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [connection.ops.prep_for_like_query(key) + "%", *statuses, value, other_than])
+        return cursor.fetchall()
+
+
+def _calls_under_sql(lookup: str, statuses: int) -> str:
+    """The statement of ``_calls_under`` for a scope ``lookup`` and that many statuses (the ORM's own
+    ``startswith``: the backend's cast and ``LIKE`` operator, the value escaped by the caller)."""
+    quote, calls, runs = connection.ops.quote_name, ToolCall._meta, Run._meta
+    table = quote(calls.db_table)
+
+    def column(meta, name):
+        return f"{quote(meta.db_table)}.{quote(meta.get_field(name).column)}"
+
+    key = connection.ops.lookup_cast("startswith", "CharField") % column(calls, "idempotency_key")
+    join, scoped = "", {"action_key": column(calls, "action_key"), "name": column(calls, "name"),
+                        "run_id": column(calls, "run")}.get(lookup)
+    if lookup == "run__session_id":
+        join = f" INNER JOIN {quote(runs.db_table)} ON {column(runs, 'id')} = {column(calls, 'run')}"
+        scoped = column(runs, "session")
+    if scoped is None:
+        raise ValueError(f"no statement for the scope {lookup!r}")
+    return (f"SELECT {column(calls, 'id')}, {column(calls, 'status')}, {column(calls, 'idempotency_key')} "
+            f"FROM {table}{join} WHERE {key} {connection.operators['startswith']} "
+            f"AND {column(calls, 'status')} IN ({', '.join(['%s'] * statuses)}) AND {scoped} = %s "
+            f"AND {column(calls, 'id')} <> %s ORDER BY {column(calls, 'id')}")
 
 
 def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
