@@ -57,8 +57,12 @@ def _rows(user_obj) -> list[tuple[str, str, str]]:
 
     A superuser's rows are every permission (``ModelBackend`` gives them
     all, as their own and as their groups'), each once, as their own.
+    Raises ``ValueError`` for a user not saved yet, as ``ModelBackend``'s
+    related filters do.
     """
     superuser = bool(user_obj.is_superuser)
+    if not superuser and user_obj.pk is None:
+        raise ValueError(f"{type(user_obj).__name__} instances must be saved before their permissions are read.")
     key = (type(user_obj), superuser)
     sql = _SQL.get(key) or _SQL.setdefault(key, _sql(type(user_obj), superuser))
     with connection.cursor() as cursor:

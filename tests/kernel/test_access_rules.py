@@ -187,6 +187,15 @@ def test_the_backend_answers_as_model_backend_for_every_user_in_one_statement(wo
     assert backend.get_all_permissions(_fresh(users["stranger"])) == set()
 
 
+def test_an_unsaved_users_permissions_are_refused_as_model_backend_refuses_them(db):
+    """Reviewer: the statement built once bound a missing id and answered nothing, where ``ModelBackend`` raises."""
+    unsaved = get_user_model()(username="not-yet", is_active=True)
+    with pytest.raises(ValueError):
+        ModelBackend().get_all_permissions(unsaved)
+    with pytest.raises(ValueError):
+        PermissionsBackend().get_all_permissions(unsaved)
+
+
 def test_a_users_permissions_are_read_once_in_one_statement_through_the_settings_backend(world):
     """What every surface asks (``RunAccess.of``, ``holds_permission``, ``may_decide``, ``user.has_perm``)
     reads a user's permissions once, in one statement, through ``AUTHENTICATION_BACKENDS``; a superuser's
