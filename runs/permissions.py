@@ -61,8 +61,8 @@ def _rows(user_obj) -> list[tuple[str, str, str]]:
     related filters do.
     """
     superuser = bool(user_obj.is_superuser)
-    if not superuser and user_obj.pk is None:
-        raise ValueError(f"{type(user_obj).__name__} instances must be saved before their permissions are read.")
+    if not superuser and user_obj.pk is None:  # Django's own refusal of an unsaved instance in a related filter
+        Permission.objects.filter(user=user_obj)
     key = (type(user_obj), superuser)
     sql = _SQL.get(key) or _SQL.setdefault(key, _sql(type(user_obj), superuser))
     with connection.cursor() as cursor:

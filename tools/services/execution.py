@@ -383,13 +383,12 @@ def _calls_under_sql(lookup: str, statuses: int) -> str:
         return f"{quote(meta.db_table)}.{quote(meta.get_field(name).column)}"
 
     key = connection.ops.lookup_cast("startswith", "CharField") % column(calls, "idempotency_key")
-    join, scoped = "", {"action_key": column(calls, "action_key"), "name": column(calls, "name"),
-                        "run_id": column(calls, "run")}.get(lookup)
-    if lookup == "run__session_id":
-        join = f" INNER JOIN {quote(runs.db_table)} ON {column(runs, 'id')} = {column(calls, 'run')}"
-        scoped = column(runs, "session")
-    if scoped is None:
-        raise ValueError(f"no statement for the scope {lookup!r}")
+    join, scoped = {  # KeyError for a lookup that same_action_scope does not give
+        "action_key": ("", column(calls, "action_key")), "name": ("", column(calls, "name")),
+        "run_id": ("", column(calls, "run")),
+        "run__session_id": (f" INNER JOIN {quote(runs.db_table)} ON {column(runs, 'id')} = {column(calls, 'run')}",
+                            column(runs, "session")),
+    }[lookup]
     return (f"SELECT {column(calls, 'id')}, {column(calls, 'status')}, {column(calls, 'idempotency_key')} "
             f"FROM {table}{join} WHERE {key} {connection.operators['startswith']} "
             f"AND {column(calls, 'status')} IN ({', '.join(['%s'] * statuses)}) AND {scoped} = %s "
