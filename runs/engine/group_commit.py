@@ -4,8 +4,9 @@ The engine (``runs.engine.runtime``) runs each run's database work
 between two calls as one *job* (a function of that run, e.g. resuming its
 step generator). When jobs are ready faster than the database threads can
 commit them one by one, a thread takes up to ``ENGINE_GROUP_MAX`` of them
-and runs them in one database transaction, each in a savepoint of its own,
-then commits once:
+and runs them in one database transaction, each in a savepoint of its own
+(``_JobSavepoints``: released by the statement that makes the next), then
+commits once:
 
 * **One run's failure is its own.** A job that raises (its fenced write
   found the lease taken over: ``LeaseLost``; a transition refused; a bug)
@@ -125,8 +126,9 @@ class GroupCommit:
         try:
             try:
                 with transaction.atomic():
+                    savepoints = _JobSavepoints()
                     for job in group:
-                        outcomes.append(_run_in_savepoint(job))
+                        outcomes.append(savepoints.run(job))
                         if connection.needs_rollback:  # the transaction is unusable: stop here
                             ran = group[:len(outcomes)]
                             raise _Broken(outcomes[-1][1])
@@ -172,13 +174,70 @@ def _run_alone(job: _Job) -> None:
         job.future.set_result(result)
 
 
-def _run_in_savepoint(job: _Job) -> tuple[bool, Any]:
-    """``(True, result)`` of the job, or ``(False, its exception)`` with its writes rolled back."""
-    try:
-        with transaction.atomic():
+class _JobSavepoints:
+    """The savepoints of one group's jobs, each released by the statement that creates the next.
+
+    A job runs in a savepoint of its own, so that its failure undoes only its
+    writes. Releasing it costs a round trip of its own when done apart; here
+    ``RELEASE SAVEPOINT`` of job *n* goes in the same statement as the
+    ``SAVEPOINT`` of job *n + 1* (PostgreSQL runs several utility statements
+    sent as one simple query), and the last job's savepoint is released by the
+    group's COMMIT. Each savepoint is still released before the next one is
+    made, so none nests in another (a write in nested open savepoints takes a
+    subtransaction id for each: ``docs/design.md``, "Group commit"). Elsewhere
+    (SQLite) the two statements go one after the other.
+
+    Django's bookkeeping is kept as ``transaction.atomic`` keeps it: the job's
+    savepoint is on ``connection.savepoint_ids`` while it runs, so the commit
+    hooks it registers are dropped if it is rolled back
+    (``savepoint_rollback``), and its own ``atomic`` blocks nest inside it.
+    """
+
+    def __init__(self):
+        self._open: str | None = None  # the last job's savepoint, not released yet
+        self._made = 0
+
+    def run(self, job: _Job) -> tuple[bool, Any]:
+        """``(True, result)`` of the job, or ``(False, its exception)`` with its writes rolled back. When the
+        transaction became unusable (the savepoint could not be made or rolled back), ``connection.needs_rollback``
+        is set on return, as ``atomic`` leaves it."""
+        try:
+            sid = self._make()
+        except Exception as exc:
+            connection.needs_rollback = True
+            return False, exc
+        connection.savepoint_ids.append(sid)
+        try:
             result = job.context.run(job.fn, *job.args)
             if connection.needs_rollback:  # it caught a database error and went on: its writes are void
                 raise TransactionManagementError("a job went on after a database error in its transaction")
-        return True, result
-    except Exception as exc:
-        return False, exc
+            return True, result
+        except Exception as exc:
+            connection.needs_rollback = False
+            try:
+                connection.savepoint_rollback(sid)  # and its commit hooks dropped
+            except Exception:
+                connection.needs_rollback = True
+            return False, exc
+        finally:
+            connection.savepoint_ids.remove(sid)
+
+    def _make(self) -> str:
+        """Create the next job's savepoint, releasing the one before it in the same statement; its name."""
+        self._made += 1
+        sid = f"tollgate_job_{self._made}"
+        ops, previous = connection.ops, self._open
+        self._open = None
+        if previous is not None and connection.vendor == "postgresql":
+            # Two statements in one simple query, on psycopg's cursor: never prepared (psycopg would try
+            # once the text recurs, and PostgreSQL prepares one statement only).
+            sql = f"{ops.savepoint_commit_sql(previous)}; {ops.savepoint_create_sql(sid)}"
+            with connection.cursor() as cursor, connection.wrap_database_errors:
+                cursor.cursor.execute(sql, prepare=False)
+        else:
+            with connection.cursor() as cursor:
+                if previous is not None:
+                    cursor.execute(ops.savepoint_commit_sql(previous))
+                cursor.execute(ops.savepoint_create_sql(sid))
+        self._open = sid
+        return sid

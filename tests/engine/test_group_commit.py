@@ -153,6 +153,43 @@ def test_a_job_going_on_after_a_database_error_fails_alone(committer, runs):
     assert sorted(committed) == sorted([runs[0].pk, runs[2].pk])
 
 
+def test_each_jobs_savepoint_is_released_before_the_next_job_runs_and_a_failed_job_undoes_only_its_own(committer, runs):
+    """The release goes with the next job's savepoint (one statement), so no job's savepoint nests in the one
+    before it; the job after a failed one still commits, and so does the one before it."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed, seen = [], {}
+
+    def failing():
+        starting(runs[1].pk, committed)()
+        raise RuntimeError("a bug")
+
+    def looking():
+        with connection.cursor() as cursor:  # this job's own savepoint (the group's third) is there
+            cursor.execute(connection.ops.savepoint_rollback_sql("tollgate_job_3"))
+        for before in ("tollgate_job_1", "tollgate_job_2"):  # the ones before it are gone: refused, in a savepoint
+            try:
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(connection.ops.savepoint_commit_sql(before))
+            except Exception as exc:  # noqa: BLE001 - which error the backend raises is what the test reads
+                seen[before] = type(exc).__name__
+        return starting(runs[2].pk, committed)()
+
+    release = held_back(committer)
+    futures = [submit_leased(committer, leases[0], starting(runs[0].pk, committed)),
+               submit_leased(committer, leases[1], failing),
+               submit_leased(committer, leases[2], looking)]
+    release.set()
+
+    assert futures[0].result(10) == runs[0].pk
+    with pytest.raises(RuntimeError):
+        futures[1].result(10)
+    assert futures[2].result(10) == runs[2].pk
+    assert seen == {"tollgate_job_1": "OperationalError", "tollgate_job_2": "OperationalError"}
+    statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs]).values_list("pk", "status"))
+    assert statuses == {runs[0].pk: RunStatus.RUNNING, runs[1].pk: RunStatus.QUEUED, runs[2].pk: RunStatus.RUNNING}
+    assert sorted(committed) == sorted([runs[0].pk, runs[2].pk])
+
+
 def test_a_broken_connection_fails_the_jobs_run_and_requeues_the_others(committer, runs):
     leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
     committed = []
