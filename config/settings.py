@@ -325,7 +325,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "dramatiq.middleware.AgeLimit",
     "dramatiq.middleware.TimeLimit",
     "dramatiq.middleware.Retries",
-    "django_dramatiq.middleware.DbConnectionsMiddleware",
+    # A broker thread keeps its database connection between messages (runs.engine.worker_middleware).
+    "runs.engine.worker_middleware.ConnectionsMiddleware",
     # Every worker process beats a heartbeat row while it runs (runs.engine.heartbeat).
     "runs.engine.worker_middleware.HeartbeatMiddleware",
     # Queue lag and Dramatiq's message metrics in /metrics (runs.base.process_metrics).

@@ -64,6 +64,31 @@ def django_db_setup(django_db_setup):
     awaiting.close_connections()
 
 
+@pytest.fixture(autouse=True)
+def engines_let_go(monkeypatch):
+    """Engines a test makes (``runtime.Engine``) let go of their database connections once it ends.
+
+    An engine's database threads keep their connection from one job to the next
+    (``runs.base.awaiting.holding_connection``), and an engine is never stopped
+    (a worker process has one for its life). A test's engine would keep its
+    connections, taken from the process's pool, after the test: so once the test's
+    own fixtures are torn down (a hung call set free) its runs may finish, and its
+    threads close their connections. Autouse, so set up first and torn down last.
+    """
+    made = []
+    init = runtime.Engine.__init__
+
+    def noting(engine, *args, **kwargs):
+        init(engine, *args, **kwargs)
+        made.append(engine)
+
+    monkeypatch.setattr(runtime.Engine, "__init__", noting)
+    yield
+    for engine in made:
+        engine.wait_idle(10)
+        engine.close_connections()
+
+
 @pytest.fixture
 def idle_worker(transactional_db):
     """A worker that is not consuming yet: call ``.worker.start()`` when the test is ready."""

@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable, Generator
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import connection
 from django.utils import timezone
 
 from runs.base import flight_recorder, log_context, process_metrics, tracing
@@ -191,17 +191,51 @@ def keeping_connection(fn: Callable, *args):
     hold none and a process needs no more connections than it has jobs
     running. Without one (SQLite) the thread keeps its connection. After a
     database error a connection that no longer works (a database restart)
-    is closed, so the thread's next job connects afresh.
+    is closed, so the thread's next job connects afresh (``holding_connection``).
     """
     try:
-        return fn(*args)
-    except DatabaseError:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-        raise
+        return holding_connection(fn, *args)
     finally:
         if connection.connection is not None and getattr(connection, "pool", None) is not None:
             connection.close()  # back to the pool
+
+
+def holding_connection(fn: Callable, *args):
+    """``fn(*args)`` in one of a fixed, small set of threads that each keep their database connection from
+    one job to the next (the engine's database threads, ``runs.engine.group_commit``), pool or not.
+
+    A thread that does nothing but database work gains nothing by handing its connection back: it
+    needs one again at its next job, and a connection it keeps keeps its prepared statements and
+    PostgreSQL's cached plans, where the pool would hand it the connection used least recently
+    (psycopg's pool is first in, first out), on which they are not made yet. The process then holds
+    one connection per such thread (``docs/operating.md``). After every job, whatever it returned or
+    raised (a job may catch a database error and answer with it), a connection that an error left
+    unusable (the server ended its session: a restart, a failover) is closed, so the thread's next
+    job connects afresh (``close_if_unusable``), as the pool would have done.
+    """
+    try:
+        return fn(*args)
+    finally:
+        close_if_unusable(connection)
+
+
+def close_if_unusable(db) -> None:
+    """Close the Django connection ``db`` (a ``DatabaseWrapper``) if it is open but not fit for the next job:
+    not back in autocommit (a transaction left open), or not answering after a database error since it
+    was last checked (one ``SELECT 1``; a connection that answers is kept and its errors forgotten).
+
+    Django's ``close_if_unusable_or_obsolete``, without its age rule: with a pool every connection is
+    past its age at once, and closing it would hand it back after every job.
+    """
+    if db.connection is None:
+        return
+    if db.get_autocommit() != db.settings_dict["AUTOCOMMIT"]:
+        db.close()
+    elif db.errors_occurred:
+        if db.is_usable():
+            db.errors_occurred = False
+        else:
+            db.close()
 
 
 def close_pool_connections(executor: ThreadPoolExecutor, threads: int, *, timeout_s: float = 10) -> None:

@@ -58,7 +58,7 @@ from typing import Any, Callable
 from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from runs.base.awaiting import close_pool_connections, keeping_connection
+from runs.base.awaiting import close_pool_connections, holding_connection
 from runs.tx import clear_shared_lock, holds_shared_lock
 
 
@@ -112,7 +112,7 @@ class GroupCommit:
             except IndexError:
                 break
         if group:
-            keeping_connection(self._commit, group)
+            holding_connection(self._commit, group)  # a database thread keeps its connection between groups
 
     def _commit(self, group: list[_Job]) -> None:
         if len(group) == 1:  # alone: its own transactions commit as it makes them, as outside the engine

@@ -45,7 +45,7 @@ from django_fsm import ConcurrentTransition
 from runs import lease
 
 from runs.base import flight_recorder, log_context, process_metrics
-from runs.base.awaiting import Await, keeping_connection, resume, settle
+from runs.base.awaiting import Await, holding_connection, resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
@@ -344,7 +344,7 @@ def _first_work(held: lease.Lease) -> tuple[object, Await | None, bool, Exceptio
             steps = advance_slice(held.run_id)
             # The connection minded as on a database thread: one a database error broke is closed, so that
             # ending the slice (the lease given back, the run woken) connects afresh.
-            done, value = keeping_connection(resume, steps, None)
+            done, value = holding_connection(resume, steps, None)
         except Exception as exc:
             return None, None, False, exc
     return (steps, None, value[1], None) if done else (steps, value, False, None)

@@ -13,6 +13,41 @@ from dramatiq.common import current_millis
 from runs.base import process_metrics
 
 
+class ConnectionsMiddleware(dramatiq.Middleware):
+    """A broker thread keeps its database connection from one message to the next; one left unusable is closed.
+
+    Around each message it closes only a connection that an error left unusable
+    or that is not back in autocommit (a transaction left open), as Django's
+    ``close_if_unusable_or_obsolete`` would (``runs.base.awaiting.close_if_unusable``),
+    but not one merely past its age: with
+    PostgreSQL's pool every connection is "past its age" at once, and handing it
+    back after each message would have the thread's next message (a lease, a run's
+    row) served by the connection the pool used least recently, whose statements
+    are not prepared yet. A worker has ``--threads`` broker threads, so it holds
+    as many connections (``docs/operating.md``). Every connection is closed when
+    a thread or the worker stops, as django_dramatiq's ``DbConnectionsMiddleware``
+    (which this replaces) does.
+    """
+
+    @staticmethod
+    def _close_unusable(*args, **kwargs):
+        from django.db import connections
+
+        from runs.base.awaiting import close_if_unusable
+
+        for connection in connections.all(initialized_only=True):
+            close_if_unusable(connection)
+
+    @staticmethod
+    def _close_all(*args, **kwargs):
+        from django.db import connections
+
+        connections.close_all()
+
+    before_process_message = after_process_message = _close_unusable
+    before_consumer_thread_shutdown = before_worker_thread_shutdown = before_worker_shutdown = _close_all
+
+
 class HeartbeatMiddleware(dramatiq.Middleware):
     """The process's heartbeat (``runs.engine.heartbeat``) runs while its workers do."""
 

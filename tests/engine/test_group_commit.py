@@ -213,6 +213,43 @@ def test_a_broken_connection_fails_the_jobs_run_and_requeues_the_others(committe
     assert committed == [runs[2].pk]
 
 
+def test_a_database_thread_keeps_its_connection_from_one_group_to_the_next(committer, runs):
+    """Its statements stay prepared there (with PostgreSQL's pool a connection handed back after each job would
+    come back as whichever connection was used least recently)."""
+    def opened():
+        Run.objects.count()
+        return id(connection.connection)
+
+    def still_open():
+        return None if connection.connection is None else id(connection.connection)
+
+    first = committer.submit(opened).result(10)
+    assert committer.submit(still_open).result(10) == first
+
+
+def _backend_pid():
+    Run.objects.count()
+    return connection.connection.info.backend_pid
+
+
+def _in_a_transaction():
+    with transaction.atomic():
+        return Run.objects.count()
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="a server that ends a session: PostgreSQL")
+@pytest.mark.parametrize("first", [Run.objects.count, _in_a_transaction], ids=["autocommit", "transaction"])
+def test_after_the_server_ended_a_database_threads_session_its_next_jobs_connect_afresh(committer, first):
+    """A restart or a failover (reviewer): the kept connection is dropped by the first job that meets the ended
+    session, whether that job raised or caught the error; every job after it works."""
+    backend = committer.submit(_backend_pid).result(10)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+    committer.submit(first).exception(10)  # meets the ended session (or a fresh one)
+    assert [committer.submit(_in_a_transaction).result(10) for _ in range(2)] == [0, 0]
+    assert committer.submit(Run.objects.count).result(10) == 0
+
+
 def test_a_job_that_takes_a_policy_lock_ends_its_group_and_the_jobs_after_it_commit_in_the_next(committer, runs):
     """A policy lock (a tool target's or a rule scope's row) is committed with the job that took it, before
     any other job runs: a later job of the group could otherwise wait for another group that waits for it."""
