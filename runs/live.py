@@ -1,7 +1,9 @@
 """Push run changes to browsers and integrators over Channels; never changes a run, never raises.
 
 Messages: ``{"type": "run.update", "run": run_snapshot(...)}`` to ``run_group``
-and ``RUNS_GROUP``; ``{"type": "run.event", "seq": N}`` to ``run_events_group``;
+and ``RUNS_GROUP``; ``{"type": "run.event", "seq": N}`` to ``run_events_group``
+when the run's log moved without a snapshot sent (a snapshot's ``seq`` tells
+event sockets, which hear ``run_group`` too, as much);
 ``{"type": "run.delta", "kind", "data"}`` (streamed output) to ``run_group``;
 ``{"type": "access.changed", "ended_session"}`` to ``user_group``. Writers call
 ``publish_on_commit`` / ``publish_event_on_commit``; one sender thread per
@@ -170,7 +172,7 @@ def _publish(runs: dict[int, Run | None], event_seqs: dict[int, int] | None = No
         return
     unread = [run_id for run_id, run in runs.items() if run is None]
     read = {run.pk: run for run in Run.objects.filter(pk__in=unread).only(*SNAPSHOT_FIELDS)} if unread else {}
-    sends = []
+    sends, updated = [], set()
     for run_id in sorted(runs):
         run = runs[run_id] or read.get(run_id)
         if run is None:  # deleted meanwhile
@@ -178,8 +180,11 @@ def _publish(runs: dict[int, Run | None], event_seqs: dict[int, int] | None = No
         seq = max(run.last_event_seq, event_seqs.get(run_id, 0))
         message = {"type": "run.update", "run": run_snapshot(run, seq=seq)}
         sends += [(run_group(run_id), message), (RUNS_GROUP, message)]
+        updated.add(run_id)
+    # A snapshot carries the seq its events reached, and event sockets hear the run's group too: the notice
+    # goes only where no snapshot went (one message fewer per transaction).
     sends += [(run_events_group(run_id), {"type": "run.event", "seq": seq})
-              for run_id, seq in sorted(event_seqs.items())]
+              for run_id, seq in sorted(event_seqs.items()) if run_id not in updated]
     _send(sends)
 
 

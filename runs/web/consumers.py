@@ -274,6 +274,11 @@ class RunEventsConsumer(RunConsumer):
             if len(events) < EVENTS_PER_READ:
                 return
 
+    async def run_update(self, event):
+        """A snapshot, sent on; its ``seq`` says how far the log reached (``runs.live``: no notice goes with it)."""
+        await super().run_update(event)
+        await self.run_event({"seq": event["run"]["seq"]})
+
     async def run_event(self, event):
         """The log reached ``event["seq"]``: send what this socket has not sent yet."""
         if event["seq"] > self.last_seq and await self.still_allowed(self.requested_by):

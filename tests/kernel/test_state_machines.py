@@ -26,7 +26,7 @@ from runs.engine.lifecycle import start_run
 from runs.lease import LeaseLost
 from runs.live import run_events_group, run_group
 from runs.models import Run, RunStatus, Step
-from runs.services import set_phase
+from runs.services import append_event, set_phase
 from runs.transitions import apply
 from tests.support.durability import lookup_agent
 from tests.support.live import listening
@@ -361,11 +361,37 @@ def test_a_run_changed_through_two_instances_is_pushed_as_stored(running, people
     scenario()
 
 
+def test_a_commit_that_pushes_a_snapshot_sends_no_event_notice_and_one_that_only_logs_sends_one(run):
+    """Event sockets hear the run's group too, so a snapshot (its ``seq``) is their notice; a commit that only
+    logs events (no snapshot owed) sends the notice alone. The first notice heard is the later commit's."""
+    layer = get_channel_layer()
+
+    def commits():
+        apply(run.start, actor="worker")  # a transition: a snapshot, seq 2
+        with transaction.atomic():
+            append_event(run, type="note", actor="system", reason="only logged")  # seq 3, no snapshot
+        return run.last_event_seq
+
+    @async_to_sync
+    async def scenario():
+        updates = await listening(layer, run_group(run.pk))
+        notices = await listening(layer, run_events_group(run.pk))
+        last = await database_sync_to_async(commits)()
+        update = (await asyncio.wait_for(layer.receive(updates), 5))["run"]
+        notice = await asyncio.wait_for(layer.receive(notices), 5)
+        return update, notice, last
+
+    update, notice, last = scenario()
+    assert (update["status"], update["seq"]) == ("running", last - 1)
+    assert notice == {"type": "run.event", "seq": last}
+
+
 @pytest.mark.parametrize("rolled_back", ["transaction", "savepoint"])
 def test_what_a_rollback_undid_is_never_pushed(running, people, rolled_back):
     """A run changed only in work that rolled back (a whole transaction, or a savepoint: a group commit's
     failed job) is not pushed with the thread's next commit: its instance holds a status and ``seq`` the
-    database never had. The run's next push, and its next event notice, are what is stored."""
+    database never had. The run's next push is what is stored (its ``seq`` is the event sockets' notice too:
+    ``runs.live``)."""
     run, step = running
     other = start_run(agent=run.agent, user=people["requester"], input="another")
     layer = get_channel_layer()
@@ -390,11 +416,9 @@ def test_what_a_rollback_undid_is_never_pushed(running, people, rolled_back):
     @async_to_sync
     async def scenario():
         updates = await listening(layer, run_group(run.pk))
-        notices = await listening(layer, run_events_group(run.pk))
         stored = await database_sync_to_async(rollback_then_commits)()
         update = (await asyncio.wait_for(layer.receive(updates), 5))["run"]
         assert (update["status"], update["seq"]) == stored == ("cancelled", 3)
-        assert await asyncio.wait_for(layer.receive(notices), 5) == {"type": "run.event", "seq": 3}
 
     scenario()
 
