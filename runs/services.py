@@ -90,7 +90,7 @@ def append_event(
 
 
 def append_events(run: Run, events: list[Event], *, columns: RunColumns | None = None,
-                  row: tuple | None = None) -> list[RunEvent]:
+                  row_writes: list[tuple] = ()) -> list[RunEvent]:
     """Append ``events`` (at least one) to ``run``'s log, in order, with the next seqs; returns them saved.
 
     The counter lives on the run row: one UPDATE adds ``len(events)`` to it
@@ -117,25 +117,28 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     would (the webhook outbox listens), and, once committed, the run's
     event sockets are told (``runs.live``).
 
-    ``row``: ``FSMModel.row_write(fields)`` of another machine of the run
-    (a tool call, a step), written with the events: on PostgreSQL in the
-    same statement, after the run's row; elsewhere right after them. If it
-    no longer holds what it was loaded with, raises what
-    ``FSMModel.refused_write`` says (``ConcurrentTransition``, or
-    ``DatabaseError`` if it is gone) and the caller rolls back.
+    ``row_writes``: ``FSMModel.row_write(fields)`` of other machines of the
+    run (a tool call, a step, an inbox item; one write per row), written
+    with the events: on PostgreSQL in the same statement, after the run's
+    row; elsewhere right after them. If one no longer holds what it was
+    loaded with, raises what its ``FSMModel.refused_write`` says
+    (``ConcurrentTransition``, or ``DatabaseError`` if it is gone) and the
+    caller rolls back.
     """
     if columns is not None and columns.values.get("status", run.status) != run.status:
         raise TypeError("a run's status changes only through runs.transitions.apply (which sets it first)")
     rows = [RunEvent(run=run, type=event.type, actor=event.actor, reason=event.reason, payload=event.payload or {},
                      from_status=event.from_status, to_status=event.to_status) for event in events]
     held = counters_held(run, columns)
-    combined = connection.vendor == "postgresql"  # the reservation, the INSERT and ``row`` in one statement
-    last = _reserve(run, len(events), columns, rows=rows, also=row) if combined else _reserve(run, len(events), columns)
+    combined = connection.vendor == "postgresql"  # the reservation, the INSERT and ``row_writes`` in one statement
+    last = (_reserve(run, len(events), columns, rows=rows, also=row_writes) if combined
+            else _reserve(run, len(events), columns))
     if last is None:
         refused = ", ".join(repr(e.type) for e in events)
         held_still = _lease_still_held(run.pk)
-        if held_still and row is not None and combined:  # the row was refused, or the run's expected columns
-            raise row[0].refused_write()
+        refused_row = _refused_row(row_writes) if held_still and combined else None
+        if refused_row is not None:  # a row was refused (else the run's expected columns were)
+            raise refused_row.refused_write()
         if columns is not None and columns.expected and held_still:
             raise ConcurrentTransition(f"run {run.pk} changed meanwhile; {refused} refused")
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
@@ -157,8 +160,9 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
             for seq, event in enumerate(rows, start=first):
                 event.seq = seq
             insert_rows(rows)  # one statement, built once per number of rows (runs.base.rows)
-            if row is not None and update_row(row[0], row[1], expected=row[2]) != 1:
-                raise row[0].refused_write()
+            for instance, fields, expected in row_writes:
+                if update_row(instance, fields, expected=expected) != 1:
+                    raise instance.refused_write()
         for event in rows:  # neither statement sends a signal: sent here, as save() would
             post_save.send(sender=RunEvent, instance=event, created=True, update_fields=None, raw=False,
                            using=event._state.db)
@@ -224,7 +228,7 @@ def counter_confirmed(run: Run) -> bool:
 
 
 def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None,
-             also: tuple | None = None) -> int | None:
+             also: list[tuple] = ()) -> int | None:
     """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
     Returns the new counter, or None if the row was not written (the lease
@@ -232,7 +236,7 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
     statement (``UPDATE ... RETURNING``) where the database can return rows
     from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
     With ``rows`` (PostgreSQL only), the same statement inserts them as the
-    events of the reserved seqs, and writes ``also`` (``append_events``' ``row``)
+    events of the reserved seqs, and writes ``also`` (``append_events``' ``row_writes``)
     (``runs.base.rows.update_and_insert_numbered``).
     """
     values = columns.values if columns is not None else {}
@@ -253,6 +257,15 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
                                           counted="last_event_seq", instances=rows, position="seq", also=also)
     return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
                           returning="last_event_seq")
+
+
+def _refused_row(row_writes: list[tuple]):
+    """The instance of the first of ``row_writes`` whose row no longer holds what it expects (or is gone), or None
+    (one query per write looked at; only after a refused statement)."""
+    for instance, _fields, expected in row_writes:
+        if not type(instance)._base_manager.filter(pk=instance.pk, **expected).exists():
+            return instance
+    return None
 
 
 def _lease_still_held(run_id: int) -> bool:

@@ -16,8 +16,9 @@ import copy
 import pickle
 from typing import Callable
 
-from django.db import transaction
+from django.db import connection, transaction
 
+from runs.base import rows
 from runs.live import publish_on_commit
 from runs.services import Event, RunColumns, append_events, counters_held
 
@@ -64,13 +65,23 @@ def _with_own_fields(run, columns: RunColumns | None, changed: list[str], stampe
 
 
 class EventBatch:
-    """The events of several transitions of one run, logged with one reservation of seqs.
+    """The events of several transitions of one run, logged with one reservation of seqs, and the rows of its
+    other machines those transitions changed, written by the same statement.
 
     ``apply(..., batch=batch)`` on another machine of ``run`` (an inbox
-    item, a tool call) writes its row at once and keeps its event here; the
-    run's own ``apply(run.<transition>, batch=batch)`` logs them, in order,
-    ahead of its own (one fenced UPDATE, one INSERT). Leaving the ``with``
-    block logs what is left; leaving it by an exception logs nothing.
+    item, a tool call) keeps its row's write and its event here; the run's
+    own ``apply(run.<transition>, batch=batch)`` logs the events, in order,
+    ahead of its own, and writes the kept rows, in one statement on
+    PostgreSQL (one fenced UPDATE of the run, one INSERT, one UPDATE per
+    row: ``runs.services.append_events``' ``row_writes``). Leaving the
+    ``with`` block logs and writes what is left; leaving it by an exception
+    writes nothing.
+
+    A kept row is written before any other statement the connection runs
+    meanwhile (``_write_rows_first``, a Django execute wrapper while rows are
+    kept), so a read in between sees it as if it had been written at once,
+    and a refused write raises there. Two transitions of one row make one
+    write, expecting what the row held before the first.
 
     Only in a transaction that holds the run's row lock and that any error
     undoes whole (``apply`` raises ``TypeError`` for a batch without
@@ -83,13 +94,16 @@ class EventBatch:
     def __init__(self, run):
         self.run = run
         self._events: list[Event] = []
+        self._writes: list[tuple] = []  # (instance, field names, expected), one per row
+        self._connection = None  # the connection the wrapper is on, while rows are kept
 
     def __enter__(self) -> "EventBatch":
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
         if kind is None and self._events:
-            append_events(self.run, self.take())
+            append_events(self.run, self.take(), row_writes=self.take_rows())
+        self.drop_rows()
 
     def keep(self, run, event: Event) -> None:
         """Hold ``event`` of a transition of ``run`` for the reservation (``TypeError`` unless ``run`` is the
@@ -103,6 +117,40 @@ class EventBatch:
         """The events held so far, oldest first; the batch is empty afterwards."""
         events, self._events = self._events, []
         return events
+
+    def keep_row(self, instance, fields: list[str]) -> None:
+        """Hold the write of ``fields`` of ``instance`` (a stored machine of the run, ``FSMModel``) for the
+        reservation's statement; the instance counts as stored from now on (django-fsm's optimistic lock)."""
+        for n, (kept, kept_fields, expected) in enumerate(self._writes):
+            if kept is instance:
+                self._writes[n] = (kept, [*kept_fields, *(f for f in fields if f not in kept_fields)], expected)
+                break
+        else:
+            self._writes.append(instance.row_write(fields))
+        instance._update_initial_state()
+        if self._connection is None:
+            connection.execute_wrappers.append(self._write_rows_first)
+            self._connection = connection
+
+    def take_rows(self) -> list[tuple]:
+        """The row writes held so far (``append_events``' ``row_writes``); the batch holds none afterwards."""
+        writes, self._writes = self._writes, []
+        self.drop_rows()
+        return writes
+
+    def drop_rows(self) -> None:
+        """Forget the row writes held (their transaction is being rolled back), and stop watching statements."""
+        self._writes = []
+        if self._connection is not None:
+            self._connection.execute_wrappers.remove(self._write_rows_first)
+            self._connection = None
+
+    def _write_rows_first(self, execute, sql, params, many, context):
+        """Django execute wrapper: write the kept rows (one UPDATE each) before another statement runs."""
+        for instance, fields, expected in self.take_rows():
+            if rows.update(instance, fields, expected=expected) != 1:
+                raise instance.refused_write()
+        return execute(sql, params, many, context)
 
 
 def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
@@ -125,10 +173,11 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     ``logged_before(instance)``: events logged just ahead of the
     transition's own, with the same reservation and INSERT.
     ``batch`` (``EventBatch``, only with ``savepoint=False``, else
-    ``TypeError``): when the instance is not the run, its row is written
-    and then its event waits in the batch (then ``columns`` and
+    ``TypeError``): when the instance is not the run, its row's write and
+    its event wait in the batch (then ``columns`` and
     ``logged_before`` are refused: nothing would log them); the run's own
-    transition logs the batch's events ahead of its own.
+    transition logs the batch's events ahead of its own and writes its rows
+    with them.
 
     An instance not yet in the database is inserted already past the
     transition (its events name its id, so the INSERT comes first; a
@@ -171,19 +220,23 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
             if deferred and (columns is not None or logged_before is not None):
                 raise TypeError("columns and logged_before go with the run's own transition of a batch")
             written = [] if new or saved_with_event else changed + [name for name in stamped if name not in changed]
-            # Another machine's row rides on its event's statement (runs.services.append_events' ``row``).
+            # Another machine's row rides on its event's statement (runs.services.append_events' ``row_writes``);
+            # in a batch, on the statement that logs the batch (``EventBatch.keep_row``).
             riding = instance.row_write(written) if written and run is not instance and not deferred else None
             if not deferred:
                 if run is not instance:
                     run_held = counters_held(run, columns)
                 earlier = batch.take() if batch is not None else []
+                kept_rows = batch.take_rows() if batch is not None else []
                 append_events(run, [*earlier, *(logged_before(instance) if logged_before else []), event],
-                              columns=columns, row=riding)
+                              columns=columns, row_writes=[*kept_rows, *([riding] if riding else [])])
             if saved_with_event or riding is not None:
                 instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
+            elif written and deferred:
+                batch.keep_row(instance, written)
             elif written:
                 instance.update_row(written)
-            if deferred:  # kept only once its row is written
+            if deferred:
                 batch.keep(run, event)
         except BaseException:
             _restore(instance, before)

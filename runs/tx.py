@@ -10,8 +10,10 @@ it inside ``with locked(run_id) as tx:`` and goes through ``tx``:
   lock, under keys of its own (the kernel knows no tool or item model);
 - ``tx.apply(bound_transition, actor=, reason=, payload=, **kw)``: a
   transition of the run or of one of its rows (``runs.transitions.apply``
-  without a savepoint); another row's event waits for the run's next
-  transition or the end of the block, so they share one reservation;
+  without a savepoint); another row's write and event wait for the run's
+  next transition or the end of the block, so they share one reservation
+  and, on PostgreSQL, one statement (a statement run in between writes
+  the row first: ``runs.transitions.EventBatch``);
 - ``tx.log(type=, actor=, ...)``: an event of the run, kept the same way;
 - ``tx.set(**values)``: run columns written by the same fenced UPDATE that
   reserves the events' seqs (``runs.services.RunColumns``);
@@ -99,8 +101,8 @@ class RunTx:
     def apply(self, transition, *, actor: str, reason: str = "", payload: dict | None = None, **arguments):
         """Apply the bound ``transition`` of the run or of a row of it; returns the instance.
 
-        The run's own logs the kept events ahead of its own and writes ``set``'s columns in the same UPDATE; another row's is
-        written at once, its event kept. Raises what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
+        The run's own logs the kept events ahead of its own and writes ``set``'s columns and the kept rows in the
+        same statement; another row's write and event are kept. Raises what ``runs.transitions.apply`` raises (``TransitionNotAllowed``,
         ``ConcurrentTransition``, ``LeaseLost``), which undoes the block.
         """
         run_own = transition.__self__ is self.run
@@ -148,14 +150,18 @@ class RunTx:
         if self._wake:
             wake_now(self.run.pk)
 
+    def _drop(self) -> None:
+        """Forget what the block kept unwritten (it is being undone, or was written)."""
+        self._batch.drop_rows()
+
     def _close(self) -> None:
         """Write what the block left: its kept events and columns (one UPDATE, one INSERT), or check
         the lease for a block whose only writes were messages."""
-        events, columns = self._batch.take(), self._take_columns()
+        events, columns, writes = self._batch.take(), self._take_columns(), self._batch.take_rows()
         if events or columns is not None:
             if not events:
                 raise TypeError(f"run {self.run.pk}: columns set with no event to carry them")
-            append_events(self.run, events, columns=columns)
+            append_events(self.run, events, columns=columns, row_writes=writes)
         elif self._messages and not self._fenced:
             lease.check(self.run.pk)
 
@@ -176,8 +182,11 @@ def locked(run_id: int, *, related: tuple[str, ...] = ()):
     with transaction.atomic():
         tx = RunTx(selects.select_one(Run, {"pk": run_id}, related=related, for_update=True))
         tx._open()
-        yield tx
-        tx._close()
+        try:
+            yield tx
+            tx._close()
+        finally:
+            tx._drop()
 
 
 @contextlib.contextmanager
@@ -195,9 +204,13 @@ def locked_many(run_ids, *, related: tuple[str, ...] = (), skip_locked: bool = F
         txs = {run.pk: RunTx(run) for run in _rows(related, skip_locked).filter(pk__in=run_ids).order_by("pk")}
         for tx in txs.values():
             tx._open()
-        yield txs
-        for tx in txs.values():
-            tx._close()
+        try:
+            yield txs
+            for tx in txs.values():
+                tx._close()
+        finally:
+            for tx in txs.values():
+                tx._drop()
 
 
 def relock(run: Run) -> bool:

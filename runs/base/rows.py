@@ -194,21 +194,22 @@ _AND_INSERT: dict = {}  # (update statement, rows model, rows, numbered field) -
 
 
 def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counted: str,
-                               instances: list[Model], position: str, also: tuple | None = None) -> int | None:
+                               instances: list[Model], position: str, also: list[tuple] = ()) -> int | None:
     """``update_columns`` and ``insert_many`` in one statement (PostgreSQL: a data-modifying ``WITH``), the
     inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments``, and
     its integer column ``counted`` moves on by ``len(instances)``, if it holds ``expected``; then
     ``instances`` (at least one, all of one model, none stored) are inserted, their field ``position`` the
     counter's new value for the last one, one less for the one before, and so on.
 
-    ``also``: ``(instance, field names, expected)``, a stored row of another model whose ``fields`` the same
-    statement writes (``auto_now`` ones stamped), after row ``pk`` (whose lock it takes first), only if it
-    holds ``expected`` (``{name: value}``, as ``update`` takes it).
+    ``also``: ``(instance, field names, expected)`` writes, each of a stored row of another model (at most
+    one write per row) whose ``fields`` the same statement writes (``auto_now`` ones stamped), after row
+    ``pk`` (whose lock it takes first), only if it holds ``expected`` (``{name: value}``, as ``update``
+    takes it).
 
     Returns the counter's new value, the instances stored (keys and ``position`` set); or None when a row
     was not written (it does not hold ``expected``, or is gone): then no instance is inserted either, but
-    when only ``also``'s row was not written, row ``pk``'s update was made: the caller rolls its transaction
-    back. Raises ``TypeError`` when ``increments`` or ``values`` name ``counted`` (the rows move it), and what
+    when only rows of ``also`` were not written, the others' updates were made: the caller rolls its
+    transaction back. Raises ``TypeError`` when ``increments`` or ``values`` name ``counted`` (the rows move it), and what
     the database raises (``DataError``, ``IntegrityError``); the update is undone with the insert.
     """
     if counted in increments or counted in values:
@@ -236,10 +237,11 @@ def update_and_insert_one(model, pk, *, values: dict, expected: dict, instance: 
     return bool(keys)
 
 
-def _also(also: tuple) -> tuple[str, list]:
-    """The SQL and parameters of ``also``'s ``UPDATE`` (``update_and_insert_numbered``): ``update``'s statement, run
-    only once ``written`` was (a one-time filter: the first row's lock is taken first), returning a row if written."""
-    sql, params = _row_update(*also)
+def _also(write: tuple) -> tuple[str, list]:
+    """The SQL and parameters of one ``also`` write's ``UPDATE`` (``update_and_insert_numbered``): ``update``'s
+    statement, run only once ``written`` was (a one-time filter: the first row's lock is taken first),
+    returning a row if written."""
+    sql, params = _row_update(*write)
     return f"{sql} AND EXISTS (SELECT 1 FROM written) RETURNING 1", params
 
 
@@ -251,14 +253,18 @@ def _stored(instance: Model, pk) -> None:
 
 
 def _update_and_insert(model, pk, values, increments, expected, returning, instances, numbered,
-                       also: tuple | None = None) -> dict:
+                       also: list[tuple] = ()) -> dict:
     """Run the ``WITH written AS (UPDATE ...) INSERT ... SELECT ... FROM written`` statement; the inserted
     rows' keys by their ``numbered`` field's value (by None without one: one instance only). ``also``: as
-    ``update_and_insert_numbered`` takes it, a second ``WITH`` the rows are inserted only with."""
+    ``update_and_insert_numbered`` takes it, one more ``WITH`` each, the rows inserted only with all of them."""
     update_sql, written, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), returning)
     rows_model, count = type(instances[0]), len(instances)
-    also_sql, also_params = _also(also) if also is not None else ("", [])
-    key = (update_sql, also_sql, rows_model, count, numbered)
+    also_sqls, also_params = [], []
+    for write in also:
+        sql, params = _also(write)
+        also_sqls.append(sql)
+        also_params.extend(params)
+    key = (update_sql, *also_sqls, rows_model, count, numbered)
     shape = _AND_INSERT.get(key)
     if shape is None:
         rows_meta, quote = rows_model._meta, connection.ops.quote_name
@@ -274,9 +280,11 @@ def _update_and_insert(model, pk, values, increments, expected, returning, insta
             columns.append(quote(numbered.column))
             selected.append(f"written.{quote(model._meta.get_field(returning).column)} - {count} + v.n")
             returned += f", {quote(numbered.column)}"
-        sql = (f"WITH written AS ({update_sql}){f', also AS ({also_sql})' if also_sql else ''} "
+        withs = "".join(f", also{n} AS ({sql})" for n, sql in enumerate(also_sqls))
+        joins = "".join(f" CROSS JOIN also{n}" for n in range(len(also_sqls)))
+        sql = (f"WITH written AS ({update_sql}){withs} "
                f"INSERT INTO {quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
-               f"FROM written{' CROSS JOIN also' if also_sql else ''} "
+               f"FROM written{joins} "
                f"CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
                f"RETURNING {returned}")
         shape = (sql, fields, _kinds(fields))

@@ -56,13 +56,19 @@ def event_writes() -> int:
     return 1 if connection.vendor == "postgresql" else 2
 
 
+def riding_rows() -> int:
+    """Statements that write the item's and the call's rows, kept by the block's ``EventBatch``: none of
+    their own on PostgreSQL (they go in the events' ``WITH``), one each elsewhere."""
+    return 0 if connection.vendor == "postgresql" else 2
+
+
 # Data statements at most. The decision: the user's permissions (1, read once per user object),
-# may they decide it (1), the run locked (1), the item locked with "another item pending?" (1), the
-# item's and the call's rows (2), then their events and the run's own transition with one
-# reservation (``EventBatch``), "any webhook subscriber?" (1). The decider is checked again in
-# memory with the item's lock (``runs.access.may_decide``).
+# may they decide it (1), the run locked (1), the item locked with "another item pending?" (1), then
+# the item's and the call's rows, their events and the run's own transition with one reservation
+# (``EventBatch``), "any webhook subscriber?" (1). The decider is checked again in memory with the
+# item's lock (``runs.access.may_decide``).
 def decision_cap() -> int:
-    return 7 + event_writes()
+    return 5 + riding_rows() + event_writes()
 
 
 # The request: token auth (1), the permissions (1), the item as the API shows it, with whether this

@@ -305,3 +305,84 @@ def test_a_batch_is_refused_where_a_caught_error_could_log_a_transition_that_nev
                   columns=RunColumns(values={"phase": Phase.EXECUTING_TOOLS}))
     assert ToolCall.objects.get(pk=call.pk).status == "awaiting_approval"
     assert Run.objects.get(pk=run.pk).last_event_seq == seq
+
+
+def test_a_batchs_rows_ride_on_its_reservation_and_a_read_in_between_sees_them(people, idle_worker):
+    """The item's and the call's rows are written with the run's transition (on PostgreSQL in its one
+    statement), but a statement run before it writes them first: a read in the block sees them stored."""
+    from approvals.models import Interrupt
+    from runs.tx import locked
+    from tools.services import approve_tool_call
+
+    run = _waiting_for(people, "acct-7341")
+    item = Interrupt.objects.select_related("tool_call").get(run=run)
+    wrappers = list(connection.execute_wrappers)
+    with CaptureQueriesContext(connection) as captured, locked(run.pk) as tx:
+        item.run = item.tool_call.run = tx.run
+        tx.apply(item.resolve, actor="test", reason="approved", decision="approved", user=people["approver"],
+                 comment="", edited_arguments=None, now=timezone.now())
+        kept = len(captured)
+        seen = Interrupt.objects.values_list("status", flat=True).get(pk=item.pk)  # writes the item first
+        written_first = len(captured) - kept
+        approve_tool_call(tx, item.tool_call, arguments=None, action_key="", actor="test")
+        tx.apply(tx.run.resume, actor="test", reason="resumed")
+    assert seen == "resolved" and written_first == 2  # the item's UPDATE, then the read
+    updates = [q["sql"] for q in captured.captured_queries if q["sql"].startswith('UPDATE "tools_toolcall"')]
+    assert updates == ([] if connection.vendor == "postgresql" else updates[:1])  # PostgreSQL: in the WITH
+    assert ToolCall.objects.get(pk=item.tool_call_id).status == ToolCallStatus.READY
+    assert Run.objects.get(pk=run.pk).status == "running"
+    assert connection.execute_wrappers == wrappers
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="another session writing meanwhile: SQLite serializes writers")
+@pytest.mark.parametrize("written", ["by the reservation", "first"])
+def test_a_batchs_row_changed_behind_it_refuses_the_whole_block(people, idle_worker, written):
+    """A kept row no longer holding what it was loaded with refuses the block, nothing of it written, whether
+    the reservation's statement writes it or a statement before that does."""
+    import threading
+
+    from django_fsm import ConcurrentTransition
+
+    from approvals.models import Interrupt
+    from runs.tx import locked
+    from tools.services import approve_tool_call
+
+    run = _waiting_for(people, "acct-7351")
+    item = Interrupt.objects.select_related("tool_call").get(run=run)
+    seq = Run.objects.get(pk=run.pk).last_event_seq
+    wrappers = list(connection.execute_wrappers)
+
+    def changed_elsewhere():  # another session, committed: the call's row no longer holds its loaded status
+        ToolCall.objects.filter(pk=item.tool_call_id).update(status=ToolCallStatus.REJECTED)
+        connection.close()
+
+    with pytest.raises(ConcurrentTransition), locked(run.pk) as tx:
+        item.run = item.tool_call.run = tx.run
+        approve_tool_call(tx, item.tool_call, arguments=None, action_key="", actor="test")
+        thread = threading.Thread(target=changed_elsewhere)
+        thread.start()
+        thread.join()
+        if written == "first":
+            Run.objects.count()
+        tx.apply(tx.run.resume, actor="test", reason="resumed")
+    assert connection.execute_wrappers == wrappers
+    assert Run.objects.get(pk=run.pk).last_event_seq == seq and Run.objects.get(pk=run.pk).status == "waiting"
+    assert Interrupt.objects.get(pk=item.pk).status == "pending"
+
+
+def test_an_error_in_a_block_drops_what_its_batch_kept(people, idle_worker):
+    from approvals.models import Interrupt
+    from runs.tx import locked
+
+    run = _waiting_for(people, "acct-7361")
+    item = Interrupt.objects.get(run=run)
+    wrappers = list(connection.execute_wrappers)
+    with pytest.raises(RuntimeError), locked(run.pk) as tx:
+        item.run = tx.run
+        tx.apply(item.resolve, actor="test", reason="approved", decision="approved", user=people["approver"],
+                 comment="", edited_arguments=None, now=timezone.now())
+        raise RuntimeError("the writer gives up")
+    assert connection.execute_wrappers == wrappers
+    assert Interrupt.objects.get(pk=item.pk).status == "pending"
+    Run.objects.count()  # a statement after the block writes nothing kept
+    assert Interrupt.objects.get(pk=item.pk).status == "pending"
