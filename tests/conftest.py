@@ -25,6 +25,7 @@ from rest_framework.test import APIClient
 
 from runs.base import awaiting
 from runs.engine import runtime
+from runs.engine.group_commit import GroupCommit
 from tests.support.fake_tools import forget_transfers
 from tests.support.processes import worker_environment
 from tests.support.webhook_receiver import Receiver
@@ -66,27 +67,31 @@ def django_db_setup(django_db_setup):
 
 @pytest.fixture(autouse=True)
 def engines_let_go(monkeypatch):
-    """Engines a test makes (``runtime.Engine``) let go of their database connections once it ends.
+    """Engines and group commits a test makes let go of their database connections once it ends.
 
-    An engine's database threads keep their connection from one job to the next
-    (``runs.base.awaiting.holding_connection``), and an engine is never stopped
-    (a worker process has one for its life). A test's engine would keep its
-    connections, taken from the process's pool, after the test: so once the test's
-    own fixtures are torn down (a hung call set free) its runs may finish, and its
-    threads close their connections. Autouse, so set up first and torn down last.
+    A group commit's database threads keep their connection from one job to the
+    next (``runs.base.awaiting.holding_connection``), and neither an engine nor a
+    group commit is ever stopped (a worker process has one for its life). A test's
+    would keep its connections, taken from the process's pool, after the test: so
+    once the test's own fixtures are torn down (a hung call set free) its engines'
+    runs may finish, and every database thread closes its connection. Autouse, so
+    set up first and torn down last.
     """
-    made = []
-    init = runtime.Engine.__init__
-
-    def noting(engine, *args, **kwargs):
-        init(engine, *args, **kwargs)
-        made.append(engine)
-
-    monkeypatch.setattr(runtime.Engine, "__init__", noting)
+    engines, commits = [], []
+    for cls, made in ((runtime.Engine, engines), (GroupCommit, commits)):
+        monkeypatch.setattr(cls, "__init__", _noting(cls.__init__, made))
     yield
-    for engine in made:
+    for engine in engines:
         engine.wait_idle(10)
-        engine.close_connections()
+    for group_commit in commits:
+        group_commit.close_connections()
+
+
+def _noting(init, made: list):
+    def noting(instance, *args, **kwargs):
+        init(instance, *args, **kwargs)
+        made.append(instance)
+    return noting
 
 
 @pytest.fixture

@@ -200,6 +200,25 @@ def keeping_connection(fn: Callable, *args):
             connection.close()  # back to the pool
 
 
+_keeper = threading.local()  # ``keeps``: this thread keeps its database connection between jobs
+
+
+def keep_connection_in_this_thread() -> None:
+    """Let the calling thread keep its database connection from one job to the next (``hand_back_unless_kept``
+    then leaves it open). Only for a long-lived thread that closes its connections when it stops (a Dramatiq
+    worker thread: ``runs.engine.worker_middleware.ConnectionsMiddleware``)."""
+    _keeper.keeps = True
+
+
+def hand_back_unless_kept() -> None:
+    """Hand the calling thread's database connection back to PostgreSQL's pool, unless the thread keeps it
+    (``keep_connection_in_this_thread``): a thread nobody closes (one a script or a test started) must not
+    hold a pooled connection after its work is done. Without a pool (SQLite), nothing."""
+    if (not getattr(_keeper, "keeps", False) and connection.connection is not None
+            and getattr(connection, "pool", None) is not None):
+        connection.close()
+
+
 def holding_connection(fn: Callable, *args):
     """``fn(*args)`` in one of a fixed, small set of threads that each keep their database connection from
     one job to the next (the engine's database threads, ``runs.engine.group_commit``), pool or not.

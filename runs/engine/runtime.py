@@ -45,7 +45,7 @@ from django_fsm import ConcurrentTransition
 from runs import lease
 
 from runs.base import flight_recorder, log_context, process_metrics
-from runs.base.awaiting import Await, holding_connection, resume, settle
+from runs.base.awaiting import Await, hand_back_unless_kept, holding_connection, resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
 from runs.engine.loop import advance_slice, hand_back
@@ -124,7 +124,16 @@ class Engine:
         "Quarantine"); when suspects have a queue of
         their own (``TOLLGATE["QUARANTINE_QUEUE"]``), it is given back and sent there instead, unless
         ``quarantine_worker`` (it came from that queue). Raises ``DatabaseError`` from taking the lease.
+
+        The calling thread's database connection is handed back to the pool once the slice is under way, unless
+        the thread keeps its connection (``awaiting.keep_connection_in_this_thread``: a Dramatiq worker thread).
         """
+        try:
+            return self._submit(run_id, quarantine_worker)
+        finally:
+            hand_back_unless_kept()
+
+    def _submit(self, run_id: int, quarantine_worker: bool) -> lease.Lease | None:
         deadline = time.monotonic() + SUBMIT_WAIT_S
         if not self._slots.acquire(timeout=SUBMIT_WAIT_S):
             raise EngineFull(f"{self._in_flight} runs in flight for {SUBMIT_WAIT_S} s")

@@ -44,6 +44,12 @@ class ConnectionsMiddleware(dramatiq.Middleware):
 
         connections.close_all()
 
+    @staticmethod
+    def after_worker_thread_boot(*args, **kwargs):
+        from runs.base.awaiting import keep_connection_in_this_thread
+
+        keep_connection_in_this_thread()  # it closes its connections when it stops (below)
+
     before_process_message = after_process_message = _close_unusable
     before_consumer_thread_shutdown = before_worker_thread_shutdown = before_worker_shutdown = _close_all
 
