@@ -73,3 +73,27 @@ def test_a_connection_an_error_left_unusable_is_closed_and_the_next_message_conn
         return closed, Run.objects.count()
 
     assert in_a_thread(body) == (True, 0)
+
+
+@pytest.mark.parametrize("worker_thread", [True, False])
+def test_a_thread_that_submits_a_run_keeps_its_connection_only_if_it_is_a_worker_thread(people, worker_thread):
+    """A Dramatiq worker thread (marked at boot by the middleware, which closes its connections when it stops)
+    keeps its connection after handing a run over; any other thread hands it back to the pool, so a thread
+    nobody closes holds none once its work is done."""
+    if getattr(connection, "pool", None) is None:
+        pytest.skip("PostgreSQL's connection pool (without one a thread's connection is its own)")
+    from runs.engine import runtime
+    from runs.engine.lifecycle import start_run
+    from tests.support.durability import lookup_agent
+
+    run = start_run(agent=lookup_agent(), user=people["requester"], input="look it up")
+    engine = runtime.Engine(runs_in_flight=2, db_threads=1)
+
+    def body():
+        if worker_thread:
+            ConnectionsMiddleware.after_worker_thread_boot(None, None)
+        assert engine.submit(run.pk) is not None
+        return connection.connection is not None
+
+    assert in_a_thread(body) is worker_thread
+    assert engine.wait_idle(30)
