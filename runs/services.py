@@ -14,7 +14,7 @@ import dataclasses
 import weakref
 
 from django.db import connection, transaction
-from django.db.models import F, Model
+from django.db.models import F, Model, Q
 from django.db.models.signals import post_save
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
@@ -260,10 +260,12 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
 
 
 def _refused_row(row_writes: list[tuple]):
-    """The instance of the first of ``row_writes`` whose row no longer holds what it expects (or is gone), or None
-    (one query per write looked at; only after a refused statement)."""
+    """The instance of the first of ``row_writes`` that the refused statement did not write: its row holds neither
+    what the write expected nor what it was to write (the statement writes the rows before the one it refuses),
+    or is gone; None if each holds one of them. One query per write looked at; only after a refused statement."""
     for instance, _fields, expected in row_writes:
-        if not type(instance)._base_manager.filter(pk=instance.pk, **expected).exists():
+        meant = {name: getattr(instance, name) for name in expected}
+        if not type(instance)._base_manager.filter(Q(**expected) | Q(**meant), pk=instance.pk).exists():
             return instance
     return None
 

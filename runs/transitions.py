@@ -129,7 +129,8 @@ class EventBatch:
             self._writes.append(instance.row_write(fields))
         instance._update_initial_state()
         if self._connection is None:
-            connection.execute_wrappers.append(self._write_rows_first)
+            # Outermost: ``connection.execute_wrapper()`` contexts opened meanwhile push and pop after it.
+            connection.execute_wrappers.insert(0, self._write_rows_first)
             self._connection = connection
 
     def take_rows(self) -> list[tuple]:
@@ -142,7 +143,8 @@ class EventBatch:
         """Forget the row writes held (their transaction is being rolled back), and stop watching statements."""
         self._writes = []
         if self._connection is not None:
-            self._connection.execute_wrappers.remove(self._write_rows_first)
+            wrappers = self._connection.execute_wrappers
+            wrappers[:] = [wrapper for wrapper in wrappers if wrapper != self._write_rows_first]
             self._connection = None
 
     def _write_rows_first(self, execute, sql, params, many, context):

@@ -213,9 +213,10 @@ def keep_connection_in_this_thread() -> None:
 def hand_back_unless_kept() -> None:
     """Hand the calling thread's database connection back to PostgreSQL's pool, unless the thread keeps it
     (``keep_connection_in_this_thread``): a thread nobody closes (one a script or a test started) must not
-    hold a pooled connection after its work is done. Without a pool (SQLite), nothing."""
+    hold a pooled connection after its work is done. Without a pool (SQLite), or inside a transaction (the
+    caller's, which the connection must outlive), nothing."""
     if (not getattr(_keeper, "keeps", False) and connection.connection is not None
-            and getattr(connection, "pool", None) is not None):
+            and getattr(connection, "pool", None) is not None and not connection.in_atomic_block):
         connection.close()
 
 

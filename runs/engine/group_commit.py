@@ -174,6 +174,17 @@ def _run_alone(job: _Job) -> None:
         job.future.set_result(result)
 
 
+def _aborted() -> bool:
+    """Whether PostgreSQL aborted the connection's transaction (a statement failed in it, and a job caught the
+    error outside any ``atomic``, which Django does not mark for rollback): read from the driver, no round trip."""
+    raw = connection.connection
+    if raw is None or connection.vendor != "postgresql":
+        return False
+    from psycopg.pq import TransactionStatus
+
+    return raw.info.transaction_status == TransactionStatus.INERROR
+
+
 class _JobSavepoints:
     """The savepoints of one group's jobs, each released by the statement that creates the next.
 
@@ -209,7 +220,7 @@ class _JobSavepoints:
         connection.savepoint_ids.append(sid)
         try:
             result = job.context.run(job.fn, *job.args)
-            if connection.needs_rollback:  # it caught a database error and went on: its writes are void
+            if connection.needs_rollback or _aborted():  # it caught a database error and went on: its writes are void
                 raise TransactionManagementError("a job went on after a database error in its transaction")
             return True, result
         except Exception as exc:

@@ -15,7 +15,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
@@ -352,3 +352,43 @@ def test_the_lease_keeper_does_not_wait_for_a_row_that_a_group_holds_while_holdi
     assert errors == {} and renewed == [2]
     after = dict(Run.objects.filter(pk__in=[first.pk, second.pk]).values_list("pk", "lease_expires_at"))
     assert all(after[pk] > before[pk] for pk in before)
+
+
+def _swallowing_a_read_error(run_id: int, committed: list):
+    """A job that starts its run, then catches a database error of a plain read (no ``atomic`` around it: Django
+    does not mark the transaction for rollback, yet PostgreSQL has aborted it) and goes on."""
+    def job():
+        starting(run_id, committed)()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")
+        except DatabaseError:
+            pass
+        return "done"
+    return job
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="an aborted transaction: PostgreSQL")
+@pytest.mark.parametrize("position", [1, 2], ids=["middle", "last"])
+def test_a_job_that_swallows_a_read_error_fails_alone_wherever_it_is_in_its_group(committer, runs, position):
+    """PostgreSQL aborted the transaction under the job (it caught the error and went on): the job is rolled
+    back to its savepoint and fails alone, in the middle of its group (the next job's savepoint is not made in
+    an aborted transaction) or last (the COMMIT would silently roll the whole group back)."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed = []
+    jobs = [starting(run.pk, committed) for run in runs]
+    jobs[position] = _swallowing_a_read_error(runs[position].pk, committed)
+
+    release = held_back(committer)
+    futures = [submit_leased(committer, held, job) for held, job in zip(leases, jobs)]
+    release.set()
+
+    outcomes = []
+    for future in futures:
+        exc = future.exception(10)
+        outcomes.append(type(exc).__name__ if exc else "ok")
+    statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs]).values_list("pk", "status"))
+    stored = [statuses[run.pk] == RunStatus.RUNNING for run in runs]
+    expected_ok = [n != position for n in range(3)]
+    assert [o == "ok" for o in outcomes] == expected_ok, (outcomes, stored)
+    assert stored == expected_ok, (outcomes, stored)

@@ -386,3 +386,69 @@ def test_an_error_in_a_block_drops_what_its_batch_kept(people, idle_worker):
     assert Interrupt.objects.get(pk=item.pk).status == "pending"
     Run.objects.count()  # a statement after the block writes nothing kept
     assert Interrupt.objects.get(pk=item.pk).status == "pending"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="another session writing meanwhile: SQLite serializes writers")
+@pytest.mark.parametrize("behind", ["changed", "gone"])
+def test_of_two_kept_rows_the_refused_one_is_the_one_named(people, idle_worker, behind):
+    """Two kept rows ride on the reservation (the item's, then the call's); the call's row changed (or was
+    deleted) behind the batch. The statement wrote the item's row before refusing the call's: the error names
+    the call (``ConcurrentTransition``, or ``DatabaseError`` when it is gone), not the item."""
+    import threading
+
+    from django.db import DatabaseError, connections
+    from django_fsm import ConcurrentTransition
+
+    from approvals.models import Interrupt
+    from runs.tx import locked
+    from tools.services import approve_tool_call
+
+    run = _waiting_for(people, "acct-7371")
+    item = Interrupt.objects.select_related("tool_call").get(run=run)
+
+    def elsewhere():  # another session, committed
+        with connections["default"].cursor() as cursor:
+            if behind == "changed":
+                cursor.execute("UPDATE tools_toolcall SET status = %s WHERE id = %s",
+                               [ToolCallStatus.REJECTED, item.tool_call_id])
+            else:  # gone (FK triggers off in this session only, so that nothing else goes with it)
+                cursor.execute("SET session_replication_role = replica")
+                cursor.execute("DELETE FROM tools_toolcall WHERE id = %s", [item.tool_call_id])
+                cursor.execute("SET session_replication_role = DEFAULT")
+        connections["default"].close()
+
+    expected = ConcurrentTransition if behind == "changed" else DatabaseError
+    with pytest.raises(expected) as raised, locked(run.pk) as tx:
+        item.run = item.tool_call.run = tx.run
+        tx.apply(item.resolve, actor="test", reason="approved", decision="approved", user=people["approver"],
+                 comment="", edited_arguments=None, now=timezone.now())
+        approve_tool_call(tx, item.tool_call, arguments=None, action_key="", actor="test")
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        tx.apply(tx.run.resume, actor="test", reason="resumed")
+    assert "ToolCall" in str(raised.value)
+
+
+def test_a_block_that_keeps_a_row_inside_an_execute_wrapper_context_still_commits(people, idle_worker):
+    """``connection.execute_wrapper()`` pops the last wrapper on exit: a row kept inside such a context and
+    written after it still commits, and both wrappers are gone afterwards."""
+    from approvals.models import Interrupt
+    from runs.tx import locked
+
+    run = _waiting_for(people, "acct-7381")
+    item = Interrupt.objects.get(run=run)
+    wrappers = list(connection.execute_wrappers)
+    seen = []
+
+    def noting(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with locked(run.pk) as tx:
+        item.run = tx.run
+        with connection.execute_wrapper(noting):
+            tx.apply(item.resolve, actor="test", reason="approved", decision="approved", user=people["approver"],
+                     comment="", edited_arguments=None, now=timezone.now())
+    assert connection.execute_wrappers == wrappers
+    assert Interrupt.objects.get(pk=item.pk).status == "resolved"
