@@ -240,11 +240,10 @@ class _JobSavepoints:
         ops, previous = connection.ops, self._open
         self._open = None
         if previous is not None and connection.vendor == "postgresql":
-            # Two statements in one simple query, on psycopg's cursor: never prepared (psycopg would try
-            # once the text recurs, and PostgreSQL prepares one statement only).
-            sql = f"{ops.savepoint_commit_sql(previous)}; {ops.savepoint_create_sql(sid)}"
-            with connection.cursor() as cursor, connection.wrap_database_errors:
-                cursor.cursor.execute(sql, prepare=False)
+            # Two statements in one simple query (no parameters); psycopg never prepares a query that
+            # answered with more than one result.
+            with connection.cursor() as cursor:
+                cursor.execute(f"{ops.savepoint_commit_sql(previous)}; {ops.savepoint_create_sql(sid)}")
         else:
             with connection.cursor() as cursor:
                 if previous is not None:

@@ -392,3 +392,19 @@ def test_a_job_that_swallows_a_read_error_fails_alone_wherever_it_is_in_its_grou
     expected_ok = [n != position for n in range(3)]
     assert [o == "ok" for o in outcomes] == expected_ok, (outcomes, stored)
     assert stored == expected_ok, (outcomes, stored)
+
+
+def test_the_statements_that_release_and_make_savepoints_recur_group_after_group_without_harm(committer, people):
+    """The same ``RELEASE SAVEPOINT ...; SAVEPOINT ...`` text on one connection, group after group, past the
+    driver's threshold for preparing a statement (PostgreSQL prepares one statement only: it must not try)."""
+    agent = lookup_agent()
+    for group in range(8):
+        runs_of_group = [start_run(agent=agent, user=people["requester"], input=f"{group}-{n}") for n in range(3)]
+        leases = [lease.acquire(run.pk, owner="worker-a") for run in runs_of_group]
+        committed = []
+        release = held_back(committer)
+        futures = [submit_leased(committer, held, starting(run.pk, committed))
+                   for held, run in zip(leases, runs_of_group)]
+        release.set()
+        assert [future.result(10) for future in futures] == [run.pk for run in runs_of_group]
+        assert sorted(committed) == sorted(run.pk for run in runs_of_group)
