@@ -231,7 +231,8 @@ class _JobSavepoints:
                 connection.needs_rollback = True
             return False, exc
         finally:
-            connection.savepoint_ids.remove(sid)
+            if sid in connection.savepoint_ids:  # gone if the job closed the connection under the transaction
+                connection.savepoint_ids.remove(sid)
 
     def _make(self) -> str:
         """Create the next job's savepoint, releasing the one before it in the same statement; its name."""
