@@ -26,7 +26,9 @@ class ConnectionsMiddleware(dramatiq.Middleware):
     are not prepared yet. A worker has ``--threads`` broker threads, so it holds
     as many connections (``docs/operating.md``). Every connection is closed when
     a thread or the worker stops, as django_dramatiq's ``DbConnectionsMiddleware``
-    (which this replaces) does.
+    (which this replaces) does. Its worker threads are marked at boot
+    (``runs.base.awaiting.keep_connection_in_this_thread``), so ``Engine.submit``
+    leaves their connection with them; any other thread's is handed back.
     """
 
     @staticmethod
