@@ -277,7 +277,7 @@ class _Keeper:
         self._lock = threading.Lock()
         self._held: dict[Lease, int] = {}  # lease -> how many holders (a context may hold it twice)
         self._thread: threading.Thread | None = None
-        self._woken = threading.Event()  # the first lease after none: beat now, then at the TTL of now
+        self._woken = threading.Event()  # the first lease after none: its third of the TTL counts from now
 
     def add(self, lease: Lease) -> None:
         with self._lock:
@@ -296,8 +296,10 @@ class _Keeper:
 
     def _beat(self) -> None:
         while True:
-            self._woken.wait(settings.TOLLGATE["LEASE_TTL_S"] / 3)
+            woken = self._woken.wait(settings.TOLLGATE["LEASE_TTL_S"] / 3)
             self._woken.clear()
+            if woken:  # the first lease after none was just taken, so nothing is due: the next beat is a third
+                continue  # of the TTL (as it is now) from here, rather than a third of the TTL at the last beat
             with self._lock:
                 leases = list(self._held)
             if not leases:  # idle: let go of the database until there is a lease again

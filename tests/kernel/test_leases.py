@@ -91,6 +91,19 @@ def test_heartbeat_keeps_a_long_call_leased(run, settings):
         assert lease.acquire(run.pk, owner="worker-b") is None
 
 
+def test_a_lease_just_taken_is_renewed_a_third_of_the_ttl_later_not_at_once(run, settings):
+    """The keeper, woken by a process's first lease after none, renews nothing then: the lease is fresh, and a
+    statement at that moment would only slow the run's first steps."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 1.5}
+    held = lease.acquire(run.pk, owner="worker-a")
+    taken_until = Run.objects.get(pk=run.pk).lease_expires_at
+    with lease.holding(held):
+        time.sleep(0.25)
+        assert Run.objects.get(pk=run.pk).lease_expires_at == taken_until
+        time.sleep(0.5)  # past a third of the TTL: renewed by now
+        assert Run.objects.get(pk=run.pk).lease_expires_at > taken_until
+
+
 def test_stale_worker_cannot_even_start_a_model_step(run):
     from runs.engine.loop import _model_turn
     from runs.engine.state import Known
