@@ -341,8 +341,9 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
         started = time.time()
         run_ids = [start_run(agent=agent, user=requester, input=f"refund order {number}").pk for number in orders]
         created = time.time()
-        wait_until_ended(run_ids, time.monotonic() + args.timeout, 0.2)
+        wait_until_ended(run_ids, time.monotonic() + args.timeout, 0.2, settled=waiting_for_a_person)
         ended = time.time()
+        left_to_people = waiting_for_a_person(run_ids)
         sampler.stop()
         meter.stop()
         model_stats = model.stats()
@@ -357,6 +358,8 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
     figures = {key: base[key] for key in ("runs", "runs_ended", "runs_not_ended", "steps", "model_calls",
                                           "tool_executions", "seconds_creating")}
     figures["run duration ms (created -> finished)"] = p50_p99(durations)
+    if left_to_people:
+        figures["runs left waiting for a person (not counted in the wall time), by reason"] = left_to_people
     figures["wall seconds (first run created -> last run finished)"] = base["seconds"]
     figures["steps_per_s"] = base["steps_per_s"]
     figures["latency_ms"] = {key: base["latency_ms"][key]
@@ -366,6 +369,27 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
     figures["sweeper_reenqueued"] = sum(int(n) for n in re.findall(r"reenqueued=(\d+)", sweeper_log))
     figures["logs"] = str(log_dir)
     return figures
+
+
+def waiting_for_a_person(run_ids: list[int]) -> dict[str, list[int]] | None:
+    """``{waiting reason: run ids}`` when every run of ``run_ids`` that has not ended waits for a person
+    (an approval, an input, or a call whose outcome stayed unknown: reconciliation), else None.
+
+    Such a run is where the design sends it (e.g. a refund that timed out at the gateway and was not found
+    by its lookup), not stuck: the harness stops waiting for it and names it, rather than running into
+    ``--timeout`` and printing nothing.
+    """
+    from runs.models import TERMINAL_STATUSES, Run, RunStatus, WaitingReason
+
+    people = {WaitingReason.APPROVAL, WaitingReason.INPUT, WaitingReason.RECONCILIATION}
+    left = Run.objects.filter(pk__in=run_ids).exclude(status__in=TERMINAL_STATUSES).values_list(
+        "pk", "status", "waiting_reason")
+    by_reason: dict[str, list[int]] = {}
+    for pk, status, reason in left:
+        if status != RunStatus.WAITING or reason not in people:
+            return None
+        by_reason.setdefault(reason, []).append(pk)
+    return by_reason or None
 
 
 # --- LangGraph ---------------------------------------------------------------

@@ -347,8 +347,9 @@ class Approver:
         self.posts[item_id] = (sent, time.time(), response.status_code)
 
 
-def wait_until_ended(run_ids: list[int], deadline: float, poll_s: float) -> None:
-    """Look every ``poll_s`` seconds until none of the runs is active or ``time.monotonic()`` passes ``deadline``.
+def wait_until_ended(run_ids: list[int], deadline: float, poll_s: float, settled=None) -> None:
+    """Look every ``poll_s`` seconds until none of the runs is active or ``time.monotonic()`` passes ``deadline``,
+    or, with ``settled`` (a function of the run ids still active), until it answers something true.
 
     Each look reads the active runs between the lowest and the highest of ``run_ids`` (a range of the
     primary key, one statement of one shape) and keeps ``run_ids``' own in Python, rather than naming them all.
@@ -358,7 +359,10 @@ def wait_until_ended(run_ids: list[int], deadline: float, poll_s: float) -> None
     ours = set(run_ids)
     active = Run.objects.filter(pk__range=(min(ours), max(ours))).exclude(status__in=TERMINAL_STATUSES) \
         .values_list("pk", flat=True)
-    while ours.intersection(active.all()) and time.monotonic() < deadline:  # .all(): a fresh read each look
+    while time.monotonic() < deadline:
+        left = ours.intersection(active.all())  # .all(): a fresh read each look
+        if not left or (settled is not None and settled(sorted(left))):
+            return
         time.sleep(poll_s)
 
 
