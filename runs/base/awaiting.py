@@ -196,7 +196,7 @@ def keeping_connection(fn: Callable, *args):
     try:
         return holding_connection(fn, *args)
     finally:
-        if connection.connection is not None and getattr(connection, "pool", None) is not None:
+        if _pooled_and_open():
             connection.close()  # back to the pool
 
 
@@ -215,9 +215,13 @@ def hand_back_unless_kept() -> None:
     (``keep_connection_in_this_thread``): a thread nobody closes (one a script or a test started) must not
     hold a pooled connection after its work is done. Without a pool (SQLite), or inside a transaction (the
     caller's, which the connection must outlive), nothing."""
-    if (not getattr(_keeper, "keeps", False) and connection.connection is not None
-            and getattr(connection, "pool", None) is not None and not connection.in_atomic_block):
+    if not getattr(_keeper, "keeps", False) and _pooled_and_open() and not connection.in_atomic_block:
         connection.close()
+
+
+def _pooled_and_open() -> bool:
+    """Whether this thread has an open database connection taken from a pool (closing it hands it back)."""
+    return connection.connection is not None and getattr(connection, "pool", None) is not None
 
 
 def holding_connection(fn: Callable, *args):

@@ -198,7 +198,12 @@ class RunConsumer(_LiveConsumer):
 
     async def run_update(self, event):
         if await self.still_allowed(self.requested_by):
-            await self.send_json({"type": "run.update", "run": event["run"]})
+            await self._forward_update(event)
+
+    async def _forward_update(self, event):
+        """Send the snapshot of ``event`` on (the caller checked that the user may still see the run). Its leading
+        underscore keeps Channels from dispatching a message type to it, unchecked."""
+        await self.send_json({"type": "run.update", "run": event["run"]})
 
     async def run_delta(self, event):
         if await self.still_allowed(self.requested_by):
@@ -274,10 +279,11 @@ class RunEventsConsumer(RunConsumer):
             if len(events) < EVENTS_PER_READ:
                 return
 
-    async def run_update(self, event):
+    async def _forward_update(self, event):
         """A snapshot, sent on; its ``seq`` says how far the log reached (``runs.live``: no notice goes with it)."""
-        await super().run_update(event)
-        await self.run_event({"seq": event["run"]["seq"]})
+        await super()._forward_update(event)
+        if event["run"]["seq"] > self.last_seq:
+            await self.send_new_events()
 
     async def run_event(self, event):
         """The log reached ``event["seq"]``: send what this socket has not sent yet."""
