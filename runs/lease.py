@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -30,7 +30,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
-from runs.base import rows
+from runs.base import rows, selects
 from runs.models import Run, RunStatus
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class Lease:
     suspect: bool = False
     blamed: bool = False
     replaced: tuple[str, datetime] | None = None
+    run: Run | None = field(default=None, compare=False, repr=False)  # read with the lease: ``acquire(reading=...)``
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -71,8 +72,9 @@ def ttl() -> timedelta:
     return timedelta(seconds=settings.TOLLGATE["LEASE_TTL_S"])
 
 
-def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
-    """Take the lease of a queued or running run whose lease is free or expired.
+def acquire(run_id: int, owner: str = WORKER_ID, *, reading: selects.Reading | None = None) -> Lease | None:
+    """Take the lease of a queued or running run whose lease is free or expired; with ``reading`` (of ``Run``),
+    read the run too (``Lease.run``), in the same statement on PostgreSQL.
 
     Returns None when another worker holds it or the run is waiting,
     finished or gone (a waiting run needs a person or a timer, not a
@@ -99,25 +101,9 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
             return None
         row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak", "suspect", "death_blame").get(
             pk=run_id), held_until is not None and counted == "", held_by, held_until)
+        run = reading.one(run_id) if reading is not None else None
     else:
-        quote, meta = connection.ops.quote_name, Run._meta
-        table = quote(meta.db_table)
-        names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak",
-                 "suspect", "death_blame")
-        pk, status, lease_owner, token, expires, crashes, losses, suspect, blame = (
-            quote(meta.get_field(name).column) for name in names)
-        adapt = connection.ops.adapt_datetimefield_value
-        with connection.cursor() as cursor:
-            cursor.execute(  # the FROM reads the lease being replaced (RETURNING sees only the new row)
-                f"UPDATE {table} SET {lease_owner} = %s, {token} = {table}.{token} + 1, {expires} = %s "
-                f"FROM (SELECT {lease_owner} AS held_by, {expires} AS held_until, {blame} AS counted "
-                f"FROM {table} WHERE {pk} = %s) AS replaced "
-                f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
-                f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
-                f"RETURNING {table}.{token}, {table}.{crashes}, {table}.{losses}, {table}.{suspect}, {table}.{blame}, "
-                f"replaced.held_until IS NOT NULL AND replaced.counted = '', replaced.held_by, replaced.held_until",
-                [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)])
-            row = cursor.fetchone()
+        run, row = _take_on_postgresql(run_id, owner, now, expires_at, reading)
         if row is None:
             return None
     token, crash_streak, loss_streak, suspect, counted, abandoned, held_by, held_until = row
@@ -125,12 +111,57 @@ def acquire(run_id: int, owner: str = WORKER_ID) -> Lease | None:
     if counted and (crash_streak >= limits["MAX_CRASHES_PER_STEP"] or loss_streak >= limits["MAX_LOSSES_PER_STEP"]):
         # Its death counted to the limit, with its work still in flight: the takeover ends it crash_loop
         # before any of its code runs (runs.engine.recovery.recover_after_takeover), so no quarantine.
-        return Lease(run_id=run_id, token=token, owner=owner)
+        return Lease(run_id=run_id, token=token, owner=owner, run=run)
     # A suspect dead again and again beside others (each time a SUSPECT) is blamed too: advanced alone, its next
     # death is its own.
     blamed = crash_streak >= 1 or (suspect and loss_streak >= limits["ISOLATE_AFTER_LOSSES"])
     return Lease(run_id=run_id, token=token, owner=owner, suspect=bool(suspect) or bool(abandoned),
-                 blamed=bool(blamed) or bool(abandoned), replaced=(held_by, held_until) if abandoned else None)
+                 blamed=bool(blamed) or bool(abandoned), replaced=(held_by, held_until) if abandoned else None, run=run)
+
+
+_TAKEN = ("taken_token", "taken_crashes", "taken_losses", "taken_suspect", "taken_blame", "taken_abandoned",
+          "taken_held_by", "taken_held_until", "taken_as_seen")
+
+
+def _take_on_postgresql(run_id: int, owner: str, now: datetime, expires_at: datetime,
+                        reading: selects.Reading | None) -> tuple[Run | None, tuple | None]:
+    """``acquire``'s one statement: ``(the run read with reading, or None, acquire's row)``; ``(None, None)`` when
+    the lease was not taken.
+
+    The run comes from the same statement (``selects.select_written``) unless a transaction changed the run's
+    row while the UPDATE waited for its lock (its ``last_event_seq`` moved: every change of the run, its steps
+    and its calls logs an event): then the statement's snapshot, which the related rows and flags are read
+    from, is older than the row, and the run is read afresh.
+    """
+    quote, meta = connection.ops.quote_name, Run._meta
+    table = quote(meta.db_table)
+    names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak",
+             "suspect", "death_blame", "last_event_seq")
+    pk, status, lease_owner, token, expires, crashes, losses, suspect, blame, seq = (
+        quote(meta.get_field(name).column) for name in names)
+    returned = [f"{table}.{token}", f"{table}.{crashes}", f"{table}.{losses}", f"{table}.{suspect}",
+                f"{table}.{blame}", "replaced.held_until IS NOT NULL AND replaced.counted = ''", "replaced.held_by",
+                "replaced.held_until", f"replaced.seen = {table}.{seq}"]
+    returning = ", ".join(f"{expression} AS {quote(name)}" for expression, name in zip(returned, _TAKEN))
+    adapt = connection.ops.adapt_datetimefield_value
+    sql = (  # the FROM reads the lease being replaced (RETURNING sees only the new row)
+        f"UPDATE {table} SET {lease_owner} = %s, {token} = {table}.{token} + 1, {expires} = %s "
+        f"FROM (SELECT {lease_owner} AS held_by, {expires} AS held_until, {blame} AS counted, {seq} AS seen "
+        f"FROM {table} WHERE {pk} = %s) AS replaced "
+        f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
+        f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
+        f"RETURNING {table + '.*, ' if reading is not None else ''}{returning}")
+    params = [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)]
+    if reading is None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None, None if row is None else row[:-1]
+    found = selects.select_written(reading, sql, params, _TAKEN)
+    if found is None:
+        return None, None
+    run, row = found
+    return (run if row[-1] else reading.one(run_id)), row[:-1]
 
 
 def release(lease: Lease) -> str | None:

@@ -22,6 +22,7 @@ Wherever a field's name is taken, ``"pk"`` names the model's primary key,
 as in the ORM's lookups (``_field``).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from django.db import connection
@@ -84,8 +85,11 @@ class _Shape:
 
 
 def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple, order_by: str | None,
-           for_update: bool, limit: int | None, only: tuple[str, ...] | None = None) -> _Shape:
-    key = (model, where, related, flags, order_by, for_update, limit, only, connection.vendor)
+           for_update: bool, limit: int | None, only: tuple[str, ...] | None = None, written: str | None = None,
+           extras: tuple[str, ...] = ()) -> _Shape:
+    """The statement of one shape, built once. ``written``: a data-modifying statement whose ``RETURNING``
+    rows (``select_written``) are read instead of the table, with its ``extras`` columns after the rest."""
+    key = (model, where, related, flags, order_by, for_update, limit, only, written, extras, connection.vendor)
     shape = _SELECTS.get(key)
     if shape is not None:
         return shape
@@ -116,9 +120,13 @@ def _shape(model, where: tuple[str, ...], related: tuple[str, ...], flags: tuple
             tests = [f"f.{quote(key_field.column)} = t0.{quote(key_field.target_field.column)}"]
         tests += [f"f.{quote(_field(other_meta, c).column)} = %s" for c in conditions]
         selected.append(f"EXISTS (SELECT 1 FROM {quote(other_meta.db_table)} f WHERE {' AND '.join(tests)})")
+    selected += [f"t0.{quote(name)}" for name in extras]
     tests = [f"t0.{quote(_field(meta, name).column)} = %s" for name in where]
-    sql = (f"SELECT {', '.join(selected)} FROM {quote(meta.db_table)} t0 {' '.join(joins)} "
-           f"WHERE {' AND '.join(tests)}")
+    source = quote(meta.db_table) if written is None else "written"
+    sql = (f"SELECT {', '.join(selected)} FROM {source} t0 {' '.join(joins)}"
+           + (f" WHERE {' AND '.join(tests)}" if tests else ""))
+    if written is not None:
+        sql = f"WITH written AS ({written}) {sql}"
     if order_by is not None:
         sql += f" ORDER BY t0.{quote(_field(meta, order_by).column)}"
     if limit is not None:
@@ -155,35 +163,48 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     _lockable("select", for_update)
     meta = model._meta
     where_fields, params = _where(model, where)
-    flag_items = tuple((name, (other, key, tuple(conditions))) for name, (other, key, conditions)
-                       in (flags or {}).items())
-    shape = _shape(model, where_fields, tuple(related), flag_items, order_by, for_update, limit)
-    flag_params = [_prepared(other._meta, name, value) for other, _key, conditions in (flags or {}).values()
-                   for name, value in conditions.items()]
+    shape = _shape(model, where_fields, tuple(related), _flag_items(flags), order_by, for_update, limit)
+    flag_params = _flag_params(flags)
     with connection.cursor() as cursor:
         cursor.execute(shape.sql, flag_params + params)
         found = cursor.fetchall()
     attach_fields = [(_field(meta, name), instance) for name, instance in (attach or {}).items()]
     instances = []
     for row in found:
-        row, start = list(row), 0
-        built = []
-        for part, nullable in zip(shape.parts, shape.nullable):
-            values = row[start:start + len(part.fields)]
-            start += len(part.fields)
-            empty = nullable and values[part.attnames.index(part.model._meta.pk.attname)] is None
-            built.append(None if empty else part.build(values))
-        instance = built[0]
-        for part, related_instance in zip(shape.parts[1:], built[1:]):
-            part.setter.set_cached_value(instance, related_instance)  # None: no row (a reverse one raises)
-            if part.back is not None and related_instance is not None:
-                part.back.set_cached_value(related_instance, instance)
-        for name, value in zip(shape.flags, row[start:]):
-            setattr(instance, name, bool(value))
+        instance, _extras = _built(shape, row)
         for field, value in attach_fields:
             field.set_cached_value(instance, value)
         instances.append(instance)
     return instances
+
+
+def _built(shape: _Shape, row) -> tuple:
+    """``(instance, the extra columns' values)`` of one row a statement of ``shape`` read: the main model's
+    instance, its related rows cached on it, its flags set."""
+    row, start = list(row), 0
+    built = []
+    for part, nullable in zip(shape.parts, shape.nullable):
+        values = row[start:start + len(part.fields)]
+        start += len(part.fields)
+        empty = nullable and values[part.attnames.index(part.model._meta.pk.attname)] is None
+        built.append(None if empty else part.build(values))
+    instance = built[0]
+    for part, related_instance in zip(shape.parts[1:], built[1:]):
+        part.setter.set_cached_value(instance, related_instance)  # None: no row (a reverse one raises)
+        if part.back is not None and related_instance is not None:
+            part.back.set_cached_value(related_instance, instance)
+    for name, value in zip(shape.flags, row[start:]):
+        setattr(instance, name, bool(value))
+    return instance, tuple(row[start + len(shape.flags):])
+
+
+def _flag_items(flags: dict | None) -> tuple:
+    return tuple((name, (other, key, tuple(conditions))) for name, (other, key, conditions) in (flags or {}).items())
+
+
+def _flag_params(flags: dict | None) -> list:
+    return [_prepared(other._meta, name, value) for other, _key, conditions in (flags or {}).values()
+            for name, value in conditions.items()]
 
 
 def _prepared(meta, name: str, value):
@@ -276,3 +297,43 @@ def select_one(model, where: dict, **options):
     read); raises ``model.DoesNotExist`` when there is none and ``model.MultipleObjectsReturned`` when there are
     more."""
     return _the_one(model, where, select(model, where, limit=2, **options))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a row of ``model`` is read beside its own columns: the ``related`` rows read along and the ``flags``
+    (as ``select`` takes them). Names one read that is made in more than one way (``one``, ``select_written``)."""
+
+    model: type
+    related: tuple[str, ...] = ()
+    flags: dict = dataclasses.field(default_factory=dict)
+
+    def one(self, pk):
+        """``select_one`` of the row whose primary key is ``pk``; raises ``model.DoesNotExist`` when there is none."""
+        return select_one(self.model, {"pk": pk}, related=self.related, flags=self.flags)
+
+
+def select_written(reading: Reading, write: str, params: list, extras: tuple[str, ...] = ()) -> tuple | None:
+    """``(instance, the values of extras)`` of the one row of ``reading.model`` that ``write`` wrote; None when it
+    wrote none.
+
+    ``write``: a data-modifying statement (an ``UPDATE``) of the model's table whose ``RETURNING`` gives every
+    column of the table (``<table>.*``), then one column per name of ``extras`` (``... AS <name>``); ``params``:
+    its parameters. The row is built as ``select`` builds it with ``reading``'s related rows and flags, all in
+    that one statement (PostgreSQL's data-modifying ``WITH``): the row's own columns as written, the related
+    rows and the flags as of the statement's snapshot. That snapshot does not see what a transaction committed
+    while the write waited for the row's lock; a caller that must know compares a column as the snapshot had it
+    with the row as written (``runs.lease.acquire``). PostgreSQL only. Raises ``MultipleObjectsReturned``
+    when it wrote more than one row, ``TypeError`` for a None in a flag's values, and what the database raises.
+    """
+    flags = reading.flags
+    if any(None in conditions.values() for _, _, conditions in flags.values()):
+        raise TypeError("select_written() compares flags with '=': a None would match no row (the ORM's IS NULL)")
+    shape = _shape(reading.model, (), tuple(reading.related), _flag_items(flags), None, False, None,
+                   written=write, extras=tuple(extras))
+    with connection.cursor() as cursor:
+        cursor.execute(shape.sql, list(params) + _flag_params(flags))
+        found = cursor.fetchall()
+    if len(found) > 1:
+        raise reading.model.MultipleObjectsReturned(f"the write returned {len(found)} rows")
+    return _built(shape, found[0]) if found else None

@@ -92,11 +92,11 @@ def advance(run_id: int) -> Run | None:
     Returns the run as left (waiting, terminal, or handed back after ``SLICE_STEPS`` steps). Raises ``LeaseLost`` if the
     lease was taken over meanwhile (nothing written after that was saved).
     """
-    held = lease.acquire(run_id)
+    held = lease.acquire(run_id, reading=RUN_READING)
     if held is None:
         return None
     with lease.holding(held), log_context.bound(run_id):
-        run, more = drive(advance_slice(run_id))
+        run, more = drive(advance_slice(run_id, held.run))
     hand_back(run_id, more=more, released=None)
     return run
 
@@ -118,11 +118,17 @@ def hand_back(run_id: int, *, more: bool, released: str | None) -> None:
         wake_on_commit(run_id)  # hand the run back to the queue so other runs get a turn
 
 
-def advance_slice(run_id: int) -> Steps:
+# How a slice reads its run: with its agent, session and requester, and whether a step of it is in flight.
+RUN_READING = selects.Reading(Run, related=("agent", "session", "requested_by"),
+                              flags={"steps_in_flight": (Step, "run", {"status": Step.Status.STARTED})})
+
+
+def advance_slice(run_id: int, run: Run | None = None) -> Steps:
     """Up to ``SLICE_STEPS`` steps under the lease (held by the caller); a step (``runs.base.awaiting``)
-    that returns (run, whether it has more to do)."""
-    run = selects.select_one(Run, {"pk": run_id}, related=("agent", "session", "requested_by"),
-                             flags={"steps_in_flight": (Step, "run", {"status": Step.Status.STARTED})})
+    that returns (run, whether it has more to do). ``run``: the run as its lease was taken with it
+    (``runs.lease.acquire(reading=RUN_READING)``, nothing written since); None: read here."""
+    if run is None:
+        run = RUN_READING.one(run_id)
     log_context.note(session_id=run.session_id, **tracing.log_ids(run))
     known = Known(run)
     if run.status == RunStatus.QUEUED:  # never started: nothing of it can be in flight

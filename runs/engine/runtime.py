@@ -33,6 +33,7 @@ blocking work in a bounded executor) is asyncio's own
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
 import threading
 import time
@@ -48,7 +49,7 @@ from runs.base import flight_recorder, log_context, process_metrics
 from runs.base.awaiting import Await, hand_back_unless_kept, holding_connection, resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import end_run
-from runs.engine.loop import advance_slice, hand_back
+from runs.engine.loop import RUN_READING, advance_slice, hand_back
 from runs.lease import LeaseLost
 from runs.models import FailureType, Run
 from runs.wakeups import quarantine_queue, wake_now, wake_on_commit
@@ -173,7 +174,7 @@ class Engine:
         lease renewed; past the deadline it is given back (one that replaced an abandoned lease as it was found,
         so that the next taker still finds a suspect, blamed: ``_give_back``).
         """
-        held = lease.acquire(run_id)
+        held = lease.acquire(run_id, reading=RUN_READING)
         if held is None:
             return None
         if held.suspect and forward:  # a process of the quarantine queue's empties for it, not this one
@@ -201,7 +202,7 @@ class Engine:
         if held.suspect:
             log.warning("run %s: its worker died on it before; it is advanced in quarantine%s", run_id,
                         " alone" if held.blamed else "")
-        return held
+        return dataclasses.replace(held, run=None)  # it waited: the slice reads its run afresh
 
     def _join(self, held: lease.Lease, deadline: float) -> None:
         """Wait (holding ``_changed``) until ``held``'s run may start (``_take``), then count it in flight."""
@@ -350,7 +351,7 @@ def _first_work(held: lease.Lease) -> tuple[object, Await | None, bool, Exceptio
     """
     with process_metrics.run_in_flight(), lease.kept(held):
         try:
-            steps = advance_slice(held.run_id)
+            steps = advance_slice(held.run_id, held.run)
             # The connection minded as on a database thread: one a database error broke is closed, so that
             # ending the slice (the lease given back, the run woken) connects afresh.
             done, value = holding_connection(resume, steps, None)

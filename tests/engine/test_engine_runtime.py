@@ -525,7 +525,7 @@ def test_a_database_error_in_the_slices_first_work_gives_the_lease_back_and_retr
                     input="x")
     woken = []
 
-    def dying_slice(run_id):
+    def dying_slice(run_id, run=None):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         yield  # never reached

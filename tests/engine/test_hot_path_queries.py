@@ -96,9 +96,9 @@ class Recorder:
         return recorded
 
     def wrap_slice(self, advance_slice):
-        def recorded(run_id):
+        def recorded(run_id, *args):
             try:
-                return (yield from advance_slice(run_id))
+                return (yield from advance_slice(run_id, *args))
             finally:
                 self.slice_ends.append(len(self.statements))
         self.slice_ends: list[int] = []

@@ -334,11 +334,11 @@ def test_a_transient_database_error_is_retried_shortly_not_after_the_sweeper_gra
     original = runtime.advance_slice
     failures = []
 
-    def flaky(run_id):
+    def flaky(run_id, run=None):
         if not failures:
             failures.append(run_id)
             raise OperationalError("server closed the connection unexpectedly")
-        return original(run_id)
+        return original(run_id, run)
 
     monkeypatch.setattr(runtime, "advance_slice", flaky)
     agent = make_agent("db-blip", [{"content": "fine"}], tools=["fake_lookup"])

@@ -168,3 +168,67 @@ def test_of_two_workers_whose_statements_both_saw_the_expired_lease_only_one_tak
     assert len(taken) == 2 and len(winners) == 1
     assert taken[winners[0]].suspect  # it replaced a lease nobody gave back
     assert Run.objects.get(pk=run.pk).lease_owner == winners[0]
+
+
+def test_a_lease_taken_with_a_reading_brings_the_run_as_a_slice_reads_it(run):
+    """The run, its agent, session and requester and its flags come with the lease: on PostgreSQL in the
+    lease's own statement, as the slice would read them after it."""
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.engine.loop import RUN_READING
+
+    with CaptureQueriesContext(connection) as statements:
+        held = lease.acquire(run.pk, owner="worker-a", reading=RUN_READING)
+    read = RUN_READING.one(run.pk)
+    columns = [field.attname for field in Run._meta.concrete_fields]
+    assert [getattr(held.run, name) for name in columns] == [getattr(read, name) for name in columns]
+    assert (held.run.lease_owner, held.run.lease_token) == ("worker-a", held.token)
+    for name in ("agent", "session", "requested_by"):
+        assert name in held.run._state.fields_cache and getattr(held.run, name) == getattr(read, name)
+    assert held.run.steps_in_flight is False
+    if connection.vendor == "postgresql":
+        assert len(statements) == 1
+    assert lease.acquire(run.pk, owner="worker-b", reading=RUN_READING) is None
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks and concurrent statements: PostgreSQL")
+def test_a_run_changed_while_its_lease_waited_for_the_row_is_read_afresh(run):
+    """The lease's statement starts while another transaction holds the run's row and starts a step of it; once
+    that commits, the row as written is the new one but the statement's snapshot (its flags, its related rows)
+    is not, so the run is read again: the step in flight is seen."""
+    from django.db.models import F
+
+    from runs.engine.loop import RUN_READING
+    from runs.models import Step
+
+    taken, watcher = {}, connections.create_connection(DEFAULT_DB_ALIAS)
+
+    def take():
+        try:
+            taken["held"] = lease.acquire(run.pk, owner="worker-a", reading=RUN_READING)
+        finally:
+            connection.close()
+
+    def waiting_for_the_row() -> int:
+        with watcher.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock' AND query LIKE 'WITH written AS (UPDATE %%'")
+            return cursor.fetchone()[0]
+
+    taker = threading.Thread(target=take)
+    try:
+        with transaction.atomic():
+            Run.objects.select_for_update().get(pk=run.pk)
+            Step.objects.create(run=run, index=0, status=Step.Status.STARTED)
+            Run.objects.filter(pk=run.pk).update(last_event_seq=F("last_event_seq") + 1)
+            taker.start()
+            deadline = time.monotonic() + 20
+            while not waiting_for_the_row():
+                assert time.monotonic() < deadline, "the lease's statement never waited for the row"
+                time.sleep(0.02)
+    finally:
+        taker.join()
+        watcher.close()
+    held = taken["held"]
+    assert held.run.steps_in_flight
+    assert held.run.last_event_seq == Run.objects.get(pk=run.pk).last_event_seq
