@@ -84,3 +84,57 @@ def test_the_synchronous_chain_still_applies_every_middleware(people, core_appro
     names = {name.lower() for name, _ in page["headers"]}
     assert page["status"] == 200
     assert {b"x-frame-options", b"x-content-type-options", b"content-security-policy"} <= names
+
+
+def test_requests_one_after_another_run_in_one_kept_thread(people):
+    """Each request's synchronous code (here ``request_started``'s receivers) runs in a thread of its own, and the
+    thread is kept for the next request instead of being started anew."""
+    import threading
+
+    from django.core.signals import request_started
+
+    seen = []
+
+    def note(**_kwargs):
+        seen.append(threading.current_thread())
+
+    request_started.connect(note)
+    try:
+        for _ in range(3):
+            assert _request("GET", "/accounts/login/")["status"] == 200
+    finally:
+        request_started.disconnect(note)
+    assert len(seen) == 3 and seen[0] is not threading.current_thread()
+    assert seen[0] is seen[1] is seen[2]
+
+
+def test_requests_at_once_get_threads_of_their_own_and_at_most_idle_max_are_kept():
+    from config.asgi import RequestThreads
+
+    threads = RequestThreads(idle_max=1)
+    first, second = threads.take(), threads.take()
+    assert first is not second
+    threads.give_back(first)
+    threads.give_back(second)  # over idle_max: shut down
+    assert threads.take() is first
+    assert threads.take() is not second
+
+
+def test_a_request_cut_short_does_not_give_its_thread_to_another(monkeypatch):
+    from config.asgi import RequestThreads, SyncChainASGIHandler
+
+    handler = SyncChainASGIHandler()
+    handler.threads = RequestThreads()
+    taken = []
+    take = handler.threads.take
+    monkeypatch.setattr(handler.threads, "take", lambda: taken.append(take()) or taken[-1])
+
+    async def cut_short(scope, receive, send):
+        raise RuntimeError("the client went away")
+
+    monkeypatch.setattr(handler, "handle", cut_short)
+    with pytest.raises(RuntimeError):
+        async_to_sync(handler)({"type": "http"}, None, None)
+    assert len(taken) == 1 and handler.threads.take() is not taken[0]
+    with pytest.raises(RuntimeError):  # shut down, not kept
+        taken[0].submit(print)
