@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -52,7 +53,9 @@ class Lease:
     taken from a lease that ran out without being given back is both: its holder died on it and the
     takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine"); ``replaced`` is then that
     lease, ``(owner, expiry)``, so that a run handed back before any of its code ran here is left as it was
-    found (``give_back``), its holder's death still to be counted and the run still blamed.
+    found (``give_back``), its holder's death still to be counted and the run still blamed. ``run``: the run read
+    with the lease (``acquire(reading=...)``), else None; ``taken_at``: when the lease was taken
+    (``time.monotonic()``), from which the keeper counts its first renewal. Neither takes part in equality.
     """
 
     run_id: int
@@ -62,6 +65,7 @@ class Lease:
     blamed: bool = False
     replaced: tuple[str, datetime] | None = None
     run: Run | None = field(default=None, compare=False, repr=False)  # read with the lease: ``acquire(reading=...)``
+    taken_at: float = field(default_factory=time.monotonic, compare=False, repr=False)  # when (``time.monotonic``)
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -129,29 +133,33 @@ def _take_on_postgresql(run_id: int, owner: str, now: datetime, expires_at: date
     the lease was not taken.
 
     The run comes from the same statement (``selects.select_written``) unless a transaction changed the run's
-    row while the UPDATE waited for its lock (its ``last_event_seq`` moved: every change of the run, its steps
-    and its calls logs an event): then the statement's snapshot, which the related rows and flags are read
-    from, is older than the row, and the run is read afresh.
+    row after the statement's snapshot was taken (while the UPDATE waited for the row's lock, say): then that
+    snapshot, which the related rows and flags are read from, misses what the transaction wrote with it (every
+    write under a lease, a step started with no event included, writes the run's row), and the run is read
+    afresh. "Changed" is PostgreSQL's own word for it: the row version the snapshot sees was made by another
+    transaction (``xmin``) than the one the statement locked (a ``FOR UPDATE`` subquery, which waits for the
+    lock and then reads the newest version).
     """
     quote, meta = connection.ops.quote_name, Run._meta
     table = quote(meta.db_table)
     names = ("id", "status", "lease_owner", "lease_token", "lease_expires_at", "crash_streak", "loss_streak",
-             "suspect", "death_blame", "last_event_seq")
-    pk, status, lease_owner, token, expires, crashes, losses, suspect, blame, seq = (
+             "suspect", "death_blame")
+    pk, status, lease_owner, token, expires, crashes, losses, suspect, blame = (
         quote(meta.get_field(name).column) for name in names)
     returned = [f"{table}.{token}", f"{table}.{crashes}", f"{table}.{losses}", f"{table}.{suspect}",
                 f"{table}.{blame}", "replaced.held_until IS NOT NULL AND replaced.counted = ''", "replaced.held_by",
-                "replaced.held_until", f"replaced.seen = {table}.{seq}"]
+                "replaced.held_until", "replaced.seen = locked.newest"]
     returning = ", ".join(f"{expression} AS {quote(name)}" for expression, name in zip(returned, _TAKEN))
     adapt = connection.ops.adapt_datetimefield_value
     sql = (  # the FROM reads the lease being replaced (RETURNING sees only the new row)
         f"UPDATE {table} SET {lease_owner} = %s, {token} = {table}.{token} + 1, {expires} = %s "
-        f"FROM (SELECT {lease_owner} AS held_by, {expires} AS held_until, {blame} AS counted, {seq} AS seen "
-        f"FROM {table} WHERE {pk} = %s) AS replaced "
+        f"FROM (SELECT {lease_owner} AS held_by, {expires} AS held_until, {blame} AS counted, xmin AS seen "
+        f"FROM {table} WHERE {pk} = %s) AS replaced, "
+        f"(SELECT xmin AS newest FROM {table} WHERE {pk} = %s FOR UPDATE) AS locked "
         f"WHERE {table}.{pk} = %s AND {table}.{status} IN (%s, %s) "
         f"AND ({table}.{expires} IS NULL OR {table}.{expires} < %s) "
         f"RETURNING {table + '.*, ' if reading is not None else ''}{returning}")
-    params = [owner, adapt(expires_at), run_id, run_id, *ACTIVE, adapt(now)]
+    params = [owner, adapt(expires_at), run_id, run_id, run_id, *ACTIVE, adapt(now)]
     if reading is None:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -297,24 +305,33 @@ def _renew_free(ids: list[int], owner: str, expires_at) -> set[int]:
 
 
 class _Keeper:
-    """One thread per process that renews every lease held in it, every third of the TTL.
+    """One thread per process that renews every lease held in it before a third of the TTL has passed since
+    the lease was taken or last renewed.
 
     Replaces a heartbeat thread per run: a process with a thousand runs in
     flight renews them in one statement (``renew_all``), from its own
-    database connection.
+    database connection; when one lease is due, every lease held is
+    renewed with it. A lease just taken is not renewed at once (its first
+    renewal is due a third of the TTL after it was taken: ``Lease.taken_at``).
+    A lease that leaves the keeper and comes back is counted from when it
+    was taken again (it may be renewed sooner than needed, never later).
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._held: dict[Lease, int] = {}  # lease -> how many holders (a context may hold it twice)
+        self._fresh: dict[Lease, float] = {}  # lease held -> when it was taken or last renewed (time.monotonic)
+        self._planned = 0.0  # when the keeper's current wait ends (time.monotonic)
         self._thread: threading.Thread | None = None
-        self._woken = threading.Event()  # the first lease after none: its third of the TTL counts from now
+        self._woken = threading.Event()  # a lease came that is due before the current wait ends
 
     def add(self, lease: Lease) -> None:
         with self._lock:
-            if not self._held:
-                self._woken.set()
             self._held[lease] = self._held.get(lease, 0) + 1
+            if lease not in self._fresh:
+                self._fresh[lease] = lease.taken_at
+                if lease.taken_at + _third_of_ttl() < self._planned:
+                    self._woken.set()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._beat, name="lease-keeper", daemon=True)
                 self._thread.start()
@@ -324,26 +341,43 @@ class _Keeper:
             count = self._held.pop(lease, 0) - 1
             if count > 0:
                 self._held[lease] = count
+            else:
+                self._fresh.pop(lease, None)
 
     def _beat(self) -> None:
         while True:
-            woken = self._woken.wait(settings.TOLLGATE["LEASE_TTL_S"] / 3)
-            self._woken.clear()
-            if woken:  # the first lease after none was just taken, so nothing is due: the next beat is a third
-                continue  # of the TTL (as it is now) from here, rather than a third of the TTL at the last beat
+            third = _third_of_ttl()
+            with self._lock:
+                self._woken.clear()
+                oldest = min(self._fresh.values(), default=None)
+                self._planned = time.monotonic() + third if oldest is None else oldest + third
+            self._woken.wait(max(0.0, self._planned - time.monotonic()))
             with self._lock:
                 leases = list(self._held)
+                due = bool(self._fresh) and min(self._fresh.values()) + third <= time.monotonic()
             if not leases:  # idle: let go of the database until there is a lease again
                 connection.close()
                 continue
+            if not due:  # woken by a lease that came: the wait is planned again
+                continue
+            started = time.monotonic()
             try:
                 renewed = renew_all(leases)
-            except DatabaseError:  # a blip: try again at the next beat, the TTL has slack
+            except DatabaseError:  # a blip: try again in a while, the TTL has slack
                 log.warning("lease keeper: renewing %s leases failed", len(leases), exc_info=True)
                 connection.close()
+                time.sleep(third / 3)
                 continue
+            with self._lock:
+                for lease in leases:
+                    if lease in self._fresh:
+                        self._fresh[lease] = started
             if renewed < len(leases):
                 log.info("lease keeper: %s of %s leases were taken over", len(leases) - renewed, len(leases))
+
+
+def _third_of_ttl() -> float:
+    return settings.TOLLGATE["LEASE_TTL_S"] / 3
 
 
 _keeper = _Keeper()

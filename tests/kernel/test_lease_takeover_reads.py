@@ -1,4 +1,4 @@
-"""Review of 2e0095b/acb719b: failing tests for the run read with its lease and for the keeper's first beat."""
+"""A run read with its lease, and the keeper: what a takeover must see, and a lease held all along never runs out."""
 
 import threading
 import time
