@@ -105,11 +105,13 @@ def acquire(run_id: int, owner: str = WORKER_ID, *, reading: selects.Reading | N
             return None
         row = (*Run.objects.values_list("lease_token", "crash_streak", "loss_streak", "suspect", "death_blame").get(
             pk=run_id), held_until is not None and counted == "", held_by, held_until)
-        run = reading.one(run_id) if reading is not None else None
+        run = _read_again(reading, run_id) if reading is not None else None
     else:
         run, row = _take_on_postgresql(run_id, owner, now, expires_at, reading)
         if row is None:
             return None
+    if reading is not None and run is None:  # deleted since: nothing to advance
+        return None
     token, crash_streak, loss_streak, suspect, counted, abandoned, held_by, held_until = row
     limits = settings.TOLLGATE
     if counted and (crash_streak >= limits["MAX_CRASHES_PER_STEP"] or loss_streak >= limits["MAX_LOSSES_PER_STEP"]):
@@ -169,7 +171,15 @@ def _take_on_postgresql(run_id: int, owner: str, now: datetime, expires_at: date
     if found is None:
         return None, None
     run, row = found
-    return (run if row[-1] else reading.one(run_id)), row[:-1]
+    return (run if row[-1] else _read_again(reading, run_id)), row[:-1]
+
+
+def _read_again(reading: selects.Reading, run_id: int) -> Run | None:
+    """``reading.one(run_id)``, or None when the run was deleted after its lease was taken."""
+    try:
+        return reading.one(run_id)
+    except Run.DoesNotExist:
+        return None
 
 
 def release(lease: Lease) -> str | None:

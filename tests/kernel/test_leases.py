@@ -232,3 +232,18 @@ def test_a_run_changed_while_its_lease_waited_for_the_row_is_read_afresh(run):
     held = taken["held"]
     assert held.run.steps_in_flight
     assert held.run.last_event_seq == Run.objects.get(pk=run.pk).last_event_seq
+
+
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="on PostgreSQL the run is read in the lease's statement")
+def test_a_run_deleted_between_its_lease_and_its_reading_is_not_taken(run, monkeypatch):
+    from runs.base import selects
+    from runs.engine.loop import RUN_READING
+
+    read = selects.Reading.one
+
+    def deleted_first(reading, pk):
+        Run.objects.filter(pk=pk).delete()
+        return read(reading, pk)
+
+    monkeypatch.setattr(selects.Reading, "one", deleted_first)
+    assert lease.acquire(run.pk, owner="worker-a", reading=RUN_READING) is None
