@@ -72,3 +72,16 @@ def test_a_lease_whose_statement_waited_for_the_row_is_renewed_before_it_runs_ou
     with lease.kept(held):  # worker-b keeps its lease from the moment it has it
         time.sleep(max(0.0, (expires - timezone.now()).total_seconds()) + 0.1)
         assert lease.acquire(run.pk, owner="worker-c") is None, "the lease ran out while its holder kept it"
+
+
+def test_a_lease_kept_while_the_ttl_grows_is_renewed_before_it_runs_out(run, settings):
+    """The keeper plans each renewal with the TTL as it is at that beat (``_third_of_ttl()``), but a lease runs
+    out after the TTL it was taken with (``acquire``: ``now + ttl()``). A lease taken under a short TTL and kept
+    while the setting grows (``override_settings`` in a test, a settings reload) is first renewed a third of the
+    *new* TTL after it was taken: past its expiry, so another worker takes it while held."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 1.5}
+    held = lease.acquire(run.pk, owner="worker-a")
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 9.0}
+    with lease.kept(held):
+        time.sleep(1.8)  # past the 1.5 s the lease was taken for, under a third of the new TTL
+        assert lease.acquire(run.pk, owner="worker-b") is None, "the lease ran out while its holder kept it"
