@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import close_old_connections, connection
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -54,8 +54,9 @@ class Lease:
     takeover will blame it (docs/design.md#recovery-and-the-sweeper, "Quarantine"); ``replaced`` is then that
     lease, ``(owner, expiry)``, so that a run handed back before any of its code ran here is left as it was
     found (``give_back``), its holder's death still to be counted and the run still blamed. ``run``: the run read
-    with the lease (``acquire(reading=...)``), else None; ``taken_at``: when the lease was taken
-    (``time.monotonic()``), from which the keeper counts its first renewal. Neither takes part in equality.
+    with the lease (``acquire(reading=...)``), else None; ``taken_at``: when its taking began (``time.monotonic()``,
+    before any wait for the row, so never after the moment its expiry counts from) and ``ttl_s``: the TTL it was
+    taken with (seconds), from which the keeper plans its first renewal. None of these three takes part in equality.
     """
 
     run_id: int
@@ -65,7 +66,8 @@ class Lease:
     blamed: bool = False
     replaced: tuple[str, datetime] | None = None
     run: Run | None = field(default=None, compare=False, repr=False)  # read with the lease: ``acquire(reading=...)``
-    taken_at: float = field(default_factory=time.monotonic, compare=False, repr=False)  # when (``time.monotonic``)
+    taken_at: float = field(default_factory=time.monotonic, compare=False, repr=False)
+    ttl_s: float = field(default_factory=lambda: settings.TOLLGATE["LEASE_TTL_S"], compare=False, repr=False)
 
 
 ACTIVE = (RunStatus.QUEUED.value, RunStatus.RUNNING.value)  # the statuses a worker advances
@@ -92,8 +94,8 @@ def acquire(run_id: int, owner: str = WORKER_ID, *, reading: selects.Reading | N
     token, the streaks, the suspect flag, whether the old lease was still set, uncounted, and that lease), else a
     SELECT, an UPDATE and a SELECT (SQLite's RETURNING cannot name the FROM).
     """
-    now = timezone.now()
-    expires_at = now + ttl()
+    taken_at, ttl_s, now = time.monotonic(), settings.TOLLGATE["LEASE_TTL_S"], timezone.now()  # before any wait
+    expires_at = now + timedelta(seconds=ttl_s)
     if connection.vendor != "postgresql":
         free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
         found = Run.objects.filter(pk=run_id).values_list("lease_owner", "lease_expires_at", "death_blame").first()
@@ -117,12 +119,13 @@ def acquire(run_id: int, owner: str = WORKER_ID, *, reading: selects.Reading | N
     if counted and (crash_streak >= limits["MAX_CRASHES_PER_STEP"] or loss_streak >= limits["MAX_LOSSES_PER_STEP"]):
         # Its death counted to the limit, with its work still in flight: the takeover ends it crash_loop
         # before any of its code runs (runs.engine.recovery.recover_after_takeover), so no quarantine.
-        return Lease(run_id=run_id, token=token, owner=owner, run=run)
+        return Lease(run_id=run_id, token=token, owner=owner, run=run, taken_at=taken_at, ttl_s=ttl_s)
     # A suspect dead again and again beside others (each time a SUSPECT) is blamed too: advanced alone, its next
     # death is its own.
     blamed = crash_streak >= 1 or (suspect and loss_streak >= limits["ISOLATE_AFTER_LOSSES"])
     return Lease(run_id=run_id, token=token, owner=owner, suspect=bool(suspect) or bool(abandoned),
-                 blamed=bool(blamed) or bool(abandoned), replaced=(held_by, held_until) if abandoned else None, run=run)
+                 blamed=bool(blamed) or bool(abandoned), replaced=(held_by, held_until) if abandoned else None, run=run,
+                 taken_at=taken_at, ttl_s=ttl_s)
 
 
 _TAKEN = ("taken_token", "taken_crashes", "taken_losses", "taken_suspect", "taken_blame", "taken_abandoned",
@@ -330,7 +333,8 @@ class _Keeper:
     def __init__(self):
         self._lock = threading.Lock()
         self._held: dict[Lease, int] = {}  # lease -> how many holders (a context may hold it twice)
-        self._fresh: dict[Lease, float] = {}  # lease held -> when it was taken or last renewed (time.monotonic)
+        self._fresh: dict[Lease, tuple[float, float]] = {}  # lease held -> (when it was taken or last renewed
+        # (time.monotonic), the TTL in seconds that expiry was set with)
         self._planned = 0.0  # when the keeper's current wait ends (time.monotonic)
         self._thread: threading.Thread | None = None
         self._woken = threading.Event()  # a lease came that is due before the current wait ends
@@ -339,8 +343,8 @@ class _Keeper:
         with self._lock:
             self._held[lease] = self._held.get(lease, 0) + 1
             if lease not in self._fresh:
-                self._fresh[lease] = lease.taken_at
-                if lease.taken_at + _third_of_ttl() < self._planned:
+                self._fresh[lease] = (lease.taken_at, lease.ttl_s)
+                if _due(self._fresh[lease]) < self._planned:
                     self._woken.set()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._beat, name="lease-keeper", daemon=True)
@@ -356,38 +360,45 @@ class _Keeper:
 
     def _beat(self) -> None:
         while True:
-            third = _third_of_ttl()
             with self._lock:
                 self._woken.clear()
-                oldest = min(self._fresh.values(), default=None)
-                self._planned = time.monotonic() + third if oldest is None else oldest + third
+                first = min(map(_due, self._fresh.values()), default=None)
+                self._planned = time.monotonic() + _third_of_ttl() if first is None else first
             self._woken.wait(max(0.0, self._planned - time.monotonic()))
             with self._lock:
                 leases = list(self._held)
-                due = bool(self._fresh) and min(self._fresh.values()) + third <= time.monotonic()
+                due = min(map(_due, self._fresh.values()), default=float("inf")) <= time.monotonic()
             if not leases:  # idle: let go of the database until there is a lease again
                 connection.close()
                 continue
             if not due:  # woken by a lease that came: the wait is planned again
                 continue
-            started = time.monotonic()
+            started, ttl_s = time.monotonic(), settings.TOLLGATE["LEASE_TTL_S"]  # renew_all extends by this TTL
             try:
                 renewed = renew_all(leases)
-            except DatabaseError:  # a blip: try again in a while, the TTL has slack
+            except Exception:  # a blip (or a bug): try again in a while, the TTL has slack; the thread lives on
                 log.warning("lease keeper: renewing %s leases failed", len(leases), exc_info=True)
-                connection.close()
-                time.sleep(third / 3)
+                with contextlib.suppress(Exception):
+                    connection.close()
+                time.sleep(ttl_s / 9)
                 continue
             with self._lock:
                 for lease in leases:
                     if lease in self._fresh:
-                        self._fresh[lease] = started
+                        self._fresh[lease] = (started, ttl_s)
             if renewed < len(leases):
                 log.info("lease keeper: %s of %s leases were taken over", len(leases) - renewed, len(leases))
 
 
 def _third_of_ttl() -> float:
     return settings.TOLLGATE["LEASE_TTL_S"] / 3
+
+
+def _due(fresh: tuple[float, float]) -> float:
+    """When (``time.monotonic``) a lease taken or renewed at ``fresh[0]`` with a TTL of ``fresh[1]`` seconds is
+    due for renewal: a third of the shorter of that TTL and today's (a TTL that shrank counts at once)."""
+    when, ttl_s = fresh
+    return when + min(ttl_s, settings.TOLLGATE["LEASE_TTL_S"]) / 3
 
 
 _keeper = _Keeper()

@@ -328,3 +328,62 @@ def test_a_lease_held_in_the_keeper_all_along_never_runs_out(run, settings):
         with lease.renewed(held):
             time.sleep(0.3)
     assert lease.acquire(run.pk, owner="worker-b") is None, "the lease ran out while its holder kept it"
+
+
+def _waiting_for_a_lock(watcher) -> int:
+    with watcher.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE%%runs_run%%'")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks and concurrent statements: PostgreSQL")
+def test_a_lease_whose_statement_waited_for_the_row_is_renewed_before_it_runs_out(run, settings):
+    """``acquire`` sets ``lease_expires_at = now + TTL`` with ``now`` read *before* its statement, but the
+    ``Lease`` (and so ``taken_at``, from which the keeper counts the first renewal) is built *after* the
+    statement, which may wait for the run's row (another transaction holds it: the old holder's group commit,
+    the sweeper, a ``locked`` writer). A wait of more than two thirds of the TTL put the first renewal
+    (taken_at + TTL/3) after the expiry: the lease ran out while held in the keeper and another worker took the
+    run over. ``taken_at`` is now read before the statement, with the ``now`` the expiry counts from."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 3.0}
+    lease.acquire(run.pk, owner="worker-a")
+    _expire(run.pk)  # worker-a's lease ran out: worker-b may take the run
+    taken, watcher = {}, connections.create_connection(DEFAULT_DB_ALIAS)
+
+    def take():
+        try:
+            taken["held"] = lease.acquire(run.pk, owner="worker-b")
+        finally:
+            connection.close()
+
+    taker = threading.Thread(target=take)
+    try:
+        with transaction.atomic():
+            list(Run.objects.select_for_update().filter(pk=run.pk).values_list("pk"))  # a writer holds the row
+            taker.start()
+            deadline = time.monotonic() + 20
+            while not _waiting_for_a_lock(watcher):
+                assert time.monotonic() < deadline, "the lease's statement never waited for the row"
+                time.sleep(0.02)
+            time.sleep(2.3)  # the writer's transaction is slow (under the TTL, over two thirds of it)
+    finally:
+        taker.join()
+        watcher.close()
+    held = taken["held"]
+    assert held is not None and held.owner == "worker-b"
+    expires = Run.objects.values_list("lease_expires_at", flat=True).get(pk=run.pk)
+    with lease.kept(held):  # worker-b keeps its lease from the moment it has it
+        time.sleep(max(0.0, (expires - timezone.now()).total_seconds()) + 0.1)
+        assert lease.acquire(run.pk, owner="worker-c") is None, "the lease ran out while its holder kept it"
+
+
+def test_a_lease_kept_while_the_ttl_grows_is_renewed_before_it_runs_out(run, settings):
+    """A lease runs out after the TTL it was taken with (``Lease.ttl_s``); the keeper planned with the TTL as it
+    was at each beat, so a lease taken under a short TTL and kept while the setting grew (``override_settings``
+    in a test) was first renewed a third of the *new* TTL after it was taken: past its expiry."""
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 1.5}
+    held = lease.acquire(run.pk, owner="worker-a")
+    settings.TOLLGATE = {**settings.TOLLGATE, "LEASE_TTL_S": 9.0}
+    with lease.kept(held):
+        time.sleep(1.8)  # past the 1.5 s the lease was taken for, under a third of the new TTL
+        assert lease.acquire(run.pk, owner="worker-b") is None, "the lease ran out while its holder kept it"
