@@ -29,6 +29,14 @@ def _expire(run_id: int) -> None:
     Run.objects.filter(pk=run_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
 
+def _waiting_for_a_lock(watcher) -> int:
+    """How many statements updating a run's row wait for a lock now (read on ``watcher``, a connection of its own)."""
+    with watcher.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE%%runs_run%%'")
+        return cursor.fetchone()[0]
+
+
 def test_only_one_of_two_racing_workers_gets_the_lease(run):
     first = lease.acquire(run.pk, owner="worker-a")
     second = lease.acquire(run.pk, owner="worker-b")
@@ -145,12 +153,6 @@ def test_of_two_workers_whose_statements_both_saw_the_expired_lease_only_one_tak
         finally:
             connection.close()
 
-    def waiting_for_the_row() -> int:
-        with watcher.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE %%'")
-            return cursor.fetchone()[0]
-
     racers = [threading.Thread(target=take, args=(owner,)) for owner in ("worker-a", "worker-b")]
     try:
         with transaction.atomic():
@@ -158,7 +160,7 @@ def test_of_two_workers_whose_statements_both_saw_the_expired_lease_only_one_tak
             for racer in racers:
                 racer.start()
             deadline = time.monotonic() + 20
-            while waiting_for_the_row() < 2:
+            while _waiting_for_a_lock(watcher) < 2:
                 assert time.monotonic() < deadline, "the two acquisitions never both waited for the row"
                 time.sleep(0.02)
     finally:
@@ -217,19 +219,13 @@ def _take_while_the_row_is_held(run_id: int, hold) -> lease.Lease:
         finally:
             connection.close()
 
-    def waiting_for_the_row() -> int:
-        with watcher.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock' AND query LIKE 'WITH written AS (UPDATE %%'")
-            return cursor.fetchone()[0]
-
     taker = threading.Thread(target=take)
     try:
         with transaction.atomic():
             hold()
             taker.start()
             deadline = time.monotonic() + 20
-            while not waiting_for_the_row():
+            while not _waiting_for_a_lock(watcher):
                 assert time.monotonic() < deadline, "the lease's statement never waited for the row"
                 time.sleep(0.02)
     finally:
@@ -328,13 +324,6 @@ def test_a_lease_held_in_the_keeper_all_along_never_runs_out(run, settings):
         with lease.renewed(held):
             time.sleep(0.3)
     assert lease.acquire(run.pk, owner="worker-b") is None, "the lease ran out while its holder kept it"
-
-
-def _waiting_for_a_lock(watcher) -> int:
-    with watcher.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE%%runs_run%%'")
-        return cursor.fetchone()[0]
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks and concurrent statements: PostgreSQL")
