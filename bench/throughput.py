@@ -99,6 +99,8 @@ def parse_args():
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds to wait for the runs of one side to end (default 900)")
     parser.add_argument("--skip-tollgate", action="store_true", help="measure LangGraph only")
+    parser.add_argument("--top-statements", type=int, default=0, metavar="N",
+                        help="also print the N statements the workers sent most often, per step (default 0: none)")
     return parser.parse_args()
 
 
@@ -211,6 +213,19 @@ class Database:
                 WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
                 GROUP BY r.rolname""")
             return {role: {"all": int(n), "data": int(data or 0)} for role, n, data in cursor.fetchall()}
+
+    def top_statements(self, role_suffix: str, limit: int) -> list[tuple[int, str]]:
+        """The ``limit`` statements sent most often by the roles whose name ends in ``role_suffix``, as
+        ``(calls, query text)``, most calls first; empty without ``pg_stat_statements``."""
+        if not self.statements or limit <= 0:
+            return []
+        with self.connection.cursor() as cursor:
+            cursor.execute("""
+                SELECT sum(s.calls), s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
+                WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND r.rolname LIKE %s
+                GROUP BY s.query ORDER BY 1 DESC LIMIT %s""", ["%" + role_suffix, limit])
+            return [(int(calls), query) for calls, query in cursor.fetchall()]
 
 
 def role_urls(database_url: str) -> dict[str, str]:
@@ -423,6 +438,7 @@ def run_tollgate(args, database: Database) -> dict:
         cpu_after["driver"] = time.process_time()
         xacts = database.transactions() - xacts_before
         statements = database.statements_by_role()
+        top = database.top_statements("_worker", args.top_statements)
         sweeper_log = (log_dir / "sweeper.log").read_text()  # up to the end of the burst
         serial_ids = []
         for number, agent in serial:  # one at a time: each starts when the previous one has ended
@@ -443,6 +459,9 @@ def run_tollgate(args, database: Database) -> dict:
                                   for kind in cpu_before if kind != "postgresql" or pg_pid}
     figures["transactions_per_step"] = round(xacts / steps, 1)
     figures["statements_per_step"] = statement_figures(statements, urls, steps)
+    if top:
+        figures["worker statements per step, most frequent"] = [
+            f"{calls / steps:.2f} {' '.join(query.split())[:220]}" for calls, query in top]
     figures["sweeper_reenqueued"] = sum(int(n) for n in re.findall(r"reenqueued=(\d+)", sweeper_log))
     figures["logs"] = str(log_dir)
     return figures

@@ -408,3 +408,66 @@ def test_the_statements_that_release_and_make_savepoints_recur_group_after_group
         release.set()
         assert [future.result(10) for future in futures] == [run.pk for run in runs_of_group]
         assert sorted(committed) == sorted(run.pk for run in runs_of_group)
+
+
+def _alone(committer: GroupCommit, held: lease.Lease, job):
+    """Submit ``job`` with nothing else queued (a group of one) and wait for its answer or error."""
+    return submit_leased(committer, held, job).exception(10)
+
+
+def test_a_lone_jobs_transactions_commit_as_one_and_its_failure_undoes_them_all(committer, runs):
+    """With groups on, a job alone is a group of one: the transactions it opens commit together when it
+    ends, so a failure after the first of them leaves nothing of it (its commit hooks never run)."""
+    held = lease.acquire(runs[0].pk, owner="worker-a")
+    committed, seen = [], {}
+
+    def two_transactions_then_a_failure():
+        starting(runs[0].pk, committed)()  # its own transaction (apply's atomic), then more
+        with transaction.atomic():
+            Run.objects.filter(pk=runs[0].pk).update(final_output="written")
+        seen["in a transaction still"] = connection.in_atomic_block
+        raise RuntimeError("a bug after both")
+
+    error = _alone(committer, held, two_transactions_then_a_failure)
+    assert isinstance(error, RuntimeError)
+    assert seen == {"in a transaction still": True}
+    run = Run.objects.get(pk=runs[0].pk)
+    assert (run.status, run.final_output, run.last_event_seq) == (RunStatus.QUEUED, "", runs[0].last_event_seq)
+    assert committed == []
+
+
+def test_a_lone_job_going_on_after_a_database_error_fails_and_leaves_nothing(committer, runs):
+    held = lease.acquire(runs[0].pk, owner="worker-a")
+    committed = []
+
+    def swallowing():
+        starting(runs[0].pk, committed)()
+        try:
+            with transaction.atomic(savepoint=False):
+                raise IntegrityError("refused")
+        except IntegrityError:
+            pass  # went on as if nothing happened: its transaction is doomed
+        return "done"
+
+    assert isinstance(_alone(committer, held, swallowing), TransactionManagementError)
+    assert Run.objects.get(pk=runs[0].pk).status == RunStatus.QUEUED
+    assert committed == []
+    assert _alone(committer, held, starting(runs[0].pk, committed)) is None  # the thread's connection is fine
+    assert committed == [runs[0].pk]
+
+
+def test_with_groups_off_a_lone_jobs_transactions_commit_as_it_makes_them(runs):
+    committer = GroupCommit(threads=1, max_group=1)
+    held = lease.acquire(runs[0].pk, owner="worker-a")
+    committed = []
+
+    def started_then_a_failure():
+        starting(runs[0].pk, committed)()
+        raise RuntimeError("a bug after it")
+
+    try:
+        assert isinstance(_alone(committer, held, started_then_a_failure), RuntimeError)
+    finally:
+        committer.close_connections()
+    assert Run.objects.get(pk=runs[0].pk).status == RunStatus.RUNNING
+    assert committed == [runs[0].pk]
