@@ -2,7 +2,7 @@
 # Run a benchmark against a private, throwaway PostgreSQL + Redis on
 # loopback (started and removed here, like tests/run.sh does), after
 # installing the bench dependencies (`pip install -e '.[bench]'`).
-# The first argument may name the benchmark (throughput, live, scale, latency,
+# The first argument may name the benchmark (throughput, live, scale, latency, cpu,
 # chaos; default throughput); the rest go to bench/<name>.py, e.g.
 #   bash bench/run.sh --runs 100 --workers 2 --threads 4 --langgraph-processes 1 2
 #   bash bench/run.sh live --clients 100
@@ -24,7 +24,7 @@ die() { log "error: $*"; exit 1; }
 
 BENCH=throughput
 case ${1:-} in
-    throughput|live|scale|latency|chaos) BENCH=$1; shift ;;
+    throughput|live|scale|latency|chaos|cpu) BENCH=$1; shift ;;
 esac
 
 source tests/services.sh
