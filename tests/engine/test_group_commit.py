@@ -127,22 +127,26 @@ def test_no_job_of_a_group_is_answered_before_the_group_commits(committer, runs)
     assert first.result(10) == runs[0].pk
 
 
-def test_a_job_going_on_after_a_database_error_fails_alone(committer, runs):
-    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
-    committed = []
-
-    def swallowing():
-        starting(runs[1].pk, committed)()
+def swallowing(run_id: int, committed: list):
+    """A job that starts run ``run_id`` (its commit noted in ``committed``), then catches a database error
+    outside any savepoint and goes on as if nothing happened: its transaction is doomed."""
+    def job():
+        starting(run_id, committed)()
         try:
             with transaction.atomic(savepoint=False):
                 raise IntegrityError("refused")
         except IntegrityError:
-            pass  # went on as if nothing happened: its transaction is doomed
+            pass
         return "done"
+    return job
 
+
+def test_a_job_going_on_after_a_database_error_fails_alone(committer, runs):
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed = []
     release = held_back(committer)
     futures = [submit_leased(committer, leases[0], starting(runs[0].pk, committed)),
-               submit_leased(committer, leases[1], swallowing),
+               submit_leased(committer, leases[1], swallowing(runs[1].pk, committed)),
                submit_leased(committer, leases[2], starting(runs[2].pk, committed))]
     release.set()
 
@@ -439,17 +443,7 @@ def test_a_lone_jobs_transactions_commit_as_one_and_its_failure_undoes_them_all(
 def test_a_lone_job_going_on_after_a_database_error_fails_and_leaves_nothing(committer, runs):
     held = lease.acquire(runs[0].pk, owner="worker-a")
     committed = []
-
-    def swallowing():
-        starting(runs[0].pk, committed)()
-        try:
-            with transaction.atomic(savepoint=False):
-                raise IntegrityError("refused")
-        except IntegrityError:
-            pass  # went on as if nothing happened: its transaction is doomed
-        return "done"
-
-    assert isinstance(_alone(committer, held, swallowing), TransactionManagementError)
+    assert isinstance(_alone(committer, held, swallowing(runs[0].pk, committed)), TransactionManagementError)
     assert Run.objects.get(pk=runs[0].pk).status == RunStatus.QUEUED
     assert committed == []
     assert _alone(committer, held, starting(runs[0].pk, committed)) is None  # the thread's connection is fine
