@@ -61,10 +61,15 @@ def current() -> dict:
     return {key: value for key, value in (_ids.get() or {}).items() if value is not None}
 
 
+def value(name: str):
+    """The id ``name`` of this context (``current()[name]`` without the copy), or None when not known."""
+    ids = _ids.get()
+    return None if ids is None else ids.get(name)
+
+
 def run_id() -> int | None:
     """The id of the run this context is bound to (``bound``), or None outside a run."""
-    ids = _ids.get()
-    return None if ids is None else ids.get("run_id")
+    return value("run_id")
 
 
 def run_with(ids: dict, fn, *args):

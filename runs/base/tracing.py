@@ -210,15 +210,20 @@ def _back_to_root(span) -> None:
         log_context.note(**{CONTEXT_KEY: trace.set_span_in_context(NonRecordingSpan(span.parent))})
 
 
-@contextlib.contextmanager
 def attached():
-    """Within the block, the OpenTelemetry context of the run this thread or task works for (``log_ids``) is
-    the current one, so instrumented libraries put their spans in the run's trace; nothing outside a run or
-    when not recording."""
-    known = log_context.current().get(CONTEXT_KEY)
-    if known is None:
-        yield
-        return
+    """A context manager: within it, the OpenTelemetry context of the run this thread or task works for
+    (``log_ids``) is the current one, so instrumented libraries put their spans in the run's trace; nothing
+    outside a run or when not recording (then a ``contextlib.nullcontext``: the engine enters this around
+    every stretch of a step and every call)."""
+    known = log_context.value(CONTEXT_KEY)
+    return _NOTHING if known is None else _attached(known)
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _attached(known):
     token = otel_context.attach(known)
     try:
         yield
