@@ -19,13 +19,8 @@ commits once:
   as a lone transaction's caller would.
 * **A lone job commits at once.** A thread never waits for company: it
   takes what is queued when it is free, so when the system is not
-  saturated a group is one job. It runs in one transaction with no
-  savepoint (its failure rolls it all back), committed as soon as the job
-  ends: the transactions it makes inside are one COMMIT, not one each, and
-  between two of its steps the run's event counter need not be read again
-  (its row stays locked: ``runs.services.counter_confirmed``). With groups
-  off (``max_group`` 1) a job's transactions commit as it makes them, as
-  outside the engine.
+  saturated a group is one job, run as outside the engine (its own
+  transactions commit as it makes them), and latency is as before.
 * **A broken transaction ends the group early.** When a job leaves the
   transaction unusable (its savepoint could not be rolled back: the
   connection broke), the jobs already run get that error and the jobs not
@@ -120,7 +115,7 @@ class GroupCommit:
             holding_connection(self._commit, group)  # a database thread keeps its connection between groups
 
     def _commit(self, group: list[_Job]) -> None:
-        if self._max_group == 1:  # groups off: its own transactions commit as it makes them, as outside the engine
+        if len(group) == 1:  # alone: its own transactions commit as it makes them, as outside the engine
             _run_alone(group[0])
             with self._lock:
                 self.groups += 1
@@ -131,22 +126,15 @@ class GroupCommit:
         try:
             try:
                 with transaction.atomic():
-                    if len(group) == 1:  # a group of one needs no savepoint: its failure undoes the transaction
-                        outcomes.append(_run_whole(group[0]))
-                        if not outcomes[0][0]:
-                            raise _Undone()
-                    else:
-                        savepoints = _JobSavepoints()
-                        for job in group:
-                            outcomes.append(savepoints.run(job))
-                            if connection.needs_rollback:  # the transaction is unusable: stop here
-                                ran = group[:len(outcomes)]
-                                raise _Broken(outcomes[-1][1])
-                            if holds_shared_lock(job.context):  # committed before another job may wait for it
-                                ran = group[:len(outcomes)]
-                                break
-            except _Undone:  # the lone job's own failure, kept in ``outcomes``
-                pass
+                    savepoints = _JobSavepoints()
+                    for job in group:
+                        outcomes.append(savepoints.run(job))
+                        if connection.needs_rollback:  # the transaction is unusable: stop here
+                            ran = group[:len(outcomes)]
+                            raise _Broken(outcomes[-1][1])
+                        if holds_shared_lock(job.context):  # committed before another job may wait for it
+                            ran = group[:len(outcomes)]
+                            break
             except _Broken as broken:
                 outcomes = [(False, broken.error)] * len(ran)
             except Exception as exc:  # the COMMIT failed: nothing of the group is stored
@@ -173,22 +161,6 @@ class GroupCommit:
 class _Broken(Exception):
     def __init__(self, error: BaseException):
         self.error = error
-
-
-class _Undone(Exception):
-    """Raised out of a lone job's transaction to roll it back: the job failed."""
-
-
-def _run_whole(job: _Job) -> tuple[bool, Any]:
-    """Run a group's only job in the group's transaction, with no savepoint: ``(True, result)``, or
-    ``(False, its exception)``, after which the caller rolls the whole transaction back."""
-    try:
-        result = job.context.run(job.fn, *job.args)
-    except Exception as exc:
-        return False, exc
-    if connection.needs_rollback or _aborted():  # it caught a database error and went on: its writes are void
-        return False, TransactionManagementError("a job went on after a database error in its transaction")
-    return True, result
 
 
 def _run_alone(job: _Job) -> None:

@@ -249,6 +249,11 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     known.messages_added(delivered)
     if call.attempts:  # sent: its effect, or anyone's while it was out, may change what the next reads rely on
         known.call_sent()
+        if tool is not None and tool.side_effect:
+            # What became of an effect that may have happened is durable before the next pass: a group commit
+            # would otherwise undo it with whatever fails next in the same job (the next call's claim of its
+            # target in a deadlock, say), and the takeover could only call it unknown.
+            yield commit_point()
     if call.status != S.READY:
         return True
     delay = retry_delay(call)

@@ -10,6 +10,7 @@ holding what the other one wants next, in the order a group and that
 writer would take them).
 """
 
+import asyncio
 import contextvars
 import threading
 from datetime import timedelta
@@ -21,8 +22,10 @@ from django.utils import timezone
 
 from approvals.models import Interrupt
 from runs import lease
+from runs.base.awaiting import resume, settle
 from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import start_run
+from runs.engine.loop import advance_slice
 from runs.lease import LeaseLost
 from runs.models import Run, RunStatus, WaitingReason
 from runs.transitions import apply
@@ -30,9 +33,11 @@ from runs.tx import note_shared_lock
 from tests.support.core import transfer
 from tests.support.durability import lookup_agent, make_agent
 from tests.support.sessions import group_writing, in_session, wait_for_a_lock_wait
+from tools import registry
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
-from tools.registry import get_tool
-from tools.services.targets import claim, lock_scopes, release, target_of
+from tools.registry import Tool, get_tool
+from tools.services import execution
+from tools.services.targets import claim, claim_if_free, lock_scopes, release, target_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -414,44 +419,11 @@ def test_the_statements_that_release_and_make_savepoints_recur_group_after_group
         assert sorted(committed) == sorted(run.pk for run in runs_of_group)
 
 
-def _alone(committer: GroupCommit, held: lease.Lease, job):
-    """Submit ``job`` with nothing else queued (a group of one) and wait for its answer or error."""
-    return submit_leased(committer, held, job).exception(10)
-
-
-def test_a_lone_jobs_transactions_commit_as_one_and_its_failure_undoes_them_all(committer, runs):
-    """With groups on, a job alone is a group of one: the transactions it opens commit together when it
-    ends, so a failure after the first of them leaves nothing of it (its commit hooks never run)."""
-    held = lease.acquire(runs[0].pk, owner="worker-a")
-    committed, seen = [], {}
-
-    def two_transactions_then_a_failure():
-        starting(runs[0].pk, committed)()  # its own transaction (apply's atomic), then more
-        with transaction.atomic():
-            Run.objects.filter(pk=runs[0].pk).update(final_output="written")
-        seen["in a transaction still"] = connection.in_atomic_block
-        raise RuntimeError("a bug after both")
-
-    error = _alone(committer, held, two_transactions_then_a_failure)
-    assert isinstance(error, RuntimeError)
-    assert seen == {"in a transaction still": True}
-    run = Run.objects.get(pk=runs[0].pk)
-    assert (run.status, run.final_output, run.last_event_seq) == (RunStatus.QUEUED, "", runs[0].last_event_seq)
-    assert committed == []
-
-
-def test_a_lone_job_going_on_after_a_database_error_fails_and_leaves_nothing(committer, runs):
-    held = lease.acquire(runs[0].pk, owner="worker-a")
-    committed = []
-    assert isinstance(_alone(committer, held, swallowing(runs[0].pk, committed)), TransactionManagementError)
-    assert Run.objects.get(pk=runs[0].pk).status == RunStatus.QUEUED
-    assert committed == []
-    assert _alone(committer, held, starting(runs[0].pk, committed)) is None  # the thread's connection is fine
-    assert committed == [runs[0].pk]
-
-
-def test_with_groups_off_a_lone_jobs_transactions_commit_as_it_makes_them(runs):
-    committer = GroupCommit(threads=1, max_group=1)
+@pytest.mark.parametrize("max_group", [1, 8])
+def test_a_lone_jobs_transactions_commit_as_it_makes_them_and_a_later_failure_keeps_them(runs, max_group):
+    """Alone (groups on or off), a job is run as outside the engine: what it committed before it failed (a side
+    effect's outcome, say, before the next call's claim hit a deadlock) stays committed."""
+    committer = GroupCommit(threads=1, max_group=max_group)
     held = lease.acquire(runs[0].pk, owner="worker-a")
     committed = []
 
@@ -460,8 +432,64 @@ def test_with_groups_off_a_lone_jobs_transactions_commit_as_it_makes_them(runs):
         raise RuntimeError("a bug after it")
 
     try:
-        assert isinstance(_alone(committer, held, started_then_a_failure), RuntimeError)
+        error = submit_leased(committer, held, started_then_a_failure).exception(10)
     finally:
         committer.close_connections()
+    assert isinstance(error, RuntimeError)
     assert Run.objects.get(pk=runs[0].pk).status == RunStatus.RUNNING
     assert committed == [runs[0].pk]
+
+
+def _in_groups(committer: GroupCommit, held: lease.Lease, steps):
+    """Drive the step generator ``steps`` as the engine does, each stretch of it a job of ``committer``, but
+    always in a group of two (a job of nothing queued before it): each stretch in a savepoint of its own,
+    committed with the group. Returns what the generator returns; raises what a stretch raised."""
+    answer = None
+    while True:
+        release = held_back(committer)
+        submit_leased(committer, held, lambda: None)
+        stretch = submit_leased(committer, held, lambda answer=answer: resume(steps, answer))
+        release.set()
+        done, value = stretch.result(20)
+        if done:
+            return value
+        answer = asyncio.run(settle(value))
+
+
+def test_a_side_effects_outcome_is_committed_before_the_next_pass_so_a_later_failure_in_its_group_keeps_it(
+        committer, people, monkeypatch):
+    """One turn pays two accounts (a side effect on a target). The job that stores the first payment's outcome
+    must not also claim the second's target: if that claim fails (a deadlock with another writer taking the two
+    targets the other way round; here a failure made on purpose), the job's savepoint is rolled back, and with it
+    an outcome of an effect that happened, which the takeover could then only call unknown."""
+    sent = []
+
+    def pay(ctx, args):
+        sent.append(args["account"])
+        return {"paid": args["account"]}
+
+    tool = Tool(name="group_pay", description="pay", parameters={
+        "type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"],
+        "additionalProperties": False}, handler=pay, side_effect=True, target_key="account")
+    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
+    agent = make_agent("group-pay-two", [
+        {"tool_calls": [{"name": tool.name, "arguments": {"account": "a"}},
+                        {"name": tool.name, "arguments": {"account": "b"}}]},
+        {"content": "Paid both."}], tools=[tool.name])
+    run = start_run(agent=agent, user=people["requester"], input="pay a and b")
+    claimed = []
+
+    def failing_claim_of_b(target, call):
+        claimed.append(call.arguments["account"])
+        if call.arguments["account"] == "b":
+            raise RuntimeError("the claim of b failed (a deadlock, say)")
+        return claim_if_free(target, call)
+
+    monkeypatch.setattr(execution, "claim_if_free", failing_claim_of_b)
+    held = lease.acquire(run.pk, owner="worker-a")
+    with pytest.raises(RuntimeError, match="the claim of b failed"):
+        _in_groups(committer, held, advance_slice(run.pk))
+
+    assert sent == ["a"] and "b" in claimed
+    first = ToolCall.objects.get(run=run, arguments={"account": "a"})
+    assert (first.status, first.result) == (ToolCallStatus.SUCCEEDED, {"paid": "a"})
