@@ -1,0 +1,84 @@
+"""Review of 676be64 (with groups on, a lone job is a group of one): failing tests, one per finding.
+
+Each test runs the real worker (tests/conftest.py's ``worker``: one broker thread, the process's engine with
+``ENGINE_GROUP_MAX`` 8 on PostgreSQL), so the job under test is alone on its database thread: a group of one.
+"""
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from runs.engine.lifecycle import start_run
+from runs.models import Run, RunStatus
+from tests.support.durability import make_agent
+from tests.support.sessions import in_session, wait_for_a_lock_wait
+from tools import registry
+from tools.models import PolicyLock, ToolCall, ToolCallStatus
+from tools.registry import Tool
+from tools.services.targets import target_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql",
+                                     reason="row locks, deadlocks and group commit (PostgreSQL's default)")
+S = ToolCallStatus
+ACCOUNT = {"type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"],
+           "additionalProperties": False}
+
+
+def paying_tool(monkeypatch, sent: list) -> Tool:
+    """A side effect on a target (``account``), with no reconcile hook, as many a plug-in's is."""
+    def pay(ctx, args):
+        sent.append(args["account"])
+        return {"paid": args["account"], "payment_id": f"pay-{len(sent)}"}
+
+    tool = Tool(name="review_pay", description="pay", parameters=ACCOUNT, handler=pay, side_effect=True,
+                target_key="account")
+    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
+    return tool
+
+
+@postgresql_only
+def test_a_deadlock_in_the_next_calls_claim_does_not_undo_the_stored_outcome_of_a_side_effect_already_made(
+        people, worker, monkeypatch):
+    """One turn pays two accounts. The job that stores the first payment's outcome (and gives up its claim on
+    account a) goes on, with no call in between, to claim account b for the second: the "release, then the next
+    call's claim on another target" that docs/design.md leaves to PostgreSQL's deadlock detector, here against
+    another session doing the reverse (holding b, then wanting a). PostgreSQL fails the job (its run is retried
+    in 2 s). Before 676be64 that lone job's outcome transaction had committed on its own: the payment stays
+    ``succeeded`` with its result and the retry pays b. Now the deadlock rolls back the whole job, the first
+    payment's outcome included: the money left, but the call is ``running`` again, and the takeover can only
+    make it ``unknown`` (no hook to ask): the run waits for a person to reconcile a payment it saw succeed."""
+    sent = []
+    tool = paying_tool(monkeypatch, sent)
+    agent = make_agent("review-pay-two", [
+        {"tool_calls": [{"name": tool.name, "arguments": {"account": "a"}},
+                        {"name": tool.name, "arguments": {"account": "b"}}]},
+        {"content": "Paid both."}], tools=[tool.name])
+    key_a = target_of(tool, {"account": "a"}).lock_key
+    key_b = target_of(tool, {"account": "b"}).lock_key
+    PolicyLock.objects.create(key=key_b)  # the row another writer holds (a claim's INSERT ... ON CONFLICT waits)
+    errors, holding = {}, threading.Event()
+
+    def other_writer():  # holds b, then wants a: the reverse order
+        with transaction.atomic():
+            PolicyLock.objects.select_for_update().get(key=key_b)
+            holding.set()
+            wait_for_a_lock_wait("INSERT INTO")  # the worker's claim of b waits for this session
+            PolicyLock.objects.filter(key=key_a).update(holder=None)  # waits for the worker's release of a
+
+    other = in_session(errors, "other writer", other_writer)
+    try:
+        assert holding.wait(20)
+        run = start_run(agent=agent, user=people["requester"], input="pay a and b")
+        other.join(30)
+        worker.drain(timeout_s=60)
+    finally:
+        other.join(30)
+
+    assert errors == {}  # PostgreSQL broke the circle by failing the worker's job, not this session
+    first = ToolCall.objects.get(run=run, arguments={"account": "a"})
+    assert sent.count("a") == 1  # the payment went out once
+    assert (first.status, first.result) == (S.SUCCEEDED, {"paid": "a", "payment_id": "pay-1"})
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
