@@ -1,7 +1,8 @@
-"""Review of 676be64 (with groups on, a lone job is a group of one): failing tests, one per finding.
+"""A side effect's stored outcome survives what fails after it in the worker (a reviewer's test of 676be64,
+whose lone jobs ran whole in one transaction; tests/engine/test_group_commit.py has the same for a job in a group).
 
 Each test runs the real worker (tests/conftest.py's ``worker``: one broker thread, the process's engine with
-``ENGINE_GROUP_MAX`` 8 on PostgreSQL), so the job under test is alone on its database thread: a group of one.
+``ENGINE_GROUP_MAX`` 8 on PostgreSQL), so the job under test is alone on its database thread.
 """
 
 import threading
@@ -45,10 +46,10 @@ def test_a_deadlock_in_the_next_calls_claim_does_not_undo_the_stored_outcome_of_
     account a) goes on, with no call in between, to claim account b for the second: the "release, then the next
     call's claim on another target" that docs/design.md leaves to PostgreSQL's deadlock detector, here against
     another session doing the reverse (holding b, then wanting a). PostgreSQL fails the job (its run is retried
-    in 2 s). Before 676be64 that lone job's outcome transaction had committed on its own: the payment stays
-    ``succeeded`` with its result and the retry pays b. Now the deadlock rolls back the whole job, the first
-    payment's outcome included: the money left, but the call is ``running`` again, and the takeover can only
-    make it ``unknown`` (no hook to ask): the run waits for a person to reconcile a payment it saw succeed."""
+    in 2 s). The first payment's outcome was committed before (a commit point after a side effect): it stays
+    ``succeeded`` with its result and the retry pays b. Had the deadlock rolled it back with the job (676be64
+    did), the money would have left with the call ``running`` again, and the takeover could only make it
+    ``unknown`` (no hook to ask): the run would wait for a person to reconcile a payment it saw succeed."""
     sent = []
     tool = paying_tool(monkeypatch, sent)
     agent = make_agent("review-pay-two", [
