@@ -27,7 +27,7 @@ from runs.engine.group_commit import GroupCommit
 from runs.engine.lifecycle import start_run
 from runs.engine.loop import advance_slice
 from runs.lease import LeaseLost
-from runs.models import Run, RunStatus, WaitingReason
+from runs.models import Run, RunStatus, Step, WaitingReason
 from runs.transitions import apply
 from runs.tx import note_shared_lock
 from tests.support.core import transfer
@@ -493,3 +493,34 @@ def test_a_side_effects_outcome_is_committed_before_the_next_pass_so_a_later_fai
     assert sent == ["a"] and "b" in claimed
     first = ToolCall.objects.get(run=run, arguments={"account": "a"})
     assert (first.status, first.result) == (ToolCallStatus.SUCCEEDED, {"paid": "a"})
+
+
+def test_a_model_answer_is_committed_before_the_next_pass_so_a_failed_claim_of_its_first_call_keeps_it(
+        committer, people, monkeypatch):
+    """The model answers with a side effect on a target. The job that stores the answer (its step, usage and
+    proposed call) goes on, with no call in between, to the call's claim of its target. If that claim fails (a
+    deadlock, say; here a failure made on purpose), the job's savepoint is rolled back, and with it an answer
+    the model gave and was paid for: the step is left ``started`` (a takeover discards it and counts a death),
+    the run's usage leaves that call's tokens out, and the model is asked again."""
+    tool = Tool(name="group_pay_one", description="pay", parameters={
+        "type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"],
+        "additionalProperties": False}, handler=lambda ctx, args: {"paid": args["account"]}, side_effect=True,
+        target_key="account")
+    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
+    agent = make_agent("group-pay-one", [
+        {"tool_calls": [{"name": tool.name, "arguments": {"account": "a"}}]},
+        {"content": "Paid."}], tools=[tool.name])
+    run = start_run(agent=agent, user=people["requester"], input="pay a")
+
+    def failing_claim(target, call):
+        raise RuntimeError("the claim of a failed (a deadlock, say)")
+
+    monkeypatch.setattr(execution, "claim_if_free", failing_claim)
+    held = lease.acquire(run.pk, owner="worker-a")
+    with pytest.raises(RuntimeError, match="the claim of a failed"):
+        _in_groups(committer, held, advance_slice(run.pk))
+
+    step = Step.objects.get(run=run, index=0)
+    assert step.status == Step.Status.SUCCEEDED
+    assert ToolCall.objects.filter(run=run, name=tool.name).count() == 1
+    assert Run.objects.get(pk=run.pk).model_calls == 1
