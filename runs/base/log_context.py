@@ -62,7 +62,8 @@ def current() -> dict:
 
 
 def value(name: str):
-    """The id ``name`` of this context (``current()[name]`` without the copy), or None when not known."""
+    """What this context holds under ``name`` (an id of ``FIELDS``, or the run's tracing context), as
+    ``current()[name]`` without the copy; None when not known."""
     ids = _ids.get()
     return None if ids is None else ids.get(name)
 

@@ -210,6 +210,9 @@ def _back_to_root(span) -> None:
         log_context.note(**{CONTEXT_KEY: trace.set_span_in_context(NonRecordingSpan(span.parent))})
 
 
+_NOTHING = contextlib.nullcontext()  # shared: it holds no state
+
+
 def attached():
     """A context manager: within it, the OpenTelemetry context of the run this thread or task works for
     (``log_ids``) is the current one, so instrumented libraries put their spans in the run's trace; nothing
@@ -219,11 +222,9 @@ def attached():
     return _NOTHING if known is None else _attached(known)
 
 
-_NOTHING = contextlib.nullcontext()
-
-
 @contextlib.contextmanager
 def _attached(known):
+    """``known`` (an OpenTelemetry context) is the current one within the block."""
     token = otel_context.attach(known)
     try:
         yield

@@ -39,7 +39,7 @@ from django_fsm import can_proceed
 from runs import lease
 
 from runs.base import log_context, process_metrics, selects, tracing
-from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
+from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter, writes_held
 from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
@@ -249,10 +249,10 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     known.messages_added(delivered)
     if call.attempts:  # sent: its effect, or anyone's while it was out, may change what the next reads rely on
         known.call_sent()
-        if tool is not None and tool.side_effect:
+        if call.side_effect and writes_held():
             # What became of an effect that may have happened is durable before the next pass: a group commit
-            # would otherwise undo it with whatever fails next in the same job (the next call's claim of its
-            # target in a deadlock, say), and the takeover could only call it unknown.
+            # would otherwise undo it with whatever fails next in the same job, and the takeover could only
+            # call it unknown.
             yield commit_point()
     if call.status != S.READY:
         return True

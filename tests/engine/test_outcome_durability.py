@@ -1,8 +1,10 @@
-"""A side effect's stored outcome survives what fails after it in the worker (a reviewer's test of 676be64,
-whose lone jobs ran whole in one transaction; tests/engine/test_group_commit.py has the same for a job in a group).
+"""A side effect's stored outcome survives a deadlock in what its worker does next, with the real worker and
+PostgreSQL's deadlock detector (a reviewer's test of 676be64, whose lone jobs ran whole in one transaction).
 
-Each test runs the real worker (tests/conftest.py's ``worker``: one broker thread, the process's engine with
-``ENGINE_GROUP_MAX`` 8 on PostgreSQL), so the job under test is alone on its database thread.
+The test runs the real worker (tests/conftest.py's ``worker``: one broker thread, the process's engine with
+``ENGINE_GROUP_MAX`` 8 on PostgreSQL), so the job under test is alone on its database thread: each of its
+transactions commits as it ends. tests/engine/test_group_commit.py has the same for a job in a group, where
+commit points keep it.
 """
 
 import threading
@@ -40,16 +42,16 @@ def paying_tool(monkeypatch, sent: list) -> Tool:
 
 
 @postgresql_only
-def test_a_deadlock_in_the_next_calls_claim_does_not_undo_the_stored_outcome_of_a_side_effect_already_made(
+def test_a_claim_waiting_on_a_writer_who_wants_the_released_target_does_not_undo_the_stored_outcome(
         people, worker, monkeypatch):
     """One turn pays two accounts. The job that stores the first payment's outcome (and gives up its claim on
-    account a) goes on, with no call in between, to claim account b for the second: the "release, then the next
-    call's claim on another target" that docs/design.md leaves to PostgreSQL's deadlock detector, here against
-    another session doing the reverse (holding b, then wanting a). PostgreSQL fails the job (its run is retried
-    in 2 s). The first payment's outcome was committed before (a commit point after a side effect): it stays
-    ``succeeded`` with its result and the retry pays b. Had the deadlock rolled it back with the job (676be64
-    did), the money would have left with the call ``running`` again, and the takeover could only make it
-    ``unknown`` (no hook to ask): the run would wait for a person to reconcile a payment it saw succeed."""
+    account a) goes on, with no call in between, to claim account b for the second, against another session
+    doing the reverse (holding b, then wanting a). Had the release of a and the claim of b been one transaction
+    (676be64 made a lone job one), PostgreSQL would have broken that circle by failing the worker's job, and
+    the payment's outcome would have gone with it: the money left, the call ``running`` again, and the takeover
+    could only make it ``unknown`` (no hook to ask), so the run would wait for a person to reconcile a payment
+    it saw succeed. The outcome (and the release) is committed first, so the other session gets a, the worker
+    then gets b, and both payments are stored as made."""
     sent = []
     tool = paying_tool(monkeypatch, sent)
     agent = make_agent("review-pay-two", [
@@ -72,14 +74,13 @@ def test_a_deadlock_in_the_next_calls_claim_does_not_undo_the_stored_outcome_of_
     try:
         assert holding.wait(20)
         run = start_run(agent=agent, user=people["requester"], input="pay a and b")
-        other.join(30)
         worker.drain(timeout_s=60)
     finally:
         other.join(30)
 
-    assert errors == {}  # PostgreSQL broke the circle by failing the worker's job, not this session
+    assert errors == {}  # the other session was not failed either
     first = ToolCall.objects.get(run=run, arguments={"account": "a"})
-    assert sent.count("a") == 1  # the payment went out once
+    assert sent.count("a") == sent.count("b") == 1  # each payment went out once
     assert (first.status, first.result) == (S.SUCCEEDED, {"paid": "a", "payment_id": "pay-1"})
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
