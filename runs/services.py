@@ -144,6 +144,7 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
         raise LeaseLost(f"run {run.pk}: lease lost; {refused} refused")
     first = last - len(events) + 1
     _last_writer[run.pk] = run
+    run._logged_in = current_resumption()  # writes_held
     if run.last_event_seq == first - 1:
         run.last_event_seq = last
         run._counter_confirmed = _confirmation(last)
@@ -225,6 +226,16 @@ def counter_confirmed(run: Run) -> bool:
     connection = transaction.get_connection()
     hooks = connection.run_on_commit
     return connection.in_atomic_block and place < len(hooks) and hooks[place][1] is marker
+
+
+def writes_held(run: Run) -> bool:
+    """Whether this stretch of a step (``runs.base.awaiting.current_resumption``) logged events of ``run``
+    (``append_events``) that a transaction around it still holds, a group commit's (``runs.engine.group_commit``):
+    a failure later in that transaction would undo them, and ``yield commit_point()`` commits them first. False
+    where each transaction commits as it ends (a lone job, ``runs.base.awaiting.drive``) and outside a step."""
+    token = current_resumption()
+    return (token is not None and getattr(run, "_logged_in", None) is token
+            and transaction.get_connection().in_atomic_block)
 
 
 def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None,

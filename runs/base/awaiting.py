@@ -80,12 +80,6 @@ def commit_point() -> Await:
     return Await(start=_nothing, what="commit")
 
 
-def writes_held() -> bool:
-    """Whether the step's writes so far wait for the COMMIT of a transaction around it (a group commit's,
-    ``runs.engine.group_commit``), which a failure later in it would roll back: ``yield commit_point()``
-    commits them. False where each of its transactions commits as it ends (a lone job, ``drive``)."""
-    return connection.in_atomic_block
-
 
 async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tuple[bool, Any]:
     """Await ``request``: ``(True, answer)``, or ``(False, the exception for the step)``.

@@ -39,7 +39,7 @@ from django_fsm import can_proceed
 from runs import lease
 
 from runs.base import log_context, process_metrics, selects, tracing
-from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter, writes_held
+from runs.base.awaiting import Await, Interrupted, Steps, commit_point, drive, full_jitter
 from runs.engine import completion
 from runs.engine.budgets import cost_usd as _cost_usd
 from runs.engine.budgets import deadline_of, deadline_passed
@@ -58,7 +58,7 @@ from runs.engine.lifecycle import begin_run, end_run, ending_reads
 from runs.engine.state import Known
 from runs.engine.wire_names import on_the_wire, real_names
 from runs.live import DeltaBuffer, publish_delta
-from runs.services import RunColumns, append_event, append_message, set_phase
+from runs.services import RunColumns, append_event, append_message, set_phase, writes_held
 from runs.transitions import apply
 from runs.tx import relock
 from runs.wakeups import wake_on_commit
@@ -249,7 +249,7 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     known.messages_added(delivered)
     if call.attempts:  # sent: its effect, or anyone's while it was out, may change what the next reads rely on
         known.call_sent()
-        if call.side_effect and writes_held():
+        if call.side_effect and writes_held(run):
             # What became of an effect that may have happened is durable before the next pass: a group commit
             # would otherwise undo it with whatever fails next in the same job, and the takeover could only
             # call it unknown.

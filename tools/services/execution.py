@@ -13,10 +13,10 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from config.strict_json import check_value
-from runs.base.awaiting import Await, Interrupted, Steps, commit_point, full_jitter, run_blocking, writes_held
+from runs.base.awaiting import Await, Interrupted, Steps, commit_point, full_jitter, run_blocking
 from runs.base.failpoints import failpoint
 from runs.models import Phase, Run, RunEvent
-from runs.services import RunColumns
+from runs.services import RunColumns, writes_held
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.registry import (
@@ -93,9 +93,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
 
     Two transactions at most (three with a claim): ``running`` with the key (and the run's
     phase ``executing_tools``) before the handler is called, and the
-    outcome after it. In a group commit's job (``runs.base.awaiting.writes_held``) a
-    claim comes after a commit point, so that it never takes down what the
-    job stored before it. ``with_outcome(call)``, if given, is called inside
+    outcome after it. In a group commit's job that logged events of the run
+    before it (``runs.services.writes_held``: the model's answer proposing
+    the call, another call's outcome), a claim comes after a commit point,
+    so that it never takes down what came from outside. ``with_outcome(call)``, if given, is called inside
     the outcome's transaction, after its fenced event, so the caller's own
     writes (e.g. the result message) commit with the outcome or not at all.
     No transaction is open while the handler runs.
@@ -118,7 +119,7 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
         if tool_call.side_effect and can_proceed(tool_call.mark_unknown):  # sent: it may have taken effect
             return outcome(tool_call.mark_unknown, error=error)
         return outcome(tool_call.deny, reason="tool no longer registered", error=error)
-    if tool.side_effect and tool.target_key and writes_held():
+    if tool.side_effect and tool.target_key and writes_held(tool_call.run):
         # A claim may wait for the target's row, or be failed by the deadlock detector: what this job stored
         # before it (the model's answer proposing this call, another call's outcome) is committed first.
         yield commit_point()
