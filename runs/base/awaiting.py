@@ -80,7 +80,6 @@ def commit_point() -> Await:
     return Await(start=_nothing, what="commit")
 
 
-
 async def settle(request: Await, cancelled: asyncio.Event | None = None) -> tuple[bool, Any]:
     """Await ``request``: ``(True, answer)``, or ``(False, the exception for the step)``.
 
