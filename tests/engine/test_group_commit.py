@@ -31,11 +31,10 @@ from runs.models import Run, RunStatus, Step, WaitingReason
 from runs.transitions import apply
 from runs.tx import note_shared_lock
 from tests.support.core import transfer
-from tests.support.durability import lookup_agent, make_agent
+from tests.support.durability import lookup_agent, make_agent, paying_tool
 from tests.support.sessions import group_writing, in_session, wait_for_a_lock_wait
-from tools import registry
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
-from tools.registry import Tool, get_tool
+from tools.registry import get_tool
 from tools.services import execution
 from tools.services.targets import claim, lock_scopes, release, target_of
 
@@ -459,15 +458,7 @@ def test_a_side_effects_outcome_is_committed_before_the_next_pass_so_a_later_fai
     outcome in the same job, an effect that happened would be undone with it, and the takeover could only call
     the call unknown."""
     sent = []
-
-    def pay(ctx, args):
-        sent.append(args["account"])
-        return {"paid": args["account"]}
-
-    tool = Tool(name="group_pay", description="pay", parameters={
-        "type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"],
-        "additionalProperties": False}, handler=pay, side_effect=True)
-    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
+    tool = paying_tool(monkeypatch, sent, target_key="")
     agent = make_agent("group-pay", [{"tool_calls": [{"name": tool.name, "arguments": {"account": "a"}}]},
                                      {"content": "Paid."}], tools=[tool.name])
     run = start_run(agent=agent, user=people["requester"], input="pay a")
@@ -485,7 +476,7 @@ def test_a_side_effects_outcome_is_committed_before_the_next_pass_so_a_later_fai
 
     assert sent == ["a"]
     paid = ToolCall.objects.get(run=run)
-    assert (paid.status, paid.result) == (ToolCallStatus.SUCCEEDED, {"paid": "a"})
+    assert (paid.status, paid.result) == (ToolCallStatus.SUCCEEDED, {"paid": "a", "payment_id": "pay-1"})
 
 
 def test_a_model_answer_is_committed_before_the_next_pass_so_a_failed_claim_of_its_first_call_keeps_it(
@@ -495,11 +486,7 @@ def test_a_model_answer_is_committed_before_the_next_pass_so_a_failed_claim_of_i
     deadlock, say; here a failure made on purpose), the job's savepoint is rolled back, and with it an answer
     the model gave and was paid for: the step is left ``started`` (a takeover discards it and counts a death),
     the run's usage leaves that call's tokens out, and the model is asked again."""
-    tool = Tool(name="group_pay_one", description="pay", parameters={
-        "type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"],
-        "additionalProperties": False}, handler=lambda ctx, args: {"paid": args["account"]}, side_effect=True,
-        target_key="account")
-    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
+    tool = paying_tool(monkeypatch, [])
     agent = make_agent("group-pay-one", [
         {"tool_calls": [{"name": tool.name, "arguments": {"account": "a"}}]},
         {"content": "Paid."}], tools=[tool.name])

@@ -13,32 +13,16 @@ import pytest
 from django.db import connection, transaction
 
 from runs.engine.lifecycle import start_run
-from runs.models import Run, RunStatus
-from tests.support.durability import make_agent
+from runs.models import RunStatus
+from tests.support.durability import make_agent, paying_tool
 from tests.support.sessions import in_session, wait_for_a_lock_wait
-from tools import registry
 from tools.models import PolicyLock, ToolCall, ToolCallStatus
-from tools.registry import Tool
 from tools.services.targets import target_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql",
                                      reason="row locks, deadlocks and group commit (PostgreSQL's default)")
 S = ToolCallStatus
-ACCOUNT = {"type": "object", "properties": {"account": {"type": "string"}}, "required": ["account"],
-           "additionalProperties": False}
-
-
-def paying_tool(monkeypatch, sent: list) -> Tool:
-    """A side effect on a target (``account``), with no reconcile hook, as many a plug-in's is."""
-    def pay(ctx, args):
-        sent.append(args["account"])
-        return {"paid": args["account"], "payment_id": f"pay-{len(sent)}"}
-
-    tool = Tool(name="review_pay", description="pay", parameters=ACCOUNT, handler=pay, side_effect=True,
-                target_key="account")
-    monkeypatch.setitem(registry._TOOLS, tool.name, tool)
-    return tool
 
 
 @postgresql_only
