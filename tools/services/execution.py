@@ -96,9 +96,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     outcome after it. In a group commit's job that logged events of the run
     before it (``runs.services.writes_held``: the model's answer proposing
     the call, another call's outcome), a claim comes after a commit point,
-    so that it never takes down what came from outside. ``with_outcome(call)``, if given, is called inside
-    the outcome's transaction, after its fenced event, so the caller's own
-    writes (e.g. the result message) commit with the outcome or not at all.
+    so that it never takes down what came from outside.
+    ``with_outcome(call)``, if given, is called inside the outcome's
+    transaction, after its fenced event, so the caller's own writes (e.g.
+    the result message) commit with the outcome or not at all.
     No transaction is open while the handler runs.
     """
     tool = get_tool(tool_call.name)
