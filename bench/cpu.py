@@ -68,6 +68,8 @@ def parse_args():
     parser.add_argument("--runs", type=int, default=100, help="runs measured (default 100)")
     parser.add_argument("--warmup-runs", type=int, default=10, help="runs driven first, not measured (default 10)")
     parser.add_argument("--by-function", action="store_true", help="also the CPU of each engine function (see doc)")
+    parser.add_argument("--top-statements", type=int, default=0, metavar="N",
+                        help="also the N statements sent most often, with their calls per step")
     return parser.parse_args()
 
 
@@ -164,6 +166,7 @@ def main() -> int:
         drive(run_ids, approver)
         wall, after = time.perf_counter() - wall, os.times()
         statements = database.statements_by_role()
+        top = database.top_statements("", args.top_statements)
     finally:
         gateway.stop()
     steps = STEPS_PER_RUN * args.runs
@@ -180,6 +183,10 @@ def main() -> int:
               + " (the approvals' included)")
     else:
         print("  statements_per_step: not counted (pg_stat_statements unavailable)")
+    if top:
+        print(f"  top {len(top)} statements (calls per step):")
+        for calls, query in top:
+            print(f"    {calls / steps:5.2f}  {' '.join(query.split())[:220]}")
     if args.by_function:
         print("  by function (the thread's CPU while it ran, callees included; the wrapping adds its own):")
         for line in times.lines(steps, wrapped):

@@ -97,16 +97,22 @@ class _Sender:
 
     @staticmethod
     async def _drain(queue: asyncio.Queue) -> None:
-        """Send what is handed over, one batch after the other, for ever; a failure is logged and skipped."""
+        """Send what is handed over, for ever: each time, every batch queued by then, superseded messages left
+        out (``_superseding``); a failure is logged and skipped."""
         while True:
-            layer, sends = await queue.get()
+            batches = [await queue.get()]
+            while not queue.empty():
+                batches.append(queue.get_nowait())
             try:
-                for group, message in sends:
-                    await asyncio.wait_for(layer.group_send(group, message), SEND_TIMEOUT_S)
-            except Exception:
-                log.exception("could not publish %s", sends[0][1].get("type"))
+                for layer, group, message in _superseding(batches):
+                    try:
+                        async with asyncio.timeout(SEND_TIMEOUT_S):
+                            await layer.group_send(group, message)
+                    except Exception:
+                        log.exception("could not publish %s", message.get("type"))
             finally:
-                queue.task_done()
+                for _ in batches:
+                    queue.task_done()
 
     def send(self, layer, sends: list[tuple[str, dict]]) -> None:
         """Queue ``layer.group_send(group, message)`` for each pair, in order, and return without waiting."""
@@ -129,6 +135,46 @@ class _Sender:
         if loop is None:
             return
         asyncio.run_coroutine_threadsafe(queue.join(), loop).result(timeout_s)
+
+
+def _superseding(batches: list[tuple]) -> list[tuple]:
+    """``(layer, group, message)`` of ``batches`` (``(layer, [(group, message), ...])``, in hand-over order), in that
+    order, without the snapshots and event notices a later one in them supersedes.
+
+    A client keeps the snapshot with the highest ``seq`` (docs/design.md#live-pushes), so of a run's
+    ``run.update`` messages to one group, and of its ``run.event`` notices, only the last handed over goes out,
+    in the place of that last one (nothing is sent earlier than it was handed over), carrying the highest
+    ``seq`` among them. Streaming deltas and ``access.changed`` all go out.
+    """
+    sends = [(layer, group, message) for layer, pairs in batches for group, message in pairs]
+    last: dict[tuple, int] = {}  # key -> index of its last message in sends
+    highest: dict[tuple, dict] = {}  # key -> the message with the highest seq
+    keys = []
+    for index, (layer, group, message) in enumerate(sends):
+        key = _superseded_by(layer, group, message)
+        keys.append(key)
+        if key is not None:
+            last[key] = index
+            kept = highest.get(key)
+            if kept is None or _seq(message) >= _seq(kept):
+                highest[key] = message
+    return [(layer, group, highest[key] if key is not None else message)
+            for index, ((layer, group, message), key) in enumerate(zip(sends, keys))
+            if key is None or last[key] == index]
+
+
+def _superseded_by(layer, group: str, message: dict) -> tuple | None:
+    """What a later message must share with ``message`` to supersede it, or None when nothing does."""
+    kind = message.get("type")
+    if kind == "run.update":
+        return id(layer), group, kind, message["run"]["id"]
+    if kind == "run.event":
+        return id(layer), group, kind
+    return None
+
+
+def _seq(message: dict) -> int:
+    return message["run"]["seq"] if message["type"] == "run.update" else message["seq"]
 
 
 _sender = _Sender()

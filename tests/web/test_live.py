@@ -225,6 +225,34 @@ def test_a_full_backlog_drops_its_oldest_batch_and_keeps_the_newest(monkeypatch,
     assert "backlog full (2); dropped a run.delta" in caplog.text
 
 
+def test_snapshots_queued_behind_a_slow_layer_go_out_once_each_with_the_highest_seq_in_place(monkeypatch):
+    """While the layer holds the first send, a run's later snapshots and event notices pile up: only the last of
+    each goes out, where it was handed over (after an ``access.changed`` handed over before it), with the
+    highest ``seq``; deltas all go out."""
+    from runs import live
+
+    sender, layer = live._Sender(), _GatedLayer()
+    channel = _listening(layer, live.run_group(5), live.run_group(6), live.user_group(7),
+                         live.run_events_group(5))
+
+    def update(run_id, seq):
+        return (live.run_group(run_id), {"type": "run.update", "run": {"id": run_id, "seq": seq}})
+
+    sender.send(layer, [update(5, 1)])  # taken at once, held by the layer
+    time.sleep(0.05)
+    sender.send(layer, [update(5, 3), update(6, 1), (live.run_events_group(5), {"type": "run.event", "seq": 4})])
+    sender.send(layer, [(live.user_group(7), {"type": "access.changed", "ended_session": ""})])
+    sender.send(layer, [update(5, 2), (live.run_group(5), {"type": "run.delta", "kind": "text_delta", "data": {}})])
+    sender.send(layer, [(live.run_events_group(5), {"type": "run.event", "seq": 5})])
+    layer.gate.set()
+    sender.flush(timeout_s=5)
+    assert len(layer.sent) == 6  # the superseded three never reached the layer
+    received = [async_to_sync(layer.receive)(channel) for _ in range(6)]
+    assert [(m["type"], m.get("run", {}).get("id"), m.get("run", {}).get("seq", m.get("seq"))) for m in received] == [
+        ("run.update", 5, 1), ("run.update", 6, 1), ("access.changed", None, None), ("run.update", 5, 3),
+        ("run.delta", None, None), ("run.event", None, 5)]
+
+
 def test_a_one_pass_sweep_sends_its_pushes_before_the_command_returns(people, monkeypatch):
     from datetime import timedelta
 
