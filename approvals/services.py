@@ -386,8 +386,8 @@ def pending_items_locked(run_ids) -> list[Interrupt]:
     Call inside a transaction that already holds those runs' row locks
     (runs first, then items: the order every writer of both keeps).
     """
-    return list(Interrupt.objects.select_for_update(of=("self",)).filter(
-        run_id__in=run_ids, status=InterruptStatus.PENDING).order_by("-created_at", "-id"))
+    return selects.select(Interrupt, {"run__in": list(run_ids), "status": InterruptStatus.PENDING}, for_update=True,
+                          order_by=("-created_at", "-id"))
 
 
 def cancel_pending_interrupts(*, run, actor: str, pending: list[Interrupt] | None = None) -> None:

@@ -17,6 +17,7 @@ from django.utils.translation import gettext as _
 
 from approvals.services import cancel_pending_interrupts, pending_items_locked, request_reconciliation
 from runs.engine.agents import version_for_new_work
+from runs.base import selects
 from runs.base.errors import Conflict, Forbidden, IdempotencyKeyReused, InvalidInput, SessionBusy
 from runs.models import (
     ACTIVE_STATUSES,
@@ -227,9 +228,8 @@ def begin_run(run: Run, *, actor: str) -> bool:
     Runs of a session start one at a time, oldest first; returns False
     (the run stays queued) while an older run of the session is active.
     """
-    older_active = Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_STATUSES, pk__lt=run.pk)
-    if older_active.exists():
-        return False
+    if selects.exists(Run, {"session": run.session_id, "status__in": ACTIVE_STATUSES, "pk__lt": run.pk}):
+        return False  # an older run of the session is active
     try:
         with transaction.atomic():
             apply(run.start, actor=actor, reason="picked up by worker", savepoint=False)
@@ -302,11 +302,10 @@ def ending_reads(run: Run, *, calls: list, history: list, read_upto: int | None)
     such writer logs an event). Three queries: the pending items (locked),
     the pending waits and the session's oldest queued run.
     """
-    following = (Run.objects.filter(session_id=run.session_id, status=RunStatus.QUEUED).order_by("id")
-                 .values_list("id", flat=True).first())
+    following = selects.first_value(Run, {"session": run.session_id, "status": RunStatus.QUEUED}, "pk", order_by="pk")
     return EndingReads(
         items=pending_items_locked([run.pk]),
-        waits=list(Wait.objects.filter(run=run, status=WaitStatus.PENDING).order_by("id")),
+        waits=selects.select(Wait, {"run": run.pk, "status": WaitStatus.PENDING}, order_by="id"),
         calls=calls,
         tool_messages=[message for message in history if message.run_id == run.pk and message.role == "tool"],
         read_upto=read_upto,

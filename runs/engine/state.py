@@ -85,8 +85,8 @@ class Known:
     def session_call_ids(self) -> set[str]:
         """The ``provider_call_id`` of every tool call of the session."""
         if self._session_call_ids is None:
-            self._session_call_ids = set(ToolCall.objects.filter(run__session_id=self.run.session_id)
-                                         .values_list("provider_call_id", flat=True))
+            self._session_call_ids = {call_id for (call_id,) in selects.values(
+                ToolCall, {"run__session": self.run.session_id}, ("provider_call_id",))}
         return self._session_call_ids
 
     def step_added(self) -> None:

@@ -223,3 +223,56 @@ def test_exists_and_count_answer_as_the_orm_answers(run):
         assert selects.count(Step, where) == Step.objects.filter(**where).count()
     with pytest.raises(TypeError):
         selects.exists(Step, {"run": run.pk, "finished_at": None})
+
+
+def test_lookups_exclude_and_a_descending_order_read_as_the_orm_reads_them(run, people):
+    """``__in``, ``__lt``, ``__lte``, ``__gt``, ``__gte``, ``exclude`` and ``order_by="-name"``: the rows, counts and
+    answers of the ORM's ``filter``/``exclude``/``order_by``, an empty ``__in`` included; a lookup the module does
+    not know, and an ``exclude`` on a nullable field, are refused."""
+    for index, status in enumerate((Step.Status.STARTED, Step.Status.SUCCEEDED, Step.Status.FAILED,
+                                    Step.Status.SUCCEEDED)):
+        Step.objects.create(run=run, index=index, status=status)
+    cases = [
+        ({"run": run.pk, "status__in": [Step.Status.SUCCEEDED, Step.Status.FAILED]}, None),
+        ({"run": run.pk, "status__in": ()}, None),
+        ({"run": run.pk, "index__lt": 2}, None),
+        ({"run": run.pk, "index__lte": 2, "index__gt": 0}, None),
+        ({"run": run.pk, "index__gte": 3}, None),
+        ({"run": run.pk}, {"status__in": {Step.Status.SUCCEEDED}}),
+        ({"run": run.pk}, {"status": Step.Status.SUCCEEDED, "index__gt": 1}),
+        ({"run": run.pk}, {"status__in": []}),
+    ]
+    for where, exclude in cases:
+        orm = Step.objects.filter(**where).exclude(**(exclude or {}))
+        fast = selects.select(Step, where, exclude=exclude, order_by="-index")
+        assert [_fields(step) for step in fast] == [_fields(step) for step in orm.order_by("-index")]
+        assert selects.exists(Step, where, exclude=exclude) is orm.exists()
+    assert [step.index for step in selects.select(Step, {"run": run.pk}, order_by="index")] == [0, 1, 2, 3]
+    with pytest.raises(TypeError):
+        selects.select(Step, {"run": run.pk, "index__startswith": 1})
+    with pytest.raises(TypeError):
+        selects.exists(Step, {"run": run.pk}, exclude={"finished_at__lt": timezone.now()})
+    with pytest.raises(TypeError):
+        selects.exists(Step, {"run": run.pk, "status__in": [None]})
+
+
+def test_a_foreign_keys_field_and_values_read_as_the_orm_reads_them(run, people):
+    """``"run__session"`` (a field of the row a foreign key points at) in ``where``, and ``values`` of many rows
+    with their conversions: what ``filter(...).values_list(...)`` gives; such a key's other lookups, and
+    its use in ``exclude``, are refused."""
+    other = start_run(agent=run.agent, user=people["requester"], input="elsewhere")
+    for owner, index in ((run, 0), (run, 1), (other, 0)):
+        Step.objects.create(run=owner, index=index, cost_usd=Decimal("0.5") * (index + 1))
+    for where in ({"run__session": run.session_id}, {"run__session_id": other.session_id},
+                  {"run__session": run.session_id, "index": 1}, {"run__status": "queued"}):
+        orm = Step.objects.filter(**where).order_by("-id").values_list("id", "cost_usd", "started_at")
+        assert selects.values(Step, where, ("pk", "cost_usd", "started_at"), order_by="-id") == list(orm)
+        assert selects.exists(Step, where) is Step.objects.filter(**where).exists()
+    assert [step.pk for step in selects.select(Step, {"run__session": other.session_id})] == [
+        step.pk for step in Step.objects.filter(run__session=other.session_id)]
+    assert selects.first_value(Step, {"run": run.pk}, "index", order_by="-index") == 1
+    assert selects.first_value(Step, {"run": run.pk + 1000}, "index", order_by="index") is None
+    with pytest.raises(TypeError):
+        selects.values(Step, {"run__session__in": [run.session_id]}, ("pk",))
+    with pytest.raises(TypeError):
+        selects.exists(Step, {"run": run.pk}, exclude={"run__session": run.session_id})

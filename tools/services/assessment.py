@@ -7,6 +7,7 @@ Nothing here writes: ``assess_tool_calls`` decides, outside any transaction
 from dataclasses import dataclass
 from enum import StrEnum
 
+from runs.base import selects
 from runs.base.awaiting import Steps
 from tools.models import ToolCall
 from tools.models.tool_call import NO_EFFECT_STATUSES
@@ -126,8 +127,9 @@ def _same_action(run, tool, key: str, earlier_in_turn: list[Assessment]) -> "Too
     for index, assessment in enumerate(earlier_in_turn):
         if assessment.action_key == key and assessment.outcome in STANDS_FOR_ITS_ACTION:
             return assessment.original if assessment.outcome == Assessed.DUPLICATE else index
-    latest = (ToolCall.objects.filter(action_key=key, **same_action_scope(tool, run))
-              .exclude(status__in=NO_EFFECT_STATUSES).order_by("-id").first())
-    if latest is None:
+    found = selects.select(ToolCall, {"action_key": key, **same_action_scope(tool, run)},
+                           exclude={"status__in": NO_EFFECT_STATUSES}, order_by="-id", limit=1)
+    if not found:
         return None
+    latest = found[0]
     return latest.duplicate_of if latest.duplicate_of_id else latest
