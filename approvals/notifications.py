@@ -21,7 +21,7 @@ failure to queue or to send is logged and swallowed: it never breaks a run. Each
 message is written in its recipient's language (``NotificationPreference.language``).
 
 An email costs two queries however many recipients it has: the item with
-what it shows (``_items``), and its recipients with their preferences
+what it shows (``_item``, ``_items``), and its recipients with their preferences
 (``_wanting``); describing the call may add a tool's ``summarize`` hook's,
 once per language among them (tests/approvals/test_notifications.py caps it).
 """
@@ -43,6 +43,7 @@ from django.utils.translation import gettext as _
 
 from approvals.models import Interrupt, InterruptStatus, NotificationPreference
 from runs.access import users_who_may_decide
+from runs.base import selects
 from runs.base.errors import InvalidInput
 from runs.base.masking import mask_credentials
 from config.strict_json import printable
@@ -68,11 +69,21 @@ def _wanting(users, kind: str) -> list[tuple[str, str]]:
     return [(email, language or settings.LANGUAGE_CODE) for email, wanted, language in rows if wanted is None or wanted]
 
 
+# The rows an email about one item shows (``_item_text``) and whom it goes to: its run's agent (its slug),
+# requester (their name) and tool call (name and arguments).
+_SHOWN = ("run", "run__agent", "run__requested_by", "tool_call")
+
+
+def _item(interrupt_id: int) -> Interrupt:
+    """Item ``interrupt_id`` with the rows of ``_SHOWN``, in one statement (``runs.base.selects``: no queryset
+    built; raises ``Interrupt.DoesNotExist``)."""
+    return selects.select_one(Interrupt, {"pk": interrupt_id}, related=_SHOWN)
+
+
 def _items():
-    """Inbox items with what an email about one shows (``_item_text``) and whom it goes to, in one query: the
-    item, its run's agent (its slug), requester (their name) and tool call (name and arguments); only the
-    columns these need (a run's and a call's state too: a state machine reads it when it is built)."""
-    return Interrupt.objects.select_related("run__agent", "run__requested_by", "tool_call").only(
+    """Inbox items with the rows of ``_SHOWN``, in one query; only the columns an email shows (a run's and a
+    call's state too: a state machine reads it when it is built)."""
+    return Interrupt.objects.select_related(*_SHOWN).only(
         "run__status", "run__agent__slug", f"run__requested_by__{get_user_model().USERNAME_FIELD}",
         "tool_call__status", "tool_call__name", "tool_call__arguments",
         "kind", "status", "title", "required_permission", "allow_requester", "expires_at", "claimed_by")
@@ -149,7 +160,7 @@ def _item_text(interrupt: Interrupt) -> str:
 
 def send_new_item(interrupt_id: int) -> int:
     """Tell each user who may decide item ``interrupt_id`` (and wants it) that it arrived; returns emails sent."""
-    interrupt = _items().get(pk=interrupt_id)
+    interrupt = _item(interrupt_id)
     if interrupt.status != InterruptStatus.PENDING:
         return 0
 
@@ -168,7 +179,7 @@ def new_item_on_commit(interrupt: Interrupt) -> None:
 
 def send_run_expired(interrupt_id: int) -> int:
     """Tell the requester of item ``interrupt_id``'s run that its expiry failed the run; returns emails sent."""
-    interrupt = _items().get(pk=interrupt_id)
+    interrupt = _item(interrupt_id)
     requester = get_user_model().objects.filter(pk=interrupt.run.requested_by_id, is_active=True)
 
     def write():

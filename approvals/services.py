@@ -56,7 +56,7 @@ def request_approval(*, tool_call, tool, rule: str = "") -> Interrupt:
     allows (``Tool.requester_may_decide``); a side-effecting tool's opt-out
     of four eyes is named in the event.
     """
-    interrupt = Interrupt.objects.create(
+    interrupt = Interrupt(
         run=tool_call.run,
         tool_call=tool_call,
         kind=InterruptKind.APPROVAL,
@@ -67,6 +67,7 @@ def request_approval(*, tool_call, tool, rule: str = "") -> Interrupt:
         rule=rule,
         target=target_of(tool, tool_call.arguments),
     )
+    interrupt.insert_row()  # as save() stores it, in one statement
     _log_opened(interrupt, reason=_requested("approval", tool))
     return interrupt
 
@@ -96,7 +97,7 @@ def request_reconciliation(*, tool_call) -> Interrupt:
         return existing
     tool = get_tool(tool_call.name) or Tool(name=tool_call.name, description="", parameters={"type": "object"},
                                             handler=None, side_effect=tool_call.side_effect)
-    interrupt = Interrupt.objects.create(
+    interrupt = Interrupt(
         run=tool_call.run,
         tool_call=tool_call,
         kind=InterruptKind.RECONCILIATION,
@@ -105,6 +106,7 @@ def request_reconciliation(*, tool_call) -> Interrupt:
         allow_requester=tool.requester_may_decide,
         target=target_of(tool, tool_call.arguments),
     )
+    interrupt.insert_row()
     _log_opened(interrupt, reason=_requested("reconciliation", tool))
     return interrupt
 
@@ -197,10 +199,11 @@ def request_input(*, tool_call, title: str, expires_at) -> Interrupt:
     It expires at ``expires_at`` (the wait's deadline). The engine puts the
     run to wait ``input`` in the same transaction.
     """
-    interrupt = Interrupt.objects.create(
+    interrupt = Interrupt(
         run=tool_call.run, tool_call=tool_call, kind=InterruptKind.INPUT, title=title,
         allow_requester=True, expires_at=expires_at,
     )
+    interrupt.insert_row()
     _log_opened(interrupt, reason="input requested")
     return interrupt
 

@@ -52,8 +52,9 @@ class Sharing:
 class _Part:
     """One model's columns in a statement: the fields, their converters, and where the instance goes."""
 
-    def __init__(self, model, alias: str, setter=None, back=None, only: tuple[str, ...] | None = None):
-        """``only``: the names of the fields read, in that order (``values_one``); default every concrete field."""
+    def __init__(self, model, alias: str, setter=None, back=None, only: tuple[str, ...] | None = None, parent: int = 0):
+        """``only``: the names of the fields read, in that order (``values_one``); default every concrete field.
+        ``parent``: the index of the part whose instance caches this one's (``setter``)."""
         self.model = model
         self.fields = [_field(model._meta, name) for name in only] if only else list(model._meta.concrete_fields)
         self.attnames = [field.attname for field in self.fields]
@@ -65,8 +66,9 @@ class _Part:
             found = connection.ops.get_db_converters(expression) + expression.get_db_converters(connection)
             if found:
                 self.converters.append((index, found, expression))
-        self.setter = setter  # the relation whose cache the instance fills, on the main row's instance
-        self.back = back  # a one-to-one's other side, whose cache the main row's instance fills on this one
+        self.setter = setter  # the relation whose cache the instance fills, on the parent part's instance
+        self.back = back  # a one-to-one's other side, whose cache the parent's instance fills on this one
+        self.parent = parent
 
     def convert(self, values: list) -> list:
         """``values`` (this part's columns of a row, changed in place) as the ORM converts them."""
@@ -97,18 +99,25 @@ def _shape(model, where: tuple, related: tuple[str, ...], flags: tuple, order_by
         return shape
     meta, quote = model._meta, connection.ops.quote_name
     main = _Part(model, "t0", only=only)
-    parts, joins, nullable = [main], [], [False]
+    parts, joins, nullable, placed = [main], [], [False], {"": 0}  # placed: a related path -> its part's index
     for number, name in enumerate(related, start=1):
-        field = _field(meta, name)
+        path, _, own = name.rpartition("__")
+        parent = placed.get(path)
+        if parent is None:
+            raise TypeError(f"related {name!r} comes before {path!r} in {related}")
+        owner, at = f"t{parent}", parts[parent].model._meta
+        field = _field(at, own)
         alias, target = f"t{number}", field.related_model._meta
-        if field.concrete:  # a foreign key of this model
-            on, optional = f"t0.{quote(field.column)} = {alias}.{quote(field.target_field.column)}", field.null
+        if field.concrete:  # a foreign key of the parent's model
+            on, optional = f"{owner}.{quote(field.column)} = {alias}.{quote(field.target_field.column)}", field.null
             back = field.remote_field if field.one_to_one else None
-        else:  # a reverse one-to-one: the other row's key points at this one (there may be none)
+        else:  # a reverse one-to-one: the other row's key points at the parent's (there may be none)
             remote = field.remote_field
-            on = f"{alias}.{quote(remote.column)} = t0.{quote(remote.target_field.column)}"
+            on = f"{alias}.{quote(remote.column)} = {owner}.{quote(remote.target_field.column)}"
             optional, back = True, remote
-        parts.append(_Part(field.related_model, alias, setter=field, back=back))
+        optional = optional or nullable[parent]  # below an optional row, every row is optional
+        parts.append(_Part(field.related_model, alias, setter=field, back=back, parent=parent))
+        placed[name] = number
         nullable.append(optional)
         joins.append(f"{'LEFT OUTER' if optional else 'INNER'} JOIN {quote(target.db_table)} {alias} ON {on}")
     selected = [column for part in parts for column in part.columns]
@@ -148,8 +157,9 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     (the same form; fields that hold no NULL), as instances, in one statement:
     ``Model.objects.filter(**where).exclude(**exclude).select_related(*related)`` read without building a queryset.
 
-    ``related``: foreign keys of ``model`` and reverse one-to-one relations (one level) whose rows are read
-    along and cached on each instance as ``select_related`` caches them (``None`` for a nullable key left
+    ``related``: foreign keys of ``model`` and reverse one-to-one relations whose rows are read along and
+    cached on each instance as ``select_related`` caches them (``"run__agent"``: a relation of the row
+    ``"run"`` read, named after it in ``related``) (``None`` for a nullable key left
     empty; a reverse one-to-one without a row raises ``RelatedObjectDoesNotExist`` when read, no query). ``flags``: ``{attribute: (other model, its foreign
     key to model, {field name: value})}``, each set on every instance to whether such a row of the other
     model exists (an ``EXISTS`` in the same statement); with ``(model, Sharing(field), {...})``, whether
@@ -194,11 +204,14 @@ def _built(shape: _Shape, row) -> tuple:
         start += len(part.fields)
         empty = nullable and values[part.attnames.index(part.model._meta.pk.attname)] is None
         built.append(None if empty else part.build(values))
-    instance = built[0]
     for part, related_instance in zip(shape.parts[1:], built[1:]):
-        part.setter.set_cached_value(instance, related_instance)  # None: no row (a reverse one raises)
+        owner = built[part.parent]
+        if owner is None:  # its parent's row is missing: so is this one
+            continue
+        part.setter.set_cached_value(owner, related_instance)  # None: no row (a reverse one raises)
         if part.back is not None and related_instance is not None:
-            part.back.set_cached_value(related_instance, instance)
+            part.back.set_cached_value(related_instance, owner)
+    instance = built[0]
     for name, value in zip(shape.flags, row[start:]):
         setattr(instance, name, bool(value))
     return instance, tuple(row[start + len(shape.flags):])

@@ -276,3 +276,27 @@ def test_a_foreign_keys_field_and_values_read_as_the_orm_reads_them(run, people)
         selects.values(Step, {"run__session__in": [run.session_id]}, ("pk",))
     with pytest.raises(TypeError):
         selects.exists(Step, {"run": run.pk}, exclude={"run__session": run.session_id})
+
+
+def test_a_relation_of_a_related_row_reads_along_as_select_related_reads_it(run, people):
+    """``related=("run", "run__agent", ...)``: the rows of two levels in one statement, cached where
+    ``select_related`` caches them; a missing row on the way leaves what lies behind it unread (None)."""
+    step = Step.objects.create(run=run, index=0)
+    orm = Step.objects.select_related("run__agent", "run__requested_by", "run__retry_of").get(pk=step.pk)
+    with CaptureQueriesContext(connection) as queries:
+        fast = selects.select_one(Step, {"pk": step.pk},
+                                  related=("run", "run__agent", "run__requested_by", "run__retry_of",
+                                           "run__retry_of__agent"))
+        assert fast.run.agent.slug == orm.run.agent.slug and fast.run.requested_by.username == "requester"
+        assert fast.run.retry_of is None
+    assert len(queries) == 1
+    assert _fields(fast.run) == _fields(orm.run) and _fields(fast.run.agent) == _fields(orm.run.agent)
+    retry = start_run(agent=run.agent, user=people["requester"], input="again")
+    Run.objects.filter(pk=retry.pk).update(retry_of=run)
+    again = Step.objects.create(run=retry, index=0)
+    with CaptureQueriesContext(connection) as queries:
+        fast = selects.select_one(Step, {"pk": again.pk}, related=("run", "run__retry_of", "run__retry_of__agent"))
+        assert fast.run.retry_of.pk == run.pk and fast.run.retry_of.agent.slug == run.agent.slug
+    assert len(queries) == 1
+    with pytest.raises(TypeError):
+        selects.select(Step, {"pk": step.pk}, related=("run__agent",))

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from runs.base import selects
 from runs.services import append_message
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
@@ -174,9 +175,9 @@ def _approval_notes(tool_calls: list[ToolCall], *, never_asked: Collection[int] 
     by_id = {call.pk: call for call in tool_calls if call.status not in NEVER_APPROVED and call.pk not in never_asked}
     if not by_id:
         return {}
-    decisions = (ToolCall.objects.filter(pk__in=by_id, interrupts__decision="approved")
-                 .order_by("-interrupts__created_at")
-                 .values_list("pk", "interrupts__comment", "interrupts__edited_arguments"))
+    items = ToolCall._meta.get_field("interrupts").related_model  # the inbox's model, which depends on this layer
+    decisions = selects.values(items, {"tool_call__in": list(by_id), "decision": "approved"},
+                               ("tool_call", "comment", "edited_arguments"), order_by="-created_at")
     notes: dict[int, dict] = {}
     for call_id, comment, edited in decisions:
         if call_id in notes:
