@@ -15,7 +15,8 @@ step, database statements per step (``pg_stat_statements``, reset before
 the measured runs: every statement of every connection, this process being
 the only client then; ``all`` and ``data`` as bench/throughput.py counts
 them, PostgreSQL's own foreign-key checks included: ``SELECT 1 FROM ONLY
-... FOR KEY SHARE``, one per row inserted or key changed), and with
+... FOR KEY SHARE``, one per row inserted or key changed), with
+``--top-statements N`` the N statements sent most often, and with
 ``--by-function`` the CPU each engine function took per step and per call
 (its thread's CPU time while it ran, so nested functions count in their
 callers too, and work it handed to another thread does not): a diagnostic
