@@ -315,3 +315,14 @@ def test_an_order_by_a_foreign_key_follows_the_related_models_ordering_as_the_or
     assert [pk for (pk,) in selects.values(Step, {"index": 0}, ("pk",), order_by="run")] == orm
     assert selects.first_value(Step, {"index": 0}, "pk", order_by="run") == orm[0]
     assert [step.pk for step in selects.select(Step, {"index": 0}, order_by="run")] == orm
+
+
+def test_an_unknown_lookup_after_a_foreign_key_is_refused_with_a_type_error(run):
+    """``_where``'s docstring: "Raises ``TypeError`` for ... an unknown lookup". After a foreign key's name, a lookup
+    the module does not know (``isnull``, ``startswith``: both the ORM's) is taken for a field of the related row
+    and raises ``FieldDoesNotExist`` instead (after any other field's name it is a ``TypeError``)."""
+    with pytest.raises(TypeError):
+        selects.exists(Step, {"index__isnull": False})
+    for where in ({"run__isnull": False}, {"run__startswith": "1"}):
+        with pytest.raises(TypeError):
+            selects.exists(Step, where)
