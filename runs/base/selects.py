@@ -27,6 +27,7 @@ as in the ORM's lookups (``_field``).
 import dataclasses
 from dataclasses import dataclass
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connection
 from django.db.models import Model
 from django.db.transaction import TransactionManagementError, get_autocommit
@@ -139,8 +140,7 @@ def _shape(model, where: tuple, related: tuple[str, ...], flags: tuple, order_by
     if written is not None:
         sql = f"WITH written AS ({written}) {sql}"
     if order_by:
-        sql += " ORDER BY " + ", ".join(f"t0.{quote(_field(meta, name.lstrip('-')).column)}"
-                                        + (" DESC" if name.startswith("-") else "") for name in order_by)
+        sql += " ORDER BY " + ", ".join(_order(meta, name, "t0.") for name in order_by)
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     if for_update and connection.features.has_select_for_update:
@@ -164,7 +164,7 @@ def select(model, where: dict, *, related: tuple[str, ...] = (), flags: dict | N
     key to model, {field name: value})}``, each set on every instance to whether such a row of the other
     model exists (an ``EXISTS`` in the same statement); with ``(model, Sharing(field), {...})``, whether
     another row of ``model`` (not this one) has the same value of ``field`` and the values given. ``order_by``: a field name, ascending
-    (``"-name"``: descending), or a tuple of them.
+    (``"-name"``: descending), or a tuple of them; not a relation's (``TypeError``).
     ``limit``: at most that many rows.
     ``for_update``: lock the rows of ``model`` (not the related ones: ``FOR UPDATE OF``), inside a
     transaction only; nothing on SQLite, whose writers are serialized. ``attach``: ``{foreign key name:
@@ -233,6 +233,15 @@ def _prepared(meta, name: str, value):
     return _field(meta, name).get_db_prep_value(value, connection)
 
 
+def _order(meta, name: str, prefix: str) -> str:
+    """``ORDER BY``'s term for field ``name`` of ``meta``'s model (``"-name"``: descending), its column named with
+    ``prefix``. Raises ``TypeError`` for a relation: the ORM would follow the related model's ``Meta.ordering``."""
+    field = _field(meta, name.lstrip("-"))
+    if field.is_relation:
+        raise TypeError(f"selects order by a field of the model's own, not by the relation {field.name!r}")
+    return f"{prefix}{connection.ops.quote_name(field.column)}" + (" DESC" if name.startswith("-") else "")
+
+
 # Lookups ``where`` and ``exclude`` take after a field's name (``"pk__lt"``), as the ORM's; none: ``exact``.
 _OPERATORS = {"exact": "=", "lt": "<", "lte": "<=", "gt": ">", "gte": ">=", "in": "IN"}
 
@@ -256,7 +265,11 @@ def _where(model, where: dict, exclude: dict | None = None) -> tuple[tuple, list
                 if not (field.many_to_one and "__" not in lookup) or negated:
                     raise TypeError(f"selects know the lookups {sorted(_OPERATORS)} and a foreign key's field "
                                     f"(in where), not {name!r}")
-                through, lookup = _field(field.related_model._meta, lookup).name, "exact"
+                try:
+                    through, lookup = _field(field.related_model._meta, lookup).name, "exact"
+                except FieldDoesNotExist:
+                    raise TypeError(f"{lookup!r} is neither a lookup selects know nor a field of "
+                                    f"{field.related_model.__name__}") from None
             lookup = lookup or "exact"
             if negated and field.null:
                 raise TypeError(f"selects exclude only on fields that hold no NULL, not {field.name!r}")
@@ -368,10 +381,8 @@ def first_value(model, where: dict, field: str, *, order_by: str):
     ``model`` matching ``where`` (as ``select`` takes it) in ``order_by``'s order (a field name, ascending;
     ``"-name"``: descending), None when none does, in one statement built once per shape:
     ``filter(**where).order_by(order_by).values_list(field, flat=True).first()`` without building a queryset."""
-    quote, meta = connection.ops.quote_name, model._meta
-    column = quote(_field(meta, field).column)
-    order = quote(_field(meta, order_by.lstrip("-")).column) + (" DESC" if order_by.startswith("-") else "")
-    return _tally(model, where, column, f" ORDER BY {order} LIMIT 1")
+    column = connection.ops.quote_name(_field(model._meta, field).column)
+    return _tally(model, where, column, f" ORDER BY {_order(model._meta, order_by, '')} LIMIT 1")
 
 
 def count(model, where: dict) -> int:
