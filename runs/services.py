@@ -90,7 +90,7 @@ def append_event(
 
 
 def append_events(run: Run, events: list[Event], *, columns: RunColumns | None = None,
-                  row_writes: list[tuple] = ()) -> list[RunEvent]:
+                  row_writes: list[tuple] = (), inserts: list[Model] = ()) -> list[RunEvent]:
     """Append ``events`` (at least one) to ``run``'s log, in order, with the next seqs; returns them saved.
 
     The counter lives on the run row: one UPDATE adds ``len(events)`` to it
@@ -124,6 +124,10 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
     loaded with, raises what its ``FSMModel.refused_write`` says
     (``ConcurrentTransition``, or ``DatabaseError`` if it is gone) and the
     caller rolls back.
+
+    ``inserts``: new rows of one model (none stored; e.g. ``new_message``'s) inserted with the events, on
+    PostgreSQL by the same statement, elsewhere right after them; stored (keys set) on return. Fenced by the
+    reservation: no ``lease.check`` of their own.
     """
     if columns is not None and columns.values.get("status", run.status) != run.status:
         raise TypeError("a run's status changes only through runs.transitions.apply (which sets it first)")
@@ -131,7 +135,7 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
                      from_status=event.from_status, to_status=event.to_status) for event in events]
     held = counters_held(run, columns)
     combined = connection.vendor == "postgresql"  # the reservation, the INSERT and ``row_writes`` in one statement
-    last = (_reserve(run, len(events), columns, rows=rows, also=row_writes) if combined
+    last = (_reserve(run, len(events), columns, rows=rows, also=row_writes, extra=inserts) if combined
             else _reserve(run, len(events), columns))
     if last is None:
         refused = ", ".join(repr(e.type) for e in events)
@@ -164,6 +168,8 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
             for instance, fields, expected in row_writes:
                 if update_row(instance, fields, expected=expected) != 1:
                     raise instance.refused_write()
+            if inserts:
+                insert_rows(list(inserts))
         for event in rows:  # neither statement sends a signal: sent here, as save() would
             post_save.send(sender=RunEvent, instance=event, created=True, update_fields=None, raw=False,
                            using=event._state.db)
@@ -239,7 +245,7 @@ def writes_held(run: Run) -> bool:
 
 
 def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[RunEvent] | None = None,
-             also: list[tuple] = ()) -> int | None:
+             also: list[tuple] = (), extra: list[Model] = ()) -> int | None:
     """Add ``count`` to the run's ``last_event_seq`` and write ``columns``, fenced by this thread's lease.
 
     Returns the new counter, or None if the row was not written (the lease
@@ -247,8 +253,8 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
     statement (``UPDATE ... RETURNING``) where the database can return rows
     from a write (PostgreSQL; SQLite 3.35+), else an UPDATE and a SELECT.
     With ``rows`` (PostgreSQL only), the same statement inserts them as the
-    events of the reserved seqs, and writes ``also`` (``append_events``' ``row_writes``)
-    (``runs.base.rows.update_and_insert_numbered``).
+    events of the reserved seqs, writes ``also`` (``append_events``' ``row_writes``) and inserts ``extra``
+    (its ``inserts``) (``runs.base.rows.update_and_insert_numbered``).
     """
     values = columns.values if columns is not None else {}
     others = columns.increments if columns is not None else {}
@@ -265,7 +271,8 @@ def _reserve(run: Run, count: int, columns: RunColumns | None, *, rows: list[Run
         expected = {**expected, "lease_token": token}
     if rows is not None:
         return update_and_insert_numbered(Run, run.pk, values=values, increments=others, expected=expected,
-                                          counted="last_event_seq", instances=rows, position="seq", also=also)
+                                          counted="last_event_seq", instances=rows, position="seq", also=also,
+                                          extra=extra)
     return update_columns(Run, run.pk, values=values, increments=increments, expected=expected,
                           returning="last_event_seq")
 
@@ -326,8 +333,14 @@ def append_message(run: Run, *, role: str, content: str = "", tool_calls=None, t
     """
     if fence:
         lease.check(run.pk)
-    return insert_row(Message(session_id=run.session_id, run=run, role=role, content=content,
-                              tool_calls=tool_calls or [], tool_call_id=tool_call_id))
+    return insert_row(new_message(run, role=role, content=content, tool_calls=tool_calls, tool_call_id=tool_call_id))
+
+
+def new_message(run: Run, *, role: str, content: str = "", tool_calls=None, tool_call_id: str = "") -> Message:
+    """A message of ``run``'s session history, not stored yet: for ``append_events``' ``inserts`` (stored with
+    the events that tell what it records) or ``append_message``."""
+    return Message(session_id=run.session_id, run=run, role=role, content=content, tool_calls=tool_calls or [],
+                   tool_call_id=tool_call_id)
 
 
 def wake_next_in_session(session_id: int) -> None:

@@ -157,7 +157,7 @@ class EventBatch:
 
 def apply(transition, *, actor: str, reason: str = "", payload: dict | None = None, savepoint: bool = True,
           columns: RunColumns | None = None, logged_before: Callable[[object], list[Event]] | None = None,
-          batch: EventBatch | None = None, **arguments):
+          batch: EventBatch | None = None, inserts: Callable[[object], list] | None = None, **arguments):
     """Apply the bound transition method ``transition`` with ``arguments``, save it, log it, push it.
 
     ``actor`` and ``reason`` (default: the transition's name) go to the
@@ -180,6 +180,11 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
     ``logged_before`` are refused: nothing would log them); the run's own
     transition logs the batch's events ahead of its own and writes its rows
     with them.
+    ``inserts(instance)``: called once the transition is made in memory,
+    before its event is written; returns new rows (of one model, e.g.
+    ``runs.services.new_message``) stored with the event, in its statement
+    on PostgreSQL (``append_events``' ``inserts``; not with a ``batch`` that
+    keeps the event: ``TypeError``). They are stored on return.
 
     An instance not yet in the database is inserted already past the
     transition (its events name its id, so the INSERT comes first; a
@@ -219,8 +224,8 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
                           payload={**instance.event_payload(arguments), **(payload or {})},
                           from_status=from_status, to_status=state.get_state(instance))
             deferred = batch is not None and run is not instance
-            if deferred and (columns is not None or logged_before is not None):
-                raise TypeError("columns and logged_before go with the run's own transition of a batch")
+            if deferred and (columns is not None or logged_before is not None or inserts is not None):
+                raise TypeError("columns, logged_before and inserts go with the run's own transition of a batch")
             written = [] if new or saved_with_event else changed + [name for name in stamped if name not in changed]
             # Another machine's row rides on its event's statement (runs.services.append_events' ``row_writes``);
             # in a batch, on the statement that logs the batch (``EventBatch.keep_row``).
@@ -231,7 +236,8 @@ def apply(transition, *, actor: str, reason: str = "", payload: dict | None = No
                 earlier = batch.take() if batch is not None else []
                 kept_rows = batch.take_rows() if batch is not None else []
                 append_events(run, [*earlier, *(logged_before(instance) if logged_before else []), event],
-                              columns=columns, row_writes=[*kept_rows, *([riding] if riding else [])])
+                              columns=columns, row_writes=[*kept_rows, *([riding] if riding else [])],
+                              inserts=inserts(instance) if inserts is not None else ())
             if saved_with_event or riding is not None:
                 instance._update_initial_state()  # django-fsm's optimistic lock: this is what is stored now
             elif written and deferred:

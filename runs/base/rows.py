@@ -194,7 +194,8 @@ _AND_INSERT: dict = {}  # (update statement, rows model, rows, numbered field) -
 
 
 def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, expected: dict, counted: str,
-                               instances: list[Model], position: str, also: list[tuple] = ()) -> int | None:
+                               instances: list[Model], position: str, also: list[tuple] = (),
+                               extra: list[Model] = ()) -> int | None:
     """``update_columns`` and ``insert_many`` in one statement (PostgreSQL: a data-modifying ``WITH``), the
     inserted rows numbered from the update: row ``pk`` of ``model`` gets ``values`` and ``increments``, and
     its integer column ``counted`` moves on by ``len(instances)``, if it holds ``expected``; then
@@ -206,6 +207,10 @@ def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, exp
     ``pk`` (whose lock it takes first), only if it holds ``expected`` (``{name: value}``, as ``update``
     takes it).
 
+    ``extra``: rows of one other model (none stored, auto primary key), inserted by the same statement in
+    that order, only with the others (e.g. the messages a transaction appends with its events); stored
+    (keys set) on return.
+
     Returns the counter's new value, the instances stored (keys and ``position`` set); or None when a row
     was not written (it does not hold ``expected``, or is gone): then no instance is inserted either, but
     when only rows of ``also`` were not written, the others' updates were made: the caller rolls its
@@ -216,9 +221,12 @@ def update_and_insert_numbered(model, pk, *, values: dict, increments: dict, exp
         raise TypeError(f"{counted} moves by the number of rows inserted, not by the caller")
     increments = {counted: len(instances), **increments}
     numbered = type(instances[0])._meta.get_field(position)
-    keys = _update_and_insert(model, pk, values, increments, expected, counted, instances, numbered, also)
+    keys = _update_and_insert(model, pk, values, increments, expected, counted, instances, numbered, also, extra)
     if not keys:
         return None
+    extra_keys = sorted(keys.pop(None, ()))  # in VALUES order, as the key sequence handed them out
+    for instance, key in zip(extra, extra_keys):
+        _stored(instance, key)
     last = max(keys)
     for number, instance in enumerate(instances, start=last - len(instances) + 1):
         setattr(instance, numbered.attname, number)
@@ -252,51 +260,82 @@ def _stored(instance: Model, pk) -> None:
     instance._state.db = connection.alias
 
 
+def _values_insert(rows_model, count: int, source: str, numbered=None, counter_sql: str = "") -> tuple:
+    """``(sql, fields)``: ``INSERT INTO`` ``rows_model``'s table of ``count`` rows given as parameters (one ``n``,
+    their order, then one per field of ``fields``), one per row of ``source`` (a ``FROM`` list), in ``n``'s order.
+    ``numbered``: a field set to ``counter_sql - count + n`` instead (not a parameter)."""
+    rows_meta, quote = rows_model._meta, connection.ops.quote_name
+    fields = [f for f in rows_meta.concrete_fields if not (f.primary_key and f.auto_created) and f is not numbered]
+    names = [f"c{i}" for i in range(len(fields))]
+    # Typed placeholders: a VALUES list in a FROM clause has no column types of its own. The type without
+    # its length or scale (``varchar``, not ``varchar(32)``): a cast would cut text to the length, where
+    # storing it into the column refuses it, as save() does.
+    row = ", ".join(["%s"] + [f"%s::{f.db_type(connection).split('(')[0]}" for f in fields])
+    columns, selected = [quote(f.column) for f in fields], [f"v.{name}" for name in names]
+    if numbered is not None:
+        columns.append(quote(numbered.column))
+        selected.append(f"{counter_sql} - {count} + v.n")
+    sql = (f"INSERT INTO {quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
+           f"FROM {source} CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
+           f"ORDER BY v.n")
+    return sql, fields
+
+
 def _update_and_insert(model, pk, values, increments, expected, returning, instances, numbered,
-                       also: list[tuple] = ()) -> dict:
+                       also: list[tuple] = (), extra: list[Model] = ()) -> dict:
     """Run the ``WITH written AS (UPDATE ...) INSERT ... SELECT ... FROM written`` statement; the inserted
     rows' keys by their ``numbered`` field's value (by None without one: one instance only). ``also``: as
-    ``update_and_insert_numbered`` takes it, one more ``WITH`` each, the rows inserted only with all of them."""
+    ``update_and_insert_numbered`` takes it, one more ``WITH`` each, the rows inserted only with all of them.
+    ``extra`` (with ``numbered`` only): rows of another model inserted with them, their keys under None (a list)."""
     update_sql, written, kinds = _update_shape(model, tuple(values), tuple(increments), tuple(expected), returning)
     rows_model, count = type(instances[0]), len(instances)
+    extra_model, extra_count = (type(extra[0]), len(extra)) if extra else (None, 0)
+    if extra and (numbered is None or any(type(row) is not extra_model for row in extra)):
+        raise TypeError("extra rows go with numbered rows, and are all of one model")
     also_sqls, also_params = [], []
     for write in also:
         sql, params = _also(write)
         also_sqls.append(sql)
         also_params.extend(params)
-    key = (update_sql, *also_sqls, rows_model, count, numbered)
+    key = (update_sql, *also_sqls, rows_model, count, numbered, extra_model, extra_count)
     shape = _AND_INSERT.get(key)
     if shape is None:
-        rows_meta, quote = rows_model._meta, connection.ops.quote_name
-        fields = [f for f in rows_meta.concrete_fields if not (f.primary_key and f.auto_created) and f is not numbered]
-        names = [f"c{i}" for i in range(len(fields))]
-        # Typed placeholders: a VALUES list in a FROM clause has no column types of its own. The type without
-        # its length or scale (``varchar``, not ``varchar(32)``): a cast would cut text to the length, where
-        # storing it into the column refuses it, as save() does.
-        row = ", ".join(["%s"] + [f"%s::{f.db_type(connection).split('(')[0]}" for f in fields])
-        columns, selected = [quote(f.column) for f in fields], [f"v.{name}" for name in names]
-        returned = quote(rows_meta.pk.column)
+        quote = connection.ops.quote_name
+        source = "written" + "".join(f" CROSS JOIN also{n}" for n in range(len(also_sqls)))
+        counter_sql = f"written.{quote(model._meta.get_field(returning).column)}"
+        insert_sql, fields = _values_insert(rows_model, count, source, numbered, counter_sql)
+        returned = quote(rows_model._meta.pk.column)
         if numbered is not None:
-            columns.append(quote(numbered.column))
-            selected.append(f"written.{quote(model._meta.get_field(returning).column)} - {count} + v.n")
             returned += f", {quote(numbered.column)}"
         withs = "".join(f", also{n} AS ({sql})" for n, sql in enumerate(also_sqls))
-        joins = "".join(f" CROSS JOIN also{n}" for n in range(len(also_sqls)))
-        sql = (f"WITH written AS ({update_sql}){withs} "
-               f"INSERT INTO {quote(rows_meta.db_table)} ({', '.join(columns)}) SELECT {', '.join(selected)} "
-               f"FROM written{joins} "
-               f"CROSS JOIN (VALUES {', '.join([f'({row})'] * count)}) AS v(n, {', '.join(names)}) "
-               f"RETURNING {returned}")
-        shape = (sql, fields, _kinds(fields))
-        if count <= _MAX_CACHED_ROWS:
+        extra_fields = []
+        if extra:
+            # A data-modifying WITH runs whether or not the main query reads it; its keys come back beside
+            # the numbered rows' with no number (NULL).
+            extra_sql, extra_fields = _values_insert(extra_model, extra_count, source)
+            sql = (f"WITH written AS ({update_sql}){withs}, numbered AS ({insert_sql} RETURNING {returned}), "
+                   f"extra AS ({extra_sql} RETURNING {quote(extra_model._meta.pk.column)} AS id) "
+                   f"SELECT * FROM numbered UNION ALL SELECT id, NULL FROM extra")
+        else:
+            sql = f"WITH written AS ({update_sql}){withs} {insert_sql} RETURNING {returned}"
+        shape = (sql, fields, _kinds(fields), extra_fields, _kinds(extra_fields))
+        if count + extra_count <= _MAX_CACHED_ROWS:
             _AND_INSERT[key] = shape
-    sql, fields, field_kinds = shape
+    sql, fields, field_kinds, extra_fields, extra_kinds = shape
     params = _column_params(written, kinds, [*values.values(), *increments.values(), pk, *expected.values()])
     params.extend(also_params)
     for n, instance in enumerate(instances, start=1):
         params.append(n)
         params.extend(_params(instance, fields, field_kinds, add=True))
+    for n, instance in enumerate(extra, start=1):
+        params.append(n)
+        params.extend(_params(instance, extra_fields, extra_kinds, add=True))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
-    return {(row[1] if numbered is not None else None): row[0] for row in found}
+    if numbered is None:
+        return {None: row[0] for row in found}
+    keys = {row[1]: row[0] for row in found if row[1] is not None}
+    if extra and keys:
+        keys[None] = [row[0] for row in found if row[1] is None]
+    return keys

@@ -58,7 +58,7 @@ from runs.engine.lifecycle import begin_run, end_run, ending_reads
 from runs.engine.state import Known
 from runs.engine.wire_names import on_the_wire, real_names
 from runs.live import DeltaBuffer, publish_delta
-from runs.services import RunColumns, append_event, append_message, set_phase, writes_held
+from runs.services import RunColumns, append_event, append_message, new_message, set_phase, writes_held
 from runs.transitions import apply
 from runs.tx import relock
 from runs.wakeups import wake_on_commit
@@ -75,6 +75,7 @@ from tools.services import (
     reconcile_unknown_call,
     retry_delay,
     settle_joined_calls,
+    tool_result_messages,
 )
 
 log = logging.getLogger(__name__)
@@ -211,14 +212,17 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     failpoint("tool_call_ready", call.name)
     delivered = []
 
-    def with_outcome(call: ToolCall) -> None:  # inside the outcome's transaction, after its fenced event
+    def with_outcome(call: ToolCall) -> list:  # inside the outcome's transaction, before its fenced statement
         if run.crash_streak or run.loss_streak or run.suspect or run.death_blame:  # it got through an attempt:
             Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0, suspect=False, death_blame="")
             run.crash_streak = run.loss_streak = 0  # the streaks are over, and any death counted is behind it
             run.suspect, run.death_blame = False, ""
         owing = any(c.is_pending for c in known.calls)
-        delivered[:] = [] if owing else deliver_tool_results(run, calls=known.calls, history=known.history,
-                                                             fence=False, never_asked=known.assessed_here)
+        # The results, stored by the outcome's statement (once no call owes one).
+        messages = [] if owing else tool_result_messages(run, calls=known.calls, history=known.history,
+                                                         never_asked=known.assessed_here)
+        delivered[:] = messages
+        return messages
 
     waited = []
 
@@ -517,16 +521,16 @@ def _record_model_answer(run: Run, known: Known, step: Step, response, cost, ass
         increments={"model_calls": 1, "input_tokens": response.input_tokens,
                     "output_tokens": response.output_tokens, "cost_usd": cost},
     )
+    message = new_message(run, role="assistant", content=response.content, tool_calls=[
+        {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
+    ])
     with transaction.atomic():
         apply(step.succeed, actor=ACTOR, reason=response.finish_reason,
               payload={"tool_calls": len(response.tool_calls), "input_tokens": response.input_tokens,
                        "output_tokens": response.output_tokens, "cost_usd": str(cost)},
               response=response.as_dict(), input_tokens=response.input_tokens,
               output_tokens=response.output_tokens, cost_usd=cost, now=timezone.now(), savepoint=False,
-              columns=usage)
-        message = append_message(run, role="assistant", content=response.content, fence=False, tool_calls=[
-            {"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in response.tool_calls
-        ])
+              columns=usage, inserts=lambda _step: [message])  # the answer's message in the step's statement
         created = []
         if response.tool_calls:
             created = propose_tool_calls(run=run, step=step, calls=response.tool_calls, assessments=assessments,

@@ -41,15 +41,16 @@ DATA = re.compile(r"^\s*(WITH|SELECT|INSERT|UPDATE|DELETE)\b", re.IGNORECASE)  #
 # the side effect, its target's claim). PostgreSQL does in one statement what SQLite does in two or
 # three (a transaction's events with its run columns, another machine's row: runs.base.rows).
 # History, on the demo's tools (which add their own reads): 34-49 statements a pass at first, then
-# 20-27, then 17-24; per step 35.1, 17.8, 16.7, 14.0.
+# 20-27, then 17-24; per step 35.1, 17.8, 16.7, 14.0. On PostgreSQL a model's answer and a tool's outcome
+# store their message in their events' statement since (8.7 statements a step to 7.7).
 CAPS = {
     "postgresql": {
-        "model turn": (9, 6, 2),
-        "model turn asking for approval": (11, 5, 2),
-        "read-only call": (5, 4, 2),
+        "model turn": (8, 6, 2),
+        "model turn asking for approval": (10, 5, 2),
+        "read-only call": (4, 4, 2),
         "waiting for approval": (5, 2, 1),
-        "side-effect call after approval": (11, 6, 3),
-        "final answer": (13, 7, 3),
+        "side-effect call after approval": (10, 6, 3),
+        "final answer": (12, 7, 3),
     },
     "sqlite": {
         "model turn": (13, 6, 2),
@@ -61,9 +62,9 @@ CAPS = {
     },
 }
 # Statements and transactions of a slice outside its passes (taking and giving back the lease, loading the run), at
-# most; and per step over the whole run (today 9.0 and 5.3 on PostgreSQL, 13.8 and 5.8 on SQLite).
+# most; and per step over the whole run (today 7.7 and 5.0 on PostgreSQL, 13.7 and 5.7 on SQLite).
 SLICE_OVERHEAD = {"postgresql": (6, 5), "sqlite": (9, 7)}
-PER_STEP = {"postgresql": (9.5, 5.5), "sqlite": (14.5, 6.5)}
+PER_STEP = {"postgresql": (8.5, 5.5), "sqlite": (14.5, 6.5)}
 
 
 @dataclasses.dataclass

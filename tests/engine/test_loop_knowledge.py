@@ -17,7 +17,7 @@ from approvals.models import Interrupt
 from approvals.services import decide_interrupt
 from runs.base.awaiting import resume
 from runs.engine import loop
-from runs import services
+from runs import services, transitions
 from runs.engine.lifecycle import cancel_run, start_run, submit_input
 from runs.models import Agent, MultitaskStrategy, Run, RunEvent, RunStatus
 from runs.services import append_event
@@ -285,16 +285,18 @@ def test_a_model_answer_the_database_refuses_leaves_no_unstored_value_in_the_ins
     agent = _agent([{"content": "Done."}, {"content": "Done."}], check="default")
     run = start_run(agent=agent, user=people["requester"], input="look")
     compared = _compare_at_every_pass(monkeypatch)
-    append_message = loop.append_message
+    append_events = services.append_events
     refused = []
 
-    def refusing(run, **fields):
-        if fields.get("role") == "assistant" and not refused:
-            refused.append(fields["content"])
+    def refusing(run, events, **kwargs):  # the answer's message goes with its step's events
+        stored = append_events(run, events, **kwargs)
+        answers = [row for row in kwargs.get("inserts", ()) if row.role == "assistant"]
+        if answers and not refused:  # refused once the instance took the reservation's counters in
+            refused.append(answers[0].content)
             raise DataError("value too long for type character varying")
-        return append_message(run, **fields)
+        return stored
 
-    monkeypatch.setattr(loop, "append_message", refusing)
+    monkeypatch.setattr(transitions, "append_events", refusing)
     loop.advance(run.pk)
 
     run.refresh_from_db()

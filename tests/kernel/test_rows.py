@@ -194,6 +194,41 @@ def test_a_numbered_insert_stores_what_save_stores_numbered_from_the_updated_cou
     assert _stored(RunEvent, events[1].pk)["reason"] == "second"
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a data-modifying WITH: PostgreSQL only")
+def test_extra_rows_go_in_with_the_numbered_ones_in_order_as_save_stores_them_or_not_at_all(run):
+    event = dict(run=run, type="transition", actor="worker", reason="r")
+    message = dict(session_id=run.session_id, run=run, role="tool", content="c", tool_calls=[{"id": "x"}],
+                   tool_call_id="x")
+    saved = Message(**message)
+    saved.save()
+    before = Message.objects.count()
+
+    extra = [Message(**message), Message(**{**message, "content": "second"})]
+    assert rows.update_and_insert_numbered(Run, run.pk, values={}, increments={}, expected={"lease_token": -1},
+                                           counted="last_event_seq", instances=[RunEvent(**event)],
+                                           position="seq", extra=extra) is None
+    assert [m.pk for m in extra] == [None, None] and Message.objects.count() == before
+
+    for count in (2, 1):  # two statements of two shapes, each built once
+        events, extra = [RunEvent(**event)], [Message(**{**message, "content": f"m{n}"}) for n in range(count)]
+        last = rows.update_and_insert_numbered(Run, run.pk, values={}, increments={}, expected={},
+                                               counted="last_event_seq", instances=events, position="seq",
+                                               extra=extra)
+        assert last == events[0].seq and events[0].pk == run.events.get(seq=last).pk
+        assert [m.content for m in Message.objects.filter(pk__in=[m.pk for m in extra]).order_by("pk")] == [
+            m.content for m in extra]
+        assert extra[0].pk < extra[-1].pk or count == 1  # in the order given
+        assert not any(m._state.adding for m in extra)
+    inserted, expected = _stored(Message, extra[0].pk), _stored(Message, saved.pk)
+    for row in (inserted, expected):
+        row.pop("created_at"), row.pop("content")
+    assert inserted == expected
+    with pytest.raises(TypeError):
+        rows.update_and_insert_numbered(Run, run.pk, values={}, increments={}, expected={},
+                                        counted="last_event_seq", instances=[RunEvent(**event)], position="seq",
+                                        extra=[Message(**message), Step(run=run, index=1, status="started")])
+
+
 def test_a_numbered_insert_refuses_a_caller_moving_its_counter(run):
     # The counter moves by the rows inserted; a caller adding to it too would number rows past it.
     for moved in ({"increments": {"last_event_seq": 2}, "values": {}},

@@ -28,6 +28,7 @@ from tools.services.results import (
     deliver_tool_results,
     settle_calls_at_run_end,
     tool_result_content,
+    tool_result_messages,
     unknown_calls_for_a_person,
 )
 
@@ -53,5 +54,6 @@ __all__ = [
     "settle_joined_calls",
     "settle_unknown_call",
     "tool_result_content",
+    "tool_result_messages",
     "unknown_calls_for_a_person",
 ]

@@ -30,7 +30,7 @@ S = ToolCallStatus
 MAX_RESULT_DEPTH = 64  # nesting of a tool's result (objects and arrays) that is stored and shown
 
 
-OutcomeHook = Callable[[ToolCall], None]
+OutcomeHook = Callable[[ToolCall], list]
 BusyHook = Callable[[int, Target], None]
 
 
@@ -98,8 +98,12 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     the call, another call's outcome), a claim comes after a commit point,
     so that it never takes down what came from outside.
     ``with_outcome(call)``, if given, is called inside the outcome's
-    transaction, after its fenced event, so the caller's own writes (e.g.
-    the result message) commit with the outcome or not at all.
+    transaction, once the call's new state is set and before it is written:
+    it returns new rows (of one model: the result messages,
+    ``tools.services.results.tool_result_messages``) that the outcome's
+    statement stores with it (``runs.transitions.apply``'s ``inserts``), so
+    they commit with the outcome or not at all; any write of its own goes
+    ahead of the outcome's.
     No transaction is open while the handler runs.
     """
     tool = get_tool(tool_call.name)
@@ -108,11 +112,9 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
         # A savepoint when nested (a group commit, runs.engine.group_commit): ``_store_result`` goes on
         # after a refused result, which only a savepoint leaves the enclosing transaction usable for.
         with transaction.atomic():
-            apply(transition, actor=actor, savepoint=False, **arguments)
+            apply(transition, actor=actor, savepoint=False, inserts=with_outcome, **arguments)
             if tool is not None:  # any outcome gives up the call's claim on its target
                 release(tool_call, tool, actor=actor)
-            if with_outcome is not None:
-                with_outcome(tool_call)
         return tool_call
 
     if tool is None:  # removed from the registry since it was proposed: it cannot be sent (again)

@@ -3,12 +3,13 @@
 import json
 from collections.abc import Collection
 
-from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from runs import lease
 from runs.base import selects
-from runs.services import append_message
+from runs.base.rows import insert_many as insert_rows
+from runs.services import new_message
 from runs.transitions import apply
 from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import PENDING_STATUSES
@@ -81,7 +82,25 @@ def unknown_calls_for_a_person(calls: list[ToolCall]) -> list[ToolCall]:
 
 def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: list | None = None,
                          fence: bool = True, never_asked: Collection[int] = ()) -> list:
-    """Append a tool message for every finished call of ``run`` that has none yet, in call order; returns them.
+    """Append a tool message for every finished call of ``run`` that has none yet, in call order, in one
+    statement; returns them (``tool_result_messages``, stored).
+
+    ``fence=False``: the caller's transaction makes a fenced write of its
+    own (see ``runs.services.append_message``).
+    """
+    messages = tool_result_messages(run, calls=calls, history=history, never_asked=never_asked)
+    if messages:
+        if fence:
+            lease.check(run.pk)
+        insert_rows(messages)
+    return messages
+
+
+def tool_result_messages(run, *, calls: list[ToolCall] | None = None, history: list | None = None,
+                         never_asked: Collection[int] = ()) -> list:
+    """The tool message for every finished call of ``run`` that has none yet, in call order, not stored
+    (``runs.services.new_message``): ``deliver_tool_results`` stores them, or a caller stores them with the
+    outcome that finished the last call (``runs.services.append_events``' ``inserts``).
 
     Invalid, denied, rejected, expired and cancelled calls get one too, so
     the model never sees a call id without a result. ``unknown`` calls get
@@ -89,11 +108,10 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
     (``runs.engine.context``), so a later settlement reaches the model.
     A caller that has them loaded passes ``calls`` (the run's tool calls in
     id order) and ``history`` (the session's messages); else they are read.
-    ``fence=False``: the caller's transaction makes a fenced write of its
-    own (see ``runs.services.append_message``). ``never_asked``: ids of calls
+    ``never_asked``: ids of calls
     the caller knows never asked for approval (e.g. proposed ``ready`` by
     the same worker: ``runs.engine.state.Known.assessed_here``); no approval
-    note is looked up for them. Returns the new ``Message`` rows.
+    note is looked up for them. Reads (approval and reuse notes), writes nothing.
     """
     if history is None:
         delivered = set(run.messages.filter(role="tool").values_list("tool_call_id", flat=True))
@@ -106,12 +124,9 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
         return []
     notes = _approval_notes(due, never_asked=never_asked)
     reused = _reuse_notes(due)
-    # All or nothing (an error ends the caller's transaction too); the first
-    # message's lease check covers the whole transaction.
-    with transaction.atomic(savepoint=False):
-        return [append_message(run, role="tool", content=_content(call, notes.get(call.pk, {}), reused.get(call.pk)),
-                               tool_call_id=call.provider_call_id, fence=fence and index == 0)
-                for index, call in enumerate(due)]
+    return [new_message(run, role="tool", content=_content(call, notes.get(call.pk, {}), reused.get(call.pk)),
+                        tool_call_id=call.provider_call_id)
+            for call in due]
 
 
 def tool_result_content(tool_call: ToolCall) -> str:
