@@ -41,9 +41,10 @@ from django.utils import translation
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 
-from approvals.models import Interrupt, InterruptStatus, NotificationPreference
-from runs.access import users_who_may_decide
+from approvals.models import Interrupt, InterruptKind, InterruptStatus, NotificationPreference
+from runs.access import deciders
 from runs.base import selects
+from runs.base.query_templates import QueryTemplate
 from runs.base.errors import InvalidInput
 from runs.base.masking import mask_credentials
 from config.strict_json import printable
@@ -64,9 +65,34 @@ def _wanting(users, kind: str) -> list[tuple[str, str]]:
     """``(email, language)`` of each of ``users`` (a ``User`` queryset) with an email address who did not turn
     ``kind`` off, in one query: their ``NotificationPreference`` comes by a left join (no row: all on, and
     ``LANGUAGE_CODE``)."""
-    rows = users.exclude(email="").values_list(
+    return _addresses(_wanting_rows(users, kind))
+
+
+def _wanting_rows(users, kind: str):
+    """``_wanting``'s query: ``(email, wanted, language)`` rows (a ``values_list`` queryset)."""
+    return users.exclude(email="").values_list(
         "email", f"notification_preference__{kind}", "notification_preference__language")
+
+
+def _addresses(rows) -> list[tuple[str, str]]:
     return [(email, language or settings.LANGUAGE_CODE) for email, wanted, language in rows if wanted is None or wanted]
+
+
+# The new item e-mail's recipients (``_wanting`` of ``runs.access.deciders``), compiled once per kind of item:
+# one e-mail per inbox item made that query the worker's costliest to build.
+_NEW_ITEM_RECIPIENTS = QueryTemplate(
+    lambda *, key, app_label, codename, requester: _wanting_rows(
+        deciders(question=key[0], allow_requester=key[1], app_label=app_label, codename=codename,
+                 requester=requester), NEW_ITEM),
+    app_label=str, codename=str, requester=int)
+
+
+def _new_item_recipients(interrupt: Interrupt) -> list[tuple[str, str]]:
+    """``_wanting(users_who_may_decide(interrupt), NEW_ITEM)``, its SQL built once per kind of item."""
+    app_label, _, codename = interrupt.required_permission.partition(".")
+    return _addresses(_NEW_ITEM_RECIPIENTS.rows((interrupt.kind == InterruptKind.INPUT, interrupt.allow_requester),
+                                                app_label=app_label, codename=codename,
+                                                requester=interrupt.run.requested_by_id))
 
 
 # The rows an email about one item shows (``_item_text``) and whom it goes to: its run's agent (its slug),
@@ -168,7 +194,7 @@ def send_new_item(interrupt_id: int) -> int:
         return (_("[Tollgate] Waiting for you: %(title)s") % {"title": interrupt.display_title},
                 _("A new inbox item waits for your decision.") + "\n\n" + _item_text(interrupt))
 
-    recipients = _wanting(users_who_may_decide(interrupt), NEW_ITEM)
+    recipients = _new_item_recipients(interrupt)
     return _send(_messages(recipients, write), f"new item {interrupt_id}")
 
 

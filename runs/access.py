@@ -198,15 +198,23 @@ def users_who_may_decide(interrupt):
     (granted to them or to one of their groups), less the run's requester
     unless ``allow_requester``. ``interrupt`` needs ``run`` loaded or loadable.
     """
-    users = get_user_model().objects.filter(is_active=True)
-    requester = interrupt.run.requested_by_id
-    if interrupt.kind == INPUT_KIND:
-        return users.filter(pk=requester)
     app_label, _, codename = interrupt.required_permission.partition(".")
+    return deciders(question=interrupt.kind == INPUT_KIND, app_label=app_label, codename=codename,
+                    allow_requester=interrupt.allow_requester, requester=interrupt.run.requested_by_id)
+
+
+def deciders(*, question: bool, app_label: str, codename: str, allow_requester: bool, requester: int):
+    """``users_who_may_decide`` of an item given by its parts (a ``User`` queryset): a ``question`` (an
+    ``input`` item) or one needing permission ``app_label.codename``, of a run requested by user id
+    ``requester``. Each value is a parameter of the query, never part of its SQL
+    (``runs.base.query_templates``)."""
+    users = get_user_model().objects.filter(is_active=True)
+    if question:
+        return users.filter(pk=requester)
     permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename)
     holders = Q(is_superuser=True) | Q(user_permissions__in=permission) | Q(groups__permissions__in=permission)
     users = users.filter(pk__in=get_user_model().objects.filter(holders).values("pk"))
-    return users if interrupt.allow_requester else users.exclude(pk=requester)
+    return users if allow_requester else users.exclude(pk=requester)
 
 
 def groups_that_may_decide(interrupt):

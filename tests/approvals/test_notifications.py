@@ -18,8 +18,8 @@ from django.utils.translation import gettext
 
 from approvals.claims import claim_interrupt
 from approvals.models import Interrupt, NotificationPreference
-from approvals.notifications import (save_preferences, send_new_item, send_queued, send_run_expired,
-                                     warn_claimed_items_expiring)
+from approvals.notifications import (_new_item_recipients, _wanting, save_preferences, send_new_item, send_queued,
+                                     send_run_expired, warn_claimed_items_expiring)
 from runs.access import users_who_may_decide
 from runs.engine.lifecycle import start_run
 from runs.sweeping import sweep
@@ -166,6 +166,30 @@ def test_recipients_are_exactly_the_users_who_may_decide(people, worker):
     assert recipients == {user for user in User.objects.all() if Interrupt.objects.decidable_by(user).filter(
         pk=item.pk).exists()}
     assert grouped in recipients and outsider not in recipients and people["requester"] not in recipients
+
+
+def test_a_new_items_email_goes_to_whom_the_orm_names_for_each_kind_of_item_as_permissions_change(people, worker):
+    """The recipients' query is compiled once per kind of item (``_new_item_recipients``): each item still
+    gets the addresses the ORM's query names for it, whoever gained or lost the permission in between."""
+    item = waiting_transfer(people, worker)
+    deciders_of_every_kind(people)
+    User = get_user_model()
+    question = Interrupt(run=item.run, kind="input", title="Which account?", required_permission="")
+    own = Interrupt(run=item.run, kind="approval", title="t", required_permission=item.required_permission,
+                    allow_requester=True)
+    other = Interrupt(run=item.run, kind="approval", title="t", required_permission="auth.add_user")
+
+    def compared():
+        for shape in (item, question, own, other):
+            assert _new_item_recipients(shape) == _wanting(users_who_may_decide(shape), "new_item")
+        return {email for email, _ in _new_item_recipients(item)}
+
+    before = compared()
+    User.objects.get(username="outsider").groups.add(Group.objects.get(name="approvers"))
+    User.objects.get(username="chinese").groups.clear()
+    User.objects.get(username="direct").user_permissions.add(Permission.objects.get(codename="add_user"))
+    after = compared()
+    assert after - before == {"outsider@example.com"} and before - after == {"chinese@example.com"}
 
 
 def test_the_requester_is_told_when_an_expired_approval_fails_the_run(people, worker):
