@@ -50,6 +50,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from runs.base import selects
 from runs.models import Outcome
 from tools.models import ToolCall, ToolCallStatus
 from tools.models.tool_call import NO_EFFECT_STATUSES, PENDING_STATUSES
@@ -187,8 +188,8 @@ def call_facts(run, calls: Iterable[ToolCall] | None = None) -> list[CallFact]:
     """The ``CallFact`` of every tool call of ``run``: one query, or none when ``calls`` (its ``ToolCall`` rows) are given."""
     offered = {tool.name: tool for tool in tools_for_agent(run.agent)}
     if calls is None:
-        rows = ToolCall.objects.filter(run=run).order_by("id").values_list(
-            "id", "name", "side_effect", "status", "error", "arguments", "duplicate_of_id")
+        rows = selects.values(ToolCall, {"run": run.pk}, (
+            "id", "name", "side_effect", "status", "error", "arguments", "duplicate_of"), order_by="id")
     else:
         rows = [(call.pk, call.name, call.side_effect, call.status, call.error, call.arguments, call.duplicate_of_id)
                 for call in calls]

@@ -4,6 +4,7 @@ Each judges a run of one demo agent from its tool calls, within the floor
 every agent gets (``runs.engine.completion``).
 """
 
+from runs.base import selects
 from runs.engine.completion import Verdict, achieved, incomplete, not_achieved
 from tools.models import ToolCall, ToolCallStatus
 
@@ -11,7 +12,8 @@ S = ToolCallStatus
 
 
 def _calls(run, name: str, *statuses) -> list[ToolCall]:
-    return list(run.tool_calls.filter(name=name, status__in=statuses))
+    """The run's calls of tool ``name`` in one of ``statuses`` (one statement, ``runs.base.selects``)."""
+    return selects.select(ToolCall, {"run": run.pk, "name": name, "status__in": statuses})
 
 
 def refund_done(run) -> Verdict:

@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.utils.translation import gettext as _
 
+from runs.base import selects
 from tools.demo.models import Order
 from tools.models import ToolCallStatus
 from tools.registry import Description, Together, get_tool
@@ -40,7 +41,7 @@ def _order_numbers(arguments_list: list[dict]) -> set[int]:
 
 def _orders(numbers: set[int]) -> dict[int, Order]:
     """The orders numbered ``numbers``, by number (one query)."""
-    return {order.number: order for order in Order.objects.filter(number__in=numbers)} if numbers else {}
+    return {order.number: order for order in selects.select(Order, {"number__in": sorted(numbers)})} if numbers else {}
 
 
 def _refunded(orders: dict[int, Order]) -> dict[int, Decimal]:

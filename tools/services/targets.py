@@ -36,6 +36,7 @@ a waiter's row while holding the target's: it skips a row held elsewhere
 and wakes that waiter after its commit.
 """
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -208,6 +209,22 @@ def _upsert(key: str, call: ToolCall) -> bool:
         return cursor.fetchone() is not None
 
 
+def _unclaim(key: str, call: ToolCall) -> int:
+    """Free row ``key`` if ``call`` holds it; returns the rows written (0 or 1). One statement, its SQL
+    built once (a queryset's ``update()`` cost more CPU than the statement)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_unclaim_sql(), [key, call.pk])
+        return cursor.rowcount
+
+
+@functools.cache
+def _unclaim_sql() -> str:
+    quote, meta = connection.ops.quote_name, PolicyLock._meta
+    table, key_col, holder = (quote(name) for name in (
+        meta.db_table, meta.get_field("key").column, meta.get_field("holder").column))
+    return f"UPDATE {table} SET {holder} = NULL WHERE {key_col} = %s AND {holder} = %s"
+
+
 def _live(holder: int) -> bool:
     return ToolCall.objects.filter(pk=holder, status__in=LIVE_CLAIM).exists()
 
@@ -258,7 +275,7 @@ def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     then. Nothing happens when ``call`` holds no claim (one UPDATE).
     """
     target = target_of(tool, call.arguments) if tool.side_effect else None
-    if target is None or not PolicyLock.objects.filter(key=target.lock_key, holder=call.pk).update(holder=None):
+    if target is None or not _unclaim(target.lock_key, call):
         return 0
     note_shared_lock()
     waiting = set(_waiters(target, call))
