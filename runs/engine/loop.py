@@ -212,11 +212,13 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     failpoint("tool_call_ready", call.name)
     delivered = []
 
+    def streaks_over() -> RunColumns | None:  # with the outcome: the call got through an attempt
+        if run.crash_streak or run.loss_streak or run.suspect or run.death_blame:
+            # The streaks are over, and any death counted is behind it (put back if the outcome is refused).
+            return RunColumns(values={"crash_streak": 0, "loss_streak": 0, "suspect": False, "death_blame": ""})
+        return None
+
     def with_outcome(call: ToolCall) -> list:  # inside the outcome's transaction, before its fenced statement
-        if run.crash_streak or run.loss_streak or run.suspect or run.death_blame:  # it got through an attempt:
-            Run.objects.filter(pk=run.pk).update(crash_streak=0, loss_streak=0, suspect=False, death_blame="")
-            run.crash_streak = run.loss_streak = 0  # the streaks are over, and any death counted is behind it
-            run.suspect, run.death_blame = False, ""
         owing = any(c.is_pending for c in known.calls)
         # The results, stored by the outcome's statement (once no call owes one).
         messages = [] if owing else tool_result_messages(run, calls=known.calls, history=known.history,
@@ -238,7 +240,7 @@ def _execute(run: Run, known: Known, call: ToolCall) -> Steps:
     log.debug("tool call %s (%s): executing", call.pk, call.name)
     span = tracing.start_tool_span(run, call)
     try:
-        call = yield from execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome,
+        call = yield from execute_tool_call(call, actor=ACTOR, with_outcome=with_outcome, run_columns=streaks_over,
                                             on_target_busy=on_target_busy,
                                             assessed_now=call.pk in known.assessed_here, stop_at=deadline_of(run))
     except BaseException as exc:

@@ -31,12 +31,13 @@ MAX_RESULT_DEPTH = 64  # nesting of a tool's result (objects and arrays) that is
 
 
 OutcomeHook = Callable[[ToolCall], list]
+ColumnsHook = Callable[[], RunColumns | None]
 BusyHook = Callable[[int, Target], None]
 
 
 def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_busy: BusyHook,
-                      with_outcome: OutcomeHook | None = None, assessed_now: bool = False,
-                      stop_at=None) -> Steps:
+                      with_outcome: OutcomeHook | None = None, run_columns: ColumnsHook | None = None,
+                      assessed_now: bool = False, stop_at=None) -> Steps:
     """Run a ``ready`` call: commit ``running`` with its idempotency key, call, commit the outcome.
 
     A step (``runs.base.awaiting``): it yields the handler's call as an
@@ -102,8 +103,10 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
     it returns new rows (of one model: the result messages,
     ``tools.services.results.tool_result_messages``) that the outcome's
     statement stores with it (``runs.transitions.apply``'s ``inserts``), so
-    they commit with the outcome or not at all; any write of its own goes
-    ahead of the outcome's.
+    they commit with the outcome or not at all; it writes nothing itself.
+    ``run_columns()``, if given, returns run columns (``RunColumns``) the
+    outcome's statement writes too (as ``apply``'s ``columns``: put back on
+    the run instance if the outcome is refused), or None.
     No transaction is open while the handler runs.
     """
     tool = get_tool(tool_call.name)
@@ -112,7 +115,8 @@ def execute_tool_call(tool_call: ToolCall, *, actor: str = "worker", on_target_b
         # A savepoint when nested (a group commit, runs.engine.group_commit): ``_store_result`` goes on
         # after a refused result, which only a savepoint leaves the enclosing transaction usable for.
         with transaction.atomic():
-            apply(transition, actor=actor, savepoint=False, inserts=with_outcome, **arguments)
+            apply(transition, actor=actor, savepoint=False, inserts=with_outcome,
+                  columns=run_columns() if run_columns is not None else None, **arguments)
             if tool is not None:  # any outcome gives up the call's claim on its target
                 release(tool_call, tool, actor=actor)
         return tool_call
@@ -423,7 +427,9 @@ def _store_result(tool_call: ToolCall, tool: Tool, result, outcome) -> ToolCall:
         except (DataError, IntegrityError) as exc:
             problem = type(exc).__name__
     log.warning("tool %s returned a result that cannot be stored: %s", tool_call.name, problem)
+    run = tool_call.run
     tool_call.refresh_from_db()
+    tool_call.run = run  # refresh_from_db drops the cached run: the next outcome logs through the same instance
     error = f"The tool returned a result that cannot be stored ({problem})."
     if tool.side_effect:
         return outcome(tool_call.mark_unknown, error=error)

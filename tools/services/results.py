@@ -3,6 +3,7 @@
 import json
 from collections.abc import Collection
 
+from django.db import transaction
 from django.utils import timezone
 from django_fsm import can_proceed
 
@@ -90,9 +91,11 @@ def deliver_tool_results(run, *, calls: list[ToolCall] | None = None, history: l
     """
     messages = tool_result_messages(run, calls=calls, history=history, never_asked=never_asked)
     if messages:
-        if fence:
-            lease.check(run.pk)
-        insert_rows(messages)
+        # One transaction: the lease check's row lock holds off a takeover until the messages are in.
+        with transaction.atomic(savepoint=False):
+            if fence:
+                lease.check(run.pk)
+            insert_rows(messages)
     return messages
 
 

@@ -1,12 +1,7 @@
-"""Review: ``tools.services.results.deliver_tool_results`` (fence=True) after it moved to ``tool_result_messages``
-and ``insert_many``.
-
-It used to check the lease and insert the messages in one transaction (``transaction.atomic(savepoint=False)``):
-the check's fenced UPDATE holds the run's row (PostgreSQL) or the write lock (SQLite) until the messages are in,
-so no takeover comes between. Now the check and the INSERT are two statements with no transaction around them
-when the loop calls it between transactions (``_step``, a lone job): the check commits at once and a takeover
-may land before the messages, which are then written by a worker that no longer holds the run
-(``loop.advance``: "nothing written after that was saved").
+"""``tools.services.results.deliver_tool_results`` (fence=True) checks the lease and inserts the messages in one
+transaction: the check's fenced UPDATE holds the run's row (PostgreSQL) or the write lock (SQLite) until the
+messages are in, so no takeover comes between (``loop.advance``: "nothing written after that was saved"). A
+reviewer's test: the two went as two autocommitted statements for a while, and a takeover landed between them.
 """
 
 import inspect

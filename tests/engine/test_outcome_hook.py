@@ -1,9 +1,10 @@
-"""Review of "a tool's outcome stores its result messages in its events' statement" (runs/engine/loop.py
-``_execute``'s ``with_outcome``, tools/services/execution.py ``outcome``).
+"""A tool call's outcome with its hooks (runs/engine/loop.py ``_execute``, tools/services/execution.py ``outcome``).
 
-The outcome hook is now called inside ``runs.transitions.apply``, before the outcome is written. When the
-database refuses that write, ``tools.services.execution._store_result`` stores another outcome (``failed`` /
-``unknown``, "cannot be stored") in a fresh savepoint, calling the hook a second time.
+The result messages are built (``with_outcome``) once the outcome is set in memory, before it is written, and the
+run's death streaks end with it (``run_columns``). When the database refuses that write,
+``tools.services.execution._store_result`` stores another outcome (``failed`` / ``unknown``, "cannot be stored")
+in a fresh savepoint: what the refused one would have written must come with that one, and the loop's run
+instance must say what the row holds. A reviewer's test.
 """
 
 from django.db import DataError
