@@ -18,7 +18,8 @@ The SQL text must not depend on the values themselves, only on the
 key: values of the marker's own type only (``str`` or ``int``, checked:
 ``TypeError``), never None, and each value must reach the parameters
 exactly as given (a string the ORM transforms, e.g. ``__icontains``, which
-wraps it in ``%``, is refused when the template is built: ``ValueError``;
+wraps it in ``%``, is refused when the template is built: ``TypeError``, as
+a query unfit for a template is the caller's bug;
 an integer must not be computed with, and is compared with columns of
 at least 32 bits: an integer marker is a negative number near -2**31,
 which no key holds). A value the query of a key does not use is simply
@@ -83,7 +84,7 @@ class QueryTemplate:
 
     def _compile(self, key, values: dict) -> tuple:
         """``(alias, sql, params, {parameter index: value name})`` of ``key``, built on first use: once with
-        markers, once with ``values``, the two SQL texts compared (``ValueError`` if they differ: the SQL
+        markers, once with ``values``, the two SQL texts compared (``TypeError`` if they differ: the SQL
         depends on a value, e.g. an integer out of a column's range, which the ORM compiles to no comparison)."""
         compiled = self._compiled.get(key)
         if compiled is not None:
@@ -97,10 +98,10 @@ class QueryTemplate:
                           for name, marker in markers.items() if type(param) is type(marker) and param == marker}
                 for index, param in enumerate(params):
                     if index not in places and isinstance(param, str) and "tollgate-marker-" in param:
-                        raise ValueError(f"the query changes a value before it is a parameter ({param!r})")
+                        raise TypeError(f"the query changes a value before it is a parameter ({param!r})")
                 real = self._build(key=key, **values)
                 real_sql, real_params = real.query.get_compiler(using=real.db).as_sql()
                 if real_sql != sql or len(real_params) != len(params):
-                    raise ValueError(f"the SQL of key {key!r} depends on the values given, not on the key alone")
+                    raise TypeError(f"the SQL of key {key!r} depends on the values given, not on the key alone")
                 self._compiled[key] = (queryset.db, sql, tuple(params), places)
             return self._compiled[key]

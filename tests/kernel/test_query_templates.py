@@ -60,14 +60,14 @@ def test_a_value_missing_extra_or_not_of_its_kind_is_refused(users, values):
 def test_a_value_the_orm_changes_before_binding_it_is_refused_when_compiled(users):
     template = QueryTemplate(lambda *, key, name: get_user_model().objects.filter(username__icontains=name)
                              .values_list("username"), name=str)
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):
         template.rows("all", name="an")
 
 
 def test_a_value_that_changes_the_sql_is_refused_when_compiled(users):
     # An integer past a column's range: the ORM compiles its comparison to nothing.
     template = QueryTemplate(_users, name=str, pk=int)
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError):
         template.rows("all", name="ann", pk=2**64)
 
 
