@@ -57,7 +57,7 @@ from django.db import transaction
 from runs import lease
 from runs.base import rows, selects
 from runs.models import Message, Run
-from runs.services import Event, RunColumns, append_events
+from runs.services import Event, RunColumns, append_events, new_message
 from runs.transitions import EventBatch, apply
 from runs.wakeups import wake_now
 
@@ -130,8 +130,8 @@ class RunTx:
         checks the lease when it ends (``runs.lease.check``) instead.
         """
         self._messages = True
-        return rows.insert(Message(session_id=self.run.session_id, run=self.run, role=role, content=content,
-                                   tool_calls=tool_calls or [], tool_call_id=tool_call_id))
+        return rows.insert(new_message(self.run, role=role, content=content, tool_calls=tool_calls,
+                                       tool_call_id=tool_call_id))
 
     def wake(self) -> None:
         """Wake a worker for the run once the transaction commits, before its live push (never on rollback)."""
