@@ -8,8 +8,9 @@ on one event loop, and prints the client's CPU per call
 * a chat completion through the OpenAI SDK (``openai.AsyncOpenAI``), as
   Tollgate's ``openai`` provider and the LangGraph side of
   bench/latency.py make it: streamed (the default of both) and not;
-* a plain ``httpx.AsyncClient`` GET, as the demo's tools ask the payment
-  gateway.
+* a GET through an ``aiohttp`` session, as the demo's tools ask the
+  payment gateway, and the same through ``httpx.AsyncClient`` (what they
+  used before: about ten times the CPU).
 
 bench/latency.py's run is 3 model calls and 2 tool calls (3 gateway
 requests); what these clients cost per step is CPU no engine can save
@@ -25,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 import openai
 
@@ -58,6 +60,7 @@ async def measure(args) -> dict[str, float]:
     base = f"http://127.0.0.1:{args.port}"
     model = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     plain = httpx.AsyncClient(base_url=base)
+    session = aiohttp.ClientSession(base_url=base)
 
     async def streamed():
         async for chunk in await model.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=True):
@@ -70,12 +73,19 @@ async def measure(args) -> dict[str, float]:
     async def get():
         (await plain.get("/health")).raise_for_status()
 
+    async def aiohttp_get():
+        async with session.get("/health") as response:
+            response.raise_for_status()
+            await response.read()
+
     figures = {}
     for name, call in (("OpenAI SDK chat completion, streamed", streamed),
                        ("OpenAI SDK chat completion, not streamed", whole),
+                       ("aiohttp GET", aiohttp_get),
                        ("httpx.AsyncClient GET", get)):
         figures[name] = await cpu_per_call(call, args.calls, args.concurrency)
     await plain.aclose()
+    await session.close()
     await model.close()
     return figures
 
@@ -104,7 +114,7 @@ def main() -> int:
         print(f"  {name}: {ms:.2f} ms")
     model_calls, gateway_calls, steps = 3, 3, 5  # bench/latency.py's run
     floor = (model_calls * figures["OpenAI SDK chat completion, streamed"]
-             + gateway_calls * figures["httpx.AsyncClient GET"]) / steps
+             + gateway_calls * figures["aiohttp GET"]) / steps
     print(f"per step of bench/latency.py's run (3 streamed model calls, 3 gateway requests, 5 steps): {floor:.2f} ms")
     return 0
 

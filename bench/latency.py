@@ -25,7 +25,7 @@ flight per worker process (``TOLLGATE_RUNS_IN_FLIGHT``, default 1,000).
 LangGraph (``pip install -e '.[bench]'``): the same work as an async graph
 of a model node (``AsyncOpenAI`` against the same model server, streaming
 when Tollgate's agent streams) and a tools node (async psycopg for the
-order row, ``httpx.AsyncClient`` for the gateway, the refund with an
+order row, an ``aiohttp`` session for the gateway as Tollgate's demo tools use, the refund with an
 idempotency key), checkpointed by ``AsyncPostgresSaver`` over a
 connection pool of ``--langgraph-pool`` connections per process with
 ``durability="sync"``. It runs once per number in
@@ -429,7 +429,7 @@ def langgraph_worker(index: int, processes: int, orders: list[int], settings: di
 
 
 async def _langgraph_process(index, processes, orders, settings, go, results):
-    import httpx
+    import aiohttp
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, convert_to_openai_messages
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from langgraph.graph import MessagesState
@@ -439,7 +439,7 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
 
     counts = {"model_calls": 0, "tool_executions": 0, "refunds": 0}
     client = AsyncOpenAI(base_url=settings["model_url"], api_key="unused", max_retries=0, timeout=600)
-    gateway = httpx.AsyncClient(base_url=settings["gateway_url"], timeout=30)
+    gateway = aiohttp.ClientSession(base_url=settings["gateway_url"], timeout=aiohttp.ClientTimeout(total=30))
     pool = AsyncConnectionPool(settings["database_url"], min_size=settings["pool"], max_size=settings["pool"],
                                timeout=600, open=False,
                                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row})
@@ -451,9 +451,9 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
             return await cursor.fetchone()
 
     async def refunded(order_id: int) -> Decimal:
-        response = await gateway.get("/refunds", params={"order_id": order_id})
-        response.raise_for_status()
-        return Decimal(response.json()["total"])
+        async with gateway.get("/refunds", params={"order_id": order_id}) as response:
+            response.raise_for_status()
+            return Decimal((await response.json())["total"])
 
     async def query_order(args: dict) -> dict:
         row = await order_row(args["order_id"])
@@ -467,11 +467,11 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
         row = await order_row(args["order_id"])
         if row is None or Decimal(str(args["amount"])) > row["total"] - await refunded(args["order_id"]):
             return {"error": "not refundable"}
-        response = await gateway.post("/refunds", headers={"Idempotency-Key": key},
-                                      json={"order_id": args["order_id"], "amount": f"{args['amount']:.2f}"})
-        response.raise_for_status()
-        counts["refunds"] += 1
-        return response.json()
+        async with gateway.post("/refunds", headers={"Idempotency-Key": key},
+                                json={"order_id": args["order_id"], "amount": f"{args['amount']:.2f}"}) as response:
+            response.raise_for_status()
+            counts["refunds"] += 1
+            return await response.json()
 
     async def model(state: MessagesState) -> dict:
         params = {"model": MODEL_NAME, "messages": convert_to_openai_messages(state["messages"]), "tools": LG_TOOLS}
@@ -535,7 +535,7 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
     results.put({"runs": len(mine), "achieved": sum(o is True for o in outcomes), "failed": len(mine) - sum(
         o is True for o in outcomes), "errors": errors[:3], **counts, "started": t0, "ended": ended,
         "durations": durations})
-    await gateway.aclose()
+    await gateway.close()
     await client.close()
     await pool.close()
 

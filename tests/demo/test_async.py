@@ -42,17 +42,53 @@ def test_a_gateway_that_does_not_answer_within_the_refunds_timeout_leaves_it_unk
     assert payment_gateway.ledger()["refunds"] == []
 
 
-def test_two_event_loops_in_turn_each_get_a_working_async_client(payment_gateway):
+def test_two_event_loops_in_turn_each_get_a_working_async_session(payment_gateway):
     async def refund_then_total(key: str) -> tuple[Decimal, object, int]:
         """Refund 5.00 on order 7 under ``key``; (its refunded total, the client used, clients of closed loops)."""
         await gateway.arefund(order_number=7, amount=Decimal("5.00"), idempotency_key=key, timeout_s=5)
         total = await gateway.arefunded_total(7)
-        stale = sum(1 for loop, _url in gateway._async_clients if loop.is_closed())
-        return total, gateway._async_client(conf.gateway_url()), stale
+        stale = sum(1 for loop, _url in gateway._async_sessions if loop.is_closed())
+        return total, gateway._async_session(conf.gateway_url()), stale
 
     first_total, first_client, _ = asyncio.run(refund_then_total("first-loop"))
     second_total, second_client, stale = asyncio.run(refund_then_total("second-loop"))  # the first loop is closed
 
     assert (first_total, second_total) == (Decimal("5.00"), Decimal("10.00"))
     assert first_client is not second_client
-    assert stale == 0, "the closed loop's client is dropped when the next loop makes its own"
+    assert stale == 0, "the closed loop's session is dropped when the next loop makes its own"
+
+
+def test_the_async_side_maps_the_gateways_answers_and_failures_as_the_sync_side_does(payment_gateway, settings):
+    async def refund(key: str) -> dict:
+        return await gateway.arefund(order_number=7, amount=Decimal("5.00"), idempotency_key=key, timeout_s=5)
+
+    first = asyncio.run(refund("mapped"))
+    again = asyncio.run(refund("mapped"))  # the same key: the first refund, not a second one
+    assert again == first and first["amount"] == "5.00"
+    assert asyncio.run(gateway.arefunded_total(7)) == gateway.refunded_total(7) == Decimal("5.00")
+
+    payment_gateway.faults(script=["error_before_commit"])
+    with pytest.raises(registry.ToolUnavailable, match="error 503"):
+        asyncio.run(refund("after-503"))
+    assert asyncio.run(refund("after-503"))["amount"] == "5.00"  # nothing was charged: the resend pays once
+
+    settings.GATEWAY_URL = "http://127.0.0.1:9"  # nothing listens there
+    with pytest.raises(registry.ToolUnavailable, match="unreachable"):
+        asyncio.run(refund("refused"))
+    with pytest.raises(registry.ToolUnavailable, match="unreachable"):
+        gateway.refunded_total(7)
+
+
+def test_a_connection_dropped_after_the_gateway_charged_is_not_a_refusal(payment_gateway):
+    # The gateway dies after committing: the answer never comes. The handler raises ToolUnavailable, never a
+    # result or a refusal (a sent side effect that raised goes to reconciliation: tests/demo/test_reconcile.py).
+    payment_gateway.faults(script=["crash_after_commit"])
+
+    async def refund() -> dict:
+        return await gateway.arefund(order_number=7, amount=Decimal("5.00"), idempotency_key="dropped", timeout_s=5)
+
+    with pytest.raises(registry.ToolUnavailable, match="unreachable"):
+        asyncio.run(refund())
+    payment_gateway.process.wait(timeout=10)
+    payment_gateway.ensure_running()
+    assert [r["idempotency_key"] for r in payment_gateway.ledger()["refunds"]] == ["dropped"]

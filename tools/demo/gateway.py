@@ -7,21 +7,28 @@ whose answer never arrived (reconciliation).
 
 Two sides, one mapping. The tools' async handlers (awaited on the
 engine's event loop) use the ``a``-prefixed coroutines over an
-``httpx.AsyncClient``; the core's sync callers (the ``reconcile`` hook
+``aiohttp.ClientSession``; the core's sync callers (the ``reconcile`` hook
 ``lookup``, preconditions, tests) use the plain functions over an
 ``httpx.Client``. Each call is described once (``_Call``: the request and
-how its answer is read); ``_send`` and ``_asend`` only carry it, and both
-map errors in ``_answer``: a timeout is ``ToolTimeout``, a transport error
-or a 5xx ``ToolUnavailable``.
+how its answer is read, from an ``httpx.Response``: the async side hands
+aiohttp's answer over as one); ``_send`` and ``_asend`` only carry it. A
+timeout is ``ToolTimeout``; a transport error or a 5xx ``ToolUnavailable``.
 
-An ``httpx.AsyncClient`` is bound to the event loop it first ran on (its
-pooled connections belong to that loop), so async clients are cached per
-running loop and gateway URL (``_async_client``): the engine's one loop
-reuses one pool, and each new loop (``asyncio.run``, the private loop of
+Why aiohttp on the async side: the engine sends every tool's request from
+its one event loop, and there a request through ``httpx.AsyncClient``
+(httpcore over anyio) costs about ten times the CPU of aiohttp's (1.46 ms
+against 0.11 ms per GET to this gateway, measured on the benchmark
+machine), which the worker pays per tool call (docs/benchmark-history.md).
+
+A session is bound to the event loop it first ran on (its pooled
+connections belong to that loop), so sessions are cached per running loop
+and gateway URL (``_async_session``): the engine's one loop reuses one
+pool, and each new loop (``asyncio.run``, the private loop of
 ``runs.base.awaiting.drive``) gets its own.
 """
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import threading
@@ -30,13 +37,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Callable
 
+import aiohttp
 import httpx
 
 from tools.demo import conf
 from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
 LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-MAX_ASYNC_CLIENTS = 8  # (loop, URL) pairs kept; more happen only in tests that make many loops
+MAX_ASYNC_SESSIONS = 8  # (loop, URL) pairs kept; more happen only in tests that make many loops
 
 
 @functools.lru_cache(maxsize=8)
@@ -45,30 +53,62 @@ def _client(base_url: str) -> httpx.Client:
     return httpx.Client(base_url=base_url, limits=LIMITS)
 
 
-_async_clients: dict[tuple[asyncio.AbstractEventLoop, str], httpx.AsyncClient] = {}
-_async_clients_lock = threading.Lock()
+_async_sessions: dict[tuple[asyncio.AbstractEventLoop, str], aiohttp.ClientSession] = {}
+_async_sessions_lock = threading.Lock()
 
 
-def _async_client(base_url: str) -> httpx.AsyncClient:
-    """The pooled async client for ``base_url`` on the running event loop (made on first use).
+def _async_session(base_url: str) -> aiohttp.ClientSession:
+    """The pooled aiohttp session for ``base_url`` on the running event loop (made on first use).
 
     Keyed by the loop object itself (held here, so its id is never reused
-    while it is a key); the clients of loops that have been closed are
-    dropped whenever a client is made, and at most ``MAX_ASYNC_CLIENTS``
-    are kept (an evicted one is left to the garbage collector: its loop
-    may be gone, so it cannot always be closed). Raises ``RuntimeError``
-    outside a running loop. Thread-safe.
+    while it is a key); the sessions of loops that have been closed are
+    dropped whenever a session is made (``_drop``), and at most
+    ``MAX_ASYNC_SESSIONS`` are kept. Raises ``RuntimeError`` outside a
+    running loop. Thread-safe.
     """
     key = (asyncio.get_running_loop(), base_url)
-    with _async_clients_lock:
-        client = _async_clients.get(key)
-        if client is None:
-            for stale in [k for k in _async_clients if k[0].is_closed()]:
-                del _async_clients[stale]
-            client = _async_clients[key] = httpx.AsyncClient(base_url=base_url, limits=LIMITS)
-            while len(_async_clients) > MAX_ASYNC_CLIENTS:
-                del _async_clients[next(iter(_async_clients))]
-        return client
+    with _async_sessions_lock:
+        session = _async_sessions.get(key)
+        if session is None:
+            for stale in [k for k in _async_sessions if k[0].is_closed()]:
+                _drop(stale[0], _async_sessions.pop(stale))
+            session = _async_sessions[key] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=LIMITS.max_connections, keepalive_timeout=LIMITS.keepalive_expiry))
+            while len(_async_sessions) > MAX_ASYNC_SESSIONS:
+                oldest = next(iter(_async_sessions))
+                _drop(oldest[0], _async_sessions.pop(oldest))
+        return session
+
+
+@atexit.register
+def _drop_all() -> None:
+    """At the process's end, close every session (their loops are gone or going)."""
+    with _async_sessions_lock:
+        while _async_sessions:
+            (loop, _url), session = _async_sessions.popitem()
+            _drop(loop, session)
+
+
+def _drop(loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
+    """Close ``session`` of ``loop`` without waiting for it.
+
+    On a loop still running, the close is handed to it. On a closed loop
+    nothing can be awaited, and the connections went with the loop; there
+    aiohttp's close only marks the session and its connector closed,
+    without suspending, so it is run to its end here (which keeps them from
+    reporting themselves unclosed when collected). Were it to suspend after
+    all, it is abandoned, and the worst left is that report.
+    """
+    if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            asyncio.run_coroutine_threadsafe(session.close(), loop)
+            return
+    closing = session.close()
+    try:
+        closing.send(None)
+    except StopIteration:
+        return
+    closing.close()
 
 
 @dataclass(frozen=True)
@@ -85,8 +125,8 @@ class _Call:
 
 @contextlib.contextmanager
 def _answer(timeout_s: float):
-    """Around one request: ``httpx`` timeouts become ``ToolTimeout``, other transport errors
-    ``ToolUnavailable``. Cancelling the awaiting task (the engine's own timeout) passes through."""
+    """Around one request of the sync client: ``httpx`` timeouts become ``ToolTimeout``, other transport errors
+    ``ToolUnavailable``."""
     try:
         yield
     except httpx.TimeoutException as exc:
@@ -109,11 +149,26 @@ def _send(call: _Call, *, timeout_s: float):
     return _read(call, response)
 
 
+_FRAMING = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+
 async def _asend(call: _Call, *, timeout_s: float):
-    """``_send`` with the running loop's async client."""
-    with _answer(timeout_s):
-        response = await _async_client(conf.gateway_url()).request(call.method, call.path, timeout=timeout_s,
-                                                                   **call.options)
+    """``_send`` with the running loop's aiohttp session: ``timeout_s`` bounds the whole exchange; aiohttp's
+    timeout is ``ToolTimeout``, its other errors ``ToolUnavailable``. Cancelling the awaiting task passes
+    through."""
+    base_url = conf.gateway_url()
+    url = base_url.rstrip("/") + call.path
+    try:
+        async with _async_session(base_url).request(call.method, url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                                    **call.options) as answer:
+            body = await answer.read()
+    except TimeoutError as exc:  # aiohttp's own timeouts are TimeoutErrors too
+        raise ToolTimeout(f"payment gateway did not answer within {timeout_s}s") from exc
+    except aiohttp.ClientError as exc:
+        raise ToolUnavailable(f"payment gateway unreachable: {exc}") from exc
+    # The body as aiohttp gave it (already decoded), so its framing and coding headers stay behind.
+    headers = [(name, value) for name, value in answer.headers.items() if name.lower() not in _FRAMING]
+    response = httpx.Response(answer.status, headers=headers, content=body, request=httpx.Request(call.method, url))
     return _read(call, response)
 
 
