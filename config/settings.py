@@ -189,6 +189,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "NAME": os.environ.setdefault("TOLLGATE_SQLITE_TEST_DB", f"/tmp/tollgate-test-{os.getpid()}.sqlite3")
     }
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, but a group commit's job releases its nested savepoints with its own (runs.base.postgresql).
+    DATABASES["default"]["ENGINE"] = "runs.base.postgresql"
     # Each process keeps its connections in a psycopg pool (Django's
     # ``OPTIONS["pool"]``): a fresh PostgreSQL backend costs milliseconds of
     # CPU on both sides (fork, authentication, catalogue caches), once per

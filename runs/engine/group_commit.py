@@ -49,6 +49,7 @@ serves many runs.
 """
 
 import collections
+import contextlib
 import contextvars
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -174,6 +175,13 @@ def _run_alone(job: _Job) -> None:
         job.future.set_result(result)
 
 
+def _nested_released_with(connection):
+    """``connection.releasing_nested_by_parent()`` where the backend has it (``runs.base.postgresql``), else
+    nothing changes."""
+    releasing = getattr(connection, "releasing_nested_by_parent", None)
+    return releasing() if releasing is not None else contextlib.nullcontext()
+
+
 def _aborted() -> bool:
     """Whether PostgreSQL aborted the connection's transaction (a statement failed in it, and a job caught the
     error outside any ``atomic``, which Django does not mark for rollback): read from the driver, no round trip."""
@@ -202,6 +210,9 @@ class _JobSavepoints:
     savepoint is on ``connection.savepoint_ids`` while it runs, so the commit
     hooks it registers are dropped if it is rolled back
     (``savepoint_rollback``), and its own ``atomic`` blocks nest inside it.
+    Those blocks' savepoints are released with the job's own, not one round
+    trip each (``runs.base.postgresql``: on PostgreSQL, releasing a savepoint
+    releases those made after it).
     """
 
     def __init__(self):
@@ -219,7 +230,8 @@ class _JobSavepoints:
             return False, exc
         connection.savepoint_ids.append(sid)
         try:
-            result = job.context.run(job.fn, *job.args)
+            with _nested_released_with(connection):
+                result = job.context.run(job.fn, *job.args)
             if connection.needs_rollback or _aborted():  # it caught a database error and went on: its writes are void
                 raise TransactionManagementError("a job went on after a database error in its transaction")
             return True, result

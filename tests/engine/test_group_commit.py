@@ -504,3 +504,67 @@ def test_a_model_answer_is_committed_before_the_next_pass_so_a_failed_claim_of_i
     assert step.status == Step.Status.SUCCEEDED
     assert ToolCall.objects.filter(run=run, name=tool.name).count() == 1
     assert Run.objects.get(pk=run.pk).model_calls == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="runs.base.postgresql, PostgreSQL's backend")
+def test_a_jobs_nested_blocks_are_released_with_its_savepoint_and_still_roll_back_on_their_own(committer, runs):
+    """Inside a job, a nested ``atomic`` that ends well sends no RELEASE (the job's own release takes its savepoint
+    along); one that fails after it still undoes only its own writes, and a job that fails undoes its blocks too."""
+    sent: dict[int, list[str]] = {}
+
+    def recorded(run_id, work):
+        def job():
+            statements = sent.setdefault(run_id, [])
+            with connection.execute_wrapper(lambda execute, sql, *rest: statements.append(sql) or execute(sql, *rest)):
+                return work(run_id)
+        return job
+
+    def set_input(run_id, text):
+        Run.objects.filter(pk=run_id).update(input=text)
+
+    def kept_then_undone(run_id):
+        with transaction.atomic():
+            set_input(run_id, "kept")
+        try:
+            with transaction.atomic():
+                set_input(run_id, "undone")
+                raise IntegrityError("refused")
+        except IntegrityError:
+            pass
+        with transaction.atomic():  # a block after the failed one, nested in nothing the failure took
+            Run.objects.filter(pk=run_id).update(input=Run.objects.get(pk=run_id).input + " and kept")
+        return run_id
+
+    def failing_after_a_block(run_id):
+        with transaction.atomic():
+            set_input(run_id, "lost with its job")
+        raise RuntimeError("a bug")
+
+    def one_block(run_id):
+        with transaction.atomic():
+            set_input(run_id, "alone")
+        return run_id
+
+    originals = {run.pk: run.input for run in runs}
+    release = held_back(committer)
+    futures = [committer.submit(recorded(run.pk, work))
+               for run, work in zip(runs, (kept_then_undone, failing_after_a_block, one_block))]
+    release.set()
+
+    assert futures[0].result(10) == runs[0].pk
+    with pytest.raises(RuntimeError):
+        futures[1].result(10)
+    assert futures[2].result(10) == runs[2].pk
+    inputs = dict(Run.objects.filter(pk__in=originals).values_list("pk", "input"))
+    assert inputs == {runs[0].pk: "kept and kept", runs[1].pk: originals[runs[1].pk], runs[2].pk: "alone"}
+    everything = [sql for statements in sent.values() for sql in statements]
+    assert sum(sql.startswith("SAVEPOINT") for sql in everything) == 5
+    assert not [sql for sql in everything if sql.startswith("RELEASE")], "each block goes with its job's savepoint"
+    assert sum(sql.startswith("ROLLBACK TO SAVEPOINT") for sql in everything) == 1
+
+    with transaction.atomic():  # outside a job, a nested block is released at its end, as Django does it
+        statements = []
+        with connection.execute_wrapper(lambda execute, sql, *rest: statements.append(sql) or execute(sql, *rest)):
+            with transaction.atomic():
+                set_input(runs[2].pk, "alone again")
+    assert [sql.split()[0] for sql in statements] == ["SAVEPOINT", "UPDATE", "RELEASE"]

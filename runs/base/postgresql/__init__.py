@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend, with one addition for group commit (``base.DatabaseWrapper``)."""
