@@ -147,7 +147,8 @@ class Tool:
     * ``approval``: ``"never"``, ``"always"`` or a rule such as ``"amount > 50"`` or
       ``"sum(amount) per target within 30d > 50"`` (``tools.policy``).
     * ``target_key``: the argument naming what the call acts on (e.g. ``order_id``).
-    * ``precondition(ctx, arguments) -> str | None``: a reason to deny the call, or None.
+    * ``precondition(ctx, arguments) -> str | None`` (may be ``async def``): a reason to deny
+      the call, or None; one that raises or outlasts ``timeout_s`` denies it.
     * ``permission``: the Django permission an approver needs.
     * ``allow_requester_approval``: may the requester decide its items; None: only for
       read-only tools.

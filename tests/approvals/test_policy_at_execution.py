@@ -8,6 +8,7 @@ import pytest
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
+from runs.base.errors import InvalidInput
 from runs.engine import loop
 from runs.engine.lifecycle import start_run
 from tests.support.api import tool_messages
@@ -246,3 +247,42 @@ def _fails_once(handler):
             raise ToolError("The first attempt failed.")
         return handler(ctx, arguments)
     return wrapped
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_approvers_edit_is_checked_by_the_precondition_as_the_engine_asks_it(people, worker, monkeypatch, kind):
+    """A sync or ``async def`` precondition judges the edited arguments (the edit refused with its reason, the call
+    still waiting); one that raises refuses the edit too (fail-safe); an edit it allows goes through."""
+    tool = registry.get_tool("fake_transfer")
+
+    def judge(ctx, arguments):
+        if arguments["account"] == "broken":
+            raise RuntimeError("the ledger is down")
+        return "No transfers to globex." if arguments["account"] == "globex" else None
+
+    async def ajudge(ctx, arguments):
+        return judge(ctx, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(
+        tool, approval="always", precondition=judge if kind == "sync" else ajudge))
+    agent = make_agent("edit-checked", [{"tool_calls": [transfer("acme", 10)]}, {"content": "Done."}],
+                       tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
+    worker.drain()
+    item = Interrupt.objects.get(run=run)
+
+    for account, reason in (("globex", "No transfers to globex."),
+                            ("broken", "The precondition could not be checked (RuntimeError).")):
+        with pytest.raises(InvalidInput) as refused:
+            decide_interrupt(interrupt=item, user=people["approver"], decision="approved",
+                             edited_arguments={"account": account, "amount": 10})
+        assert str(refused.value) == f"Edited arguments are not allowed: {reason}"
+        item.refresh_from_db()
+        assert item.status == "pending"
+
+    decide_interrupt(interrupt=item, user=people["approver"], decision="approved",
+                     edited_arguments={"account": "initech", "amount": 10})
+    worker.drain()
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.arguments) == (ToolCallStatus.SUCCEEDED, {"account": "initech", "amount": 10})
+    assert [t["account"] for t in transfers()] == ["initech"]

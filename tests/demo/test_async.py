@@ -22,6 +22,10 @@ def test_the_handlers_that_wait_on_the_gateway_are_coroutine_functions(name):
     assert inspect.iscoroutinefunction(registry.get_tool(name).handler)
 
 
+def test_the_refunds_precondition_waits_on_the_gateway_as_a_coroutine_too():
+    assert inspect.iscoroutinefunction(registry.get_tool("refund").precondition)
+
+
 def test_a_gateway_that_does_not_answer_within_the_refunds_timeout_leaves_it_unknown(
         demo, worker, payment_gateway, monkeypatch):
     # No reconcile hook: the unknown call stays unknown, for a person to settle.

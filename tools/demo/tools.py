@@ -8,13 +8,12 @@ than 50), ``find_refundable_order`` (read-only: the requester's newest
 order with room for a refund), ``legal_check`` (read-only) and ``send_email`` (side
 effect, always approved, only after a passed legal check in the same run).
 
-The handlers that wait on the gateway (``query_order``, ``refund``,
-``find_refundable_order``) are ``async def``: they run on the engine's
-event loop, read orders in the sync handler pool
-(``runs.base.awaiting.run_blocking``: Django's ORM is sync) and ask the
-gateway with its async client, holding no thread while they wait. The
-others, and every precondition, stay sync; the engine runs them in the
-sync handler pool.
+The handlers and preconditions that wait on the gateway (``query_order``,
+``refund`` and its precondition, ``find_refundable_order``) are ``async
+def``: they run on the engine's event loop, read orders in the sync
+handler pool (``runs.base.awaiting.run_blocking``: Django's ORM is sync)
+and ask the gateway with its async side, holding no thread while they
+wait. The others stay sync; the engine runs them in the sync handler pool.
 """
 
 from decimal import Decimal
@@ -44,19 +43,12 @@ def _own_order(ctx: ToolContext, order_id: int) -> Order | None:
     return found[0] if found else None
 
 
-def _refundable(order: Order) -> Decimal:
+async def _refundable(order: Order) -> Decimal:
     """What may still be refunded: total less what the gateway refunded since the order's ``refunds_since``
-    (0 if cancelled). For the sync preconditions; ``_arefundable`` in handlers.
+    (0 if cancelled), asked on the running event loop (the gateway's async side).
 
     Raises ``ToolTimeout`` / ``ToolUnavailable`` when the gateway cannot be asked.
     """
-    if order.status == Order.Status.CANCELLED:
-        return Decimal("0")
-    return order.total - gateway.refunded_total(order.number, since=order.refunds_since)
-
-
-async def _arefundable(order: Order) -> Decimal:
-    """``_refundable`` on the running event loop (the async gateway client)."""
     if order.status == Order.Status.CANCELLED:
         return Decimal("0")
     return order.total - await gateway.arefunded_total(order.number, since=order.refunds_since)
@@ -86,7 +78,7 @@ async def _query_order(ctx: ToolContext, args: dict) -> dict:
     order = await run_blocking(_own_order, ctx, args["order_id"])
     if order is None:
         raise ToolError(f"Order {args['order_id']} not found.")
-    return _order_view(order, await _arefundable(order))
+    return _order_view(order, await _refundable(order))
 
 
 QUERY_ORDER = Tool(
@@ -141,12 +133,13 @@ CANCEL_ORDER = Tool(
 
 # --- refund ------------------------------------------------------------------
 
-def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
-    order = _own_order(ctx, args["order_id"])
+async def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
+    """Async (awaited on the engine's loop, ``tools.services.execution.call_hook``), as it waits on the gateway."""
+    order = await run_blocking(_own_order, ctx, args["order_id"])
     if order is None:
         return f"Order {args['order_id']} does not exist or does not belong to the requester."
     try:
-        refundable = _refundable(order)
+        refundable = await _refundable(order)
     except ToolError as exc:
         return f"Cannot check what is refundable on order {order.number}: {exc}"
     if Decimal(str(args["amount"])) > refundable:
@@ -195,7 +188,7 @@ async def _find_refundable_order(ctx: ToolContext, args: dict) -> dict:
     """
     amount = Decimal(str(args["amount"]))
     for order in await run_blocking(_refund_candidates, ctx, amount):
-        refundable = await _arefundable(order)
+        refundable = await _refundable(order)
         if refundable >= amount and await run_blocking(_hold, order, ctx.run):
             return _order_view(order, refundable)
     raise ToolError(f"None of the requester's open orders can take a refund of {amount} now.")

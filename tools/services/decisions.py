@@ -1,11 +1,13 @@
 """What a person (or the clock) decides about a call awaiting approval: approved, rejected, expired."""
 
+from runs.base.awaiting import drive
 from runs.base.errors import InvalidInput
 from runs.transitions import apply
 from runs.tx import RunTx
 from tools.models import ToolCall
 from tools.registry import ToolContext, get_tool
 from tools.services.arguments import checked_action_identity
+from tools.services.execution import check_precondition
 from tools.services.targets import target_key
 
 
@@ -13,8 +15,10 @@ def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
     """Check arguments a person edited before approving ``tool_call``; returns the action identity they give
     (``""`` when the call has none: a read-only tool's).
 
-    Call it before taking the run's lock: the precondition may do I/O, and
-    the business key function is the integrator's code. Raises
+    Call it before taking the run's lock: the precondition may do I/O (it is
+    asked as the engine asks it, ``check_precondition``: sync or ``async
+    def``, and one that raises or times out denies the edit), and the
+    business key function is the integrator's code. Raises
     ``InvalidInput`` when the edit breaks the tool's schema, its
     precondition (checked again: the approver must not get around it) or
     its business key function (``Tool.same_action``), and when the tool is
@@ -26,9 +30,9 @@ def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
     problems = tool.schema_errors(arguments)
     if problems:
         raise InvalidInput("Edited arguments do not match the schema: " + "; ".join(problems))
-    denial = tool.precondition and tool.precondition(
-        ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments
-    )
+    # As the engine asks it: a sync or ``async def`` precondition, fail-safe, within the tool's timeout.
+    denial = tool.precondition and drive(check_precondition(
+        tool, ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments))
     if denial:
         raise InvalidInput(f"Edited arguments are not allowed: {denial}")
     if not tool_call.action_key:
