@@ -3,6 +3,8 @@
 import asyncio
 import dataclasses
 import inspect
+import threading
+import time
 from decimal import Decimal
 
 import pytest
@@ -96,3 +98,36 @@ def test_a_connection_dropped_after_the_gateway_charged_is_not_a_refusal(payment
     payment_gateway.process.wait(timeout=10)
     payment_gateway.ensure_running()
     assert [r["idempotency_key"] for r in payment_gateway.ledger()["refunds"]] == ["dropped"]
+
+
+def test_a_refund_in_flight_gets_its_answer_when_more_loops_than_are_kept_ask_the_gateway(payment_gateway):
+    # A process with the engine's loop (a refund waiting on the gateway) and more open loops than
+    # MAX_ASYNC_SESSIONS that ask it meanwhile (``drive``'s loop of each request thread checking an approver's
+    # edit with the refund's async precondition, in ``serve``'s embedded shape): the refund already sent still
+    # gets the gateway's answer, not an error of its own client's making (ToolUnavailable: a retry, or unknown).
+    payment_gateway.faults(latency_s=1.5)  # POST /refunds answers after 1.5 s
+    outcome = {}
+
+    def engine_loop():
+        try:
+            outcome["refund"] = asyncio.run(gateway.arefund(order_number=7, amount=Decimal("5.00"),
+                                                            idempotency_key="in-flight", timeout_s=10))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcome["refund"] = exc
+
+    engine = threading.Thread(target=engine_loop)
+    engine.start()
+    deadline = time.monotonic() + 5
+    while "in-flight" not in payment_gateway.ledger()["requests_per_key"]:  # the POST reached the gateway
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    loops = [asyncio.new_event_loop() for _ in range(gateway.MAX_ASYNC_SESSIONS)]
+    try:
+        for other in loops:  # each stays open after its call, as a request thread's ``drive`` loop does
+            assert other.run_until_complete(gateway.arefunded_total(8)) == Decimal("0")
+        engine.join(10)
+    finally:
+        for other in loops:
+            other.close()
+    assert not isinstance(outcome["refund"], Exception), f"the refund in flight failed: {outcome['refund']!r}"
+    assert outcome["refund"]["idempotency_key"] == "in-flight"
