@@ -9,10 +9,12 @@ from decimal import Decimal
 
 import pytest
 
+from runs.base import tracing
 from runs.base.awaiting import abandoned_threads
 from runs.engine.lifecycle import start_run
 from runs.models import RunStatus, WaitingReason
 from tests.demo.support import refund_turns
+from tests.engine.test_ops_traces import _attribute, _http_client_spans, instrumented  # noqa: F401  (a fixture)
 from tests.support.durability import make_agent
 from tools import registry
 from tools.demo import conf, gateway
@@ -131,3 +133,25 @@ def test_a_refund_in_flight_gets_its_answer_when_more_loops_than_are_kept_ask_th
             other.close()
     assert not isinstance(outcome["refund"], Exception), f"the refund in flight failed: {outcome['refund']!r}"
     assert outcome["refund"]["idempotency_key"] == "in-flight"
+
+
+def test_a_refund_runs_requests_to_the_gateway_are_spans_in_its_trace(demo, worker, payment_gateway, instrumented):
+    # docs/operating.md, "Traces": a span per request of a tool (HTTP tools, the demo's gateway, ...), in the
+    # run's trace under the tool's span, as the sync side's requests (the reconcile hook's lookup) still are.
+    agent = make_agent("refund-traced", refund_turns(30), tools=["query_order", "refund"], check="refund")
+    run = start_run(agent=agent, user=demo["requester"], input="refund order 123")
+    worker.drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert [r["idempotency_key"] for r in payment_gateway.ledger()["refunds"]] != []
+
+    finished = instrumented.get_finished_spans()
+    trace_id, _root = tracing.run_ids(run.pk, run.created_at)
+    tools = {span.attributes["gen_ai.tool.name"]: span for span in finished if span.name.startswith("execute_tool")}
+    to_gateway = [span for span in _http_client_spans(finished)
+                  if _attribute(span, "url.full", "http.url").startswith(payment_gateway.url)]
+    refunds = [span for span in to_gateway if _attribute(span, "url.full", "http.url").endswith("/refunds")
+               and _attribute(span, "http.request.method", "http.method") == "POST"]
+    assert len(refunds) == 1, f"the refund's POST is not traced (gateway spans: {[s.name for s in to_gateway]})"
+    assert refunds[0].context.trace_id == trace_id
+    assert refunds[0].parent.span_id == tools["refund"].context.span_id
