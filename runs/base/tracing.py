@@ -28,8 +28,8 @@ have a name for it:
   ended (``record_wait``).
 
 Libraries: with traces on, the official instrumentations of Django (a
-server span per request), psycopg (a span per query) and httpx (a span per
-request) are turned on too (``instrument_libraries``). The run's work in a
+server span per request), psycopg (a span per query), httpx and aiohttp's
+client (a span per request) are turned on too (``instrument_libraries``). The run's work in a
 worker happens in the run's trace: the ids of the run's context
 (``runs.base.log_context``, shared by every thread of the slice) carry the
 OpenTelemetry context it is under (``log_ids``: the run's root, or the
@@ -116,8 +116,8 @@ def configure_from_environment() -> bool:
 
 
 def instrument_libraries() -> list:
-    """Turn on the official OpenTelemetry instrumentations of Django, psycopg and httpx (the ``otel`` extra) for
-    the installed tracer provider; returns the instrumentors (already on ones are left as they are). Without
+    """Turn on the official OpenTelemetry instrumentations of Django, psycopg, httpx and aiohttp's client (the
+    ``otel`` extra; aiohttp's covers the sessions made after it is on) for the installed tracer provider; returns the instrumentors (already on ones are left as they are). Without
     the packages, logs a warning and returns ``[]``.
 
     Django's span middleware goes right after ``runs.ops.middleware.ProbeMiddleware`` (the probes and
@@ -125,17 +125,18 @@ def instrument_libraries() -> list:
     ``OTEL_PYTHON_DJANGO_MIDDLEWARE_POSITION`` says otherwise. Query parameters and HTTP headers are not
     recorded (the instrumentations' defaults)."""
     try:
+        from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
         from opentelemetry.instrumentation.django import DjangoInstrumentor
         from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
         from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
     except ImportError:
         log.warning("traces are on but the OpenTelemetry instrumentations are not installed "
-                    "(pip install 'tollgate[otel]'): Django, psycopg and httpx make no spans")
+                    "(pip install 'tollgate[otel]'): Django, psycopg, httpx and aiohttp make no spans")
         return []
     probes = "runs.ops.middleware.ProbeMiddleware"
     if probes in settings.MIDDLEWARE:
         os.environ.setdefault("OTEL_PYTHON_DJANGO_MIDDLEWARE_POSITION", str(settings.MIDDLEWARE.index(probes) + 1))
-    instrumentors = [DjangoInstrumentor(), PsycopgInstrumentor(), HTTPXClientInstrumentor()]
+    instrumentors = [DjangoInstrumentor(), PsycopgInstrumentor(), HTTPXClientInstrumentor(), AioHttpClientInstrumentor()]
     for instrumentor in instrumentors:
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument()

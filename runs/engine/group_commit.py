@@ -201,9 +201,10 @@ class _JobSavepoints:
     ``RELEASE SAVEPOINT`` of job *n* goes in the same statement as the
     ``SAVEPOINT`` of job *n + 1* (PostgreSQL runs several utility statements
     sent as one simple query), and the last job's savepoint is released by the
-    group's COMMIT. Each savepoint is still released before the next one is
-    made, so none nests in another (a write in nested open savepoints takes a
-    subtransaction id for each: ``docs/design.md``, "Group commit"). Elsewhere
+    group's COMMIT. Each job's savepoint is still released before the next
+    job's is made, so no job's nests in another's (a write in nested open
+    savepoints takes a subtransaction id for each: ``docs/design.md``, "Group
+    commit"); a job's own nested blocks nest in it, and in each other (below). Elsewhere
     (SQLite) the two statements go one after the other.
 
     Django's bookkeeping is kept as ``transaction.atomic`` keeps it: the job's
@@ -212,7 +213,8 @@ class _JobSavepoints:
     (``savepoint_rollback``), and its own ``atomic`` blocks nest inside it.
     Those blocks' savepoints are released with the job's own, not one round
     trip each (``runs.base.postgresql``: on PostgreSQL, releasing a savepoint
-    releases those made after it).
+    releases those made after it), so a job's later blocks nest in its
+    earlier ones until then.
     """
 
     def __init__(self):

@@ -138,6 +138,7 @@ def test_a_refund_in_flight_gets_its_answer_when_more_loops_than_are_kept_ask_th
 def test_a_refund_runs_requests_to_the_gateway_are_spans_in_its_trace(demo, worker, payment_gateway, instrumented):
     # docs/operating.md, "Traces": a span per request of a tool (HTTP tools, the demo's gateway, ...), in the
     # run's trace under the tool's span, as the sync side's requests (the reconcile hook's lookup) still are.
+    gateway._drop_all()  # aiohttp's instrumentation covers the sessions made once it is on
     agent = make_agent("refund-traced", refund_turns(30), tools=["query_order", "refund"], check="refund")
     run = start_run(agent=agent, user=demo["requester"], input="refund order 123")
     worker.drain()

@@ -64,7 +64,7 @@ def spans():
 
 @pytest.fixture
 def instrumented(monkeypatch):
-    """Spans of the run and of the instrumented libraries (Django, psycopg, httpx), exported to memory through
+    """Spans of the run and of the instrumented libraries (Django, psycopg, httpx, aiohttp), exported to memory through
     the same filter as in production (``WithoutLoneQueries``); the instrumentations are turned off after."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -75,7 +75,7 @@ def instrumented(monkeypatch):
     monkeypatch.setenv(position, "")  # restored after; instrument_libraries sets it only where unset
     monkeypatch.delenv(position)
     instrumentors = tracing.instrument_libraries()
-    assert len(instrumentors) == 3
+    assert len(instrumentors) == 4
     try:
         yield exporter
     finally:

@@ -8,8 +8,7 @@ whose answer never arrived (reconciliation).
 Two sides, one mapping. The tools' async handlers (awaited on the
 engine's event loop) use the ``a``-prefixed coroutines over an
 ``aiohttp.ClientSession``; the core's sync callers (the ``reconcile`` hook
-``lookup``, preconditions, tests) use the plain functions over an
-``httpx.Client``. Each call is described once (``_Call``: the request and
+``lookup``, tests) use the plain functions over an ``httpx.Client``. Each call is described once (``_Call``: the request and
 how its answer is read, from an ``httpx.Response``: the async side hands
 aiohttp's answer over as one); ``_send`` and ``_asend`` only carry it. A
 timeout is ``ToolTimeout``; a transport error or a 5xx ``ToolUnavailable``.
@@ -44,7 +43,7 @@ from tools.demo import conf
 from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
 LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-MAX_ASYNC_SESSIONS = 8  # (loop, URL) pairs kept; more happen only in tests that make many loops
+MAX_ASYNC_SESSIONS = 8  # (loop, URL) pairs kept, unless more loops run at once (each request thread has one)
 
 
 @functools.lru_cache(maxsize=8)
@@ -61,10 +60,12 @@ def _async_session(base_url: str) -> aiohttp.ClientSession:
     """The pooled aiohttp session for ``base_url`` on the running event loop (made on first use).
 
     Keyed by the loop object itself (held here, so its id is never reused
-    while it is a key); the sessions of loops that have been closed are
-    dropped whenever a session is made (``_drop``), and at most
-    ``MAX_ASYNC_SESSIONS`` are kept. Raises ``RuntimeError`` outside a
-    running loop. Thread-safe.
+    while it is a key). Whenever a session is made, those of loops that
+    have been closed are dropped (``_drop``), and beyond
+    ``MAX_ASYNC_SESSIONS`` the oldest of loops not running now (``drive``'s
+    loop of a thread between two calls): a running loop's session may have
+    requests in flight, so it is never dropped here. Raises
+    ``RuntimeError`` outside a running loop. Thread-safe.
     """
     key = (asyncio.get_running_loop(), base_url)
     with _async_sessions_lock:
@@ -74,8 +75,8 @@ def _async_session(base_url: str) -> aiohttp.ClientSession:
                 _drop(stale[0], _async_sessions.pop(stale))
             session = _async_sessions[key] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
                 limit=LIMITS.max_connections, keepalive_timeout=LIMITS.keepalive_expiry))
-            while len(_async_sessions) > MAX_ASYNC_SESSIONS:
-                oldest = next(iter(_async_sessions))
+            idle = [k for k in _async_sessions if not k[0].is_running()]
+            for oldest in idle[:max(0, len(_async_sessions) - MAX_ASYNC_SESSIONS)]:
                 _drop(oldest[0], _async_sessions.pop(oldest))
         return session
 
@@ -92,14 +93,15 @@ def _drop_all() -> None:
 def _drop(loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
     """Close ``session`` of ``loop`` without waiting for it.
 
-    On a loop still running, the close is handed to it. On a closed loop
-    nothing can be awaited, and the connections went with the loop; there
-    aiohttp's close only marks the session and its connector closed,
-    without suspending, so it is run to its end here (which keeps them from
-    reporting themselves unclosed when collected). Were it to suspend after
-    all, it is abandoned, and the worst left is that report.
+    On a running loop (only at the process's end), the close is handed to
+    it. On a loop that is closed or not running, nothing is awaited: the
+    close is run here as far as it goes without waiting, which closes the
+    connections' transports (on a closed loop their sockets are left to the
+    garbage collector) and marks the session and its connector closed, so
+    they do not report themselves unclosed when collected; what it would
+    wait for (the transports' last callbacks) is abandoned.
     """
-    if not loop.is_closed():
+    if loop.is_running():
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             asyncio.run_coroutine_threadsafe(session.close(), loop)
             return
@@ -154,13 +156,13 @@ _FRAMING = frozenset({"content-encoding", "content-length", "transfer-encoding"}
 
 async def _asend(call: _Call, *, timeout_s: float):
     """``_send`` with the running loop's aiohttp session: ``timeout_s`` bounds the whole exchange; aiohttp's
-    timeout is ``ToolTimeout``, its other errors ``ToolUnavailable``. Cancelling the awaiting task passes
-    through."""
+    timeout is ``ToolTimeout``, its other errors ``ToolUnavailable``; a redirect is not followed (as ``httpx``
+    does not). Cancelling the awaiting task passes through."""
     base_url = conf.gateway_url()
     url = base_url.rstrip("/") + call.path
     try:
         async with _async_session(base_url).request(call.method, url, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                                    **call.options) as answer:
+                                                    allow_redirects=False, **call.options) as answer:
             body = await answer.read()
     except TimeoutError as exc:  # aiohttp's own timeouts are TimeoutErrors too
         raise ToolTimeout(f"payment gateway did not answer within {timeout_s}s") from exc

@@ -11,14 +11,20 @@ Why that is sound: PostgreSQL's ``RELEASE SAVEPOINT`` of a savepoint, and
 its ``ROLLBACK TO SAVEPOINT``, also destroy every savepoint made after it
 (and COMMIT all of them), so a nested savepoint left open is released
 with its parent, and still rolled back on its own if a later block
-rolls it back. Django's transaction bookkeeping does not depend on the
-release: its Oracle backend never sends one. The group commit
+rolls it back. Django's transaction bookkeeping does not need the
+release (its Oracle backend never sends one), with one difference: a
+block that catches a database error inside itself and ends well used to
+fail at its release; the error now shows at the job's next statement
+(the transaction is aborted), or at its end, where the group commit
+fails the job alone (``_JobSavepoints``). The group commit
 (``runs.engine.group_commit``) runs each job in a savepoint that the next
 job's statement releases, so a job's nested blocks (a transition's own
 savepoint, ``runs.tx.locked_run``'s) go with it, which saves one round
 trip per nested block, about one statement per step under load. Only
 there: in a long transaction (an API call deciding many items) each open
-savepoint that wrote would deepen the nesting of the writes after it.
+savepoint would deepen the nesting of the writes after it, and each level
+a write is nested in takes a subtransaction id (past 64 per transaction,
+every session's snapshots read ``pg_subtrans``); a job has a handful.
 """
 
 import contextlib
