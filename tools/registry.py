@@ -148,7 +148,8 @@ class Tool:
       ``"sum(amount) per target within 30d > 50"`` (``tools.policy``).
     * ``target_key``: the argument naming what the call acts on (e.g. ``order_id``).
     * ``precondition(ctx, arguments) -> str | None`` (may be ``async def``): a reason to deny
-      the call, or None; one that raises or outlasts ``timeout_s`` denies it.
+      the call, or None; one that raises or outlasts ``timeout_s`` denies it, after
+      ``max_attempts`` tries if it raised ``ToolTimeout`` or ``ToolUnavailable``.
     * ``permission``: the Django permission an approver needs.
     * ``allow_requester_approval``: may the requester decide its items; None: only for
       read-only tools.
@@ -159,7 +160,8 @@ class Tool:
     * ``idempotent``: the external system deduplicates by our idempotency key.
     * ``reconcile(idempotency_key) -> Reconciliation`` (may be ``async def``): what became
       of a call whose outcome is unknown.
-    * ``max_attempts`` / ``backoff_s`` (seconds): retry policy for read-only tools.
+    * ``max_attempts`` / ``backoff_s`` (seconds): retry policy for read-only tools (and for a
+      precondition's transient failures).
     * ``wait(ctx, arguments) -> WaitSpec``: makes the tool a waiting tool
       (``tools.builtin``): before its handler runs, the run waits for what
       the spec names, holding no worker; once that came (or timed out) the

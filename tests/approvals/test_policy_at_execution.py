@@ -17,7 +17,7 @@ from tests.support.core import lookup, transfer
 from tests.support.fake_tools import hide_key, set_account_limit, transfers
 from tools import registry
 from tools.models import ToolCall, ToolCallStatus
-from tools.registry import ToolError
+from tools.registry import ToolError, ToolTimeout, ToolUnavailable
 from tools.services import idempotency_key_base
 
 LOOKUP = {"tool_calls": [lookup("acme")]}
@@ -286,3 +286,89 @@ def test_an_approvers_edit_is_checked_by_the_precondition_as_the_engine_asks_it(
     call = ToolCall.objects.get(run=run)
     assert (call.status, call.arguments) == (ToolCallStatus.SUCCEEDED, {"account": "initech", "amount": 10})
     assert [t["account"] for t in transfers()] == ["initech"]
+
+
+def _flaky_precondition(monkeypatch, name: str, schedule: list, **tool_fields) -> list:
+    """Give tool ``name`` a precondition that, ask after ask, raises the next exception of ``schedule`` or, for a
+    None there (and once it is used up), asks the real one; returns the asks' phases (``assessed`` at proposal,
+    ``rechecked`` before sending)."""
+    tool = registry.get_tool(name)
+    asks, left = [], list(schedule)
+
+    def flaky(ctx, arguments):
+        asks.append("assessed" if ctx.tool_call is None else "rechecked")
+        failure = left.pop(0) if left else None
+        if failure is not None:
+            raise failure
+        return tool.precondition(ctx, arguments)
+
+    monkeypatch.setitem(registry._TOOLS, name, dataclasses.replace(tool, precondition=flaky, backoff_s=0.01,
+                                                                  **tool_fields))
+    return asks
+
+
+def test_a_precondition_that_fails_for_a_moment_is_asked_again_at_proposal_and_before_sending(
+        people, worker, monkeypatch):
+    """A transient failure (ToolUnavailable, ToolTimeout) is tried again after a short pause, as a read would be,
+    so the call is judged on the answer, not denied for the outage."""
+    asks = _flaky_precondition(monkeypatch, "fake_transfer",
+                               [ToolUnavailable("ledger down"), ToolTimeout("slow"), None, ToolUnavailable("again")],
+                               approval="always", max_attempts=3)
+    agent = make_agent("flaky-check", [{"tool_calls": [transfer("acme", 10)]}, {"content": "Done."}],
+                       tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
+    worker.drain()
+    assert ToolCall.objects.get(run=run).status == ToolCallStatus.AWAITING_APPROVAL  # third try answered
+    decide_interrupt(interrupt=Interrupt.objects.get(run=run), user=people["approver"], decision="approved")
+    worker.drain()
+
+    assert asks == ["assessed"] * 3 + ["rechecked"] * 2  # before sending: one failure, then the answer
+    assert ToolCall.objects.get(run=run).status == ToolCallStatus.SUCCEEDED
+    assert [t["amount"] for t in transfers()] == [10]
+
+
+def test_a_precondition_that_keeps_failing_denies_after_the_tools_tries_and_a_bug_at_once(
+        people, worker, monkeypatch):
+    asks = _flaky_precondition(monkeypatch, "fake_transfer", [ToolUnavailable("down")] * 5, max_attempts=2)
+    agent = make_agent("down-check", [{"tool_calls": [transfer("acme", 10)]}, {"content": "Done."}],
+                       tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
+    worker.drain()
+    call = ToolCall.objects.get(run=run)
+    assert asks == ["assessed", "assessed"]
+    assert (call.status, call.error) == (ToolCallStatus.DENIED, "The precondition could not be checked (ToolUnavailable).")
+
+    asks = _flaky_precondition(monkeypatch, "fake_lookup", [RuntimeError("a bug")], max_attempts=3)
+    run = start_run(agent=make_agent("buggy-check", [LOOKUP, {"content": "Looked."}], tools=["fake_lookup"]),
+                    user=people["requester"], input="look")
+    worker.drain()
+    assert asks == ["assessed"]  # not a transient failure: denied at once
+    assert ToolCall.objects.get(run=run).status == ToolCallStatus.DENIED
+    assert transfers() == []
+
+
+def test_an_edit_checked_while_the_precondition_is_down_is_refused_at_once(people, worker, monkeypatch):
+    """An approver's request is not held for retries: the edit is refused, the item stays, and a later try
+    (the precondition back) goes through."""
+    asks = _flaky_precondition(monkeypatch, "fake_transfer", [], approval="always", max_attempts=3)
+    agent = make_agent("edit-down", [{"tool_calls": [transfer("acme", 10)]}, {"content": "Done."}],
+                       tools=["fake_transfer"])
+    run = start_run(agent=agent, user=people["requester"], input="transfer")
+    worker.drain()
+    tool = registry.get_tool("fake_transfer")
+
+    def down(ctx, arguments):
+        asks.append("edit")
+        raise ToolUnavailable("down")
+
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", dataclasses.replace(tool, precondition=down))
+    item = Interrupt.objects.get(run=run)
+    with pytest.raises(InvalidInput, match=r"could not be checked \(ToolUnavailable\)"):
+        decide_interrupt(interrupt=item, user=people["approver"], decision="approved",
+                         edited_arguments={"account": "acme", "amount": 9})
+    assert asks == ["assessed", "edit"]
+    monkeypatch.setitem(registry._TOOLS, "fake_transfer", tool)
+    decide_interrupt(interrupt=item, user=people["approver"], decision="approved",
+                     edited_arguments={"account": "acme", "amount": 9})
+    worker.drain()
+    assert [t["amount"] for t in transfers()] == [9]

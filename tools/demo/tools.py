@@ -134,14 +134,14 @@ CANCEL_ORDER = Tool(
 # --- refund ------------------------------------------------------------------
 
 async def _refund_precondition(ctx: ToolContext, args: dict) -> str | None:
-    """Async (awaited on the engine's loop, ``tools.services.execution.call_hook``), as it waits on the gateway."""
+    """Async (awaited on the engine's loop, ``tools.services.execution.call_hook``), as it waits on the gateway.
+
+    A gateway that cannot be asked raises (``ToolTimeout``, ``ToolUnavailable``): the engine asks again
+    after a pause, and denies the call if it still cannot (``check_precondition``)."""
     order = await run_blocking(_own_order, ctx, args["order_id"])
     if order is None:
         return f"Order {args['order_id']} does not exist or does not belong to the requester."
-    try:
-        refundable = await _refundable(order)
-    except ToolError as exc:
-        return f"Cannot check what is refundable on order {order.number}: {exc}"
+    refundable = await _refundable(order)
     if Decimal(str(args["amount"])) > refundable:
         return (f"Order {order.number} is not refundable for {args['amount']}: "
                 f"at most {refundable} can be refunded.")

@@ -17,7 +17,8 @@ def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
 
     Call it before taking the run's lock: the precondition may do I/O (it is
     asked as the engine asks it, ``check_precondition``: sync or ``async
-    def``, and one that raises or times out denies the edit), and the
+    def``, and one that raises or times out denies the edit, the first
+    time: the person may try again), and the
     business key function is the integrator's code. Raises
     ``InvalidInput`` when the edit breaks the tool's schema, its
     precondition (checked again: the approver must not get around it) or
@@ -30,9 +31,10 @@ def check_edited_arguments(tool_call: ToolCall, arguments: dict) -> str:
     problems = tool.schema_errors(arguments)
     if problems:
         raise InvalidInput("Edited arguments do not match the schema: " + "; ".join(problems))
-    # As the engine asks it: a sync or ``async def`` precondition, fail-safe, within the tool's timeout.
+    # As the engine asks it (a sync or ``async def`` precondition, fail-safe, within the tool's timeout), but
+    # once: a transient failure refuses the edit rather than holding the person's request for retries.
     denial = tool.precondition and drive(check_precondition(
-        tool, ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments))
+        tool, ToolContext(run=tool_call.run, user=tool_call.run.requested_by), arguments, tries=1))
     if denial:
         raise InvalidInput(f"Edited arguments are not allowed: {denial}")
     if not tool_call.action_key:

@@ -197,18 +197,32 @@ def call_hook(tool: Tool, hook: Callable, *args, stop_at=None) -> Steps:
                         timed_out=lambda: ToolTimeout(f"No answer within {tool.timeout_s:g} s."), stop_at=stop_at))
 
 
-def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, stop_at=None) -> Steps:
+def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, stop_at=None,
+                       tries: int | None = None) -> Steps:
     """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step returning the reason to deny the call, or None.
 
-    Fail-safe: a precondition that raises or times out denies it (naming the exception's type only). ``Interrupted`` propagates.
+    Fail-safe: a precondition that raises or times out denies it (naming the exception's type only). A transient
+    failure (``ToolTimeout``, ``ToolUnavailable``: what it asks did not answer) is first tried again, as a read-only
+    call would be: up to ``tries`` tries in all (default ``tool.max_attempts``), after a full-jitter pause from
+    ``tool.backoff_s`` seconds (``runs.base.awaiting.full_jitter``), awaited on the loop. ``Interrupted`` propagates
+    (a cancel or the run's deadline during a try or a pause).
     """
-    try:
-        return (yield from call_hook(tool, tool.precondition, context, arguments, stop_at=stop_at))
-    except Interrupted:
-        raise
-    except Exception as exc:
-        log.warning("precondition of %s raised: %r", tool.name, exc)
-        return f"The precondition could not be checked ({type(exc).__name__})."
+    tries = max(1, tool.max_attempts if tries is None else tries)
+    for attempt in range(1, tries + 1):
+        try:
+            return (yield from call_hook(tool, tool.precondition, context, arguments, stop_at=stop_at))
+        except Interrupted:
+            raise
+        except (ToolTimeout, ToolUnavailable) as exc:
+            if attempt == tries:
+                log.warning("precondition of %s raised: %r (try %d of %d)", tool.name, exc, attempt, tries)
+                return f"The precondition could not be checked ({type(exc).__name__})."
+            log.info("precondition of %s raised: %r (try %d of %d); trying again", tool.name, exc, attempt, tries)
+            delay = full_jitter(tool.backoff_s, attempt)
+            yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=stop_at)
+        except Exception as exc:
+            log.warning("precondition of %s raised: %r", tool.name, exc)
+            return f"The precondition could not be checked ({type(exc).__name__})."
 
 
 async def call_handler(tool: Tool, context: ToolContext, arguments: dict):
