@@ -372,3 +372,24 @@ def test_an_edit_checked_while_the_precondition_is_down_is_refused_at_once(peopl
                      edited_arguments={"account": "acme", "amount": 9})
     worker.drain()
     assert [t["amount"] for t in transfers()] == [9]
+
+
+def test_a_preconditions_pause_between_tries_is_never_longer_than_an_inline_backoff(monkeypatch, settings):
+    """docs/design.md#the-loop: short backoffs are slept, longer ones wait ``retry_backoff`` holding no worker. A
+    precondition's pause between two tries is slept on the loop (the run in flight, at proposal its model step
+    started, before sending its target claimed), so it must stay within ``INLINE_BACKOFF_MAX_S``, whatever the
+    tool's ``backoff_s`` (here a rate-limited API's 30 s: pauses of up to 30, 60 and 120 s)."""
+    from tools.registry import ToolContext
+    from tools.services import execution
+
+    tool = dataclasses.replace(registry.get_tool("fake_lookup"), backoff_s=30, max_attempts=4)
+    monkeypatch.setattr(execution, "full_jitter", lambda base_s, attempt: base_s * 2 ** (attempt - 1))  # its top
+    steps = execution.check_precondition(tool, ToolContext(run=None, user=None), {"key": "acme"})
+    next(steps)  # the first try
+    pause = steps.throw(ToolUnavailable("rate limited"))
+    assert pause.what == "pause"
+    sleeping = pause.start()
+    delay = sleeping.cr_frame.f_locals["delay"]
+    sleeping.close()
+    steps.close()
+    assert delay <= settings.TOLLGATE["INLINE_BACKOFF_MAX_S"]
