@@ -156,3 +156,31 @@ def test_a_refund_runs_requests_to_the_gateway_are_spans_in_its_trace(demo, work
     assert len(refunds) == 1, f"the refund's POST is not traced (gateway spans: {[s.name for s in to_gateway]})"
     assert refunds[0].context.trace_id == trace_id
     assert refunds[0].parent.span_id == tools["refund"].context.span_id
+
+
+def test_an_idle_loops_session_evicted_from_another_thread_closes_its_connections(payment_gateway):
+    # ``gateway._drop``: on a loop that is not running (``drive``'s loop of a thread between two calls) "the close
+    # is run here ... which closes the connections' transports"; only a closed loop's sockets are left to the
+    # garbage collector. A thread's idle loop is evicted by another thread making more sessions than are kept.
+    idle = asyncio.new_event_loop()
+    others = []
+    try:
+        assert idle.run_until_complete(gateway.arefunded_total(8)) == Decimal("0")
+        session = gateway._async_sessions[(idle, conf.gateway_url())]
+        sockets = [proto.transport.get_extra_info("socket")
+                   for conns in session.connector._conns.values() for proto, _ in conns]
+        assert sockets, "the request's connection is kept alive in the session's pool"
+
+        def more_loops():  # each stays open after its call, as a request thread's ``drive`` loop does
+            for _ in range(gateway.MAX_ASYNC_SESSIONS):
+                others.append(asyncio.new_event_loop())
+                assert others[-1].run_until_complete(gateway.arefunded_total(8)) == Decimal("0")
+
+        thread = threading.Thread(target=more_loops)
+        thread.start()
+        thread.join(10)
+        assert (idle, conf.gateway_url()) not in gateway._async_sessions and session.closed  # evicted
+        assert [s.fileno() for s in sockets] == [-1] * len(sockets), "the evicted session's sockets are still open"
+    finally:
+        for loop in [idle, *others]:
+            loop.close()
