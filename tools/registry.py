@@ -149,7 +149,7 @@ class Tool:
     * ``target_key``: the argument naming what the call acts on (e.g. ``order_id``).
     * ``precondition(ctx, arguments) -> str | None`` (may be ``async def``): a reason to deny
       the call, or None; one that raises or outlasts ``timeout_s`` denies it, after
-      ``max_attempts`` tries if it raised ``ToolTimeout`` or ``ToolUnavailable``.
+      ``max_attempts`` tries if it outlasted it or raised ``ToolTimeout`` or ``ToolUnavailable``.
     * ``permission``: the Django permission an approver needs.
     * ``allow_requester_approval``: may the requester decide its items; None: only for
       read-only tools.

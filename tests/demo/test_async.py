@@ -102,9 +102,9 @@ def test_a_connection_dropped_after_the_gateway_charged_is_not_a_refusal(payment
     assert [r["idempotency_key"] for r in payment_gateway.ledger()["refunds"]] == ["dropped"]
 
 
-def test_a_refund_in_flight_gets_its_answer_when_more_loops_than_are_kept_ask_the_gateway(payment_gateway):
-    # A process with the engine's loop (a refund waiting on the gateway) and more open loops than
-    # MAX_ASYNC_SESSIONS that ask it meanwhile (``drive``'s loop of each request thread checking an approver's
+def test_a_refund_in_flight_gets_its_answer_when_many_other_loops_ask_the_gateway(payment_gateway):
+    # A process with the engine's loop (a refund waiting on the gateway) and many open loops that ask it
+    # meanwhile (``drive``'s loop of each request thread checking an approver's
     # edit with the refund's async precondition, in ``serve``'s embedded shape): the refund already sent still
     # gets the gateway's answer, not an error of its own client's making (ToolUnavailable: a retry, or unknown).
     payment_gateway.faults(latency_s=1.5)  # POST /refunds answers after 1.5 s
@@ -123,7 +123,7 @@ def test_a_refund_in_flight_gets_its_answer_when_more_loops_than_are_kept_ask_th
     while "in-flight" not in payment_gateway.ledger()["requests_per_key"]:  # the POST reached the gateway
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    loops = [asyncio.new_event_loop() for _ in range(gateway.MAX_ASYNC_SESSIONS)]
+    loops = [asyncio.new_event_loop() for _ in range(12)]
     try:
         for other in loops:  # each stays open after its call, as a request thread's ``drive`` loop does
             assert other.run_until_complete(gateway.arefunded_total(8)) == Decimal("0")
@@ -158,10 +158,10 @@ def test_a_refund_runs_requests_to_the_gateway_are_spans_in_its_trace(demo, work
     assert refunds[0].parent.span_id == tools["refund"].context.span_id
 
 
-def test_an_idle_loops_session_evicted_from_another_thread_closes_its_connections(payment_gateway):
-    # ``gateway._drop``: on a loop that is not running (``drive``'s loop of a thread between two calls) "the close
-    # is run here ... which closes the connections' transports"; only a closed loop's sockets are left to the
-    # garbage collector. A thread's idle loop is evicted by another thread making more sessions than are kept.
+def test_an_idle_loops_session_is_kept_with_its_connections_whatever_other_threads_do(payment_gateway):
+    # ``gateway._async_session``: a session is kept as long as its loop is open, so a thread's ``drive`` loop
+    # between two calls keeps its pooled connections (none closed under it by another thread making sessions),
+    # and its next call reuses them; the session is dropped once its loop is closed.
     idle = asyncio.new_event_loop()
     others = []
     try:
@@ -172,15 +172,19 @@ def test_an_idle_loops_session_evicted_from_another_thread_closes_its_connection
         assert sockets, "the request's connection is kept alive in the session's pool"
 
         def more_loops():  # each stays open after its call, as a request thread's ``drive`` loop does
-            for _ in range(gateway.MAX_ASYNC_SESSIONS):
+            for _ in range(12):
                 others.append(asyncio.new_event_loop())
                 assert others[-1].run_until_complete(gateway.arefunded_total(8)) == Decimal("0")
 
         thread = threading.Thread(target=more_loops)
         thread.start()
         thread.join(10)
-        assert (idle, conf.gateway_url()) not in gateway._async_sessions and session.closed  # evicted
-        assert [s.fileno() for s in sockets] == [-1] * len(sockets), "the evicted session's sockets are still open"
+        assert gateway._async_sessions[(idle, conf.gateway_url())] is session and not session.closed
+        assert all(s.fileno() != -1 for s in sockets), "the idle loop's connections stay open for its next call"
+        assert idle.run_until_complete(gateway.arefunded_total(8)) == Decimal("0")
     finally:
         for loop in [idle, *others]:
             loop.close()
+    assert asyncio.run(gateway.arefunded_total(8)) == Decimal("0")  # a new loop's session: the closed ones go
+    assert not [key for key in gateway._async_sessions if key[0] is idle or key[0] in others]
+    assert session.closed

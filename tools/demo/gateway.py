@@ -43,7 +43,6 @@ from tools.demo import conf
 from tools.registry import Reconciliation, ToolError, ToolTimeout, ToolUnavailable
 
 LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-MAX_ASYNC_SESSIONS = 8  # (loop, URL) pairs kept, unless more loops run at once (each request thread has one)
 
 
 @functools.lru_cache(maxsize=8)
@@ -60,12 +59,12 @@ def _async_session(base_url: str) -> aiohttp.ClientSession:
     """The pooled aiohttp session for ``base_url`` on the running event loop (made on first use).
 
     Keyed by the loop object itself (held here, so its id is never reused
-    while it is a key). Whenever a session is made, those of loops that
-    have been closed are dropped (``_drop``), and beyond
-    ``MAX_ASYNC_SESSIONS`` the oldest of loops not running now (``drive``'s
-    loop of a thread between two calls): a running loop's session may have
-    requests in flight, so it is never dropped here. Raises
-    ``RuntimeError`` outside a running loop. Thread-safe.
+    while it is a key). A session is kept as long as its loop is open (the
+    engine's one loop; ``drive``'s loop of each thread that drives a step,
+    between its calls too), so a request in flight always keeps its
+    connection; whenever a session is made, those of loops that have been
+    closed are dropped (``_drop``). Raises ``RuntimeError`` outside a
+    running loop. Thread-safe.
     """
     key = (asyncio.get_running_loop(), base_url)
     with _async_sessions_lock:
@@ -75,9 +74,6 @@ def _async_session(base_url: str) -> aiohttp.ClientSession:
                 _drop(stale[0], _async_sessions.pop(stale))
             session = _async_sessions[key] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
                 limit=LIMITS.max_connections, keepalive_timeout=LIMITS.keepalive_expiry))
-            idle = [k for k in _async_sessions if not k[0].is_running()]
-            for oldest in idle[:max(0, len(_async_sessions) - MAX_ASYNC_SESSIONS)]:
-                _drop(oldest[0], _async_sessions.pop(oldest))
         return session
 
 
@@ -93,13 +89,14 @@ def _drop_all() -> None:
 def _drop(loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
     """Close ``session`` of ``loop`` without waiting for it.
 
-    On a running loop (only at the process's end), the close is handed to
-    it. On a loop that is closed or not running, nothing is awaited: the
-    close is run here as far as it goes without waiting, which closes the
-    connections' transports (on a closed loop their sockets are left to the
-    garbage collector) and marks the session and its connector closed, so
-    they do not report themselves unclosed when collected; what it would
-    wait for (the transports' last callbacks) is abandoned.
+    On a running loop (only at the process's end) the close is handed to
+    that loop. Otherwise it is run here as far as it goes without waiting:
+    on a closed loop aiohttp only marks the session and its connector
+    closed, leaving the sockets to the garbage collector as the loop left
+    them; on an open loop that is not running (only at the process's end)
+    the transports' close is queued on that loop. Either way they do not
+    report themselves unclosed when collected; what the close would wait
+    for is abandoned.
     """
     if loop.is_running():
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile

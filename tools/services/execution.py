@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Callable
 
+from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django_fsm import can_proceed
@@ -202,10 +203,12 @@ def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, sto
     """Ask ``tool``'s precondition about ``arguments`` (``call_hook``); a step returning the reason to deny the call, or None.
 
     Fail-safe: a precondition that raises or times out denies it (naming the exception's type only). A transient
-    failure (``ToolTimeout``, ``ToolUnavailable``: what it asks did not answer) is first tried again, as a read-only
-    call would be: up to ``tries`` tries in all (default ``tool.max_attempts``), after a full-jitter pause from
-    ``tool.backoff_s`` seconds (``runs.base.awaiting.full_jitter``), awaited on the loop. ``Interrupted`` propagates
-    (a cancel or the run's deadline during a try or a pause).
+    failure (``ToolTimeout``, ``ToolUnavailable``: what it asks did not answer, or it outlasted ``tool.timeout_s``)
+    is first tried again: up to ``tries`` tries in all (default ``tool.max_attempts``), after a full-jitter pause from
+    ``tool.backoff_s`` seconds (``runs.base.awaiting.full_jitter``) awaited on the loop, each pause at most
+    ``INLINE_BACKOFF_MAX_S`` (the call is in the middle of a step: at proposal its model step is started, before
+    sending its target may be claimed, so it never waits longer the way a read's retry may). ``Interrupted``
+    propagates (a cancel or the run's deadline during a try or a pause).
     """
     tries = max(1, tool.max_attempts if tries is None else tries)
     for attempt in range(1, tries + 1):
@@ -218,7 +221,7 @@ def check_precondition(tool: Tool, context: ToolContext, arguments: dict, *, sto
                 log.warning("precondition of %s raised: %r (try %d of %d)", tool.name, exc, attempt, tries)
                 return f"The precondition could not be checked ({type(exc).__name__})."
             log.info("precondition of %s raised: %r (try %d of %d); trying again", tool.name, exc, attempt, tries)
-            delay = full_jitter(tool.backoff_s, attempt)
+            delay = min(full_jitter(tool.backoff_s, attempt), settings.TOLLGATE["INLINE_BACKOFF_MAX_S"])
             yield Await(start=lambda: asyncio.sleep(delay), what="pause", stop_at=stop_at)
         except Exception as exc:
             log.warning("precondition of %s raised: %r", tool.name, exc)
