@@ -19,7 +19,7 @@ fail at its release; the error now shows at the job's next statement
 fails the job alone (``_JobSavepoints``). The group commit
 (``runs.engine.group_commit``) runs each job in a savepoint that the next
 job's statement releases, so a job's nested blocks (a transition's own
-savepoint, ``runs.tx.locked_run``'s) go with it, which saves one round
+savepoint, ``runs.tx.locked``'s) go with it, which saves one round
 trip per nested block, about one statement per step under load. Only
 there: in a long transaction (an API call deciding many items) each open
 savepoint would deepen the nesting of the writes after it, and each level
