@@ -8,15 +8,16 @@ whose answer never arrived (reconciliation).
 Two sides, one mapping. The tools' async handlers (awaited on the
 engine's event loop) use the ``a``-prefixed coroutines over an
 ``aiohttp.ClientSession``; the core's sync callers (the ``reconcile`` hook
-``lookup``, tests) use the plain functions over an ``httpx.Client``. Each call is described once (``_Call``: the request and
-how its answer is read, from an ``httpx.Response``: the async side hands
-aiohttp's answer over as one); ``_send`` and ``_asend`` only carry it. A
-timeout is ``ToolTimeout``; a transport error or a 5xx ``ToolUnavailable``.
+``lookup``, tests) use the plain functions over an ``httpx.Client``. Each
+call is described once (``_Call``: the request and how its answer is read,
+from an ``httpx.Response``: the async side hands aiohttp's answer over as
+one); ``_send`` and ``_asend`` only carry it. A timeout is
+``ToolTimeout``; a transport error or a 5xx ``ToolUnavailable``.
 
 Why aiohttp on the async side: the engine sends every tool's request from
 its one event loop, and there a request through ``httpx.AsyncClient``
-(httpcore over anyio) costs about ten times the CPU of aiohttp's (1.46 ms
-against 0.11 ms per GET to this gateway, measured on the benchmark
+(httpcore over anyio) costs about twenty times the CPU of aiohttp's (1.37
+ms against 0.06 ms per GET, ``bench/client_floor.py`` on the benchmark
 machine), which the worker pays per tool call (docs/benchmark-history.md).
 
 A session is bound to the event loop it first ran on (its pooled
@@ -216,15 +217,10 @@ def _refunded_total_call(order_number: int, since: datetime | None) -> _Call:
     return _Call("GET", "/refunds", lambda response: Decimal(_json_or_raise(response)["total"]), {"params": params})
 
 
-def refunded_total(order_number: int, *, since: datetime | None = None, timeout_s: float = 5.0) -> Decimal:
-    """The sum of the refunds the gateway made on ``order_number`` (only those made at or after ``since``,
-    an aware datetime, if given). Raises ``ToolTimeout`` / ``ToolUnavailable``, or ``httpx.HTTPStatusError``
-    for a 4xx."""
-    return _send(_refunded_total_call(order_number, since), timeout_s=timeout_s)
-
-
 async def arefunded_total(order_number: int, *, since: datetime | None = None, timeout_s: float = 5.0) -> Decimal:
-    """``refunded_total`` on the running event loop."""
+    """The sum of the refunds the gateway made on ``order_number`` (only those made at or after ``since``,
+    an aware datetime, if given), asked on the running event loop. Raises ``ToolTimeout`` / ``ToolUnavailable``,
+    or ``httpx.HTTPStatusError`` for a 4xx."""
     return await _asend(_refunded_total_call(order_number, since), timeout_s=timeout_s)
 
 
