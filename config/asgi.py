@@ -17,6 +17,9 @@ to a thread of their own, kept for later requests once they are answered
 (``SyncChainASGIHandler``, ``RequestThreads``), and no request
 body over ``TOLLGATE["REQUEST_BODY_MAX_BYTES"]`` is read (413,
 ``config.body_limit``), whichever ASGI server runs this application.
+
+Once loaded, the process freezes what it imported out of the garbage
+collector's walks (``runs.base.collector.settle``).
 """
 
 import os
@@ -162,3 +165,7 @@ application = ProtocolTypeRouter({
             SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))))),
     ]),
 })
+
+from runs.base import collector  # noqa: E402
+
+collector.settle()  # what a server process imported above is frozen out of the collector's walks

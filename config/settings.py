@@ -335,6 +335,8 @@ _DRAMATIQ_MIDDLEWARE = [
     "runs.engine.worker_middleware.MetricsMiddleware",
     # A stopping worker removes its flight recorder's box (runs.base.flight_recorder).
     "runs.engine.worker_middleware.FlightRecorderMiddleware",
+    # Once booted, a worker freezes what it imported out of the collector's walks (runs.base.collector).
+    "runs.engine.worker_middleware.CollectorMiddleware",
 ]
 if REDIS_URL:
     # Dramatiq's Redis broker with a doorbell per queue (runs/base/brokers.py): an

@@ -70,6 +70,15 @@ class HeartbeatMiddleware(dramatiq.Middleware):
         heartbeat.stop(id(worker))
 
 
+class CollectorMiddleware(dramatiq.Middleware):
+    """A worker process settles its garbage collector once its workers have booted (``runs.base.collector``)."""
+
+    def after_worker_boot(self, broker, worker):
+        from runs.base import collector
+
+        collector.settle()
+
+
 class FlightRecorderMiddleware(dramatiq.Middleware):
     """A worker process that stops removes its flight recorder's box (``runs.base.flight_recorder``): a
     process Dramatiq forked leaves through ``os._exit``, so its ``atexit`` hooks never run, and a box left
