@@ -18,8 +18,10 @@ sweeper (no API server: nothing here goes through it), makes one agent
 whose model config is ``{"provider": "openai", "endpoint": "bench-latency",
 ...}`` (the endpoint profile is given to every process in
 ``TOLLGATE_MODEL_ENDPOINTS``: the model server's ``base_url``, no key),
-then starts the runs (``runs.engine.lifecycle.start_run``, in this
-process, all in a row). ``--runs-in-flight`` sets the engine's runs in
+then starts the runs in this process as an integrator starts many at once:
+``runs.engine.lifecycle.start_runs`` (what ``POST /api/runs/batch/`` does) with
+``TOLLGATE["RUN_BATCH_MAX"]`` (100) inputs at a time, or, with ``--one-by-one``,
+``start_run`` for each, all in a row. ``--runs-in-flight`` sets the engine's runs in
 flight per worker process (``TOLLGATE_RUNS_IN_FLIGHT``, default 1,000).
 
 LangGraph (``pip install -e '.[bench]'``): the same work as an async graph
@@ -120,6 +122,8 @@ def parse_args():
                         help="the refund's amount (default 20.0; over 50 the refund rule would ask for approval)")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="non-streamed model answers on both sides (default: streamed, Tollgate's default)")
+    parser.add_argument("--one-by-one", action="store_true",
+                        help="start Tollgate's runs one start_run at a time (default: start_runs, 100 at a time)")
     parser.add_argument("--warmup-runs", type=int, default=None, metavar="N",
                         help="Tollgate runs made before the measured ones, so that idle RSS is that of warm workers "
                              "(default: workers x threads); each LangGraph process makes one")
@@ -339,7 +343,7 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
         xacts_before = database.transactions()
         sampler.start()
         started = time.time()
-        run_ids = [start_run(agent=agent, user=requester, input=f"refund order {number}").pk for number in orders]
+        run_ids = start_all(agent, requester, [f"refund order {number}" for number in orders], args.one_by_one)
         created = time.time()
         wait_until_ended(run_ids, time.monotonic() + args.timeout, 0.2, settled=waiting_for_a_person)
         ended = time.time()
@@ -369,6 +373,20 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
     figures["sweeper_reenqueued"] = sum(int(n) for n in re.findall(r"reenqueued=(\d+)", sweeper_log))
     figures["logs"] = str(log_dir)
     return figures
+
+
+def start_all(agent, user, inputs: list[str], one_by_one: bool) -> list[int]:
+    """Start a run per input (``start_runs``, ``TOLLGATE["RUN_BATCH_MAX"]`` at a time, or ``start_run`` for each);
+    their ids, in order."""
+    from django.conf import settings
+
+    from runs.engine.lifecycle import start_run, start_runs
+
+    if one_by_one:
+        return [start_run(agent=agent, user=user, input=text).pk for text in inputs]
+    size = settings.TOLLGATE["RUN_BATCH_MAX"]
+    return [run.pk for first in range(0, len(inputs), size)
+            for run in start_runs(agent=agent, user=user, inputs=inputs[first:first + size])]
 
 
 def waiting_for_a_person(run_ids: list[int]) -> dict[str, list[int]] | None:

@@ -50,7 +50,7 @@ from rest_framework.views import set_rollback
 
 from config.throttles import count_failed_authentication
 from runs.access import RunAccess
-from runs.base.errors import InvalidInput, TollgateError
+from runs.base.errors import InvalidInput, Throttled, TollgateError
 
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
@@ -84,9 +84,12 @@ def _conflict(exc) -> Response:
 
 
 def _service_error(exc: TollgateError) -> Response:
-    """A ``TollgateError``: its status, code, message and details (an ``InvalidInput``'s under ``fields``)."""
+    """A ``TollgateError``: its status, code, message and details (an ``InvalidInput``'s under ``fields``); a
+    ``Throttled`` also says ``Retry-After``, as DRF's own throttles do."""
     details = {"fields": exc.details} if isinstance(exc, InvalidInput) and exc.details else exc.details
-    return Response(error_body(exc.code, exc.message, details), status=exc.http_status)
+    retry_after = exc.details.get("retry_after") if isinstance(exc, Throttled) else None
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return Response(error_body(exc.code, exc.message, details), status=exc.http_status, headers=headers)
 
 
 def _api_exception(exc: exceptions.APIException) -> Response:

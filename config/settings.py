@@ -506,6 +506,9 @@ TOLLGATE = {
     "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
+    # Most runs one POST /api/runs/batch/ starts (each also counts against
+    # the "runs" throttle rate).
+    "RUN_BATCH_MAX": env.int("TOLLGATE_RUN_BATCH_MAX", default=100),
     # Longest model output stored (characters): an answer's text, or one tool
     # call's raw arguments. Longer text is refused (runs.base.model_output) and the
     # model told so; it is never stored.

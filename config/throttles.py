@@ -36,7 +36,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.utils.translation import gettext
 from rest_framework import throttling
 
-from runs.base.errors import Throttled
+from runs.base.errors import InvalidInput, Throttled
 
 
 class SerializedRateThrottle(throttling.SimpleRateThrottle):
@@ -52,6 +52,7 @@ class SerializedRateThrottle(throttling.SimpleRateThrottle):
     LOCK_POLL_S = 0.002  # the first wait; doubled after each miss, up to LOCK_POLL_MAX_S
     LOCK_POLL_MAX_S = 0.05
     contended = False
+    weight = 1  # requests this one counts as: a batch of runs counts one per run (check_run_start_rate)
 
     def allow_request(self, request, view):
         """DRF's decision, taken while holding the key's lock; False (wait 1 s) if the lock stays taken."""
@@ -69,14 +70,32 @@ class SerializedRateThrottle(throttling.SimpleRateThrottle):
             time.sleep(random.uniform(0, poll))  # full jitter (AWS Architecture Blog, 2015)
             poll = min(poll * 2, self.LOCK_POLL_MAX_S)
         try:
-            return super().allow_request(request, view)
+            return super().allow_request(request, view) if self.weight == 1 else self._allow_weighted(key)
         finally:
             if self.cache.get(lock) == token:  # not a lock that expired and was taken meanwhile
                 self.cache.delete(lock)
 
+    def _allow_weighted(self, key: str) -> bool:
+        """DRF's decision (sliding window, history newest first) for ``weight`` requests at once: all or none."""
+        self.key, self.now = key, self.timer()
+        self.history = self.cache.get(key, [])
+        while self.history and self.history[-1] <= self.now - self.duration:
+            self.history.pop()
+        if len(self.history) + self.weight > self.num_requests:
+            return self.throttle_failure()
+        self.history[:0] = [self.now] * self.weight
+        self.cache.set(key, self.history, self.duration)
+        return True
+
     def wait(self):
-        """Seconds until the next request may pass: DRF's estimate, or 1 when the lock was not to be had."""
-        return 1.0 if self.contended else super().wait()
+        """Seconds until the next request may pass: DRF's estimate, or 1 when the lock was not to be had; for a
+        ``weight`` over 1, until enough of the window's oldest requests have left it."""
+        if self.contended:
+            return 1.0
+        if self.weight > 1:
+            leaving = len(self.history) + self.weight - self.num_requests  # the oldest that must leave the window
+            return max(0.0, self.history[len(self.history) - leaving] + self.duration - self.now)
+        return super().wait()
 
 
 class AnonRateThrottle(throttling.AnonRateThrottle, SerializedRateThrottle):
@@ -114,13 +133,19 @@ def count_failed_authentication(request) -> float | None:
     return throttle.wait() or 1.0
 
 
-def check_run_start_rate(request) -> None:
-    """Count a run start by ``request.user`` against the per-user ``runs`` rate of ``POST /api/runs/`` (DRF's ``ScopedRateThrottle``).
+def check_run_start_rate(request, count: int = 1) -> None:
+    """Count ``count`` run starts by ``request.user`` against the per-user ``runs`` rate of ``POST /api/runs/`` (DRF's
+    ``ScopedRateThrottle``), all or none.
 
-    Raises ``Throttled`` (429, ``details.retry_after`` in whole seconds) when it is used up.
+    Raises ``Throttled`` (429, ``details.retry_after`` in whole seconds) when the rate has no room for them now,
+    ``InvalidInput`` (400, field ``inputs``) when ``count`` is over the whole rate (they could never pass together).
     """
     throttle = ScopedRateThrottle()
+    throttle.weight = count
     if not throttle.allow_request(request, SimpleNamespace(throttle_scope="runs")):
+        if count > throttle.num_requests:
+            raise InvalidInput.for_fields({"inputs": gettext(
+                "At most %(count)s runs can be started at once (the runs rate).") % {"count": throttle.num_requests}})
         wait = max(1, math.ceil(throttle.wait() or 1))
         raise Throttled(gettext("Too many runs started; try again in %(seconds)s seconds.") % {"seconds": wait},
                         details={"retry_after": wait})

@@ -170,9 +170,7 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
                     raise instance.refused_write()
             if inserts:
                 insert_rows(list(inserts))
-        for event in rows:  # neither statement sends a signal: sent here, as save() would
-            post_save.send(sender=RunEvent, instance=event, created=True, update_fields=None, raw=False,
-                           using=event._state.db)
+        announce_events(rows)  # neither statement sends a signal
     except BaseException:
         # What the instance held, put back: the caller's savepoint rolls the reservation back, and a
         # counter left ahead would later hide another writer's event.
@@ -180,8 +178,20 @@ def append_events(run: Run, events: list[Event], *, columns: RunColumns | None =
             setattr(run, name, value)
         run._counter_confirmed = None
         raise
-    publish_event_on_commit(run.pk, last)
     return rows
+
+
+def announce_events(events: list[RunEvent]) -> None:
+    """Announce stored ``events`` (of one run or many, in seq order per run) as ``save()`` would: ``post_save``
+    (created; the webhook outbox listens), and, once committed, tell each run's event sockets of its last one
+    (``runs.live.publish_event_on_commit``). For writers that store events without ``save()``."""
+    last = {}
+    for event in events:
+        post_save.send(sender=RunEvent, instance=event, created=True, update_fields=None, raw=False,
+                       using=event._state.db)
+        last[event.run_id] = event.seq
+    for run_id, seq in last.items():
+        publish_event_on_commit(run_id, seq)
 
 
 # Run id -> the instance through which this process last appended events to the run (``counter_confirmed``).

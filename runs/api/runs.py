@@ -22,8 +22,9 @@ from rest_framework.response import Response
 from config.api import VisibleRowsMixin
 from config.idempotency import REPLAYED_HEADER, IdempotentPostMixin
 from config.pagination import EventCursorPagination, OldestFirstCursorPagination
+from config.throttles import check_run_start_rate
 from runs.engine.agents import archive_agent, create_agent, update_agent
-from runs.engine.lifecycle import SubmitOutcome, cancel_run_as, retry_run, submit_input
+from runs.engine.lifecycle import SubmitOutcome, cancel_run_as, retry_run, start_runs, submit_input
 from runs.engine.sessions import open_session
 from runs.api.filters import RunFilter, SessionFilter
 from runs.models import Agent, Run, Session
@@ -34,6 +35,7 @@ from runs.api.serializers import (
     AgentUpdateSerializer,
     CancelSerializer,
     MessageSerializer,
+    RunBatchCreateSerializer,
     RunCreateSerializer,
     RunEventSerializer,
     RunSerializer,
@@ -151,6 +153,31 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
         code = status.HTTP_200_OK if submitted.outcome == SubmitOutcome.SUPPLEMENTED else status.HTTP_201_CREATED
         headers = {REPLAYED_HEADER: "true"} if submitted.replayed else None
         return Response(self.get_serializer(submitted.run).data, status=code, headers=headers)
+
+    @extend_schema(
+        summary="Start many runs at once",
+        request=RunBatchCreateSerializer,
+        responses={201: RunSerializer(many=True),
+                   400: OpenApiResponse(description="An input is empty or too long, there are more than "
+                                                    "TOLLGATE['RUN_BATCH_MAX'], or more than the runs rate allows "
+                                                    "at all; no run was started."),
+                   429: OpenApiResponse(description="The runs rate has no room for this many runs now "
+                                                    "(`details.retry_after`); no run was started.")},
+    )
+    @action(detail=False, methods=["post"])
+    def batch(self, request):
+        """Start one run per input, each in a new session, in one transaction (``start_runs``); 201 with the runs, in order.
+
+        All or none. Each run counts against the ``runs`` throttle rate
+        (``check_run_start_rate``). With an ``Idempotency-Key``, the same
+        request sent again within 24 hours answers the same runs.
+        """
+        body = RunBatchCreateSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        check_run_start_rate(request, count=len(data["inputs"]))
+        runs = start_runs(agent=data["agent"], user=request.user, inputs=data["inputs"], start_at=data["start_at"])
+        return Response(self.get_serializer(runs, many=True).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Retry a failed or cancelled run", request=CancelSerializer,
                    responses={201: RunSerializer, 403: OpenApiResponse(description="Only the requester may retry."),

@@ -4,6 +4,7 @@ Output serializers are read-only views of the models; input serializers
 only check the shape of a request body; the services decide the rest.
 """
 
+from django.conf import settings
 from django.db.models import Prefetch
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -228,6 +229,28 @@ class RunCreateSerializer(StrictSerializer):
         request = self.context.get("request")
         if request is not None:
             self.fields["session"].queryset = Session.objects.filter(owner=request.user).select_related("agent")
+
+
+class RunBatchCreateSerializer(StrictSerializer):
+    """Body of ``POST /api/runs/batch/``: the agent's slug and the inputs, one new run (in a new session) each."""
+
+    agent = serializers.SlugRelatedField(slug_field="slug", queryset=Agent.objects.current(),
+                                         help_text="The agent's slug; the runs use its current version.")
+    inputs = serializers.ListField(
+        child=serializers.CharField(), allow_empty=False,
+        help_text="One request per run, in order; at most TOLLGATE['RUN_BATCH_MAX'] of them, each limited to "
+                  "TOLLGATE['MAX_INPUT_CHARS'] characters.")
+    start_at = OffsetDateTimeField(
+        required=False, allow_null=True, default=None,
+        help_text="ISO 8601 with offset: every run stays queued (waiting_reason scheduled) until then, as in "
+                  "POST /api/runs/.")
+
+    def validate_inputs(self, inputs: list[str]) -> list[str]:
+        """At most ``TOLLGATE["RUN_BATCH_MAX"]`` inputs."""
+        limit = settings.TOLLGATE["RUN_BATCH_MAX"]
+        if len(inputs) > limit:
+            raise serializers.ValidationError(f"{len(inputs)} inputs; at most {limit} runs start in one batch.")
+        return inputs
 
 
 class SessionSerializer(OutputSerializer):

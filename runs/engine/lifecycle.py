@@ -32,10 +32,10 @@ from runs.models import (
     Step,
     WaitingReason,
 )
-from runs.services import actor_for, append_event, append_message, wake_next_in_session
+from runs.services import actor_for, announce_events, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
 from runs.tx import locked, relock
-from runs.wakeups import wake_on_commit
+from runs.wakeups import wake_all_on_commit, wake_on_commit
 from tools.models import ToolCall, Wait, WaitStatus
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 from tools.waits import cancel_waits
@@ -117,12 +117,7 @@ def submit_input(
     (``retry_run``). Raises ``InvalidInput`` for empty or oversized input, a
     session of another user or agent, an unknown strategy or a bad ``start_at``.
     """
-    input = (input or "").strip()
-    limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
-    if not input:
-        raise InvalidInput.for_fields({"input": "Input must not be empty."})
-    if len(input) > limit:
-        raise InvalidInput.for_fields({"input": f"Input is {len(input)} characters; the limit is {limit}."})
+    input = _checked_input(input, "input")
     if multitask_strategy not in MultitaskStrategy.values:
         raise InvalidInput.for_fields({"multitask_strategy": f"Must be one of: {', '.join(MultitaskStrategy.values)}."})
     extra = {**({"start_at": start_at.isoformat()} if start_at else {}), **({"retry_of": retry_of.pk} if retry_of else {})}
@@ -174,6 +169,56 @@ def submit_input(
             return earlier  # another request with this key won the race
         raise
     return Submitted(run, SubmitOutcome.CREATED)
+
+
+def _checked_input(input: str | None, field_name: str) -> str:
+    """``input`` stripped; ``InvalidInput`` (on ``field_name``) when it is empty or over ``MAX_INPUT_CHARS``."""
+    input = (input or "").strip()
+    limit = settings.TOLLGATE["MAX_INPUT_CHARS"]
+    if not input:
+        raise InvalidInput.for_fields({field_name: "Input must not be empty."})
+    if len(input) > limit:
+        raise InvalidInput.for_fields({field_name: f"Input is {len(input)} characters; the limit is {limit}."})
+    return input
+
+
+def start_runs(*, agent: Agent, user, inputs: list[str], start_at=None) -> list[Run]:
+    """Start one run per input of ``inputs``, each in a new session of its own, all at once; the runs, in order.
+
+    What ``submit_input`` does for one input with no session, for many in
+    one transaction: the sessions, the runs (queued, on the current
+    version of ``agent``'s slug) and their ``created`` events are written
+    by one INSERT each, and a worker is woken for each run once it
+    commits (a ``start_at`` ahead: they wait ``scheduled``, as there). The
+    events are announced as ``append_events`` announces them (the webhook
+    outbox, the runs' event sockets). All or nothing: raises
+    ``InvalidInput`` (field ``inputs[i]``) for an empty or oversized
+    input, no input at all or a bad ``start_at``, and ``AgentArchived``
+    (409) for an archived agent, and then starts none.
+
+    The idea is LangGraph Platform's run batch (``POST /runs/batch``):
+    N runs started by one request.
+    """
+    if not inputs:
+        raise InvalidInput.for_fields({"inputs": "Give at least one input."})
+    texts = [_checked_input(text, f"inputs[{index}]") for index, text in enumerate(inputs)]
+    start_at = _checked_start_at(start_at, MultitaskStrategy.ENQUEUE)
+    agent = version_for_new_work(agent)
+    actor = actor_for(user)
+    scheduled = {"waiting_reason": WaitingReason.SCHEDULED, "wake_at": start_at} if start_at else {}
+    payload = {"multitask_strategy": MultitaskStrategy.ENQUEUE, "batch": len(texts),
+               **({"start_at": start_at.isoformat()} if start_at else {})}
+    with transaction.atomic():
+        sessions = Session.objects.bulk_create([Session(owner=user, agent=agent, title=text[:200]) for text in texts])
+        runs = Run.objects.bulk_create([
+            Run(session=session, agent=agent, requested_by=user, input=text, last_event_seq=1, **scheduled)
+            for session, text in zip(sessions, texts)])
+        announce_events(RunEvent.objects.bulk_create([
+            RunEvent(run=run, seq=1, type="transition", actor=actor, reason="created", to_status=run.status,
+                     payload=payload) for run in runs]))
+        if not start_at:
+            wake_all_on_commit([run.pk for run in runs])  # a scheduled run is woken by the sweeper at start_at
+    return runs
 
 
 def _checked_start_at(start_at, strategy: str):
