@@ -41,7 +41,8 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "te
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "daphne",
+    # Not "daphne": its app imports Daphne's server (Twisted, OpenSSL: 31 MiB) into every process, workers
+    # included, for the sake of its runserver; ``manage.py serve`` runs Daphne's server itself.
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
