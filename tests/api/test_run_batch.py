@@ -132,3 +132,18 @@ def test_a_batch_sent_again_with_its_idempotency_key_answers_the_same_runs(peopl
     # They are the requester's: another user without the decide permission sees neither runs nor sessions.
     assert error_of(api(outsider).get(f"/api/runs/{first.json()[0]['id']}/"), 404)
     assert error_of(api(outsider).get(f"/api/sessions/{first.json()[0]['session']}/"), 404)
+
+
+def test_a_batch_refused_for_bad_input_spends_none_of_the_runs_rate(people, api, refused, monkeypatch):
+    """A batch refused for an input too long starts nothing, so it must not count: the corrected batch sent
+    right after passes. (A start_at too far ahead and an archived agent are also found only after the count.)"""
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES, "runs": "5/min"})
+    requester = api(people["requester"])
+
+    bad = _batch(requester, refused, ["Send 500 to acme.", "x" * 20_001, "Send 500 to initech."])
+    assert "inputs[1]" in field_errors(bad)
+    assert not Run.objects.exists()
+
+    corrected = _batch(requester, refused, ["Send 500 to acme.", "Send 500 to globex.", "Send 500 to initech."])
+
+    assert corrected.status_code == 201, corrected.json()
