@@ -1,6 +1,7 @@
 """``POST /api/runs/batch/``: many runs started by one request (``runs.engine.lifecycle.start_runs``), all or none,
 each run counted against the ``runs`` throttle rate."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -147,3 +148,16 @@ def test_a_batch_refused_for_bad_input_spends_none_of_the_runs_rate(people, api,
     corrected = _batch(requester, refused, ["Send 500 to acme.", "Send 500 to globex.", "Send 500 to initech."])
 
     assert corrected.status_code == 201, corrected.json()
+
+
+def test_the_schema_says_the_batch_answers_a_plain_list_of_runs_and_takes_no_query_parameters(people, api):
+    """The view answers ``[run, ...]`` (201), unpaginated, and reads no filter or page parameter; the schema
+    says a ``PaginatedRunList`` and lists the runs list's filters, cursor and page_size, so a client generated
+    from it reads ``results`` of a list."""
+    schema = json.loads(api(people["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+                        .content)
+
+    operation = schema["paths"]["/api/runs/batch/"]["post"]
+    created = operation["responses"]["201"]["content"]["application/json"]["schema"]
+    assert created.get("type") == "array" and created["items"]["$ref"].endswith("/Run"), created
+    assert [p["name"] for p in operation["parameters"] if p["in"] == "query"] == []
