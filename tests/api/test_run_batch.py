@@ -161,3 +161,22 @@ def test_the_schema_says_the_batch_answers_a_plain_list_of_runs_and_takes_no_que
     created = operation["responses"]["201"]["content"]["application/json"]["schema"]
     assert created.get("type") == "array" and created["items"]["$ref"].endswith("/Run"), created
     assert [p["name"] for p in operation["parameters"] if p["in"] == "query"] == []
+
+
+@pytest.mark.parametrize("start_at", [None, "past"])
+def test_a_batched_runs_created_event_is_the_one_a_single_start_writes(people, api, refused, start_at):
+    """The same request started alone (``POST /api/runs/``) and in a batch logs the same ``created`` event:
+    seq, type, reason, actor, statuses and payload. The batch adds ``batch: N`` to the payload, and drops the
+    ``start_at`` a single start records when that time has already passed."""
+    requester = api(people["requester"])
+    body = {"start_at": (timezone.now() - timedelta(minutes=5)).isoformat()} if start_at else {}
+
+    alone = requester.post("/api/runs/", {"agent": refused, "input": "Send 500 to acme.", **body}, format="json")
+    batched = _batch(requester, refused, ["Send 500 to acme.", "Send 500 to globex."], **body)
+    assert (alone.status_code, batched.status_code) == (201, 201)
+
+    def created(run_id):
+        return RunEvent.objects.filter(run_id=run_id, seq=1).values(
+            "seq", "type", "reason", "actor", "from_status", "to_status", "payload").get()
+
+    assert created(batched.json()[0]["id"]) == created(alone.json()["id"])
