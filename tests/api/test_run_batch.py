@@ -180,3 +180,30 @@ def test_a_batched_runs_created_event_is_the_one_a_single_start_writes(people, a
             "seq", "type", "reason", "actor", "from_status", "to_status", "payload").get()
 
     assert created(batched.json()[0]["id"]) == created(alone.json()["id"])
+
+
+def test_one_wake_up_the_broker_refuses_leaves_the_batchs_other_runs_woken(people, api, refused, idle_worker,
+                                                                           monkeypatch):
+    """Started one by one, a run whose wake-up the broker refuses (a blip) is the only one left to the
+    sweeper; in a batch, the first refusal stops the loop, and every later run of it waits for the sweeper
+    (``QUEUED_GRACE_S``, then at most ``SWEEP_MAX_RESENDS`` a pass) too."""
+    import dramatiq
+    from dramatiq.errors import ConnectionError as BrokerDown
+
+    from runs.sweeping import sweep
+
+    broker = dramatiq.get_broker()
+    enqueue, refusals = broker.enqueue, [BrokerDown("a blip")]
+
+    def blipping(message, *, delay=None):
+        if refusals:
+            raise refusals.pop()
+        return enqueue(message, delay=delay)
+
+    monkeypatch.setattr(broker, "enqueue", blipping)
+    response = _batch(api(people["requester"]), refused, ["One.", "Two.", "Three."])
+    assert response.status_code == 201 and not refusals
+
+    stranded = sweep(now=timezone.now() + timedelta(hours=1))["reenqueued"]
+
+    assert stranded == 1, "only the run whose wake-up was refused should need the sweeper"
