@@ -54,16 +54,6 @@ def wake_on_commit(run_id: int, *, delay_ms: int | None = None, suspect: bool = 
     transaction.on_commit(lambda: wake_now(run_id, delay_ms=delay_ms, suspect=suspect), robust=True)
 
 
-def wake_all_on_commit(run_ids: list[int]) -> None:
-    """Enqueue a wake-up for each of ``run_ids``, in order, once the current transaction commits (``wake_on_commit``
-    for many). Never raises: a broker error is logged and the runs not woken yet are left to the sweeper."""
-    def wake_all():
-        for run_id in run_ids:
-            wake_now(run_id)
-
-    transaction.on_commit(wake_all, robust=True)
-
-
 def _run_id(data: bytes) -> int | None:
     try:
         message = dramatiq.Message.decode(data)

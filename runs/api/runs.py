@@ -13,6 +13,7 @@ Starting runs has its own throttle rate (``runs``). Every POST honours
 exceptions become HTTP answers in ``config.api.exception_handler``.
 """
 
+from django.db.models import prefetch_related_objects
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -159,24 +160,27 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
         request=RunBatchCreateSerializer,
         responses={201: RunSerializer(many=True),
                    400: OpenApiResponse(description="An input is empty or too long, there are more than "
-                                                    "TOLLGATE['RUN_BATCH_MAX'], or more than the runs rate allows "
-                                                    "at all; no run was started."),
+                                                    "TOLLGATE['RUN_BATCH_MAX'] or more than the runs rate allows "
+                                                    "at all, or start_at is bad; no run was started."),
+                   409: OpenApiResponse(description="The agent was archived; no run was started."),
                    429: OpenApiResponse(description="The runs rate has no room for this many runs now "
                                                     "(`details.retry_after`); no run was started.")},
     )
-    @action(detail=False, methods=["post"])
+    @action(detail=False, methods=["post"], pagination_class=None, filter_backends=[])
     def batch(self, request):
         """Start one run per input, each in a new session, in one transaction (``start_runs``); 201 with the runs, in order.
 
         All or none. Each run counts against the ``runs`` throttle rate
-        (``check_run_start_rate``). With an ``Idempotency-Key``, the same
-        request sent again within 24 hours answers the same runs.
+        (``check_run_start_rate``), once the batch passed every other check,
+        so a refused batch spends none of it. With an ``Idempotency-Key``,
+        the same request sent again within 24 hours answers the same runs.
         """
         body = RunBatchCreateSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        check_run_start_rate(request, count=len(data["inputs"]))
-        runs = start_runs(agent=data["agent"], user=request.user, inputs=data["inputs"], start_at=data["start_at"])
+        runs = start_runs(agent=data["agent"], user=request.user, inputs=data["inputs"], start_at=data["start_at"],
+                          admit=lambda count: check_run_start_rate(request, count=count))
+        prefetch_related_objects(runs, decided_items_prefetch())  # one query for all their decisions (none yet)
         return Response(self.get_serializer(runs, many=True).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(summary="Retry a failed or cancelled run", request=CancelSerializer,

@@ -238,19 +238,19 @@ class RunBatchCreateSerializer(StrictSerializer):
                                          help_text="The agent's slug; the runs use its current version.")
     inputs = serializers.ListField(
         child=serializers.CharField(), allow_empty=False,
-        help_text="One request per run, in order; at most TOLLGATE['RUN_BATCH_MAX'] of them, each limited to "
-                  "TOLLGATE['MAX_INPUT_CHARS'] characters.")
+        help_text="One request per run, in order; at most TOLLGATE['RUN_BATCH_MAX'] of them (and no more than "
+                  "the runs throttle rate), each limited to TOLLGATE['MAX_INPUT_CHARS'] characters.")
     start_at = OffsetDateTimeField(
         required=False, allow_null=True, default=None,
-        help_text="ISO 8601 with offset: every run stays queued (waiting_reason scheduled) until then, as in "
-                  "POST /api/runs/.")
+        help_text="ISO 8601 with offset: every run stays queued (waiting_reason scheduled) until then; at most "
+                  "TOLLGATE['MAX_WAIT_S'] ahead. A past time starts them at once.")
 
-    def validate_inputs(self, inputs: list[str]) -> list[str]:
-        """At most ``TOLLGATE["RUN_BATCH_MAX"]`` inputs."""
-        limit = settings.TOLLGATE["RUN_BATCH_MAX"]
-        if len(inputs) > limit:
-            raise serializers.ValidationError(f"{len(inputs)} inputs; at most {limit} runs start in one batch.")
-        return inputs
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        limits = settings.TOLLGATE
+        self.fields["inputs"] = serializers.ListField(
+            child=serializers.CharField(max_length=limits["MAX_INPUT_CHARS"]), allow_empty=False,
+            max_length=limits["RUN_BATCH_MAX"], help_text=self.fields["inputs"].help_text)
 
 
 class SessionSerializer(OutputSerializer):

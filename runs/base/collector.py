@@ -23,11 +23,21 @@ import gc
 
 YOUNGEST_THRESHOLD = 10_000  # net container allocations between two collections of the youngest generation
 
+_settled = False
+
 
 def settle() -> None:
     """Collect, freeze what is alive now (``gc.freeze``), and collect the youngest generation after
-    ``YOUNGEST_THRESHOLD`` net allocations (the older generations' thresholds unchanged). Call it once the
-    process has imported what it runs; calling it again freezes what was allocated since."""
+    ``YOUNGEST_THRESHOLD`` net allocations (the older generations' thresholds unchanged).
+
+    Call it once the process has imported what it runs. Only the first call in a process does anything:
+    a process that boots workers and then serves (``manage.py serve``, the test process) would otherwise
+    freeze what its runs hold at the time, and what of it later became cyclic garbage could never be freed.
+    """
+    global _settled
+    if _settled:
+        return
+    _settled = True
     gc.collect()
     gc.freeze()
     _, middle, oldest = gc.get_threshold()

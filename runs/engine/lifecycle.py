@@ -8,6 +8,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Callable
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -35,7 +36,7 @@ from runs.models import (
 from runs.services import actor_for, announce_events, append_event, append_message, wake_next_in_session
 from runs.transitions import apply
 from runs.tx import locked, relock
-from runs.wakeups import wake_all_on_commit, wake_on_commit
+from runs.wakeups import wake_on_commit
 from tools.models import ToolCall, Wait, WaitStatus
 from tools.services import deliver_tool_results, settle_calls_at_run_end, unknown_calls_for_a_person
 from tools.waits import cancel_waits
@@ -182,19 +183,25 @@ def _checked_input(input: str | None, field_name: str) -> str:
     return input
 
 
-def start_runs(*, agent: Agent, user, inputs: list[str], start_at=None) -> list[Run]:
+def start_runs(*, agent: Agent, user, inputs: list[str], start_at=None,
+               admit: Callable[[int], None] | None = None) -> list[Run]:
     """Start one run per input of ``inputs``, each in a new session of its own, all at once; the runs, in order.
 
     What ``submit_input`` does for one input with no session, for many in
-    one transaction: the sessions, the runs (queued, on the current
-    version of ``agent``'s slug) and their ``created`` events are written
-    by one INSERT each, and a worker is woken for each run once it
-    commits (a ``start_at`` ahead: they wait ``scheduled``, as there). The
-    events are announced as ``append_events`` announces them (the webhook
-    outbox, the runs' event sockets). All or nothing: raises
-    ``InvalidInput`` (field ``inputs[i]``) for an empty or oversized
-    input, no input at all or a bad ``start_at``, and ``AgentArchived``
-    (409) for an archived agent, and then starts none.
+    one transaction: the same session, run and ``created`` event rows
+    (queued, on the current version of ``agent``'s slug; a ``start_at``
+    ahead: they wait ``scheduled``), written by one INSERT per kind of row
+    on PostgreSQL (SQLite splits them by its parameter limit). The events
+    are announced as ``append_events`` announces them (the webhook outbox,
+    the runs' event sockets), and each run's wake-up is sent once the
+    transaction commits, on its own, as a single start's is.
+
+    All or nothing: raises ``InvalidInput`` (field ``inputs[i]``) for an
+    empty or oversized input, no input at all or a bad ``start_at``, and
+    ``AgentArchived`` (409) for an archived agent, and then starts none.
+    ``admit(count)`` is called once those checks passed, before anything
+    is written (the API counts the runs against its rate there); what it
+    raises refuses the batch too.
 
     The idea is LangGraph Platform's run batch (``POST /runs/batch``):
     N runs started by one request.
@@ -202,12 +209,14 @@ def start_runs(*, agent: Agent, user, inputs: list[str], start_at=None) -> list[
     if not inputs:
         raise InvalidInput.for_fields({"inputs": "Give at least one input."})
     texts = [_checked_input(text, f"inputs[{index}]") for index, text in enumerate(inputs)]
+    payload = {"multitask_strategy": MultitaskStrategy.ENQUEUE,  # as submit_input logs it
+               **({"start_at": start_at.isoformat()} if start_at else {})}
     start_at = _checked_start_at(start_at, MultitaskStrategy.ENQUEUE)
     agent = version_for_new_work(agent)
+    if admit is not None:
+        admit(len(texts))
     actor = actor_for(user)
     scheduled = {"waiting_reason": WaitingReason.SCHEDULED, "wake_at": start_at} if start_at else {}
-    payload = {"multitask_strategy": MultitaskStrategy.ENQUEUE, "batch": len(texts),
-               **({"start_at": start_at.isoformat()} if start_at else {})}
     with transaction.atomic():
         sessions = Session.objects.bulk_create([Session(owner=user, agent=agent, title=text[:200]) for text in texts])
         runs = Run.objects.bulk_create([
@@ -216,8 +225,9 @@ def start_runs(*, agent: Agent, user, inputs: list[str], start_at=None) -> list[
         announce_events(RunEvent.objects.bulk_create([
             RunEvent(run=run, seq=1, type="transition", actor=actor, reason="created", to_status=run.status,
                      payload=payload) for run in runs]))
-        if not start_at:
-            wake_all_on_commit([run.pk for run in runs])  # a scheduled run is woken by the sweeper at start_at
+        if not start_at:  # a scheduled run is woken by the sweeper at start_at
+            for run in runs:
+                wake_on_commit(run.pk)
     return runs
 
 

@@ -59,7 +59,7 @@ def test_a_batch_starts_a_run_per_input_each_in_a_session_of_its_own_and_they_ru
     ([], "inputs"),
     (["Send 500 to acme.", "   "], "inputs"),
     ("Send 500 to acme.", "inputs"),
-    (["x" * 20_001], "inputs[0]"),
+    (["x" * 20_001], "inputs"),
     (["Send it."] * 4, "inputs"),
 ])
 def test_a_bad_batch_is_400_and_starts_nothing(people, api, refused, settings, inputs, field):
@@ -142,7 +142,7 @@ def test_a_batch_refused_for_bad_input_spends_none_of_the_runs_rate(people, api,
     requester = api(people["requester"])
 
     bad = _batch(requester, refused, ["Send 500 to acme.", "x" * 20_001, "Send 500 to initech."])
-    assert "inputs[1]" in field_errors(bad)
+    assert field_errors(bad)["inputs"] == {"1": ["Ensure this field has no more than 20000 characters."]}
     assert not Run.objects.exists()
 
     corrected = _batch(requester, refused, ["Send 500 to acme.", "Send 500 to globex.", "Send 500 to initech."])
@@ -188,7 +188,7 @@ def test_one_wake_up_the_broker_refuses_leaves_the_batchs_other_runs_woken(peopl
     sweeper; in a batch, the first refusal stops the loop, and every later run of it waits for the sweeper
     (``QUEUED_GRACE_S``, then at most ``SWEEP_MAX_RESENDS`` a pass) too."""
     import dramatiq
-    from dramatiq.errors import ConnectionError as BrokerDown
+    from dramatiq.errors import BrokerConnectionError as BrokerDown
 
     from runs.sweeping import sweep
 
@@ -207,3 +207,27 @@ def test_one_wake_up_the_broker_refuses_leaves_the_batchs_other_runs_woken(peopl
     stranded = sweep(now=timezone.now() + timedelta(hours=1))["reenqueued"]
 
     assert stranded == 1, "only the run whose wake-up was refused should need the sweeper"
+
+
+def test_start_runs_checks_every_input_itself_before_admitting_or_writing(people, refused):
+    """The service is also called in-process (bench/latency.py): it refuses what the API's serializer refuses,
+    naming the input, and asks ``admit`` only once everything passed."""
+    from runs.base.errors import InvalidInput
+    from runs.engine.lifecycle import start_runs
+    from runs.models import Agent
+
+    agent, admitted = Agent.objects.get(slug=refused), []
+    for inputs, field in ((["Send it.", "  "], "inputs[1]"), (["x" * 20_001], "inputs[0]"), ([], "inputs")):
+        with pytest.raises(InvalidInput) as refusal:
+            start_runs(agent=agent, user=people["requester"], inputs=inputs, admit=admitted.append)
+        assert list(refusal.value.details) == [field]
+
+    def full(count):
+        raise InvalidInput("no room")
+
+    with pytest.raises(InvalidInput, match="no room"):
+        start_runs(agent=agent, user=people["requester"], inputs=["Send it."], admit=full)
+    runs = start_runs(agent=agent, user=people["requester"], inputs=["One.", "Two."], admit=admitted.append)
+
+    assert admitted == [2]
+    assert list(Run.objects.order_by("pk")) == runs and Session.objects.count() == 2
