@@ -304,7 +304,6 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
 
     from django.utils import timezone
 
-    from runs.engine.lifecycle import start_run
     from runs.models import TERMINAL_STATUSES, Agent, Run
 
     env = dict(os.environ)
@@ -328,7 +327,7 @@ def run_tollgate(args, database: Database, services: Cluster, model: ModelServer
         orders = create_orders(args.runs + args.warmup_runs)
         orders, warmup = orders[:args.runs], orders[args.runs:]
         requester = get_user_model().objects.get(username="requester")
-        warmup_ids = [start_run(agent=agent, user=requester, input=f"refund order {n}").pk for n in warmup]
+        warmup_ids = start_all(agent, requester, [f"refund order {n}" for n in warmup], one_by_one=True)
         wait_for(lambda: not Run.objects.filter(pk__in=warmup_ids).exclude(status__in=TERMINAL_STATUSES).exists(),
                  120, "the warm-up runs")
         warmup_ended = Counter(Run.objects.filter(pk__in=warmup_ids).values_list("outcome", flat=True))

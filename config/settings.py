@@ -41,8 +41,10 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "te
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    # Not "daphne": its app imports Daphne's server (Twisted, OpenSSL: 31 MiB) into every process, workers
-    # included, for the sake of its runserver; ``manage.py serve`` runs Daphne's server itself.
+    # First, so that its runserver wins: ``manage.py runserver`` is ``manage.py serve`` (config.runserver).
+    # Not "daphne": its app imports Daphne's server (Twisted, OpenSSL: 23 MiB of a worker's RSS) into every
+    # process, workers included, for the sake of its runserver; serve runs Daphne's server itself.
+    "config.runserver",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -507,8 +509,10 @@ TOLLGATE = {
     "MAX_EVENT_PAYLOAD_BYTES": env.int("TOLLGATE_MAX_EVENT_PAYLOAD_BYTES", default=65_536),
     # Largest accepted run input (characters).
     "MAX_INPUT_CHARS": env.int("TOLLGATE_MAX_INPUT_CHARS", default=20_000),
-    # Most runs one POST /api/runs/batch/ starts (each also counts against
-    # the "runs" throttle rate).
+    # Most runs one POST /api/runs/batch/ starts. Each also counts against
+    # the "runs" throttle rate, so a batch holds at most that rate's count
+    # (30 by default); a JSON body's limit (DATA_UPLOAD_MAX_MEMORY_SIZE, 1 MiB: 413)
+    # bounds it too.
     "RUN_BATCH_MAX": env.int("TOLLGATE_RUN_BATCH_MAX", default=100),
     # Longest model output stored (characters): an answer's text, or one tool
     # call's raw arguments. Longer text is refused (runs.base.model_output) and the

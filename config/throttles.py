@@ -8,7 +8,8 @@ rate through. ``SerializedRateThrottle`` makes that read-decide-write
 one step per key with a short lock in the same cache (``cache.add``, an
 atomic set-if-absent in Redis and in the in-process cache), the approach
 of a lock around a read-modify-write; the rates, the sliding window and
-``Retry-After`` stay DRF's.
+``Retry-After`` stay DRF's. A request may count as several (``weight``: a
+batch of runs counts one per run), all or none, in the same window.
 
 A request that cannot take the lock within ``LOCK_WAIT_S`` (the key is
 that busy, or a process died holding it: the lock expires after

@@ -163,6 +163,8 @@ class RunViewSet(IdempotentPostMixin, VisibleRowsMixin, mixins.ListModelMixin, m
                                                     "TOLLGATE['RUN_BATCH_MAX'] or more than the runs rate allows "
                                                     "at all, or start_at is bad; no run was started."),
                    409: OpenApiResponse(description="The agent was archived; no run was started."),
+                   413: OpenApiResponse(description="The body is over DATA_UPLOAD_MAX_MEMORY_SIZE; no run was "
+                                                    "started."),
                    429: OpenApiResponse(description="The runs rate has no room for this many runs now "
                                                     "(`details.retry_after`); no run was started.")},
     )

@@ -136,8 +136,8 @@ def test_a_batch_sent_again_with_its_idempotency_key_answers_the_same_runs(peopl
 
 
 def test_a_batch_refused_for_bad_input_spends_none_of_the_runs_rate(people, api, refused, monkeypatch):
-    """A batch refused for an input too long starts nothing, so it must not count: the corrected batch sent
-    right after passes. (A start_at too far ahead and an archived agent are also found only after the count.)"""
+    """A batch refused for an input too long starts nothing, so it does not count: the corrected batch sent
+    right after passes."""
     monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {**SimpleRateThrottle.THROTTLE_RATES, "runs": "5/min"})
     requester = api(people["requester"])
 
@@ -151,9 +151,8 @@ def test_a_batch_refused_for_bad_input_spends_none_of_the_runs_rate(people, api,
 
 
 def test_the_schema_says_the_batch_answers_a_plain_list_of_runs_and_takes_no_query_parameters(people, api):
-    """The view answers ``[run, ...]`` (201), unpaginated, and reads no filter or page parameter; the schema
-    says a ``PaginatedRunList`` and lists the runs list's filters, cursor and page_size, so a client generated
-    from it reads ``results`` of a list."""
+    """The view answers ``[run, ...]`` (201), unpaginated, and reads no filter or page parameter, and the
+    schema says so (not the runs list's page, filters, cursor and page_size)."""
     schema = json.loads(api(people["requester"]).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
                         .content)
 
@@ -166,8 +165,7 @@ def test_the_schema_says_the_batch_answers_a_plain_list_of_runs_and_takes_no_que
 @pytest.mark.parametrize("start_at", [None, "past"])
 def test_a_batched_runs_created_event_is_the_one_a_single_start_writes(people, api, refused, start_at):
     """The same request started alone (``POST /api/runs/``) and in a batch logs the same ``created`` event:
-    seq, type, reason, actor, statuses and payload. The batch adds ``batch: N`` to the payload, and drops the
-    ``start_at`` a single start records when that time has already passed."""
+    seq, type, reason, actor, statuses and payload (a ``start_at`` already past included)."""
     requester = api(people["requester"])
     body = {"start_at": (timezone.now() - timedelta(minutes=5)).isoformat()} if start_at else {}
 
@@ -184,9 +182,8 @@ def test_a_batched_runs_created_event_is_the_one_a_single_start_writes(people, a
 
 def test_one_wake_up_the_broker_refuses_leaves_the_batchs_other_runs_woken(people, api, refused, idle_worker,
                                                                            monkeypatch):
-    """Started one by one, a run whose wake-up the broker refuses (a blip) is the only one left to the
-    sweeper; in a batch, the first refusal stops the loop, and every later run of it waits for the sweeper
-    (``QUEUED_GRACE_S``, then at most ``SWEEP_MAX_RESENDS`` a pass) too."""
+    """A run of a batch whose wake-up the broker refuses (a blip) is the only one left to the sweeper, as when
+    started alone: each wake-up is sent on its own."""
     import dramatiq
     from dramatiq.errors import BrokerConnectionError as BrokerDown
 
@@ -210,8 +207,8 @@ def test_one_wake_up_the_broker_refuses_leaves_the_batchs_other_runs_woken(peopl
 
 
 def test_start_runs_checks_every_input_itself_before_admitting_or_writing(people, refused):
-    """The service is also called in-process (bench/latency.py): it refuses what the API's serializer refuses,
-    naming the input, and asks ``admit`` only once everything passed."""
+    """The service is also called in-process (bench/latency.py): it refuses empty and oversized inputs itself,
+    naming the input, and asks ``admit`` only once everything passed (the batch size is the API's limit)."""
     from runs.base.errors import InvalidInput
     from runs.engine.lifecycle import start_runs
     from runs.models import Agent
