@@ -21,8 +21,9 @@ Wire mapping of the provider-neutral messages:
 Finish reasons: ``end_turn``/``stop_sequence``/``pause_turn``/``refusal``
 -> ``stop``, ``tool_use`` -> ``tool_calls``, ``max_tokens`` -> ``length``.
 Usage: input = ``input_tokens`` + cache creation + cache read tokens.
-Calls are async (``anthropic.AsyncAnthropic``), one attempt each; errors
-as in ``runs.providers.openai_provider``.
+Calls are async (``anthropic.AsyncAnthropic`` over the SDK's aiohttp
+transport), one attempt each, with a plain JSON body and the answer read
+as decoded JSON; errors as in ``runs.providers.openai_provider``.
 """
 
 import json
@@ -36,8 +37,10 @@ from runs.base.model_call import MalformedResponse, ModelRequest, ModelResponse,
 from runs.providers.http_config import (
     SDKClientCache,
     config_problems,
+    json_field,
     normalise_finish_reason,
     parse_config,
+    post_json,
     read_interruptible,
     sdk_call,
 )
@@ -111,7 +114,7 @@ class AnthropicClient:
     """One agent's Anthropic Messages endpoint.
 
     ``timeout_s``: the config's ``timeout_s`` (seconds), what the SDK allows
-    each connect, write, read and pool wait of a call (``SDKClientCache``);
+    each connect, read and pool wait of a call (``SDKClientCache``);
     ``max_retries``: the config's, how often the engine tries a transiently
     failed call again (``runs.engine.loop``). Raises ``ConfigError`` for an unusable config.
     """
@@ -141,39 +144,44 @@ class AnthropicClient:
 
         async def call():
             if cfg.stream:
-                stream = await client.messages.create(**params, stream=True)
+                params["stream"] = True
+                stream = await post_json(client, "/v1/messages", params, stream=True, sdk=anthropic)
                 return await read_interruptible(_read_stream, stream, request, sdk=anthropic)
-            return _read_message(await client.messages.create(**params))
+            return _read_message(await post_json(client, "/v1/messages", params, stream=False, sdk=anthropic))
 
         return await sdk_call(call, provider="Anthropic", sdk=anthropic, cfg=cfg)
 
 
-def _input_tokens(usage) -> int:
-    return sum(getattr(usage, name, None) or 0
+def _input_tokens(usage: dict) -> int:
+    return sum(json_field(usage, name, int, 0)
                for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
 
 
-def _read_message(message) -> ModelResponse:
-    """A non-streamed ``message`` -> ``ModelResponse``."""
-    if isinstance(message, str) or getattr(message, "content", None) is None:
+def _read_message(body) -> ModelResponse:
+    """A non-streamed ``message`` (decoded JSON) -> ``ModelResponse``."""
+    content = json_field(body, "content", list, None) if isinstance(body, dict) else None
+    if content is None:
         raise MalformedResponse("Malformed Anthropic response: no content in the body.")
     text, calls = [], []
-    for block in message.content:
-        if block.type == "text":
-            text.append(block.text)
-        elif block.type == "tool_use":
-            calls.append({"id": block.id, "name": block.name, "arguments": json.dumps(block.input)})
+    for block in content:
+        kind = json_field(block, "type", str)
+        if kind == "text":
+            text.append(json_field(block, "text", str, ""))
+        elif kind == "tool_use":
+            calls.append({"id": json_field(block, "id", str, ""), "name": json_field(block, "name", str, ""),
+                          "arguments": json.dumps(json_field(block, "input", dict, {}))})
+    usage = json_field(body, "usage", dict, {})
     return ModelResponse(
         content="".join(text),
         tool_calls=calls,
-        finish_reason=_finish_reason(message.stop_reason, calls),
-        input_tokens=_input_tokens(message.usage),
-        output_tokens=message.usage.output_tokens or 0,
+        finish_reason=_finish_reason(json_field(body, "stop_reason", str, None), calls),
+        input_tokens=_input_tokens(usage),
+        output_tokens=json_field(usage, "output_tokens", int, 0),
     )
 
 
 async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
-    """Accumulate Messages stream events, reporting deltas as they arrive.
+    """Accumulate Messages stream events (decoded JSON), reporting deltas as they arrive.
 
     ``message_start`` carries input usage; ``content_block_start`` opens a
     text or ``tool_use`` block (id, name); ``content_block_delta`` adds
@@ -186,30 +194,38 @@ async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
     input_tokens = output_tokens = 0
     async with stream:
         async for event in stream:
-            if event.type == "message_start":
-                input_tokens = _input_tokens(event.message.usage)
-                output_tokens = event.message.usage.output_tokens or 0
-            elif event.type == "content_block_start" and event.content_block.type == "tool_use":
-                block = event.content_block
-                blocks[event.index] = {"id": block.id, "name": block.name, "arguments": ""}
-                request.emit("tool_call_delta", {"index": event.index, "id": block.id, "name": block.name,
-                                                 "arguments": ""})
-            elif event.type == "content_block_delta":
-                delta = event.delta
-                if delta.type == "text_delta":
-                    text.append(delta.text)
-                    request.emit("text_delta", {"text": delta.text})
-                elif delta.type == "input_json_delta" and event.index in blocks:
-                    call = blocks[event.index]
-                    call["arguments"] += delta.partial_json
-                    request.emit("tool_call_delta", {"index": event.index, "id": call["id"], "name": call["name"],
-                                                     "arguments": delta.partial_json})
-            elif event.type == "message_delta":
-                stop_reason = event.delta.stop_reason or stop_reason
-                output_tokens = max(output_tokens, event.usage.output_tokens or 0)
-                if event.usage.input_tokens is not None:
-                    input_tokens = max(input_tokens, _input_tokens(event.usage))
-            elif event.type == "message_stop":
+            kind = json_field(event, "type", str)
+            if kind == "message_start":
+                usage = json_field(json_field(event, "message", dict), "usage", dict, {})
+                input_tokens = _input_tokens(usage)
+                output_tokens = json_field(usage, "output_tokens", int, 0)
+            elif kind == "content_block_start":
+                block = json_field(event, "content_block", dict)
+                if json_field(block, "type", str) == "tool_use":
+                    index = json_field(event, "index", int)
+                    call = blocks[index] = {"id": json_field(block, "id", str, ""),
+                                            "name": json_field(block, "name", str, ""), "arguments": ""}
+                    request.emit("tool_call_delta", {"index": index, "id": call["id"], "name": call["name"],
+                                                     "arguments": ""})
+            elif kind == "content_block_delta":
+                delta = json_field(event, "delta", dict)
+                delta_kind = json_field(delta, "type", str)
+                if delta_kind == "text_delta":
+                    piece = json_field(delta, "text", str, "")
+                    text.append(piece)
+                    request.emit("text_delta", {"text": piece})
+                elif delta_kind == "input_json_delta" and (index := json_field(event, "index", int)) in blocks:
+                    call, piece = blocks[index], json_field(delta, "partial_json", str, "")
+                    call["arguments"] += piece
+                    request.emit("tool_call_delta", {"index": index, "id": call["id"], "name": call["name"],
+                                                     "arguments": piece})
+            elif kind == "message_delta":
+                stop_reason = json_field(json_field(event, "delta", dict, {}), "stop_reason", str, None) or stop_reason
+                usage = json_field(event, "usage", dict, {})
+                output_tokens = max(output_tokens, json_field(usage, "output_tokens", int, 0))
+                if json_field(usage, "input_tokens", int, None) is not None:
+                    input_tokens = max(input_tokens, _input_tokens(usage))
+            elif kind == "message_stop":
                 stopped = True
     if not stopped:
         raise MalformedResponse("Malformed Anthropic stream: it ended without message_stop.")
@@ -229,7 +245,7 @@ def _finish_reason(reason: str | None, calls: list[dict]) -> str:
     return normalise_finish_reason(reason, STOP_REASONS, calls)
 
 
-_CLIENTS = SDKClientCache(anthropic.AsyncAnthropic)
+_CLIENTS = SDKClientCache(anthropic.AsyncAnthropic, anthropic.DefaultAioHttpClient)
 
 
 PROVIDER = Provider(name="anthropic", config_problems=config_problems, client=AnthropicClient)

@@ -31,6 +31,14 @@ keeps its status and the server's message (``server_message``).
 
 Calls are async (``openai.AsyncOpenAI``, ``anthropic.AsyncAnthropic``)
 and make one attempt: the SDKs' own retries are off (``max_retries=0``).
+Each call goes through the SDK's request layer (``client.post``: its
+auth headers, timeouts, error classes and server-sent-event reader) over
+the SDK's aiohttp transport (``DefaultAioHttpClient``), with a body that
+the provider built as plain JSON and an answer read as decoded JSON
+(``post_json``, ``json_field``): the SDKs' typed layer, which walks its
+parameter annotations over the whole history for every request and
+builds a model object for every streamed chunk, cost 2.2 of a streamed
+call's 2.8 ms of CPU (``bench/client_floor.py``).
 An error worth retrying is a ``ModelError`` with ``transient`` set and,
 when the server said how long to wait, ``retry_after_s``
 (``transient_status``, ``retry_after_seconds``); the config's
@@ -38,6 +46,7 @@ when the server said how long to wait, ``retry_after_s``
 """
 
 import asyncio
+import atexit
 import email.utils
 import logging
 import math
@@ -47,6 +56,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx2
 from django.conf import settings
 from django.utils.translation import gettext as _
@@ -259,6 +269,20 @@ def normalise_finish_reason(raw: str | None, table: dict[str, str], calls: list[
     return normalised
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether an SDK timeout error was a timeout: the aiohttp transport's error map reports a refused or
+    reset connection (an ``aiohttp.ClientConnectionError`` that is no ``TimeoutError``) as a connect timeout."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, TimeoutError):
+            return True
+        if isinstance(exc, aiohttp.ClientError):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return True
+
+
 # The SDKs never retry: a transient error goes back to the caller, which owns retries and backoff.
 SDK_MAX_RETRIES = 0
 
@@ -266,8 +290,8 @@ SDK_MAX_RETRIES = 0
 class SDKClientCache:
     """Async SDK clients per (event loop, key, base URL, timeout), reused: each pools its connections.
 
-    A client belongs to the event loop it is first used on: its httpx
-    connections are bound to that loop and cannot be used from another.
+    A client belongs to the event loop it is first used on: its aiohttp
+    session and connections are bound to that loop and cannot be used from another.
     So the running loop is part of the key (held by the cache): two loops,
     at once or in turn (``asyncio.run`` twice), never share a client, and
     the clients of loops that have been closed are dropped whenever a new
@@ -275,22 +299,43 @@ class SDKClientCache:
     closed by the garbage collector once no call uses it any more.
     Thread-safe.
 
-    A client's ``timeout`` is ``cfg.timeout_s`` for each connect, write,
-    read and connection-pool wait of one call (an ``httpx2.Timeout`` of
-    that many seconds); it bounds the silence of a server, not the length
-    of a streamed answer that keeps arriving. Its ``max_retries`` is
+    A client's ``timeout`` is ``cfg.timeout_s`` for each connect, read and
+    connection-pool wait of one call (an ``httpx2.Timeout`` of that many
+    seconds, which the aiohttp transport applies as ``sock_connect``,
+    ``sock_read`` and ``connect``); it bounds the silence of a server, not
+    the length of a streamed answer that keeps arriving. Its ``max_retries`` is
     ``SDK_MAX_RETRIES``.
     """
 
-    def __init__(self, factory, max_clients: int = 16):
+    def __init__(self, factory, http_client=None, max_clients: int = 16):
         self.factory = factory
+        self.http_client = http_client
         self.max_clients = max_clients
         self._clients: dict[tuple, object] = {}
         self._lock = threading.Lock()
+        atexit.register(self.close_all)
+
+    def close_all(self, timeout_s: float = 2.0) -> None:
+        """Close and forget every client whose event loop is still open (at the process's exit: an aiohttp
+        session left open is reported as an error when it is collected). A client on a running loop is
+        closed on that loop, waiting at most ``timeout_s`` seconds; one on a closed loop is only forgotten."""
+        with self._lock:
+            clients, self._clients = list(self._clients.items()), {}
+        for (loop, *_), client in clients:
+            try:
+                if loop.is_closed():
+                    continue
+                if loop.is_running():
+                    asyncio.run_coroutine_threadsafe(client.close(), loop).result(timeout_s)
+                else:
+                    loop.run_until_complete(client.close())
+            except Exception:  # a client that cannot close now is collected as it is
+                log.debug("a model client could not be closed", exc_info=True)
 
     def get(self, cfg: HttpModelConfig):
         """The client for ``cfg`` on the running event loop, made with ``factory(api_key=, base_url=,
-        timeout=, max_retries=)``. Call it inside a coroutine (``RuntimeError`` without a running loop)."""
+        timeout=, max_retries=)`` and, when the cache has an ``http_client`` factory, ``http_client=http_client()``
+        (the SDK's ``DefaultAioHttpClient``). Call it inside a coroutine (``RuntimeError`` without a running loop)."""
         loop = asyncio.get_running_loop()
         key = (loop, cfg.api_key, cfg.base_url, cfg.timeout_s)
         with self._lock:
@@ -298,11 +343,52 @@ class SDKClientCache:
             if client is None:
                 for stale in [k for k in self._clients if k[0].is_closed()]:
                     del self._clients[stale]
-                client = self._clients[key] = self.factory(
-                    api_key=cfg.api_key, base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=SDK_MAX_RETRIES)
+                options = {"api_key": cfg.api_key, "base_url": cfg.base_url, "timeout": cfg.timeout_s,
+                           "max_retries": SDK_MAX_RETRIES}
+                if self.http_client is not None:
+                    options["http_client"] = self.http_client()
+                client = self._clients[key] = self.factory(**options)
                 while len(self._clients) > self.max_clients:
                     del self._clients[next(iter(self._clients))]
             return client
+
+
+async def post_json(client, path: str, body: dict, *, stream: bool, sdk):
+    """POST ``body`` (JSON-ready: dicts, lists, strings, numbers) to ``path`` of the SDK ``client``'s base URL.
+
+    ``sdk`` is the ``openai`` or ``anthropic`` module. Returns the decoded JSON answer as it came (any JSON
+    value), or, with ``stream``, the SDK's ``AsyncStream`` of decoded JSON events (an ``async with`` and
+    ``async for`` of dicts, unless the server sent something else). Raises what the SDK raises (its
+    ``APIStatusError``, ``APITimeoutError``, ``APIConnectionError``; ``httpx2`` transport errors once a
+    stream has begun): ``sdk_call`` maps them. This is the SDKs' documented way to send a request with a
+    body of one's own (``client.post``); the answer is read with ``json_field``.
+    """
+    return await client.post(path, body=body, cast_to=object, stream=stream, stream_cls=sdk.AsyncStream[object])
+
+
+_REQUIRED = object()
+
+
+def json_field(obj, key: str, kind: type | tuple[type, ...], default=_REQUIRED):
+    """``obj[key]`` of a model server's decoded JSON answer, checked: a ``kind`` (``int`` never matches a bool).
+
+    Returns ``default`` when the key is absent or ``null``; raises ``MalformedResponse`` when ``obj`` is not
+    a JSON object, when the value has another type, or when it is absent and no ``default`` was given.
+    """
+    if not isinstance(obj, dict):
+        raise MalformedResponse(f"Malformed model response: expected an object holding {key!r}.")
+    value = obj.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise MalformedResponse(f"Malformed model response: {key!r} is missing.")
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise MalformedResponse(f"Malformed model response: {key!r} has the wrong type.")
+    return value
+
+
+def _kinds(kind) -> tuple:
+    return kind if isinstance(kind, tuple) else (kind,)
 
 
 async def read_interruptible(read, stream, request, *, sdk):
@@ -340,9 +426,9 @@ async def sdk_call(call, *, provider: str, sdk, cfg: HttpModelConfig):
                          detail=server_message(exc.body), status=exc.status_code,
                          transient=transient_status(exc.status_code),
                          retry_after_s=retry_after_seconds(exc.response.headers)) from exc
-    except sdk.APITimeoutError as exc:
-        raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s.", transient=True) from exc
-    except sdk.APIConnectionError as exc:
+    except sdk.APIConnectionError as exc:  # APITimeoutError is one
+        if isinstance(exc, sdk.APITimeoutError) and _timed_out(exc):
+            raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s.", transient=True) from exc
         log.warning("%s API unreachable (endpoint %r): %s", provider, cfg.endpoint, exc)
         raise ModelError(f"{provider} API unreachable (endpoint {cfg.endpoint!r}).", transient=True) from exc
     except (sdk.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:

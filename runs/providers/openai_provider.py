@@ -14,9 +14,12 @@ Wire mapping of the provider-neutral messages (``ModelRequest.messages``):
   ``[runtime]``: several compatible servers reject a system message that
   is not the first one.
 
-Calls are async (``openai.AsyncOpenAI``; clients per event loop, see
-``runs.providers.http_config.SDKClientCache``) and make one attempt: the
-SDK does not retry. An error status raises ``ModelError`` with the status
+Calls are async (``openai.AsyncOpenAI`` over the SDK's aiohttp transport;
+clients per event loop, see ``runs.providers.http_config.SDKClientCache``)
+and make one attempt: the SDK does not retry. The request body is built
+here as plain JSON and the answer read as decoded JSON
+(``http_config.post_json``), each field checked for its type
+(``http_config.json_field``). An error status raises ``ModelError`` with the status
 and the SDK's error class, ``transient`` for 408/409/429/5xx with
 ``retry_after_s`` from ``Retry-After`` / ``retry-after-ms``; a timeout or
 an unreachable server raises a transient ``ModelError``; a connection lost
@@ -30,8 +33,10 @@ from runs.base.model_call import MalformedResponse, ModelRequest, ModelResponse,
 from runs.providers.http_config import (
     SDKClientCache,
     config_problems,
+    json_field,
     normalise_finish_reason,
     parse_config,
+    post_json,
     read_interruptible,
     sdk_call,
 )
@@ -73,7 +78,7 @@ class OpenAIClient:
     """One agent's OpenAI-compatible endpoint.
 
     ``timeout_s``: the config's ``timeout_s`` (seconds), what the SDK allows
-    each connect, write, read and pool wait of a call (``SDKClientCache``);
+    each connect, read and pool wait of a call (``SDKClientCache``);
     ``max_retries``: the config's, how often the engine tries a transiently
     failed call again (``runs.engine.loop``). Raises ``ConfigError`` for an unusable config.
     """
@@ -99,34 +104,43 @@ class OpenAIClient:
 
         async def call():
             if cfg.stream:
-                stream = await client.chat.completions.create(
-                    **params, stream=True, stream_options={"include_usage": True})
+                params.update(stream=True, stream_options={"include_usage": True})
+                stream = await post_json(client, "/chat/completions", params, stream=True, sdk=openai)
                 return await read_interruptible(_read_stream, stream, request, sdk=openai)
-            return _read_completion(await client.chat.completions.create(**params))
+            return _read_completion(await post_json(client, "/chat/completions", params, stream=False, sdk=openai))
 
         return await sdk_call(call, provider="OpenAI", sdk=openai, cfg=cfg)
 
 
-def _read_completion(completion) -> ModelResponse:
-    """A non-streamed ``chat.completion`` -> ``ModelResponse``."""
-    if isinstance(completion, str) or not getattr(completion, "choices", None):
+def _read_completion(body) -> ModelResponse:
+    """A non-streamed ``chat.completion`` (decoded JSON) -> ``ModelResponse``."""
+    choices = json_field(body, "choices", list, None) if isinstance(body, dict) else None
+    if not choices:
         raise MalformedResponse("Malformed OpenAI response: no choices in the body.")
-    choice = completion.choices[0]
-    message = choice.message
-    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments or ""}
-             for c in (message.tool_calls or [])]
-    usage = completion.usage
+    message = json_field(choices[0], "message", dict)
+    calls = []
+    for call in json_field(message, "tool_calls", list, ()):
+        function = json_field(call, "function", dict)
+        calls.append({"id": json_field(call, "id", str, ""), "name": json_field(function, "name", str, ""),
+                      "arguments": json_field(function, "arguments", str, "")})
     return ModelResponse(
-        content=message.content or "",
+        content=json_field(message, "content", str, ""),
         tool_calls=calls,
-        finish_reason=_finish_reason(choice.finish_reason, calls),
-        input_tokens=usage.prompt_tokens if usage else 0,
-        output_tokens=usage.completion_tokens if usage else 0,
+        finish_reason=_finish_reason(json_field(choices[0], "finish_reason", str, None), calls),
+        **_usage(json_field(body, "usage", dict, None)),
     )
 
 
+def _usage(usage: dict | None) -> dict:
+    """``input_tokens`` / ``output_tokens`` of a decoded ``usage`` object (0 when there is none)."""
+    if usage is None:
+        return {"input_tokens": 0, "output_tokens": 0}
+    return {"input_tokens": json_field(usage, "prompt_tokens", int, 0),
+            "output_tokens": json_field(usage, "completion_tokens", int, 0)}
+
+
 async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
-    """Accumulate ``chat.completion.chunk`` events, reporting deltas as they arrive.
+    """Accumulate ``chat.completion.chunk`` events (decoded JSON), reporting deltas as they arrive.
 
     Tool calls arrive as fragments keyed by ``index``: the first carries
     ``id`` and ``function.name``, later ones ``function.arguments`` pieces.
@@ -136,25 +150,25 @@ async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
     text, calls, finish, usage = [], {}, None, None
     async with stream:
         async for chunk in stream:
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices or []:
-                delta = choice.delta
-                if delta is not None and delta.content:
-                    text.append(delta.content)
-                    request.emit("text_delta", {"text": delta.content})
-                for part in (delta.tool_calls or []) if delta is not None else []:
-                    call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
-                    fn = part.function
-                    call["id"] = part.id or call["id"]
-                    if fn is not None and fn.name and not call["name"]:
-                        call["name"] = fn.name
-                    fragment = (fn.arguments or "") if fn else ""
+            usage = json_field(chunk, "usage", dict, usage)
+            for choice in json_field(chunk, "choices", list, ()):
+                delta = json_field(choice, "delta", dict, {})
+                content = json_field(delta, "content", str, "")
+                if content:
+                    text.append(content)
+                    request.emit("text_delta", {"text": content})
+                for part in json_field(delta, "tool_calls", list, ()):
+                    index = json_field(part, "index", int, 0)
+                    call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                    function = json_field(part, "function", dict, {})
+                    call["id"] = json_field(part, "id", str, "") or call["id"]
+                    if not call["name"]:
+                        call["name"] = json_field(function, "name", str, "")
+                    fragment = json_field(function, "arguments", str, "")
                     call["arguments"] += fragment
-                    request.emit("tool_call_delta", {"index": part.index, "id": call["id"],
+                    request.emit("tool_call_delta", {"index": index, "id": call["id"],
                                                      "name": call["name"], "arguments": fragment})
-                if choice.finish_reason:
-                    finish = choice.finish_reason
+                finish = json_field(choice, "finish_reason", str, None) or finish
     if finish is None:
         raise MalformedResponse("Malformed OpenAI stream: it ended without a finish_reason.")
     tool_calls = [calls[i] for i in sorted(calls)]
@@ -162,8 +176,7 @@ async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
         content="".join(text),
         tool_calls=tool_calls,
         finish_reason=_finish_reason(finish, tool_calls),
-        input_tokens=usage.prompt_tokens if usage else 0,
-        output_tokens=usage.completion_tokens if usage else 0,
+        **_usage(usage),
     )
 
 
@@ -171,7 +184,7 @@ def _finish_reason(reason: str | None, calls: list[dict]) -> str:
     return normalise_finish_reason(reason, FINISH_REASONS, calls)
 
 
-_CLIENTS = SDKClientCache(openai.AsyncOpenAI)
+_CLIENTS = SDKClientCache(openai.AsyncOpenAI, openai.DefaultAioHttpClient)
 
 
 PROVIDER = Provider(name="openai", config_problems=config_problems, client=OpenAIClient)

@@ -7,12 +7,16 @@ endpoint profile.
 
 import asyncio
 import email.utils
+import gc
+import json
+import threading
 import time
+import warnings
 
 import pytest
 
 from runs.providers import get_client
-from runs.base.model_call import ModelError, ModelRequest, StreamInterrupted
+from runs.base.model_call import MalformedResponse, ModelError, ModelRequest, StreamInterrupted
 from runs.providers.http_config import SDKClientCache, parse_config, retry_after_seconds
 from tests.support.fakes.llm_server import ReplayServer
 from tests.support.provider import model_config
@@ -132,3 +136,88 @@ def test_the_client_cache_reuses_a_client_within_a_loop_and_never_across_loops(e
     later, _ = asyncio.run(twice())
     assert first is again and later is not first
     assert first == {"api_key": "x", "base_url": cfg.base_url, "timeout": cfg.timeout_s, "max_retries": 0}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_server_silent_past_the_timeout_is_a_transient_timeout_not_unreachable(endpoint, provider):
+    _, config = endpoint(provider, [{"content": "late", "delay_s": 3}], timeout_s=0.5)
+    error = failure(config)
+    assert error.transient and "timed out after 0.5s" in str(error)
+
+
+def _sse(events: list[tuple[str | None, object]]) -> str:
+    return "".join((f"event: {name}\n" if name else "") + f"data: {json.dumps(data)}\n\n" for name, data in events)
+
+
+OPENAI_END = ("", {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+# Streams whose JSON parses but holds a field of the wrong type: each answer is MalformedResponse, never a crash.
+WRONG_TYPES = {
+    "openai": [
+        [(None, {"choices": "not a list"}), OPENAI_END],
+        [(None, {"choices": [{"index": 0, "delta": {"content": 5}}]}), OPENAI_END],
+        [(None, {"choices": [{"index": 0, "delta": "text"}]}), OPENAI_END],
+        [(None, {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": "0", "function": {"name": "x"}}]}}]}),
+         OPENAI_END],
+        [(None, {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": {}}}]}}]}),
+         OPENAI_END],
+        [(None, ["a list, not a chunk"]), OPENAI_END],
+        [(None, {"choices": [{"index": 0, "delta": {}, "finish_reason": 1}]})],
+    ],
+    "anthropic": [
+        [("message_start", {"type": "message_start", "message": {"usage": "none"}})],
+        [("content_block_start", {"type": "content_block_start", "index": 0, "content_block": ["tool_use"]})],
+        [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                  "delta": {"type": "text_delta", "text": 7}})],
+        [("content_block_delta", {"type": "content_block_delta", "delta": {"type": "input_json_delta"}})],
+        [("message_delta", {"type": "message_delta", "delta": {"stop_reason": ["end_turn"]}, "usage": {}})],
+        [("message_stop", {"no": "type"})],
+    ],
+}
+
+
+@pytest.mark.parametrize("provider, events", [(p, e) for p, cases in WRONG_TYPES.items() for e in cases])
+def test_a_streamed_field_of_the_wrong_type_is_a_malformed_response(endpoint, provider, events):
+    if provider == "openai":
+        events = [*events, (None, "[DONE]")]
+    raw = _sse(events).replace('data: "[DONE]"', "data: [DONE]")
+    _, config = endpoint(provider, [{"raw": raw, "content_type": "text/event-stream"}])
+    error = failure(config)
+    assert isinstance(error, MalformedResponse) and "Malformed" in str(error)
+
+
+@pytest.mark.parametrize("provider, body", [
+    ("openai", {"choices": [{"message": {"content": ["not", "text"]}, "finish_reason": "stop"}]}),
+    ("openai", {"choices": [{"message": {"tool_calls": [{"id": "c1"}]}, "finish_reason": "tool_calls"}]}),
+    ("openai", {"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": "many"}}),
+    ("anthropic", {"content": [{"type": "text", "text": None}, {"type": 3}], "stop_reason": "end_turn"}),
+    ("anthropic", {"content": [{"type": "tool_use", "id": "t1", "name": "x", "input": "not an object"}]}),
+    ("anthropic", {"content": "text"}),
+])
+def test_a_whole_answer_with_a_field_of_the_wrong_type_is_a_malformed_response(endpoint, provider, body):
+    _, config = endpoint(provider, [{"raw": json.dumps(body)}], stream=False)
+    assert isinstance(failure(config), MalformedResponse)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_closing_the_cache_at_exit_closes_each_client_on_its_running_loop(endpoint, provider):
+    from runs.providers import anthropic_provider, openai_provider
+
+    cache = (openai_provider if provider == "openai" else anthropic_provider)._CLIENTS
+    _, config = endpoint(provider, [{"content": "Hello."}])
+    cache.close_all()  # earlier tests' clients, on loops closed since: forgotten, collected now
+    gc.collect()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        answer = asyncio.run_coroutine_threadsafe(get_client(config).complete(request()), loop).result(10)
+        assert answer.content == "Hello."
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cache.close_all()
+            gc.collect()
+        assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
