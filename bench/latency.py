@@ -26,7 +26,9 @@ flight per worker process (``TOLLGATE_RUNS_IN_FLIGHT``, default 1,000).
 
 LangGraph (``pip install -e '.[bench]'``): the same work as an async graph
 of a model node (``AsyncOpenAI`` against the same model server, streaming
-when Tollgate's agent streams) and a tools node (async psycopg for the
+when Tollgate's agent streams; its typed ``chat.completions.create`` over
+httpx, or with ``--langgraph-client post`` the request as Tollgate's provider
+sends it) and a tools node (async psycopg for the
 order row, an ``aiohttp`` session for the gateway as Tollgate's demo tools use, the refund with an
 idempotency key), checkpointed by ``AsyncPostgresSaver`` over a
 connection pool of ``--langgraph-pool`` connections per process with
@@ -118,6 +120,10 @@ def parse_args():
                         help="LangGraph process counts to measure (default 1 2); none: skip")
     parser.add_argument("--langgraph-pool", type=int, default=10,
                         help="PostgreSQL connections per LangGraph process (default 10)")
+    parser.add_argument("--langgraph-client", choices=("typed", "post"), default="typed",
+                        help="how the LangGraph side calls the model: the SDK's typed chat.completions.create over "
+                             "httpx, as its documentation shows (default), or client.post with a plain JSON body over "
+                             "the SDK's aiohttp transport, as Tollgate's openai provider does")
     parser.add_argument("--amount", type=float, default=20.0,
                         help="the refund's amount (default 20.0; over 50 the refund rule would ask for approval)")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
@@ -450,12 +456,13 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage, convert_to_openai_messages
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from langgraph.graph import MessagesState
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, AsyncStream, DefaultAioHttpClient
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
     counts = {"model_calls": 0, "tool_executions": 0, "refunds": 0}
-    client = AsyncOpenAI(base_url=settings["model_url"], api_key="unused", max_retries=0, timeout=600)
+    transport = {"http_client": DefaultAioHttpClient()} if settings["client"] == "post" else {}
+    client = AsyncOpenAI(base_url=settings["model_url"], api_key="unused", max_retries=0, timeout=600, **transport)
     gateway = aiohttp.ClientSession(base_url=settings["gateway_url"], timeout=aiohttp.ClientTimeout(total=30))
     pool = AsyncConnectionPool(settings["database_url"], min_size=settings["pool"], max_size=settings["pool"],
                                timeout=600, open=False,
@@ -490,9 +497,34 @@ async def _langgraph_process(index, processes, orders, settings, go, results):
             counts["refunds"] += 1
             return await response.json()
 
+    async def posted(params: dict) -> tuple[str, list[dict]]:
+        """``--langgraph-client post``: the request as Tollgate's provider sends it (``client.post``, plain JSON)."""
+        if not settings["stream"]:
+            message = (await client.post("/chat/completions", body=params, cast_to=object))["choices"][0]["message"]
+            return message.get("content") or "", [
+                {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in message.get("tool_calls") or ()]
+        text, calls = [], {}
+        stream = await client.post("/chat/completions", body={**params, "stream": True}, cast_to=object, stream=True,
+                                   stream_cls=AsyncStream[object])
+        async with stream:
+            async for chunk in stream:
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    text.append(delta.get("content") or "")
+                    for part in delta.get("tool_calls") or ():
+                        call = calls.setdefault(part.get("index", 0), {"id": "", "name": "", "arguments": ""})
+                        function = part.get("function") or {}
+                        call["id"] = part.get("id") or call["id"]
+                        call["name"] = call["name"] or function.get("name") or ""
+                        call["arguments"] += function.get("arguments") or ""
+        return "".join(text), [calls[i] for i in sorted(calls)]
+
     async def model(state: MessagesState) -> dict:
         params = {"model": MODEL_NAME, "messages": convert_to_openai_messages(state["messages"]), "tools": LG_TOOLS}
-        if settings["stream"]:
+        if settings["client"] == "post":
+            content, raw_calls = await posted(params)
+        elif settings["stream"]:
             text, calls = [], {}
             async for chunk in await client.chat.completions.create(**params, stream=True):
                 for choice in chunk.choices:
@@ -567,7 +599,8 @@ def run_langgraph(args, processes: int, database: Database, services: Cluster, m
     orders = create_orders(args.runs + processes)
     orders, warmup = orders[:args.runs], orders[args.runs:]
     settings = {"database_url": database_url, "gateway_url": os.environ["GATEWAY_URL"],
-                "model_url": f"{model.url}/v1", "stream": args.stream, "pool": args.langgraph_pool,
+                "model_url": f"{model.url}/v1", "stream": args.stream, "client": args.langgraph_client,
+                "pool": args.langgraph_pool,
                 "warmup_orders": warmup}
     ctx = multiprocessing.get_context("spawn")
     go, done, results = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -656,7 +689,8 @@ def main() -> int:
             sys.stdout.flush()
         for processes in args.langgraph_processes:
             langgraph[processes] = run_langgraph(args, processes, database, services, model)
-            print_figures(f"LangGraph (async) + AsyncPostgresSaver (durability=sync), {processes} process(es):",
+            print_figures(f"LangGraph (async) + AsyncPostgresSaver (durability=sync), {processes} process(es), "
+                          f"model client {args.langgraph_client}:",
                           langgraph[processes])
             sys.stdout.flush()
     finally:
