@@ -1,0 +1,114 @@
+"""The HTTP providers on the wire (``client.post`` over the SDKs' aiohttp transport): what a server may send back.
+
+Like ``test_provider_async``: no run and no engine, each test awaits a
+client's ``complete`` itself against a local server configured as an
+operator's endpoint profile. Every answer a server sends must end in a
+``ModelResponse`` or a ``ModelError`` (``MalformedResponse``,
+``StreamInterrupted``), never another exception.
+"""
+
+import asyncio
+import gc
+import json
+import logging
+import threading
+
+import anthropic
+import openai
+import pytest
+
+from runs.base.model_call import ConfigError, MalformedResponse, ModelError, ModelRequest
+from runs.providers import anthropic_provider, get_client, openai_provider
+from runs.providers.http_config import SDKClientCache
+from tests.support.fakes.llm_server import ReplayServer
+from tests.support.provider import model_config
+
+PROVIDERS = ["openai", "anthropic"]
+
+
+@pytest.fixture
+def endpoint(monkeypatch, settings):
+    """``endpoint(provider, script, **model)`` -> ``(server, model config)``, the server started (stopped after)."""
+    monkeypatch.setenv("TEST_KEY", "x")
+    servers = []
+
+    def make(provider: str, script: list[dict], **model):
+        server = ReplayServer(provider, script).start()
+        servers.append(server)
+        return server, model_config(settings, server, f"wire-{len(servers)}", **model)
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def request(**fields) -> ModelRequest:
+    return ModelRequest(instructions="Be brief.", messages=[{"role": "user", "content": "Hello?"}], tools=[],
+                        turn_index=0, run_id=1, **fields)
+
+
+def answer(config: dict):
+    return asyncio.run(get_client(config).complete(request()))
+
+
+def failure(config: dict) -> ModelError:
+    """The ``ModelError`` one ``complete`` raises (the test fails if it answers or raises anything else)."""
+    with pytest.raises(ModelError) as caught:
+        answer(config)
+    return caught.value
+
+
+def sse(events: list[tuple[str | None, object]]) -> dict:
+    """A raw script entry: server-sent events, each ``(event name or None, data: JSON value or a raw str)``."""
+    text = "".join((f"event: {name}\n" if name else "") + f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+                   for name, data in events)
+    return {"raw": text, "content_type": "text/event-stream"}
+
+
+def chunk(delta: dict, finish: str | None = None) -> tuple[None, dict]:
+    """One OpenAI ``chat.completion.chunk`` event."""
+    return None, {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test",
+                  "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def on_a_loop_in_a_thread():
+    """(loop, call(coroutine) -> its result, stop()): an event loop running in a thread, as the engine's is."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def call(coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(10)
+
+    def stop():
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+    return loop, call, stop
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_client_evicted_from_the_cache_is_closed_not_left_for_the_collector_to_report(endpoint, provider,
+                                                                                         monkeypatch, caplog):
+    # More (key, base URL, timeout) combinations than max_clients on the engine's one loop: the oldest client is
+    # dropped. Its aiohttp session is never closed, so collecting it logs "Unclosed client session" (ERROR, from
+    # asyncio) and "Unclosed connector"; SDKClientCache's docstring says the collector closes it.
+    module, sdk, factory = ((openai_provider, openai, openai.AsyncOpenAI) if provider == "openai"
+                            else (anthropic_provider, anthropic, anthropic.AsyncAnthropic))
+    cache = SDKClientCache(factory, sdk.DefaultAioHttpClient, max_clients=1)
+    monkeypatch.setattr(module, "_CLIENTS", cache)
+    _, config = endpoint(provider, [{"content": "One."}, {"content": "Two."}])
+    gc.collect()  # what earlier tests left
+    caplog.clear()
+    loop, call, stop = on_a_loop_in_a_thread()
+    try:
+        assert call(get_client({**config, "timeout_s": 5}).complete(request())).content == "One."
+        assert call(get_client({**config, "timeout_s": 6}).complete(request())).content == "Two."  # evicts the first
+        gc.collect()
+        call(asyncio.sleep(0.05))
+        unclosed = [r.getMessage().splitlines()[0] for r in caplog.records if "Unclosed" in r.getMessage()]
+        assert not unclosed
+    finally:
+        cache.close_all()
+        stop()
