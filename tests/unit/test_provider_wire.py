@@ -112,3 +112,14 @@ def test_a_client_evicted_from_the_cache_is_closed_not_left_for_the_collector_to
     finally:
         cache.close_all()
         stop()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_timeout_of_zero_seconds_never_means_waiting_for_ever(endpoint, provider):
+    # config_problems accepts "timeout_s": 0 (only a negative one is refused). Through httpx it allowed no
+    # silence at all (a timeout at once); aiohttp's ClientTimeout takes 0 for "no timeout", so the call now waits
+    # for the late answer however late it is (only the engine's MODEL_CALL_MAX_S ends it). Either refuse the
+    # config or time out: never an unbounded wait.
+    _, config = endpoint(provider, [{"content": "Late.", "delay_s": 2}], timeout_s=0)
+    with pytest.raises((ModelError, ConfigError)):
+        answer(config)
