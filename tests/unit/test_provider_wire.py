@@ -123,3 +123,14 @@ def test_a_timeout_of_zero_seconds_never_means_waiting_for_ever(endpoint, provid
     _, config = endpoint(provider, [{"content": "Late.", "delay_s": 2}], timeout_s=0)
     with pytest.raises((ModelError, ConfigError)):
         answer(config)
+
+
+def test_an_openai_error_event_mid_stream_is_a_model_error_with_the_servers_message(endpoint):
+    # OpenAI and compatible servers (vLLM, LiteLLM) report a failure after the 200 as a chunk {"error": {...}}; the
+    # SDK's stream reader raises a bare openai.APIError for it, which sdk_call does not map: it escapes complete().
+    _, config = endpoint("openai", [sse([chunk({"role": "assistant", "content": "Hel"}),
+                                         (None, {"error": {"message": "The server had an error while processing "
+                                                                      "your request.", "type": "server_error"}})])])
+    error = failure(config)
+    assert "The server had an error" in error.detail
+
