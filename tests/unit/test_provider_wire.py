@@ -134,3 +134,14 @@ def test_an_openai_error_event_mid_stream_is_a_model_error_with_the_servers_mess
     error = failure(config)
     assert "The server had an error" in error.detail
 
+
+def test_an_anthropic_overloaded_error_event_mid_stream_is_transient(endpoint):
+    # Anthropic's documented mid-stream error: event "error", {"type": "error", "error": {"type":
+    # "overloaded_error"}} after a 200. The SDK raises an APIStatusError with the stream's status (200), which
+    # sdk_call maps to a non-transient "Anthropic API error 200": the run fails where a 529 would be retried.
+    _, config = endpoint("anthropic", [sse([
+        ("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})])])
+    error = failure(config)
+    assert error.transient
+
