@@ -145,3 +145,20 @@ def test_an_anthropic_overloaded_error_event_mid_stream_is_transient(endpoint):
     error = failure(config)
     assert error.transient
 
+
+DEEP = "[" * 100_000 + "]" * 100_000  # legal JSON; Python's decoder gives up with a RecursionError
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_nested_too_deep_to_decode_is_a_malformed_response(endpoint, provider, stream):
+    # The SDK's json.loads raises RecursionError (a RuntimeError), which sdk_call does not map: it escapes.
+    if not stream:
+        entry = {"raw": DEEP}
+    elif provider == "openai":
+        entry = sse([(None, DEEP), (None, "[DONE]")])
+    else:
+        entry = sse([("message_start", DEEP), ("message_stop", {"type": "message_stop"})])
+    _, config = endpoint(provider, [entry], stream=stream)
+    assert isinstance(failure(config), MalformedResponse)
+
