@@ -162,3 +162,15 @@ def test_json_nested_too_deep_to_decode_is_a_malformed_response(endpoint, provid
     _, config = endpoint(provider, [entry], stream=stream)
     assert isinstance(failure(config), MalformedResponse)
 
+
+def test_streamed_openai_tool_calls_without_index_stay_separate_calls(endpoint):
+    # Some compatible servers send each streamed tool call whole and without "index". _read_stream counts a
+    # missing index as 0, so a second call is merged into the first: the second's id with the first's name and
+    # both argument strings run together ('{}{"x": 1}').
+    first = {"id": "call_a", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    second = {"id": "call_b", "type": "function", "function": {"name": "transfer", "arguments": '{"x": 1}'}}
+    _, config = endpoint("openai", [sse([chunk({"role": "assistant", "tool_calls": [first]}),
+                                         chunk({"tool_calls": [second]}), chunk({}, "tool_calls"),
+                                         (None, "[DONE]")])])
+    assert answer(config).tool_calls == [{"id": "call_a", "name": "lookup", "arguments": "{}"},
+                                         {"id": "call_b", "name": "transfer", "arguments": '{"x": 1}'}]
