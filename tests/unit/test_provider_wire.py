@@ -10,14 +10,16 @@ operator's endpoint profile. Every answer a server sends must end in a
 import asyncio
 import gc
 import json
-import logging
+import socket
+import struct
 import threading
+import time
 
 import anthropic
 import openai
 import pytest
 
-from runs.base.model_call import ConfigError, MalformedResponse, ModelError, ModelRequest
+from runs.base.model_call import ConfigError, MalformedResponse, ModelError, ModelRequest, StreamInterrupted
 from runs.providers import anthropic_provider, get_client, openai_provider
 from runs.providers.http_config import SDKClientCache
 from tests.support.fakes.llm_server import ReplayServer
@@ -174,3 +176,131 @@ def test_streamed_openai_tool_calls_without_index_stay_separate_calls(endpoint):
                                          (None, "[DONE]")])])
     assert answer(config).tool_calls == [{"id": "call_a", "name": "lookup", "arguments": "{}"},
                                          {"id": "call_b", "name": "transfer", "arguments": '{"x": 1}'}]
+
+
+# --- Gaps covered (these pass): what a good or odd-but-legal answer gives, the request on the wire, the transport's errors.
+
+TOOLS = [{"name": "lookup", "description": "Look up.", "parameters": {"type": "object",
+                                                                       "properties": {"key": {"type": "string"}}}}]
+HISTORY = [{"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "lookup", "arguments": '{"key": "a"}'}]},
+           {"role": "tool", "tool_call_id": "c1", "content": "found"}, {"role": "system", "content": "note"}]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_request_on_the_wire_is_the_one_the_sdks_typed_method_sends(endpoint, provider, stream, settings):
+    server, config = endpoint(provider, [{"content": "A."}, {"content": "B."}], stream=stream, max_output_tokens=99,
+                              **({"temperature": 0.5} if provider == "openai" else {}))  # anthropic's create() has none
+    ours = ModelRequest(instructions="Be brief.", messages=HISTORY, tools=TOOLS, turn_index=0, run_id=1)
+
+    async def both():
+        await get_client(config).complete(ours)
+        if provider == "openai":
+            typed = openai.AsyncOpenAI(api_key="x", base_url=server.base_url, max_retries=0, timeout=config_timeout)
+            params = {"model": config["model"], "temperature": 0.5, "max_completion_tokens": 99, "tools":
+                      openai_provider.to_openai_tools(TOOLS),
+                      "messages": openai_provider.to_openai_messages(ours.instructions, HISTORY)}
+            create = typed.chat.completions.create
+            extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+        else:
+            typed = anthropic.AsyncAnthropic(api_key="x", base_url=server.base_url, max_retries=0, timeout=config_timeout)
+            params = {"model": config["model"], "max_tokens": 99, "system": ours.instructions,
+                      "tools": anthropic_provider.to_anthropic_tools(TOOLS),
+                      "messages": anthropic_provider.to_anthropic_messages(HISTORY)}
+            create = typed.messages.create
+            extra = {"stream": True} if stream else {}
+        answer = await create(**params, **extra)
+        if stream:
+            async for _ in answer:
+                pass
+        await typed.close()
+
+    config_timeout = settings.TOLLGATE["MODEL_TIMEOUT_S"]
+    asyncio.run(both())
+    sent, typed_sent = server.requests
+    assert sent["path"] == typed_sent["path"]
+    assert sent["body"] == typed_sent["body"]
+    assert {k.lower(): v for k, v in sent["headers"].items()} == {k.lower(): v for k, v in typed_sent["headers"].items()}
+
+
+def test_odd_but_legal_openai_chunks_give_the_answer(endpoint):
+    usage_first = (None, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    nulls = (None, {"choices": [{"index": 0, "delta": {"content": None, "tool_calls": None}, "finish_reason": None}],
+                    "usage": None})
+    _, config = endpoint("openai", [sse([usage_first, nulls, chunk({"content": "Hi"}), chunk({}, "stop"),
+                                         (None, {"choices": [], "usage": None}), (None, "[DONE]")])])
+    got = answer(config)
+    assert (got.content, got.tool_calls, got.finish_reason, got.input_tokens, got.output_tokens) == ("Hi", [], "stop", 3, 2)
+
+
+def test_anthropic_thinking_ping_and_a_message_delta_without_usage_give_the_answer_with_cache_tokens(endpoint):
+    usage = {"input_tokens": 3, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 4, "output_tokens": 1}
+    _, config = endpoint("anthropic", [sse([
+        ("message_start", {"type": "message_start", "message": {"usage": usage}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "thinking", "thinking": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "thinking_delta", "thinking": "Hm."}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "signature_delta", "signature": "sig"}}),
+        ("ping", {"type": "ping"}),
+        ("content_block_start", {"type": "content_block_start", "index": 1,
+                                 "content_block": {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                 "delta": {"type": "input_json_delta", "partial_json": '{"key": '}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                 "delta": {"type": "input_json_delta", "partial_json": '"a"}'}}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use"}}),
+        ("message_stop", {"type": "message_stop"})])])
+    got = answer(config)
+    assert got.tool_calls == [{"id": "toolu_1", "name": "lookup", "arguments": '{"key": "a"}'}]
+    assert (got.content, got.finish_reason, got.input_tokens, got.output_tokens) == ("", "tool_calls", 12, 1)
+
+
+class ResettingServer:
+    """Reads one request per connection, sends ``before`` (bytes) and resets the connection (RST)."""
+
+    def __init__(self, before: bytes, prefix: str):
+        self.before, self.prefix = before, prefix
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}{self.prefix}"
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536) or b"\r\n\r\n"
+                if self.before:
+                    conn.sendall(self.before)
+                    time.sleep(0.1)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("mid_stream", [False, True])
+def test_a_reset_connection_is_unreachable_or_interrupted_never_a_timeout(provider, mid_stream, monkeypatch, settings):
+    # The aiohttp transport maps any ClientConnectionError to httpx2.ConnectTimeout (http_config._timed_out).
+    monkeypatch.setenv("TEST_KEY", "x")
+    first_event = (b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n' if provider == "openai" else
+                   b'event: message_start\ndata: {"type": "message_start", "message": {"usage": {}}}\n\n')
+    before = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+              + b"%x\r\n%s\r\n" % (len(first_event), first_event)) if mid_stream else b""
+    server = ResettingServer(before, "/v1" if provider == "openai" else "")
+    settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {**settings.TOLLGATE["MODEL_ENDPOINTS"], "resetting": {
+        "provider": provider, "base_url": server.base_url, "api_key_env": "TEST_KEY"}}}
+    try:
+        error = failure({"provider": provider, "model": "m", "endpoint": "resetting", "stream": True})
+    finally:
+        server.sock.close()
+    assert error.transient and "timed out" not in str(error)
+    assert isinstance(error, StreamInterrupted) if mid_stream else "unreachable" in str(error)
