@@ -175,6 +175,8 @@ def config_problems(config: dict) -> list[str]:
             problems.append(message % {"key": key})
         elif value < 0:
             problems.append(_("'%(key)s' must not be negative.") % {"key": key})
+        elif value == 0 and key == "timeout_s":  # the transport would read 0 as no timeout at all
+            problems.append(_("'%(key)s' must be greater than 0.") % {"key": key})
     return problems
 
 
@@ -269,6 +271,24 @@ def normalise_finish_reason(raw: str | None, table: dict[str, str], calls: list[
     return normalised
 
 
+# Error types a server reports in an answer (a stream's error event) for a failure that may pass (Anthropic's,
+# OpenAI's).
+TRANSIENT_ERROR_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error",
+                                   "server_error", "rate_limit_exceeded"})
+
+
+def _error_in_answer(provider: str, exc) -> ModelError:
+    """The ``ModelError`` for an error a server sent inside an answer that began well (status 200): named by the
+    error's type, with the server's message; transient for ``TRANSIENT_ERROR_TYPES``."""
+    body = exc.body
+    found = body.get("error", body) if isinstance(body, dict) else None
+    kind = found.get("type") if isinstance(found, dict) else None
+    kind = kind if isinstance(kind, str) and kind.isidentifier() else "error"
+    log.warning("%s error in the answer (%s): %r", provider, kind, body)
+    return ModelError(f"{provider} API error in the answer ({kind})", detail=server_message(body),
+                      transient=kind in TRANSIENT_ERROR_TYPES)
+
+
 def _timed_out(exc: BaseException) -> bool:
     """Whether an SDK timeout error was a timeout: the aiohttp transport's error map reports a refused or
     reset connection (an ``aiohttp.ClientConnectionError`` that is no ``TimeoutError``) as a connect timeout."""
@@ -296,8 +316,9 @@ class SDKClientCache:
     at once or in turn (``asyncio.run`` twice), never share a client, and
     the clients of loops that have been closed are dropped whenever a new
     client is made. At most ``max_clients`` are kept; an evicted one is
-    closed by the garbage collector once no call uses it any more.
-    Thread-safe.
+    closed on its loop ``TOLLGATE["MODEL_CALL_MAX_S"]`` seconds later,
+    when no call can be using it any more (``close_all`` closes it sooner
+    at exit). Thread-safe.
 
     A client's ``timeout`` is ``cfg.timeout_s`` for each connect, read and
     connection-pool wait of one call (an ``httpx2.Timeout`` of that many
@@ -312,6 +333,7 @@ class SDKClientCache:
         self.http_client = http_client
         self.max_clients = max_clients
         self._clients: dict[tuple, object] = {}
+        self._retired: dict[int, tuple] = {}  # id(client) -> (its loop, client): evicted, to be closed
         self._lock = threading.Lock()
         atexit.register(self.close_all)
 
@@ -320,8 +342,9 @@ class SDKClientCache:
         session left open is reported as an error when it is collected). A client on a running loop is
         closed on that loop, waiting at most ``timeout_s`` seconds; one on a closed loop is only forgotten."""
         with self._lock:
-            clients, self._clients = list(self._clients.items()), {}
-        for (loop, *_), client in clients:
+            clients = [(key[0], client) for key, client in self._clients.items()] + list(self._retired.values())
+            self._clients, self._retired = {}, {}
+        for loop, client in clients:
             try:
                 if loop.is_closed():
                     continue
@@ -349,8 +372,27 @@ class SDKClientCache:
                     options["http_client"] = self.http_client()
                 client = self._clients[key] = self.factory(**options)
                 while len(self._clients) > self.max_clients:
-                    del self._clients[next(iter(self._clients))]
+                    oldest = next(iter(self._clients))
+                    self._retire(oldest[0], self._clients.pop(oldest))
             return client
+
+    def _retire(self, loop, client) -> None:
+        """Close ``client`` (evicted) on ``loop`` once a call that may still use it is over (lock held)."""
+        self._retired[id(client)] = (loop, client)
+
+        async def close() -> None:
+            with self._lock:
+                if self._retired.pop(id(client), None) is None:
+                    return  # close_all took it
+            await client.close()
+
+        def later() -> None:
+            loop.call_later(settings.TOLLGATE["MODEL_CALL_MAX_S"], lambda: loop.create_task(close()))
+
+        try:
+            loop.call_soon_threadsafe(later)
+        except RuntimeError:  # its loop is closed: nothing can run on it any more
+            del self._retired[id(client)]
 
 
 async def post_json(client, path: str, body: dict, *, stream: bool, sdk):
@@ -420,6 +462,8 @@ async def sdk_call(call, *, provider: str, sdk, cfg: HttpModelConfig):
         log.warning("%s response broke off (endpoint %r): %s", provider, cfg.endpoint, exc)
         raise StreamInterrupted(f"the response broke off: {type(exc).__name__}", transient=True) from exc
     except sdk.APIStatusError as exc:
+        if exc.status_code < 400:  # an error event in a stream that began with 200
+            raise _error_in_answer(provider, exc) from exc
         log.warning("%s API error %s (endpoint %r): %s %r", provider, exc.status_code, cfg.endpoint, exc.message,
                     exc.body)
         raise ModelError(status_error_message(provider, exc.status_code, type(exc).__name__),
@@ -431,6 +475,8 @@ async def sdk_call(call, *, provider: str, sdk, cfg: HttpModelConfig):
             raise ModelError(f"{provider} API timed out after {cfg.timeout_s}s.", transient=True) from exc
         log.warning("%s API unreachable (endpoint %r): %s", provider, cfg.endpoint, exc)
         raise ModelError(f"{provider} API unreachable (endpoint {cfg.endpoint!r}).", transient=True) from exc
-    except (sdk.APIResponseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except sdk.APIError as exc:  # an error object in the answer itself (an OpenAI-compatible stream's chunk)
+        raise _error_in_answer(provider, exc) from exc
+    except (ValueError, TypeError, RecursionError) as exc:  # JSON that does not decode, or nests too deep
         log.warning("malformed %s response", provider, exc_info=True)
         raise MalformedResponse(f"Malformed {provider} response: {type(exc).__name__}") from exc

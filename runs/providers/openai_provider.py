@@ -158,7 +158,7 @@ async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
                     text.append(content)
                     request.emit("text_delta", {"text": content})
                 for part in json_field(delta, "tool_calls", list, ()):
-                    index = json_field(part, "index", int, 0)
+                    index = _position(part, calls)
                     call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
                     function = json_field(part, "function", dict, {})
                     call["id"] = json_field(part, "id", str, "") or call["id"]
@@ -178,6 +178,19 @@ async def _read_stream(stream, request: ModelRequest) -> ModelResponse:
         finish_reason=_finish_reason(finish, tool_calls),
         **_usage(usage),
     )
+
+
+def _position(part: dict, calls: dict[int, dict]) -> int:
+    """Which call a streamed ``tool_calls`` fragment belongs to: its ``index``; without one (compatible servers
+    that send each call whole), a new call when it carries an id other than the last call's, else the last call."""
+    index = json_field(part, "index", int, None)
+    if index is not None:
+        return index
+    if not calls:
+        return 0
+    last = max(calls)
+    given = json_field(part, "id", str, "")
+    return last + 1 if given and calls[last]["id"] and given != calls[last]["id"] else last
 
 
 def _finish_reason(reason: str | None, calls: list[dict]) -> str:
