@@ -18,26 +18,8 @@ import pytest
 from runs.providers import get_client
 from runs.base.model_call import MalformedResponse, ModelError, ModelRequest, StreamInterrupted
 from runs.providers.http_config import SDKClientCache, parse_config, retry_after_seconds
-from tests.support.fakes.llm_server import ReplayServer
-from tests.support.provider import model_config
 
 PROVIDERS = ["openai", "anthropic"]
-
-
-@pytest.fixture
-def endpoint(monkeypatch, settings):
-    """``endpoint(provider, script, **model)`` -> ``(server, model config)``, the server started (stopped after)."""
-    monkeypatch.setenv("TEST_KEY", "x")
-    servers = []
-
-    def make(provider: str, script: list[dict], **model):
-        server = ReplayServer(provider, script).start()
-        servers.append(server)
-        return server, model_config(settings, server, f"replay-{len(servers)}", **model)
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 def request(**fields) -> ModelRequest:
