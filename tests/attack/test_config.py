@@ -109,6 +109,23 @@ def test_provider_error_messages_reach_the_log_and_the_requester_masked(people, 
     assert "invalid key; by the way" in caplog.text and "hunter2" not in caplog.text  # runs.base.masking
 
 
+
+def test_an_error_event_type_echoing_the_key_is_not_kept_in_the_run(people, worker, core_llm, api, monkeypatch):
+    # rev2: the "type" of an error event inside a 200 answer names the ModelError as it came (http_config.
+    # _error_in_answer): unlike the server's message (server_message) it is neither masked nor cut, so a key the
+    # server echoes there is kept in the step, the run's error and its events, shown to every reader.
+    key = "tollgate_live_key_4f7c1e9a2b"
+    raw = ('data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n'
+           'data: {"error": {"type": "%s", "message": "bad request"}}\n\n' % key)
+    server, agent = core_llm("openai", [{"raw": raw, "content_type": "text/event-stream"}])
+    monkeypatch.setenv("TEST_KEY", key)
+    run = run_to_rest(worker, agent, people["requester"])
+    shown = api(people["requester"]).get(f"/api/runs/{run.pk}/").content.decode()
+    events = api(people["requester"]).get(f"/api/runs/{run.pk}/events/").content.decode()
+    assert (run.status, run.failure_type) == ("failed", "model_error")
+    assert "bad request" in run.error
+    assert key not in run.error + shown + events
+
 # --- 2. agent creation needs the model permission, strict and bounded body --------
 
 def test_staff_without_the_add_permission_cannot_create_agents(people, api):

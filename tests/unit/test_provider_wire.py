@@ -286,3 +286,32 @@ def test_a_reset_connection_is_unreachable_or_interrupted_never_a_timeout(provid
         server.sock.close()
     assert error.transient and "timed out" not in str(error)
     assert isinstance(error, StreamInterrupted) if mid_stream else "unreachable" in str(error)
+
+
+# --- Second review (rev2): failing tests for faults found.
+
+ECHOED_KEY = "tollgate_live_key_4f7c1e9a2b"  # an API key that happens to be a Python identifier
+
+
+def _error_event(provider: str, error: dict) -> dict:
+    if provider == "openai":
+        return sse([chunk({"role": "assistant", "content": "Hel"}), (None, {"error": error})])
+    return sse([("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 3}}}),
+                ("error", {"type": "error", "error": error})])
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("kind", [ECHOED_KEY, "overloaded" * 2000], ids=["the-key", "20000-chars"])
+def test_the_type_of_an_error_event_reaches_the_runs_error_masked_and_bounded(endpoint, provider, kind,
+                                                                               monkeypatch):
+    # _error_in_answer names the ModelError by the error event's "type" whenever it is an identifier: server text
+    # that goes into str(error), so into readable(), the step's and the run's stored error, unmasked and unbounded.
+    # The server's message beside it (detail) is masked and cut to 300 characters (server_message); the type is
+    # neither. A server (or a proxy) that echoes the key it was sent, or sends a long type, puts it in the run.
+    _, config = endpoint(provider, [_error_event(provider, {"type": kind, "message": "Overloaded"})])
+    monkeypatch.setenv("TEST_KEY", ECHOED_KEY)  # the endpoint's key (read when the client is made)
+    error = failure(config)
+    stored = error.readable()
+    assert "Overloaded" in stored
+    assert ECHOED_KEY not in stored, stored
+    assert len(stored) <= 400, f"{len(stored)} characters of the server's text kept"
