@@ -315,3 +315,14 @@ def test_the_type_of_an_error_event_reaches_the_runs_error_masked_and_bounded(en
     assert "Overloaded" in stored
     assert ECHOED_KEY not in stored, stored
     assert len(stored) <= 400, f"{len(stored)} characters of the server's text kept"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_default_timeout_of_zero_seconds_never_means_waiting_for_ever(endpoint, provider, settings):
+    # rev2: 5b5fec6 refuses "timeout_s": 0 in an agent's config because aiohttp reads 0 as "no timeout", but an
+    # agent without timeout_s takes TOLLGATE["MODEL_TIMEOUT_S"] (TOLLGATE_MODEL_TIMEOUT_S), which nothing checks:
+    # set to 0 (through httpx: a timeout at once), every such call now waits for a silent server without bound.
+    settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_TIMEOUT_S": 0.0}
+    _, config = endpoint(provider, [{"content": "Late.", "delay_s": 2}])
+    with pytest.raises((ModelError, ConfigError)):
+        answer(config)
