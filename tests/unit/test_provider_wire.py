@@ -326,3 +326,56 @@ def test_a_default_timeout_of_zero_seconds_never_means_waiting_for_ever(endpoint
     _, config = endpoint(provider, [{"content": "Late.", "delay_s": 2}])
     with pytest.raises((ModelError, ConfigError)):
         answer(config)
+
+
+class RawServer:
+    """Reads one request per connection and answers ``reply`` (bytes, sent as they are), then closes."""
+
+    def __init__(self, reply: bytes, prefix: str):
+        self.reply, self.prefix = reply, prefix
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}{self.prefix}"
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536) or b"\r\n\r\n"
+                conn.sendall(self.reply)
+                time.sleep(0.1)
+
+
+BAD_HEADS = {
+    "not-http": b"garbage from a server that does not speak HTTP\r\n\r\n",
+    "header-over-8k": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Trace: " + b"a" * 9000
+                      + b"\r\nContent-Length: 2\r\n\r\n{}",
+}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("head", list(BAD_HEADS))
+def test_an_answer_whose_http_head_does_not_parse_is_a_model_error(provider, head, monkeypatch, settings):
+    # rev2, new in 1566e3f: aiohttp raises ClientResponseError (400, "Bad status line" / "Got more than 8190
+    # bytes") for an answer head it cannot parse; the SDKs' aiohttp transport maps only connection, timeout and
+    # payload errors, so it is raised as it is. The anthropic SDK wraps any send error (APIConnectionError); the
+    # openai SDK wraps only httpx2.RequestError, so aiohttp.ClientResponseError escapes OpenAIClient.complete().
+    # Through httpx (before 1566e3f; checked at 39ad22c) both were ModelErrors: "unreachable" (h11's
+    # RemoteProtocolError) and, the long header being accepted, a MalformedResponse.
+    monkeypatch.setenv("TEST_KEY", "x")
+    server = RawServer(BAD_HEADS[head], "/v1" if provider == "openai" else "")
+    settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {**settings.TOLLGATE["MODEL_ENDPOINTS"], "raw": {
+        "provider": provider, "base_url": server.base_url, "api_key_env": "TEST_KEY"}}}
+    try:
+        error = failure({"provider": provider, "model": "m", "endpoint": "raw", "stream": False})
+    finally:
+        server.sock.close()
+    assert "API" in str(error) or "Malformed" in str(error)
