@@ -10,7 +10,7 @@ on one event loop, and prints the client's CPU per call
   ``chat.completions.create`` over httpx): streamed (the default) and not;
 * the same request as Tollgate's ``openai`` provider makes it: the SDK's
   ``client.post`` with a plain JSON body, the answer read as decoded JSON,
-  over the SDK's aiohttp transport (``runs.providers.http_config``);
+  over the SDK's aiohttp transport (``runs.providers.sdk_calls``);
 * a GET through an ``aiohttp`` session, as the demo's tools ask the
   payment gateway, and the same through ``httpx.AsyncClient`` (what they
   used before: about ten times the CPU).

@@ -610,8 +610,8 @@ TOLLGATE = {
     # Let agent configs carry their own base_url / api_key_env (any host,
     # any server variable): only for a trusted, single-operator setup.
     "ALLOW_AGENT_ENDPOINTS": env.bool("TOLLGATE_ALLOW_AGENT_ENDPOINTS", default=False),
-    # Seconds the model SDK waits for each connect, write and read of one
-    # call (the longest silence from the server, not the whole answer).
+    # Seconds the model SDK waits for each connect and read of one call (the
+    # longest silence from the server, not the whole answer); more than 0.
     "MODEL_TIMEOUT_S": env.float("TOLLGATE_MODEL_TIMEOUT_S", default=120.0),
     # Retries of a transient model error (connection, timeout, 408/409/429/
     # 5xx; Retry-After honoured), made by the engine: the SDK makes one attempt.
@@ -640,6 +640,9 @@ if TOLLGATE["REQUEST_BODY_MAX_BYTES"] < _ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX
     raise ImproperlyConfigured(
         "TOLLGATE_REQUEST_BODY_MAX_BYTES must be at least TOLLGATE_ANSWER_FILE_MAX_BYTES + "
         f"DATA_UPLOAD_MAX_MEMORY_SIZE ({_ANSWER_FILE_MAX_BYTES + DATA_UPLOAD_MAX_MEMORY_SIZE} bytes).")
+
+if not TOLLGATE["MODEL_TIMEOUT_S"] > 0:  # the model clients' transport reads 0 as no timeout at all
+    raise ImproperlyConfigured("TOLLGATE_MODEL_TIMEOUT_S must be greater than 0 (seconds).")
 
 if TOLLGATE["METRICS_TOKEN"] and len(TOLLGATE["METRICS_TOKEN"]) < 32:
     raise ImproperlyConfigured("TOLLGATE_METRICS_TOKEN must be at least 32 characters (or empty: /metrics closed).")

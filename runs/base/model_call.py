@@ -11,7 +11,7 @@ class ModelError(Exception):
     error class); ``status`` is the HTTP status the model server answered
     with (``None`` when it did not answer); ``detail`` is the server's own
     message (the ``message`` of its error body, or its text), truncated,
-    with credentials masked (``runs.providers.http_config.server_message``).
+    with credentials masked (``runs.providers.sdk_calls.server_message``).
     ``readable()`` joins them: what the failed step and the run keep and
     whoever may read the run reads (docs/design.md#model-errors).
 

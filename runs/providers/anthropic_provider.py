@@ -34,16 +34,8 @@ from django.conf import settings
 
 from runs.base.model_output import UnsafeArguments, parse_arguments
 from runs.base.model_call import MalformedResponse, ModelRequest, ModelResponse, Provider
-from runs.providers.http_config import (
-    SDKClientCache,
-    config_problems,
-    json_field,
-    normalise_finish_reason,
-    parse_config,
-    post_json,
-    read_interruptible,
-    sdk_call,
-)
+from runs.providers.http_config import config_problems, normalise_finish_reason, parse_config
+from runs.providers.sdk_calls import SDKClientCache, json_field, post_json, read_interruptible, sdk_call
 
 RUNTIME_PREFIX = "[runtime] "
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "refusal": "stop",

@@ -15,11 +15,11 @@ Wire mapping of the provider-neutral messages (``ModelRequest.messages``):
   is not the first one.
 
 Calls are async (``openai.AsyncOpenAI`` over the SDK's aiohttp transport;
-clients per event loop, see ``runs.providers.http_config.SDKClientCache``)
+clients per event loop, see ``runs.providers.sdk_calls.SDKClientCache``)
 and make one attempt: the SDK does not retry. The request body is built
 here as plain JSON and the answer read as decoded JSON
-(``http_config.post_json``), each field checked for its type
-(``http_config.json_field``). An error status raises ``ModelError`` with the status
+(``sdk_calls.post_json``), each field checked for its type
+(``sdk_calls.json_field``). An error status raises ``ModelError`` with the status
 and the SDK's error class, ``transient`` for 408/409/429/5xx with
 ``retry_after_s`` from ``Retry-After`` / ``retry-after-ms``; a timeout or
 an unreachable server raises a transient ``ModelError``; a connection lost
@@ -30,16 +30,8 @@ understood raises ``MalformedResponse``.
 import openai
 
 from runs.base.model_call import MalformedResponse, ModelRequest, ModelResponse, Provider
-from runs.providers.http_config import (
-    SDKClientCache,
-    config_problems,
-    json_field,
-    normalise_finish_reason,
-    parse_config,
-    post_json,
-    read_interruptible,
-    sdk_call,
-)
+from runs.providers.http_config import config_problems, normalise_finish_reason, parse_config
+from runs.providers.sdk_calls import SDKClientCache, json_field, post_json, read_interruptible, sdk_call
 
 RUNTIME_PREFIX = "[runtime] "
 FINISH_REASONS = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls",

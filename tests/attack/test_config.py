@@ -111,7 +111,7 @@ def test_provider_error_messages_reach_the_log_and_the_requester_masked(people, 
 
 
 def test_an_error_event_type_echoing_the_key_is_not_kept_in_the_run(people, worker, core_llm, api, monkeypatch):
-    # rev2: the "type" of an error event inside a 200 answer names the ModelError as it came (http_config.
+    # rev2: the "type" of an error event inside a 200 answer names the ModelError as it came (sdk_calls.
     # _error_in_answer): unlike the server's message (server_message) it is neither masked nor cut, so a key the
     # server echoes there is kept in the step, the run's error and its events, shown to every reader.
     key = "tollgate_live_key_4f7c1e9a2b"

@@ -17,7 +17,8 @@ import pytest
 
 from runs.providers import get_client
 from runs.base.model_call import MalformedResponse, ModelError, ModelRequest, StreamInterrupted
-from runs.providers.http_config import SDKClientCache, parse_config, retry_after_seconds
+from runs.providers.http_config import parse_config
+from runs.providers.sdk_calls import SDKClientCache, retry_after_seconds
 
 PROVIDERS = ["openai", "anthropic"]
 

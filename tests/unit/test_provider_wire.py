@@ -21,7 +21,7 @@ import pytest
 
 from runs.base.model_call import ConfigError, MalformedResponse, ModelError, ModelRequest, StreamInterrupted
 from runs.providers import anthropic_provider, get_client, openai_provider
-from runs.providers.http_config import SDKClientCache
+from runs.providers.sdk_calls import SDKClientCache
 
 PROVIDERS = ["openai", "anthropic"]
 
@@ -74,10 +74,11 @@ def on_a_loop_in_a_thread():
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_client_evicted_from_the_cache_is_closed_not_left_for_the_collector_to_report(endpoint, provider,
-                                                                                         monkeypatch, caplog):
+                                                                                         monkeypatch, caplog, settings):
     # More (key, base URL, timeout) combinations than max_clients on the engine's one loop: the oldest client is
-    # dropped. Its aiohttp session is never closed, so collecting it logs "Unclosed client session" (ERROR, from
-    # asyncio) and "Unclosed connector"; SDKClientCache's docstring says the collector closes it.
+    # dropped, and closed on its loop once MODEL_CALL_MAX_S has passed (no call can be using it then), before
+    # anything collects it: no "Unclosed client session" (ERROR, from asyncio) nor "Unclosed connector".
+    settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_CALL_MAX_S": 0.2}
     module, sdk, factory = ((openai_provider, openai, openai.AsyncOpenAI) if provider == "openai"
                             else (anthropic_provider, anthropic, anthropic.AsyncAnthropic))
     cache = SDKClientCache(factory, sdk.DefaultAioHttpClient, max_clients=1)
@@ -88,7 +89,12 @@ def test_a_client_evicted_from_the_cache_is_closed_not_left_for_the_collector_to
     loop, call, stop = on_a_loop_in_a_thread()
     try:
         assert call(get_client({**config, "timeout_s": 5}).complete(request())).content == "One."
+        first = call(_cached(cache, {**config, "timeout_s": 5}))
         assert call(get_client({**config, "timeout_s": 6}).complete(request())).content == "Two."  # evicts the first
+        assert not first.is_closed()  # a call may still be using it
+        call(asyncio.sleep(0.5))
+        assert first.is_closed()
+        del first
         gc.collect()
         call(asyncio.sleep(0.05))
         unclosed = [r.getMessage().splitlines()[0] for r in caplog.records if "Unclosed" in r.getMessage()]
@@ -96,6 +102,11 @@ def test_a_client_evicted_from_the_cache_is_closed_not_left_for_the_collector_to
     finally:
         cache.close_all()
         stop()
+
+
+async def _cached(cache: SDKClientCache, config: dict):
+    """The client ``cache`` holds for ``config`` on the running loop."""
+    return cache.get(get_client(config).config)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -271,7 +282,7 @@ class ResettingServer:
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("mid_stream", [False, True])
 def test_a_reset_connection_is_unreachable_or_interrupted_never_a_timeout(provider, mid_stream, monkeypatch, settings):
-    # The aiohttp transport maps any ClientConnectionError to httpx2.ConnectTimeout (http_config._timed_out).
+    # The aiohttp transport maps any ClientConnectionError to httpx2.ConnectTimeout (sdk_calls._timed_out).
     monkeypatch.setenv("TEST_KEY", "x")
     first_event = (b'data: {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n' if provider == "openai" else
                    b'event: message_start\ndata: {"type": "message_start", "message": {"usage": {}}}\n\n')
