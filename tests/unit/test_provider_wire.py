@@ -251,11 +251,12 @@ def test_anthropic_thinking_ping_and_a_message_delta_without_usage_give_the_answ
     assert (got.content, got.finish_reason, got.input_tokens, got.output_tokens) == ("", "tool_calls", 12, 1)
 
 
-class ResettingServer:
-    """Reads one request per connection, sends ``before`` (bytes) and resets the connection (RST)."""
+class RawServer:
+    """Reads one request per connection and sends ``reply`` (bytes, as they are); then closes the connection, or
+    with ``reset`` resets it (RST)."""
 
-    def __init__(self, before: bytes, prefix: str):
-        self.before, self.prefix = before, prefix
+    def __init__(self, reply: bytes, prefix: str, *, reset: bool = False):
+        self.reply, self.prefix, self.reset = reply, prefix, reset
         self.sock = socket.create_server(("127.0.0.1", 0))
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -273,10 +274,11 @@ class ResettingServer:
                 data = b""
                 while b"\r\n\r\n" not in data:
                     data += conn.recv(65536) or b"\r\n\r\n"
-                if self.before:
-                    conn.sendall(self.before)
+                if self.reply:
+                    conn.sendall(self.reply)
                     time.sleep(0.1)
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                if self.reset:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
@@ -288,7 +290,7 @@ def test_a_reset_connection_is_unreachable_or_interrupted_never_a_timeout(provid
                    b'event: message_start\ndata: {"type": "message_start", "message": {"usage": {}}}\n\n')
     before = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
               + b"%x\r\n%s\r\n" % (len(first_event), first_event)) if mid_stream else b""
-    server = ResettingServer(before, "/v1" if provider == "openai" else "")
+    server = RawServer(before, "/v1" if provider == "openai" else "", reset=True)
     settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {**settings.TOLLGATE["MODEL_ENDPOINTS"], "resetting": {
         "provider": provider, "base_url": server.base_url, "api_key_env": "TEST_KEY"}}}
     try:
@@ -337,32 +339,6 @@ def test_a_default_timeout_of_zero_seconds_never_means_waiting_for_ever(endpoint
     _, config = endpoint(provider, [{"content": "Late.", "delay_s": 2}])
     with pytest.raises((ModelError, ConfigError)):
         answer(config)
-
-
-class RawServer:
-    """Reads one request per connection and answers ``reply`` (bytes, sent as they are), then closes."""
-
-    def __init__(self, reply: bytes, prefix: str):
-        self.reply, self.prefix = reply, prefix
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}{self.prefix}"
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536) or b"\r\n\r\n"
-                conn.sendall(self.reply)
-                time.sleep(0.1)
 
 
 BAD_HEADS = {
