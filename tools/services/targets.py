@@ -107,12 +107,32 @@ def lock_scopes(keys: set[str]) -> None:
     if not keys:
         return
     note_shared_lock()
+    if connection.vendor == "postgresql":
+        _lock_upserting(sorted(keys))
+        return
     found = set(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key")
                 .values_list("key", flat=True))
     if found == keys:
         return
     PolicyLock.objects.bulk_create([PolicyLock(key=key) for key in sorted(keys - found)], ignore_conflicts=True)
     list(PolicyLock.objects.select_for_update().filter(key__in=keys).order_by("key").values_list("pk"))
+
+
+def _lock_upserting(keys: list[str]) -> None:
+    """``lock_scopes`` on PostgreSQL in one statement: each row of ``keys`` (sorted) inserted, or, when it
+    exists, locked by an update that writes nothing new (``ON CONFLICT DO UPDATE`` locks the row it meets
+    as ``UPDATE`` does, which conflicts with ``SELECT ... FOR UPDATE`` and with every other writer of the
+    row; the rows are met in the order given, so two such statements never wait on each other in a circle)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_lock_upserting_sql(), [keys])
+
+
+@functools.cache
+def _lock_upserting_sql() -> str:
+    quote, meta = connection.ops.quote_name, PolicyLock._meta
+    table, key_col = quote(meta.db_table), quote(meta.get_field("key").column)
+    return (f"INSERT INTO {table} ({key_col}) SELECT k FROM unnest(%s::varchar[]) WITH ORDINALITY AS t(k, n) "
+            f"ORDER BY n ON CONFLICT ({key_col}) DO UPDATE SET {key_col} = excluded.{key_col}")
 
 
 def target_key(tool: Tool | None, arguments: dict | None) -> str:
