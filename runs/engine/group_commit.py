@@ -4,14 +4,16 @@ The engine (``runs.engine.runtime``) runs each run's database work
 between two calls as one *job* (a function of that run, e.g. resuming its
 step generator). When jobs are ready faster than the database threads can
 commit them one by one, a thread takes up to ``ENGINE_GROUP_MAX`` of them
-and runs them in one database transaction, each in a savepoint of its own
-(``_JobSavepoints``: released by the statement that makes the next), then
-commits once:
+and runs them in one database transaction, each job after the first in a
+savepoint of its own (``_JobSavepoints``: released by the statement that
+makes the next), then commits once:
 
 * **One run's failure is its own.** A job that raises (its fenced write
   found the lease taken over: ``LeaseLost``; a transition refused; a bug)
   is rolled back to its savepoint, so nothing it wrote is committed; the
-  others commit.
+  others commit. The first job needs no savepoint: when it fails, the
+  transaction is rolled back (it holds nothing else yet) and the jobs not
+  yet run go back to the queue untouched, as after a broken transaction.
 * **Durable before anything goes on.** No job's result is handed back
   before the group's COMMIT: a step's next call (a model call, a side
   effect whose idempotency key the job stored) starts only once its writes
@@ -197,7 +199,9 @@ class _JobSavepoints:
     """The savepoints of one group's jobs, each released by the statement that creates the next.
 
     A job runs in a savepoint of its own, so that its failure undoes only its
-    writes. Releasing it costs a round trip of its own when done apart; here
+    writes; the group's first needs none (its failure rolls the transaction
+    back, the group's other jobs not run yet), which saves a statement per
+    group. Releasing a savepoint costs a round trip of its own when done apart; here
     ``RELEASE SAVEPOINT`` of job *n* goes in the same statement as the
     ``SAVEPOINT`` of job *n + 1* (PostgreSQL runs several utility statements
     sent as one simple query), and the last job's savepoint is released by the
@@ -214,30 +218,40 @@ class _JobSavepoints:
     Those blocks' savepoints are released with the job's own, not one round
     trip each (``runs.base.postgresql``: on PostgreSQL, releasing a savepoint
     releases those made after it), so a job's later blocks nest in its
-    earlier ones until then.
+    earlier ones until then. The first job's, having no job savepoint to go
+    with, are released by the second job's statement: the oldest of them
+    left open (``left_open`` of ``runs.base.postgresql``) takes the later
+    ones with it.
     """
 
     def __init__(self):
         self._open: str | None = None  # the last job's savepoint, not released yet
+        self._nested: list[str] = []  # the first job's oldest nested savepoint left open, if any
         self._made = 0
 
     def run(self, job: _Job) -> tuple[bool, Any]:
         """``(True, result)`` of the job, or ``(False, its exception)`` with its writes rolled back. When the
-        transaction became unusable (the savepoint could not be made or rolled back), ``connection.needs_rollback``
-        is set on return, as ``atomic`` leaves it."""
+        transaction became unusable (the savepoint could not be made or rolled back, or the group's first job
+        failed: it runs in no savepoint, its rollback is the transaction's), ``connection.needs_rollback`` is set
+        on return, as ``atomic`` leaves it."""
         try:
             sid = self._make()
         except Exception as exc:
             connection.needs_rollback = True
             return False, exc
-        connection.savepoint_ids.append(sid)
+        if sid is not None:
+            connection.savepoint_ids.append(sid)
         try:
             with _nested_released_with(connection):
                 result = job.context.run(job.fn, *job.args)
             if connection.needs_rollback or _aborted():  # it caught a database error and went on: its writes are void
                 raise TransactionManagementError("a job went on after a database error in its transaction")
+            self._nested = getattr(connection, "left_open", [])[:1]
             return True, result
         except Exception as exc:
+            if sid is None:  # the first job: undone with the transaction, which commits nothing then
+                connection.needs_rollback = True
+                return False, exc
             connection.needs_rollback = False
             try:
                 connection.savepoint_rollback(sid)  # and its commit hooks dropped
@@ -248,12 +262,17 @@ class _JobSavepoints:
             if sid in connection.savepoint_ids:  # gone if the job closed the connection under the transaction
                 connection.savepoint_ids.remove(sid)
 
-    def _make(self) -> str:
-        """Create the next job's savepoint, releasing the one before it in the same statement; its name."""
+    def _make(self) -> str | None:
+        """Create the next job's savepoint, releasing what is left open before it in the same statement; its
+        name. None for the group's first job, which needs none (nothing of another job is there to keep)."""
         self._made += 1
+        if self._made == 1:
+            return None
         sid = f"tollgate_job_{self._made}"
-        ops, previous = connection.ops, self._open
-        self._open = None
+        ops = connection.ops
+        # The job before's savepoint, or the first job's oldest nested one left open (which takes the later
+        # ones with it); none when the first job left none open.
+        previous, self._open, self._nested = self._open or (self._nested[0] if self._nested else None), None, []
         if previous is not None and connection.vendor == "postgresql":
             # Two statements in one simple query (no parameters); psycopg never prepares a query that
             # answered with more than one result.

@@ -194,6 +194,78 @@ def test_each_jobs_savepoint_is_released_before_the_next_job_runs_and_a_failed_j
     assert sorted(committed) == sorted([runs[0].pk, runs[2].pk])
 
 
+def test_a_failed_first_job_undoes_only_its_own_and_the_others_commit_in_the_next_group(committer, runs):
+    """The group's first job runs in no savepoint of its own: its failure rolls the transaction back, and the
+    jobs not yet run go back to the queue untouched, each run once."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed, ran = [], []
+
+    def failing():
+        starting(runs[0].pk, committed)()
+        raise RuntimeError("a bug")
+
+    def counted(run_id):
+        def job():
+            ran.append(run_id)
+            return starting(run_id, committed)()
+        return job
+
+    release = held_back(committer)
+    futures = [submit_leased(committer, leases[0], failing),
+               submit_leased(committer, leases[1], counted(runs[1].pk)),
+               submit_leased(committer, leases[2], counted(runs[2].pk))]
+    release.set()
+
+    with pytest.raises(RuntimeError):
+        futures[0].result(10)
+    assert [futures[1].result(10), futures[2].result(10)] == [runs[1].pk, runs[2].pk]
+    assert ran == [runs[1].pk, runs[2].pk]  # once each, after the failed group
+    assert (committer.groups, committer.jobs) == (3, 4)  # held back; the failed first job alone; the two others
+    statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs]).values_list("pk", "status"))
+    assert statuses == {runs[0].pk: RunStatus.QUEUED, runs[1].pk: RunStatus.RUNNING, runs[2].pk: RunStatus.RUNNING}
+    assert sorted(committed) == sorted([runs[1].pk, runs[2].pk])
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="nested savepoints released by their parent: PostgreSQL")
+def test_the_first_jobs_nested_savepoints_are_released_before_the_second_jobs_savepoint(committer, runs):
+    """The first job has no savepoint to take its nested blocks' with it: the second job's statement releases
+    the oldest left open (one rolled back to inside its enclosing block is gone, and not released again)."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs[:2]]
+    names, seen = {}, {}
+
+    def nesting():
+        with transaction.atomic():
+            names["kept"] = connection.savepoint_ids[-1]
+            try:
+                with transaction.atomic():
+                    names["undone"] = connection.savepoint_ids[-1]
+                    with transaction.atomic():
+                        names["undone inner"] = connection.savepoint_ids[-1]
+                    raise RuntimeError("caught by the job")
+            except RuntimeError:
+                pass
+        return starting(runs[0].pk, [])()
+
+    def looking():
+        for name, sid in names.items():  # each is gone: released with the first job's oldest, before this savepoint
+            try:
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(connection.ops.savepoint_commit_sql(sid))
+            except Exception as exc:  # noqa: BLE001 - which error the backend raises is what the test reads
+                seen[name] = type(exc).__name__
+        return starting(runs[1].pk, [])()
+
+    release = held_back(committer)
+    futures = [submit_leased(committer, leases[0], nesting), submit_leased(committer, leases[1], looking)]
+    release.set()
+
+    assert [future.result(10) for future in futures] == [runs[0].pk, runs[1].pk]
+    assert seen == {name: "OperationalError" for name in ("kept", "undone", "undone inner")}
+    assert (committer.groups, committer.jobs) == (2, 3)
+    statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs[:2]]).values_list("pk", "status"))
+    assert statuses == {runs[0].pk: RunStatus.RUNNING, runs[1].pk: RunStatus.RUNNING}
+
+
 def test_a_broken_connection_fails_the_jobs_run_and_requeues_the_others(committer, runs):
     leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
     committed = []

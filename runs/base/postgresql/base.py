@@ -38,17 +38,32 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._release_by_parent = False
+        # The savepoints made inside the last ``releasing_nested_by_parent()`` that still exist, oldest first.
+        self.left_open: list[str] = []
 
     @contextlib.contextmanager
     def releasing_nested_by_parent(self):
         """While inside, a nested ``atomic`` block that ends well leaves its savepoint for the enclosing savepoint's
         release (or the transaction's end) to release. Use it only around code that runs in a savepoint of its
-        own, released soon after (a group commit's job)."""
+        own, released soon after (a group commit's job), or whose caller releases ``left_open[0]`` (the oldest
+        savepoint made inside that still exists, which takes the later ones with it) soon after."""
         previous, self._release_by_parent = self._release_by_parent, True
+        self.left_open = []
         try:
             yield
         finally:
             self._release_by_parent = previous
+
+    def _savepoint(self, sid):
+        super()._savepoint(sid)
+        if self._release_by_parent:
+            self.left_open.append(sid)
+
+    def _savepoint_rollback(self, sid):
+        super()._savepoint_rollback(sid)
+        if self._release_by_parent:  # the savepoints made after ``sid`` are gone; ``sid`` stays
+            kept = self.left_open.index(sid) + 1 if sid in self.left_open else 0
+            del self.left_open[kept:]
 
     def _savepoint_commit(self, sid):
         if not self._release_by_parent:
