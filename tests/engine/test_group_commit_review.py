@@ -260,3 +260,13 @@ def test_two_lock_scopes_on_the_same_keys_never_deadlock():
         thread.join()
     assert errors == {}
 
+
+
+@postgresql_only
+def test_lock_scopes_outside_a_transaction_is_refused_as_before():
+    """'Must be called inside a transaction': on PostgreSQL the SELECT ... FOR UPDATE refused to run in autocommit
+    (Django's TransactionManagementError), so a caller that forgot its transaction learnt it; the upsert runs,
+    commits at once, and the lock it took is gone before the caller does anything under it."""
+    with pytest.raises(TransactionManagementError):
+        lock_scopes({"refund/run:1"})
+    assert not PolicyLock.objects.filter(key="refund/run:1").exists()
