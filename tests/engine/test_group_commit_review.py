@@ -270,3 +270,33 @@ def test_lock_scopes_outside_a_transaction_is_refused_as_before():
     with pytest.raises(TransactionManagementError):
         lock_scopes({"refund/run:1"})
     assert not PolicyLock.objects.filter(key="refund/run:1").exists()
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="a dropped session: PostgreSQL")
+def test_a_job_never_run_after_a_first_job_that_swallowed_a_dropped_connection_goes_back_to_the_queue(committer, runs):
+    """Pre-existing (also before b3facc5): the first job's connection drops and it catches the error; the second
+    job's savepoint cannot be made, so the second job, never run, is answered with that error instead of going
+    back to the queue ('the jobs not yet run go back to the queue untouched')."""
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed, ran = [], []
+
+    def swallowing():
+        connection.connection.close()
+        try:
+            Run.objects.count()
+        except DatabaseError:
+            pass
+        return "done"
+
+    def counted():
+        ran.append(runs[1].pk)
+        return starting(runs[1].pk, committed)()
+
+    release = held_back(committer)
+    futures = [submit_leased(committer, leases[0], swallowing), submit_leased(committer, leases[1], counted),
+               submit_leased(committer, leases[2], starting(runs[2].pk, committed))]
+    release.set()
+    assert futures[0].exception(10) is not None
+    assert futures[1].result(10) == runs[1].pk
+    assert futures[2].result(10) == runs[2].pk
+    assert ran == [runs[1].pk]
