@@ -24,9 +24,10 @@ makes the next), then commits once:
   saturated a group is one job, run as outside the engine (its own
   transactions commit as it makes them), and latency is as before.
 * **A broken transaction ends the group early.** When a job leaves the
-  transaction unusable (its savepoint could not be rolled back: the
+  transaction unusable (its savepoint could not be rolled back, or the
   connection broke), the jobs already run get that error and the jobs not
-  yet run go back to the queue untouched.
+  yet run go back to the queue untouched, the one whose savepoint could not
+  be made among them.
 * **So does a policy lock.** A job that took a lock other runs' jobs take
   too (a target's claim or release, a rule's scopes:
   ``runs.tx.note_shared_lock``) is the group's last: the group commits and
@@ -131,7 +132,11 @@ class GroupCommit:
                 with transaction.atomic():
                     savepoints = _JobSavepoints()
                     for job in group:
-                        outcomes.append(savepoints.run(job))
+                        try:
+                            outcomes.append(savepoints.run(job))
+                        except _Broken:  # its savepoint could not be made: it never ran, and goes back to the queue
+                            ran = group[:len(outcomes)]
+                            raise
                         if connection.needs_rollback:  # the transaction is unusable: stop here
                             ran = group[:len(outcomes)]
                             raise _Broken(outcomes[-1][1])
@@ -185,14 +190,15 @@ def _nested_released_with(connection):
 
 
 def _aborted() -> bool:
-    """Whether PostgreSQL aborted the connection's transaction (a statement failed in it, and a job caught the
-    error outside any ``atomic``, which Django does not mark for rollback): read from the driver, no round trip."""
+    """Whether PostgreSQL aborted the connection's transaction, or the connection is gone with it (a statement
+    failed in it, or the session dropped, and a job caught the error outside any ``atomic``, which Django does
+    not mark for rollback): read from the driver, no round trip."""
     raw = connection.connection
     if raw is None or connection.vendor != "postgresql":
         return False
     from psycopg.pq import TransactionStatus
 
-    return raw.info.transaction_status == TransactionStatus.INERROR
+    return raw.info.transaction_status in (TransactionStatus.INERROR, TransactionStatus.UNKNOWN)
 
 
 class _JobSavepoints:
@@ -233,12 +239,13 @@ class _JobSavepoints:
         """``(True, result)`` of the job, or ``(False, its exception)`` with its writes rolled back. When the
         transaction became unusable (the savepoint could not be made or rolled back, or the group's first job
         failed: it runs in no savepoint, its rollback is the transaction's), ``connection.needs_rollback`` is set
-        on return, as ``atomic`` leaves it."""
+        on return, as ``atomic`` leaves it. Raises ``_Broken`` when the job's savepoint could not be made (the job
+        did not run)."""
         try:
             sid = self._make()
         except Exception as exc:
             connection.needs_rollback = True
-            return False, exc
+            raise _Broken(exc) from exc
         if sid is not None:
             connection.savepoint_ids.append(sid)
         try:

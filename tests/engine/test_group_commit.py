@@ -640,3 +640,39 @@ def test_a_jobs_nested_blocks_are_released_with_its_savepoint_and_still_roll_bac
             with transaction.atomic():
                 set_input(runs[2].pk, "alone again")
     assert [sql.split()[0] for sql in statements] == ["SAVEPOINT", "UPDATE", "RELEASE"]
+
+
+def test_a_job_whose_savepoint_cannot_be_made_goes_back_to_the_queue_unrun(committer, runs, monkeypatch):
+    """The transaction is unusable before the job ran: the jobs already run get the error, it and the ones after
+    it run in the next group, once each."""
+    from runs.engine import group_commit
+
+    leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
+    committed, ran, failed = [], [], []
+    make = group_commit._JobSavepoints._make
+
+    def failing_once(self):
+        if self._made == 1 and not failed:  # making the group's second job's savepoint
+            failed.append(True)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM no_such_table")  # the transaction is aborted as a broken one would be
+        return make(self)
+
+    def counted(run_id):
+        def job():
+            ran.append(run_id)
+            return starting(run_id, committed)()
+        return job
+
+    monkeypatch.setattr(group_commit._JobSavepoints, "_make", failing_once)
+    release = held_back(committer)
+    futures = [submit_leased(committer, held, counted(run.pk)) for run, held in zip(runs, leases)]
+    release.set()
+
+    with pytest.raises(DatabaseError):
+        futures[0].result(10)  # its writes went with the unusable transaction
+    assert [futures[1].result(10), futures[2].result(10)] == [runs[1].pk, runs[2].pk]
+    assert ran == [run.pk for run in runs]  # each once: the second and third in the next group
+    statuses = dict(Run.objects.filter(pk__in=[run.pk for run in runs]).values_list("pk", "status"))
+    assert statuses == {runs[0].pk: RunStatus.QUEUED, runs[1].pk: RunStatus.RUNNING, runs[2].pk: RunStatus.RUNNING}
+    assert sorted(committed) == sorted([runs[1].pk, runs[2].pk])

@@ -42,6 +42,7 @@ import json
 from dataclasses import dataclass
 
 from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError, get_autocommit
 from django.db.models import Exists, OuterRef, Q
 from django_fsm import can_proceed
 
@@ -120,9 +121,13 @@ def lock_scopes(keys: set[str]) -> None:
 
 def _lock_upserting(keys: list[str]) -> None:
     """``lock_scopes`` on PostgreSQL in one statement: each row of ``keys`` (sorted) inserted, or, when it
-    exists, locked by an update that writes nothing new (``ON CONFLICT DO UPDATE`` locks the row it meets
-    as ``UPDATE`` does, which conflicts with ``SELECT ... FOR UPDATE`` and with every other writer of the
-    row; the rows are met in the order given, so two such statements never wait on each other in a circle)."""
+    exists, locked by an update that sets its key to itself (a new row version, as any update; ``ON CONFLICT
+    DO UPDATE`` locks the row it meets as ``SELECT ... FOR UPDATE`` does, so it excludes every other writer
+    of the row; the rows are met in the order given, so two such statements never wait on each other in a
+    circle). Raises ``TransactionManagementError`` outside a transaction, as the ORM's ``select_for_update``
+    does: there the lock would end with the statement."""
+    if get_autocommit():
+        raise TransactionManagementError("lock_scopes() cannot be used outside of a transaction.")
     with connection.cursor() as cursor:
         cursor.execute(_lock_upserting_sql(), [keys])
 
