@@ -72,7 +72,7 @@ class ToolCall(FSMModel):
         help_text=_("What the call acts on (its tool's target argument, as the target's lock key); empty when "
                     "none. Per-target approval rules count the calls with the same target."))
     duplicate_of = models.ForeignKey("self", verbose_name=_("duplicate of"), null=True, blank=True,
-                                     on_delete=models.PROTECT, related_name="duplicates",
+                                     on_delete=models.PROTECT, related_name="duplicates", db_index=False,
                                      help_text=_("The earlier call of the same action."))
     idempotency_key = models.CharField(_("idempotency key"), max_length=80, blank=True, db_index=True)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
@@ -93,7 +93,14 @@ class ToolCall(FSMModel):
         verbose_name = _("tool call")
         verbose_name_plural = _("tool calls")
         ordering = ["run", "id"]
-        indexes = [models.Index(fields=["target", "name"], name="toolcall_target")]
+        indexes = [
+            models.Index(fields=["target", "name"], name="toolcall_target"),
+            # Only re-proposals have an original: an index of every call's NULL would be the planner's choice
+            # for "duplicate_of IS NULL" before the table has statistics (a fresh table growing fast), a
+            # scan of every call in the guise of an index scan (docs/benchmark-history.md, 7 December).
+            models.Index(fields=["duplicate_of"], name="toolcall_duplicate_of",
+                         condition=models.Q(duplicate_of__isnull=False)),
+        ]
 
     def __str__(self):
         return f"{self.name} ({self.status})"
