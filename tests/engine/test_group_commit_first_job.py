@@ -1,5 +1,6 @@
-"""Review of two changes: a group's first job in no savepoint of its own (runs.engine.group_commit), and
-``lock_scopes`` as one upsert on PostgreSQL (tools.services.targets)."""
+"""A group's first job, which runs in no savepoint of its own (runs.engine.group_commit), and policy scopes
+locked by one upsert on PostgreSQL (tools.services.targets.lock_scopes): nested blocks, commit hooks, caught
+errors, a dropped connection, key order and exclusion."""
 
 import threading
 
