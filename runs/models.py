@@ -274,16 +274,19 @@ class Run(FSMModel):
     turns spent on invalid output and on "not complete yet" feedback.
     """
 
-    session = models.ForeignKey(Session, verbose_name=_("session"), on_delete=models.CASCADE, related_name="runs")
-    agent = models.ForeignKey(Agent, verbose_name=_("agent"), on_delete=models.PROTECT, related_name="runs")
+    # Their indexes lead the composite ones in Meta.indexes (each foreign key's own index would be a twin).
+    session = models.ForeignKey(Session, verbose_name=_("session"), on_delete=models.CASCADE, related_name="runs",
+                                db_index=False)
+    agent = models.ForeignKey(Agent, verbose_name=_("agent"), on_delete=models.PROTECT, related_name="runs",
+                              db_index=False)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, verbose_name=_("requested by"),
-                                     on_delete=models.PROTECT, related_name="requested_runs")
+                                     on_delete=models.PROTECT, related_name="requested_runs", db_index=False)
     input = models.TextField(_("input"))
     idempotency_key = models.CharField(_("idempotency key"), max_length=200, null=True, blank=True)
     retry_of = models.ForeignKey("self", verbose_name=_("retry of"), null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="retries")
 
-    status = FSMField(_("status"), default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True, db_index=True)
+    status = FSMField(_("status"), default=RunStatus.QUEUED, choices=RunStatus.choices, protected=True)
     phase = models.CharField(_("phase"), max_length=32, choices=Phase.choices, blank=True)
     # No choices: a WaitingReason or a registered kind of wait (is_waiting_reason, checked by ``wait``).
     waiting_reason = models.CharField(_("waiting reason"), max_length=32, blank=True)
@@ -359,7 +362,13 @@ class Run(FSMModel):
         # at the first row not yet due, however many runs wait
         # (docs/design.md#scale-of-the-waiting-set). None covers updated_at:
         # every save changes it, and an index on it would cost every update.
+        # Each index costs every insert and every update that is not HOT, so
+        # none repeats another's leading columns; a session's runs are found
+        # by (session, status) even before the table has statistics (by the
+        # status alone, a run's end walked every queued run to find its
+        # session's next one).
         indexes = [
+            models.Index(fields=["session", "status"], name="run_session_status"),
             models.Index(fields=["created_at", "id"], name="run_created"),
             models.Index(fields=["requested_by", "created_at", "id"], name="run_requester_created"),
             models.Index(fields=["status", "created_at", "id"], name="run_status_created"),

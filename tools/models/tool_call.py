@@ -64,9 +64,9 @@ class ToolCall(FSMModel):
     name = models.CharField(_("tool"), max_length=100)
     raw_arguments = models.TextField(_("raw arguments"), blank=True)
     arguments = models.JSONField(_("arguments"), null=True, blank=True, decoder=StoredJSONDecoder)
-    status = FSMField(_("status"), default=S.PROPOSED, choices=S.choices, protected=True, db_index=True)
+    status = FSMField(_("status"), default=S.PROPOSED, choices=S.choices, protected=True)
     side_effect = models.BooleanField(_("side effect"), default=False)
-    action_key = models.CharField(_("action key"), max_length=64, blank=True, db_index=True)
+    action_key = models.CharField(_("action key"), max_length=64, blank=True)
     target = models.CharField(
         _("target"), max_length=100, blank=True,
         help_text=_("What the call acts on (its tool's target argument, as the target's lock key); empty when "
@@ -94,6 +94,10 @@ class ToolCall(FSMModel):
         verbose_name_plural = _("tool calls")
         ordering = ["run", "id"]
         indexes = [
+            # Equality only (a field's db_index would add a LIKE-pattern twin on PostgreSQL, which every
+            # insert and status change would write too; the idempotency key keeps its: it is read by prefix).
+            models.Index(fields=["status"], name="toolcall_status"),
+            models.Index(fields=["action_key"], name="toolcall_action_key"),
             models.Index(fields=["target", "name"], name="toolcall_target"),
             # Only re-proposals have an original: an index of every call's NULL would be the planner's choice
             # for "duplicate_of IS NULL" before the table has statistics (a fresh table growing fast), a
