@@ -494,7 +494,8 @@ class Step(FSMModel):
 
     event_type = "model_call"
 
-    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="steps")
+    # Found through step_index_per_run's index, which (run, index) leads: no index of its own.
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="steps", db_index=False)
     index = models.PositiveIntegerField(_("index"))
     status = FSMField(_("status"), max_length=16, choices=Status.choices, default=Status.STARTED, protected=True)
     request = models.JSONField(_("request"), default=dict, decoder=StoredJSONDecoder)
@@ -587,7 +588,8 @@ class RunEvent(models.Model):
     are set. ``actor`` is ``system``, ``worker`` or ``user:<username>``.
     """
 
-    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="events")
+    # Found through event_seq_per_run's index, which (run, seq) leads: no index of its own.
+    run = models.ForeignKey(Run, verbose_name=_("run"), on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField(_("seq"))
     type = models.CharField(_("type"), max_length=32)
     from_status = models.CharField(_("from status"), max_length=32, blank=True)
