@@ -253,7 +253,8 @@ class _JobSavepoints:
                 result = job.context.run(job.fn, *job.args)
             if connection.needs_rollback or _aborted():  # it caught a database error and went on: its writes are void
                 raise TransactionManagementError("a job went on after a database error in its transaction")
-            self._nested = getattr(connection, "left_open", [])[:1]
+            if sid is None:  # the first job: the oldest nested savepoint it left open, for the second job to release
+                self._nested = getattr(connection, "left_open", [])[:1]
             return True, result
         except Exception as exc:
             if sid is None:  # the first job: undone with the transaction, which commits nothing then

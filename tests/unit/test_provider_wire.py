@@ -301,7 +301,7 @@ def test_a_reset_connection_is_unreachable_or_interrupted_never_a_timeout(provid
     assert isinstance(error, StreamInterrupted) if mid_stream else "unreachable" in str(error)
 
 
-# --- Second review (rev2): failing tests for faults found.
+# --- What a server's words may reach, a default timeout of 0, and an answer head that does not parse.
 
 ECHOED_KEY = "tollgate_live_key_4f7c1e9a2b"  # an API key that happens to be a Python identifier
 
@@ -317,10 +317,9 @@ def _error_event(provider: str, error: dict) -> dict:
 @pytest.mark.parametrize("kind", [ECHOED_KEY, "overloaded" * 2000], ids=["the-key", "20000-chars"])
 def test_the_type_of_an_error_event_reaches_the_runs_error_masked_and_bounded(endpoint, provider, kind,
                                                                                monkeypatch):
-    # _error_in_answer names the ModelError by the error event's "type" whenever it is an identifier: server text
-    # that goes into str(error), so into readable(), the step's and the run's stored error, unmasked and unbounded.
-    # The server's message beside it (detail) is masked and cut to 300 characters (server_message); the type is
-    # neither. A server (or a proxy) that echoes the key it was sent, or sends a long type, puts it in the run.
+    # An error event's "type" names the ModelError only when it is one the providers document (_error_in_answer):
+    # anything else is server text, which reaches the run's stored error only masked and cut (server_message).
+    # A server (or a proxy) that echoes the key it was sent, or sends a long type, must not put it in the run.
     _, config = endpoint(provider, [_error_event(provider, {"type": kind, "message": "Overloaded"})])
     monkeypatch.setenv("TEST_KEY", ECHOED_KEY)  # the endpoint's key (read when the client is made)
     error = failure(config)
@@ -332,9 +331,8 @@ def test_the_type_of_an_error_event_reaches_the_runs_error_masked_and_bounded(en
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_default_timeout_of_zero_seconds_never_means_waiting_for_ever(endpoint, provider, settings):
-    # rev2: 5b5fec6 refuses "timeout_s": 0 in an agent's config because aiohttp reads 0 as "no timeout", but an
-    # agent without timeout_s takes TOLLGATE["MODEL_TIMEOUT_S"] (TOLLGATE_MODEL_TIMEOUT_S), which nothing checks:
-    # set to 0 (through httpx: a timeout at once), every such call now waits for a silent server without bound.
+    # aiohttp reads a timeout of 0 as "no timeout". An agent without timeout_s takes TOLLGATE["MODEL_TIMEOUT_S"]
+    # (TOLLGATE_MODEL_TIMEOUT_S): set to 0, a call must fail, never wait for a silent server without bound.
     settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_TIMEOUT_S": 0.0}
     _, config = endpoint(provider, [{"content": "Late.", "delay_s": 2}])
     with pytest.raises((ModelError, ConfigError)):
@@ -351,12 +349,9 @@ BAD_HEADS = {
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("head", list(BAD_HEADS))
 def test_an_answer_whose_http_head_does_not_parse_is_a_model_error(provider, head, monkeypatch, settings):
-    # rev2, new in 1566e3f: aiohttp raises ClientResponseError (400, "Bad status line" / "Got more than 8190
-    # bytes") for an answer head it cannot parse; the SDKs' aiohttp transport maps only connection, timeout and
-    # payload errors, so it is raised as it is. The anthropic SDK wraps any send error (APIConnectionError); the
-    # openai SDK wraps only httpx2.RequestError, so aiohttp.ClientResponseError escapes OpenAIClient.complete().
-    # Through httpx (before 1566e3f; checked at 39ad22c) both were ModelErrors: "unreachable" (h11's
-    # RemoteProtocolError) and, the long header being accepted, a MalformedResponse.
+    # aiohttp raises ClientResponseError (400, "Bad status line" / "Got more than 8190 bytes") for an answer head
+    # it cannot parse, which the SDKs' aiohttp transport does not map (the openai SDK wraps only
+    # httpx2.RequestError): it must still end as a ModelError, never escape complete().
     monkeypatch.setenv("TEST_KEY", "x")
     server = RawServer(BAD_HEADS[head], "/v1" if provider == "openai" else "")
     settings.TOLLGATE = {**settings.TOLLGATE, "MODEL_ENDPOINTS": {**settings.TOLLGATE["MODEL_ENDPOINTS"], "raw": {
