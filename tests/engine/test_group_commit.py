@@ -381,6 +381,8 @@ def test_a_release_does_not_wait_for_a_waiters_row_that_a_group_claiming_the_tar
     target = target_of(tool, holder.arguments)
     with transaction.atomic():
         assert claim(target, holder) is None
+    with transaction.atomic():
+        assert claim(target, waiter) == holder.pk  # found held: the engine parks its run, as it is here
     errors, claimed, go = {}, {}, threading.Event()
     holds_the_row = threading.Event()
 

@@ -14,7 +14,10 @@ class PolicyLock(models.Model):
 
     For a target (``tools.services.targets``), ``holder`` is the call that
     claimed it to be checked and sent; the claim counts while that call is
-    ``ready`` or ``running``, and its outcome clears it.
+    ``ready`` or ``running``, and its outcome clears it. ``waiters`` says
+    that a call found the target held and its run waits for the holder's
+    outcome: set by that claim, cleared by the release that wakes them, so
+    that a release with no one waiting looks for no waiter.
     """
 
     key = models.CharField(_("key"), max_length=100, unique=True)
@@ -22,6 +25,9 @@ class PolicyLock(models.Model):
                                on_delete=models.SET_NULL, related_name="+",
                                help_text=_("The call that holds this target from its precondition check until its "
                                            "outcome."))
+    waiters = models.BooleanField(_("waiters"), default=False, db_default=False,
+                                  help_text=_("Whether a run waits for this target's holder (its call found the "
+                                              "target held)."))
 
     class Meta:
         verbose_name = _("policy lock")

@@ -172,7 +172,10 @@ def claim(target: Target, call: ToolCall) -> int | None:
     """Make ``call`` the holder of ``target``; returns the other call holding it instead (its id), or None.
 
     Call inside a transaction: the target's row stays locked until it
-    ends. A holder counts while it is ``ready`` or ``running``. One
+    ends. A holder counts while it is ``ready`` or ``running``. When
+    another call holds it, the row notes that a run waits (``waiters``):
+    the caller must make ``call``'s run wait in the same transaction, so
+    that the holder's release, which locks the same row, finds it. One
     statement (an upsert that locks the row, takes it when free and
     returns the new holder) where the database returns rows from a write;
     a second statement reads the holder when it is busy.
@@ -191,6 +194,7 @@ def claim(target: Target, call: ToolCall) -> int | None:
     if holder == call.pk:
         return None
     if holder is not None and _live(holder):
+        PolicyLock.objects.filter(key=target.lock_key).update(waiters=True)  # the holder's release looks for it
         return holder
     _take(target.lock_key, call)  # the row is locked now, and free
     return None
@@ -234,20 +238,33 @@ def _upsert(key: str, call: ToolCall) -> bool:
         return cursor.fetchone() is not None
 
 
-def _unclaim(key: str, call: ToolCall) -> int:
-    """Free row ``key`` if ``call`` holds it; returns the rows written (0 or 1). One statement, its SQL
-    built once (a queryset's ``update()`` cost more CPU than the statement)."""
+def _unclaim(key: str, call: ToolCall) -> bool | None:
+    """Free row ``key`` if ``call`` holds it; returns None when it did not, else whether runs wait for the
+    target (the row's ``waiters``, as the row is now locked). One statement where the database returns rows
+    from a write (else a read of the flag first: SQLite's transactions are ``IMMEDIATE``, so nothing changes
+    it in between), its SQL built once (a queryset's ``update()`` cost more CPU than the statement)."""
+    update, flag, read = _unclaim_sql()
     with connection.cursor() as cursor:
-        cursor.execute(_unclaim_sql(), [key, call.pk])
-        return cursor.rowcount
+        if connection.features.can_return_columns_from_insert:
+            cursor.execute(f"{update} RETURNING {flag}", [key, call.pk])
+            row = cursor.fetchone()
+            return None if row is None else bool(row[0])
+        cursor.execute(read, [key, call.pk])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        cursor.execute(update, [key, call.pk])
+        return bool(row[0])
 
 
 @functools.cache
-def _unclaim_sql() -> str:
+def _unclaim_sql() -> tuple[str, str, str]:
+    """``(the UPDATE, the flag's column, a SELECT of the flag)`` of ``_unclaim``."""
     quote, meta = connection.ops.quote_name, PolicyLock._meta
-    table, key_col, holder = (quote(name) for name in (
-        meta.db_table, meta.get_field("key").column, meta.get_field("holder").column))
-    return f"UPDATE {table} SET {holder} = NULL WHERE {key_col} = %s AND {holder} = %s"
+    table, key_col, holder, waiters = (quote(name) for name in (
+        meta.db_table, meta.get_field("key").column, meta.get_field("holder").column, meta.get_field("waiters").column))
+    where = f"WHERE {key_col} = %s AND {holder} = %s"
+    return f"UPDATE {table} SET {holder} = NULL {where}", waiters, f"SELECT {waiters} FROM {table} {where}"
 
 
 def _live(holder: int) -> bool:
@@ -297,12 +314,19 @@ def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     holds is not waited for (``SKIP LOCKED``: that transaction may be
     waiting for this target's row): it is woken once the caller's
     transaction commits, in a transaction of its own, if it still waits
-    then. Nothing happens when ``call`` holds no claim (one UPDATE).
+    then. Waiters are looked for only when the target's row says some run
+    waits (``PolicyLock.waiters``, set by ``claim`` when it found the
+    target held; cleared here). Nothing happens when ``call`` holds no
+    claim; one UPDATE when no run waits.
     """
     target = target_of(tool, call.arguments) if tool.side_effect else None
-    if target is None or not _unclaim(target.lock_key, call):
+    waited = _unclaim(target.lock_key, call) if target is not None else None
+    if waited is None:
         return 0
     note_shared_lock()
+    if not waited:
+        return 0
+    PolicyLock.objects.filter(key=target.lock_key).update(waiters=False)  # those found now are woken below
     waiting = set(_waiters(target, call))
     if not waiting:
         return 0
