@@ -1,7 +1,8 @@
 """Push run changes to browsers and integrators over Channels; never changes a run, never raises.
 
 Messages: ``{"type": "run.update", "run": run_snapshot(...)}`` to ``run_group``
-and ``RUNS_GROUP``; ``{"type": "run.event", "seq": N}`` to ``run_events_group``
+and ``RUNS_GROUP`` (where the snapshots sent together go as one
+``{"type": "runs.update", "runs": [...]}``: ``_folded``); ``{"type": "run.event", "seq": N}`` to ``run_events_group``
 when the run's log moved without a snapshot sent (a snapshot's ``seq`` tells
 event sockets, which hear ``run_group`` too, as much);
 ``{"type": "run.delta", "kind", "data"}`` (streamed output) to ``run_group``;
@@ -104,7 +105,7 @@ class _Sender:
             while not queue.empty():
                 batches.append(queue.get_nowait())
             try:
-                for layer, group, message in _superseding(batches):
+                for layer, group, message in _folded(_superseding(batches)):
                     try:
                         async with asyncio.timeout(SEND_TIMEOUT_S):
                             await layer.group_send(group, message)
@@ -161,6 +162,42 @@ def _superseding(batches: list[tuple]) -> list[tuple]:
     return [(layer, group, highest[key] if key is not None else message)
             for index, ((layer, group, message), key) in enumerate(zip(sends, keys))
             if key is None or last[key] == index]
+
+
+# Snapshots one ``runs.update`` message carries at most (``_folded``).
+MAX_FOLDED = 200
+
+
+def _folded(sends: list[tuple]) -> list[tuple]:
+    """``sends`` (``(layer, group, message)``, in order) with the ``run.update`` snapshots to ``RUNS_GROUP`` of
+    one layer sent as ``{"type": "runs.update", "runs": [snapshot, ...]}`` messages of up to ``MAX_FOLDED``,
+    each in the place of the last snapshot it carries; a lone snapshot stays a ``run.update``.
+
+    Every list socket hears every run's changes, so under load most of what the sender publishes went to that
+    one group, a Redis round trip each; folded, a batch of changed runs costs one publish there (its run
+    groups still one each). A socket of the list forwards each snapshot as the ``run.update`` it was
+    (``runs.web.consumers.RunListConsumer``)."""
+    listed: dict[int, list[int]] = {}  # id(layer) -> the indexes in sends of its list snapshots
+    for index, (layer, group, message) in enumerate(sends):
+        if group == RUNS_GROUP and message.get("type") == "run.update":
+            listed.setdefault(id(layer), []).append(index)
+    if all(len(indexes) < 2 for indexes in listed.values()):
+        return sends
+    carried: dict[int, list[int]] = {}  # index of the last snapshot of a message -> the indexes it carries
+    for indexes in listed.values():
+        for start in range(0, len(indexes), MAX_FOLDED):
+            chunk = indexes[start:start + MAX_FOLDED]
+            carried[chunk[-1]] = chunk
+    folded_away = {index for indexes in listed.values() for index in indexes} - carried.keys()
+    out = []
+    for index, (layer, group, message) in enumerate(sends):
+        if index in folded_away:
+            continue
+        chunk = carried.get(index)
+        if chunk is not None and len(chunk) > 1:
+            message = {"type": "runs.update", "runs": [sends[i][2]["run"] for i in chunk]}
+        out.append((layer, group, message))
+    return out
 
 
 def _superseded_by(layer, group: str, message: dict) -> tuple | None:

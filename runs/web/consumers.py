@@ -222,11 +222,18 @@ class RunListConsumer(_LiveConsumer):
         await self.join(RUNS_GROUP)
 
     async def run_update(self, event):
-        run = event["run"]
+        await self._forward_visible([event["run"]])
+
+    async def runs_update(self, event):
+        """Several runs' snapshots published together (``runs.live._folded``): each sent on as a ``run.update``."""
+        await self._forward_visible(event["runs"])
+
+    async def _forward_visible(self, runs: list[dict]):
         if not await self.still_allowed(self.scope["user"].pk):  # closes once the user is logged out
             return
-        if self.may_see(run["requested_by"]):
-            await self.send_json({"type": "run.update", "run": run})
+        for run in runs:
+            if self.may_see(run["requested_by"]):
+                await self.send_json({"type": "run.update", "run": run})
 
 
 @database_sync_to_async

@@ -306,3 +306,58 @@ def test_a_token_by_token_stream_is_pushed_in_few_pieces_that_add_up_to_it(monke
     calls = [d for _, kind, d in pushed if kind == "tool_call_delta"]
     assert calls == [{"index": 0, "id": "c1", "name": "refund", "arguments": '{"order_id": 123}'},
                      {"index": 1, "id": "c2", "name": "query_order", "arguments": "{}"}]
+
+
+def test_list_snapshots_queued_together_go_out_as_one_message_in_place_of_the_last(monkeypatch):
+    """What the sender finds queued for the run list's group goes there as one ``runs.update`` carrying every
+    snapshot, at most ``MAX_FOLDED`` each, where the last was handed over; each run's own group still gets
+    its snapshot, and a lone list snapshot stays a ``run.update``."""
+    from runs import live
+
+    monkeypatch.setattr(live, "MAX_FOLDED", 2)
+    sender, layer = live._Sender(), _GatedLayer()
+    listing = _listening(layer, live.RUNS_GROUP)
+    own = _listening(layer, live.run_group(6))
+
+    def update(run_id, seq):
+        message = {"type": "run.update", "run": {"id": run_id, "seq": seq}}
+        return [(live.run_group(run_id), message), (live.RUNS_GROUP, message)]
+
+    sender.send(layer, update(5, 1))  # taken at once, held by the layer
+    time.sleep(0.05)
+    sender.send(layer, update(6, 1) + update(7, 1))
+    sender.send(layer, [(live.user_group(9), {"type": "access.changed", "ended_session": ""})])
+    sender.send(layer, update(8, 1))
+    layer.gate.set()
+    sender.flush(timeout_s=5)
+    received = [async_to_sync(layer.receive)(listing) for _ in range(3)]
+    assert [(m["type"], m.get("run", {}).get("id"), [r["id"] for r in m.get("runs", [])]) for m in received] == [
+        ("run.update", 5, []), ("runs.update", None, [6, 7]), ("run.update", 8, [])]  # 8 alone once 2 were full
+    assert async_to_sync(layer.receive)(own)["run"]["id"] == 6
+    assert layer.sent.count(live.RUNS_GROUP) == 3
+    assert [group for group in layer.sent if group != live.RUNS_GROUP] == [
+        live.run_group(5), live.run_group(6), live.run_group(7), live.user_group(9), live.run_group(8)]
+
+
+def test_the_list_socket_forwards_each_visible_snapshot_of_a_folded_message(run, people):
+    from runs import live
+
+    stranger = get_user_model().objects.create_user("stranger", password="x")
+    theirs = start_run(agent=asking_agent(), user=stranger, input="mine")
+
+    @async_to_sync
+    async def scenario():
+        from channels.db import database_sync_to_async
+        from channels.layers import get_channel_layer
+
+        socket = _communicator("/ws/runs/", stranger)
+        assert (await socket.connect(timeout=5))[0]
+        snapshots = await database_sync_to_async(
+            lambda: [live.run_snapshot(r) for r in (type(run).objects.get(pk=pk) for pk in (run.pk, theirs.pk))])()
+        await get_channel_layer().group_send(live.RUNS_GROUP, {"type": "runs.update", "runs": snapshots})
+        got = await socket.receive_json_from(timeout=5)
+        assert (got["type"], got["run"]["id"]) == ("run.update", theirs.pk)  # the requester's run is not theirs
+        assert await socket.receive_nothing(timeout=0.3)
+        await socket.disconnect()
+
+    scenario()
