@@ -4,6 +4,7 @@ API views, inbox views, admin actions, the loop and the sweeper call these;
 ``end_run`` is the one path by which any run ends (docs/design.md#ending-a-run).
 """
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from enum import StrEnum
 from typing import Callable
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -33,7 +34,7 @@ from runs.models import (
     Step,
     WaitingReason,
 )
-from runs.services import actor_for, announce_events, append_event, append_message, wake_next_in_session
+from runs.services import actor_for, announce_events, append_event, new_message, wake_next_in_session
 from runs.transitions import apply
 from runs.tx import locked, relock
 from runs.wakeups import wake_on_commit
@@ -277,21 +278,56 @@ def start_run(**kwargs) -> Run:
     return submit_input(**kwargs).run
 
 
-def begin_run(run: Run, *, actor: str) -> bool:
+@dataclass(frozen=True)
+class Begun:
+    """A run ``begin_run`` started: ``message``, its input as stored in the session history; ``alone``, whether
+    the session has no other run (then that message is the whole history, and no other call's id is taken)."""
+
+    message: Message
+    alone: bool
+
+
+def begin_run(run: Run, *, actor: str) -> Begun | None:
     """A worker starts a queued run if its session is free: ``queued -> running``, input into the history.
 
-    Runs of a session start one at a time, oldest first; returns False
+    Runs of a session start one at a time, oldest first; returns None
     (the run stays queued) while an older run of the session is active.
+    Two statements: the session's other runs looked at, then the
+    transition with the input message (in its event's statement).
     """
-    if selects.exists(Run, {"session": run.session_id, "status__in": ACTIVE_STATUSES, "pk__lt": run.pk}):
-        return False  # an older run of the session is active
+    older_active, others = _session_others(run)
+    if older_active:
+        return None  # an older run of the session is active
+    stored: list[Message] = []
+
+    def the_input(_run) -> list[Message]:
+        stored[:] = [new_message(run, role="user", content=run.input)]
+        return stored
+
     try:
         with transaction.atomic():
-            apply(run.start, actor=actor, reason="picked up by worker", savepoint=False)
-            append_message(run, role="user", content=run.input, fence=False)  # the event above is fenced
+            apply(run.start, actor=actor, reason="picked up by worker", savepoint=False, inserts=the_input)
     except IntegrityError:  # another run of the session became busy first
-        return False
-    return True
+        return None
+    return Begun(message=stored[0], alone=not others)
+
+
+def _session_others(run: Run) -> tuple[bool, bool]:
+    """``(an older run of run's session is active, the session has any run but this one)``, in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_session_others_sql(), [run.session_id, run.pk, *ACTIVE_STATUSES, run.session_id, run.pk])
+        older_active, others = cursor.fetchone()
+    return bool(older_active), bool(others)
+
+
+@functools.cache
+def _session_others_sql() -> str:
+    quote, meta = connection.ops.quote_name, Run._meta
+    table, pk, session, status = (quote(name) for name in (
+        meta.db_table, meta.pk.column, meta.get_field("session").column, meta.get_field("status").column))
+    statuses = ", ".join(["%s"] * len(ACTIVE_STATUSES))
+    return (f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {session} = %s AND {pk} < %s AND {status} IN ({statuses})), "
+            f"EXISTS (SELECT 1 FROM {table} WHERE {session} = %s AND {pk} <> %s)")
 
 
 @dataclass

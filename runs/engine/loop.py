@@ -137,9 +137,10 @@ def advance_slice(run_id: int, run: Run | None = None) -> Steps:
             return run, False
         if run.wake_at is not None and run.wake_at > timezone.now():
             return run, False  # created with a later start_at: the sweeper wakes it then
-        if not begin_run(run, actor=ACTOR):
+        begun = begin_run(run, actor=ACTOR)
+        if begun is None:
             return run, False  # an older run of the session goes first; its end wakes this one
-        known.started()
+        known.started(history=[begun.message] if begun.alone else None)
     else:
         seq = run.last_event_seq
         in_flight = None if run.steps_in_flight else []  # read only when the run's row says some exist

@@ -37,9 +37,13 @@ class Known:
         self._session_call_ids: set[str] | None = None
         self._assessed_here: set[int] = set()
 
-    def started(self) -> None:
-        """The run was just begun: it has no tool calls and no steps yet (only a running run gets them)."""
+    def started(self, *, history: list[Message] | None = None) -> None:
+        """The run was just begun: it has no tool calls and no steps yet (only a running run gets them).
+        ``history``: the session's whole history when the caller knows it (a session with no other run: the
+        run's input alone); then no other call of the session has taken an id either."""
         self._calls, self._steps = [], 0
+        if history is not None:
+            self._history, self._session_call_ids = list(history), set()
 
     def revalidate(self) -> None:
         """Read the run's event counter (one query; none on the first call, the row was just read, nor when this

@@ -11,7 +11,8 @@ import dataclasses
 import weakref
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from approvals.models import Interrupt
 from approvals.services import decide_interrupt
@@ -19,11 +20,13 @@ from runs.base.awaiting import resume
 from runs.engine import loop
 from runs import services, transitions
 from runs.engine.lifecycle import cancel_run, start_run, submit_input
-from runs.models import Agent, MultitaskStrategy, Run, RunEvent, RunStatus
+from runs.engine.context import build_context
+from runs.models import Agent, Message, MultitaskStrategy, Run, RunEvent, RunStatus
 from runs.services import append_event
 from tests.support.core import CORE_TOOLS, lookup, transfer
 from tests.support.fake_tools import transfers
 from tools import registry
+from tools.models import ToolCall
 
 LOOKUP = {"tool_calls": [lookup("acme")]}
 TRANSFER = {"tool_calls": [transfer("acme", 80)]}
@@ -303,3 +306,36 @@ def test_a_model_answer_the_database_refuses_leaves_no_unstored_value_in_the_ins
     assert refused == ["Done."] and run.status == RunStatus.COMPLETED
     assert run.repair_turns == 1 and run.model_calls == 1  # the refused answer's call was never counted
     assert compared == [0, 0]
+
+
+def test_a_run_alone_in_its_session_starts_from_its_input_without_reading_the_history(
+        idle_worker, people, requests_seen):
+    """Begun in a session with no other run, the history is the input just stored: nothing is read back, and
+    every model call sees what a read of the stored history gives."""
+    agent = _agent([LOOKUP, {"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=people["requester"], input="look acme up")
+    with CaptureQueriesContext(connection) as queries:
+        loop.advance(run.pk)
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert not [query["sql"] for query in queries if 'FROM "runs_message"' in query["sql"]]
+    stored = list(Message.objects.filter(session=run.session).order_by("id"))
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert requests_seen[0].messages == build_context(run, stored[:1]).messages
+    assert requests_seen[1].messages == build_context(run, stored[:3]).messages
+
+
+def test_a_later_run_of_a_session_reads_the_history_and_call_ids_of_the_runs_before_it(
+        idle_worker, people, requests_seen):
+    same_id = {"tool_calls": [{**lookup("acme"), "id": "call_same"}]}
+    agent = _agent([same_id, {"content": "Done."}, same_id, {"content": "Done again."}], check="default")
+    first = start_run(agent=agent, user=people["requester"], input="look acme up")
+    loop.advance(first.pk)
+    second = start_run(agent=agent, user=people["requester"], input="and once more", session=first.session)
+    loop.advance(second.pk)
+    second.refresh_from_db()
+    assert second.status == RunStatus.COMPLETED
+    assert [m["content"] for m in requests_seen[2].messages if m["role"] == "user"] == ["look acme up",
+                                                                                        "and once more"]
+    first_id, second_id = (ToolCall.objects.get(run=run).provider_call_id for run in (first, second))
+    assert first_id == "call_same" != second_id  # the same id answered twice: the session's ids were known
