@@ -339,3 +339,29 @@ def test_a_later_run_of_a_session_reads_the_history_and_call_ids_of_the_runs_bef
                                                                                         "and once more"]
     first_id, second_id = (ToolCall.objects.get(run=run).provider_call_id for run in (first, second))
     assert first_id == "call_same" != second_id  # the same id answered twice: the session's ids were known
+
+
+def test_input_supplemented_right_after_a_lone_run_began_reaches_its_first_model_call(
+        idle_worker, people, monkeypatch, requests_seen):
+    """A run alone in its session starts from its input as the whole history (``Known.started``), and the
+    slice's first pass reads no event counter (``Known.revalidate``: the row was just read). Input supplemented
+    once the start has committed, before the first model call, is another writer's event: that call must
+    see it, as it does when the history is read at the first pass."""
+    agent = _agent([{"content": "Done."}], check="default")
+    run = start_run(agent=agent, user=people["requester"], input="look acme up")
+    begin = loop.begin_run
+
+    def then_supplemented(run, *, actor):
+        begun = begin(run, actor=actor)  # committed: the run is running, so a supplement joins it
+        submit_input(agent=agent, user=people["requester"], input="and please hurry", session=run.session,
+                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        return begun
+
+    monkeypatch.setattr(loop, "begin_run", then_supplemented)
+    loop.advance(run.pk)
+
+    first = requests_seen[0]
+    assert [m["content"] for m in first.messages if m["role"] == "user"] == ["look acme up", "and please hurry"]
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert not Run.objects.filter(session=run.session).exclude(pk=run.pk).exists()  # not handed on as a new run
