@@ -99,7 +99,8 @@ class _Sender:
     @staticmethod
     async def _drain(queue: asyncio.Queue) -> None:
         """Send what is handed over, for ever: each time, every batch queued by then, superseded messages left
-        out (``_superseding``); a failure is logged and skipped."""
+        out (``_superseding``) and the run list's snapshots folded into one message (``_folded``); a failure is
+        logged and skipped."""
         while True:
             batches = [await queue.get()]
             while not queue.empty():

@@ -322,6 +322,7 @@ def _session_others(run: Run) -> tuple[bool, bool]:
 
 @functools.cache
 def _session_others_sql() -> str:
+    """``_session_others``' statement; its parameters: session id, run id, ``ACTIVE_STATUSES``, session id, run id."""
     quote, meta = connection.ops.quote_name, Run._meta
     table, pk, session, status = (quote(name) for name in (
         meta.db_table, meta.pk.column, meta.get_field("session").column, meta.get_field("status").column))

@@ -39,11 +39,14 @@ class Known:
 
     def started(self, *, history: list[Message] | None = None) -> None:
         """The run was just begun: it has no tool calls and no steps yet (only a running run gets them).
-        ``history``: the session's whole history when the caller knows it (a session with no other run: the
-        run's input alone); then no other call of the session has taken an id either."""
+        ``history``: the session's whole history as the run's start stored it, when the caller knows it (a
+        session with no other run: the run's input alone); then no other call of the session has taken an id
+        either. Input supplemented once the start committed is another writer's event: the first pass then
+        reads the counter as any other does (``revalidate``), rather than trust the row read before the start."""
         self._calls, self._steps = [], 0
         if history is not None:
             self._history, self._session_call_ids = list(history), set()
+            self._fresh = False
 
     def revalidate(self) -> None:
         """Read the run's event counter (one query; none on the first call, the row was just read, nor when this

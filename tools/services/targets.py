@@ -243,10 +243,10 @@ def _unclaim(key: str, call: ToolCall) -> bool | None:
     target (the row's ``waiters``, as the row is now locked). One statement where the database returns rows
     from a write (else a read of the flag first: SQLite's transactions are ``IMMEDIATE``, so nothing changes
     it in between), its SQL built once (a queryset's ``update()`` cost more CPU than the statement)."""
-    update, flag, read = _unclaim_sql()
+    returning, update, read = _unclaim_sql()
     with connection.cursor() as cursor:
         if connection.features.can_return_columns_from_insert:
-            cursor.execute(f"{update} RETURNING {flag}", [key, call.pk])
+            cursor.execute(returning, [key, call.pk])
             row = cursor.fetchone()
             return None if row is None else bool(row[0])
         cursor.execute(read, [key, call.pk])
@@ -259,12 +259,13 @@ def _unclaim(key: str, call: ToolCall) -> bool | None:
 
 @functools.cache
 def _unclaim_sql() -> tuple[str, str, str]:
-    """``(the UPDATE, the flag's column, a SELECT of the flag)`` of ``_unclaim``."""
+    """``(the UPDATE returning the flag, the UPDATE alone, a SELECT of the flag)`` of ``_unclaim``."""
     quote, meta = connection.ops.quote_name, PolicyLock._meta
     table, key_col, holder, waiters = (quote(name) for name in (
         meta.db_table, meta.get_field("key").column, meta.get_field("holder").column, meta.get_field("waiters").column))
     where = f"WHERE {key_col} = %s AND {holder} = %s"
-    return f"UPDATE {table} SET {holder} = NULL {where}", waiters, f"SELECT {waiters} FROM {table} {where}"
+    update = f"UPDATE {table} SET {holder} = NULL {where}"
+    return f"{update} RETURNING {waiters}", update, f"SELECT {waiters} FROM {table} {where}"
 
 
 def _live(holder: int) -> bool:
@@ -317,7 +318,7 @@ def release(call: ToolCall, tool: Tool, *, actor: str) -> int:
     then. Waiters are looked for only when the target's row says some run
     waits (``PolicyLock.waiters``, set by ``claim`` when it found the
     target held; cleared here). Nothing happens when ``call`` holds no
-    claim; one UPDATE when no run waits.
+    claim; one UPDATE when no run waits (where the database returns rows from a write; else a read first).
     """
     target = target_of(tool, call.arguments) if tool.side_effect else None
     waited = _unclaim(target.lock_key, call) if target is not None else None
