@@ -51,6 +51,12 @@ def requests_seen(monkeypatch):
     return seen
 
 
+def _hurry(agent: Agent, user, session) -> None:
+    """A person adds "and please hurry" to the session's busy run (``MultitaskStrategy.SUPPLEMENT``)."""
+    submit_input(agent=agent, user=user, input="and please hurry", session=session,
+                 multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+
+
 def _agent(turns, check: str = "fake_transfer") -> Agent:
     return Agent.objects.create(slug="knowing", name="knowing", tools=CORE_TOOLS,
                                 completion_check=check, model={"provider": "scripted", "turns": turns})
@@ -65,8 +71,7 @@ def test_input_supplemented_while_a_tool_runs_reaches_the_next_model_call(
     session = run.session  # read here: the handler runs in the handler pool
 
     def handler(context, arguments):  # a person adds to the conversation while the call is out
-        submit_input(agent=agent, user=people["requester"], input="and please hurry", session=session,
-                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        _hurry(agent, people["requester"], session)
         return tool.handler(context, arguments)
 
     monkeypatch.setitem(registry._TOOLS, "fake_lookup", dataclasses.replace(tool, handler=handler))
@@ -91,8 +96,7 @@ def test_input_supplemented_right_after_the_workers_own_write_reaches_the_next_m
 
     def then_supplemented(run, known, call):
         going_on = yield from execute(run, known, call)
-        submit_input(agent=agent, user=people["requester"], input="and please hurry", session=run.session,
-                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        _hurry(agent, people["requester"], run.session)
         return going_on
 
     monkeypatch.setattr(loop, "_execute", then_supplemented)
@@ -353,8 +357,7 @@ def test_input_supplemented_right_after_a_lone_run_began_reaches_its_first_model
 
     def then_supplemented(run, *, actor):
         begun = begin(run, actor=actor)  # committed: the run is running, so a supplement joins it
-        submit_input(agent=agent, user=people["requester"], input="and please hurry", session=run.session,
-                     multitask_strategy=MultitaskStrategy.SUPPLEMENT)
+        _hurry(agent, people["requester"], run.session)
         return begun
 
     monkeypatch.setattr(loop, "begin_run", then_supplemented)
