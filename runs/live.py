@@ -165,7 +165,7 @@ def _superseding(batches: list[tuple]) -> list[tuple]:
             if key is None or last[key] == index]
 
 
-# Snapshots one ``runs.update`` message carries at most (``_folded``).
+# Snapshots one ``"runs.update"`` message carries at most (``_folded``).
 MAX_FOLDED = 200
 
 

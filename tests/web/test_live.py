@@ -309,9 +309,9 @@ def test_a_token_by_token_stream_is_pushed_in_few_pieces_that_add_up_to_it(monke
 
 
 def test_list_snapshots_queued_together_go_out_as_one_message_in_place_of_the_last(monkeypatch):
-    """What the sender finds queued for the run list's group goes there as one ``runs.update`` carrying every
-    snapshot, at most ``MAX_FOLDED`` each, where the last was handed over; each run's own group still gets
-    its snapshot, and a lone list snapshot stays a ``run.update``."""
+    """What the sender finds queued for the run list's group goes there as one ``"runs.update"`` message
+    carrying every snapshot, at most ``MAX_FOLDED`` each, where the last was handed over; each run's own group
+    still gets its snapshot, and a lone list snapshot stays a ``run.update``."""
     from runs import live
 
     monkeypatch.setattr(live, "MAX_FOLDED", 2)
