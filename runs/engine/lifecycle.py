@@ -291,9 +291,13 @@ def begin_run(run: Run, *, actor: str) -> Begun | None:
     """A worker starts a queued run if its session is free: ``queued -> running``, input into the history.
 
     Runs of a session start one at a time, oldest first; returns None
-    (the run stays queued) while an older run of the session is active.
-    Two statements: the session's other runs looked at, then the
-    transition with the input message (in its event's statement).
+    (the run stays queued) while an older run of the session is active,
+    or when another run of the session became busy first. Two statements
+    on PostgreSQL: the session's other runs looked at, then the transition
+    with the input message in its event's statement (elsewhere the message
+    is inserted after the event). Raises what ``runs.transitions.apply``
+    raises (``LeaseLost`` under a lease taken over, ``TransitionNotAllowed``,
+    ``ConcurrentTransition``).
     """
     older_active, others = _session_others(run)
     if older_active:

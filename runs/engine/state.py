@@ -49,7 +49,8 @@ class Known:
             self._fresh = False
 
     def revalidate(self) -> None:
-        """Read the run's event counter (one query; none on the first call, the row was just read, nor when this
+        """Read the run's event counter (one query; none on the first call, the row was just read, unless the run
+        was begun with its history known (``started``), nor when this
         stretch of code's own last write read it in a transaction still holding the row's lock, a group
         commit's: ``runs.services.counter_confirmed``); if another writer logged
         an event meanwhile, re-read the run's own columns (a second query) and forget the rest.

@@ -323,6 +323,8 @@ def test_a_run_alone_in_its_session_starts_from_its_input_without_reading_the_hi
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     assert not [query["sql"] for query in queries if 'FROM "runs_message"' in query["sql"]]
+    assert not [query["sql"] for query in queries  # nor the session's call ids
+                if 'FROM "tools_toolcall"' in query["sql"] and '"session_id"' in query["sql"]]
     stored = list(Message.objects.filter(session=run.session).order_by("id"))
     assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
     assert requests_seen[0].messages == build_context(run, stored[:1]).messages

@@ -178,7 +178,8 @@ def claim(target: Target, call: ToolCall) -> int | None:
     that the holder's release, which locks the same row, finds it. One
     statement (an upsert that locks the row, takes it when free and
     returns the new holder) where the database returns rows from a write;
-    a second statement reads the holder when it is busy.
+    when it is busy, a second reads the holder and, when that holder's
+    claim stands, a third marks the row.
     """
     note_shared_lock()
     if connection.features.can_return_columns_from_insert:
