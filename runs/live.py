@@ -174,9 +174,9 @@ def _folded(sends: list[tuple]) -> list[tuple]:
     one layer sent as ``{"type": "runs.update", "runs": [snapshot, ...]}`` messages of up to ``MAX_FOLDED``,
     each in the place of the last snapshot it carries; a lone snapshot stays a ``run.update``.
 
-    Every list socket hears every run's changes, so under load most of what the sender publishes went to that
-    one group, a Redis round trip each; folded, a batch of changed runs costs one publish there (its run
-    groups still one each). A socket of the list forwards each snapshot as the ``run.update`` it was
+    Every list socket hears every run's changes, so half of what the sender publishes went to that one group,
+    a Redis round trip each; folded, a batch of changed runs costs one publish there (its run groups still one
+    each). It acts only on what piles up while the sender waits for Redis. A socket of the list forwards each snapshot as the ``run.update`` it was
     (``runs.web.consumers.RunListConsumer``)."""
     listed: dict[int, list[int]] = {}  # id(layer) -> the indexes in sends of its list snapshots
     for index, (layer, group, message) in enumerate(sends):
