@@ -2,7 +2,8 @@
 
 * ``RunConsumer`` at ``ws/runs/<id>/``: one run. Sends the current
   snapshot on connect, then every ``run.update`` and ``run.delta`` that
-  ``runs.live`` publishes to the run's group.
+  ``runs.live`` publishes to the run's group. It joins the group before
+  it reads the snapshot, so no change falls between the two.
 * ``RunListConsumer`` at ``ws/runs/``: ``run.update`` of every run the user
   may see (the inbox and run list refresh on them).
 * ``RunEventsConsumer`` at ``ws/api/runs/<id>/?after_seq=N`` (integrators,
@@ -127,10 +128,20 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def join(self, *groups: str) -> None:
         """Join ``groups`` and the user's access group, then accept the socket."""
+        await self.subscribe(*groups)
+        await self.accept(self.subprotocol)
+
+    async def subscribe(self, *groups: str) -> None:
+        """Join ``groups`` and the user's access group, without accepting the socket yet (``refuse`` leaves them)."""
         self.groups_joined = (*groups, user_group(self.scope["user"].pk))
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept(self.subprotocol)
+
+    async def refuse(self) -> None:
+        """Leave the groups joined and close the socket before the handshake completes."""
+        await self.disconnect(None)
+        self.groups_joined = ()
+        await self.close()
 
     async def disconnect(self, code):
         for group in self.groups_joined:
@@ -181,15 +192,21 @@ class RunConsumer(_LiveConsumer):
         return (run_group(run_id),)
 
     async def connect(self):
+        """Join the run's groups, then read its snapshot: a change committed after the read is pushed to the
+        socket (one committed before it is in the snapshot). Refused when the user may not see the run."""
         user = self.scope.get("user")
         run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        snapshot = await _visible_snapshot(user, run_id) if user is not None else None
-        if snapshot is None:
+        if user is None or not user.is_authenticated:
             await self.close()
+            return
+        await self.subscribe(*self.groups_of(run_id))
+        snapshot = await _visible_snapshot(user, run_id)
+        if snapshot is None:
+            await self.refuse()
             return
         self.requested_by = snapshot["requested_by"]
         await self.check_access()
-        await self.join(*self.groups_of(run_id))
+        await self.accept(self.subprotocol)
         await self.send_json({"type": "run.update", "run": snapshot})
 
     async def on_access_changed(self) -> None:

@@ -67,6 +67,75 @@ def test_run_socket_refuses_anonymous_and_other_users(run, people):
     scenario()
 
 
+def test_a_change_made_while_the_run_socket_reads_its_snapshot_is_pushed_to_it(run, people, monkeypatch):
+    """The socket joins the run's group before it reads the snapshot: a change committed (and published) just
+    after the read still reaches it. Had it joined after the read, that push would have gone to nobody."""
+    from runs import live
+    from runs.models import Run
+    from runs.web import consumers
+
+    read = consumers._visible_snapshot
+
+    async def read_then_change(user, run_id):
+        snapshot = await read(user, run_id)
+
+        def change():
+            Run.objects.filter(pk=run_id).update(phase="model", last_event_seq=snapshot["seq"] + 1)
+            publish_run_update(run_id)
+            live.flush()
+
+        from channels.db import database_sync_to_async
+
+        await database_sync_to_async(change)()
+        return snapshot
+
+    monkeypatch.setattr(consumers, "_visible_snapshot", read_then_change)
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(f"/ws/runs/{run.pk}/", people["requester"])
+        assert (await communicator.connect(timeout=5))[0]
+        first = await communicator.receive_json_from(timeout=5)
+        pushed = await communicator.receive_json_from(timeout=5)
+        assert first["run"]["phase"] != "model"
+        assert pushed["run"]["phase"] == "model" and pushed["run"]["seq"] == first["run"]["seq"] + 1
+        await communicator.disconnect()
+
+    scenario()
+
+
+def test_a_refused_run_socket_leaves_every_group_it_joined(run, people, monkeypatch):
+    """A user who may not see the run is refused; the groups the socket joined before the check are left again,
+    each once."""
+    from channels.layers import get_channel_layer
+
+    stranger = get_user_model().objects.create_user("stranger", password="x")
+    layer = get_channel_layer()
+    joined, left = [], []
+    add, discard = layer.group_add, layer.group_discard
+
+    async def recording_add(group, channel):
+        joined.append(group)
+        await add(group, channel)
+
+    async def recording_discard(group, channel):
+        left.append(group)
+        await discard(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", recording_add)
+    monkeypatch.setattr(layer, "group_discard", recording_discard)
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(f"/ws/runs/{run.pk}/", stranger)
+        assert not (await communicator.connect(timeout=5))[0]
+        await communicator.wait(timeout=1)
+
+    scenario()
+    assert f"run-{run.pk}" in joined
+    assert sorted(left) == sorted(joined)
+
+
 def test_run_list_socket_forwards_only_visible_runs(run, people):
     stranger = get_user_model().objects.create_user("stranger", password="x")
 
