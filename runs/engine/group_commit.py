@@ -81,7 +81,8 @@ class GroupCommit:
     ``fn(*args)``'s result (or its exception), set once the transaction it
     ran in committed (or failed). ``fn`` runs in a copy of the submitter's
     context (``contextvars``: the run's lease) and must do only database
-    work (it holds the group's transaction while it runs).
+    work (it holds the group's transaction while it runs). ``wait_idle``
+    waits until no job is queued or running.
     """
 
     def __init__(self, *, threads: int, max_group: int):
@@ -90,6 +91,8 @@ class GroupCommit:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="tollgate-db")
         self._jobs: collections.deque[_Job] = collections.deque()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when the last drain queued or running ends
+        self._drains = 0  # drains (``_drain``) queued or running
         self.groups = 0  # transactions committed or failed since start
         self.jobs = 0  # jobs run in them
 
@@ -98,25 +101,45 @@ class GroupCommit:
         future = Future()
         context = contextvars.copy_context()
         context.run(clear_shared_lock)  # a lock the submitter noted in a transaction of its own is not the job's
+        with self._lock:  # counted before the job is queued: ``wait_idle`` never sees a job with no drain for it
+            self._drains += 1
         self._jobs.append(_Job(context, fn, args, future))
         self._executor.submit(self._drain)
         return future
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no job is queued or running (at most ``timeout_s`` seconds); True if none is.
+
+        Every job is queued with a drain of its own, counted before the job is queued and until it has
+        run (a job put back in the queue gets a new one before its drain ends), so no drain queued or
+        running means no job either: the database threads are done with the database until the next
+        ``submit`` (each still keeps its connection: ``close_connections``).
+        """
+        with self._idle:
+            return self._idle.wait_for(lambda: self._drains == 0, timeout=timeout_s)
+
     def close_connections(self) -> None:
-        """Close the database connection of every database thread (call it only while no job is queued)."""
+        """Close the database connection of every database thread (call it only while no job is queued:
+        ``wait_idle``)."""
         close_pool_connections(self._executor, self._threads)
 
     def _drain(self) -> None:
         """Run what is queued now (at most ``max_group`` jobs) as one group; nothing queued: nothing to do
         (each submit queues one drain, and an earlier drain may have taken its job)."""
-        group = []
-        while len(group) < self._max_group:
-            try:
-                group.append(self._jobs.popleft())
-            except IndexError:
-                break
-        if group:
-            holding_connection(self._commit, group)  # a database thread keeps its connection between groups
+        try:
+            group = []
+            while len(group) < self._max_group:
+                try:
+                    group.append(self._jobs.popleft())
+                except IndexError:
+                    break
+            if group:
+                holding_connection(self._commit, group)  # a database thread keeps its connection between groups
+        finally:
+            with self._idle:
+                self._drains -= 1
+                if self._drains == 0:
+                    self._idle.notify_all()
 
     def _commit(self, group: list[_Job]) -> None:
         if len(group) == 1:  # alone: its own transactions commit as it makes them, as outside the engine
@@ -160,6 +183,8 @@ class GroupCommit:
 
     def _requeue(self, jobs: list[_Job]) -> None:
         """Queue ``jobs`` (never run) again, ahead of the others."""
+        with self._lock:  # counted while the drain that puts them back still runs (``wait_idle``)
+            self._drains += len(jobs)
         for job in reversed(jobs):
             self._jobs.appendleft(job)
         for _ in jobs:

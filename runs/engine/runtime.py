@@ -81,6 +81,7 @@ class Engine:
         self._loop = asyncio.new_event_loop()
         self._changed = threading.Condition()
         self._in_flight = 0
+        self._handing_over = 0  # ``submit`` calls not returned yet (``wait_idle``)
         # The leases of the suspects advanced (or waiting to be) with no other run in flight: a lease, not a
         # run id, names one slice (two slices of one run may be in flight for a moment: ``_Slice``).
         self._quarantine: set[lease.Lease] = set()
@@ -129,10 +130,17 @@ class Engine:
         The calling thread's database connection is handed back to the pool once the slice is under way, unless
         the thread keeps its connection (``awaiting.keep_connection_in_this_thread``: a Dramatiq worker thread).
         """
+        with self._changed:
+            self._handing_over += 1
         try:
             return self._submit(run_id, quarantine_worker)
         finally:
-            hand_back_unless_kept()
+            try:
+                hand_back_unless_kept()
+            finally:
+                with self._changed:
+                    self._handing_over -= 1
+                    self._changed.notify_all()
 
     def _submit(self, run_id: int, quarantine_worker: bool) -> lease.Lease | None:
         deadline = time.monotonic() + SUBMIT_WAIT_S
@@ -245,14 +253,28 @@ class Engine:
             raise EngineFull(f"no room to advance a run for {SUBMIT_WAIT_S} s")
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no run is in flight (at most ``timeout_s`` seconds); True if none is."""
+        """Wait until the engine is at rest (at most ``timeout_s`` seconds); True if it is.
+
+        At rest: no run in flight, no hand-over under way (a ``submit`` that has not returned: one waiting
+        for room or for the process to empty, a run not counted in flight yet, included), and no job on
+        the database threads (``GroupCommit.wait_idle``: a slice's end, a look for cancels). Nothing of
+        the engine then touches the database until the next ``submit``, so a test may empty its tables; the
+        process's lease keeper (``runs.lease``) renews none of its leases any more (a renewal it began
+        before may still be ending: one statement, on the runs' table only). Runs in flight alone are
+        ``in_flight``.
+        """
+        deadline = time.monotonic() + timeout_s
         with self._changed:
-            return self._changed.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+            if not self._changed.wait_for(lambda: self._in_flight == 0 and self._handing_over == 0,
+                                          timeout=timeout_s):
+                return False
+        # With no slice in flight the engine queues no job (a look for cancels needs a slice waiting for a call).
+        return self.db.wait_idle(max(0.0, deadline - time.monotonic()))
 
     def close_connections(self) -> None:
         """Close the database connection of every database thread (e.g. before a test database is dropped).
 
-        Call it only while no run is in flight.
+        Call it only while the engine is at rest (``wait_idle``).
         """
         self.db.close_connections()
 
