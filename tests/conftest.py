@@ -75,16 +75,45 @@ def engines_let_go(monkeypatch):
     would keep its connections, taken from the process's pool, after the test: so
     once the test's own fixtures are torn down (a hung call set free) its engines'
     runs may finish, and every database thread closes its connection. Autouse, so
-    set up first and torn down last.
+    set up first and torn down last: with ``transactional_db``, after the tables
+    were emptied, so that fixture waits for the engines first (below). Yields
+    ``(engines, group commits)`` made by the test, in the order made.
     """
     engines, commits = [], []
     for cls, made in ((runtime.Engine, engines), (GroupCommit, commits)):
         monkeypatch.setattr(cls, "__init__", _noting(cls.__init__, made))
-    yield
-    for engine in engines:
-        engine.wait_idle(10)
+    yield engines, commits
+    engines_at_rest(engines, commits, timeout_s=10)
     for group_commit in commits:
         group_commit.close_connections()
+
+
+@pytest.fixture
+def transactional_db(engines_let_go, transactional_db):
+    """pytest-django's ``transactional_db``, whose teardown empties every table (one ``TRUNCATE`` of them
+    all), once every engine and group commit is at rest (``engines_at_rest``); the test fails (at teardown)
+    if one is still at work after 30 s.
+
+    An engine's threads go on after the test's last line: a run handed over may still wait for the process
+    to empty (a suspect in ``Engine.submit``, not in flight yet), a slice freed as the test ends still
+    writes its last step and ends on a database thread. A ``TRUNCATE`` beside them waits for the locks
+    their transactions hold while they wait for its: a deadlock. The fixtures that free a test's calls
+    (``hung``) depend on this one, so they are torn down before it.
+    """
+    yield
+    busy = engines_at_rest(*engines_let_go, timeout_s=30)
+    assert not busy, f"still at work 30 s after the test, before its tables are emptied: {busy}"
+
+
+def engines_at_rest(engines, commits, *, timeout_s: float) -> list:
+    """Wait until each of ``engines``, the process's (``runtime.running_engine``) and the group commits
+    ``commits`` is at rest (``Engine.wait_idle``, ``GroupCommit.wait_idle``: none of their threads touches the
+    database then), at most ``timeout_s`` seconds in all; returns those still at work."""
+    deadline = time.monotonic() + timeout_s
+    process_engine = runtime.running_engine()
+    if process_engine is not None and all(engine is not process_engine for engine in engines):
+        engines = [*engines, process_engine]
+    return [made for made in (*engines, *commits) if not made.wait_idle(max(0.0, deadline - time.monotonic()))]
 
 
 def _noting(init, made: list):

@@ -60,8 +60,9 @@ def wait_until(predicate, timeout_s: float = 20) -> None:
 
 
 @pytest.fixture
-def hung():
-    """A ``threading.Event`` that hung handlers wait on; set when the test ends, so their threads go."""
+def hung(transactional_db):
+    """A ``threading.Event`` that hung handlers wait on; set when the test ends, so their threads go, before
+    its tables are emptied (``transactional_db`` waits for the runs they held to end)."""
     release = threading.Event()
     yield release
     release.set()
@@ -210,6 +211,34 @@ def test_a_full_engine_refuses_a_hand_over_after_a_while_without_taking_the_leas
     assert engine.submit(second.pk) is not None  # room again
     assert engine.wait_idle(30)
     assert Run.objects.get(pk=second.pk).status == RunStatus.COMPLETED
+    engine.close_connections()
+
+
+def test_an_engine_is_not_at_rest_while_a_hand_over_is_under_way(people, monkeypatch):
+    """``wait_idle`` waits for a ``submit`` that has not returned, whose run is not in flight yet (as a suspect
+    waiting for the process to empty is not): its database work is still to come."""
+    from runs.engine import runtime
+
+    taking, go_on = threading.Event(), threading.Event()
+    acquire = lease.acquire
+
+    def slow_acquire(*args, **kwargs):
+        taking.set()
+        go_on.wait(30)
+        return acquire(*args, **kwargs)
+
+    monkeypatch.setattr(lease, "acquire", slow_acquire)
+    use_tool(monkeypatch, "quick_lookup", lambda ctx, args: {})
+    engine = runtime.Engine(runs_in_flight=10, db_threads=1)
+    run = start_run(agent=calling("quick", "quick_lookup"), user=people["requester"], input="x")
+    handing_over = threading.Thread(target=engine.submit, args=(run.pk,))
+    handing_over.start()
+    assert taking.wait(10)
+    assert engine.in_flight == 0 and not engine.wait_idle(0.2)
+    go_on.set()
+    assert engine.wait_idle(30)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED  # nothing of it was left to do
+    handing_over.join(10)
     engine.close_connections()
 
 

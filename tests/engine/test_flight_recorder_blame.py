@@ -305,16 +305,22 @@ def test_a_suspect_that_comes_while_a_quarantine_waits_for_the_process_to_empty_
     first, second = (start_run(agent=gated, user=people["requester"], input=name) for name in ("first", "second"))
     Run.objects.filter(pk__in=[first.pk, second.pk]).update(loss_streak=1, suspect=True)
     assert engine.submit(busy.pk) is not None
-    threading.Thread(target=engine.submit, args=(first.pk,), daemon=True).start()
+    handing_over = [threading.Thread(target=engine.submit, args=(run.pk,), daemon=True) for run in (first, second)]
+    handing_over[0].start()
     wait_until(lambda: first.pk in engine.quarantine)
-    threading.Thread(target=engine.submit, args=(second.pk,), daemon=True).start()
+    handing_over[1].start()
     time.sleep(1)
     try:
         assert engine.quarantine == {first.pk, second.pk}
     finally:
+        # Not in flight until busy ends: waiting for no run in flight alone could return between busy's end
+        # and their start, and the test's tables be emptied under their slices (``Engine.wait_idle``).
         hung.set()
+        for thread in handing_over:
+            thread.join(30)
         assert engine.wait_idle(30)
         engine.close_connections()
+    assert Run.objects.filter(pk__in=[busy.pk, first.pk, second.pk], status=RunStatus.COMPLETED).count() == 3
 
 
 def test_suspects_that_keep_dying_together_in_calls_are_blamed_and_advanced_alone(people, settings):

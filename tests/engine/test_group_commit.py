@@ -75,6 +75,14 @@ def submit_leased(committer: GroupCommit, held: lease.Lease, job):
         return committer.submit(job)
 
 
+def test_a_group_commit_is_at_rest_only_once_no_job_is_queued_or_running(committer):
+    release = held_back(committer)
+    queued = committer.submit(lambda: "done")
+    assert not committer.wait_idle(0.2)
+    release.set()
+    assert committer.wait_idle(10) and queued.result(0) == "done"
+
+
 def test_a_run_whose_lease_was_taken_over_is_dropped_from_the_group_and_the_others_commit(committer, runs):
     leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
     taken = runs[1]
