@@ -621,7 +621,24 @@ def audit(run_ids: list[int], gateway_url: str) -> dict:
         "runs_lost_leases_max": max(runs.values_list("lost_leases", flat=True), default=0),
         "runs_seconds_created_to_ended": _spread([(end - start).total_seconds() for start, end in runs.filter(
             finished_at__isnull=False).values_list("created_at", "finished_at")]),
+        "runs_not_completed_why": _why_not_completed(runs.exclude(status="completed").exclude(
+            status="failed", failure_type="crash_loop")),
     }
+
+
+def _why_not_completed(runs, limit: int = 5) -> dict:
+    """For the first ``limit`` of ``runs`` (by id): its state and error, and each of its tool calls' name, status,
+    attempts (sends not sent, reconciliation tries) and error, so that a failing chaos run says what went wrong."""
+    from tools.models import ToolCall
+
+    why = {}
+    for run in runs.order_by("pk")[:limit]:
+        calls = [f"{c.name} {c.status} attempts={c.attempts} unsent={c.unsent_attempts} "
+                 f"reconciled={c.reconcile_attempts} {c.error[:160]!r}"
+                 for c in ToolCall.objects.filter(run=run).order_by("pk")]
+        why[run.pk] = f"{run.status}/{run.failure_type or run.outcome or run.waiting_reason}: {run.error[:200]!r}; " \
+                      + "; ".join(calls)
+    return why
 
 
 def print_figures(figures: dict, log_dir: Path) -> None:
