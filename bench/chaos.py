@@ -3,7 +3,8 @@
 Production shape only (PostgreSQL + Redis): set ``DATABASE_URL`` and
 ``REDIS_URL`` (``bash bench/run.sh chaos ...`` starts private ones). The
 harness migrates that database, creates one order and one scripted refund
-agent per run (refund 60.00: needs approval), starts the payment gateway
+agent per run (refund 60.00: needs approval; told that no refund was
+issued, it refunds again, see ``refund_turns``), starts the payment gateway
 with injected timeouts-after-commit and 5xx (and ``--gateway-latency``
 seconds on every refund, so a worker holds many runs in flight), starts
 ``--workers`` ``manage.py rundramatiq`` process groups and one sweeper
@@ -261,19 +262,35 @@ class Servers:
         return answer.stdout.strip() == "PONG"
 
 
-def _new_order_and_agent(requester, number: int, amount: int = 60):
+def new_order_and_agent(requester, number: int, amount: int = 60):
+    """Order ``number`` (total 100.00, of ``requester``) and its refund agent (``refund_turns``)."""
     from runs.models import Agent
     from tools.demo.models import Order
 
     Order.objects.create(number=number, owner=requester, total=Decimal("100.00"))
     return Agent.objects.create(
         slug=f"chaos-{number}", name=f"chaos {number}", tools=["query_order", "refund"], completion_check="refund",
-        model={"provider": "scripted", "turns": [
-            {"tool_calls": [{"name": "query_order", "arguments": {"order_id": number}}]},
-            {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": amount}}]},
-            {"content": f"Refunded {amount}.00 on order {number}."},
-        ]},
+        model={"provider": "scripted", "turns": refund_turns(number, amount)},
     )
+
+
+def refund_turns(number: int, amount: int) -> list[dict]:
+    """The refund agent's script: look order ``number`` up, refund ``amount`` on it, say so; then, for each
+    reminder the run may get (``MAX_INCOMPLETE_NUDGES``), refund again and say so.
+
+    The injected faults can make a refund end ``failed`` with nothing charged (every send refused before the
+    charge, the key then unknown to the gateway); the refund check then says no refund was issued, and the
+    run's next model call answers that reminder as a model would, with a new refund (a new call and key).
+    Without those turns the run would fail ``model_error`` for want of a turn, though nothing was lost or
+    charged. A refund settled ``failed`` that did charge is still caught: the order is charged twice, or the
+    refund's precondition denies the new one and the charge has no succeeded call.
+    """
+    from django.conf import settings
+
+    refund = {"tool_calls": [{"name": "refund", "arguments": {"order_id": number, "amount": amount}}]}
+    said = {"content": f"Refunded {amount}.00 on order {number}."}
+    return [{"tool_calls": [{"name": "query_order", "arguments": {"order_id": number}}]}, refund, said] \
+        + [refund, said] * settings.TOLLGATE["MAX_INCOMPLETE_NUDGES"]
 
 
 def create_mixed_runs(count: int, poison: int, amount: int = 60) -> tuple[list[int], list[int]]:
@@ -295,7 +312,7 @@ def create_mixed_runs(count: int, poison: int, amount: int = 60) -> tuple[list[i
             crash_ids.append(start_run(agent=_crasher_agent(requester, k), user=requester, input=f"crash {k}").pk)
             continue
         number = 1_000_000_000 + stamp + len(run_ids)
-        agent = _new_order_and_agent(requester, number, amount)
+        agent = new_order_and_agent(requester, number, amount)
         run_ids.append(start_run(agent=agent, user=requester, input=f"refund order {number}").pk)
     return run_ids, crash_ids
 
