@@ -59,10 +59,11 @@ def test_short_chaos_run_loses_nothing_charges_nothing_twice_and_ends_crash_loop
 
 
 def test_workers_killed_holding_hundreds_of_runs_each_lose_none_and_charge_none_twice():
-    # Refunds of 20 need no approval, so the runs reach them as fast as they are created, and each takes the
-    # gateway 3 s: a worker process holds its runs in flight meanwhile. A kill waits until the worker group
-    # it picks holds at least 100 run leases.
-    figures, result = _chaos("--runs", "300", "--amount", "20", "--kills", "2", "--min-held", "100",
+    # Refunds of 20 need no approval, and each takes the gateway 3 s: a worker process holds its runs in flight
+    # meanwhile. Every run is created before the workers start (--burst), so they take the backlog at once:
+    # created one by one on a loaded machine, the runs ended about as fast as they came, no group ever held
+    # 100 and nobody was killed. A kill waits until the worker group it picks holds at least 100 run leases.
+    figures, result = _chaos("--runs", "300", "--burst", "--amount", "20", "--kills", "2", "--min-held", "100",
                              "--gateway-latency", "3", "--kill-every", "0.5", "1", "--seed", "5",
                              "--settle-timeout", "300")
     assert figures["kills"] == "2"
