@@ -39,6 +39,7 @@ from importlib import import_module
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -132,20 +133,26 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.accept(self.subprotocol)
 
     async def subscribe(self, *groups: str) -> None:
-        """Join ``groups`` and the user's access group, without accepting the socket yet (``refuse`` leaves them)."""
+        """Join ``groups`` and the user's access group, without accepting the socket yet (``leave`` undoes it)."""
         self.groups_joined = (*groups, user_group(self.scope["user"].pk))
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
 
-    async def refuse(self) -> None:
-        """Leave the groups joined and close the socket before the handshake completes."""
-        await self.disconnect(None)
-        self.groups_joined = ()
+    async def leave(self) -> None:
+        """Leave the groups joined (``subscribe``), each once."""
+        joined, self.groups_joined = self.groups_joined, ()
+        for group in joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def reject(self) -> None:
+        """Leave the groups joined, close the socket before the handshake completes and stop the consumer:
+        what reached its groups meanwhile is dropped, never handled (raises ``StopConsumer``)."""
+        await self.leave()
         await self.close()
+        raise StopConsumer()
 
     async def disconnect(self, code):
-        for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+        await self.leave()
 
     async def receive_json(self, content, **kwargs):
         """Clients have nothing to say; incoming messages are ignored."""
@@ -186,6 +193,7 @@ class RunConsumer(_LiveConsumer):
     """Live updates of one run (see module doc)."""
 
     requested_by = None
+    first_seq = 0  # the seq of the snapshot sent on connect
 
     def groups_of(self, run_id: int) -> tuple[str, ...]:
         """The groups a socket of run ``run_id`` joins (besides the user's)."""
@@ -200,13 +208,17 @@ class RunConsumer(_LiveConsumer):
             await self.close()
             return
         await self.subscribe(*self.groups_of(run_id))
-        snapshot = await _visible_snapshot(user, run_id)
+        try:
+            snapshot = await _visible_snapshot(user, run_id)
+            if snapshot is not None:
+                self.requested_by, self.first_seq = snapshot["requested_by"], snapshot["seq"]
+                await self.check_access()
+                await self.accept(self.subprotocol)
+        except BaseException:
+            await self.leave()
+            raise
         if snapshot is None:
-            await self.refuse()
-            return
-        self.requested_by = snapshot["requested_by"]
-        await self.check_access()
-        await self.accept(self.subprotocol)
+            await self.reject()
         await self.send_json({"type": "run.update", "run": snapshot})
 
     async def on_access_changed(self) -> None:
@@ -214,7 +226,8 @@ class RunConsumer(_LiveConsumer):
             await self.close(code=ACCESS_LOST)
 
     async def run_update(self, event):
-        if await self.still_allowed(self.requested_by):
+        """A snapshot, sent on unless it is older than the one sent on connect (published before that read)."""
+        if event["run"]["seq"] >= self.first_seq and await self.still_allowed(self.requested_by):
             await self._forward_update(event)
 
     async def _forward_update(self, event):

@@ -104,10 +104,15 @@ def test_a_change_made_while_the_run_socket_reads_its_snapshot_is_pushed_to_it(r
     scenario()
 
 
-def test_a_refused_run_socket_leaves_every_group_it_joined(run, people, monkeypatch):
-    """A user who may not see the run is refused; the groups the socket joined before the check are left again,
-    each once."""
+def test_a_refused_run_socket_leaves_every_group_it_joined_and_handles_nothing_pushed_meanwhile(
+        run, people, monkeypatch):
+    """A user who may not see the run is refused: the groups the socket joined before the check are left again,
+    each once, and a change pushed to them while it read is dropped (no second close, no query for it)."""
+    from channels.db import database_sync_to_async
     from channels.layers import get_channel_layer
+
+    from runs import live
+    from runs.web import consumers
 
     stranger = get_user_model().objects.create_user("stranger", password="x")
     layer = get_channel_layer()
@@ -122,18 +127,67 @@ def test_a_refused_run_socket_leaves_every_group_it_joined(run, people, monkeypa
         left.append(group)
         await discard(group, channel)
 
+    read = consumers._visible_snapshot
+
+    async def read_while_it_changes(user, run_id):
+        def push():
+            publish_run_update(run_id)
+            live.flush()
+
+        await database_sync_to_async(push)()
+        await asyncio.sleep(0.2)  # the push reaches the socket's channel before the refusal
+        return await read(user, run_id)
+
     monkeypatch.setattr(layer, "group_add", recording_add)
     monkeypatch.setattr(layer, "group_discard", recording_discard)
+    monkeypatch.setattr(consumers, "_visible_snapshot", read_while_it_changes)
 
     @async_to_sync
     async def scenario():
         communicator = _communicator(f"/ws/runs/{run.pk}/", stranger)
-        assert not (await communicator.connect(timeout=5))[0]
-        await communicator.wait(timeout=1)
+        connected, code = await communicator.connect(timeout=5)
+        assert not connected
+        await communicator.wait(timeout=2)  # the consumer stopped: nothing more comes out of it
+        assert communicator.future.done() and communicator.output_queue.empty()
 
     scenario()
     assert f"run-{run.pk}" in joined
     assert sorted(left) == sorted(joined)
+
+
+def test_a_snapshot_published_before_the_first_one_was_read_is_not_sent_after_it(run, people, monkeypatch):
+    """A push that reached the socket's group before it read its first snapshot, but is handled after it,
+    carries an older ``seq``: it is dropped, so the socket never goes back in time."""
+    from channels.db import database_sync_to_async
+
+    from runs import live
+    from runs.models import Run
+    from runs.web import consumers
+
+    read = consumers._visible_snapshot
+
+    async def pushed_then_changed_then_read(user, run_id):
+        def push_then_change():
+            publish_run_update(run_id)  # the snapshot as it is now
+            live.flush()
+            Run.objects.filter(pk=run_id).update(last_event_seq=Run.objects.get(pk=run_id).last_event_seq + 1)
+
+        await database_sync_to_async(push_then_change)()
+        await asyncio.sleep(0.2)
+        return await read(user, run_id)
+
+    monkeypatch.setattr(consumers, "_visible_snapshot", pushed_then_changed_then_read)
+
+    @async_to_sync
+    async def scenario():
+        communicator = _communicator(f"/ws/runs/{run.pk}/", people["requester"])
+        assert (await communicator.connect(timeout=5))[0]
+        first = await communicator.receive_json_from(timeout=5)
+        assert first["run"]["seq"] == run.last_event_seq + 1
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+
+    scenario()
 
 
 def test_run_list_socket_forwards_only_visible_runs(run, people):
