@@ -276,7 +276,8 @@ def new_order_and_agent(requester, number: int, amount: int = 60):
 
 def refund_turns(number: int, amount: int) -> list[dict]:
     """The refund agent's script: look order ``number`` up, refund ``amount`` on it, say so; then, for each
-    reminder the run may get (``MAX_INCOMPLETE_NUDGES``), refund again and say so.
+    reminder the run may get (``MAX_INCOMPLETE_NUDGES``, as this process's settings have it: the workers
+    inherit its environment, so theirs is the same), refund again and say so.
 
     The injected faults can make a refund end ``failed`` with nothing charged (every send refused before the
     charge, the key then unknown to the gateway); the refund check then says no refund was issued, and the

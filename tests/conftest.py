@@ -75,9 +75,10 @@ def engines_let_go(monkeypatch):
     would keep its connections, taken from the process's pool, after the test: so
     once the test's own fixtures are torn down (a hung call set free) its engines'
     runs may finish, and every database thread closes its connection. Autouse, so
-    set up first and torn down last: with ``transactional_db``, after the tables
-    were emptied, so that fixture waits for the engines first (below). Yields
-    ``(engines, group commits)`` made by the test, in the order made.
+    set up before the test's own fixtures and torn down after them; the database
+    fixture (``_django_db_helper``, below) depends on it, so it is torn down after
+    that fixture emptied or rolled back the tables. Yields ``(engines, group
+    commits)`` made by the test, in the order made.
     """
     engines, commits = [], []
     for cls, made in ((runtime.Engine, engines), (GroupCommit, commits)):
@@ -89,31 +90,39 @@ def engines_let_go(monkeypatch):
 
 
 @pytest.fixture
-def transactional_db(engines_let_go, transactional_db):
-    """pytest-django's ``transactional_db``, whose teardown empties every table (one ``TRUNCATE`` of them
-    all), once every engine and group commit is at rest (``engines_at_rest``); the test fails (at teardown)
-    if one is still at work after 30 s.
+def _django_db_helper(engines_let_go, _django_db_helper):
+    """pytest-django's database fixture (what ``db``, ``transactional_db`` and the ``django_db`` mark all set up),
+    whose teardown empties every table (``TRUNCATE``) or rolls the test's transaction back, once every engine and
+    group commit is at rest (``engines_at_rest``); the test fails (at teardown) if one is still at work after
+    30 s.
 
     An engine's threads go on after the test's last line: a run handed over may still wait for the process
     to empty (a suspect in ``Engine.submit``, not in flight yet), a slice freed as the test ends still
     writes its last step and ends on a database thread. A ``TRUNCATE`` beside them waits for the locks
     their transactions hold while they wait for its: a deadlock. The fixtures that free a test's calls
-    (``hung``) depend on this one, so they are torn down before it.
+    (``hung``) depend on ``transactional_db``, so they are torn down before this one.
     """
     yield
     busy = engines_at_rest(*engines_let_go, timeout_s=30)
     assert not busy, f"still at work 30 s after the test, before its tables are emptied: {busy}"
 
 
+_stuck: list = []  # engines once found still at work after a test: not waited for again (one stuck slice would
+# otherwise cost every later test its 30 s)
+
+
 def engines_at_rest(engines, commits, *, timeout_s: float) -> list:
     """Wait until each of ``engines``, the process's (``runtime.running_engine``) and the group commits
     ``commits`` is at rest (``Engine.wait_idle``, ``GroupCommit.wait_idle``: none of their threads touches the
-    database then), at most ``timeout_s`` seconds in all; returns those still at work."""
+    database then), at most ``timeout_s`` seconds in all; returns those still at work (each reported once)."""
     deadline = time.monotonic() + timeout_s
     process_engine = runtime.running_engine()
     if process_engine is not None and all(engine is not process_engine for engine in engines):
         engines = [*engines, process_engine]
-    return [made for made in (*engines, *commits) if not made.wait_idle(max(0.0, deadline - time.monotonic()))]
+    busy = [made for made in (*engines, *commits) if all(made is not stuck for stuck in _stuck)
+            and not made.wait_idle(max(0.0, deadline - time.monotonic()))]
+    _stuck.extend(busy)
+    return busy
 
 
 def _noting(init, made: list):

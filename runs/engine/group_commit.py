@@ -104,7 +104,7 @@ class GroupCommit:
         with self._lock:  # counted before the job is queued: ``wait_idle`` never sees a job with no drain for it
             self._drains += 1
         self._jobs.append(_Job(context, fn, args, future))
-        self._executor.submit(self._drain)
+        self._queue_drains(1)
         return future
 
     def wait_idle(self, timeout_s: float) -> bool:
@@ -136,10 +136,7 @@ class GroupCommit:
             if group:
                 holding_connection(self._commit, group)  # a database thread keeps its connection between groups
         finally:
-            with self._idle:
-                self._drains -= 1
-                if self._drains == 0:
-                    self._idle.notify_all()
+            self._drained(1)
 
     def _commit(self, group: list[_Job]) -> None:
         if len(group) == 1:  # alone: its own transactions commit as it makes them, as outside the engine
@@ -187,8 +184,23 @@ class GroupCommit:
             self._drains += len(jobs)
         for job in reversed(jobs):
             self._jobs.appendleft(job)
-        for _ in jobs:
-            self._executor.submit(self._drain)
+        self._queue_drains(len(jobs))
+
+    def _queue_drains(self, count: int) -> None:
+        """Hand ``count`` drains, already counted, to the executor; those it refuses (``RuntimeError`` once the
+        interpreter shuts down) are counted off again before the error is raised, so ``wait_idle`` still ends."""
+        for queued in range(count):
+            try:
+                self._executor.submit(self._drain)
+            except BaseException:
+                self._drained(count - queued)
+                raise
+
+    def _drained(self, count: int) -> None:
+        with self._idle:
+            self._drains -= count
+            if self._drains == 0:
+                self._idle.notify_all()
 
 
 class _Broken(Exception):

@@ -140,7 +140,8 @@ class Engine:
             finally:
                 with self._changed:
                     self._handing_over -= 1
-                    self._changed.notify_all()
+                    if self._handing_over == 0:  # only ``wait_idle`` waits for this
+                        self._changed.notify_all()
 
     def _submit(self, run_id: int, quarantine_worker: bool) -> lease.Lease | None:
         deadline = time.monotonic() + SUBMIT_WAIT_S

@@ -23,7 +23,9 @@ S = ToolCallStatus
 
 
 @pytest.fixture
-def hung():
+def hung(transactional_db):
+    """An event the test's hung calls wait for; set at teardown, before the database fixture waits for the
+    engines to rest (``tests/conftest.py``)."""
     release = threading.Event()
     yield release
     release.set()

@@ -62,7 +62,7 @@ def wait_until(predicate, timeout_s: float = 20) -> None:
 @pytest.fixture
 def hung(transactional_db):
     """A ``threading.Event`` that hung handlers wait on; set when the test ends, so their threads go, before
-    its tables are emptied (``transactional_db`` waits for the runs they held to end)."""
+    its tables are emptied (the database fixture waits for the runs they held to end: ``tests/conftest.py``)."""
     release = threading.Event()
     yield release
     release.set()
@@ -233,9 +233,11 @@ def test_an_engine_is_not_at_rest_while_a_hand_over_is_under_way(people, monkeyp
     run = start_run(agent=calling("quick", "quick_lookup"), user=people["requester"], input="x")
     handing_over = threading.Thread(target=engine.submit, args=(run.pk,))
     handing_over.start()
-    assert taking.wait(10)
-    assert engine.in_flight == 0 and not engine.wait_idle(0.2)
-    go_on.set()
+    try:
+        assert taking.wait(10)
+        assert engine.in_flight == 0 and not engine.wait_idle(0.2)
+    finally:
+        go_on.set()
     assert engine.wait_idle(30)
     assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED  # nothing of it was left to do
     handing_over.join(10)

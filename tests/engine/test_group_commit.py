@@ -83,6 +83,23 @@ def test_a_group_commit_is_at_rest_only_once_no_job_is_queued_or_running(committ
     assert committer.wait_idle(10) and queued.result(0) == "done"
 
 
+def test_a_job_the_executor_refuses_is_not_left_counted():
+    """Once its threads are shut down (as at the interpreter's exit) the executor refuses a drain: ``submit``
+    raises, and ``wait_idle`` still finds the group commit at rest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    group_commit = GroupCommit(threads=1, max_group=8)
+    threads, refusing = group_commit._executor, ThreadPoolExecutor(1)
+    refusing.shutdown()
+    group_commit._executor = refusing
+    try:
+        with pytest.raises(RuntimeError):
+            group_commit.submit(lambda: "never run")
+        assert group_commit.wait_idle(0)
+    finally:
+        group_commit._executor = threads
+
+
 def test_a_run_whose_lease_was_taken_over_is_dropped_from_the_group_and_the_others_commit(committer, runs):
     leases = [lease.acquire(run.pk, owner="worker-a") for run in runs]
     taken = runs[1]
