@@ -27,6 +27,13 @@ def _communicator(path: str, user) -> WebsocketCommunicator:
     return communicator
 
 
+async def _connected(run, user) -> tuple[WebsocketCommunicator, dict]:
+    """A socket of ``run`` for ``user``, connected, and the first message it sent (its snapshot)."""
+    communicator = _communicator(f"/ws/runs/{run.pk}/", user)
+    assert (await communicator.connect(timeout=5))[0]
+    return communicator, await communicator.receive_json_from(timeout=5)
+
+
 @pytest.fixture
 def run(people):
     return start_run(agent=asking_agent(), user=people["requester"], input="Send 80 to acme")
@@ -93,9 +100,7 @@ def test_a_change_made_while_the_run_socket_reads_its_snapshot_is_pushed_to_it(r
 
     @async_to_sync
     async def scenario():
-        communicator = _communicator(f"/ws/runs/{run.pk}/", people["requester"])
-        assert (await communicator.connect(timeout=5))[0]
-        first = await communicator.receive_json_from(timeout=5)
+        communicator, first = await _connected(run, people["requester"])
         pushed = await communicator.receive_json_from(timeout=5)
         assert first["run"]["phase"] != "model"
         assert pushed["run"]["phase"] == "model" and pushed["run"]["seq"] == first["run"]["seq"] + 1
@@ -180,9 +185,7 @@ def test_a_snapshot_published_before_the_first_one_was_read_is_not_sent_after_it
 
     @async_to_sync
     async def scenario():
-        communicator = _communicator(f"/ws/runs/{run.pk}/", people["requester"])
-        assert (await communicator.connect(timeout=5))[0]
-        first = await communicator.receive_json_from(timeout=5)
+        communicator, first = await _connected(run, people["requester"])
         assert first["run"]["seq"] == run.last_event_seq + 1
         assert await communicator.receive_nothing(timeout=0.5)
         await communicator.disconnect()
